@@ -1,0 +1,1 @@
+"""Subcommands of the `commdsl` console script, one module each."""

@@ -1,0 +1,70 @@
+"""`commdsl check`: load, validate, and summarise a schedule."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections import Counter
+
+from rich.console import Console
+from rich.table import Table
+
+from commdsl.cli import add_schedule_arguments, load_from_args
+from commdsl.dsl.values import format_bytes
+from commdsl.ir import Program
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_schedule_arguments(parser)
+    parser.add_argument("--json", action="store_true", help="print the summary as JSON")
+
+
+def summarize(program: Program) -> dict:
+    """Counts a reader wants first: ranks, ops by kind, bytes by transport."""
+    by_kind: Counter[str] = Counter()
+    bytes_by_transport: Counter[str] = Counter()
+    for op in program.all_ops():
+        by_kind[op.kind.value] += 1
+        # Count each transfer once: on the sending side for P2P, per rank for collectives.
+        if op.transport is not None and op.kind.value != "recv":
+            bytes_by_transport[op.transport.value] += op.size_bytes
+    return {
+        "name": program.name,
+        "source": program.source,
+        "world_size": program.world_size,
+        "mesh": dict(program.mesh),
+        "streams": list(program.streams),
+        "groups": len(program.groups),
+        "ops": program.num_ops,
+        "ops_by_kind": dict(sorted(by_kind.items())),
+        "bytes_by_transport": dict(sorted(bytes_by_transport.items())),
+        "params": dict(program.params),
+        "warnings": list(program.warnings),
+    }
+
+
+def run(args: argparse.Namespace) -> int:
+    program = load_from_args(args)
+    summary = summarize(program)
+    if args.json:
+        print(json.dumps(summary, indent=2))
+        return 0
+    console = Console(highlight=False)
+    mesh = " × ".join(f"{a}={n}" for a, n in program.mesh) or "flat"
+    console.print(f"[bold]{program.name}[/]: ok  ({program.source})")
+    console.print(f"  ranks {program.world_size} (mesh {mesh}), streams {', '.join(program.streams)}, groups {len(program.groups)}")
+    console.print("  params " + ", ".join(f"{k}={v}" for k, v in program.params))
+    table = Table(box=None, show_header=True, pad_edge=False)
+    table.add_column("op kind")
+    table.add_column("count", justify="right")
+    for kind, n in summary["ops_by_kind"].items():
+        table.add_row(kind, f"{n:,}")
+    table.add_row("[bold]total[/]", f"[bold]{program.num_ops:,}[/]")
+    console.print(table)
+    if summary["bytes_by_transport"]:
+        console.print("  bytes by transport: " + ", ".join(f"{t} {format_bytes(b)}" for t, b in summary["bytes_by_transport"].items()))
+    for warning in program.warnings[:20]:
+        console.print(f"[yellow]warning[/]: {warning}")
+    if len(program.warnings) > 20:
+        console.print(f"[yellow]... and {len(program.warnings) - 20} more warnings[/]")
+    return 0

@@ -1,0 +1,798 @@
+"""Compile the Lark tree of a program into closures, once; run them once per rank.
+
+`ProgramCompiler` is a Lark Transformer with one method per grammar rule. Expressions
+become `Expr` callables `(env) -> value`; statements become `Stmt` callables
+`(rank_expander, env) -> None`. Running closures is several times faster than walking
+the tree for every rank, and it keeps the tree out of everything past this module.
+
+Everything that can be checked without a rank is checked here, at compile time:
+unknown options, enum values, group and stream names.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from lark import Token, Transformer, v_args
+
+from commdsl.dsl.expand import RankExpander, WorldLayout
+from commdsl.dsl.parser import TextOrigin
+from commdsl.dsl.values import (
+    BUILTINS,
+    Quantity,
+    Unit,
+    ValueFault,
+    binary,
+    compare,
+    format_value,
+    negate,
+    truth,
+    type_name,
+    parse_quantity,
+)
+from commdsl.errors import ScheduleError, SourceLoc
+from commdsl.ir import HOST_STREAM, REDUCING_KINDS, Algo, CopyDir, Dtype, OpKind, ReduceOp, Transport
+
+Env = dict
+Expr = Callable[[Env], object]
+Stmt = Callable[[RankExpander, Env], None]
+
+MAX_CALL_DEPTH = 64
+
+_ROOT_OPTION = {OpKind.BROADCAST: "src", OpKind.SCATTER: "src", OpKind.REDUCE: "dst", OpKind.GATHER: "dst"}
+
+_ENUM_OPTIONS: dict[str, type] = {"op": ReduceOp, "transport": Transport, "algo": Algo, "dtype": Dtype}
+
+_OPTIONS_BY_OP: dict[str, frozenset[str]] = {
+    "compute": frozenset({"flops", "bytes", "dtype"}),
+    "copy": frozenset({"dtype"}),
+    "p2p": frozenset({"group", "transport", "dtype"}),
+    "barrier": frozenset({"group"}),
+}
+
+
+def _collective_options(kind: OpKind) -> frozenset[str]:
+    names = {"group", "algo", "transport", "dtype"}
+    if kind in REDUCING_KINDS:
+        names.add("op")
+    if kind in _ROOT_OPTION:
+        names.add(_ROOT_OPTION[kind])
+    return frozenset(names)
+
+
+def _fmt_index(v: object) -> str:
+    return str(v) if isinstance(v, int) else format_value(v)
+
+
+@dataclass(frozen=True)
+class _Ref:
+    """A possibly indexed name: `act[mb]`. `text(env)` gives "act[3]"."""
+
+    base: str
+    indices: tuple[Expr, ...]
+    loc: SourceLoc
+
+    def text(self, env: Env) -> str:
+        if not self.indices:
+            return self.base
+        return f"{self.base}[{','.join(_fmt_index(i(env)) for i in self.indices)}]"
+
+
+@dataclass(frozen=True)
+class _Option:
+    name: str
+    value: Expr
+    loc: SourceLoc
+    bare_name: str | None
+    """The option's value when it is written as a bare name (`op=sum`, `group=dp`)."""
+
+
+class _OpNode:
+    """A compiled op statement; `run` emits it, bound to `handle` when assigned."""
+
+    def __init__(self, run: Callable[[RankExpander, Env, str | None], None], kind_word: str, loc: SourceLoc):
+        self.run = run
+        self.kind_word = kind_word
+        self.loc = loc
+
+    def __call__(self, ctx: RankExpander, env: Env) -> None:
+        """As a statement of its own: not bound to a handle."""
+        self.run(ctx, env, None)
+
+
+@v_args(meta=True)
+class ProgramCompiler(Transformer):
+    """Transformer from the program's Lark tree to closures."""
+
+    def __init__(self, origin: TextOrigin, layout: WorldLayout, param_names: tuple[str, ...]):
+        super().__init__(visit_tokens=False)
+        self.origin = origin
+        self.layout = layout
+        self.param_names = param_names
+
+    # ---- helpers ------------------------------------------------------------------
+
+    def _loc(self, meta) -> SourceLoc:
+        return self.origin.loc(meta.line, meta.column)
+
+    def _tok_loc(self, tok: Token) -> SourceLoc:
+        return self.origin.loc(tok.line, tok.column)
+
+    def _enum(self, opt: _Option, enum_type: type):
+        if opt.bare_name is None:
+            raise ScheduleError(f"{opt.name}= takes a name, e.g. {opt.name}={next(iter(enum_type)).value}", opt.loc)
+        try:
+            return enum_type(opt.bare_name)
+        except ValueError:
+            choices = ", ".join(e.value for e in enum_type)
+            raise ScheduleError(f"unknown {opt.name} '{opt.bare_name}'; expected one of {choices}", opt.loc) from None
+
+    def _family(self, opt: _Option | None) -> str:
+        if opt is None:
+            return "world"
+        if opt.bare_name is None or opt.bare_name not in self.layout.families:
+            known = ", ".join(self.layout.families)
+            given = opt.bare_name or "an expression"
+            raise ScheduleError(f"unknown group '{given}'; groups: {known}", opt.loc,
+                                hint="groups are `world`, the mesh axes, and those under `groups:`")  # fmt: skip
+        return opt.bare_name
+
+    def _stream_name(self, tok: Token | None, loc: SourceLoc, *, allow_host: bool) -> str | None:
+        if tok is None:
+            return None
+        name = str(tok)
+        if name == HOST_STREAM:
+            if allow_host:
+                return name
+            raise ScheduleError("this op runs on a device stream, not on the host", self._tok_loc(tok),
+                                hint="only `wait ... on host` blocks the host; CPU work is `host NAME DURATION`")  # fmt: skip
+        if name not in self.layout.streams:
+            raise ScheduleError(f"unknown stream '{name}' (declared streams: {', '.join(self.layout.streams)})",
+                                self._tok_loc(tok), hint="declare it under `streams:` in the schedule")  # fmt: skip
+        return name
+
+    def _options(self, what: str, allowed: frozenset[str], options: list[_Option]) -> dict[str, _Option]:
+        out: dict[str, _Option] = {}
+        for opt in options:
+            if opt.name not in allowed:
+                choices = ", ".join(sorted(allowed)) or "none"
+                raise ScheduleError(f"{what} has no option '{opt.name}' (options: {choices})", opt.loc)
+            if opt.name in out:
+                raise ScheduleError(f"option '{opt.name}' given twice", opt.loc)
+            out[opt.name] = opt
+        return out
+
+    def _dtype(self, opts: dict[str, _Option]) -> Dtype | None:
+        opt = opts.get("dtype")
+        return self._enum(opt, Dtype) if opt else None
+
+    # ---- program and statements ------------------------------------------------------
+
+    def start(self, meta, children) -> Stmt:
+        return _block(children)
+
+    def suite(self, meta, children) -> list[Stmt]:
+        return children
+
+    def pass_stmt(self, meta, children) -> Stmt:
+        return lambda ctx, env: None
+
+    def assign(self, meta, children) -> Stmt:
+        ref, rhs = children
+        loc = self._loc(meta)
+        if isinstance(rhs, _OpNode):
+            run = rhs.run
+            return lambda ctx, env: run(ctx, env, ref.text(env))
+        if ref.indices:
+            raise ScheduleError(f"only an op can be bound to an indexed name like {ref.base}[...]", loc,
+                                hint="values are assigned to plain names: `x = ...`")  # fmt: skip
+        name = ref.base
+        if name in ("rank", "world_size") or name in self.param_names:
+            raise ScheduleError(f"cannot assign to '{name}': it is a {'param' if name in self.param_names else 'builtin'}", loc)
+        value = rhs
+
+        def assign(ctx, env):
+            env[name] = value(env)
+
+        return assign
+
+    def call_stmt(self, meta, children) -> Stmt:
+        name_tok, args = children
+        name = str(name_tok)
+        loc = self._loc(meta)
+        positional, keywords = args if args is not None else ((), ())
+        if name in BUILTINS or name == "rank_at":
+            raise ScheduleError(f"{name}() is an expression, not a statement", loc)
+
+        def call(ctx, env):
+            fn = ctx.functions.get(name)
+            if fn is None:
+                known = ", ".join(sorted(ctx.functions)) or "none defined so far"
+                raise ctx.fail(f"unknown block '{name}' (blocks: {known})", loc, hint="`def` a block before calling it")
+            params, body = fn
+            if len(positional) + len(keywords) != len(params):
+                raise ctx.fail(f"{name}() takes {len(params)} argument(s) ({', '.join(params)}), got {len(positional) + len(keywords)}", loc)
+            local = dict(ctx.globals)
+            for p, a in zip(params, positional):
+                local[p] = a(env)
+            for k, a in keywords:
+                if k not in params[len(positional):]:
+                    raise ctx.fail(f"{name}() got an unexpected or repeated argument '{k}'", loc)
+                local[k] = a(env)
+            ctx.budget.charge_steps(1, loc)
+            ctx.call_depth += 1
+            if ctx.call_depth > MAX_CALL_DEPTH:
+                raise ctx.fail(f"blocks nest deeper than {MAX_CALL_DEPTH} calls (recursion?)", loc)
+            try:
+                for stmt in body:
+                    stmt(ctx, local)
+            finally:
+                ctx.call_depth -= 1
+
+        return call
+
+    def def_stmt(self, meta, children) -> Stmt:
+        name_tok, params, body = children
+        name = str(name_tok)
+        loc = self._loc(meta)
+        params = tuple(params or ())
+        if len(set(params)) != len(params):
+            raise ScheduleError(f"block '{name}' repeats a parameter name", loc)
+        if name in BUILTINS or name == "rank_at":
+            raise ScheduleError(f"'{name}' is a builtin function; choose another block name", loc)
+
+        def define(ctx, env):
+            ctx.functions[name] = (params, body)
+
+        return define
+
+    def parameters(self, meta, children) -> list[str]:
+        return [str(c) for c in children]
+
+    def if_stmt(self, meta, children) -> Stmt:
+        cond, body, *rest = children
+        branches = [(cond, body, self._loc(meta))]
+        otherwise = None
+        for clause in rest:
+            if clause[0] == "elif":
+                branches.append(clause[1:])
+            else:
+                otherwise = clause[1]
+
+        def run_if(ctx, env):
+            for test, stmts, loc in branches:
+                try:
+                    taken = truth(test(env), "an if condition")
+                except ValueFault as e:
+                    raise ctx.fail(str(e), loc) from None
+                if taken:
+                    for s in stmts:
+                        s(ctx, env)
+                    return
+            if otherwise is not None:
+                for s in otherwise:
+                    s(ctx, env)
+
+        return run_if
+
+    def elif_clause(self, meta, children):
+        return ("elif", children[0], children[1], self._loc(meta))
+
+    def else_clause(self, meta, children):
+        return ("else", children[0])
+
+    def for_stmt(self, meta, children) -> Stmt:
+        var_tok, args, body = children
+        var = str(var_tok)
+        loc = self._loc(meta)
+        positional, keywords = args
+        if keywords or not 1 <= len(positional) <= 3:
+            raise ScheduleError("range() takes 1 to 3 integers: range(stop), range(start, stop[, step])", loc)
+
+        def run_for(ctx, env):
+            bounds = [a(env) for a in positional]
+            for b in bounds:
+                if not isinstance(b, int) or isinstance(b, bool):
+                    raise ctx.fail(f"range() takes integers, got {type_name(b)}", loc)
+            if len(bounds) == 3 and bounds[2] == 0:
+                raise ctx.fail("range() step must not be zero", loc)
+            iterations = range(*bounds)
+            ctx.budget.charge_steps(len(iterations), loc)
+            for i in iterations:
+                env[var] = i
+                for s in body:
+                    s(ctx, env)
+
+        return run_for
+
+    def batch_stmt(self, meta, children) -> Stmt:
+        ref, body = children
+        loc = self._loc(meta)
+
+        def run_batch(ctx, env):
+            ctx.begin_batch(ref.text(env) if ref is not None else None, loc)
+            for s in body:
+                s(ctx, env)
+            ctx.end_batch(loc)
+
+        return run_batch
+
+    def on_stmt(self, meta, children) -> Stmt:
+        stream_tok, body = children
+        stream = self._stream_name(stream_tok, self._loc(meta), allow_host=False)
+
+        def run_on(ctx, env):
+            ctx.stream_stack.append(stream)
+            try:
+                for s in body:
+                    s(ctx, env)
+            finally:
+                ctx.stream_stack.pop()
+
+        return run_on
+
+    # ---- ops ------------------------------------------------------------------------------
+
+    def compute(self, meta, children) -> _OpNode:
+        ref, amount, *rest = children
+        placement, options = rest[-1], rest[:-1]
+        loc = self._loc(meta)
+        opts = self._options("compute", _OPTIONS_BY_OP["compute"], options)
+        stream = self._stream_name(placement, loc, allow_host=False)
+        dtype = self._dtype(opts)
+        flops_opt, bytes_opt = opts.get("flops"), opts.get("bytes")
+        if amount is None and flops_opt is None and bytes_opt is None:
+            raise ScheduleError("compute needs a duration (2ms), work (4GFLOP), flops= or bytes=", loc)
+
+        def run(ctx, env, handle):
+            if handle is not None:
+                raise ctx.fail("compute returns no handle; record an event to wait on it from another stream", loc)
+            duration_us = flops = size = None
+            if amount is not None:
+                v = amount(env)
+                if isinstance(v, Quantity) and v.unit is Unit.DURATION:
+                    duration_us = v.value
+                elif isinstance(v, Quantity) and v.unit is Unit.WORK:
+                    flops = v.value
+                else:
+                    raise ctx.fail(f"compute takes a duration (2ms) or work (4GFLOP), got {type_name(v)}", loc)
+            if flops_opt is not None:
+                if flops is not None:
+                    raise ctx.fail("work given twice (positional and flops=)", flops_opt.loc)
+                flops = _quantity(ctx, flops_opt.value(env), Unit.WORK, "flops=", flops_opt.loc)
+            if bytes_opt is not None:
+                size = _quantity(ctx, bytes_opt.value(env), Unit.SIZE, "bytes=", bytes_opt.loc)
+            for what, x in (("duration", duration_us), ("flops", flops), ("bytes", size)):
+                if x is not None and x < 0:
+                    raise ctx.fail(f"compute {what} must not be negative", loc)
+            ctx.compute(ref.text(env), duration_us, flops, size, dtype, stream, loc)
+
+        return _OpNode(run, "compute", loc)
+
+    def host_work(self, meta, children) -> _OpNode:
+        ref, amount = children
+        loc = self._loc(meta)
+
+        def run(ctx, env, handle):
+            if handle is not None:
+                raise ctx.fail("host work blocks the host and returns no handle", loc)
+            ctx.host_work(ref.text(env), _quantity(ctx, amount(env), Unit.DURATION, "host work", loc), loc)
+
+        return _OpNode(run, "host", loc)
+
+    def copy(self, meta, children) -> _OpNode:
+        ref, size_expr, peer, *rest = children
+        placement, options = rest[-1], rest[:-1]
+        loc = self._loc(meta)
+        opts = self._options("copy", _OPTIONS_BY_OP["copy"], options)
+        stream = self._stream_name(placement, loc, allow_host=False)
+        dtype = self._dtype(opts)
+        if peer is None:
+            direction = CopyDir.D2D
+        else:
+            word, target, peer_loc = peer
+            if target != HOST_STREAM:
+                raise ScheduleError("copy moves data within a rank: `from host`, `to host`, or no peer (device to device)",
+                                    peer_loc, hint="to move data to another rank use send/recv (transport=memcpy)")  # fmt: skip
+            direction = CopyDir.H2D if word == "from" else CopyDir.D2H
+
+        def run(ctx, env, handle):
+            if handle is not None:
+                raise ctx.fail("copy returns no handle; record an event to wait on it from another stream", loc)
+            size, dt = _size(ctx, size_expr(env), loc)
+            ctx.copy(ref.text(env), size, dtype or dt, direction, stream, loc)
+
+        return _OpNode(run, "copy", loc)
+
+    def p2p(self, meta, children) -> _OpNode:
+        kind_word, ref, size_expr, peer, *rest = children
+        placement, options = rest[-1], rest[:-1]
+        loc = self._loc(meta)
+        is_async = kind_word.startswith("i")
+        kind = OpKind.SEND if kind_word.endswith("send") else OpKind.RECV
+        opts = self._options(kind_word, _OPTIONS_BY_OP["p2p"], options)
+        stream = self._stream_name(placement, loc, allow_host=False)
+        dtype = self._dtype(opts)
+        family = self._family(opts.get("group"))
+        transport = self._enum(opts["transport"], Transport) if "transport" in opts else None
+        word, target, peer_loc = peer
+        expected_word = "to" if kind is OpKind.SEND else "from"
+        if word != expected_word:
+            raise ScheduleError(f"{kind_word} names its peer with '{expected_word}', not '{word}'", peer_loc)
+        if target == HOST_STREAM:
+            raise ScheduleError(f"{kind_word} goes to another rank; to copy to or from the host use `copy`", peer_loc)
+        peer_expr = target
+
+        def run(ctx, env, handle):
+            size, dt = _size(ctx, size_expr(env), loc)
+            ctx.p2p(kind, is_async, ref.text(env), size, peer_expr(env), family, transport, dtype or dt, stream, handle, loc)
+
+        return _OpNode(run, kind_word, loc)
+
+    def collective(self, meta, children) -> _OpNode:
+        kind_word, ref, size_expr, *rest = children
+        placement, options = rest[-1], rest[:-1]
+        loc = self._loc(meta)
+        kind = OpKind(kind_word)
+        opts = self._options(kind_word, _collective_options(kind), options)
+        return self._collective_node(kind, ref, size_expr, opts, placement, loc)
+
+    def barrier(self, meta, children) -> _OpNode:
+        *options, placement = children
+        loc = self._loc(meta)
+        opts = self._options("barrier", _OPTIONS_BY_OP["barrier"], options)
+        return self._collective_node(OpKind.BARRIER, None, None, opts, placement, loc)
+
+    def _collective_node(self, kind: OpKind, ref, size_expr, opts, placement, loc) -> _OpNode:
+        stream = self._stream_name(placement, loc, allow_host=False)
+        family = self._family(opts.get("group"))
+        dtype = self._dtype(opts)
+        reduce_op = None
+        if kind in REDUCING_KINDS:
+            reduce_op = self._enum(opts["op"], ReduceOp) if "op" in opts else ReduceOp.SUM
+        algo = self._enum(opts["algo"], Algo) if "algo" in opts else None
+        transport = self._enum(opts["transport"], Transport) if "transport" in opts else None
+        root_opt = None
+        if kind in _ROOT_OPTION:
+            root_name = _ROOT_OPTION[kind]
+            root_opt = opts.get(root_name)
+            if root_opt is None:
+                raise ScheduleError(f"{kind.value} needs its root: {root_name}=RANK", loc)
+        root_expr = root_opt.value if root_opt else None
+
+        def run(ctx, env, handle):
+            if size_expr is None:
+                size, dt, name = 0, None, "barrier"
+            else:
+                size, dt = _size(ctx, size_expr(env), loc)
+                name = ref.text(env)
+            root = root_expr(env) if root_expr is not None else None
+            ctx.collective(kind, name, size, family, root, reduce_op, algo, transport, dtype or dt, stream, handle, loc)
+
+        return _OpNode(run, kind.value, loc)
+
+    def wait(self, meta, children) -> _OpNode:
+        ref, placement = children
+        loc = self._loc(meta)
+        stream = self._stream_name(placement, loc, allow_host=True)
+
+        def run(ctx, env, handle):
+            if handle is not None:
+                raise ctx.fail("wait returns no handle", loc)
+            ctx.wait(ref.text(env), stream, loc)
+
+        return _OpNode(run, "wait", loc)
+
+    def record(self, meta, children) -> _OpNode:
+        ref, placement = children
+        loc = self._loc(meta)
+        stream = self._stream_name(placement, loc, allow_host=False)
+
+        def run(ctx, env, handle):
+            if handle is not None:
+                raise ctx.fail("record returns no handle; the event's name is what you wait on", loc)
+            ctx.record(ref.text(env), stream, loc)
+
+        return _OpNode(run, "record", loc)
+
+    def synchronize(self, meta, children) -> _OpNode:
+        (stream_tok,) = children
+        loc = self._loc(meta)
+        stream = self._stream_name(stream_tok, loc, allow_host=False)
+
+        def run(ctx, env, handle):
+            if handle is not None:
+                raise ctx.fail("synchronize returns no handle", loc)
+            ctx.synchronize(stream, loc)
+
+        return _OpNode(run, "synchronize", loc)
+
+    def p2p_kind(self, meta, children) -> str:
+        return str(children[0])
+
+    def collective_kind(self, meta, children) -> str:
+        return str(children[0])
+
+    def peer_dir(self, meta, children) -> str:
+        return str(children[0])
+
+    def peer(self, meta, children):
+        word, target = children
+        if isinstance(target, Token):  # `host`
+            return word, HOST_STREAM, self._loc(meta)
+        return word, target, self._loc(meta)
+
+    def option(self, meta, children) -> _Option:
+        name_tok, value = children
+        return _Option(str(name_tok), value, self._loc(meta), getattr(value, "var_name", None))
+
+    def placement(self, meta, children) -> Token:
+        return children[0]
+
+    def ref(self, meta, children) -> _Ref:
+        name_tok, *indices = children
+        indices = tuple(i for i in indices if i is not None)
+        return _Ref(str(name_tok), indices, self._loc(meta))
+
+    # ---- expressions --------------------------------------------------------------------
+
+    def _fold(self, meta, children, apply) -> Expr:
+        """Left-fold `a OP b OP c` with `apply(op, a, b)`; faults get this node's location."""
+        loc = self._loc(meta)
+        first, rest = children[0], children[1:]
+        pairs = tuple((str(rest[i]), rest[i + 1]) for i in range(0, len(rest), 2))
+        if len(pairs) == 1:
+            (op, second), = pairs
+
+            def fold1(env):
+                try:
+                    return apply(op, first(env), second(env))
+                except ValueFault as e:
+                    raise ScheduleError(str(e), loc) from None
+
+            return fold1
+
+        def fold(env):
+            try:
+                value = first(env)
+                for op, operand in pairs:
+                    value = apply(op, value, operand(env))
+                return value
+            except ValueFault as e:
+                raise ScheduleError(str(e), loc) from None
+
+        return fold
+
+    def arith(self, meta, children) -> Expr:
+        return self._fold(meta, children, _fast_binary)
+
+    def term(self, meta, children) -> Expr:
+        return self._fold(meta, children, _fast_binary)
+
+    def comparison(self, meta, children) -> Expr:
+        loc = self._loc(meta)
+        first, rest = children[0], children[1:]
+        pairs = tuple((str(rest[i]), rest[i + 1]) for i in range(0, len(rest), 2))
+
+        def cmp(env):
+            try:
+                left = first(env)
+                for op, operand in pairs:
+                    right = operand(env)
+                    if not compare(op, left, right):
+                        return False
+                    left = right
+                return True
+            except ValueFault as e:
+                raise ScheduleError(str(e), loc) from None
+
+        return cmp
+
+    def or_test(self, meta, children) -> Expr:
+        return self._logic(meta, children, stop_on=True)
+
+    def and_test(self, meta, children) -> Expr:
+        return self._logic(meta, children, stop_on=False)
+
+    def _logic(self, meta, children, stop_on: bool) -> Expr:
+        loc = self._loc(meta)
+        word = "or" if stop_on else "and"
+
+        def logic(env):
+            try:
+                for operand in children:
+                    if truth(operand(env), f"an operand of '{word}'") is stop_on:
+                        return stop_on
+                return not stop_on
+            except ValueFault as e:
+                raise ScheduleError(str(e), loc) from None
+
+        return logic
+
+    def not_(self, meta, children) -> Expr:
+        (operand,) = children
+        loc = self._loc(meta)
+
+        def not_(env):
+            try:
+                return not truth(operand(env), "the operand of 'not'")
+            except ValueFault as e:
+                raise ScheduleError(str(e), loc) from None
+
+        return not_
+
+    def neg(self, meta, children) -> Expr:
+        (operand,) = children
+        loc = self._loc(meta)
+
+        def neg(env):
+            try:
+                return negate(operand(env))
+            except ValueFault as e:
+                raise ScheduleError(str(e), loc) from None
+
+        return neg
+
+    def pos(self, meta, children) -> Expr:
+        return children[0]
+
+    def int_lit(self, meta, children) -> Expr:
+        value = int(children[0])
+        return lambda env: value
+
+    def float_lit(self, meta, children) -> Expr:
+        value = float(children[0])
+        return lambda env: value
+
+    def quantity_lit(self, meta, children) -> Expr:
+        try:
+            value = parse_quantity(str(children[0]))
+        except ValueFault as e:
+            raise ScheduleError(str(e), self._loc(meta)) from None
+        return lambda env: value
+
+    def true_lit(self, meta, children) -> Expr:
+        return lambda env: True
+
+    def false_lit(self, meta, children) -> Expr:
+        return lambda env: False
+
+    def var(self, meta, children) -> Expr:
+        name = str(children[0])
+        loc = self._loc(meta)
+
+        def var(env):
+            try:
+                return env[name]
+            except KeyError:
+                raise _unknown_name(name, env, loc) from None
+
+        var.var_name = name  # lets options read `op=sum` as a bare name
+        return var
+
+    def attr(self, meta, children) -> Expr:
+        family, field_name = str(children[0]), str(children[1])
+        loc = self._loc(meta)
+        if family not in self.layout.families:
+            raise ScheduleError(f"unknown group '{family}' in '{family}.{field_name}'; groups: {', '.join(self.layout.families)}", loc)
+        if field_name not in ("rank", "size"):
+            raise ScheduleError(f"a group has .rank and .size, not .{field_name}", loc)
+        # Groups are known per rank only at run time; env["__ctx__"] is the rank's expander.
+        if field_name == "size":
+            return lambda env: len(env["__ctx__"].group(family, loc).ranks)
+        return lambda env: env["__ctx__"].group(family, loc).group_rank(env["rank"])
+
+    def func_call(self, meta, children) -> Expr:
+        name = str(children[0])
+        positional, keywords = children[1] if children[1] is not None else ((), ())
+        loc = self._loc(meta)
+        if name == "rank_at":
+            return self._rank_at(positional, keywords, loc)
+        fn = BUILTINS.get(name)
+        if fn is None:
+            raise ScheduleError(
+                f"unknown function '{name}' (functions: {', '.join(sorted(BUILTINS))}, rank_at)", loc,
+                hint="blocks defined with `def` are statements: call them on a line of their own",
+            )
+        if keywords:
+            raise ScheduleError(f"{name}() takes no keyword arguments", loc)
+
+        def call(env):
+            try:
+                return fn(*(a(env) for a in positional))
+            except ValueFault as e:
+                raise ScheduleError(str(e), loc) from None
+
+        return call
+
+    def _rank_at(self, positional, keywords, loc) -> Expr:
+        axes = dict(self.layout.mesh)
+        if positional:
+            raise ScheduleError("rank_at() takes mesh coordinates by axis name, e.g. rank_at(pp=0)", loc)
+        for axis, _ in keywords:
+            if axis not in axes:
+                raise ScheduleError(f"rank_at(): '{axis}' is not a mesh axis (axes: {', '.join(axes) or 'none'})", loc)
+        layout = self.layout
+
+        def rank_at(env):
+            coords = layout.coords(env["rank"])
+            for axis, value in keywords:
+                v = value(env)
+                if not isinstance(v, int) or isinstance(v, bool) or not 0 <= v < axes[axis]:
+                    raise ScheduleError(f"rank_at(): {axis}={format_value(v)} is outside the mesh ({axis} is 0..{axes[axis] - 1})", loc)
+                coords[axis] = v
+            return layout.rank_at(coords)
+
+        return rank_at
+
+    def typed_size(self, meta, children) -> Expr:
+        dtype = Dtype(str(children[0]))
+        count = children[1]
+        loc = self._loc(meta)
+
+        def typed(env):
+            n = count(env)
+            if not isinstance(n, int) or isinstance(n, bool) or n < 0:
+                raise ScheduleError(f"{dtype.value}[...] takes a non-negative element count, got {format_value(n)}", loc)
+            return Quantity(n * dtype.itemsize, Unit.SIZE, dtype)
+
+        return typed
+
+    def arguments(self, meta, children):
+        positional, keywords = [], []
+        for c in children:
+            if isinstance(c, tuple):
+                keywords.append(c)
+            elif keywords:
+                raise ScheduleError("positional argument after a keyword argument", self._loc(meta))
+            else:
+                positional.append(c)
+        return tuple(positional), tuple(keywords)
+
+    def keyword_argument(self, meta, children):
+        return str(children[0]), children[1]
+
+
+def _block(stmts: list[Stmt]) -> Stmt:
+    stmts = tuple(stmts)
+
+    def block(ctx, env):
+        for s in stmts:
+            s(ctx, env)
+
+    return block
+
+
+def _fast_binary(op: str, a, b):
+    # Integers dominate index arithmetic; skip the unit machinery for them.
+    if type(a) is int and type(b) is int:
+        if op == "+":
+            return a + b
+        if op == "-":
+            return a - b
+        if op == "*":
+            return a * b
+    return binary(op, a, b)
+
+
+def _quantity(ctx: RankExpander, v: object, unit: Unit, what: str, loc: SourceLoc) -> float:
+    if isinstance(v, Quantity) and v.unit is unit:
+        return v.value
+    example = {Unit.SIZE: "32MiB", Unit.DURATION: "2ms", Unit.WORK: "4GFLOP"}[unit]
+    raise ctx.fail(f"{what} takes a {unit.value} such as {example}, got {type_name(v)}", loc)
+
+
+def _size(ctx: RankExpander, v: object, loc: SourceLoc) -> tuple[float, Dtype | None]:
+    if isinstance(v, Quantity) and v.unit is Unit.SIZE:
+        return v.value, v.dtype
+    raise ctx.fail(f"expected a size such as 32MiB or bf16[1024], got {type_name(v)}", loc)
+
+
+def _unknown_name(name: str, env: Env, loc: SourceLoc) -> ScheduleError:
+    visible = [k for k in env if not k.startswith("__")]
+    close = difflib.get_close_matches(name, visible, n=1)
+    hint = f"did you mean '{close[0]}'?" if close else ("known names: " + ", ".join(sorted(visible)[:12]))
+    ctx = env.get("__ctx__")
+    return ScheduleError(f"unknown name '{name}'", loc, hint=hint, rank=ctx.rank if ctx else None)

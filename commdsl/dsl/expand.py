@@ -1,0 +1,345 @@
+"""Per-rank expansion state: what the compiled program calls to emit ops.
+
+The compiled program (commdsl/dsl/compile.py) runs once per rank against a
+`RankExpander`, which owns that rank's op list, handles, events, the current stream
+and the shared op budget. Every check that needs only one rank's view happens here
+(peers and roots in range, group membership, streams, handles, events); checks that
+compare ranks live in commdsl/validate.py.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from commdsl.errors import LimitError, ScheduleError, SourceLoc
+from commdsl.ir import (
+    HOST_STREAM,
+    ROOTED_KINDS,
+    SPLIT_KINDS,
+    Algo,
+    CopyDir,
+    Dtype,
+    Group,
+    Op,
+    OpKind,
+    ReduceOp,
+    Transport,
+)
+from commdsl.dsl.values import format_bytes
+
+
+@dataclass(frozen=True)
+class WorldLayout:
+    """The world as the program sees it: mesh, groups and streams."""
+
+    world_size: int
+    mesh: tuple[tuple[str, int], ...]
+    streams: tuple[str, ...]
+    families: dict[str, tuple[Group, ...]]
+    """Group family name ("world", a mesh axis, a custom name) -> its groups."""
+    default_transport: Transport
+    default_dtype: Dtype
+
+    def coords(self, rank: int) -> dict[str, int]:
+        out = {}
+        rest = rank
+        for axis, size in reversed(self.mesh):
+            out[axis] = rest % size
+            rest //= size
+        return out
+
+    def rank_at(self, coords: dict[str, int]) -> int:
+        rank = 0
+        for axis, size in self.mesh:
+            rank = rank * size + coords[axis]
+        return rank
+
+
+@dataclass
+class ExpansionBudget:
+    """Limits shared by all ranks' expansion, so absurd schedules fail fast."""
+
+    max_ops: int
+    max_steps: int
+    ops: int = 0
+    steps: int = 0
+
+    def charge_steps(self, n: int, loc: SourceLoc) -> None:
+        self.steps += n
+        if self.steps > self.max_steps:
+            raise LimitError(
+                f"expansion ran more than {self.max_steps:,} loop iterations and calls",
+                loc,
+                hint="reduce the loop bounds or params, or raise the limit with --max-ops",
+            )
+
+
+@dataclass
+class _Handle:
+    indices: tuple[int, ...]
+    loc: SourceLoc
+    waited: bool = False
+
+
+@dataclass
+class RankExpander:
+    """Emits one rank's ops. Methods raise `ScheduleError` naming the rank and line."""
+
+    rank: int
+    layout: WorldLayout
+    budget: ExpansionBudget
+    ops: list[Op] = field(default_factory=list)
+    stream_stack: list[str] = field(default_factory=list)
+    batch_start: int | None = None
+    """Index of the first op of the batch being expanded, if any."""
+    batch_handle: str | None = None
+    handles: dict[str, _Handle] = field(default_factory=dict)
+    events: dict[str, int] = field(default_factory=dict)
+    pending_waits: list[tuple[str, SourceLoc]] = field(default_factory=list)
+    """Waits on names that were neither handles nor events when issued."""
+    warnings: list[str] = field(default_factory=list)
+    call_depth: int = 0
+    functions: dict = field(default_factory=dict)
+    """Blocks defined with `def` so far: name -> (parameter names, statements)."""
+    globals: dict = field(default_factory=dict)
+    """Top-level variables: params, rank, world_size, and top-level assignments."""
+    _group_of: dict[str, Group] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for family, groups in self.layout.families.items():
+            for g in groups:
+                if self.rank in g.ranks:
+                    self._group_of[family] = g
+                    break
+
+    # ---- helpers --------------------------------------------------------------
+
+    def fail(self, message: str, loc: SourceLoc, hint: str | None = None) -> ScheduleError:
+        return ScheduleError(message, loc, hint=hint, rank=self.rank)
+
+    def group(self, family: str, loc: SourceLoc) -> Group:
+        g = self._group_of.get(family)
+        if g is None:
+            members = ", ".join(str(list(x.ranks)) for x in self.layout.families[family])
+            raise self.fail(f"rank {self.rank} is not a member of group '{family}' ({members})", loc)
+        return g
+
+    def stream(self, placement: str | None, loc: SourceLoc, *, allow_host: bool = False) -> str:
+        name = placement if placement is not None else (self.stream_stack[-1] if self.stream_stack else self.layout.streams[0])
+        if name == HOST_STREAM:
+            if not allow_host:
+                raise self.fail(
+                    "this op runs on a device stream, not on the host",
+                    loc,
+                    hint="only `wait ... on host` blocks the host; CPU work is `host NAME DURATION`",
+                )
+            return name
+        if name not in self.layout.streams:
+            raise self.fail(
+                f"unknown stream '{name}' (declared streams: {', '.join(self.layout.streams)})",
+                loc,
+                hint="declare it under `streams:` in the schedule",
+            )
+        return name
+
+    def _check_rank(self, what: str, value: object, loc: SourceLoc) -> int:
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise self.fail(f"{what} must be an integer rank, got {value!r}", loc)
+        if not 0 <= value < self.layout.world_size:
+            raise self.fail(f"{what} {value} is out of range: the world has ranks 0..{self.layout.world_size - 1}", loc)
+        return value
+
+    def _append(self, op_kwargs: dict, loc: SourceLoc) -> Op:
+        budget = self.budget
+        budget.ops += 1
+        if budget.ops > budget.max_ops:
+            raise LimitError(
+                f"the schedule expands to more than {budget.max_ops:,} ops",
+                loc,
+                rank=self.rank,
+                hint="use smaller params, or raise the limit with --max-ops",
+            )
+        op = Op(rank=self.rank, index=len(self.ops), loc=loc, **op_kwargs)
+        self.ops.append(op)
+        return op
+
+    def _size(self, size: int | float, dtype: Dtype, loc: SourceLoc, kind: OpKind) -> int:
+        if size < 0:
+            raise self.fail(f"{kind.value} size must not be negative, got {size:g}B", loc)
+        if not float(size).is_integer():
+            raise self.fail(f"size {size:g}B is not a whole number of bytes", loc)
+        size = int(size)
+        if size % dtype.itemsize:
+            raise self.fail(
+                f"size {format_bytes(size)} is not a multiple of the {dtype.value} element size ({dtype.itemsize}B)", loc
+            )
+        return size
+
+    # ---- handles and batches ----------------------------------------------------
+
+    def _bind(self, handle: str | None, indices: tuple[int, ...], loc: SourceLoc) -> None:
+        if handle is None:
+            return
+        if handle in self.events:
+            raise self.fail(f"'{handle}' is already an event; a handle needs another name", loc)
+        old = self.handles.get(handle)
+        if old is not None and not old.waited:
+            self.warnings.append(f"{loc}: rank {self.rank}: handle '{handle}' rebound before it was waited (bound at line {old.loc.line})")
+        self.handles[handle] = _Handle(indices, loc)
+
+    def begin_batch(self, handle: str | None, loc: SourceLoc) -> None:
+        if self.batch_start is not None:
+            raise self.fail("batch blocks cannot be nested", loc)
+        self.batch_start = len(self.ops)
+        self.batch_handle = handle
+
+    def end_batch(self, loc: SourceLoc) -> None:
+        start, handle = self.batch_start, self.batch_handle
+        self.batch_start = self.batch_handle = None
+        if start == len(self.ops):
+            raise self.fail("this batch issued no isend/irecv on this rank", loc)
+        self._bind(handle, tuple(range(start, len(self.ops))), loc)
+
+    # ---- ops ----------------------------------------------------------------------
+
+    def compute(self, name: str, duration_us, flops, size_bytes, dtype: Dtype | None, placement, loc) -> None:
+        stream = self.stream(placement, loc)
+        self._no_batch("compute", loc)
+        dtype = dtype or self.layout.default_dtype
+        self._append(
+            dict(kind=OpKind.COMPUTE, name=name, stream=stream, duration_us=duration_us, flops=flops,
+                 size_bytes=int(size_bytes or 0), dtype=dtype),
+            loc,
+        )  # fmt: skip
+
+    def host_work(self, name: str, duration_us: float, loc) -> None:
+        self._no_batch("host", loc)
+        if duration_us < 0:
+            raise self.fail(f"host work duration must not be negative, got {duration_us:g}us", loc)
+        self._append(dict(kind=OpKind.HOST, name=name, stream=HOST_STREAM, duration_us=duration_us), loc)
+
+    def copy(self, name: str, size, dtype: Dtype | None, copy_dir: CopyDir, placement, loc) -> None:
+        self._no_batch("copy", loc)
+        stream = self.stream(placement, loc)
+        dtype = dtype or self.layout.default_dtype
+        size = self._size(size, dtype, loc, OpKind.COPY)
+        self._append(
+            dict(kind=OpKind.COPY, name=name, stream=stream, size_bytes=size, dtype=dtype,
+                 copy_dir=copy_dir, transport=Transport.MEMCPY),
+            loc,
+        )  # fmt: skip
+
+    def p2p(self, kind: OpKind, is_async: bool, name: str, size, peer, family: str, transport, dtype, placement, handle, loc) -> None:
+        word = ("i" if is_async else "") + kind.value
+        in_batch = self.batch_start is not None
+        if in_batch and not is_async:
+            raise self.fail(f"a batch holds isend/irecv only, not {word}", loc, hint=f"write i{kind.value}")
+        if in_batch and handle is not None:
+            raise self.fail("ops inside a batch cannot bind handles; bind the batch: `h = batch:`", loc)
+        if is_async and not in_batch and handle is None:
+            raise self.fail(f"{word} returns a handle; bind it, e.g. `h = {word} ...`, and wait on it", loc)
+        if not is_async and handle is not None:
+            raise self.fail(f"{word} is synchronous and returns no handle; use i{kind.value} for a handle", loc)
+        peer = self._check_rank("peer", peer, loc)
+        if peer == self.rank:
+            raise self.fail(f"rank {self.rank} cannot {kind.value} to itself", loc)
+        group = self.group(family, loc)
+        if peer not in group.ranks:
+            raise self.fail(f"peer {peer} is not in group {group.id} (ranks {list(group.ranks)})", loc)
+        stream = self.stream(placement, loc)
+        dtype = dtype or self.layout.default_dtype
+        size = self._size(size, dtype, loc, kind)
+        op = self._append(
+            dict(kind=kind, name=name, stream=stream, size_bytes=size, dtype=dtype, peer=peer, group=group.id,
+                 transport=transport or self.layout.default_transport,
+                 handle=self.batch_handle if in_batch else handle, batch=self.batch_start),
+            loc,
+        )  # fmt: skip
+        if not in_batch:
+            self._bind(handle, (op.index,), loc)
+
+    def collective(self, kind: OpKind, name: str, size, family: str, root, reduce_op: ReduceOp | None,
+                   algo: Algo | None, transport, dtype, placement, handle, loc) -> None:  # fmt: skip
+        self._no_batch(kind.value, loc)
+        group = self.group(family, loc)
+        if kind in ROOTED_KINDS:
+            root = self._check_rank("root", root, loc)
+            if root not in group.ranks:
+                raise self.fail(f"root {root} is not in group {group.id} (ranks {list(group.ranks)})", loc)
+        stream = self.stream(placement, loc)
+        dtype = dtype or self.layout.default_dtype
+        size = self._size(size, dtype, loc, kind)
+        n = len(group.ranks)
+        if kind in SPLIT_KINDS and size % (n * dtype.itemsize):
+            raise self.fail(
+                f"{kind.value} size {format_bytes(size)} does not split into {n} equal chunks of whole "
+                f"{dtype.value} elements (group {group.id} has {n} ranks)",
+                loc,
+                hint="the size of a collective is its largest buffer (nccl-tests convention)",
+            )
+        op = self._append(
+            dict(kind=kind, name=name, stream=stream, size_bytes=size, dtype=dtype, group=group.id, root=root,
+                 reduce_op=reduce_op, algo=algo, transport=transport or self.layout.default_transport,
+                 handle=handle),
+            loc,
+        )  # fmt: skip
+        self._bind(handle, (op.index,), loc)
+
+    def wait(self, name: str, placement, loc) -> None:
+        self._no_batch("wait", loc)
+        h = self.handles.get(name)
+        if h is not None:
+            if h.waited:
+                raise self.fail(f"handle '{name}' is waited twice (bound at line {h.loc.line})", loc)
+            h.waited = True
+            stream = self.stream(placement, loc, allow_host=True)
+            self._append(dict(kind=OpKind.WAIT, name=name, stream=stream, waits_for=h.indices), loc)
+            return
+        record = self.events.get(name)
+        if record is not None:
+            stream = self.stream(placement, loc)
+            self._append(dict(kind=OpKind.WAIT_EVENT, name=name, stream=stream, waits_for=(record,)), loc)
+            return
+        # Decide at the end of the rank whether it is a handle/event defined later or a typo.
+        self.pending_waits.append((name, loc))
+
+    def record(self, name: str, placement, loc) -> None:
+        self._no_batch("record", loc)
+        if name in self.handles:
+            raise self.fail(f"'{name}' is already a handle; an event needs another name", loc)
+        stream = self.stream(placement, loc)
+        op = self._append(dict(kind=OpKind.RECORD, name=name, stream=stream), loc)
+        self.events[name] = op.index
+
+    def synchronize(self, stream: str | None, loc) -> None:
+        self._no_batch("synchronize", loc)
+        if stream is not None:
+            self.stream(stream, loc)
+        self._append(dict(kind=OpKind.SYNCHRONIZE, name=stream or "device", stream=stream or HOST_STREAM), loc)
+
+    def _no_batch(self, what: str, loc) -> None:
+        if self.batch_start is not None:
+            raise self.fail(f"a batch holds isend/irecv only, not {what}", loc)
+
+    def finish(self) -> None:
+        """End-of-rank checks: waits on names that never became a handle or event."""
+        for name, loc in self.pending_waits:
+            if name in self.events:
+                raise self.fail(
+                    f"event '{name}' is waited before it is recorded (recorded at line {self.ops[self.events[name]].loc.line})",
+                    loc,
+                    hint="CUDA ignores a wait on an event not yet recorded; record first",
+                )
+            if name in self.handles:
+                raise self.fail(
+                    f"handle '{name}' is waited before the op that binds it (line {self.handles[name].loc.line})", loc
+                )
+            known = sorted(self.handles) + sorted(self.events)
+            raise self.fail(
+                f"wait on '{name}': no handle or event of that name on rank {self.rank}",
+                loc,
+                hint=("known: " + ", ".join(known[:10])) if known else "bind a handle (`h = isend ...`) or `record` an event",
+            )
+        for name, h in self.handles.items():
+            if not h.waited:
+                self.warnings.append(f"{h.loc}: rank {self.rank}: handle '{name}' is never waited")

@@ -1,0 +1,343 @@
+"""Load a schedule file: YAML -> params -> world, groups -> compiled program -> Program.
+
+YAML is read with the safe loader only. We also compose the node tree (no objects are
+constructed from it) to know where every value sits in the file, so errors inside the
+`program:` block or a param value point at the file's real line and column.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from commdsl.dsl.compile import ProgramCompiler
+from commdsl.dsl.expand import ExpansionBudget, RankExpander, WorldLayout
+from commdsl.dsl.parser import TextOrigin, parse_expression, parse_program
+from commdsl.dsl.values import Quantity, format_value
+from commdsl.errors import LimitError, ScheduleError, SourceLoc, UsageError
+from commdsl.ir import Dtype, Group, Program, Transport
+from commdsl.resources import bundled_schedules, resolve_schedule
+
+DEFAULT_MAX_OPS = 5_000_000
+"""Default limit on the total number of ops a schedule may expand to."""
+MAX_WORLD_SIZE = 65_536
+
+_TOP_LEVEL_KEYS = ("name", "doc", "params", "world", "streams", "groups", "transport", "dtype", "program")
+
+
+@dataclass(frozen=True)
+class _Node:
+    """A YAML value with its position."""
+
+    value: object
+    node: yaml.Node
+
+
+class _YamlFile:
+    def __init__(self, text: str, file: str):
+        self.file = file
+        self.lines = tuple(text.splitlines())
+        try:
+            self.root = yaml.compose(text, Loader=yaml.SafeLoader)
+            self.data = yaml.safe_load(text)
+        except yaml.MarkedYAMLError as e:
+            mark = e.problem_mark or e.context_mark
+            loc = self.loc_of_mark(mark) if mark else None
+            problem = e.problem or e.context or "invalid YAML"
+            raise ScheduleError(f"invalid YAML: {problem}", loc) from None
+        except yaml.YAMLError as e:
+            raise ScheduleError(f"invalid YAML: {e}", SourceLoc(file, 1, 1)) from None
+
+    def loc_of_mark(self, mark: yaml.Mark) -> SourceLoc:
+        line = mark.line + 1
+        text = self.lines[line - 1] if 0 < line <= len(self.lines) else ""
+        return SourceLoc(self.file, line, mark.column + 1, text)
+
+    def loc(self, node: yaml.Node) -> SourceLoc:
+        return self.loc_of_mark(node.start_mark)
+
+    def mapping(self, node: yaml.Node, what: str) -> dict[str, tuple[yaml.Node, yaml.Node]]:
+        """Keys of a mapping node with (key node, value node); rejects duplicates."""
+        if not isinstance(node, yaml.MappingNode):
+            raise ScheduleError(f"{what} must be a mapping (key: value lines)", self.loc(node))
+        out: dict[str, tuple[yaml.Node, yaml.Node]] = {}
+        for k, v in node.value:
+            key = k.value if isinstance(k, yaml.ScalarNode) else None
+            if not isinstance(key, str) or not key:
+                raise ScheduleError(f"{what}: keys must be names", self.loc(k))
+            if key in out:
+                raise ScheduleError(f"{what}: key '{key}' appears twice (first at line {out[key][0].start_mark.line + 1})", self.loc(k))
+            out[key] = (k, v)
+        return out
+
+    def origin_of_scalar(self, node: yaml.ScalarNode) -> TextOrigin:
+        """Where the text of a scalar starts, for mapping expression/program positions."""
+        mark = node.start_mark
+        if node.style in ("|", ">"):
+            first = mark.line + 2  # content starts on the line after the indicator
+            indent = 0
+            for line in self.lines[first - 1 :]:
+                if line.strip():
+                    indent = len(line) - len(line.lstrip(" "))
+                    break
+            return TextOrigin(self.file, self.lines, first, indent, block=True)
+        quote = 1 if node.style in ("'", '"') else 0
+        return TextOrigin(self.file, self.lines, mark.line + 1, mark.column + quote, block=False)
+
+
+def load_schedule(
+    arg: str,
+    overrides: dict[str, str] | None = None,
+    *,
+    max_ops: int = DEFAULT_MAX_OPS,
+    validate: bool = True,
+) -> Program:
+    """Load a schedule by path or bundled name; `overrides` are `-p key=value` pairs."""
+    path = resolve_schedule(arg)
+    if path is None:
+        raise UsageError(
+            f"no such schedule file or bundled schedule: {arg}",
+            hint="bundled schedules: " + ", ".join(bundled_schedules()),
+        )
+    try:
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError) as e:
+        raise UsageError(f"cannot read {arg}: {e}") from None
+    display = arg if Path(arg).is_file() else str(path)
+    return load_schedule_text(text, display, overrides, max_ops=max_ops, validate=validate)
+
+
+def load_schedule_text(
+    text: str,
+    file: str = "<schedule>",
+    overrides: dict[str, str] | None = None,
+    *,
+    max_ops: int = DEFAULT_MAX_OPS,
+    validate: bool = True,
+) -> Program:
+    """Load a schedule from its text; `file` is the name used in messages."""
+    doc = _YamlFile(text, file)
+    if doc.root is None:
+        raise ScheduleError("the schedule file is empty", SourceLoc(file, 1, 1))
+    top = doc.mapping(doc.root, "the schedule")
+    for key, (knode, _) in top.items():
+        if key not in _TOP_LEVEL_KEYS:
+            raise ScheduleError(f"unknown top-level key '{key}' (known: {', '.join(_TOP_LEVEL_KEYS)})", doc.loc(knode))
+    if "program" not in top:
+        raise ScheduleError("the schedule has no `program:` block", doc.loc(doc.root))
+
+    name = _string(doc, top, "name", Path(file).stem)
+    docstring = _string(doc, top, "doc", "")
+    params = _params(doc, top.get("params"), overrides or {})
+    env = dict(params)
+    layout = _layout(doc, top, env)
+
+    prog_node = top["program"][1]
+    if not isinstance(prog_node, yaml.ScalarNode) or not isinstance(prog_node.value, str):
+        raise ScheduleError("`program:` must be a text block (program: |)", doc.loc(prog_node))
+    origin = doc.origin_of_scalar(prog_node)
+    tree = parse_program(prog_node.value, origin)
+    compiled = ProgramCompiler(origin, layout, tuple(params)).transform(tree)
+
+    budget = ExpansionBudget(max_ops=max_ops, max_steps=max(4 * max_ops, 1_000_000))
+    per_rank = []
+    warnings: list[str] = []
+    for rank in range(layout.world_size):
+        expander = RankExpander(rank, layout, budget)
+        env = dict(params)
+        env["rank"] = rank
+        env["world_size"] = layout.world_size
+        env["__ctx__"] = expander
+        expander.globals = env
+        compiled(expander, env)
+        expander.finish()
+        per_rank.append(tuple(expander.ops))
+        warnings.extend(expander.warnings)
+
+    program = Program(
+        name=name,
+        doc=docstring,
+        source=file,
+        params=tuple((k, format_value(v)) for k, v in params.items()),
+        world_size=layout.world_size,
+        mesh=layout.mesh,
+        streams=layout.streams,
+        groups=tuple(g for groups in layout.families.values() for g in groups),
+        ops=tuple(per_rank),
+        warnings=tuple(warnings),
+    )
+    if validate:
+        from commdsl.validate import validate_program
+
+        validate_program(program)
+    return program
+
+
+def _string(doc: _YamlFile, top, key: str, default: str) -> str:
+    if key not in top:
+        return default
+    node = top[key][1]
+    if not isinstance(node, yaml.ScalarNode) or node.tag == "tag:yaml.org,2002:null":
+        raise ScheduleError(f"`{key}` must be text", doc.loc(node))
+    return str(node.value).strip()
+
+
+def _eval_text(text: str, origin: TextOrigin, env: dict) -> object:
+    """Evaluate a one-expression text (param value, world size, a group rank)."""
+    tree = parse_expression(text, origin)
+    layout = WorldLayout(1, (), ("compute",), {}, Transport.NCCL, Dtype.FP32)
+    expr = ProgramCompiler(origin, layout, tuple(env)).transform(tree)
+    return expr(env)
+
+
+def _scalar_value(doc: _YamlFile, node: yaml.Node, env: dict, what: str) -> object:
+    """A YAML scalar: ints, floats and booleans as they are; strings as expressions."""
+    if not isinstance(node, yaml.ScalarNode):
+        raise ScheduleError(f"{what} must be a single value", doc.loc(node))
+    # Plain scalars resolve as YAML would (int, float, bool); quoted ones stay text.
+    value = node.value if node.tag == "tag:yaml.org,2002:str" else yaml.safe_load(node.value)
+    if isinstance(value, bool) or isinstance(value, (int, float)):
+        return value
+    if isinstance(value, str):
+        return _eval_text(value, doc.origin_of_scalar(node), env)
+    raise ScheduleError(f"{what} must be a number, a boolean or an expression such as 32MiB", doc.loc(node))
+
+
+def _params(doc: _YamlFile, entry, overrides: dict[str, str]) -> dict[str, object]:
+    if entry is None:
+        nodes: dict[str, tuple[yaml.Node, yaml.Node]] = {}
+    else:
+        nodes = doc.mapping(entry[1], "params")
+    unknown = [k for k in overrides if k not in nodes]
+    if unknown:
+        raise UsageError(
+            f"-p {unknown[0]}=...: the schedule has no param '{unknown[0]}'",
+            hint=("params: " + ", ".join(nodes)) if nodes else "this schedule declares no params",
+        )
+    env: dict[str, object] = {}
+    for key, (knode, vnode) in nodes.items():
+        if key in ("rank", "world_size", "world"):
+            raise ScheduleError(f"'{key}' is reserved and cannot be a param", doc.loc(knode))
+        if key in overrides:
+            text = overrides[key]
+            origin = TextOrigin(f"-p {key}", (text,), 1, 0, block=False)
+            env[key] = _eval_text(text, origin, env)
+        else:
+            env[key] = _scalar_value(doc, vnode, env, f"param '{key}'")
+    return env
+
+
+def _int_value(doc, node, env, what: str, minimum: int) -> int:
+    v = _scalar_value(doc, node, env, what)
+    if not isinstance(v, int) or isinstance(v, bool) or v < minimum:
+        raise ScheduleError(f"{what} must be an integer >= {minimum}, got {format_value(v)}", doc.loc(node))
+    return v
+
+
+def _layout(doc: _YamlFile, top, env: dict) -> WorldLayout:
+    if "world" not in top:
+        raise ScheduleError("the schedule has no `world:` (a rank count, or a mesh such as {pp: 4, dp: 2})", doc.loc(doc.root))
+    wnode = top["world"][1]
+    mesh: tuple[tuple[str, int], ...]
+    if isinstance(wnode, yaml.MappingNode):
+        axes = doc.mapping(wnode, "world")
+        mesh = tuple((axis, _int_value(doc, v, env, f"mesh axis '{axis}'", 1)) for axis, (_, v) in axes.items())
+        for axis, (knode, _) in axes.items():
+            if axis in ("world", "host"):
+                raise ScheduleError(f"'{axis}' is reserved and cannot be a mesh axis", doc.loc(knode))
+    else:
+        mesh = ()
+        size = _int_value(doc, wnode, env, "world", 1)
+    world_size = 1
+    for _, n in mesh:
+        world_size *= n
+    if not mesh:
+        world_size = size
+    if world_size > MAX_WORLD_SIZE:
+        raise LimitError(f"world of {world_size:,} ranks exceeds the limit of {MAX_WORLD_SIZE:,}", doc.loc(wnode))
+
+    streams = _streams(doc, top)
+    families: dict[str, tuple[Group, ...]] = {"world": (Group("world", "world", tuple(range(world_size))),)}
+    for axis, groups in _mesh_groups(mesh).items():
+        families[axis] = groups
+    if "groups" in top:
+        for name, (knode, vnode) in doc.mapping(top["groups"][1], "groups").items():
+            if name in families:
+                raise ScheduleError(f"group '{name}' is already defined (world or a mesh axis)", doc.loc(knode))
+            families[name] = _custom_groups(doc, name, vnode, env, world_size)
+    transport = _enum_value(doc, top, "transport", Transport, Transport.NCCL)
+    dtype = _enum_value(doc, top, "dtype", Dtype, Dtype.FP32)
+    return WorldLayout(world_size, mesh, streams, families, transport, dtype)
+
+
+def _enum_value(doc, top, key: str, enum_type, default):
+    if key not in top:
+        return default
+    node = top[key][1]
+    try:
+        return enum_type(node.value if isinstance(node, yaml.ScalarNode) else None)
+    except ValueError:
+        raise ScheduleError(f"unknown {key} '{node.value}'; expected one of {', '.join(e.value for e in enum_type)}", doc.loc(node)) from None
+
+
+def _streams(doc: _YamlFile, top) -> tuple[str, ...]:
+    if "streams" not in top:
+        return ("compute",)
+    node = top["streams"][1]
+    if not isinstance(node, yaml.SequenceNode) or not node.value:
+        raise ScheduleError("`streams:` must be a non-empty list of names, e.g. [compute, comm]", doc.loc(node))
+    names = []
+    for item in node.value:
+        name = item.value if isinstance(item, yaml.ScalarNode) else None
+        if not isinstance(name, str) or not name.isidentifier():
+            raise ScheduleError("stream names must be plain names", doc.loc(item))
+        if name == "host":
+            raise ScheduleError("'host' is the host thread, not a stream; choose another name", doc.loc(item))
+        if name in names:
+            raise ScheduleError(f"stream '{name}' is declared twice", doc.loc(item))
+        names.append(name)
+    return tuple(names)
+
+
+def _mesh_groups(mesh: tuple[tuple[str, int], ...]) -> dict[str, tuple[Group, ...]]:
+    """Groups along each mesh axis: ranks that differ only in that axis's coordinate."""
+    out: dict[str, tuple[Group, ...]] = {}
+    sizes = [n for _, n in mesh]
+    strides = [1] * len(mesh)
+    for i in range(len(mesh) - 2, -1, -1):
+        strides[i] = strides[i + 1] * sizes[i + 1]
+    for a, (axis, n) in enumerate(mesh):
+        others = [i for i in range(len(mesh)) if i != a]
+        groups = []
+        for fixed in itertools.product(*(range(sizes[i]) for i in others)):
+            base = sum(c * strides[i] for c, i in zip(fixed, others))
+            ranks = tuple(base + k * strides[a] for k in range(n))
+            label = ",".join(f"{mesh[i][0]}={c}" for c, i in zip(fixed, others))
+            groups.append(Group(f"{axis}[{label}]" if label else axis, axis, ranks))
+        out[axis] = tuple(groups)
+    return out
+
+
+def _custom_groups(doc, name: str, node, env, world_size: int) -> tuple[Group, ...]:
+    if not isinstance(node, yaml.SequenceNode) or not node.value:
+        raise ScheduleError(f"group '{name}' must be a list of ranks, or a list of lists of ranks", doc.loc(node))
+    nested = isinstance(node.value[0], yaml.SequenceNode)
+    members = node.value if nested else [node]
+    groups, seen = [], {}
+    for i, member in enumerate(members):
+        if not isinstance(member, yaml.SequenceNode) or not member.value:
+            raise ScheduleError(f"group '{name}': each member must be a non-empty list of ranks", doc.loc(member))
+        ranks = []
+        for item in member.value:
+            r = _int_value(doc, item, env, f"a rank of group '{name}'", 0)
+            if r >= world_size:
+                raise ScheduleError(f"group '{name}': rank {r} is out of range (world has ranks 0..{world_size - 1})", doc.loc(item))
+            if r in seen:
+                raise ScheduleError(f"group '{name}': rank {r} appears twice (a rank may belong to one group of a family)", doc.loc(item))
+            seen[r] = i
+            ranks.append(r)
+        groups.append(Group(f"{name}[{i}]" if nested else name, name, tuple(ranks)))
+    return tuple(groups)

@@ -1,0 +1,214 @@
+"""Parse the op language with the Lark grammar in grammars/commdsl.lark.
+
+Positions Lark reports are relative to the `program:` text; `TextOrigin` maps them back
+to the YAML file's real lines and columns so every message points into the file the
+user edits.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+from lark import Lark, Token, Tree
+from lark.exceptions import LarkError, UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, UnexpectedToken
+from lark.indenter import DedentError, Indenter
+
+from commdsl.errors import ScheduleError, SourceLoc
+from commdsl.resources import grammar_path
+
+
+@dataclass(frozen=True)
+class TextOrigin:
+    """Where a piece of text (the program block, a param value) sits in its file."""
+
+    file: str
+    """The file as the user named it."""
+    file_lines: tuple[str, ...]
+    """All lines of the file, for the caret display."""
+    first_line: int
+    """File line (1-based) holding the text's first line."""
+    column_offset: int
+    """Columns to add to a column on the text's first line (and, for block scalars,
+    on every line: the block's indentation)."""
+    block: bool = True
+    """True for a YAML block scalar, where every line is shifted by the indentation."""
+
+    def loc(self, line: int, column: int) -> SourceLoc:
+        """Map a 1-based (line, column) in the text to the file."""
+        file_line = self.first_line + line - 1
+        col = column + (self.column_offset if (self.block or line == 1) else 0)
+        text = self.file_lines[file_line - 1] if 0 < file_line <= len(self.file_lines) else ""
+        return SourceLoc(self.file, file_line, col, text)
+
+
+class _ProgramIndenter(Indenter):
+    NL_type = "_NL"
+    OPEN_PAREN_types = ["LPAR", "LSQB"]
+    CLOSE_PAREN_types = ["RPAR", "RSQB"]
+    INDENT_type = "_INDENT"
+    DEDENT_type = "_DEDENT"
+    tab_len = 8
+
+
+@functools.cache
+def _lark() -> Lark:
+    # Built once per process; the Lark object is not mutated after construction.
+    return Lark(
+        grammar_path().read_text(),
+        parser="lalr",
+        postlex=_ProgramIndenter(),
+        propagate_positions=True,
+        maybe_placeholders=True,
+    )
+
+
+@functools.cache
+def _expression_lark() -> Lark:
+    return Lark(
+        grammar_path().read_text(),
+        parser="lalr",
+        start="expr",
+        propagate_positions=True,
+        maybe_placeholders=True,
+    )
+
+
+# Human names for the grammar's terminals, used in "expected ..." messages.
+_TERMINAL_NAMES = {
+    "NAME": "a name",
+    "INT": "an integer",
+    "FLOAT": "a number",
+    "QUANTITY": "a quantity such as 32MiB or 2ms",
+    "DTYPE": "a dtype such as bf16[n]",
+    "COMP_OP": "a comparison",
+    "ADD_OP": "'+' or '-'",
+    "MUL_OP": "'*', '/', '//' or '%'",
+    "P2P_KIND": "send/recv/isend/irecv",
+    "COLLECTIVE_KIND": "a collective",
+    "PEER_DIR": "'to' or 'from'",
+    "_NL": "end of line",
+    "_INDENT": "an indented block",
+    "_DEDENT": "end of block",
+    "$END": "end of program",
+    "HOST": "'host'",
+}
+
+
+def _describe_expected(parser: Lark, names: set[str]) -> str:
+    described = set()
+    for name in names:
+        if name in _TERMINAL_NAMES:
+            described.add(_TERMINAL_NAMES[name])
+            continue
+        try:
+            pattern = parser.get_terminal(name).pattern
+        except KeyError:
+            described.add(name)
+            continue
+        described.add(f"'{pattern.value}'" if pattern.type == "str" else name)
+    items = sorted(described)
+    if len(items) > 8:
+        items = items[:8] + ["..."]
+    return ", ".join(items)
+
+
+def _token_text(token: Token) -> str:
+    if token.type == "_NL":
+        return "end of line"
+    if token.type == "_INDENT":
+        return "an indented block"
+    if token.type == "_DEDENT":
+        return "end of block"
+    if token.type == "$END":
+        return "end of program"
+    return repr(str(token))
+
+
+def _hint_for(token: Token | None, text_line: str) -> str | None:
+    if token is None:
+        return None
+    if token.type == "NAME" and str(token) in ("KiB", "MiB", "GiB", "KB", "MB", "GB", "B", "us", "ms", "s", "GFLOP", "TFLOP", "FLOP"):
+        return f"write the unit attached to its number, e.g. 32{token}"
+    if token.type == "_INDENT":
+        return "indentation only follows a line that ends with ':'"
+    if token.type == "_NL" and text_line.rstrip().endswith(("(", ",", "+", "-", "*", "/")):
+        return "the line ends in the middle of an expression"
+    return None
+
+
+def _raise_parse_error(err: LarkError, parser: Lark, origin: TextOrigin, text: str) -> None:
+    lines = text.splitlines()
+    if isinstance(err, UnexpectedCharacters):
+        loc = origin.loc(err.line, err.column)
+        char = text[err.pos_in_stream] if err.pos_in_stream < len(text) else ""
+        if char == "\t":
+            raise ScheduleError("tab character in program; indent with spaces", loc) from None
+        expected = _describe_expected(parser, set(err.allowed or ()))
+        msg = f"unexpected character {char!r}"
+        raise ScheduleError(msg + (f"; expected {expected}" if expected else ""), loc) from None
+    if isinstance(err, UnexpectedToken):
+        token = err.token
+        line = token.line if token.line is not None else len(lines)
+        column = token.column if token.column is not None else 1
+        if token.type == "$END":
+            line, column = max(len(lines), 1), len(lines[-1]) + 1 if lines else 1
+        loc = origin.loc(line, column)
+        expected = _describe_expected(parser, set(err.expected))
+        text_line = lines[line - 1] if 0 < line <= len(lines) else ""
+        raise ScheduleError(
+            f"unexpected {_token_text(token)}; expected {expected}", loc, hint=_hint_for(token, text_line)
+        ) from None
+    if isinstance(err, UnexpectedEOF):
+        loc = origin.loc(max(len(lines), 1), len(lines[-1]) + 1 if lines else 1)
+        raise ScheduleError("unexpected end of program", loc) from None
+    if isinstance(err, DedentError):
+        raise ScheduleError(f"inconsistent indentation: {err}", origin.loc(1, 1)) from None
+    if isinstance(err, UnexpectedInput):
+        raise ScheduleError(f"syntax error: {err}", origin.loc(getattr(err, "line", 1) or 1, getattr(err, "column", 1) or 1)) from None
+    raise ScheduleError(f"syntax error: {err}", origin.loc(1, 1)) from None
+
+
+def _dedent_line_of(text: str) -> int:
+    """Line of the first dedent that matches no enclosing indentation level."""
+    levels = [0]
+    for number, line in enumerate(text.splitlines(), 1):
+        stripped = line.lstrip(" ")
+        if not stripped or stripped.startswith("#"):
+            continue
+        indent = len(line) - len(stripped)
+        if indent > levels[-1]:
+            levels.append(indent)
+            continue
+        while indent < levels[-1]:
+            levels.pop()
+        if indent != levels[-1]:
+            return number
+    return 1
+
+
+def parse_program(text: str, origin: TextOrigin) -> Tree:
+    """Parse a program block into a Lark tree; errors become `ScheduleError`s."""
+    parser = _lark()
+    source = text if text.endswith("\n") else text + "\n"
+    try:
+        return parser.parse(source)
+    except DedentError:
+        line = _dedent_line_of(source)
+        raise ScheduleError(
+            "this line's indentation matches no enclosing block", origin.loc(line, 1),
+            hint="indent with the same number of spaces as a line above",
+        ) from None
+    except LarkError as err:
+        _raise_parse_error(err, parser, origin, source)
+        raise  # unreachable: _raise_parse_error always raises
+
+
+def parse_expression(text: str, origin: TextOrigin) -> Tree:
+    """Parse one expression (a param value, a world size)."""
+    parser = _expression_lark()
+    try:
+        return parser.parse(text)
+    except LarkError as err:
+        _raise_parse_error(err, parser, origin, text)
+        raise

@@ -1,0 +1,114 @@
+"""One error hierarchy for everything a user can get wrong.
+
+Every error a user can cause is a `CommdslError`. The CLI catches exactly this class,
+prints `format()` and exits with the error's `exit_code`; anything else escaping is a
+bug in commdsl. Errors carry source locations (file, line, column, the line's text) so
+the message can show the line with a caret, the way compilers do.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class SourceLoc:
+    """A position in a schedule file, 1-based, with the text of that line."""
+
+    file: str
+    """Path of the file as the user named it."""
+    line: int
+    """1-based line number in the file (not in the `program:` block)."""
+    column: int
+    """1-based column."""
+    text: str = ""
+    """The full text of the line, for the caret display."""
+
+    def __str__(self) -> str:
+        return f"{self.file}:{self.line}:{self.column}"
+
+
+class CommdslError(Exception):
+    """Base class of every error a user can cause. `exit_code` is the CLI exit status."""
+
+    exit_code = 1
+    kind = "error"
+
+    def __init__(
+        self,
+        message: str,
+        loc: SourceLoc | None = None,
+        *,
+        hint: str | None = None,
+        rank: int | None = None,
+        related: tuple[tuple[str, SourceLoc], ...] = (),
+    ):
+        super().__init__(message)
+        self.message = message
+        self.loc = loc
+        self.hint = hint
+        self.rank = rank
+        self.related = related
+        """Further locations worth showing, each with a short label."""
+
+    def __str__(self) -> str:
+        where = f"{self.loc}: " if self.loc else ""
+        return f"{where}{self.message}"
+
+    def format(self) -> str:
+        """The one-screen message the CLI prints."""
+        lines = [f"{self.kind}: {self.message}"]
+        if self.loc is not None:
+            lines += _snippet(self.loc, "", self.rank)
+        for label, loc in self.related:
+            lines += _snippet(loc, label, None)
+        if self.hint:
+            lines.append(f"hint: {self.hint}")
+        return "\n".join(lines)
+
+
+def _snippet(loc: SourceLoc, label: str, rank: int | None) -> list[str]:
+    suffix = f" (rank {rank})" if rank is not None else ""
+    head = f"  --> {loc}{suffix}" + (f"  {label}" if label else "")
+    if not loc.text:
+        return [head]
+    number = str(loc.line)
+    pad = " " * len(number)
+    caret_col = max(loc.column - 1, 0)
+    # Keep tabs in the gutter so the caret lines up under the same character.
+    lead = "".join(c if c == "\t" else " " for c in loc.text[:caret_col])
+    return [head, f"{pad} |", f"{number} | {loc.text}", f"{pad} | {lead}^"]
+
+
+class ScheduleError(CommdslError):
+    """The schedule file is wrong: YAML, syntax, names, types, matching, limits."""
+
+    kind = "schedule error"
+
+
+class ValidationError(ScheduleError):
+    """The schedule parses and expands, but ranks disagree (matching, collectives)."""
+
+
+class LimitError(ScheduleError):
+    """The schedule would expand past a configured limit."""
+
+
+class MachineError(CommdslError):
+    """The machine description is wrong."""
+
+    kind = "machine error"
+
+
+class DeadlockError(CommdslError):
+    """Nothing can progress but ops remain. Exit code 3, as the CLI promises."""
+
+    exit_code = 3
+    kind = "deadlock"
+
+
+class UsageError(CommdslError):
+    """The command line is wrong (unknown file, bad -p syntax). Exit code 2."""
+
+    exit_code = 2
+    kind = "usage error"

@@ -1,0 +1,268 @@
+"""The IR: the one format the simulator, the executor and every report consume.
+
+A `Program` is a static, per-rank, ordered list of `Op`s plus the world, its groups and
+streams. It is produced by the front end (`commdsl.dsl`) and nothing downstream ever
+sees a parse tree. Every op carries its source location so any later stage (validation,
+deadlock reports, the executor's watchdog) can point at the line that caused it.
+
+Conventions:
+  * ranks are global ranks; `peer` and `root` are global ranks too, as in torch.distributed;
+  * `size_bytes` of a collective is the size of its largest buffer, as nccl-tests counts
+    it: the all_reduce buffer, the all_gather output, the reduce_scatter input, the
+    gather output / scatter input at the root, the whole all_to_all input of one rank;
+  * an op with a `handle` is asynchronous (async_op=True); without one it is synchronous,
+    i.e. async followed at once by a wait on the issuing stream.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+from commdsl.errors import SourceLoc
+
+HOST_STREAM = "host"
+"""Pseudo-stream of the rank's host thread: host work and host-blocking waits."""
+
+
+class OpKind(str, enum.Enum):
+    COMPUTE = "compute"
+    HOST = "host"
+    COPY = "copy"
+    SEND = "send"
+    RECV = "recv"
+    BROADCAST = "broadcast"
+    REDUCE = "reduce"
+    ALL_REDUCE = "all_reduce"
+    GATHER = "gather"
+    ALL_GATHER = "all_gather"
+    SCATTER = "scatter"
+    REDUCE_SCATTER = "reduce_scatter"
+    ALL_TO_ALL = "all_to_all"
+    BARRIER = "barrier"
+    WAIT = "wait"
+    """Wait on a handle: the op's stream (or the host) waits for the async op(s)."""
+    RECORD = "record"
+    WAIT_EVENT = "wait_event"
+    SYNCHRONIZE = "synchronize"
+
+    @property
+    def is_p2p(self) -> bool:
+        return self in P2P_KINDS
+
+    @property
+    def is_collective(self) -> bool:
+        return self in COLLECTIVE_KINDS
+
+    @property
+    def is_comm(self) -> bool:
+        return self in P2P_KINDS or self in COLLECTIVE_KINDS
+
+
+P2P_KINDS = frozenset({OpKind.SEND, OpKind.RECV})
+COLLECTIVE_KINDS = frozenset(
+    {
+        OpKind.BROADCAST,
+        OpKind.REDUCE,
+        OpKind.ALL_REDUCE,
+        OpKind.GATHER,
+        OpKind.ALL_GATHER,
+        OpKind.SCATTER,
+        OpKind.REDUCE_SCATTER,
+        OpKind.ALL_TO_ALL,
+        OpKind.BARRIER,
+    }
+)
+ROOTED_KINDS = frozenset({OpKind.BROADCAST, OpKind.REDUCE, OpKind.GATHER, OpKind.SCATTER})
+REDUCING_KINDS = frozenset({OpKind.REDUCE, OpKind.ALL_REDUCE, OpKind.REDUCE_SCATTER})
+SPLIT_KINDS = frozenset({OpKind.ALL_GATHER, OpKind.REDUCE_SCATTER, OpKind.GATHER, OpKind.SCATTER, OpKind.ALL_TO_ALL})
+"""Collectives whose size is split into one chunk per group member."""
+
+
+class ReduceOp(str, enum.Enum):
+    SUM = "sum"
+    AVG = "avg"
+    MAX = "max"
+    MIN = "min"
+    PROD = "prod"
+
+
+class Transport(str, enum.Enum):
+    NCCL = "nccl"
+    GLOO = "gloo"
+    MEMCPY = "memcpy"
+
+
+class Algo(str, enum.Enum):
+    """Collective algorithm override; None in an op means: choose as NCCL would."""
+
+    RING = "ring"
+    TREE = "tree"
+    CHAIN = "chain"
+    DIRECT = "direct"
+
+
+class CopyDir(str, enum.Enum):
+    H2D = "h2d"
+    D2H = "d2h"
+    D2D = "d2d"
+
+
+class Dtype(str, enum.Enum):
+    BF16 = "bf16"
+    FP16 = "fp16"
+    FP32 = "fp32"
+    FP64 = "fp64"
+    FP8 = "fp8"
+    INT8 = "int8"
+    UINT8 = "uint8"
+    INT16 = "int16"
+    INT32 = "int32"
+    INT64 = "int64"
+    BOOL = "bool"
+
+    @property
+    def itemsize(self) -> int:
+        return _ITEMSIZE[self]
+
+
+_ITEMSIZE = {
+    Dtype.BF16: 2, Dtype.FP16: 2, Dtype.FP32: 4, Dtype.FP64: 8, Dtype.FP8: 1,
+    Dtype.INT8: 1, Dtype.UINT8: 1, Dtype.INT16: 2, Dtype.INT32: 4, Dtype.INT64: 8,
+    Dtype.BOOL: 1,
+}  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
+class Op:
+    """One statement of one rank's program after expansion."""
+
+    rank: int
+    """Global rank that issues the op."""
+    index: int
+    """Position in the rank's program (issue order); with `rank` it is the op's identity."""
+    kind: OpKind
+    name: str
+    """Label: the op or tensor name with its index resolved (`F[3]`, `act[3]`), the
+    event name for record/wait_event, the handle name for wait."""
+    stream: str
+    """Stream the op is issued on; `HOST_STREAM` for host work and host-blocking waits."""
+    loc: SourceLoc
+    """Where the statement that produced the op is written."""
+    duration_us: float | None = None
+    """Explicit time (compute, host work)."""
+    flops: float | None = None
+    """Work of a compute op, in floating-point operations."""
+    size_bytes: int = 0
+    """Payload of a transfer/collective; memory traffic of a compute op."""
+    dtype: Dtype = Dtype.FP32
+    peer: int | None = None
+    """SEND: destination rank; RECV: source rank (global ranks)."""
+    group: str | None = None
+    """Group id (see `Group.id`) of a communication op."""
+    root: int | None = None
+    """Root (global rank) of broadcast / reduce / gather / scatter."""
+    reduce_op: ReduceOp | None = None
+    transport: Transport | None = None
+    algo: Algo | None = None
+    copy_dir: CopyDir | None = None
+    handle: str | None = None
+    """Handle bound by an asynchronous op; None for a synchronous op."""
+    batch: int | None = None
+    """For P2P ops issued as one batch_isend_irecv: index of the batch's first op."""
+    waits_for: tuple[int, ...] = ()
+    """WAIT: indices of the ops the handle stands for; WAIT_EVENT: index of the RECORD."""
+
+    @property
+    def id(self) -> str:
+        """Stable identity across predicted and measured timelines: "rank:index"."""
+        return f"{self.rank}:{self.index}"
+
+    @property
+    def is_async(self) -> bool:
+        return self.handle is not None
+
+    def to_json(self) -> dict:
+        out: dict = {"id": self.id, "rank": self.rank, "index": self.index, "kind": self.kind.value}
+        for name in _JSON_FIELDS:
+            value = getattr(self, name)
+            if value is None or value == () or (name == "size_bytes" and value == 0):
+                continue
+            out[name] = value.value if isinstance(value, enum.Enum) else value
+        if self.size_bytes:
+            out["dtype"] = self.dtype.value
+        out["loc"] = str(self.loc)
+        return out
+
+
+_JSON_FIELDS = (
+    "name", "stream", "duration_us", "flops", "size_bytes", "peer", "group", "root",
+    "reduce_op", "transport", "algo", "copy_dir", "handle", "batch", "waits_for",
+)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Group:
+    """A set of ranks that communicate: one process group / communicator."""
+
+    id: str
+    """Unique name: "world", a mesh axis with the other coordinates ("pp[dp=1]"), or a
+    custom group ("pairs[0]")."""
+    family: str
+    """The name schedules use in `group=`: "world", the mesh axis, or the custom name."""
+    ranks: tuple[int, ...]
+    """Member global ranks, in group-rank order."""
+
+    def group_rank(self, rank: int) -> int:
+        return self.ranks.index(rank)
+
+
+@dataclass(frozen=True)
+class Program:
+    """A fully expanded schedule: what the simulator and the executor run."""
+
+    name: str
+    doc: str
+    source: str
+    """The schedule file the program came from."""
+    params: tuple[tuple[str, str], ...]
+    """Resolved parameters, formatted with units, in declaration order."""
+    world_size: int
+    mesh: tuple[tuple[str, int], ...]
+    """Mesh axes and sizes, outermost first (row-major, as torch's DeviceMesh)."""
+    streams: tuple[str, ...]
+    """Declared device streams; the first is each rank's default stream."""
+    groups: tuple[Group, ...]
+    """Every group, in the order the executor creates them on every rank."""
+    ops: tuple[tuple[Op, ...], ...]
+    """Per rank, the ops in issue order."""
+    warnings: tuple[str, ...] = ()
+    _groups_by_id: dict[str, Group] = field(default_factory=dict, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self._groups_by_id.update({g.id: g for g in self.groups})
+
+    def group(self, group_id: str) -> Group:
+        return self._groups_by_id[group_id]
+
+    @property
+    def num_ops(self) -> int:
+        return sum(len(r) for r in self.ops)
+
+    def all_ops(self):
+        for rank_ops in self.ops:
+            yield from rank_ops
+
+    def to_json(self) -> dict:
+        return {
+            "name": self.name,
+            "doc": self.doc,
+            "source": self.source,
+            "params": dict(self.params),
+            "world_size": self.world_size,
+            "mesh": dict(self.mesh),
+            "streams": list(self.streams),
+            "groups": [{"id": g.id, "family": g.family, "ranks": list(g.ranks)} for g in self.groups],
+            "ranks": [[op.to_json() for op in rank_ops] for rank_ops in self.ops],
+            "warnings": list(self.warnings),
+        }

@@ -1,0 +1,115 @@
+"""Static checks that compare ranks: P2P matching and collective sequences.
+
+Run at load time on the expanded Program. Each failure names both ranks and both
+source lines. Whether a well-matched schedule can still deadlock (ordering across
+groups, blocking sends head to head) is decided by the simulator's progress check.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+from commdsl.dsl.values import format_bytes
+from commdsl.errors import ValidationError
+from commdsl.ir import Op, OpKind, Program
+
+
+def validate_program(program: Program) -> None:
+    check_p2p_matching(program)
+    check_collective_sequences(program)
+
+
+def _describe(op: Op) -> str:
+    return f"{op.kind.value} {op.name} ({format_bytes(op.size_bytes)}) on rank {op.rank}"
+
+
+def check_p2p_matching(program: Program) -> None:
+    """Sends and recvs match first-in-first-out per (src, dst, group), with equal sizes."""
+    sends: dict[tuple[int, int, str], list[Op]] = defaultdict(list)
+    recvs: dict[tuple[int, int, str], list[Op]] = defaultdict(list)
+    for op in program.all_ops():
+        if op.kind is OpKind.SEND:
+            sends[(op.rank, op.peer, op.group)].append(op)
+        elif op.kind is OpKind.RECV:
+            recvs[(op.peer, op.rank, op.group)].append(op)
+    for channel in sorted(set(sends) | set(recvs)):
+        src, dst, group = channel
+        s_list, r_list = sends.get(channel, []), recvs.get(channel, [])
+        for i, (s, r) in enumerate(zip(s_list, r_list)):
+            if s.size_bytes != r.size_bytes:
+                raise ValidationError(
+                    f"send #{i + 1} from rank {src} to rank {dst} on group {group} is {format_bytes(s.size_bytes)} "
+                    f"but the matching recv is {format_bytes(r.size_bytes)}",
+                    s.loc,
+                    rank=src,
+                    related=(("the recv (rank %d)" % dst, r.loc),),
+                    hint="sends and recvs between two ranks match in program order",
+                )
+            if s.transport is not r.transport:
+                raise ValidationError(
+                    f"send #{i + 1} from rank {src} to rank {dst} uses transport {s.transport.value} "
+                    f"but the matching recv uses {r.transport.value}",
+                    s.loc,
+                    rank=src,
+                    related=(("the recv (rank %d)" % dst, r.loc),),
+                )
+        if len(s_list) != len(r_list):
+            more, fewer = ("send", "recv") if len(s_list) > len(r_list) else ("recv", "send")
+            extra = (s_list if len(s_list) > len(r_list) else r_list)[min(len(s_list), len(r_list))]
+            raise ValidationError(
+                f"rank {src} sends {len(s_list)} message(s) to rank {dst} on group {group} but rank {dst} "
+                f"receives {len(r_list)}; the first unmatched {more} is {_describe(extra)}",
+                extra.loc,
+                rank=extra.rank,
+                hint=f"add the missing {fewer}, or remove this {more}",
+            )
+
+
+def _signature(op: Op) -> tuple:
+    return (op.kind, op.size_bytes, op.root, op.reduce_op, op.dtype)
+
+
+def _sig_text(op: Op) -> str:
+    parts = [op.kind.value, op.name]
+    if op.kind is not OpKind.BARRIER:
+        parts.append(format_bytes(op.size_bytes))
+    if op.root is not None:
+        parts.append(f"root={op.root}")
+    if op.reduce_op is not None:
+        parts.append(f"op={op.reduce_op.value}")
+    return " ".join(parts)
+
+
+def check_collective_sequences(program: Program) -> None:
+    """Every member of a group issues the same collectives (kind, size, root, op) in order."""
+    per_group: dict[str, dict[int, list[Op]]] = defaultdict(lambda: defaultdict(list))
+    for op in program.all_ops():
+        if op.kind.is_collective:
+            per_group[op.group][op.rank].append(op)
+    for group_id, by_rank in per_group.items():
+        group = program.group(group_id)
+        ref_rank = min(by_rank)
+        ref = by_rank[ref_rank]
+        for rank in group.ranks:
+            seq = by_rank.get(rank, [])
+            for i, (a, b) in enumerate(zip(ref, seq)):
+                if _signature(a) != _signature(b):
+                    raise ValidationError(
+                        f"collective #{i + 1} on group {group_id} differs between ranks: rank {ref_rank} issues "
+                        f"`{_sig_text(a)}` but rank {rank} issues `{_sig_text(b)}`",
+                        b.loc,
+                        rank=rank,
+                        related=((f"rank {ref_rank}'s collective", a.loc),),
+                        hint="NCCL matches collectives by order per communicator; a mismatch hangs or corrupts data",
+                    )
+            if len(seq) != len(ref):
+                longer, shorter = (ref_rank, rank) if len(ref) > len(seq) else (rank, ref_rank)
+                longer_seq = by_rank[longer]
+                extra = longer_seq[min(len(ref), len(seq))]
+                raise ValidationError(
+                    f"rank {longer} issues {len(longer_seq)} collective(s) on group {group_id} but rank {shorter} "
+                    f"issues {len(by_rank.get(shorter, []))}; the first without a partner is `{_sig_text(extra)}`",
+                    extra.loc,
+                    rank=longer,
+                    hint=f"every member of {group_id} (ranks {list(group.ranks)}) must issue each collective",
+                )
