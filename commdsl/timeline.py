@@ -1,0 +1,277 @@
+"""Timeline: what the simulator predicts and the executor measures, and its file format.
+
+Both producers emit the same `Timeline`: spans keyed by op id ("rank:index"), so
+`commdsl compare` pairs predicted and measured ops by identity, never by timestamp.
+
+The file format is Chrome-trace JSON, which Perfetto and chrome://tracing open:
+pid = rank, tid = a track (the host, each stream, each group's comm queue), complete
+events (`ph: "X"`) for spans with the op id and kind in `args`, flow events from each
+send to its recv, and counter events (`ph: "C"`) for link utilisation. Everything
+commdsl needs to read a timeline back lives in `args` and `otherData.commdsl`.
+Output is deterministic: the same timeline gives byte-identical files.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from commdsl.errors import UsageError
+from commdsl.ir import HOST_STREAM, Op, OpKind
+
+FORMAT_VERSION = 1
+
+COMM_TRACK_PREFIX = "comm:"
+"""Track of a group's comm queue on a rank: "comm:" + group id."""
+
+
+class SpanRole(str, enum.Enum):
+    EXEC = "exec"
+    """The op running: on its stream, its group's comm queue, or the host for host work.
+    Exactly one EXEC span per op; `compare` pairs these."""
+    ISSUE = "issue"
+    """The host issuing the op (launch overhead, or time blocked in a host-blocking call)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Span:
+    op_id: str
+    """"rank:index" of the op (see `commdsl.ir.Op.id`)."""
+    rank: int
+    track: str
+    """"host", a stream name, or "comm:<group id>"."""
+    role: SpanRole
+    kind: str
+    """The op's `OpKind` value."""
+    name: str
+    """Display name (op name, or the NCCL kernel name for comm kernels)."""
+    start_us: float
+    end_us: float
+    args: tuple[tuple[str, object], ...] = ()
+    """Extra annotations (bytes, flops, source line, NCCL fields), in a fixed order."""
+
+    @property
+    def duration_us(self) -> float:
+        return self.end_us - self.start_us
+
+
+@dataclass(frozen=True, slots=True)
+class Flow:
+    """An arrow between two spans, e.g. from a send to its recv."""
+
+    src_op: str
+    dst_op: str
+    name: str = "p2p"
+
+
+@dataclass(frozen=True, slots=True)
+class CounterSample:
+    track: str
+    """Counter name, e.g. "link nvlink0->1 util"."""
+    rank: int
+    """Process the counter is shown under (-1: a separate "links" process)."""
+    ts_us: float
+    value: float
+
+
+@dataclass
+class Timeline:
+    source: str
+    """"predicted" or "measured"."""
+    schedule: str
+    world_size: int
+    spans: list[Span] = field(default_factory=list)
+    flows: list[Flow] = field(default_factory=list)
+    counters: list[CounterSample] = field(default_factory=list)
+    meta: dict = field(default_factory=dict)
+    """JSON-able extras: params, machine, network model, run settings."""
+    tracks: dict[int, list[str]] = field(default_factory=dict)
+    """Per rank, the track names in display order (filled by `order_tracks` if empty)."""
+
+    def exec_spans(self) -> dict[str, Span]:
+        return {s.op_id: s for s in self.spans if s.role is SpanRole.EXEC}
+
+    @property
+    def makespan_us(self) -> float:
+        """First start to last end over all ranks (EXEC and ISSUE spans)."""
+        if not self.spans:
+            return 0.0
+        return max(s.end_us for s in self.spans) - min(s.start_us for s in self.spans)
+
+    # ---- Chrome trace -----------------------------------------------------------
+
+    def order_tracks(self, streams: tuple[str, ...] = ()) -> dict[int, list[str]]:
+        """Track order per rank: host, declared streams, then comm queues, then others."""
+        seen: dict[int, set[str]] = {}
+        for s in self.spans:
+            seen.setdefault(s.rank, set()).add(s.track)
+        out = {}
+        for rank, names in seen.items():
+            known = self.tracks.get(rank, [])
+            rest = sorted(names - set(known) - {HOST_STREAM} - set(streams), key=lambda t: (t.startswith(COMM_TRACK_PREFIX), t))
+            order = [HOST_STREAM] + [s for s in streams if s in names] + rest
+            out[rank] = known + [t for t in order if t not in known and (t in names or t == HOST_STREAM)]
+        return out
+
+    def to_chrome_trace(self, streams: tuple[str, ...] = ()) -> dict:
+        tracks = self.order_tracks(streams)
+        tid_of = {(r, t): i for r, names in tracks.items() for i, t in enumerate(names)}
+        events: list[dict] = []
+        for rank in sorted(tracks):
+            events.append({"ph": "M", "name": "process_name", "pid": rank, "tid": 0, "args": {"name": f"rank {rank}"}})
+            events.append({"ph": "M", "name": "process_sort_index", "pid": rank, "tid": 0, "args": {"sort_index": rank}})
+            for t, name in enumerate(tracks[rank]):
+                label = name if name == HOST_STREAM or name.startswith(COMM_TRACK_PREFIX) else f"stream {name}"
+                events.append({"ph": "M", "name": "thread_name", "pid": rank, "tid": t, "args": {"name": label}})
+                events.append({"ph": "M", "name": "thread_sort_index", "pid": rank, "tid": t, "args": {"sort_index": t}})
+        exec_by_op: dict[str, Span] = {}
+        for s in sorted(self.spans, key=lambda s: (s.start_us, s.rank, tid_of[(s.rank, s.track)], s.op_id, s.role.value)):
+            if s.role is SpanRole.EXEC:
+                exec_by_op[s.op_id] = s
+            args = {"op_id": s.op_id, "kind": s.kind, "role": s.role.value}
+            args.update(s.args)
+            events.append({
+                "ph": "X", "name": s.name, "cat": s.kind, "pid": s.rank, "tid": tid_of[(s.rank, s.track)],
+                "ts": _ts(s.start_us), "dur": _ts(s.end_us - s.start_us), "args": args,
+            })  # fmt: skip
+        for i, f in enumerate(self.flows):
+            a, b = exec_by_op.get(f.src_op), exec_by_op.get(f.dst_op)
+            if a is None or b is None:
+                continue
+            events.append({"ph": "s", "id": i, "name": f.name, "cat": "flow", "pid": a.rank, "tid": tid_of[(a.rank, a.track)], "ts": _ts(a.start_us)})
+            events.append({"ph": "f", "bp": "e", "id": i, "name": f.name, "cat": "flow", "pid": b.rank, "tid": tid_of[(b.rank, b.track)], "ts": _ts(max(b.start_us, a.start_us))})
+        links_pid = max(tracks, default=-1) + 1
+        if self.counters:
+            events.append({"ph": "M", "name": "process_name", "pid": links_pid, "tid": 0, "args": {"name": "links"}})
+        for c in self.counters:
+            pid = c.rank if c.rank >= 0 else links_pid
+            events.append({"ph": "C", "name": c.track, "pid": pid, "tid": 0, "ts": _ts(c.ts_us), "args": {"value": round(c.value, 6)}})
+        return {
+            "traceEvents": events,
+            "displayTimeUnit": "ms",
+            "otherData": {
+                "commdsl": {
+                    "version": FORMAT_VERSION,
+                    "source": self.source,
+                    "schedule": self.schedule,
+                    "world_size": self.world_size,
+                    "makespan_us": _ts(self.makespan_us),
+                    "tracks": {str(r): t for r, t in sorted(tracks.items())},
+                    "flows": [[f.src_op, f.dst_op, f.name] for f in self.flows],
+                    "meta": self.meta,
+                }
+            },
+        }
+
+    def write(self, path: str | Path, streams: tuple[str, ...] = ()) -> None:
+        text = json.dumps(self.to_chrome_trace(streams), sort_keys=True, separators=(",", ":"))
+        Path(path).write_text(text + "\n")
+
+    @classmethod
+    def read(cls, path: str | Path) -> Timeline:
+        """Read a timeline written by `write` (predicted or measured)."""
+        try:
+            data = json.loads(Path(path).read_text())
+        except FileNotFoundError:
+            raise UsageError(f"no such timeline file: {path}") from None
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise UsageError(f"{path} is not a timeline JSON file: {e}") from None
+        return cls.from_chrome_trace(data, str(path))
+
+    @classmethod
+    def from_chrome_trace(cls, data: dict, origin: str = "<trace>") -> Timeline:
+        meta = data.get("otherData", {}).get("commdsl") if isinstance(data, dict) else None
+        if not isinstance(meta, dict) or meta.get("version") != FORMAT_VERSION:
+            raise UsageError(f"{origin} is not a commdsl timeline (no otherData.commdsl version {FORMAT_VERSION})")
+        tracks = {int(r): list(t) for r, t in meta.get("tracks", {}).items()}
+        tl = cls(meta["source"], meta["schedule"], meta["world_size"], meta=meta.get("meta", {}), tracks=tracks)
+        for ev in data.get("traceEvents", []):
+            ph = ev.get("ph")
+            if ph == "X":
+                args = dict(ev.get("args", {}))
+                op_id, kind, role = args.pop("op_id"), args.pop("kind"), args.pop("role")
+                rank = ev["pid"]
+                track = tracks[rank][ev["tid"]]
+                tl.spans.append(Span(op_id, rank, track, SpanRole(role), kind, ev["name"], ev["ts"], ev["ts"] + ev["dur"], tuple(args.items())))
+            elif ph == "C":
+                tl.counters.append(CounterSample(ev["name"], ev["pid"] if ev["pid"] in tracks else -1, ev["ts"], ev["args"]["value"]))
+        # Flow arrows are stored by op id too: Chrome's s/f events only bind to positions.
+        tl.flows = [Flow(src, dst, name) for src, dst, name in meta.get("flows", [])]
+        return tl
+
+
+def _ts(us: float) -> float:
+    """Microseconds rounded to the nanosecond, so output is stable across platforms."""
+    return round(us, 3)
+
+
+_NCCL_KERNEL = {
+    OpKind.ALL_REDUCE: "AllReduce", OpKind.ALL_GATHER: "AllGather", OpKind.REDUCE_SCATTER: "ReduceScatter",
+    OpKind.BROADCAST: "Broadcast", OpKind.REDUCE: "Reduce", OpKind.ALL_TO_ALL: "SendRecv",
+    OpKind.GATHER: "SendRecv", OpKind.SCATTER: "SendRecv", OpKind.SEND: "SendRecv", OpKind.RECV: "SendRecv",
+    OpKind.BARRIER: "AllReduce",
+}  # fmt: skip
+
+_PROFILER_COLLECTIVE = {
+    OpKind.ALL_REDUCE: "allreduce", OpKind.ALL_GATHER: "all_gather_into_tensor",
+    OpKind.REDUCE_SCATTER: "reduce_scatter_tensor", OpKind.BROADCAST: "broadcast", OpKind.REDUCE: "reduce",
+    OpKind.ALL_TO_ALL: "all_to_all", OpKind.GATHER: "gather", OpKind.SCATTER: "scatter",
+    OpKind.SEND: "send", OpKind.RECV: "recv", OpKind.BARRIER: "barrier",
+}  # fmt: skip
+
+
+def nccl_kernel_name(op: Op, algo: str | None = None, protocol: str = "Simple") -> str:
+    """The device-kernel name the PyTorch profiler shows for an NCCL op, e.g.
+    `ncclDevKernel_AllReduce_Sum_f32_RING_LL`. Tools that pick NCCL kernels out of
+    profiler traces by this prefix work on commdsl traces too."""
+    base = _NCCL_KERNEL[op.kind]
+    if base == "SendRecv":
+        return "ncclDevKernel_SendRecv"
+    redop = (op.reduce_op.value.capitalize() if op.reduce_op else "Sum")
+    parts = ["ncclDevKernel", base, redop, _nccl_dtype(op)]
+    if algo:
+        parts.append(algo.upper())
+    parts.append(protocol)
+    return "_".join(parts)
+
+
+def _nccl_dtype(op: Op) -> str:
+    return {"fp32": "f32", "fp16": "f16", "bf16": "bf16", "fp64": "f64", "int8": "i8", "uint8": "u8",
+            "int32": "i32", "int64": "i64", "fp8": "f8e4m3", "int16": "i16", "bool": "u8"}[op.dtype.value]  # fmt: skip
+
+
+def comm_span_args(op: Op, group_size: int) -> tuple[tuple[str, object], ...]:
+    """Annotations named as the PyTorch profiler's `record_param_comms` names them."""
+    itemsize = op.dtype.itemsize
+    nelems = op.size_bytes // itemsize if itemsize else 0
+    if op.kind in (OpKind.ALL_GATHER, OpKind.GATHER):
+        in_elems, out_elems = nelems // max(group_size, 1), nelems
+    elif op.kind in (OpKind.REDUCE_SCATTER, OpKind.SCATTER):
+        in_elems, out_elems = nelems, nelems // max(group_size, 1)
+    else:
+        in_elems = out_elems = nelems
+    return (
+        ("Collective name", _PROFILER_COLLECTIVE[op.kind]),
+        ("Group size", group_size),
+        ("Process Group Name", op.group),
+        ("In msg nelems", in_elems),
+        ("Out msg nelems", out_elems),
+        ("dtype", op.dtype.value),
+        ("bytes", op.size_bytes),
+        ("name", op.name),
+        ("source", f"{op.loc.file}:{op.loc.line}"),
+    )
+
+
+def op_span_args(op: Op) -> tuple[tuple[str, object], ...]:
+    """Annotations for a non-comm op's span."""
+    out: list[tuple[str, object]] = []
+    if op.size_bytes:
+        out.append(("bytes", op.size_bytes))
+    if op.flops is not None:
+        out.append(("flops", op.flops))
+    out.append(("name", op.name))
+    out.append(("source", f"{op.loc.file}:{op.loc.line}"))
+    return tuple(out)
