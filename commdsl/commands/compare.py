@@ -1,0 +1,85 @@
+"""`commdsl compare PREDICTED MEASURED`: where and by how much a prediction missed."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from commdsl.compare import Comparison, combined_trace, compare_timelines
+from commdsl.dsl.values import format_us
+from commdsl.errors import UsageError
+from commdsl.timeline import Timeline
+
+EXIT_OVER_MAX_ERROR = 4
+"""Exit code when the makespan error exceeds --max-error."""
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("predicted", help="predicted timeline (commdsl simulate --trace)")
+    parser.add_argument("measured", help="measured timeline (torchrun -m commdsl.run --out)")
+    parser.add_argument("--json", action="store_true", help="print the comparison as JSON")
+    parser.add_argument("--html", metavar="OUT", help="write a self-contained HTML report")
+    parser.add_argument("--trace", metavar="OUT", help="write one Chrome trace holding both timelines")
+    parser.add_argument("--max-error", type=float, metavar="PCT",
+                        help=f"exit {EXIT_OVER_MAX_ERROR} when |makespan error| exceeds PCT percent")  # fmt: skip
+    parser.add_argument("--min-duration", type=float, default=10.0, metavar="US",
+                        help="leave ops shorter than this (measured, us) out of the duration-error percentages")  # fmt: skip
+
+
+def print_comparison(cmp: Comparison, console: Console) -> None:
+    data = cmp.to_json()
+    console.print(f"[bold]{cmp.schedule}[/]: predicted {format_us(cmp.predicted_makespan_us)}, "
+                  f"measured {format_us(cmp.measured_makespan_us)}, makespan error [bold]{cmp.makespan_error_pct:+.2f}%[/]")  # fmt: skip
+    d, s = data["duration_error_pct"], data["start_error_us"]
+    table = Table(box=None, pad_edge=False)
+    for col in ("per-op error", "median", "p90", "worst", "worst op"):
+        table.add_column(col)
+    table.add_row("duration %", f"{d['median']:.1f}", f"{d['p90']:.1f}", f"{d['worst']:.1f}",
+                  f"{d.get('worst_name', '')} {d.get('worst_source', '')}")  # fmt: skip
+    table.add_row("start", format_us(s["median"]), format_us(s["p90"]), format_us(s["worst"]),
+                  f"{s.get('worst_name', '')} {s.get('worst_source', '')}")  # fmt: skip
+    console.print(table)
+    ranks = Table(box=None, pad_edge=False)
+    ranks.add_column("rank")
+    for col in ("compute", "comm", "exposed comm", "idle"):
+        ranks.add_column(f"{col} pred/meas", justify="right")
+    for r, (p, m) in sorted(cmp.ranks.items()):
+        ranks.add_row(str(r), *(f"{format_us(getattr(p, f))} / {format_us(getattr(m, f))}"
+                                for f in ("compute_us", "comm_us", "exposed_comm_us", "idle_us")))  # fmt: skip
+    console.print(ranks)
+    console.print(f"{len(cmp.ops)} ops compared")
+    if cmp.only_predicted or cmp.only_measured:
+        console.print(f"[yellow]warning[/]: {len(cmp.only_predicted)} ops only predicted, {len(cmp.only_measured)} only measured "
+                      f"(e.g. {(cmp.only_predicted + cmp.only_measured)[:3]})")  # fmt: skip
+
+
+def run(args: argparse.Namespace) -> int:
+    predicted, measured = Timeline.read(args.predicted), Timeline.read(args.measured)
+    if predicted.world_size != measured.world_size:
+        raise UsageError(f"the timelines have different world sizes: {predicted.world_size} ({args.predicted}) "
+                         f"vs {measured.world_size} ({args.measured})")  # fmt: skip
+    if predicted.schedule != measured.schedule:
+        raise UsageError(f"the timelines are of different schedules: '{predicted.schedule}' vs '{measured.schedule}'")
+    cmp = compare_timelines(predicted, measured, min_duration_us=args.min_duration)
+    if not cmp.ops:
+        raise UsageError("the timelines have no op in common (are they of the same schedule and params?)")
+    if args.json:
+        print(json.dumps(cmp.to_json(), indent=1))
+    else:
+        print_comparison(cmp, Console(highlight=False))
+    if args.html:
+        from commdsl.report import render_html
+
+        Path(args.html).write_text(render_html(cmp, predicted, measured))
+    if args.trace:
+        Path(args.trace).write_text(json.dumps(combined_trace(predicted, measured), sort_keys=True, separators=(",", ":")) + "\n")
+    if args.max_error is not None and abs(cmp.makespan_error_pct) > args.max_error:
+        Console(stderr=True, highlight=False).print(
+            f"makespan error {cmp.makespan_error_pct:+.2f}% exceeds --max-error {args.max_error:g}%"
+        )
+        return EXIT_OVER_MAX_ERROR
+    return 0

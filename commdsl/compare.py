@@ -1,0 +1,252 @@
+"""Compare a predicted and a measured timeline, op by op.
+
+Spans are paired by op id ("rank:index"), never by timestamp: both timelines come from
+the same expanded Program. Each timeline's times are taken relative to its own first
+start, so a measured trace with wall-clock timestamps compares with a simulated one
+that starts at zero.
+
+Definitions (all errors are predicted minus measured):
+  * makespan error % = (predicted makespan - measured makespan) / measured makespan * 100
+  * per-op duration error % = (pred duration - meas duration) / meas duration * 100
+    (ops whose measured duration is below `min_duration_us` are left out of the
+    percentage statistics: a 2 us wait with a 1 us error is not a 50% miss);
+  * per-op start error (us) = pred start - meas start, and as % of the measured makespan.
+Statistics use absolute values: median, p90 and worst.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+
+from commdsl.timeline import COMM_TRACK_PREFIX, Span, SpanRole, Timeline
+from commdsl.ir import OpKind
+
+COMM_KINDS = frozenset(k.value for k in OpKind if k.is_comm)
+NON_BUSY_KINDS = frozenset({OpKind.WAIT.value, OpKind.WAIT_EVENT.value, OpKind.RECORD.value, OpKind.SYNCHRONIZE.value})
+
+
+@dataclass(frozen=True)
+class OpError:
+    op_id: str
+    kind: str
+    name: str
+    source: str
+    """file:line of the statement that produced the op."""
+    predicted_start_us: float
+    measured_start_us: float
+    predicted_duration_us: float
+    measured_duration_us: float
+
+    @property
+    def start_error_us(self) -> float:
+        return self.predicted_start_us - self.measured_start_us
+
+    @property
+    def duration_error_us(self) -> float:
+        return self.predicted_duration_us - self.measured_duration_us
+
+    @property
+    def duration_error_pct(self) -> float:
+        return 100.0 * self.duration_error_us / self.measured_duration_us if self.measured_duration_us > 0 else 0.0
+
+
+@dataclass(frozen=True)
+class ErrorStats:
+    median: float
+    p90: float
+    worst: float
+    worst_op: str | None
+    """Op id of the worst case."""
+
+    @staticmethod
+    def of(values: list[tuple[float, str]]) -> ErrorStats:
+        if not values:
+            return ErrorStats(0.0, 0.0, 0.0, None)
+        mags = sorted(abs(v) for v, _ in values)
+        worst_value, worst_op = max(values, key=lambda x: abs(x[0]))
+        return ErrorStats(statistics.median(mags), _percentile(mags, 90), abs(worst_value), worst_op)
+
+
+@dataclass(frozen=True)
+class RankBreakdown:
+    """Per-rank time split, in microseconds, over the timeline's makespan."""
+
+    compute_us: float
+    """Union of compute / copy / host-work spans."""
+    comm_us: float
+    """Union of communication spans."""
+    exposed_comm_us: float
+    """Communication time not overlapped by compute on this rank."""
+    idle_us: float
+    """Makespan minus the union of compute and communication."""
+
+
+@dataclass
+class Comparison:
+    schedule: str
+    predicted_makespan_us: float
+    measured_makespan_us: float
+    ops: list[OpError]
+    only_predicted: list[str] = field(default_factory=list)
+    only_measured: list[str] = field(default_factory=list)
+    ranks: dict[int, tuple[RankBreakdown, RankBreakdown]] = field(default_factory=dict)
+    """rank -> (predicted, measured)."""
+    min_duration_us: float = 10.0
+
+    @property
+    def makespan_error_pct(self) -> float:
+        if self.measured_makespan_us <= 0:
+            return 0.0
+        return 100.0 * (self.predicted_makespan_us - self.measured_makespan_us) / self.measured_makespan_us
+
+    def duration_stats(self) -> ErrorStats:
+        return ErrorStats.of([(e.duration_error_pct, e.op_id) for e in self.ops if e.measured_duration_us >= self.min_duration_us])
+
+    def start_stats(self) -> ErrorStats:
+        return ErrorStats.of([(e.start_error_us, e.op_id) for e in self.ops])
+
+    def op(self, op_id: str) -> OpError:
+        return next(e for e in self.ops if e.op_id == op_id)
+
+    def to_json(self) -> dict:
+        d, s = self.duration_stats(), self.start_stats()
+        return {
+            "schedule": self.schedule,
+            "predicted_makespan_us": round(self.predicted_makespan_us, 3),
+            "measured_makespan_us": round(self.measured_makespan_us, 3),
+            "makespan_error_pct": round(self.makespan_error_pct, 3),
+            "ops_compared": len(self.ops),
+            "only_predicted": self.only_predicted,
+            "only_measured": self.only_measured,
+            "duration_error_pct": _stats_json(d, self, "duration"),
+            "start_error_us": _stats_json(s, self, "start"),
+            "start_error_pct_of_makespan": {
+                k: round(100.0 * v / self.measured_makespan_us, 3) if self.measured_makespan_us else 0.0
+                for k, v in (("median", s.median), ("p90", s.p90), ("worst", s.worst))
+            },
+            "ranks": {
+                str(r): {"predicted": _breakdown_json(p), "measured": _breakdown_json(m)} for r, (p, m) in sorted(self.ranks.items())
+            },
+            "ops": [
+                {
+                    "op_id": e.op_id, "kind": e.kind, "name": e.name, "source": e.source,
+                    "predicted_start_us": round(e.predicted_start_us, 3), "measured_start_us": round(e.measured_start_us, 3),
+                    "predicted_duration_us": round(e.predicted_duration_us, 3), "measured_duration_us": round(e.measured_duration_us, 3),
+                }  # fmt: skip
+                for e in self.ops
+            ],
+        }
+
+
+def _stats_json(st: ErrorStats, cmp: Comparison, which: str) -> dict:
+    out = {"median": round(st.median, 3), "p90": round(st.p90, 3), "worst": round(st.worst, 3), "worst_op": st.worst_op}
+    if st.worst_op is not None:
+        e = cmp.op(st.worst_op)
+        out["worst_source"] = e.source
+        out["worst_name"] = e.name
+    return out
+
+
+def _breakdown_json(b: RankBreakdown) -> dict:
+    return {k: round(getattr(b, k), 3) for k in ("compute_us", "comm_us", "exposed_comm_us", "idle_us")}
+
+
+def _percentile(sorted_values: list[float], pct: float) -> float:
+    """Linear-interpolated percentile of an ascending list."""
+    if len(sorted_values) == 1:
+        return sorted_values[0]
+    pos = (len(sorted_values) - 1) * pct / 100.0
+    lo = int(pos)
+    hi = min(lo + 1, len(sorted_values) - 1)
+    return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (pos - lo)
+
+
+def _union_length(intervals: list[tuple[float, float]]) -> float:
+    total, end = 0.0, float("-inf")
+    for a, b in sorted(intervals):
+        if b <= end:
+            continue
+        total += b - max(a, end)
+        end = b
+    return total
+
+
+def _intersection_length(a: list[tuple[float, float]], b: list[tuple[float, float]]) -> float:
+    return _union_length(a) + _union_length(b) - _union_length(a + b)
+
+
+def rank_breakdowns(timeline: Timeline) -> dict[int, RankBreakdown]:
+    """Compute / communication / exposed communication / idle per rank, from EXEC spans."""
+    compute: dict[int, list[tuple[float, float]]] = {}
+    comm: dict[int, list[tuple[float, float]]] = {}
+    for s in timeline.spans:
+        if s.role is not SpanRole.EXEC or s.kind in NON_BUSY_KINDS:
+            continue
+        target = comm if (s.kind in COMM_KINDS or s.track.startswith(COMM_TRACK_PREFIX)) else compute
+        target.setdefault(s.rank, []).append((s.start_us, s.end_us))
+    makespan = timeline.makespan_us
+    out = {}
+    for rank in sorted(set(compute) | set(comm) | set(range(timeline.world_size))):
+        c, m = compute.get(rank, []), comm.get(rank, [])
+        compute_us, comm_us = _union_length(c), _union_length(m)
+        overlap = _intersection_length(c, m)
+        busy = compute_us + comm_us - overlap
+        out[rank] = RankBreakdown(compute_us, comm_us, comm_us - overlap, max(makespan - busy, 0.0))
+    return out
+
+
+def compare_timelines(predicted: Timeline, measured: Timeline, *, min_duration_us: float = 10.0) -> Comparison:
+    pred, meas = predicted.exec_spans(), measured.exec_spans()
+    p0 = min((s.start_us for s in predicted.spans), default=0.0)
+    m0 = min((s.start_us for s in measured.spans), default=0.0)
+    ops = []
+    for op_id in sorted(set(pred) & set(meas), key=_op_key):
+        p, m = pred[op_id], meas[op_id]
+        ops.append(
+            OpError(op_id, p.kind, _arg(p, "name", p.name), _arg(p, "source", ""), p.start_us - p0, m.start_us - m0,
+                    p.duration_us, m.duration_us)  # fmt: skip
+        )
+    pb, mb = rank_breakdowns(predicted), rank_breakdowns(measured)
+    return Comparison(
+        schedule=predicted.schedule,
+        predicted_makespan_us=predicted.makespan_us,
+        measured_makespan_us=measured.makespan_us,
+        ops=ops,
+        only_predicted=sorted(set(pred) - set(meas), key=_op_key),
+        only_measured=sorted(set(meas) - set(pred), key=_op_key),
+        ranks={r: (pb[r], mb[r]) for r in sorted(set(pb) & set(mb))},
+        min_duration_us=min_duration_us,
+    )
+
+
+def _op_key(op_id: str) -> tuple[int, int]:
+    rank, _, index = op_id.partition(":")
+    return int(rank), int(index)
+
+
+def _arg(span: Span, key: str, default: str) -> str:
+    for k, v in span.args:
+        if k == key:
+            return str(v)
+    return default
+
+
+def combined_trace(predicted: Timeline, measured: Timeline, streams: tuple[str, ...] = ()) -> dict:
+    """One Chrome trace with both timelines as separate processes (predicted rank r is
+    pid r, measured rank r is pid world_size + r), each starting at time zero."""
+    events: list[dict] = []
+    offset_pid = max(predicted.world_size, measured.world_size)
+    for label, tl, pid_base in (("predicted", predicted, 0), ("measured", measured, offset_pid)):
+        trace = tl.to_chrome_trace(streams)
+        t0 = min((s.start_us for s in tl.spans), default=0.0)
+        for ev in trace["traceEvents"]:
+            ev = dict(ev)
+            if ev.get("ph") == "M" and ev["name"] == "process_name":
+                ev["args"] = {"name": f"{label} {ev['args']['name']}"}
+            ev["pid"] = ev["pid"] + pid_base
+            if "ts" in ev:
+                ev["ts"] = round(ev["ts"] - t0, 3)
+            events.append(ev)
+    return {"traceEvents": events, "displayTimeUnit": "ms"}
+

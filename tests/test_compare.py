@@ -1,0 +1,111 @@
+"""`commdsl compare` on synthetic timelines whose errors are known exactly."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from commdsl.compare import compare_timelines, rank_breakdowns
+from commdsl.timeline import Span, SpanRole, Timeline
+
+
+def _timeline(source: str, spans: list[tuple[str, int, str, str, float, float]], t0: float = 0.0) -> Timeline:
+    tl = Timeline(source, "synthetic", 2)
+    for op_id, rank, track, kind, start, end in spans:
+        tl.spans.append(Span(op_id, rank, track, SpanRole.EXEC, kind, f"op{op_id}", t0 + start, t0 + end,
+                             (("name", f"op{op_id}"), ("source", f"s.yaml:{10 + int(op_id.split(':')[1])}"))))  # fmt: skip
+    return tl
+
+
+# Measured: rank 0 computes 0-100, sends 100-150 (comm queue); rank 1 computes 0-200, recv 100-150.
+MEASURED = [
+    ("0:0", 0, "compute", "compute", 0, 100),
+    ("0:1", 0, "comm:world", "send", 100, 150),
+    ("1:0", 1, "compute", "compute", 0, 200),
+    ("1:1", 1, "comm:world", "recv", 100, 150),
+]
+# Predicted: durations off by +10%, -20%, 0%, +50% (relative); makespan 180 vs 200.
+PREDICTED = [
+    ("0:0", 0, "compute", "compute", 0, 110),
+    ("0:1", 0, "comm:world", "send", 110, 150),
+    ("1:0", 1, "compute", "compute", 0, 180),
+    ("1:1", 1, "comm:world", "recv", 100, 175),
+]
+
+
+def test_known_errors_are_reported_exactly() -> None:
+    # The measured timeline has wall-clock timestamps; comparison is relative to each start.
+    cmp = compare_timelines(_timeline("predicted", PREDICTED), _timeline("measured", MEASURED, t0=1.7e9), min_duration_us=1)
+    assert cmp.predicted_makespan_us == 180 and cmp.measured_makespan_us == 200
+    assert cmp.makespan_error_pct == pytest.approx(-10.0)
+    errors = {e.op_id: e.duration_error_pct for e in cmp.ops}
+    assert errors == pytest.approx({"0:0": 10.0, "0:1": -20.0, "1:0": -10.0, "1:1": 50.0})
+    d = cmp.duration_stats()
+    assert d.median == pytest.approx(15.0)  # |10|, |20|, |10|, |50| -> median of 10,10,20,50
+    assert d.worst == pytest.approx(50.0) and d.worst_op == "1:1"
+    assert d.p90 == pytest.approx(20 + 0.7 * 30)  # linear interpolation between 20 and 50
+    s = cmp.start_stats()
+    assert s.worst == pytest.approx(10.0) and s.worst_op == "0:1"
+    assert cmp.to_json()["duration_error_pct"]["worst_source"] == "s.yaml:11"
+
+
+def test_rank_breakdown_exposed_comm_and_idle() -> None:
+    br = rank_breakdowns(_timeline("measured", MEASURED))
+    # rank 0: compute 0-100, comm 100-150 (not overlapped) -> exposed 50, idle 200-150.
+    assert (br[0].compute_us, br[0].comm_us, br[0].exposed_comm_us, br[0].idle_us) == (100, 50, 50, 50)
+    # rank 1: compute 0-200 covers comm 100-150 -> nothing exposed, no idle.
+    assert (br[1].compute_us, br[1].comm_us, br[1].exposed_comm_us, br[1].idle_us) == (200, 50, 0, 0)
+
+
+def test_unpaired_ops_are_listed() -> None:
+    cmp = compare_timelines(_timeline("predicted", PREDICTED[:3]), _timeline("measured", MEASURED))
+    assert cmp.only_measured == ["1:1"] and cmp.only_predicted == []
+    assert len(cmp.ops) == 3
+
+
+def _write(tmp_path: Path) -> tuple[Path, Path]:
+    p, m = tmp_path / "pred.json", tmp_path / "meas.json"
+    _timeline("predicted", PREDICTED).write(p)
+    _timeline("measured", MEASURED, t0=5e6).write(m)
+    return p, m
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "commdsl.cli", *args], capture_output=True, text=True, timeout=60)
+
+
+def test_cli_json_html_trace_and_max_error(tmp_path: Path) -> None:
+    p, m = _write(tmp_path)
+    html, trace = tmp_path / "report.html", tmp_path / "both.json"
+    proc = _cli("compare", str(p), str(m), "--json", "--min-duration", "1", "--html", str(html), "--trace", str(trace))
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(proc.stdout)
+    assert data["makespan_error_pct"] == -10.0 and data["ops_compared"] == 4
+    page = html.read_text()
+    assert page.startswith("<!doctype html>") and "<svg" in page and "<script" not in page and "http" not in page.replace('xmlns="http://www.w3.org/2000/svg"', "")
+    assert page.count("<rect") == 8  # 4 ops predicted + 4 measured
+    events = json.loads(trace.read_text())["traceEvents"]
+    names = {e["args"]["name"] for e in events if e.get("name") == "process_name"}
+    assert names == {"predicted rank 0", "predicted rank 1", "measured rank 0", "measured rank 1"}
+    assert min(e["ts"] for e in events if e.get("ph") == "X" and e["pid"] >= 2) == 0  # measured re-based to zero
+
+    assert _cli("compare", str(p), str(m), "--max-error", "15").returncode == 0
+    over = _cli("compare", str(p), str(m), "--max-error", "5")
+    assert over.returncode == 4 and "exceeds --max-error 5%" in over.stderr
+
+
+def test_cli_bad_inputs(tmp_path: Path) -> None:
+    p, _ = _write(tmp_path)
+    missing = _cli("compare", str(p), str(tmp_path / "nope.json"))
+    assert missing.returncode == 2 and "no such timeline file" in missing.stderr
+    junk = tmp_path / "junk.json"
+    junk.write_text("{not json")
+    bad = _cli("compare", str(p), str(junk))
+    assert bad.returncode == 2 and "not a timeline JSON file" in bad.stderr and "Traceback" not in bad.stderr
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps({"traceEvents": []}))
+    assert "not a commdsl timeline" in _cli("compare", str(p), str(other)).stderr
