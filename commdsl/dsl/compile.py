@@ -12,19 +12,24 @@ unknown options, enum values, group and stream names.
 from __future__ import annotations
 
 import difflib
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from lark import Token, Transformer, v_args
+from lark import Token, Transformer, Tree, v_args
+from lark.exceptions import VisitError
 
 from commdsl.dsl.expand import RankExpander, WorldLayout
 from commdsl.dsl.parser import TextOrigin
 from commdsl.dsl.values import (
     BUILTINS,
+    INT_LIMIT,
     Quantity,
     Unit,
     ValueFault,
     binary,
+    checked_float,
+    checked_int,
     compare,
     format_value,
     negate,
@@ -32,7 +37,7 @@ from commdsl.dsl.values import (
     type_name,
     parse_quantity,
 )
-from commdsl.errors import ScheduleError, SourceLoc
+from commdsl.errors import CommdslError, LimitError, ScheduleError, SourceLoc
 from commdsl.ir import HOST_STREAM, REDUCING_KINDS, Algo, CopyDir, Dtype, OpKind, ReduceOp, Transport
 
 Env = dict
@@ -60,6 +65,30 @@ def _collective_options(kind: OpKind) -> frozenset[str]:
     if kind in _ROOT_OPTION:
         names.add(_ROOT_OPTION[kind])
     return frozenset(names)
+
+
+def _expression(method):
+    """Mark a rule method as producing an `Expr`; the closure gets `.loc`, the position
+    of the expression, so errors about a value point at it rather than at its statement."""
+
+    @functools.wraps(method)
+    def located(self, meta, children):
+        fn = method(self, meta, children)
+        if not hasattr(fn, "loc"):
+            fn.loc = self._loc(meta)
+        return fn
+
+    return located
+
+
+def _loc_of(expr: object, default: SourceLoc) -> SourceLoc:
+    return getattr(expr, "loc", default)
+
+
+def _fault(err: ValueFault, loc: SourceLoc, env: Env) -> ScheduleError:
+    """A value fault raised while evaluating at `loc`, with the rank when there is one."""
+    ctx = env.get("__ctx__")
+    return ScheduleError(str(err), loc, rank=ctx.rank if ctx is not None else None)
 
 
 def _fmt_index(v: object) -> str:
@@ -111,6 +140,20 @@ class ProgramCompiler(Transformer):
         self.origin = origin
         self.layout = layout
         self.param_names = param_names
+
+    def compile(self, tree: Tree):
+        """Transform `tree` into closures; errors raised by rule methods come out as
+        they are (Lark wraps them in `VisitError`)."""
+        try:
+            return self.transform(tree)
+        except VisitError as err:
+            if isinstance(err.orig_exc, CommdslError):
+                raise err.orig_exc from None
+            if isinstance(err.orig_exc, RecursionError):
+                raise _too_deep(self.origin.loc(1, 1)) from None
+            raise
+        except RecursionError:
+            raise _too_deep(self.origin.loc(1, 1)) from None
 
     # ---- helpers ------------------------------------------------------------------
 
@@ -179,6 +222,22 @@ class ProgramCompiler(Transformer):
     def pass_stmt(self, meta, children) -> Stmt:
         return lambda ctx, env: None
 
+    def assert_stmt(self, meta, children) -> Stmt:
+        cond, message_tok = children
+        loc = _loc_of(cond, self._loc(meta))
+        message = str(message_tok)[1:-1] if message_tok is not None else None
+
+        def check(ctx, env):
+            try:
+                holds = truth(cond(env), "an assert condition")
+            except ValueFault as e:
+                raise ctx.fail(str(e), loc) from None
+            if not holds:
+                text = f"assertion failed: {message}" if message else "assertion failed"
+                raise ctx.fail(text, loc, hint=None if message else "add a message: assert COND, \"what went wrong\"")
+
+        return check
+
     def assign(self, meta, children) -> Stmt:
         ref, rhs = children
         loc = self._loc(meta)
@@ -210,7 +269,9 @@ class ProgramCompiler(Transformer):
             fn = ctx.functions.get(name)
             if fn is None:
                 known = ", ".join(sorted(ctx.functions)) or "none defined so far"
-                raise ctx.fail(f"unknown block '{name}' (blocks: {known})", loc, hint="`def` a block before calling it")
+                close = difflib.get_close_matches(name, list(ctx.functions), n=1)
+                hint = f"did you mean '{close[0]}'?" if close else "`def` a block before calling it"
+                raise ctx.fail(f"unknown block '{name}' (blocks: {known})", loc, hint=hint)
             params, body = fn
             if len(positional) + len(keywords) != len(params):
                 raise ctx.fail(f"{name}() takes {len(params)} argument(s) ({', '.join(params)}), got {len(positional) + len(keywords)}", loc)
@@ -221,7 +282,7 @@ class ProgramCompiler(Transformer):
                 if k not in params[len(positional):]:
                     raise ctx.fail(f"{name}() got an unexpected or repeated argument '{k}'", loc)
                 local[k] = a(env)
-            ctx.budget.charge_steps(1, loc)
+            ctx.budget.charge_steps(1, loc, ctx.rank)
             ctx.call_depth += 1
             if ctx.call_depth > MAX_CALL_DEPTH:
                 raise ctx.fail(f"blocks nest deeper than {MAX_CALL_DEPTH} calls (recursion?)", loc)
@@ -253,7 +314,7 @@ class ProgramCompiler(Transformer):
 
     def if_stmt(self, meta, children) -> Stmt:
         cond, body, *rest = children
-        branches = [(cond, body, self._loc(meta))]
+        branches = [(cond, body, _loc_of(cond, self._loc(meta)))]
         otherwise = None
         for clause in rest:
             if clause[0] == "elif":
@@ -278,7 +339,7 @@ class ProgramCompiler(Transformer):
         return run_if
 
     def elif_clause(self, meta, children):
-        return ("elif", children[0], children[1], self._loc(meta))
+        return ("elif", children[0], children[1], _loc_of(children[0], self._loc(meta)))
 
     def else_clause(self, meta, children):
         return ("else", children[0])
@@ -299,7 +360,11 @@ class ProgramCompiler(Transformer):
             if len(bounds) == 3 and bounds[2] == 0:
                 raise ctx.fail("range() step must not be zero", loc)
             iterations = range(*bounds)
-            ctx.budget.charge_steps(len(iterations), loc)
+            try:
+                count = len(iterations)
+            except OverflowError:  # more than sys.maxsize iterations
+                count = ctx.budget.max_steps + 1
+            ctx.budget.charge_steps(count, loc, ctx.rank)
             for i in iterations:
                 env[var] = i
                 for s in body:
@@ -357,7 +422,7 @@ class ProgramCompiler(Transformer):
                 elif isinstance(v, Quantity) and v.unit is Unit.WORK:
                     flops = v.value
                 else:
-                    raise ctx.fail(f"compute takes a duration (2ms) or work (4GFLOP), got {type_name(v)}", loc)
+                    raise ctx.fail(f"compute takes a duration (2ms) or work (4GFLOP), got {type_name(v)}", _loc_of(amount, loc))
             if flops_opt is not None:
                 if flops is not None:
                     raise ctx.fail("work given twice (positional and flops=)", flops_opt.loc)
@@ -378,7 +443,7 @@ class ProgramCompiler(Transformer):
         def run(ctx, env, handle):
             if handle is not None:
                 raise ctx.fail("host work blocks the host and returns no handle", loc)
-            ctx.host_work(ref.text(env), _quantity(ctx, amount(env), Unit.DURATION, "host work", loc), loc)
+            ctx.host_work(ref.text(env), _quantity(ctx, amount(env), Unit.DURATION, "host work", _loc_of(amount, loc)), loc)
 
         return _OpNode(run, "host", loc)
 
@@ -387,6 +452,7 @@ class ProgramCompiler(Transformer):
         placement, options = rest[-1], rest[:-1]
         loc = self._loc(meta)
         opts = self._options("copy", _OPTIONS_BY_OP["copy"], options)
+        size_loc = _loc_of(size_expr, loc)
         stream = self._stream_name(placement, loc, allow_host=False)
         dtype = self._dtype(opts)
         if peer is None:
@@ -401,8 +467,8 @@ class ProgramCompiler(Transformer):
         def run(ctx, env, handle):
             if handle is not None:
                 raise ctx.fail("copy returns no handle; record an event to wait on it from another stream", loc)
-            size, dt = _size(ctx, size_expr(env), loc)
-            ctx.copy(ref.text(env), size, dtype or dt, direction, stream, loc)
+            size, dt = _size(ctx, size_expr(env), size_loc)
+            ctx.copy(ref.text(env), size, dtype or dt, direction, stream, loc, size_loc=size_loc)
 
         return _OpNode(run, "copy", loc)
 
@@ -424,10 +490,13 @@ class ProgramCompiler(Transformer):
         if target == HOST_STREAM:
             raise ScheduleError(f"{kind_word} goes to another rank; to copy to or from the host use `copy`", peer_loc)
         peer_expr = target
+        target_loc = _loc_of(target, peer_loc)
+        size_loc = _loc_of(size_expr, loc)
 
         def run(ctx, env, handle):
-            size, dt = _size(ctx, size_expr(env), loc)
-            ctx.p2p(kind, is_async, ref.text(env), size, peer_expr(env), family, transport, dtype or dt, stream, handle, loc)
+            size, dt = _size(ctx, size_expr(env), size_loc)
+            ctx.p2p(kind, is_async, ref.text(env), size, peer_expr(env), family, transport, dtype or dt, stream, handle,
+                    loc, peer_loc=target_loc, size_loc=size_loc)  # fmt: skip
 
         return _OpNode(run, kind_word, loc)
 
@@ -461,15 +530,18 @@ class ProgramCompiler(Transformer):
             if root_opt is None:
                 raise ScheduleError(f"{kind.value} needs its root: {root_name}=RANK", loc)
         root_expr = root_opt.value if root_opt else None
+        root_loc = _loc_of(root_expr, root_opt.loc) if root_opt else loc
+        size_loc = _loc_of(size_expr, loc)
 
         def run(ctx, env, handle):
             if size_expr is None:
                 size, dt, name = 0, None, "barrier"
             else:
-                size, dt = _size(ctx, size_expr(env), loc)
+                size, dt = _size(ctx, size_expr(env), size_loc)
                 name = ref.text(env)
             root = root_expr(env) if root_expr is not None else None
-            ctx.collective(kind, name, size, family, root, reduce_op, algo, transport, dtype or dt, stream, handle, loc)
+            ctx.collective(kind, name, size, family, root, reduce_op, algo, transport, dtype or dt, stream, handle, loc,
+                           root_loc=root_loc, size_loc=size_loc)  # fmt: skip
 
         return _OpNode(run, kind.value, loc)
 
@@ -550,7 +622,7 @@ class ProgramCompiler(Transformer):
                 try:
                     return apply(op, first(env), second(env))
                 except ValueFault as e:
-                    raise ScheduleError(str(e), loc) from None
+                    raise _fault(e, loc, env) from None
 
             return fold1
 
@@ -561,16 +633,19 @@ class ProgramCompiler(Transformer):
                     value = apply(op, value, operand(env))
                 return value
             except ValueFault as e:
-                raise ScheduleError(str(e), loc) from None
+                raise _fault(e, loc, env) from None
 
         return fold
 
+    @_expression
     def arith(self, meta, children) -> Expr:
         return self._fold(meta, children, _fast_binary)
 
+    @_expression
     def term(self, meta, children) -> Expr:
         return self._fold(meta, children, _fast_binary)
 
+    @_expression
     def comparison(self, meta, children) -> Expr:
         loc = self._loc(meta)
         first, rest = children[0], children[1:]
@@ -586,13 +661,15 @@ class ProgramCompiler(Transformer):
                     left = right
                 return True
             except ValueFault as e:
-                raise ScheduleError(str(e), loc) from None
+                raise _fault(e, loc, env) from None
 
         return cmp
 
+    @_expression
     def or_test(self, meta, children) -> Expr:
         return self._logic(meta, children, stop_on=True)
 
+    @_expression
     def and_test(self, meta, children) -> Expr:
         return self._logic(meta, children, stop_on=False)
 
@@ -607,10 +684,11 @@ class ProgramCompiler(Transformer):
                         return stop_on
                 return not stop_on
             except ValueFault as e:
-                raise ScheduleError(str(e), loc) from None
+                raise _fault(e, loc, env) from None
 
         return logic
 
+    @_expression
     def not_(self, meta, children) -> Expr:
         (operand,) = children
         loc = self._loc(meta)
@@ -619,10 +697,11 @@ class ProgramCompiler(Transformer):
             try:
                 return not truth(operand(env), "the operand of 'not'")
             except ValueFault as e:
-                raise ScheduleError(str(e), loc) from None
+                raise _fault(e, loc, env) from None
 
         return not_
 
+    @_expression
     def neg(self, meta, children) -> Expr:
         (operand,) = children
         loc = self._loc(meta)
@@ -631,21 +710,46 @@ class ProgramCompiler(Transformer):
             try:
                 return negate(operand(env))
             except ValueFault as e:
-                raise ScheduleError(str(e), loc) from None
+                raise _fault(e, loc, env) from None
 
         return neg
 
     def pos(self, meta, children) -> Expr:
         return children[0]
 
+    @_expression
+    def power(self, meta, children) -> Expr:
+        base, _, exponent = children
+        loc = self._loc(meta)
+
+        def power(env):
+            try:
+                return binary("**", base(env), exponent(env))
+            except ValueFault as e:
+                raise _fault(e, loc, env) from None
+
+        return power
+
+    @_expression
     def int_lit(self, meta, children) -> Expr:
-        value = int(children[0])
+        text = str(children[0])
+        if len(text.lstrip("0")) > 19:
+            raise ScheduleError(f"integer {text[:20]}... is too large (the limit is 2**63)", self._loc(meta))
+        try:
+            value = checked_int(int(text))
+        except ValueFault as e:
+            raise ScheduleError(str(e), self._loc(meta)) from None
         return lambda env: value
 
+    @_expression
     def float_lit(self, meta, children) -> Expr:
-        value = float(children[0])
+        try:
+            value = checked_float(float(children[0]))
+        except ValueFault:
+            raise ScheduleError(f"number {children[0]} is too large", self._loc(meta)) from None
         return lambda env: value
 
+    @_expression
     def quantity_lit(self, meta, children) -> Expr:
         try:
             value = parse_quantity(str(children[0]))
@@ -653,12 +757,15 @@ class ProgramCompiler(Transformer):
             raise ScheduleError(str(e), self._loc(meta)) from None
         return lambda env: value
 
+    @_expression
     def true_lit(self, meta, children) -> Expr:
         return lambda env: True
 
+    @_expression
     def false_lit(self, meta, children) -> Expr:
         return lambda env: False
 
+    @_expression
     def var(self, meta, children) -> Expr:
         name = str(children[0])
         loc = self._loc(meta)
@@ -672,6 +779,7 @@ class ProgramCompiler(Transformer):
         var.var_name = name  # lets options read `op=sum` as a bare name
         return var
 
+    @_expression
     def attr(self, meta, children) -> Expr:
         family, field_name = str(children[0]), str(children[1])
         loc = self._loc(meta)
@@ -684,6 +792,7 @@ class ProgramCompiler(Transformer):
             return lambda env: len(env["__ctx__"].group(family, loc).ranks)
         return lambda env: env["__ctx__"].group(family, loc).group_rank(env["rank"])
 
+    @_expression
     def func_call(self, meta, children) -> Expr:
         name = str(children[0])
         positional, keywords = children[1] if children[1] is not None else ((), ())
@@ -703,7 +812,7 @@ class ProgramCompiler(Transformer):
             try:
                 return fn(*(a(env) for a in positional))
             except ValueFault as e:
-                raise ScheduleError(str(e), loc) from None
+                raise _fault(e, loc, env) from None
 
         return call
 
@@ -727,6 +836,7 @@ class ProgramCompiler(Transformer):
 
         return rank_at
 
+    @_expression
     def typed_size(self, meta, children) -> Expr:
         dtype = Dtype(str(children[0]))
         count = children[1]
@@ -735,7 +845,9 @@ class ProgramCompiler(Transformer):
         def typed(env):
             n = count(env)
             if not isinstance(n, int) or isinstance(n, bool) or n < 0:
-                raise ScheduleError(f"{dtype.value}[...] takes a non-negative element count, got {format_value(n)}", loc)
+                raise _fault(ValueFault(f"{dtype.value}[...] takes a non-negative element count, got {format_value(n)}"), _loc_of(count, loc), env)
+            if n * dtype.itemsize >= INT_LIMIT:
+                raise _fault(ValueFault(f"{dtype.value}[{n}] is too large"), loc, env)
             return Quantity(n * dtype.itemsize, Unit.SIZE, dtype)
 
         return typed
@@ -769,11 +881,16 @@ def _fast_binary(op: str, a, b):
     # Integers dominate index arithmetic; skip the unit machinery for them.
     if type(a) is int and type(b) is int:
         if op == "+":
-            return a + b
-        if op == "-":
-            return a - b
-        if op == "*":
-            return a * b
+            r = a + b
+        elif op == "-":
+            r = a - b
+        elif op == "*":
+            r = a * b
+        else:
+            return binary(op, a, b)
+        if -INT_LIMIT < r < INT_LIMIT:
+            return r
+        return checked_int(r)
     return binary(op, a, b)
 
 
@@ -790,9 +907,19 @@ def _size(ctx: RankExpander, v: object, loc: SourceLoc) -> tuple[float, Dtype | 
     raise ctx.fail(f"expected a size such as 32MiB or bf16[1024], got {type_name(v)}", loc)
 
 
+def _too_deep(loc: SourceLoc) -> LimitError:
+    return LimitError("the program nests too deeply (expressions or blocks)", loc,
+                      hint="split deeply nested expressions into assignments")  # fmt: skip
+
+
 def _unknown_name(name: str, env: Env, loc: SourceLoc) -> ScheduleError:
     visible = [k for k in env if not k.startswith("__")]
     close = difflib.get_close_matches(name, visible, n=1)
-    hint = f"did you mean '{close[0]}'?" if close else ("known names: " + ", ".join(sorted(visible)[:12]))
+    if close:
+        hint = f"did you mean '{close[0]}'?"
+    elif visible:
+        hint = "known names: " + ", ".join(sorted(visible)[:12])
+    else:
+        hint = "only numbers, quantities and params declared above are known here"
     ctx = env.get("__ctx__")
     return ScheduleError(f"unknown name '{name}'", loc, hint=hint, rank=ctx.rank if ctx else None)

@@ -64,13 +64,16 @@ class ExpansionBudget:
     ops: int = 0
     steps: int = 0
 
-    def charge_steps(self, n: int, loc: SourceLoc) -> None:
+    def charge_steps(self, n: int, loc: SourceLoc, rank: int | None = None) -> None:
+        """Count `n` loop iterations or block calls about to run; fail before running them."""
         self.steps += n
         if self.steps > self.max_steps:
+            what = f"this loop would run {n:,} iterations; " if n > 1 else ""
             raise LimitError(
-                f"expansion ran more than {self.max_steps:,} loop iterations and calls",
+                f"{what}expansion is limited to {self.max_steps:,} loop iterations and block calls over all ranks",
                 loc,
-                hint="reduce the loop bounds or params, or raise the limit with --max-ops",
+                rank=rank,
+                hint="reduce the loop bounds or params, or raise the limit with --max-ops (it scales with it)",
             )
 
 
@@ -218,18 +221,19 @@ class RankExpander:
             raise self.fail(f"host work duration must not be negative, got {duration_us:g}us", loc)
         self._append(dict(kind=OpKind.HOST, name=name, stream=HOST_STREAM, duration_us=duration_us), loc)
 
-    def copy(self, name: str, size, dtype: Dtype | None, copy_dir: CopyDir, placement, loc) -> None:
+    def copy(self, name: str, size, dtype: Dtype | None, copy_dir: CopyDir, placement, loc, *, size_loc=None) -> None:
         self._no_batch("copy", loc)
         stream = self.stream(placement, loc)
         dtype = dtype or self.layout.default_dtype
-        size = self._size(size, dtype, loc, OpKind.COPY)
+        size = self._size(size, dtype, size_loc or loc, OpKind.COPY)
         self._append(
             dict(kind=OpKind.COPY, name=name, stream=stream, size_bytes=size, dtype=dtype,
                  copy_dir=copy_dir, transport=Transport.MEMCPY),
             loc,
         )  # fmt: skip
 
-    def p2p(self, kind: OpKind, is_async: bool, name: str, size, peer, family: str, transport, dtype, placement, handle, loc) -> None:
+    def p2p(self, kind: OpKind, is_async: bool, name: str, size, peer, family: str, transport, dtype, placement, handle,
+            loc, *, peer_loc=None, size_loc=None) -> None:  # fmt: skip
         word = ("i" if is_async else "") + kind.value
         in_batch = self.batch_start is not None
         if in_batch and not is_async:
@@ -240,15 +244,16 @@ class RankExpander:
             raise self.fail(f"{word} returns a handle; bind it, e.g. `h = {word} ...`, and wait on it", loc)
         if not is_async and handle is not None:
             raise self.fail(f"{word} is synchronous and returns no handle; use i{kind.value} for a handle", loc)
-        peer = self._check_rank("peer", peer, loc)
+        peer_loc = peer_loc or loc
+        peer = self._check_rank("peer", peer, peer_loc)
         if peer == self.rank:
-            raise self.fail(f"rank {self.rank} cannot {kind.value} to itself", loc)
+            raise self.fail(f"rank {self.rank} cannot {kind.value} {'to' if kind is OpKind.SEND else 'from'} itself", peer_loc)
         group = self.group(family, loc)
         if peer not in group.ranks:
-            raise self.fail(f"peer {peer} is not in group {group.id} (ranks {list(group.ranks)})", loc)
+            raise self.fail(f"peer {peer} is not in group {group.id} (ranks {list(group.ranks)})", peer_loc)
         stream = self.stream(placement, loc)
         dtype = dtype or self.layout.default_dtype
-        size = self._size(size, dtype, loc, kind)
+        size = self._size(size, dtype, size_loc or loc, kind)
         op = self._append(
             dict(kind=kind, name=name, stream=stream, size_bytes=size, dtype=dtype, peer=peer, group=group.id,
                  transport=transport or self.layout.default_transport,
@@ -259,22 +264,26 @@ class RankExpander:
             self._bind(handle, (op.index,), loc)
 
     def collective(self, kind: OpKind, name: str, size, family: str, root, reduce_op: ReduceOp | None,
-                   algo: Algo | None, transport, dtype, placement, handle, loc) -> None:  # fmt: skip
+                   algo: Algo | None, transport, dtype, placement, handle, loc, *, root_loc=None,
+                   size_loc=None) -> None:  # fmt: skip
         self._no_batch(kind.value, loc)
         group = self.group(family, loc)
         if kind in ROOTED_KINDS:
-            root = self._check_rank("root", root, loc)
+            root_loc = root_loc or loc
+            root = self._check_rank("root", root, root_loc)
             if root not in group.ranks:
-                raise self.fail(f"root {root} is not in group {group.id} (ranks {list(group.ranks)})", loc)
+                raise self.fail(f"root {root} is not in group {group.id} (ranks {list(group.ranks)})", root_loc,
+                                hint="roots are global ranks, as in torch.distributed")  # fmt: skip
         stream = self.stream(placement, loc)
         dtype = dtype or self.layout.default_dtype
-        size = self._size(size, dtype, loc, kind)
+        size_loc = size_loc or loc
+        size = self._size(size, dtype, size_loc, kind)
         n = len(group.ranks)
         if kind in SPLIT_KINDS and size % (n * dtype.itemsize):
             raise self.fail(
                 f"{kind.value} size {format_bytes(size)} does not split into {n} equal chunks of whole "
                 f"{dtype.value} elements (group {group.id} has {n} ranks)",
-                loc,
+                size_loc,
                 hint="the size of a collective is its largest buffer (nccl-tests convention)",
             )
         op = self._append(

@@ -8,6 +8,8 @@ constructed from it) to know where every value sits in the file, so errors insid
 from __future__ import annotations
 
 import itertools
+import math
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -16,7 +18,7 @@ import yaml
 from commdsl.dsl.compile import ProgramCompiler
 from commdsl.dsl.expand import ExpansionBudget, RankExpander, WorldLayout
 from commdsl.dsl.parser import TextOrigin, parse_expression, parse_program
-from commdsl.dsl.values import Quantity, format_value
+from commdsl.dsl.values import INT_LIMIT, Quantity, format_value
 from commdsl.errors import LimitError, ScheduleError, SourceLoc, UsageError
 from commdsl.ir import Dtype, Group, Program, Transport
 from commdsl.resources import bundled_schedules, resolve_schedule
@@ -25,6 +27,8 @@ DEFAULT_MAX_OPS = 5_000_000
 """Default limit on the total number of ops a schedule may expand to."""
 MAX_WORLD_SIZE = 65_536
 
+_STR_TAG = "tag:yaml.org,2002:str"
+_BLOCK_HEADER = re.compile(r"[|>]([1-9]?)[+-]?([1-9]?)")
 _TOP_LEVEL_KEYS = ("name", "doc", "params", "world", "streams", "groups", "transport", "dtype", "program")
 
 
@@ -42,14 +46,26 @@ class _YamlFile:
         self.lines = tuple(text.splitlines())
         try:
             self.root = yaml.compose(text, Loader=yaml.SafeLoader)
-            self.data = yaml.safe_load(text)
+            yaml.safe_load(text)  # constructs nothing unsafe; rejects unknown tags with a position
         except yaml.MarkedYAMLError as e:
             mark = e.problem_mark or e.context_mark
             loc = self.loc_of_mark(mark) if mark else None
             problem = e.problem or e.context or "invalid YAML"
             raise ScheduleError(f"invalid YAML: {problem}", loc) from None
+        except yaml.reader.ReaderError as e:
+            line = text.count("\n", 0, e.position) + 1
+            column = e.position - (text.rfind("\n", 0, e.position) + 1) + 1
+            text_line = self.lines[line - 1] if 0 < line <= len(self.lines) else ""
+            raise ScheduleError(
+                f"invalid YAML: unacceptable character {chr(e.character)!r} (code {e.character:#x})",
+                SourceLoc(file, line, column, text_line),
+            ) from None
         except yaml.YAMLError as e:
             raise ScheduleError(f"invalid YAML: {e}", SourceLoc(file, 1, 1)) from None
+        except (ValueError, TypeError, OverflowError) as e:  # a tagged scalar its constructor rejects (!!int "x")
+            raise ScheduleError(f"invalid YAML value: {e}", SourceLoc(file, 1, 1)) from None
+        except RecursionError:
+            raise LimitError("invalid YAML: the document nests too deeply", SourceLoc(file, 1, 1)) from None
 
     def loc_of_mark(self, mark: yaml.Mark) -> SourceLoc:
         line = mark.line + 1
@@ -78,14 +94,21 @@ class _YamlFile:
         mark = node.start_mark
         if node.style in ("|", ">"):
             first = mark.line + 2  # content starts on the line after the indicator
-            indent = 0
-            for line in self.lines[first - 1 :]:
-                if line.strip():
-                    indent = len(line) - len(line.lstrip(" "))
-                    break
+            header = self.lines[mark.line][mark.column :] if mark.line < len(self.lines) else ""
+            explicit = _BLOCK_HEADER.match(header)
+            digits = explicit.group(1) or explicit.group(2) if explicit else ""
+            indent = int(digits) if digits else 0
+            if not digits:  # YAML takes the indentation of the first non-blank line
+                for line in self.lines[first - 1 :]:
+                    if line.strip():
+                        indent = len(line) - len(line.lstrip(" "))
+                        break
             return TextOrigin(self.file, self.lines, first, indent, block=True)
         quote = 1 if node.style in ("'", '"') else 0
-        return TextOrigin(self.file, self.lines, mark.line + 1, mark.column + quote, block=False)
+        end = node.end_mark
+        # Positions map exactly only when the text is written on one line as it is.
+        exact = end.line == mark.line and len(node.value) == end.column - mark.column - 2 * quote
+        return TextOrigin(self.file, self.lines, mark.line + 1, mark.column + quote, block=False, exact=exact)
 
 
 def load_schedule(
@@ -136,11 +159,15 @@ def load_schedule_text(
     layout = _layout(doc, top, env)
 
     prog_node = top["program"][1]
-    if not isinstance(prog_node, yaml.ScalarNode) or not isinstance(prog_node.value, str):
-        raise ScheduleError("`program:` must be a text block (program: |)", doc.loc(prog_node))
+    if not isinstance(prog_node, yaml.ScalarNode) or prog_node.tag != _STR_TAG:
+        raise ScheduleError("`program:` must be a text block", doc.loc(prog_node),
+                            hint="write `program: |` and the ops on the following, indented lines")  # fmt: skip
+    if prog_node.style == ">":
+        raise ScheduleError("`program: >` folds the program's lines together", doc.loc(prog_node),
+                            hint="write `program: |` (a literal block) instead")  # fmt: skip
     origin = doc.origin_of_scalar(prog_node)
     tree = parse_program(prog_node.value, origin)
-    compiled = ProgramCompiler(origin, layout, tuple(params)).transform(tree)
+    compiled = ProgramCompiler(origin, layout, tuple(params)).compile(tree)
 
     budget = ExpansionBudget(max_ops=max_ops, max_steps=max(4 * max_ops, 1_000_000))
     per_rank = []
@@ -152,7 +179,11 @@ def load_schedule_text(
         env["world_size"] = layout.world_size
         env["__ctx__"] = expander
         expander.globals = env
-        compiled(expander, env)
+        try:
+            compiled(expander, env)
+        except RecursionError:
+            raise LimitError("the program nests too deeply (expressions or block calls)", origin.loc(1, 1),
+                             rank=rank) from None  # fmt: skip
         expander.finish()
         per_rank.append(tuple(expander.ops))
         warnings.extend(expander.warnings)
@@ -189,7 +220,7 @@ def _eval_text(text: str, origin: TextOrigin, env: dict) -> object:
     """Evaluate a one-expression text (param value, world size, a group rank)."""
     tree = parse_expression(text, origin)
     layout = WorldLayout(1, (), ("compute",), {}, Transport.NCCL, Dtype.FP32)
-    expr = ProgramCompiler(origin, layout, tuple(env)).transform(tree)
+    expr = ProgramCompiler(origin, layout, tuple(env)).compile(tree)
     return expr(env)
 
 
@@ -198,7 +229,14 @@ def _scalar_value(doc: _YamlFile, node: yaml.Node, env: dict, what: str) -> obje
     if not isinstance(node, yaml.ScalarNode):
         raise ScheduleError(f"{what} must be a single value", doc.loc(node))
     # Plain scalars resolve as YAML would (int, float, bool); quoted ones stay text.
-    value = node.value if node.tag == "tag:yaml.org,2002:str" else yaml.safe_load(node.value)
+    try:
+        value = node.value if node.tag == _STR_TAG else yaml.SafeLoader("").construct_object(node)
+    except (yaml.YAMLError, ValueError, TypeError, OverflowError):
+        raise ScheduleError(f"{what}: cannot read the value {node.value!r} as {node.tag}", doc.loc(node)) from None
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ScheduleError(f"{what} must be a finite number, got {node.value}", doc.loc(node))
+    if isinstance(value, int) and not isinstance(value, bool) and not -INT_LIMIT < value < INT_LIMIT:
+        raise ScheduleError(f"{what} is too large (the limit is 2**63)", doc.loc(node))
     if isinstance(value, bool) or isinstance(value, (int, float)):
         return value
     if isinstance(value, str):

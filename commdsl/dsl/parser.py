@@ -33,9 +33,14 @@ class TextOrigin:
     on every line: the block's indentation)."""
     block: bool = True
     """True for a YAML block scalar, where every line is shifted by the indentation."""
+    exact: bool = True
+    """False when positions inside the text cannot be mapped (a quoted scalar with
+    escapes, or one folded over several lines): every position maps to its start."""
 
     def loc(self, line: int, column: int) -> SourceLoc:
         """Map a 1-based (line, column) in the text to the file."""
+        if not self.exact:
+            line, column = 1, 1
         file_line = self.first_line + line - 1
         col = column + (self.column_offset if (self.block or line == 1) else 0)
         text = self.file_lines[file_line - 1] if 0 < file_line <= len(self.file_lines) else ""
@@ -95,8 +100,26 @@ _TERMINAL_NAMES = {
 }
 
 
+_OP_STARTS = frozenset({
+    "COMPUTE", "HOST", "COPY", "SEND", "RECV", "ISEND", "IRECV", "ALL_REDUCE", "ALL_GATHER", "REDUCE_SCATTER",
+    "ALL_TO_ALL", "BROADCAST", "REDUCE", "GATHER", "SCATTER", "BARRIER", "WAIT", "RECORD", "SYNCHRONIZE",
+})  # fmt: skip
+_STATEMENT_STARTS = frozenset({"IF", "FOR", "DEF", "BATCH", "ON", "PASS", "ASSERT"})
+_EXPRESSION_STARTS = frozenset({"INT", "FLOAT", "QUANTITY", "DTYPE", "LPAR", "MINUS", "PLUS", "NOT", "TRUE", "FALSE"})
+
+
 def _describe_expected(parser: Lark, names: set[str]) -> str:
     described = set()
+    names = set(names)
+    if len(names & _OP_STARTS) >= 5:
+        statement = "IF" in names
+        names -= _OP_STARTS | _STATEMENT_STARTS if statement else _OP_STARTS
+        if statement:
+            names.discard("NAME")
+        described.add("a statement" if statement else "an op")
+    if {"INT", "QUANTITY"} <= names:
+        names -= _EXPRESSION_STARTS | {"NAME"}
+        described.add("an expression")
     for name in names:
         if name in _TERMINAL_NAMES:
             described.add(_TERMINAL_NAMES[name])
@@ -117,7 +140,7 @@ def _token_text(token: Token) -> str:
     if token.type == "_NL":
         return "end of line"
     if token.type == "_INDENT":
-        return "an indented block"
+        return "indentation"
     if token.type == "_DEDENT":
         return "end of block"
     if token.type == "$END":
@@ -149,13 +172,27 @@ def _raise_parse_error(err: LarkError, parser: Lark, origin: TextOrigin, text: s
         raise ScheduleError(msg + (f"; expected {expected}" if expected else ""), loc) from None
     if isinstance(err, UnexpectedToken):
         token = err.token
+        if token.type == "$END":
+            unclosed = _unclosed_bracket(text)
+            if unclosed is not None:
+                (line, column), char = unclosed
+                raise ScheduleError(f"'{char}' is never closed", origin.loc(line, column),
+                                    hint=f"add the matching '{_CLOSING[char]}'")  # fmt: skip
         line = token.line if token.line is not None else len(lines)
         column = token.column if token.column is not None else 1
         if token.type == "$END":
             line, column = max(len(lines), 1), len(lines[-1]) + 1 if lines else 1
+        elif token.type in ("_INDENT", "_DEDENT"):
+            # The indenter places these at the newline; point at the indented line instead.
+            line = token.end_line or line
+            column = len(str(token).rsplit("\n", 1)[-1]) + 1
         loc = origin.loc(line, column)
         expected = _describe_expected(parser, set(err.expected))
         text_line = lines[line - 1] if 0 < line <= len(lines) else ""
+        opener = _block_opener_before(lines, line) if token.type not in ("_INDENT", "_DEDENT", "$END") else None
+        if opener is not None and "_INDENT" not in err.expected and column == _indent_of(text_line) + 1:
+            raise ScheduleError(f"expected an indented block after the ':' on line {origin.loc(opener, 1).line}", loc,
+                                hint="indent the block's lines more than the line that ends with ':'")  # fmt: skip
         raise ScheduleError(
             f"unexpected {_token_text(token)}; expected {expected}", loc, hint=_hint_for(token, text_line)
         ) from None
@@ -167,6 +204,45 @@ def _raise_parse_error(err: LarkError, parser: Lark, origin: TextOrigin, text: s
     if isinstance(err, UnexpectedInput):
         raise ScheduleError(f"syntax error: {err}", origin.loc(getattr(err, "line", 1) or 1, getattr(err, "column", 1) or 1)) from None
     raise ScheduleError(f"syntax error: {err}", origin.loc(1, 1)) from None
+
+
+def _indent_of(line: str) -> int:
+    return len(line) - len(line.lstrip(" "))
+
+
+def _block_opener_before(lines: list[str], line: int) -> int | None:
+    """The line before `line` (1-based, skipping blanks and comments), if it ends with ':'."""
+    for number in range(line - 1, 0, -1):
+        code = lines[number - 1].split("#", 1)[0].rstrip()
+        if code:
+            return number if code.endswith(":") else None
+    return None
+
+
+_CLOSING = {"(": ")", "[": "]"}
+
+
+def _unclosed_bracket(text: str) -> tuple[tuple[int, int], str] | None:
+    """Position (line, column) and character of the first bracket left open, if any."""
+    stack: list[tuple[tuple[int, int], str]] = []
+    for number, line in enumerate(text.splitlines(), 1):
+        for column, char in enumerate(line, 1):
+            if char == "#":
+                break
+            if char in _CLOSING:
+                stack.append(((number, column), char))
+            elif char in (")", "]") and stack and _CLOSING[stack[-1][1]] == char:
+                stack.pop()
+    return stack[0] if stack else None
+
+
+def _check_tabs(text: str, origin: TextOrigin) -> None:
+    """Tabs in indentation are ambiguous (how wide is a tab?): refuse them."""
+    for number, line in enumerate(text.splitlines(), 1):
+        indent = line[: len(line) - len(line.lstrip(" \t"))]
+        if "\t" in indent:
+            raise ScheduleError("tab character in indentation; indent with spaces", origin.loc(number, indent.index("\t") + 1),
+                                hint="configure your editor to insert spaces for tabs")  # fmt: skip
 
 
 def _dedent_line_of(text: str) -> int:
@@ -191,17 +267,21 @@ def parse_program(text: str, origin: TextOrigin) -> Tree:
     """Parse a program block into a Lark tree; errors become `ScheduleError`s."""
     parser = _lark()
     source = text if text.endswith("\n") else text + "\n"
+    _check_tabs(source, origin)
     try:
         return parser.parse(source)
     except DedentError:
         line = _dedent_line_of(source)
+        indent = _indent_of(source.splitlines()[line - 1]) if line <= len(source.splitlines()) else 0
         raise ScheduleError(
-            "this line's indentation matches no enclosing block", origin.loc(line, 1),
+            "this line's indentation matches no enclosing block", origin.loc(line, indent + 1),
             hint="indent with the same number of spaces as a line above",
         ) from None
     except LarkError as err:
         _raise_parse_error(err, parser, origin, source)
         raise  # unreachable: _raise_parse_error always raises
+    except RecursionError:
+        raise ScheduleError("the program nests too deeply", origin.loc(1, 1)) from None
 
 
 def parse_expression(text: str, origin: TextOrigin) -> Tree:
@@ -212,3 +292,5 @@ def parse_expression(text: str, origin: TextOrigin) -> Tree:
     except LarkError as err:
         _raise_parse_error(err, parser, origin, text)
         raise
+    except RecursionError:
+        raise ScheduleError("the expression nests too deeply", origin.loc(1, 1)) from None

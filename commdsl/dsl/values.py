@@ -36,8 +36,35 @@ UNIT_SUFFIXES: dict[str, tuple[Unit, float]] = {
 _QUANTITY_RE = re.compile(r"^\s*((?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?)\s*([A-Za-z]+)\s*$")
 
 
+INT_LIMIT = 2**63
+"""Integers must stay below this in magnitude: a schedule has no use for larger ones,
+and unbounded integers would let `x = x * x` in a loop exhaust memory."""
+
+
 class ValueFault(Exception):
     """A type or value error without a location; the caller attaches one."""
+
+
+def checked_int(v: int) -> int:
+    """`v` if it is within `INT_LIMIT`, else a `ValueFault`."""
+    if -INT_LIMIT < v < INT_LIMIT:
+        return v
+    raise ValueFault(f"integer result out of range (more than 2**63 in magnitude, {len(str(abs(v)))} digits)")
+
+
+def checked_float(v: float) -> float:
+    """`v` if it is a finite number, else a `ValueFault` (overflow to inf, or nan)."""
+    if math.isfinite(v):
+        return v
+    raise ValueFault("arithmetic overflow: the result is not a finite number")
+
+
+def _checked(v):
+    if type(v) is int:
+        return checked_int(v)
+    if type(v) is float:
+        return checked_float(v)
+    return v
 
 
 class Quantity:
@@ -67,6 +94,8 @@ def parse_quantity(text: str) -> Quantity:
         raise ValueFault(f"not a quantity: {text!r} (expected a number with a unit such as 32MiB, 2ms, 4GFLOP)")
     unit, mult = UNIT_SUFFIXES[m.group(2)]
     value = float(m.group(1)) * mult
+    if not math.isfinite(value):
+        raise ValueFault(f"quantity {text.strip()} is too large")
     if unit is Unit.SIZE and value == int(value):
         value = int(value)
     return Quantity(value, unit)
@@ -96,7 +125,36 @@ def _scale(q: Quantity, k: float) -> Quantity:
 
 
 def binary(op: str, a: object, b: object) -> object:
-    """Arithmetic `a op b` with units checked. op is one of + - * / // %."""
+    """Arithmetic `a op b` with units checked. op is one of + - * / // % **."""
+    result = _binary(op, a, b)
+    if isinstance(result, Quantity):
+        checked_float(float(result.value))
+        return result
+    return _checked(result)
+
+
+def _power(a: object, b: object) -> object:
+    if not (is_number(a) and is_number(b)):
+        raise ValueFault(f"cannot compute {type_name(a)} ** {type_name(b)}; ** takes plain numbers")
+    if a == 0 and b < 0:
+        raise ValueFault("division by zero (0 raised to a negative power)")
+    if type(a) is int and type(b) is int and b >= 0:
+        # Bound the result's size before computing it: 10 ** 10 ** 10 must not hang.
+        if abs(a) > 1 and b * math.log2(abs(a)) > 64:
+            raise ValueFault(f"integer result out of range: {a} ** {b} has more than 64 bits")
+        return a**b
+    try:
+        result = float(a) ** float(b)
+    except OverflowError:
+        raise ValueFault("arithmetic overflow: the result is not a finite number") from None
+    if isinstance(result, complex):
+        raise ValueFault(f"({format_value(a)}) ** {format_value(b)} is not a real number")
+    return result
+
+
+def _binary(op: str, a: object, b: object) -> object:
+    if op == "**":
+        return _power(a, b)
     if is_number(a) and is_number(b):
         if op == "+":
             return a + b
@@ -141,7 +199,7 @@ def binary(op: str, a: object, b: object) -> object:
 
 def negate(a: object) -> object:
     if is_number(a):
-        return -a
+        return _checked(-a)
     if isinstance(a, Quantity):
         return Quantity(-a.value, a.unit)
     raise ValueFault(f"cannot negate {type_name(a)}")
@@ -200,8 +258,16 @@ def _fn_max(*args):
 
 def _one_number(name: str, args: tuple) -> float:
     if len(args) != 1 or not is_number(args[0]):
-        raise ValueFault(f"{name}() takes one number, got " + ", ".join(type_name(a) for a in args))
+        got = ", ".join(type_name(a) for a in args) or "nothing"
+        raise ValueFault(f"{name}() takes one number, got {got}")
     return args[0]
+
+
+def _to_int(name: str, args: tuple, fn) -> int:
+    x = _one_number(name, args)
+    if isinstance(x, float) and not math.isfinite(x):
+        raise ValueFault(f"{name}() of {x}: not a finite number")
+    return checked_int(fn(x))
 
 
 def _fn_log2(*args):
@@ -220,11 +286,11 @@ def _fn_abs(*args):
 BUILTINS = {
     "min": _fn_min,
     "max": _fn_max,
-    "ceil": lambda *a: math.ceil(_one_number("ceil", a)),
-    "floor": lambda *a: math.floor(_one_number("floor", a)),
+    "ceil": lambda *a: _to_int("ceil", a, math.ceil),
+    "floor": lambda *a: _to_int("floor", a, math.floor),
     "log2": _fn_log2,
     "abs": _fn_abs,
-    "int": lambda *a: int(_one_number("int", a)),
+    "int": lambda *a: _to_int("int", a, int),
     "float": lambda *a: float(_one_number("float", a)),
 }
 """Pure functions callable from expressions. `rank_at` is bound per program (mesh)."""
