@@ -8,6 +8,8 @@ the message can show the line with a caret, the way compilers do.
 
 from __future__ import annotations
 
+import difflib
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 
@@ -26,6 +28,12 @@ class SourceLoc:
 
     def __str__(self) -> str:
         return f"{self.file}:{self.line}:{self.column}"
+
+
+def did_you_mean(name: str, choices: Iterable[str]) -> str | None:
+    """A "did you mean 'x'?" hint when `name` is close to one of `choices`."""
+    close = difflib.get_close_matches(name, list(choices), n=1, cutoff=0.6)
+    return f"did you mean '{close[0]}'?" if close else None
 
 
 class CommdslError(Exception):

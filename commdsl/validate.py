@@ -55,13 +55,19 @@ def check_p2p_matching(program: Program) -> None:
                 )
         if len(s_list) != len(r_list):
             more, fewer = ("send", "recv") if len(s_list) > len(r_list) else ("recv", "send")
-            extra = (s_list if len(s_list) > len(r_list) else r_list)[min(len(s_list), len(r_list))]
+            longer, shorter = (s_list, r_list) if len(s_list) > len(r_list) else (r_list, s_list)
+            extra = longer[len(shorter)]
+            related = ()
+            if shorter:
+                last = shorter[-1]
+                related = ((f"the last {fewer} it could match, on rank {last.rank}", last.loc),)
             raise ValidationError(
                 f"rank {src} sends {len(s_list)} message(s) to rank {dst} on group {group} but rank {dst} "
                 f"receives {len(r_list)}; the first unmatched {more} is {_describe(extra)}",
                 extra.loc,
                 rank=extra.rank,
-                hint=f"add the missing {fewer}, or remove this {more}",
+                related=related,
+                hint=f"add the missing {fewer} on rank {dst if more == 'send' else src}, or remove this {more}",
             )
 
 
@@ -69,10 +75,19 @@ def _signature(op: Op) -> tuple:
     return (op.kind, op.size_bytes, op.root, op.reduce_op, op.dtype)
 
 
+_SIGNATURE_FIELDS = ("kind", "size", "root", "reduce op", "dtype")
+
+
+def _differences(a: Op, b: Op) -> str:
+    fields = [name for name, x, y in zip(_SIGNATURE_FIELDS, _signature(a), _signature(b)) if x != y]
+    return " and ".join(fields)
+
+
 def _sig_text(op: Op) -> str:
     parts = [op.kind.value, op.name]
     if op.kind is not OpKind.BARRIER:
         parts.append(format_bytes(op.size_bytes))
+        parts.append(op.dtype.value)
     if op.root is not None:
         parts.append(f"root={op.root}")
     if op.reduce_op is not None:
@@ -95,8 +110,8 @@ def check_collective_sequences(program: Program) -> None:
             for i, (a, b) in enumerate(zip(ref, seq)):
                 if _signature(a) != _signature(b):
                     raise ValidationError(
-                        f"collective #{i + 1} on group {group_id} differs between ranks: rank {ref_rank} issues "
-                        f"`{_sig_text(a)}` but rank {rank} issues `{_sig_text(b)}`",
+                        f"collective #{i + 1} on group {group_id} differs between ranks ({_differences(a, b)}): "
+                        f"rank {ref_rank} issues `{_sig_text(a)}` but rank {rank} issues `{_sig_text(b)}`",
                         b.loc,
                         rank=rank,
                         related=((f"rank {ref_rank}'s collective", a.loc),),
@@ -104,12 +119,16 @@ def check_collective_sequences(program: Program) -> None:
                     )
             if len(seq) != len(ref):
                 longer, shorter = (ref_rank, rank) if len(ref) > len(seq) else (rank, ref_rank)
-                longer_seq = by_rank[longer]
-                extra = longer_seq[min(len(ref), len(seq))]
+                longer_seq, shorter_seq = by_rank[longer], by_rank.get(shorter, [])
+                extra = longer_seq[len(shorter_seq)]
+                related = ()
+                if shorter_seq:
+                    related = ((f"rank {shorter}'s last collective on {group_id}", shorter_seq[-1].loc),)
                 raise ValidationError(
                     f"rank {longer} issues {len(longer_seq)} collective(s) on group {group_id} but rank {shorter} "
-                    f"issues {len(by_rank.get(shorter, []))}; the first without a partner is `{_sig_text(extra)}`",
+                    f"issues {len(shorter_seq)}; the first without a partner is `{_sig_text(extra)}`",
                     extra.loc,
                     rank=longer,
+                    related=related,
                     hint=f"every member of {group_id} (ranks {list(group.ranks)}) must issue each collective",
                 )

@@ -37,7 +37,7 @@ from commdsl.dsl.values import (
     type_name,
     parse_quantity,
 )
-from commdsl.errors import CommdslError, LimitError, ScheduleError, SourceLoc
+from commdsl.errors import CommdslError, LimitError, ScheduleError, SourceLoc, did_you_mean
 from commdsl.ir import HOST_STREAM, REDUCING_KINDS, Algo, CopyDir, Dtype, OpKind, ReduceOp, Transport
 
 Env = dict
@@ -169,8 +169,9 @@ class ProgramCompiler(Transformer):
         try:
             return enum_type(opt.bare_name)
         except ValueError:
-            choices = ", ".join(e.value for e in enum_type)
-            raise ScheduleError(f"unknown {opt.name} '{opt.bare_name}'; expected one of {choices}", opt.loc) from None
+            choices = [e.value for e in enum_type]
+            raise ScheduleError(f"unknown {opt.name} '{opt.bare_name}'; expected one of {', '.join(choices)}", opt.loc,
+                                hint=did_you_mean(opt.bare_name, choices)) from None  # fmt: skip
 
     def _family(self, opt: _Option | None) -> str:
         if opt is None:
@@ -178,8 +179,8 @@ class ProgramCompiler(Transformer):
         if opt.bare_name is None or opt.bare_name not in self.layout.families:
             known = ", ".join(self.layout.families)
             given = opt.bare_name or "an expression"
-            raise ScheduleError(f"unknown group '{given}'; groups: {known}", opt.loc,
-                                hint="groups are `world`, the mesh axes, and those under `groups:`")  # fmt: skip
+            hint = did_you_mean(given, self.layout.families) or "groups are `world`, the mesh axes, and those under `groups:`"
+            raise ScheduleError(f"unknown group '{given}'; groups: {known}", opt.loc, hint=hint)
         return opt.bare_name
 
     def _stream_name(self, tok: Token | None, loc: SourceLoc, *, allow_host: bool) -> str | None:
@@ -192,8 +193,9 @@ class ProgramCompiler(Transformer):
             raise ScheduleError("this op runs on a device stream, not on the host", self._tok_loc(tok),
                                 hint="only `wait ... on host` blocks the host; CPU work is `host NAME DURATION`")  # fmt: skip
         if name not in self.layout.streams:
+            hint = did_you_mean(name, self.layout.streams) or "declare it under `streams:` in the schedule"
             raise ScheduleError(f"unknown stream '{name}' (declared streams: {', '.join(self.layout.streams)})",
-                                self._tok_loc(tok), hint="declare it under `streams:` in the schedule")  # fmt: skip
+                                self._tok_loc(tok), hint=hint)  # fmt: skip
         return name
 
     def _options(self, what: str, allowed: frozenset[str], options: list[_Option]) -> dict[str, _Option]:
@@ -201,7 +203,8 @@ class ProgramCompiler(Transformer):
         for opt in options:
             if opt.name not in allowed:
                 choices = ", ".join(sorted(allowed)) or "none"
-                raise ScheduleError(f"{what} has no option '{opt.name}' (options: {choices})", opt.loc)
+                raise ScheduleError(f"{what} has no option '{opt.name}' (options: {choices})", opt.loc,
+                                    hint=did_you_mean(opt.name, allowed))  # fmt: skip
             if opt.name in out:
                 raise ScheduleError(f"option '{opt.name}' given twice", opt.loc)
             out[opt.name] = opt
@@ -269,8 +272,7 @@ class ProgramCompiler(Transformer):
             fn = ctx.functions.get(name)
             if fn is None:
                 known = ", ".join(sorted(ctx.functions)) or "none defined so far"
-                close = difflib.get_close_matches(name, list(ctx.functions), n=1)
-                hint = f"did you mean '{close[0]}'?" if close else "`def` a block before calling it"
+                hint = did_you_mean(name, ctx.functions) or "`def` a block before calling it"
                 raise ctx.fail(f"unknown block '{name}' (blocks: {known})", loc, hint=hint)
             params, body = fn
             if len(positional) + len(keywords) != len(params):
@@ -784,7 +786,8 @@ class ProgramCompiler(Transformer):
         family, field_name = str(children[0]), str(children[1])
         loc = self._loc(meta)
         if family not in self.layout.families:
-            raise ScheduleError(f"unknown group '{family}' in '{family}.{field_name}'; groups: {', '.join(self.layout.families)}", loc)
+            raise ScheduleError(f"unknown group '{family}' in '{family}.{field_name}'; groups: {', '.join(self.layout.families)}",
+                                loc, hint=did_you_mean(family, self.layout.families))  # fmt: skip
         if field_name not in ("rank", "size"):
             raise ScheduleError(f"a group has .rank and .size, not .{field_name}", loc)
         # Groups are known per rank only at run time; env["__ctx__"] is the rank's expander.
@@ -803,7 +806,8 @@ class ProgramCompiler(Transformer):
         if fn is None:
             raise ScheduleError(
                 f"unknown function '{name}' (functions: {', '.join(sorted(BUILTINS))}, rank_at)", loc,
-                hint="blocks defined with `def` are statements: call them on a line of their own",
+                hint=did_you_mean(name, [*BUILTINS, "rank_at"])
+                or "blocks defined with `def` are statements: call them on a line of their own",
             )
         if keywords:
             raise ScheduleError(f"{name}() takes no keyword arguments", loc)

@@ -19,7 +19,7 @@ from commdsl.dsl.compile import ProgramCompiler
 from commdsl.dsl.expand import ExpansionBudget, RankExpander, WorldLayout
 from commdsl.dsl.parser import TextOrigin, parse_expression, parse_program
 from commdsl.dsl.values import INT_LIMIT, Quantity, format_value
-from commdsl.errors import LimitError, ScheduleError, SourceLoc, UsageError
+from commdsl.errors import LimitError, ScheduleError, SourceLoc, UsageError, did_you_mean
 from commdsl.ir import Dtype, Group, Program, Transport
 from commdsl.resources import bundled_schedules, resolve_schedule
 
@@ -148,7 +148,8 @@ def load_schedule_text(
     top = doc.mapping(doc.root, "the schedule")
     for key, (knode, _) in top.items():
         if key not in _TOP_LEVEL_KEYS:
-            raise ScheduleError(f"unknown top-level key '{key}' (known: {', '.join(_TOP_LEVEL_KEYS)})", doc.loc(knode))
+            raise ScheduleError(f"unknown top-level key '{key}' (known: {', '.join(_TOP_LEVEL_KEYS)})", doc.loc(knode),
+                                hint=did_you_mean(key, _TOP_LEVEL_KEYS))  # fmt: skip
     if "program" not in top:
         raise ScheduleError("the schedule has no `program:` block", doc.loc(doc.root))
 
@@ -252,8 +253,9 @@ def _params(doc: _YamlFile, entry, overrides: dict[str, str]) -> dict[str, objec
     unknown = [k for k in overrides if k not in nodes]
     if unknown:
         raise UsageError(
-            f"-p {unknown[0]}=...: the schedule has no param '{unknown[0]}'",
-            hint=("params: " + ", ".join(nodes)) if nodes else "this schedule declares no params",
+            f"-p {unknown[0]}=...: the schedule has no param '{unknown[0]}'"
+            + (f" (params: {', '.join(nodes)})" if nodes else " (it declares none)"),
+            hint=did_you_mean(unknown[0], nodes),
         )
     env: dict[str, object] = {}
     for key, (knode, vnode) in nodes.items():

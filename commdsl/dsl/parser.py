@@ -8,12 +8,14 @@ user edits.
 from __future__ import annotations
 
 import functools
+import re
 from dataclasses import dataclass
 
 from lark import Lark, Token, Tree
 from lark.exceptions import LarkError, UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, UnexpectedToken
 from lark.indenter import DedentError, Indenter
 
+from commdsl.dsl.values import UNIT_SUFFIXES
 from commdsl.errors import ScheduleError, SourceLoc
 from commdsl.resources import grammar_path
 
@@ -160,8 +162,38 @@ def _hint_for(token: Token | None, text_line: str) -> str | None:
     return None
 
 
+_GLUED_RE = re.compile(r"(?<![\w.])(\d+\.?\d*(?:[eE][+-]?\d+)?)([A-Za-z_]\w*)")
+_SPACED_RE = re.compile(r"(?<![\w.])\d+\.?\d*(?:[eE][+-]?\d+)?([ \t]+)([A-Za-z]+)\b")
+_FLOAT_RE = re.compile(r"(\d+\.\d*|\.\d+)([eE][+-]?\d+)?|\d+[eE][+-]?\d+")
+
+
+def _unit_problem(line_text: str) -> tuple[int, str, str] | None:
+    """A quantity written wrongly on a line that failed to parse: (column, message, hint)."""
+    code = line_text.split("#", 1)[0]
+    for m in _GLUED_RE.finditer(code):
+        number, suffix = m.group(1), m.group(2)
+        if suffix in UNIT_SUFFIXES or _FLOAT_RE.fullmatch(number + suffix):
+            continue
+        units = " ".join(UNIT_SUFFIXES)
+        return m.start(2) + 1, f"unknown unit '{suffix}' in '{m.group(0)}'", f"units are: {units}"
+    for m in _SPACED_RE.finditer(code):
+        if m.group(2) in UNIT_SUFFIXES:
+            number = m.group(0)[: m.start(1) - m.start(0)]
+            return (m.start(2) + 1, f"a space separates {number} from its unit {m.group(2)}",
+                    f"write the unit attached to its number: {number}{m.group(2)}")  # fmt: skip
+    return None
+
+
 def _raise_parse_error(err: LarkError, parser: Lark, origin: TextOrigin, text: str) -> None:
     lines = text.splitlines()
+    err_line = getattr(err, "line", None)
+    if isinstance(err, UnexpectedToken) and err.token.type != "$END":
+        err_line = err.token.line
+    if isinstance(err_line, int) and 0 < err_line <= len(lines):
+        problem = _unit_problem(lines[err_line - 1])
+        if problem is not None:
+            column, message, hint = problem
+            raise ScheduleError(message, origin.loc(err_line, column), hint=hint) from None
     if isinstance(err, UnexpectedCharacters):
         loc = origin.loc(err.line, err.column)
         char = text[err.pos_in_stream] if err.pos_in_stream < len(text) else ""
