@@ -21,6 +21,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "check": ("commdsl.commands.check", "validate a schedule and print a summary"),
     "show": ("commdsl.commands.show", "print each rank's op order (grid and listing)"),
     "list": ("commdsl.commands.listing", "list the bundled schedules"),
+    "simulate": ("commdsl.commands.simulate", "predict a schedule's timeline on a machine (summary, Gantt, trace)"),
     "compare": ("commdsl.commands.compare", "compare a predicted and a measured timeline op by op"),
 }
 

@@ -1,0 +1,639 @@
+"""The simulation engine: the execution semantics of DESIGN.md on a SimPy clock.
+
+Per rank there is a host, one FIFO per stream and one comm queue per group. They are
+small state machines, each with an idempotent `advance`: do everything that can be done
+at the current simulated time, then either finish or wait. Whatever may unblock an
+entity "kicks" it (puts it on a to-do deque that every SimPy callback drains), so the
+call depth stays flat and the only SimPy events are:
+
+  * one timeout per op that takes time on a stream (compute, copy), or that starts
+    later than now because the host issues it later;
+  * one timeout per transfer (a whole collective, or a send/recv pair), from the network.
+
+The host runs ahead of `env.now` on its own clock as long as it does not block: issuing
+only stamps each op with the time it reaches its stream (`ready`). Everything another
+entity can observe happens through events at its true time, so the network sees
+transfers in time order.
+
+Per op the engine keeps flat arrays indexed by a global op number `g` (ranks laid out
+one after another): issue start/end, start, end, state, and `cause`, the op whose
+completion let it start last (what the critical path walks back along).
+"""
+
+from __future__ import annotations
+
+from array import array
+from collections import deque
+from dataclasses import dataclass
+
+import simpy
+
+from commdsl.errors import MachineError
+from commdsl.ir import HOST_STREAM, CopyDir, Op, OpKind, Program, Transport
+from commdsl.machine.model import Machine
+from commdsl.sim.collectives import plan, resolve_algo
+from commdsl.sim.network import Network, Transfer
+
+# Op states.
+PENDING, ELIGIBLE, ACTIVE, DONE = 0, 1, 2, 3
+"""PENDING: not run yet. ELIGIBLE (comm ops): the issuing stream's earlier work is done,
+the op waits in its comm queue. ACTIVE (comm ops): its kernel runs (maybe waiting for
+peers). DONE: finished."""
+
+# Stream FIFO entries are ints: g * 4 + tag.
+_EXEC, _MARK, _SYNC = 0, 1, 2
+"""EXEC: the op itself runs on the stream. MARK: a comm op's dependency on the stream's
+earlier work (zero time; then the op joins its comm queue). SYNC: the stream waits for a
+synchronous comm op (or a synchronous batch, at its last op)."""
+
+_HOST, _STREAM, _QUEUE = 0, 1, 2  # entity kinds
+
+_DEVICE_KINDS = frozenset({OpKind.COMPUTE, OpKind.COPY, OpKind.RECORD, OpKind.WAIT_EVENT})
+
+
+class _Entity:
+    __slots__ = ("kind", "rank", "kicked")
+
+    def __init__(self, kind: int, rank: int):
+        self.kind = kind
+        self.rank = rank
+        self.kicked = False
+
+
+class _Host(_Entity):
+    __slots__ = ("pc", "end", "t", "cause", "block_g", "block_deps", "sync_targets")
+
+    def __init__(self, rank: int, first: int, end: int):
+        super().__init__(_HOST, rank)
+        self.pc = first
+        """Global number of the next op to issue."""
+        self.end = end
+        self.t = 0.0
+        """The host's own clock (may run ahead of env.now)."""
+        self.cause = -1
+        """The op that last unblocked the host (the host's link in the critical path)."""
+        self.block_g = -1
+        """Op the host is blocked in, or -1."""
+        self.block_deps: tuple[int, ...] = ()
+        self.sync_targets: list[tuple[_Entity, int]] = []
+
+
+class _Stream(_Entity):
+    __slots__ = ("name", "fifo", "busy", "pushed", "done", "last_g", "last_end", "drain_waiters", "cur", "cur_cause")
+
+    def __init__(self, rank: int, name: str):
+        super().__init__(_STREAM, rank)
+        self.name = name
+        self.fifo: deque[int] = deque()
+        self.busy = False
+        self.cur = -1
+        """The entry being timed (busy), and the op its start waited for."""
+        self.cur_cause = -1
+        self.pushed = 0
+        self.done = 0
+        self.last_g = -1
+        self.last_end = 0.0
+        self.drain_waiters: list[tuple[int, _Entity]] = []
+
+
+class _Queue(_Entity):
+    """One group's comm queue on one rank: items (an op, or a P2P batch) in issue order."""
+
+    __slots__ = ("group", "fifo", "active", "remaining", "pushed", "done", "last_g", "last_end", "drain_waiters")
+
+    def __init__(self, rank: int, group: str):
+        super().__init__(_QUEUE, rank)
+        self.group = group
+        self.fifo: deque[int] = deque()
+        """Items: the op's g, or the first g of a batch."""
+        self.active = False
+        self.remaining = 0
+        """Ops of the active item not finished yet."""
+        self.pushed = 0
+        self.done = 0
+        self.last_g = -1
+        self.last_end = 0.0
+        self.drain_waiters: list[tuple[int, _Entity]] = []
+
+
+class _Collective:
+    """One collective instance: the k-th collective of a group, across its members."""
+
+    __slots__ = ("group", "seq", "size", "ops", "arrived")
+
+    def __init__(self, group: str, seq: int, size: int):
+        self.group = group
+        self.seq = seq
+        self.size = size
+        self.ops: list[int] = []
+        """Members' ops (g), in rank order as found in the program."""
+        self.arrived: list[int] = []
+        """Members' ops that are active, in arrival order."""
+
+
+@dataclass
+class RawResult:
+    """Per-op outcome arrays (indexed by g) and what is needed to interpret them."""
+
+    ops: list[Op]
+    base: list[int]
+    issue_start: array
+    issue_end: array
+    start: array
+    end: array
+    state: bytearray
+    cause: array
+    partner: array
+    algos: dict[int, str]
+
+
+class Engine:
+    """Simulate one `Program` on one `Machine` through a `Network`."""
+
+    def __init__(self, program: Program, machine: Machine, network_cls: type[Network]):
+        self.program = program
+        self.machine = machine
+        self.env = simpy.Environment()
+        self.network = network_cls(self.env, machine)
+        self.base = []
+        ops: list[Op] = []
+        for rank_ops in program.ops:
+            self.base.append(len(ops))
+            ops.extend(rank_ops)
+        self.ops = ops
+        n = len(ops)
+        zeros = array("d", bytes(8 * n))
+        self.issue_start = array("d", zeros)
+        self.issue_end = array("d", zeros)
+        self.ready = self.issue_end  # when the op reaches its stream (host launch done)
+        self.start = array("d", zeros)
+        self.end = array("d", zeros)
+        self.state = bytearray(n)
+        self.cause = array("q", [-1]) * n
+        self.partner = array("q", [-1]) * n
+        self.waiters: dict[int, list[_Entity]] = {}
+        self._todo: deque[_Entity] = deque()
+        self.hosts = [_Host(r, self.base[r], self.base[r] + len(program.ops[r])) for r in range(program.world_size)]
+        self.streams: list[dict[str, _Stream]] = [{s: _Stream(r, s) for s in program.streams} for r in range(program.world_size)]
+        self.queues: list[dict[str, _Queue]] = [{} for _ in range(program.world_size)]
+        self.coll_of: dict[int, _Collective] = {}
+        self.collectives: list[_Collective] = []
+        self.algos: dict[int, str] = {}
+        self.group_ranks = {g.id: g.ranks for g in program.groups}
+        self._prepare()
+
+    # ---- setup --------------------------------------------------------------------
+
+    def _prepare(self) -> None:
+        """Static facts: send/recv pairing, collective instances, machine coverage."""
+        machine = self.machine
+        sends: dict[tuple, deque[int]] = {}
+        recvs: dict[tuple, deque[int]] = {}
+        seq: dict[tuple[int, str], int] = {}
+        instances: dict[tuple[str, int], _Collective] = {}
+        checked: set = set()
+        for g, op in enumerate(self.ops):
+            kind = op.kind
+            if kind.is_comm:
+                if op.transport not in checked:
+                    if machine.transport(op.transport) is None:
+                        raise MachineError(
+                            f"machine {machine.name} has no '{op.transport.value}' transport, which {op.kind.value} "
+                            f"{op.name} on rank {op.rank} uses (machine transports: {', '.join(t.value for t, _ in machine.transports)})",
+                            op.loc, rank=op.rank, hint="pick another --machine, or set the schedule's `transport:`",
+                        )  # fmt: skip
+                    checked.add(op.transport)
+                queues = self.queues[op.rank]
+                if op.group not in queues:
+                    queues[op.group] = _Queue(op.rank, op.group)
+                self.algos[g] = resolve_algo(op).value
+            if kind is OpKind.SEND:
+                key = (op.rank, op.peer, op.group)
+                r = recvs.get(key)
+                if r:
+                    self._pair(g, r.popleft())
+                else:
+                    sends.setdefault(key, deque()).append(g)
+            elif kind is OpKind.RECV:
+                key = (op.peer, op.rank, op.group)
+                s = sends.get(key)
+                if s:
+                    self._pair(s.popleft(), g)
+                else:
+                    recvs.setdefault(key, deque()).append(g)
+            elif kind.is_collective:
+                k = seq.get((op.rank, op.group), 0)
+                seq[(op.rank, op.group)] = k + 1
+                inst = instances.get((op.group, k))
+                if inst is None:
+                    inst = instances[(op.group, k)] = _Collective(op.group, k, len(self.group_ranks[op.group]))
+                    self.collectives.append(inst)
+                inst.ops.append(g)
+                self.coll_of[g] = inst
+            elif kind is OpKind.COMPUTE and op.duration_us is None and op.flops is not None:
+                if (op.dtype, "flops") not in checked:
+                    if machine.device.tflops(op.dtype) is None:
+                        rates = ", ".join(d.value for d, _ in machine.device.peak_tflops)
+                        raise MachineError(
+                            f"machine {machine.name} has no {op.dtype.value} compute rate for compute {op.name} on rank {op.rank} "
+                            f"(it lists: {rates})",
+                            op.loc, rank=op.rank, hint="give the op a duration, another dtype=, or add the rate to the machine",
+                        )  # fmt: skip
+                    checked.add((op.dtype, "flops"))
+
+    def _pair(self, send: int, recv: int) -> None:
+        self.partner[send] = recv
+        self.partner[recv] = send
+
+    # ---- running --------------------------------------------------------------------
+
+    def run(self) -> RawResult:
+        for h in self.hosts:
+            self._kick(h)
+        self._drain()
+        self.env.run()
+        return RawResult(self.ops, self.base, self.issue_start, self.issue_end, self.start, self.end, self.state, self.cause, self.partner, self.algos)
+
+    def unfinished(self) -> bool:
+        return any(s != DONE for s in self.state)
+
+    def _kick(self, e: _Entity) -> None:
+        if not e.kicked:
+            e.kicked = True
+            self._todo.append(e)
+
+    def _drain(self) -> None:
+        todo = self._todo
+        while todo:
+            e = todo.popleft()
+            e.kicked = False
+            if e.kind == _STREAM:
+                self._advance_stream(e)
+            elif e.kind == _QUEUE:
+                self._advance_queue(e)
+            else:
+                self._advance_host(e)
+
+    def _wait_on(self, g: int, e: _Entity) -> None:
+        w = self.waiters.get(g)
+        if w is None:
+            self.waiters[g] = [e]
+        else:
+            w.append(e)
+
+    def _finish(self, g: int, t: float) -> None:
+        """Op g is done at time t: wake whatever waits on it."""
+        self.end[g] = t
+        self.state[g] = DONE
+        w = self.waiters.pop(g, None)
+        if w:
+            for e in w:
+                self._kick(e)
+
+    def _first_pending(self, deps) -> int:
+        state = self.state
+        for d in deps:
+            if state[d] != DONE:
+                return d
+        return -1
+
+    def _latest(self, deps) -> int:
+        """The dependency that finished last (lowest g on ties)."""
+        end = self.end
+        best = -1
+        for d in deps:
+            if best < 0 or end[d] > end[best]:
+                best = d
+        return best
+
+    def _deps(self, g: int, tag: int) -> tuple[int, ...] | range:
+        """What an entry must wait for before it can start (ops, as g)."""
+        op = self.ops[g]
+        if tag == _SYNC:
+            if op.batch is not None:
+                b = self.base[op.rank]
+                return range(b + op.batch, g + 1)
+            return (g,)
+        b = self.base[op.rank]
+        return tuple(b + i for i in op.waits_for)
+
+    # ---- host -------------------------------------------------------------------------
+
+    def _advance_host(self, h: _Host) -> None:
+        ops = self.ops
+        machine = self.machine
+        if h.block_g >= 0 and not self._host_unblocked(h):
+            return
+        while h.pc < h.end:
+            g = h.pc
+            op = ops[g]
+            kind = op.kind
+            if kind in _DEVICE_KINDS or (kind is OpKind.WAIT and op.stream != HOST_STREAM and not self._gloo_wait(op)):
+                self.issue_start[g] = h.t
+                h.t += machine.kernel_launch_us
+                self.issue_end[g] = h.t
+                self.cause[g] = h.cause
+                self._push(self.streams[op.rank][op.stream], g * 4 + _EXEC)
+            elif kind.is_comm:
+                self._issue_comm(h, g, op)
+                if h.block_g >= 0:
+                    h.pc += 1
+                    if not self._host_unblocked(h):
+                        return
+                    continue
+            elif kind is OpKind.HOST:
+                self.start[g] = h.t
+                h.t += op.duration_us
+                self.cause[g] = h.cause
+                h.cause = g
+                self._finish(g, h.t)
+            elif kind is OpKind.WAIT:  # on the host, or on a gloo handle (gloo's wait blocks the CPU)
+                self.start[g] = h.t
+                h.block_g = g
+                h.block_deps = self._deps(g, _EXEC)
+                h.pc += 1
+                if not self._host_unblocked(h):
+                    return
+                continue
+            elif kind is OpKind.SYNCHRONIZE:
+                self.start[g] = h.t
+                h.block_g = g
+                h.block_deps = ()
+                if op.stream == HOST_STREAM:  # device synchronize: every stream and comm queue
+                    targets = list(self.streams[op.rank].values()) + list(self.queues[op.rank].values())
+                else:
+                    targets = [self.streams[op.rank][op.stream]]
+                h.sync_targets = [(e, e.pushed) for e in targets]
+                h.pc += 1
+                if not self._host_unblocked(h):
+                    return
+                continue
+            else:
+                raise AssertionError(f"unhandled op kind {kind}")
+            h.pc += 1
+
+    def _gloo_wait(self, op: Op) -> bool:
+        b = self.base[op.rank]
+        return any(self.ops[b + i].transport is Transport.GLOO for i in op.waits_for)
+
+    def _host_unblocked(self, h: _Host) -> bool:
+        """If what the host is blocked in is done, finish it and return True."""
+        g = h.block_g
+        pending = self._first_pending(h.block_deps)
+        if pending >= 0:
+            self._wait_on(pending, h)
+            return False
+        for e, target in h.sync_targets:
+            if e.done < target:
+                e.drain_waiters.append((target, h))
+                return False
+        # Unblocked: at the latest completion among what it waited for.
+        t, cause = h.t, h.cause
+        if h.block_deps:
+            d = self._latest(h.block_deps)
+            if self.end[d] >= t:
+                t, cause = self.end[d], d
+        for e, _ in h.sync_targets:
+            if e.last_g >= 0 and e.last_end >= t:
+                t, cause = e.last_end, e.last_g
+        t = max(t, self.env.now)
+        op = self.ops[g]
+        if op.kind.is_comm:  # a blocking gloo call: the host's issue span covers the wait
+            self.issue_end[g] = t
+        else:
+            self.cause[g] = cause
+            self._finish(g, t)
+        h.t = t
+        h.cause = g if not op.kind.is_comm else cause
+        h.block_g = -1
+        h.block_deps = ()
+        h.sync_targets = []
+        return True
+
+    def _issue_comm(self, h: _Host, g: int, op: Op) -> None:
+        self.issue_start[g] = h.t
+        h.t += self.machine.comm_launch_us
+        self.issue_end[g] = h.t
+        self.cause[g] = h.cause
+        stream = self.streams[op.rank][op.stream]
+        self._push(stream, g * 4 + _MARK)
+        b = self.base[op.rank]
+        first = b + op.batch if op.batch is not None else g
+        # A batch is one item per group queue it touches, pushed at its first op there.
+        q = self.queues[op.rank][op.group]
+        if first == g or not any(self.ops[x].group == op.group for x in range(first, g)):
+            q.fifo.append(first)
+            q.pushed += 1
+        if op.handle is not None:
+            return
+        last_of_batch = op.batch is None or g + 1 >= h.end or self.ops[g + 1].batch != op.batch
+        if not last_of_batch:
+            return
+        deps = range(first, g + 1)
+        if any(self.ops[x].transport is Transport.GLOO for x in deps):
+            # A synchronous gloo call blocks the calling thread until the transfer is done.
+            h.block_g = g
+            h.block_deps = tuple(deps)
+        else:
+            self._push(stream, g * 4 + _SYNC)
+
+    # ---- streams -----------------------------------------------------------------------
+
+    def _push(self, s: _Stream, entry: int) -> None:
+        s.fifo.append(entry)
+        s.pushed += 1
+        if not s.busy and len(s.fifo) == 1:
+            self._kick(s)
+
+    def _advance_stream(self, s: _Stream) -> None:
+        if s.busy:
+            return
+        fifo = s.fifo
+        now = self.env.now
+        ready, cause, end = self.ready, self.cause, self.end
+        while fifo:
+            entry = fifo[0]
+            g, tag = entry >> 2, entry & 3
+            # Latest of: host issue (cause[g] holds the host's cause), the stream's previous
+            # entry, the entry's dependencies. Ties go to dependencies, then the stream.
+            t, c = ready[g], cause[g]
+            if s.last_g >= 0 and s.last_end >= t:
+                t, c = s.last_end, s.last_g
+            duration = 0.0
+            if tag != _MARK:
+                op = self.ops[g]
+                if tag == _SYNC or op.kind is OpKind.WAIT or op.kind is OpKind.WAIT_EVENT:
+                    deps = self._deps(g, tag)
+                    pending = self._first_pending(deps)
+                    if pending >= 0:
+                        self._wait_on(pending, s)
+                        return
+                    d = self._latest(deps)
+                    if end[d] >= t:
+                        t, c = end[d], d
+                else:
+                    duration = self._duration(op)
+            start = t if t > now else now
+            if tag == _EXEC:
+                self.start[g] = start
+                cause[g] = c
+            elif tag == _MARK:
+                self.start[g] = start  # when the comm op may join its queue
+                cause[g] = c
+            if start > now or duration > 0.0:
+                s.busy = True
+                s.cur = entry
+                s.cur_cause = c
+                ev = self.env.timeout(start + duration - now, s)
+                ev.callbacks.append(self._on_stream_timer)
+                return
+            self._complete_entry(s, entry, start, c)
+
+    def _on_stream_timer(self, ev) -> None:
+        s: _Stream = ev.value
+        s.busy = False
+        self._complete_entry(s, s.cur, self.env.now, s.cur_cause)
+        self._kick(s)
+        self._drain()
+
+    def _complete_entry(self, s: _Stream, entry: int, t: float, c: int) -> None:
+        s.fifo.popleft()
+        s.done += 1
+        g, tag = entry >> 2, entry & 3
+        if tag == _EXEC:
+            self._finish(g, t)
+            s.last_g, s.last_end = g, t
+        elif tag == _MARK:
+            self.state[g] = ELIGIBLE
+            self._kick(self.queues[self.ops[g].rank][self.ops[g].group])
+        else:  # SYNC: the stream continues after the comm op(s)
+            s.last_g, s.last_end = c, t
+        if s.drain_waiters:
+            self._wake_drained(s)
+
+    def _wake_drained(self, e: _Stream | _Queue) -> None:
+        keep = []
+        for target, w in e.drain_waiters:
+            if e.done >= target:
+                self._kick(w)
+            else:
+                keep.append((target, w))
+        e.drain_waiters = keep
+
+    def _duration(self, op: Op) -> float:
+        """Time of a compute or copy op from its work and the device's rates."""
+        if op.kind is OpKind.COMPUTE:
+            if op.duration_us is not None:
+                return op.duration_us  # an explicit duration wins
+            dev = self.machine.device
+            t = 0.0
+            if op.flops:
+                t = op.flops / (dev.tflops(op.dtype) * 1e6)
+            if op.size_bytes:
+                t = max(t, op.size_bytes / (dev.memory_bandwidth_gb_per_s * 1e3))
+            return t
+        if op.kind is OpKind.COPY:
+            if op.copy_dir is CopyDir.D2D:  # read + write device memory
+                return 2 * op.size_bytes / (self.machine.device.memory_bandwidth_gb_per_s * 1e3)
+            return self.machine.host_link.transfer_us(op.size_bytes)
+        return 0.0  # record, wait_event, wait: ordering only
+
+    # ---- comm queues, matching, transfers -----------------------------------------------
+
+    def _item_ops(self, q: _Queue, item: int) -> list[int]:
+        op = self.ops[item]
+        if op.batch is None:
+            return [item]
+        h_end = self.hosts[op.rank].end
+        out = []
+        g = item
+        while g < h_end and self.ops[g].batch == op.batch:
+            if self.ops[g].group == q.group:
+                out.append(g)
+            g += 1
+        return out
+
+    def _batch_queues(self, item: int) -> list[_Queue]:
+        op = self.ops[item]
+        groups = []
+        g, h_end = item, self.hosts[op.rank].end
+        while g < h_end and self.ops[g].batch == op.batch:
+            if self.ops[g].group not in groups:
+                groups.append(self.ops[g].group)
+            g += 1
+        return [self.queues[op.rank][x] for x in groups]
+
+    def _advance_queue(self, q: _Queue) -> None:
+        if q.active or not q.fifo:
+            return
+        item = q.fifo[0]
+        state = self.state
+        queues = [q]
+        if self.ops[item].batch is not None:
+            queues = self._batch_queues(item)
+            if any(x.active or not x.fifo or x.fifo[0] != item for x in queues):
+                return  # a batch over several groups waits for the head of each queue
+        members = [g for x in queues for g in self._item_ops(x, item)]
+        for g in members:
+            if state[g] != ELIGIBLE:
+                return
+        now = self.env.now
+        for x in queues:
+            x.active = True
+            x.remaining = len(self._item_ops(x, item))
+        for g in members:
+            # Queue-bound if the previous item on the queue ended after the op was ready.
+            x = self.queues[self.ops[g].rank][self.ops[g].group]
+            if x.last_g >= 0 and x.last_end > self.start[g]:
+                self.cause[g] = x.last_g
+            state[g] = ACTIVE
+            self.start[g] = now
+        for g in members:
+            self._activated(g, now)
+
+    def _activated(self, g: int, now: float) -> None:
+        op = self.ops[g]
+        if op.kind.is_collective:
+            inst = self.coll_of[g]
+            inst.arrived.append(g)
+            if len(inst.arrived) == inst.size:
+                for m in inst.arrived:
+                    if m != g and self.start[m] < now:
+                        self.cause[m] = g  # it waited for the last member
+                self._start_collective(inst)
+            return
+        p = self.partner[g]
+        if p >= 0 and self.state[p] == ACTIVE:
+            if self.start[p] < now:
+                self.cause[p] = g
+            send, recv = (g, p) if op.kind is OpKind.SEND else (p, g)
+            so = self.ops[send]
+            algo = resolve_algo(so)
+            transfer = Transfer(OpKind.SEND, (so.rank, so.peer), so.size_bytes, so.transport,
+                                plan(OpKind.SEND, algo, 2, so.size_bytes, self.machine.chunk_bytes))  # fmt: skip
+            self.network.start(transfer, lambda: self._transfer_done((send, recv)))
+
+    def _start_collective(self, inst: _Collective) -> None:
+        rep = self.ops[min(inst.ops)]  # the lowest rank's op describes the collective
+        ranks = self.group_ranks[inst.group]
+        p = plan(rep.kind, resolve_algo(rep), len(ranks), rep.size_bytes, self.machine.chunk_bytes)
+        transfer = Transfer(rep.kind, ranks, rep.size_bytes, rep.transport, p, rep.root)
+        members = tuple(inst.arrived)
+        self.network.start(transfer, lambda: self._transfer_done(members))
+
+    def _transfer_done(self, members: tuple[int, ...]) -> None:
+        now = self.env.now
+        for g in members:
+            self._finish(g, now)
+            op = self.ops[g]
+            q = self.queues[op.rank][op.group]
+            q.remaining -= 1
+            if q.remaining == 0:
+                q.active = False
+                q.fifo.popleft()
+                q.done += 1
+                q.last_g, q.last_end = g, now
+                if q.drain_waiters:
+                    self._wake_drained(q)
+                self._kick(q)
+        self._drain()

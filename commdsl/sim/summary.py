@@ -1,0 +1,142 @@
+"""The terminal summary of a simulation: makespan, per-rank busy/idle, bubble, critical path.
+
+Definitions (all per rank, over the makespan, i.e. from time 0 to the last op's end):
+
+  * compute: time covered by at least one compute op (union over the rank's streams);
+  * comm: time covered by at least one comm op's kernel, from when it is active on this
+    rank (an early member waits inside its kernel) to its end;
+  * exposed comm: comm time not overlapped by compute on that rank;
+  * idle: time covered by no compute, comm or copy op;
+  * bubble fraction of a rank: (makespan - compute) / makespan, the idle fraction of its
+    compute stream(s); the schedule's bubble fraction is the mean over the ranks that
+    compute. For GPipe and 1F1B with free communication every stage computes m(t_f + t_b)
+    in a makespan of (m + p - 1)(t_f + t_b), so the bubble fraction is (p - 1)/(m + p - 1).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from commdsl.ir import OpKind
+from commdsl.sim.simulate import SimResult
+
+
+@dataclass(frozen=True)
+class RankSummary:
+    rank: int
+    compute_us: float
+    comm_us: float
+    exposed_comm_us: float
+    idle_us: float
+    bubble_fraction: float | None
+    """None for a rank with no compute op."""
+
+
+@dataclass(frozen=True)
+class PathStep:
+    op_id: str
+    rank: int
+    kind: str
+    name: str
+    start_us: float
+    end_us: float
+    source: str
+    """"file:line" of the statement."""
+
+
+@dataclass(frozen=True)
+class Summary:
+    schedule: str
+    machine: str
+    network: str
+    world_size: int
+    num_ops: int
+    makespan_us: float
+    bubble_fraction: float | None
+    ranks: tuple[RankSummary, ...]
+    critical_path: tuple[PathStep, ...]
+    warnings: tuple[str, ...]
+
+    def to_json(self) -> dict:
+        out = asdict(self)
+        out["ranks"] = [asdict(r) for r in self.ranks]
+        out["critical_path"] = [asdict(s) for s in self.critical_path]
+        out["warnings"] = list(self.warnings)
+        return _rounded(out)
+
+
+def _union_length(intervals: list[tuple[float, float]]) -> float:
+    total, cur_start, cur_end = 0.0, None, None
+    for s, e in sorted(intervals):
+        if cur_end is None or s > cur_end:
+            if cur_end is not None:
+                total += cur_end - cur_start
+            cur_start, cur_end = s, e
+        elif e > cur_end:
+            cur_end = e
+    if cur_end is not None:
+        total += cur_end - cur_start
+    return total
+
+
+def summarize(result: SimResult) -> Summary:
+    raw, program = result.raw, result.program
+    makespan = result.makespan_us
+    ranks = []
+    for rank in range(program.world_size):
+        compute, comm, other = [], [], []
+        b = raw.base[rank]
+        for i, op in enumerate(program.ops[rank]):
+            g = b + i
+            span = (raw.start[g], raw.end[g])
+            if span[1] <= span[0]:
+                continue
+            if op.kind is OpKind.COMPUTE:
+                compute.append(span)
+            elif op.kind.is_comm:
+                comm.append(span)
+            elif op.kind is OpKind.COPY:
+                other.append(span)
+        compute_us = _union_length(compute)
+        comm_us = _union_length(comm)
+        exposed = _union_length(compute + comm) - compute_us
+        idle = makespan - _union_length(compute + comm + other)
+        bubble = (makespan - compute_us) / makespan if compute and makespan > 0 else None
+        ranks.append(RankSummary(rank, compute_us, comm_us, exposed, idle, bubble))
+    bubbles = [r.bubble_fraction for r in ranks if r.bubble_fraction is not None]
+    path = []
+    for g in result.critical_path:
+        op = raw.ops[g]
+        path.append(PathStep(op.id, op.rank, op.kind.value, op.name, raw.start[g], raw.end[g], f"{op.loc.file}:{op.loc.line}"))
+    return Summary(
+        schedule=program.name,
+        machine=result.machine.name,
+        network=result.network,
+        world_size=program.world_size,
+        num_ops=program.num_ops,
+        makespan_us=makespan,
+        bubble_fraction=sum(bubbles) / len(bubbles) if bubbles else None,
+        ranks=tuple(ranks),
+        critical_path=tuple(path),
+        warnings=tuple(result.warnings) + tuple(program.warnings),
+    )
+
+
+def _rounded(value):
+    """Round floats to the nanosecond (1e-3 us) / 1e-9 for fractions: stable JSON."""
+    if isinstance(value, float):
+        return round(value, 9) if abs(value) < 1.0 else round(value, 3)
+    if isinstance(value, dict):
+        return {k: _rounded(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_rounded(v) for v in value]
+    return value
+
+
+def format_us(us: float) -> str:
+    """Fixed-precision time for the terminal: 12.345 ms, 678.9 us, 1.234 s."""
+    if us >= 1e6:
+        return f"{us / 1e6:.3f} s"
+    if us >= 1e3:
+        return f"{us / 1e3:.3f} ms"
+    return f"{us:.1f} us"
