@@ -61,13 +61,19 @@ def check_p2p_matching(program: Program) -> None:
             if shorter:
                 last = shorter[-1]
                 related = ((f"the last {fewer} it could match, on rank {last.rank}", last.loc),)
+            hint = f"add the missing {fewer} on rank {dst if more == 'send' else src}, or remove this {more}"
+            other_groups = sorted({c[2] for c in (recvs if more == "send" else sends) if c[:2] == (src, dst) and c[2] != group})
+            if other_groups:
+                who = f"rank {dst} receives" if more == "send" else f"rank {src} sends"
+                hint = (f"{who} on group {', '.join(other_groups)} instead: "
+                        "a send and its recv must name the same group")  # fmt: skip
             raise ValidationError(
                 f"rank {src} sends {len(s_list)} message(s) to rank {dst} on group {group} but rank {dst} "
                 f"receives {len(r_list)}; the first unmatched {more} is {_describe(extra)}",
                 extra.loc,
                 rank=extra.rank,
                 related=related,
-                hint=f"add the missing {fewer} on rank {dst if more == 'send' else src}, or remove this {more}",
+                hint=hint,
             )
 
 
@@ -79,6 +85,8 @@ _SIGNATURE_FIELDS = ("kind", "size", "root", "reduce op", "dtype")
 
 
 def _differences(a: Op, b: Op) -> str:
+    if a.kind is not b.kind:
+        return "kind"
     fields = [name for name, x, y in zip(_SIGNATURE_FIELDS, _signature(a), _signature(b)) if x != y]
     return " and ".join(fields)
 

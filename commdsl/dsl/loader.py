@@ -61,11 +61,30 @@ class _YamlFile:
                 SourceLoc(file, line, column, text_line),
             ) from None
         except yaml.YAMLError as e:
-            raise ScheduleError(f"invalid YAML: {e}", SourceLoc(file, 1, 1)) from None
+            raise ScheduleError(f"invalid YAML: {e}", self.file_start()) from None
         except (ValueError, TypeError, OverflowError) as e:  # a tagged scalar its constructor rejects (!!int "x")
-            raise ScheduleError(f"invalid YAML value: {e}", SourceLoc(file, 1, 1)) from None
+            raise ScheduleError(f"invalid YAML value: {e}", self._unconstructible(self.root)) from None
         except RecursionError:
-            raise LimitError("invalid YAML: the document nests too deeply", SourceLoc(file, 1, 1)) from None
+            raise LimitError("invalid YAML: the document nests too deeply", self.file_start()) from None
+
+    def _unconstructible(self, node: yaml.Node | None) -> SourceLoc:
+        """Where the first scalar that the safe constructor rejects is (start of file if none)."""
+        stack = [node] if node is not None else []
+        while stack:
+            n = stack.pop()
+            if isinstance(n, yaml.ScalarNode):
+                try:
+                    yaml.SafeLoader("").construct_object(n)
+                except Exception:  # any failure of the constructor marks the culprit
+                    return self.loc(n)
+            elif isinstance(n, yaml.SequenceNode):
+                stack.extend(reversed(n.value))
+            elif isinstance(n, yaml.MappingNode):
+                stack.extend(x for pair in reversed(n.value) for x in reversed(pair))
+        return self.file_start()
+
+    def file_start(self) -> SourceLoc:
+        return SourceLoc(self.file, 1, 1, self.lines[0] if self.lines else "")
 
     def loc_of_mark(self, mark: yaml.Mark) -> SourceLoc:
         line = mark.line + 1
@@ -144,7 +163,8 @@ def load_schedule_text(
     """Load a schedule from its text; `file` is the name used in messages."""
     doc = _YamlFile(text, file)
     if doc.root is None:
-        raise ScheduleError("the schedule file is empty", SourceLoc(file, 1, 1))
+        raise ScheduleError("the schedule file is empty", doc.file_start(),
+                            hint="a schedule needs at least `world:` and `program:`")  # fmt: skip
     top = doc.mapping(doc.root, "the schedule")
     for key, (knode, _) in top.items():
         if key not in _TOP_LEVEL_KEYS:
