@@ -1,0 +1,144 @@
+"""The torchrun environment, the rendezvous store, and one process group per group.
+
+torchrun (or Slurm, or a hand-written launcher) describes each process with the
+environment variables RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR and
+MASTER_PORT. We connect to the same key-value store torch's `env://` rendezvous uses
+(torchrun's agent store when TORCHELASTIC_USE_AGENT_STORE=True, else one hosted by
+rank 0) and keep our own connection to it: the watchdog talks through the store, which
+keeps working while a process group is stuck.
+
+Process groups: torch's `new_group` must be called by every rank, in the same order.
+Every rank holds the whole Program, so every rank walks `Program.groups` in order and
+creates exactly the groups some op uses. The schedule's "world" group is the default
+process group; every other group gets its own process group, i.e. its own
+communicator and comm queue, as DESIGN.md semantics 4 requires. A separate gloo group
+("control") carries the executor's own traffic (iteration barriers, clock alignment,
+gathering timelines), so it never queues behind the schedule's communication.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import socket
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from commdsl.errors import UsageError
+from commdsl.ir import Program
+from commdsl.run.config import BackendChoice
+
+_ENV_VARS = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
+@dataclass(frozen=True)
+class DistEnv:
+    """Where this process sits, as the launcher describes it."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    """Rank within the node; picks the GPU."""
+    local_world_size: int
+    master_addr: str
+    master_port: int
+    use_agent_store: bool
+    """torchrun's agent already hosts the store; every rank connects as a client."""
+    launched: bool
+    """False when run as plain `python -m commdsl.run` for a one-rank schedule."""
+
+    @classmethod
+    def from_environ(cls, program_world_size: int) -> DistEnv:
+        env = os.environ
+        missing = [v for v in _ENV_VARS if v not in env]
+        if missing:
+            if program_world_size == 1:
+                return cls(0, 1, 0, 1, "127.0.0.1", 0, False, launched=False)
+            raise UsageError(
+                f"the schedule needs {program_world_size} ranks, but {', '.join(missing)} is not set: "
+                "run it under torchrun",
+                hint=f"torchrun --nproc_per_node={program_world_size} -m commdsl.run SCHEDULE",
+            )
+        try:
+            rank, world = int(env["RANK"]), int(env["WORLD_SIZE"])
+            local_rank = int(env.get("LOCAL_RANK", rank))
+            local_world = int(env.get("LOCAL_WORLD_SIZE", world))
+            port = int(env["MASTER_PORT"])
+        except ValueError as e:
+            raise UsageError(f"malformed torchrun environment: {e}") from None
+        if world != program_world_size:
+            raise UsageError(
+                f"the schedule has {program_world_size} ranks but torchrun started {world} processes",
+                hint=f"use --nproc_per_node={program_world_size} (times --nnodes), or change the schedule's "
+                "world with -p",
+            )
+        agent = env.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true"
+        return cls(rank, world, local_rank, local_world, env["MASTER_ADDR"], port, agent, launched=True)
+
+
+def resolve_backend(choice: BackendChoice, env: DistEnv) -> str:
+    """NCCL with one GPU per local rank where CUDA has enough GPUs, else gloo."""
+    cuda_ok = torch.cuda.is_available() and torch.cuda.device_count() >= env.local_world_size
+    if choice is BackendChoice.AUTO:
+        return "nccl" if cuda_ok and dist.is_nccl_available() else "gloo"
+    if choice is BackendChoice.NCCL:
+        if not dist.is_nccl_available() or not torch.cuda.is_available():
+            raise UsageError("--backend nccl needs a CUDA build of torch and a GPU; this machine has none",
+                             hint="use --backend gloo (CPU)")  # fmt: skip
+        if torch.cuda.device_count() < env.local_world_size:
+            raise UsageError(
+                f"--backend nccl needs one GPU per local rank: {env.local_world_size} ranks on this node, "
+                f"{torch.cuda.device_count()} GPU(s)"
+            )
+    return choice.value
+
+
+def connect_store(env: DistEnv, timeout_s: float, *, host: bool) -> dist.Store:
+    """A connection to the rendezvous store. With `host`, rank 0 hosts the store when
+    torchrun's agent does not; later calls (`host=False`) open further client
+    connections to the same store, e.g. for the watchdog. Without a launcher (one rank)
+    it is an in-process store; share that one object instead of calling again."""
+    timeout = datetime.timedelta(seconds=timeout_s)
+    if not env.launched:
+        return dist.HashStore()
+    is_master = host and env.rank == 0 and not env.use_agent_store
+    return dist.TCPStore(env.master_addr, env.master_port, env.world_size, is_master, timeout,
+                         wait_for_workers=False)  # fmt: skip
+
+
+@dataclass
+class Groups:
+    """Process groups of one rank."""
+
+    control: dist.ProcessGroup
+    """gloo group of all ranks for the executor's own traffic."""
+    by_id: dict[str, dist.ProcessGroup]
+    """Schedule group id -> process group, for the groups this rank belongs to."""
+
+
+def init_distributed(env: DistEnv, backend: str, store: dist.Store, program: Program, pg_timeout_s: float) -> Groups:
+    """Initialise torch.distributed and create the schedule's groups in Program order."""
+    timeout = datetime.timedelta(seconds=pg_timeout_s)
+    if backend == "nccl":
+        torch.cuda.set_device(env.local_rank)
+    dist.init_process_group(backend, store=dist.PrefixStore("commdsl/pg", store), rank=env.rank,
+                            world_size=env.world_size, timeout=timeout)  # fmt: skip
+    control = dist.new_group(backend="gloo", timeout=timeout)
+    used = {op.group for op in program.all_ops() if op.group is not None}
+    by_id: dict[str, dist.ProcessGroup] = {}
+    for group in program.groups:
+        if group.id not in used:
+            continue
+        if group.id == "world":
+            pg = dist.group.WORLD
+        else:
+            pg = dist.new_group(list(group.ranks), timeout=timeout)
+        if env.rank in group.ranks:
+            by_id[group.id] = pg
+    return Groups(control, by_id)
+
+
+def hostname() -> str:
+    return socket.gethostname()

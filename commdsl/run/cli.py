@@ -1,0 +1,88 @@
+"""`torchrun -m commdsl.run FILE [-p k=v ...] [--out measured.json] ...`
+
+Loads the schedule on every rank, checks the torchrun environment against it, sets up
+the process groups, runs warm-up and measured iterations, and has rank 0 write the
+measured timeline. Exit codes: 0 ok, 1 schedule error / check failure / failed op,
+2 usage error, 3 watchdog (an op hung). A Python traceback reaching the user is a bug.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from commdsl.errors import CommdslError, UsageError
+from commdsl.run.config import BackendChoice, DurationMode, RunConfig
+
+PROG = "torchrun --nproc_per_node=N -m commdsl.run"
+
+
+class _ArgumentParser(argparse.ArgumentParser):
+    def error(self, message: str):  # type: ignore[override]
+        raise UsageError(message, hint="see `python -m commdsl.run --help`")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _ArgumentParser(
+        prog=PROG,
+        description="Run a commdsl schedule for real with torch.distributed and write the measured timeline "
+        "(Chrome-trace JSON with the simulator's op ids). See docs/executor.md.",
+    )
+    p.add_argument("schedule", help="schedule file, or the name of a bundled schedule")
+    p.add_argument("-p", "--param", action="append", default=[], metavar="KEY=VALUE", help="override a param (repeatable)")
+    p.add_argument("--out", default="measured.json", help="measured timeline, written by rank 0 (default: measured.json)")
+    p.add_argument("--warmup", type=int, default=2, metavar="K", help="warm-up iterations (default 2)")
+    p.add_argument("--iters", type=int, default=5, metavar="N", help="measured iterations; spans are per-op medians (default 5)")
+    p.add_argument("--check", action="store_true", help="fill rank-dependent values and verify every communication result")
+    p.add_argument("--timeout", type=float, default=60.0, metavar="S",
+                   help="watchdog: an op unfinished S seconds after it was issued stops every rank (default 60)")  # fmt: skip
+    p.add_argument("--backend", choices=[b.value for b in BackendChoice], default="auto",
+                   help="auto: NCCL with one GPU per rank where CUDA is available, else gloo")  # fmt: skip
+    p.add_argument("--duration-mode", choices=[m.value for m in DurationMode], default="busy",
+                   help="compute with an explicit duration: calibrated matmuls (busy) or, on CPU, sleep")  # fmt: skip
+    p.add_argument("--values", metavar="FILE", help="YAML: explicit input values per tensor name and rank (implies per-op buffers)")
+    p.add_argument("--dump-values", metavar="FILE", help="rank 0 writes every comm op's input and output values (JSON)")
+    p.add_argument("--no-validate", action="store_true",
+                   help="skip the static matching checks (to reproduce a hang on purpose)")  # fmt: skip
+    p.add_argument("--max-ops", type=int, default=None, metavar="N", help="fail if the schedule expands to more than N ops")
+    p.add_argument("-q", "--quiet", action="store_true", help="print nothing on success")
+    return p
+
+
+def parse_config(argv: list[str] | None) -> RunConfig:
+    from commdsl.cli import parse_overrides
+
+    a = build_parser().parse_args(argv)
+    if a.warmup < 0:
+        raise UsageError(f"--warmup must be >= 0, got {a.warmup}")
+    if a.iters < 1:
+        raise UsageError(f"--iters must be >= 1, got {a.iters}")
+    if not a.timeout > 0:
+        raise UsageError(f"--timeout must be > 0 seconds, got {a.timeout}")
+    if a.max_ops is not None and a.max_ops < 1:
+        raise UsageError(f"--max-ops must be at least 1, got {a.max_ops}")
+    return RunConfig(
+        schedule=a.schedule, params=tuple(parse_overrides(a.param).items()), out=a.out, warmup=a.warmup,
+        iters=a.iters, check=a.check, timeout_s=a.timeout, backend=BackendChoice(a.backend),
+        duration_mode=DurationMode(a.duration_mode), values_file=a.values, dump_values=a.dump_values,
+        validate=not a.no_validate, max_ops=a.max_ops, quiet=a.quiet,
+    )  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> int:
+    # Errors that reach here are hit alike by every rank (usage, schedule, check
+    # summary): rank 0 prints them. Errors of one rank are printed by the session.
+    first = os.environ.get("RANK", "0") == "0"
+    try:
+        config = parse_config(argv)
+        from commdsl.run.session import run
+
+        return run(config)
+    except CommdslError as err:
+        if first:
+            print(err.format(), file=sys.stderr, flush=True)
+        return err.exit_code
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130

@@ -1,0 +1,49 @@
+"""Run settings: what the command line asks the executor to do."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+
+class BackendChoice(str, enum.Enum):
+    AUTO = "auto"
+    GLOO = "gloo"
+    NCCL = "nccl"
+
+
+class DurationMode(str, enum.Enum):
+    """How a compute op with an explicit duration is run."""
+
+    BUSY = "busy"
+    """Matrix multiplies, repeated as often as start-up calibration says fits the duration."""
+    SLEEP = "sleep"
+    """The stream sleeps for the duration (CPU only): exact, and uses no core."""
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    schedule: str
+    """Schedule file or bundled schedule name."""
+    params: tuple[tuple[str, str], ...] = ()
+    """`-p key=value` overrides, in command-line order."""
+    out: str = "measured.json"
+    """Where rank 0 writes the measured timeline (Chrome-trace JSON)."""
+    warmup: int = 2
+    """Iterations run before the measured ones (NCCL set-up, caches, allocator)."""
+    iters: int = 5
+    """Measured iterations; each op's span is the median over them."""
+    check: bool = False
+    """Fill inputs with rank-dependent values and verify every communication result."""
+    timeout_s: float = 60.0
+    """An op unfinished this long after it was issued triggers the watchdog."""
+    backend: BackendChoice = BackendChoice.AUTO
+    duration_mode: DurationMode = DurationMode.BUSY
+    values_file: str | None = None
+    """YAML file of explicit input values per tensor name and rank (see docs/executor.md)."""
+    dump_values: str | None = None
+    """Where rank 0 writes every comm op's input and output values (small tensors)."""
+    validate: bool = True
+    """Run the static matching checks at load time; off to reproduce a hang on purpose."""
+    max_ops: int | None = None
+    quiet: bool = False

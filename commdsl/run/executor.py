@@ -1,0 +1,487 @@
+"""The op loop: one rank's program, issued in order by the host, run on its streams.
+
+`Executor` holds what both devices share: planning (buffers, kernels, comm plans,
+batches), the iteration loop with its records, fills and checks, and the description
+of unfinished ops the watchdog prints. `CpuExecutor` runs streams and comm queues as
+threads (see `streams.py`); `CudaExecutor` uses CUDA streams, CUDA events and NCCL.
+
+Per op kind (DESIGN.md semantics 1-4):
+
+    compute / copy     queued on its stream
+    comm op            async: waits for the work queued on its stream, then joins its
+                       group's comm queue; sync (no handle): the stream then waits for
+                       it; a gloo-transport sync op also blocks the host, as gloo does
+    batch of P2P       one batch_isend_irecv, issued at its first op
+    wait on a stream   the stream waits for the handle's ops
+    wait on host       the host blocks until the handle's ops finish
+    record/wait_event  stream-ordered events
+    synchronize        the host waits for one stream, or (device) for everything
+    host               the host sleeps for the duration (it does no device work)
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from commdsl.errors import CommdslError, ScheduleError
+from commdsl.ir import HOST_STREAM, Op, OpKind, Program, Transport
+from commdsl.run.check import Checker
+from commdsl.run.comm import CommPlan, launch, make_plan
+from commdsl.run.compute import Kernels, KernelSpec
+from commdsl.run.config import RunConfig
+from commdsl.run.streams import Aborted, RunSignals, WorkQueue
+from commdsl.run.tensors import BufferPool, CopyBuffers, check_supported
+from commdsl.run.timing import IterRecord, now_ns
+
+DUMP_MAX_ELEMENTS = 4096
+"""--dump-values keeps tensors up to this many elements."""
+
+
+class OpFailed(CommdslError):
+    """A torch call behind an op raised (exit code 1)."""
+
+    kind = "run error"
+
+
+@dataclass
+class RankSetup:
+    """Everything an executor needs about its rank."""
+
+    program: Program
+    rank: int
+    backend: str
+    device: torch.device
+    groups: dict[str, dist.ProcessGroup]
+    control: dist.ProcessGroup
+    config: RunConfig
+    kernels: Kernels
+    checker: Checker | None
+
+
+class Executor:
+    """Shared planning and iteration loop; subclasses issue the ops."""
+
+    def __init__(self, setup: RankSetup):
+        self.setup = setup
+        self.program = setup.program
+        self.rank = setup.rank
+        self.ops: tuple[Op, ...] = setup.program.ops[setup.rank]
+        self.signals = RunSignals()
+        per_op = setup.checker is not None
+        self.pool = BufferPool(setup.device, setup.backend, per_op=per_op)
+        self.comm: dict[int, CommPlan] = {}
+        """Lead op index -> plan (a batch is planned at its first op)."""
+        self.lead_of: dict[int, int] = {}
+        """Comm op index -> index of the op that issues it (itself, or its batch's first op)."""
+        self.copies: dict[int, CopyBuffers] = {}
+        self.kernel: dict[int, KernelSpec] = {}
+        self.rec = IterRecord.empty(len(self.ops))
+        self.phase: tuple[str, int] | None = None
+        """What the host is doing outside the ops (a barrier...), and since when (ns)."""
+        self.host_op: int | None = None
+        """Index of the op the host is issuing right now."""
+        self._plan()
+
+    # ---- planning ----------------------------------------------------------------
+
+    def _plan(self) -> None:
+        setup = self.setup
+        batches: dict[int, list[Op]] = {}
+        for op in self.ops:
+            if op.kind.is_comm:
+                check_supported(op, setup.backend)
+                if op.batch is not None:
+                    batches.setdefault(op.batch, []).append(op)
+                    self.lead_of[op.index] = op.batch
+                else:
+                    self.lead_of[op.index] = op.index
+            elif op.kind is OpKind.COPY:
+                self.copies[op.index] = self.pool.copy(op)
+            elif op.kind is OpKind.COMPUTE:
+                spec = setup.kernels.spec(op)
+                setup.kernels.prepare(op.stream, spec)
+                self.kernel[op.index] = spec
+        for op in self.ops:
+            if not op.kind.is_comm or self.lead_of[op.index] != op.index:
+                continue
+            members = tuple(batches[op.batch]) if op.batch is not None else (op,)
+            groups = {m.group for m in members}
+            if len(groups) > 1:
+                raise ScheduleError(f"a batch mixes groups {sorted(groups)}; batch_isend_irecv takes one group",
+                                    op.loc, rank=self.rank)  # fmt: skip
+            size = len(self.program.group(op.group).ranks)
+            bufs = tuple(self.pool.comm(m, size) for m in members)
+            self.comm[op.index] = make_plan(members, setup.groups[op.group], size, bufs, setup.backend, setup.device)
+
+    def leads(self, indices: tuple[int, ...]) -> list[int]:
+        """The distinct issuing ops behind a handle's op indices."""
+        return sorted({self.lead_of[i] for i in indices})
+
+    def buffers_of(self, op: Op):
+        plan = self.comm[self.lead_of[op.index]]
+        return plan.buffers[plan.ops.index(op)]
+
+    # ---- iterations -----------------------------------------------------------------
+
+    def run_iteration(self) -> IterRecord:
+        self.rec = rec = IterRecord.empty(len(self.ops))
+        self.begin_iteration()
+        self._fill_inputs()
+        self.phase = ("the iteration-start barrier (waiting for the other ranks)", now_ns())
+        dist.barrier(group=self.setup.control)
+        self.phase = None
+        rec.begin_ns = self.anchor()
+        try:
+            for op in self.ops:
+                i = op.index
+                self.host_op = i
+                rec.issue_start[i] = now_ns()
+                self.issue(op)
+                rec.issue_end[i] = now_ns()
+            self.host_op = None
+            self.drain()
+        except Aborted:
+            pass
+        self.raise_failure()
+        self.end_iteration()
+        return rec
+
+    def raise_failure(self) -> None:
+        exc = self.signals.failure
+        if exc is None:
+            return
+        if isinstance(exc, CommdslError):
+            raise exc
+        raise OpFailed(f"{type(exc).__name__}: {exc}")
+
+    def _fill_inputs(self) -> None:
+        checker = self.setup.checker
+        if checker is None:
+            return
+        for op in self.ops:
+            exp = checker.expect.get(op.index)
+            if exp is not None and exp.inp is not None:
+                buf = self.buffers_of(op).inp
+                buf.copy_(exp.inp.view(buf.dtype) if buf.dtype != exp.inp.dtype else exp.inp)
+
+    def verify(self) -> list[str]:
+        checker = self.setup.checker
+        if checker is None:
+            return []
+        failures = []
+        for op in self.ops:
+            if op.kind.is_comm:
+                out = self.buffers_of(op).out
+                if out is not None:
+                    why = checker.verify(op, out)
+                    if why:
+                        failures.append(why)
+        return failures
+
+    def dump_values(self) -> dict:
+        """op id -> input and output values (small tensors), after an iteration."""
+        checker = self.setup.checker
+        out: dict = {}
+        for op in self.ops:
+            if not op.kind.is_comm or op.kind is OpKind.BARRIER:
+                continue
+            exp = checker.expect.get(op.index) if checker else None
+            buf = self.buffers_of(op)
+            entry: dict = {"name": op.name, "kind": op.kind.value}
+            if exp is not None and exp.inp is not None and exp.inp.numel() <= DUMP_MAX_ELEMENTS:
+                entry["in"] = exp.inp.double().tolist()
+            if buf.out is not None and buf.out.numel() <= DUMP_MAX_ELEMENTS:
+                got = buf.out.detach().cpu()
+                if exp is not None and exp.out is not None and got.dtype != exp.out.dtype:
+                    got = got.view(exp.out.dtype)
+                entry["out"] = got.double().tolist()
+            out[op.id] = entry
+        return out
+
+    # ---- what the watchdog prints ----------------------------------------------------------
+
+    def unfinished(self) -> list[tuple[Op, str, int]]:
+        """(op, "running" | "queued", issued at ns) for every issued, unfinished op."""
+        rec = self.rec
+        out = []
+        for op in self.ops:
+            i = op.index
+            if rec.issue_start[i] and not self.finished(i):
+                out.append((op, "running" if self.started(i) else "queued", rec.issue_start[i]))
+        return out
+
+    def started(self, i: int) -> bool:
+        return bool(self.rec.exec_start[i])
+
+    def finished(self, i: int) -> bool:
+        return bool(self.rec.exec_end[i])
+
+    # ---- device-specific ------------------------------------------------------------------
+
+    def begin_iteration(self) -> None:
+        """Fresh per-iteration state (events)."""
+
+    def anchor(self) -> int:
+        """Mark the iteration's start; returns it in host ns."""
+        return now_ns()
+
+    def issue(self, op: Op) -> None:
+        raise NotImplementedError
+
+    def drain(self) -> None:
+        raise NotImplementedError
+
+    def end_iteration(self) -> None:
+        """Read device timestamps into `self.rec`."""
+
+    def host_work(self, op: Op) -> None:
+        rec = self.rec
+        rec.exec_start[op.index] = now_ns()
+        time.sleep((op.duration_us or 0.0) * 1e-6)
+        rec.exec_end[op.index] = now_ns()
+
+
+class CpuExecutor(Executor):
+    """gloo on CPU: streams and comm queues are worker threads (see streams.py)."""
+
+    def __init__(self, setup: RankSetup):
+        super().__init__(setup)
+        self.streams = {name: WorkQueue(f"stream-{name}", self.signals) for name in self.program.streams}
+        self.queues = {gid: WorkQueue(f"comm-{gid}", self.signals) for gid in sorted({self.ops[i].group for i in self.comm})}
+        self.done: dict[int, threading.Event] = {}
+        self.events: dict[int, threading.Event] = {}
+
+    def begin_iteration(self) -> None:
+        self.done = {i: threading.Event() for i in self.comm}
+        self.events = {op.index: threading.Event() for op in self.ops if op.kind is OpKind.RECORD}
+
+    def _timed(self, op: Op, fn):
+        i = op.index
+
+        def task() -> None:
+            rec = self.rec
+            rec.exec_start[i] = now_ns()
+            try:
+                fn()
+            except (Aborted, CommdslError):
+                raise
+            except Exception as e:
+                raise OpFailed(f"{op.kind.value} {op.name} failed on rank {self.rank}: {type(e).__name__}: {e}",
+                               op.loc, rank=self.rank) from e  # fmt: skip
+            rec.exec_end[i] = now_ns()
+
+        return task
+
+    def _wait_all(self, events: list[threading.Event]) -> None:
+        for ev in events:
+            self.signals.wait_event(ev)
+
+    def issue(self, op: Op) -> None:
+        kind = op.kind
+        if kind.is_comm:
+            if self.lead_of[op.index] == op.index:
+                self._issue_comm(self.comm[op.index])
+        elif kind is OpKind.COMPUTE:
+            spec, kernels, stream = self.kernel[op.index], self.setup.kernels, op.stream
+            self.streams[stream].submit(self._timed(op, lambda: kernels.run(stream, spec)))
+        elif kind is OpKind.COPY:
+            bufs = self.copies[op.index]
+            self.streams[op.stream].submit(self._timed(op, lambda: bufs.dst.copy_(bufs.src)))
+        elif kind is OpKind.WAIT:
+            events = [self.done[j] for j in self.leads(op.waits_for)]
+            if op.stream == HOST_STREAM:
+                self._timed(op, lambda: self._wait_all(events))()
+            else:
+                self.streams[op.stream].submit(self._timed(op, lambda: self._wait_all(events)))
+        elif kind is OpKind.RECORD:
+            self.streams[op.stream].submit(self._timed(op, self.events[op.index].set))
+        elif kind is OpKind.WAIT_EVENT:
+            event = self.events[op.waits_for[0]]
+            self.streams[op.stream].submit(self._timed(op, lambda: self.signals.wait_event(event)))
+        elif kind is OpKind.SYNCHRONIZE:
+            if op.stream == HOST_STREAM:  # device-wide: every stream and comm queue
+                targets = [(q, q.position) for q in (*self.streams.values(), *self.queues.values())]
+            else:
+                q = self.streams[op.stream]
+                targets = [(q, q.position)]
+            self._timed(op, lambda: [q.wait_for(t) for q, t in targets])()
+        elif kind is OpKind.HOST:
+            self.host_work(op)
+        else:  # pragma: no cover
+            raise AssertionError(kind)
+
+    def _issue_comm(self, plan: CommPlan) -> None:
+        lead = plan.lead
+        stream = self.streams[lead.stream]
+        ticket = stream.position
+        done = self.done[lead.index]
+        rec_ops = [o.index for o in plan.ops]
+
+        def run() -> None:
+            stream.wait_for(ticket)  # the work queued on the issuing stream before the op
+            rec = self.rec
+            t0 = now_ns()
+            for i in rec_ops:
+                rec.exec_start[i] = t0
+            try:
+                for work in launch(plan):
+                    work.wait()
+            except Exception as e:
+                raise OpFailed(f"{lead.kind.value} {lead.name} failed on rank {self.rank}: {type(e).__name__}: {e}",
+                               lead.loc, rank=self.rank) from e  # fmt: skip
+            t1 = now_ns()
+            for i in rec_ops:
+                rec.exec_end[i] = t1
+            done.set()
+
+        self.queues[lead.group].submit(run)
+        if not lead.is_async:
+            stream.submit(lambda: self.signals.wait_event(done))
+            if lead.transport is Transport.GLOO:  # a blocking gloo call blocks its caller
+                self.signals.wait_event(done)
+
+    def drain(self) -> None:
+        for q in (*self.streams.values(), *self.queues.values()):
+            q.drain()
+
+
+class CudaExecutor(Executor):
+    """NCCL on GPUs: CUDA streams, CUDA events for timing, NCCL's own comm streams.
+
+    NOT YET RUN ON A GPU: this path was written without one (see docs/executor.md).
+
+    Timing: every device op has a start and an end CUDA event recorded around it on
+    its stream. A comm op's start event is recorded on the issuing stream just before
+    the call (the moment the stream's earlier work is done); since NCCL also queues it
+    behind its group's earlier comm ops, its start is max(that, the previous comm op's
+    end in the group). Its end event is recorded on a per-group timing stream made to
+    wait on the Work. Event times are anchored to the host clock once per iteration.
+    """
+
+    def __init__(self, setup: RankSetup):
+        super().__init__(setup)
+        self.streams = {name: torch.cuda.Stream(device=setup.device) for name in self.program.streams}
+        self.timing_streams = {gid: torch.cuda.Stream(device=setup.device) for gid in {self.ops[i].group for i in self.comm}}
+        self.host_wait_stream = torch.cuda.Stream(device=setup.device)
+        self.start_ev = [torch.cuda.Event(enable_timing=True) for _ in self.ops]
+        self.end_ev = [torch.cuda.Event(enable_timing=True) for _ in self.ops]
+        self.user_events = {op.index: torch.cuda.Event() for op in self.ops if op.kind is OpKind.RECORD}
+        self.anchor_ev = torch.cuda.Event(enable_timing=True)
+        self.anchor_ns = 0
+        self.works: dict[int, list] = {}
+        self.prev_in_group: dict[int, int] = {}
+        """Lead comm op -> the previous lead comm op of the same group (for start times)."""
+        last: dict[str, int] = {}
+        for i in sorted(self.comm):
+            g = self.ops[i].group
+            if g in last:
+                self.prev_in_group[i] = last[g]
+            last[g] = i
+        self.device_ops = [op.index for op in self.ops if _on_device(op)]
+
+    def anchor(self) -> int:
+        torch.cuda.synchronize(self.setup.device)
+        before = now_ns()
+        self.anchor_ev.record(torch.cuda.current_stream(self.setup.device))
+        self.anchor_ev.synchronize()
+        after = now_ns()
+        self.anchor_ns = (before + after) // 2  # the event lies in [before, after]
+        return self.anchor_ns
+
+    def issue(self, op: Op) -> None:
+        kind, i = op.kind, op.index
+        if kind.is_comm:
+            if self.lead_of[i] == i:
+                self._issue_comm(self.comm[i])
+            return
+        if kind is OpKind.HOST:
+            self.host_work(op)
+            return
+        if kind is OpKind.SYNCHRONIZE or (kind is OpKind.WAIT and op.stream == HOST_STREAM):
+            self.rec.exec_start[i] = now_ns()
+            if kind is OpKind.SYNCHRONIZE and op.stream == HOST_STREAM:
+                torch.cuda.synchronize(self.setup.device)
+            elif kind is OpKind.SYNCHRONIZE:
+                self.streams[op.stream].synchronize()
+            else:
+                with torch.cuda.stream(self.host_wait_stream):
+                    for j in self.leads(op.waits_for):
+                        for w in self.works[j]:
+                            w.wait()
+                self.host_wait_stream.synchronize()
+            self.rec.exec_end[i] = now_ns()
+            return
+        stream = self.streams[op.stream]
+        with torch.cuda.stream(stream):
+            self.start_ev[i].record(stream)
+            if kind is OpKind.COMPUTE:
+                self.setup.kernels.run(op.stream, self.kernel[i])
+            elif kind is OpKind.COPY:
+                bufs = self.copies[i]
+                bufs.dst.copy_(bufs.src, non_blocking=True)
+            elif kind is OpKind.WAIT:
+                for j in self.leads(op.waits_for):
+                    for w in self.works[j]:
+                        w.wait()  # makes the current stream wait for the NCCL op
+            elif kind is OpKind.RECORD:
+                self.user_events[i].record(stream)
+            elif kind is OpKind.WAIT_EVENT:
+                stream.wait_event(self.user_events[op.waits_for[0]])
+            self.end_ev[i].record(stream)
+
+    def _issue_comm(self, plan: CommPlan) -> None:
+        lead = plan.lead
+        stream = self.streams[lead.stream]
+        with torch.cuda.stream(stream):
+            self.start_ev[lead.index].record(stream)
+            works = launch(plan)  # NCCL waits for `stream`, then runs on its own stream
+        self.works[lead.index] = works
+        timing = self.timing_streams[lead.group]
+        with torch.cuda.stream(timing):
+            for w in works:
+                w.wait()
+            self.end_ev[lead.index].record(timing)
+        if not lead.is_async:
+            with torch.cuda.stream(stream):
+                for w in works:
+                    w.wait()
+
+    def drain(self) -> None:
+        torch.cuda.synchronize(self.setup.device)
+
+    def started(self, i: int) -> bool:
+        if not _on_device(self.ops[i]):
+            return bool(self.rec.exec_start[i])
+        lead = self.lead_of.get(i, i)
+        return self.rec.issue_end[lead] != 0 and self.start_ev[lead].query()
+
+    def finished(self, i: int) -> bool:
+        if not _on_device(self.ops[i]):
+            return bool(self.rec.exec_end[i])
+        lead = self.lead_of.get(i, i)
+        return self.rec.issue_end[lead] != 0 and self.end_ev[lead].query()
+
+    def end_iteration(self) -> None:
+        rec, a = self.rec, self.anchor_ev
+
+        def at(ev: torch.cuda.Event) -> int:
+            return self.anchor_ns + round(a.elapsed_time(ev) * 1e6)
+
+        for i in self.device_ops:
+            lead = self.lead_of.get(i, i)
+            start = at(self.start_ev[lead])
+            if lead in self.prev_in_group:
+                start = max(start, at(self.end_ev[self.prev_in_group[lead]]))
+            rec.exec_start[i], rec.exec_end[i] = start, max(start, at(self.end_ev[lead]))
+
+
+def _on_device(op: Op) -> bool:
+    """Ops timed with CUDA events (the rest are timed on the host)."""
+    if op.kind in (OpKind.HOST, OpKind.SYNCHRONIZE):
+        return False
+    return not (op.kind is OpKind.WAIT and op.stream == HOST_STREAM)

@@ -1,0 +1,180 @@
+"""One rank's run, start to end: load, set up, iterate, gather, write.
+
+    load the schedule (every rank, same Program) -> check the torchrun environment
+    -> store, process groups (control group first, then the schedule's, in order)
+    -> clock alignment, compute calibration, buffers, expected values
+    -> watchdog on -> warm-up + measured iterations -> gather to rank 0
+    -> rank 0 writes the timeline (and --dump-values), prints the summary
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import sys
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from commdsl.errors import CommdslError, UsageError
+from commdsl.ir import OpKind, Program
+from commdsl.run.backend import DistEnv, connect_store, hostname, init_distributed, resolve_backend
+from commdsl.run.check import Checker, CheckError, Fill, load_values
+from commdsl.run.compute import Kernels
+from commdsl.run.config import DurationMode, RunConfig
+from commdsl.run.executor import CpuExecutor, CudaExecutor, Executor, RankSetup
+from commdsl.run.tensors import estimate_bytes
+from commdsl.run.timing import ClockSync, IterRecord, RankResult, build_timeline, measure_clock, now_ns
+from commdsl.run.watchdog import Watchdog
+
+
+def run(config: RunConfig) -> int:
+    from commdsl.dsl import DEFAULT_MAX_OPS, load_schedule
+
+    program = load_schedule(config.schedule, dict(config.params), max_ops=config.max_ops or DEFAULT_MAX_OPS,
+                            validate=config.validate)  # fmt: skip
+    env = DistEnv.from_environ(program.world_size)
+    backend = resolve_backend(config.backend, env)
+    device = torch.device("cuda", env.local_rank) if backend == "nccl" else torch.device("cpu")
+    if config.duration_mode is DurationMode.SLEEP and backend == "nccl":
+        raise UsageError("--duration-mode sleep is for CPU runs; on GPUs compute runs calibrated matmuls")
+    values = load_values(config.values_file) if config.values_file else None
+    filled = config.check or values is not None or config.dump_values is not None
+    _check_memory(program, env, device, per_op=filled)
+
+    store = connect_store(env, config.timeout_s + 60, host=True)
+    groups = init_distributed(env, backend, store, program, pg_timeout_s=config.timeout_s + 120)
+    rank = env.rank
+    prefix = f"commdsl/watchdog/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
+    wd_store = connect_store(env, 30, host=False) if env.launched else store
+    results_holder: dict = {}
+
+    def write_partial(payloads: list[dict]) -> str | None:
+        partial = [_result_from_payload(p) for p in payloads if "record" in p]
+        if not partial:
+            return None
+        meta = dict(results_holder.get("meta", {}), partial=True)
+        tl = build_timeline(program, partial, meta, now=max(p["now_ns"] for p in payloads))
+        tl.write(config.out, streams=program.streams)
+        return config.out
+
+    watchdog = Watchdog(wd_store, rank, env.world_size, config.timeout_s, prefix, write_partial)
+    watchdog.start()
+    watchdog.phase = ("set-up (clock alignment, calibration)", now_ns())
+    hosts: list[str] = [""] * env.world_size
+    dist.all_gather_object(hosts, hostname(), group=groups.control)
+    clock = measure_clock(groups.control, rank, env.world_size, hosts)
+    kernels = Kernels(device, config.duration_mode)
+    needs_cal = any(op.kind is OpKind.COMPUTE and op.duration_us is not None for op in program.ops[rank])
+    cal_us = kernels.calibrate() if needs_cal and config.duration_mode is DurationMode.BUSY else 0.0
+    fill = Fill(values, config.values_file or "")
+    try:
+        checker = Checker(program, rank, fill) if filled else None
+        setup = RankSetup(program, rank, backend, device, groups.by_id, groups.control, config, kernels, checker)
+        executor: Executor = CudaExecutor(setup) if backend == "nccl" else CpuExecutor(setup)
+    except CommdslError as err:
+        watchdog.abort([err.format()], err.exit_code)
+        raise
+    meta = {
+        "params": dict(program.params), "backend": backend, "device": device.type, "torch": torch.__version__,
+        "warmup": config.warmup, "iters": config.iters, "stat": "median", "check": config.check,
+        "duration_mode": config.duration_mode.value, "hosts": hosts,
+    }  # fmt: skip
+    results_holder["meta"] = meta
+    watchdog.partial_payload = lambda: {"rank": rank, "clock": asdict(clock), "record": asdict(executor.rec)}
+    watchdog.executor = executor
+    watchdog.phase = None
+
+    records: list[IterRecord] = []
+    failures: list[str] = []
+    values_dump: dict = {}
+    try:
+        for it in range(config.warmup + config.iters):
+            rec = executor.run_iteration()
+            if it >= config.warmup:
+                records.append(rec)
+            if not failures:
+                failures = executor.verify()
+        if config.dump_values:
+            values_dump = executor.dump_values()
+    except CommdslError as err:
+        watchdog.abort([f"rank {rank}: " + err.format()], err.exit_code)
+
+    watchdog.phase = ("gathering results on rank 0 (waiting for the other ranks)", now_ns())
+    mine = RankResult(rank, clock, records, failures, values_dump, cal_us)
+    gathered: list[RankResult] | None = [None] * env.world_size if rank == 0 else None  # type: ignore[list-item]
+    dist.gather_object(mine, gathered, dst=0, group=groups.control)
+    code = 0
+    if rank == 0:
+        code = _report(program, config, gathered, meta)
+    status = [code]
+    dist.broadcast_object_list(status, src=0, group=groups.control)
+    watchdog.stop()
+    dist.destroy_process_group()
+    if status[0] == 1 and rank == 0:
+        raise CheckError(_check_summary(gathered))
+    return status[0]
+
+
+def _report(program: Program, config: RunConfig, results: list[RankResult], meta: dict) -> int:
+    """Rank 0: write the timeline (and values), print the summary; 1 if a check failed."""
+    meta["clock"] = {str(r.rank): asdict(r.clock) for r in results}
+    meta["calibration_us_per_matmul"] = {str(r.rank): round(r.calibration_us, 3) for r in results}
+    tl = build_timeline(program, results, meta)
+    out = Path(config.out)
+    tl.write(out, streams=program.streams)
+    if config.dump_values:
+        merged = {}
+        for r in results:
+            merged.update(r.values)
+        Path(config.dump_values).write_text(json.dumps(merged, indent=1, sort_keys=True) + "\n")
+    failures = [f for r in results for f in r.check_failures]
+    if not config.quiet:
+        spans = tl.meta["iteration_makespans_us"]
+        med = statistics.median(spans) / 1e3
+        bounds = [r.clock.bound_ns for r in results]
+        self_check = max(abs(r.clock.measured_offset_ns) for r in results) / 1e3
+        lines = [
+            f"{program.name}: {program.world_size} rank(s), {meta['backend']} ({meta['device']}), "
+            f"{config.warmup} warm-up + {config.iters} measured iteration(s)",
+            f"makespan: median {med:.3f} ms (min {min(spans) / 1e3:.3f}, max {max(spans) / 1e3:.3f}) over {len(spans)} iteration(s)",
+            f"clock alignment: error bound {max(bounds) / 1e3:.1f} us (ping-pong self-check: |offset| {self_check:.1f} us)",
+        ]  # fmt: skip
+        if config.check:
+            n = sum(1 for op in program.all_ops() if op.kind.is_comm)
+            lines.append(f"check: {n} communication results on {len(results)} rank(s): "
+                         + ("all correct" if not failures else f"{len(failures)} wrong"))  # fmt: skip
+        lines.append(f"measured timeline: {out} ({len(tl.exec_spans())} ops); open it in Perfetto or `commdsl compare`")
+        print("\n".join(lines), flush=True)
+    return 1 if failures else 0
+
+
+def _check_summary(results: list[RankResult]) -> str:
+    failures = [f for r in results for f in r.check_failures]
+    shown = "\n  ".join(failures[:20])
+    more = f"\n  ... and {len(failures) - 20} more" if len(failures) > 20 else ""
+    return f"{len(failures)} communication result(s) differ from their semantics:\n  {shown}{more}"
+
+
+def _result_from_payload(p: dict) -> RankResult:
+    rec = IterRecord(**p["record"])
+    return RankResult(p["rank"], ClockSync(**p["clock"]), [rec])
+
+
+def _check_memory(program: Program, env: DistEnv, device: torch.device, *, per_op: bool) -> None:
+    need = estimate_bytes(program, env.rank, per_op)
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        limit, where = int(free * 0.8), "of free GPU memory"
+    else:
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        limit, where = total // (2 * max(env.local_world_size, 1)), "of this rank's share of host memory"
+    if need > limit:
+        raise UsageError(
+            f"rank {env.rank} would allocate {need / 2**30:.2f} GiB of buffers, more than {limit / 2**30:.2f} GiB "
+            f"{where}",
+            hint="use smaller params (e.g. -p act=1MiB) for CPU runs",
+        )

@@ -1,0 +1,166 @@
+"""Clocks, per-iteration records, and the measured timeline.
+
+Clock. Every timestamp is `time.monotonic_ns()` (CLOCK_MONOTONIC): one clock shared by
+every process of a machine, so ranks on rank 0's host need no correction at all
+(bound 0). Ranks on other hosts are aligned to rank 0 by ping-pong over the control
+group: the rank sends its time t1, rank 0 answers with its time t2, the rank reads t3;
+offset = t2 - (t1 + t3) / 2, wrong by at most half the round trip (t3 - t1) / 2. We
+keep the round with the shortest round trip and report that bound per rank. The
+ping-pong also runs between ranks of one host, where the true offset is 0, as a
+self-check (`meta.clock`). On CUDA, device times come from CUDA events, anchored to the
+host clock once per iteration (`executor.CudaExecutor`).
+
+Statistics. Each measured iteration starts at a common origin (the earliest rank's
+start). A span's start and end are the medians over iterations of the op's start and
+end relative to that origin. Medians keep every ordering that holds in every
+iteration (same-stream ops do not overlap, a recv ends after its send starts, ...),
+because order statistics are monotone.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+
+from commdsl.ir import HOST_STREAM, Op, OpKind, Program
+from commdsl.run.check import match_p2p
+from commdsl.timeline import COMM_TRACK_PREFIX, Flow, Span, SpanRole, Timeline, comm_span_args, nccl_kernel_name, op_span_args
+
+now_ns = time.monotonic_ns
+
+
+@dataclass
+class IterRecord:
+    """Timestamps (ns, this rank's clock; 0 = not yet) of one iteration's ops."""
+
+    begin_ns: int
+    issue_start: list[int]
+    issue_end: list[int]
+    exec_start: list[int]
+    exec_end: list[int]
+
+    @classmethod
+    def empty(cls, num_ops: int) -> IterRecord:
+        return cls(0, [0] * num_ops, [0] * num_ops, [0] * num_ops, [0] * num_ops)
+
+
+@dataclass(frozen=True)
+class ClockSync:
+    """How this rank's clock maps to rank 0's."""
+
+    host: str
+    applied_offset_ns: int
+    """Added to this rank's timestamps: 0 on rank 0's host, else the measured offset."""
+    bound_ns: int
+    """Bound on the alignment error of `applied_offset_ns`."""
+    measured_offset_ns: int
+    measured_rtt_ns: int
+
+
+def measure_clock(control: dist.ProcessGroup, rank: int, world_size: int, hosts: list[str], rounds: int = 16) -> ClockSync:
+    """Ping-pong with rank 0, one rank after another; returns this rank's alignment."""
+    buf = torch.zeros(1, dtype=torch.int64)
+    best_rtt, best_offset = 0, 0
+    if rank == 0:
+        for peer in range(1, world_size):
+            for _ in range(rounds):
+                dist.recv(buf, src=peer, group=control)
+                buf[0] = now_ns()
+                dist.send(buf, dst=peer, group=control)
+    else:
+        best_rtt = None
+        for _ in range(rounds):
+            t1 = now_ns()
+            buf[0] = t1
+            dist.send(buf, dst=0, group=control)
+            dist.recv(buf, src=0, group=control)
+            t3 = now_ns()
+            rtt = t3 - t1
+            if best_rtt is None or rtt < best_rtt:
+                best_rtt, best_offset = rtt, int(buf[0].item()) - (t1 + t3) // 2
+    same_host = hosts[rank] == hosts[0]
+    if same_host:
+        return ClockSync(hosts[rank], 0, 0, best_offset, best_rtt)
+    return ClockSync(hosts[rank], best_offset, best_rtt // 2, best_offset, best_rtt)
+
+
+@dataclass
+class RankResult:
+    """What one rank sends to rank 0 at the end."""
+
+    rank: int
+    clock: ClockSync
+    records: list[IterRecord]
+    """Measured iterations only."""
+    check_failures: list[str] = field(default_factory=list)
+    values: dict = field(default_factory=dict)
+    """op id -> {"in": [...], "out": [...]} for --dump-values."""
+    calibration_us: float = 0.0
+
+
+def exec_track(op: Op) -> str:
+    """The track an op's EXEC span sits on."""
+    if op.kind.is_comm:
+        return COMM_TRACK_PREFIX + op.group
+    if op.kind in (OpKind.HOST, OpKind.SYNCHRONIZE) or op.stream == HOST_STREAM:
+        return HOST_STREAM
+    return op.stream
+
+
+def _median(xs: list[float]) -> float:
+    return statistics.median(xs)
+
+
+def build_timeline(program: Program, results: list[RankResult], meta: dict, *, now: int | None = None) -> Timeline:
+    """Merge the ranks' records into one measured Timeline (rank 0).
+
+    With `now` (a partial timeline after a hang), unfinished ops that started end at
+    `now` and are marked `state: running`; ops never started get no EXEC span."""
+    tl = Timeline("measured", program.name, program.world_size, meta=meta)
+    by_rank = {r.rank: r for r in results}
+    iters = max((len(r.records) for r in results), default=0)
+    origins = []
+    for i in range(iters):
+        begins = [r.records[i].begin_ns + r.clock.applied_offset_ns for r in results if i < len(r.records)]
+        origins.append(min(begins))
+    iter_makespans = []
+    for i in range(iters):
+        ends = [max(rec.exec_end + rec.issue_end) + r.clock.applied_offset_ns
+                for r in results if i < len(r.records) for rec in [r.records[i]]]  # fmt: skip
+        iter_makespans.append((max(ends) - origins[i]) / 1e3 if ends else 0.0)
+    tl.meta["iteration_makespans_us"] = [round(x, 3) for x in iter_makespans]
+
+    for rank in sorted(by_rank):
+        res = by_rank[rank]
+        off = res.clock.applied_offset_ns
+        for op in program.ops[rank]:
+            i = op.index
+            recs = [(rec, origins[k]) for k, rec in enumerate(res.records)]
+            track = exec_track(op)
+            group_size = len(program.group(op.group).ranks) if op.group else 0
+            if op.kind.is_comm:
+                name, args = nccl_kernel_name(op), comm_span_args(op, group_size)
+            else:
+                name, args = op.name, op_span_args(op)
+            started = [(rec.exec_start[i], rec.exec_end[i], o) for rec, o in recs if rec.exec_start[i]]
+            if started:
+                state = ()
+                if now is not None and any(e == 0 for _, e, _ in started):
+                    state = (("state", "running"),)
+                s = _median([(st + off - o) / 1e3 for st, _, o in started])
+                e = _median([((en or now or st) + off - o) / 1e3 for st, en, o in started])
+                tl.spans.append(Span(op.id, rank, track, SpanRole.EXEC, op.kind.value, name, s, max(s, e), args + state))
+            if track != HOST_STREAM:
+                issued = [(rec.issue_start[i], rec.issue_end[i], o) for rec, o in recs if rec.issue_start[i]]
+                if issued:
+                    s = _median([(st + off - o) / 1e3 for st, _, o in issued])
+                    e = _median([((en or now or st) + off - o) / 1e3 for st, en, o in issued])
+                    tl.spans.append(Span(op.id, rank, HOST_STREAM, SpanRole.ISSUE, op.kind.value, op.name, s, max(s, e),
+                                         (("name", op.name), ("source", f"{op.loc.file}:{op.loc.line}"))))  # fmt: skip
+    for recv_id, send in sorted(match_p2p(program).items()):
+        tl.flows.append(Flow(send.id, recv_id))
+    return tl
