@@ -8,7 +8,7 @@ from commdsl.errors import UsageError
 from commdsl.ir import HOST_STREAM, CopyDir, Op, OpKind, Program, Transport
 from commdsl.machine.model import Machine
 from commdsl.sim.deadlock import deadlock_error
-from commdsl.sim.engine import DONE, Engine, RawResult
+from commdsl.sim.engine import Engine, RawResult
 from commdsl.sim.network import NETWORKS
 from commdsl.timeline import COMM_TRACK_PREFIX, Flow, Span, SpanRole, Timeline, comm_span_args, nccl_kernel_name, op_span_args
 
@@ -115,7 +115,14 @@ def build_timeline(program: Program, machine: Machine, raw: RawResult, network_m
     for g, op in enumerate(raw.ops):
         if op.kind is OpKind.SEND and partner[g] >= 0:
             tl.flows.append(Flow(op_id_of(raw, g), op_id_of(raw, partner[g]), "p2p"))
-    tl.tracks = tl.order_tracks(program.streams)
+    # Every rank shows its host, every declared stream (even if idle) and its comm queues.
+    comm_tracks: dict[int, set[str]] = {}
+    for op in raw.ops:
+        if op.kind.is_comm:
+            comm_tracks.setdefault(op.rank, set()).add(COMM_TRACK_PREFIX + op.group)
+    tl.tracks = {
+        r: [HOST_STREAM, *program.streams, *sorted(comm_tracks.get(r, ()))] for r in range(program.world_size) if program.ops[r]
+    }
     return tl
 
 
@@ -144,6 +151,3 @@ def _issue_name(op: Op) -> str:
         return "cudaEventRecord"
     return "cudaStreamWaitEvent"
 
-
-def is_done(raw: RawResult, g: int) -> bool:
-    return raw.state[g] == DONE
