@@ -45,6 +45,9 @@ def summarize(program: Program) -> dict:
 
 def run(args: argparse.Namespace) -> int:
     program = load_from_args(args)
+    from commdsl.sim import check_deadlock  # deadlock and ordering check by simulation (exit code 3)
+
+    check_deadlock(program)
     summary = summarize(program)
     if args.json:
         print(json.dumps(summary, indent=2))

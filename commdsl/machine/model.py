@@ -112,3 +112,22 @@ def _link_json(link: LinkSpec) -> dict:
     # JSON has no infinity: a free link is written as the string "inf".
     bw = link.bandwidth_gb_per_s
     return {"latency_us": link.latency_us, "bandwidth_gb_per_s": bw if bw != float("inf") else "inf"}
+
+
+def timeless_machine() -> Machine:
+    """A machine on which every op takes no time: for checks whose verdict does not
+    depend on durations (deadlock: every blocking relation is an ordering)."""
+    free = LinkSpec(latency_us=0.0, bandwidth_gb_per_s=float("inf"))
+    inf = float("inf")
+    return Machine(
+        name="timeless",
+        doc="every op takes no time",
+        source="<builtin>",
+        num_devices=1 << 30,
+        device=DeviceSpec("timeless", tuple((d, inf) for d in Dtype), inf, 1),
+        kernel_launch_us=0.0,
+        comm_launch_us=0.0,
+        host_link=free,
+        transports=tuple((t, free) for t in Transport),
+        chunk_bytes=1 << 62,
+    )

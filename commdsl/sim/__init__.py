@@ -6,6 +6,6 @@
 """
 
 from commdsl.sim.network import NETWORKS, AnalyticNetwork, Network, Transfer
-from commdsl.sim.simulate import SimResult, simulate
+from commdsl.sim.simulate import SimResult, check_deadlock, simulate
 
-__all__ = ["NETWORKS", "AnalyticNetwork", "Network", "SimResult", "Transfer", "simulate"]
+__all__ = ["NETWORKS", "AnalyticNetwork", "Network", "SimResult", "Transfer", "check_deadlock", "simulate"]

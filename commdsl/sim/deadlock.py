@@ -78,9 +78,10 @@ class _Reporter:
         p = e.partner[g]
         other = "recv" if op.kind is OpKind.SEND else "send"
         if p < 0:
+            direction = "to" if other == "send" else "from"
             return (
-                f"waits for rank {op.peer} to post the matching {other}, but rank {op.peer} never issues it "
-                f"(no unmatched {other} {'to' if other == 'send' else 'from'} rank {op.rank} on group {op.group})",
+                f"waits for rank {op.peer} to post the matching {other}, but rank {op.peer} never issues "
+                f"a matching {other} {direction} rank {op.rank} (group {op.group})",
                 f"add the {other} on rank {op.peer}, or remove this {op.kind.value}",
             )
         po = self.op(p)
@@ -96,7 +97,7 @@ class _Reporter:
                 if ho.kind is op.kind and ho.peer == op.rank and e.state[h] == ACTIVE:
                     verb = "sending to" if op.kind is OpKind.SEND else "receiving from"
                     return (
-                        reason + f". Ranks {op.rank} and {po.rank} are both blocked {verb} each other (head to head)",
+                        reason + f". Ranks {min(op.rank, po.rank)} and {max(op.rank, po.rank)} are both blocked {verb} each other (head to head)",
                         "issue the send and the recv of each rank as one batch (`batch:` with isend/irecv), "
                         "or order them send-then-recv on one rank and recv-then-send on the other",
                     )
@@ -175,7 +176,8 @@ def deadlock_error(engine: Engine) -> DeadlockError:
             stuck.append(rank)
         else:
             finished.append(rank)
-    lines = [f"no op can progress at t={engine.env.now:.3f}us and {len(stuck)} of {len(engine.hosts)} ranks have ops left"]
+    when = f" after {engine.env.now:.3f} us" if engine.env.now > 0 else ""
+    lines = [f"no op can progress{when} and {len(stuck)} of {len(engine.hosts)} ranks have ops left"]
     primaries: list[tuple[int, SourceLoc]] = []
     hint = None
     for rank in stuck:

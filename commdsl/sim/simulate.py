@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 from commdsl.errors import UsageError
 from commdsl.ir import HOST_STREAM, CopyDir, Op, OpKind, Program, Transport
-from commdsl.machine.model import Machine
+from commdsl.machine.model import Machine, timeless_machine
 from commdsl.sim.deadlock import deadlock_error
 from commdsl.sim.engine import Engine, RawResult
 from commdsl.sim.network import NETWORKS
@@ -60,6 +60,13 @@ def simulate(program: Program, machine: Machine, network: str = "analytic", *, t
         makespan = max(makespan, max(raw.issue_end))
     tl = build_timeline(program, machine, raw, engine.network.meta()) if timeline else None
     return SimResult(program, machine, network, raw, tl, critical_path(raw), makespan, warnings)
+
+
+def check_deadlock(program: Program) -> None:
+    """Raise `DeadlockError` if `program` cannot finish. Whether it finishes does not
+    depend on durations, so this simulates on a timeless machine: fast, and independent
+    of machine rates (a missing rate cannot fail a check)."""
+    simulate(program, timeless_machine(), timeline=False)
 
 
 def critical_path(raw: RawResult) -> list[int]:

@@ -1,0 +1,113 @@
+"""Machine descriptions: presets, validation errors with file:line:col, --machine."""
+
+from __future__ import annotations
+
+import pytest
+
+from commdsl.cli import main
+from commdsl.errors import MachineError, UsageError
+from commdsl.ir import Dtype, Transport
+from commdsl.machine import DEFAULT_MACHINE, load_machine_text, preset_names, resolve_machine
+
+GOOD = """\
+name: tiny
+devices: 2
+device:
+  name: test
+  peak_tflops: {fp32: 10, bf16: 20}
+  memory_bandwidth_gb_per_s: 100
+  sm_count: 8
+kernel_launch_us: 4
+comm_launch_us: 10
+host_link: {latency_us: 1, bandwidth_gb_per_s: 25}
+transports:
+  nccl: {latency_us: 5, bandwidth_gb_per_s: 200}
+"""
+
+
+def test_presets_load_and_cover_what_the_issue_asks():
+    assert {"h100-nvlink", "a100-nvlink", "cpu-loopback"} <= set(preset_names())
+    assert DEFAULT_MACHINE == "h100-nvlink"
+    h100 = resolve_machine("h100-nvlink")
+    assert h100.num_devices == 8 and h100.device.sm_count == 132
+    assert h100.device.tflops(Dtype.BF16) == 989
+    assert h100.transport(Transport.NCCL).bandwidth_gb_per_s > 0
+    cpu = resolve_machine("cpu-loopback")
+    assert cpu.transport(Transport.GLOO) is not None and cpu.transport(Transport.NCCL) is None
+
+
+def test_good_file_loads_with_every_field():
+    m = load_machine_text(GOOD, "tiny.yaml")
+    assert m.name == "tiny" and m.kernel_launch_us == 4 and m.comm_launch_us == 10
+    assert m.device.tflops(Dtype.FP32) == 10 and m.device.tflops(Dtype.FP64) is None
+    assert m.host_link.transfer_us(25e3) == pytest.approx(2.0)  # 1 us + 25 KB at 25 GB/s
+    assert m.chunk_bytes == 512 * 1024
+
+
+def test_zero_overheads_and_infinite_bandwidth_are_allowed():
+    m = load_machine_text(GOOD.replace("kernel_launch_us: 4", "kernel_launch_us: 0").replace("bandwidth_gb_per_s: 200", "bandwidth_gb_per_s: .inf"), "m.yaml")
+    assert m.kernel_launch_us == 0
+    assert m.transport(Transport.NCCL).transfer_us(1e12) == 5.0
+
+
+@pytest.mark.parametrize(
+    "old,new,message,line,col",
+    [
+        ("bandwidth_gb_per_s: 200", "bandwidth_gb_per_s: -3", "transports.nccl.bandwidth_gb_per_s must be greater than 0, got -3", 12, 45),
+        ("sm_count: 8", "sm_count: 8.5", "device.sm_count must be a whole number, got 8.5", 7, 13),
+        ("fp32: 10", "fp33: 10", "unknown dtype 'fp33'", 5, 17),
+        ("nccl:", "nvlink:", "unknown transport 'nvlink' (known: nccl, gloo, memcpy)", 12, 3),
+        ("comm_launch_us: 10", "comm_launch_usec: 10", "unknown key 'comm_launch_usec'", 9, 1),
+        ("kernel_launch_us: 4", "kernel_launch_us: 4e0", "kernel_launch_us must be a number, got '4e0'", 8, 19),
+        ("{latency_us: 1, bandwidth_gb_per_s: 25}", "{latency_us: 1}", "host_link is missing 'bandwidth_gb_per_s'", 10, 12),
+        ("memory_bandwidth_gb_per_s: 100", "memory_bandwidth_gb_per_s: .nan", "must be a finite number or .inf, got .nan", 6, 30),
+    ],
+)
+def test_validation_errors_name_file_line_col_and_value(old, new, message, line, col):
+    assert old in GOOD
+    with pytest.raises(MachineError) as info:
+        load_machine_text(GOOD.replace(old, new, 1), "tiny.yaml")
+    err = info.value
+    assert message in err.message
+    assert (err.loc.file, err.loc.line, err.loc.column) == ("tiny.yaml", line, col)
+    assert new.split(":")[0].strip("{ ") in err.format()  # the offending line is shown
+
+
+def test_missing_top_level_key_lists_what_is_needed():
+    with pytest.raises(MachineError, match="the machine is missing 'transports'"):
+        load_machine_text(GOOD.split("transports:")[0], "tiny.yaml")
+
+
+def test_string_that_looks_like_a_number_gets_a_hint():
+    with pytest.raises(MachineError) as info:
+        load_machine_text(GOOD.replace("sm_count: 8", "sm_count: 8").replace("comm_launch_us: 10", "comm_launch_us: 1e1"), "t.yaml")
+    assert "1.0e+12" in info.value.hint
+
+
+def test_invalid_yaml_and_empty_file():
+    with pytest.raises(MachineError, match="invalid YAML"):
+        load_machine_text("devices: [1,\n", "bad.yaml")
+    with pytest.raises(MachineError, match="empty"):
+        load_machine_text("", "empty.yaml")
+
+
+def test_unknown_preset_is_a_usage_error_listing_presets(tmp_path):
+    with pytest.raises(UsageError, match="no such machine file or preset: h200-fantasy") as info:
+        resolve_machine("h200-fantasy")
+    assert "h100-nvlink" in info.value.hint
+    path = tmp_path / "mine.yaml"
+    path.write_text(GOOD)
+    assert resolve_machine(str(path)).name == "tiny"
+
+
+def test_cli_machine_flag(tmp_path, capsys):
+    assert main(["simulate", "1f1b", "--machine", "nope"]) == 2
+    assert "no such machine file or preset: nope" in capsys.readouterr().err
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(GOOD.replace("sm_count: 8", "sm_count: -1"))
+    assert main(["simulate", "1f1b", "--machine", str(bad)]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("machine error: device.sm_count must be at least 1, got -1")
+    assert f"{bad}:7:13" in err
+    assert main(["simulate", "1f1b", "--machine", "a100-nvlink", "--json"]) == 0
+    assert '"machine": "a100-nvlink"' in capsys.readouterr().out
