@@ -1,0 +1,172 @@
+"""The executor under real torchrun on gloo: semantics, values, errors."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from commdsl.run.check import Checker, Fill
+from commdsl.timeline import Timeline
+
+try:
+    from test_run_support import DATA, REPO, assert_semantics, load, torchrun
+except ImportError:  # tests/ imported as a package
+    from tests.test_run_support import DATA, REPO, assert_semantics, load, torchrun
+
+FAST = ["--warmup", "0", "--iters", "1"]
+
+
+def test_seed002_collectives_produce_the_documents_values(tmp_path):
+    """broadcast, reduce, all_reduce, gather, all_gather, scatter, reduce_scatter on 3
+    ranks with seed 002's inputs give the outputs the document prints."""
+    out, values = tmp_path / "m.json", tmp_path / "values.json"
+    run = torchrun(3, [str(DATA / "seed002_collectives.yaml"), "--values", str(DATA / "seed002_values.yaml"),
+                       "--check", "--dump-values", str(values), "--out", str(out), *FAST])  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    assert "all correct" in run.stdout
+    got = json.loads(values.read_text())
+
+    def out_of(rank: int, index: int) -> list[float]:
+        return got[f"{rank}:{index}"]["out"]
+
+    for r in range(3):
+        assert out_of(r, 0) == [1, 2, 3, 4, 5]  # broadcast from rank 0
+        assert out_of(r, 2) == [6] * 5  # all_reduce of [rank + 1] * 5
+        assert out_of(r, 4) == [1] * 5 + [2] * 5 + [3] * 5  # all_gather
+        assert out_of(r, 5) == [r + 1] * 5  # scatter from rank 0
+    assert out_of(0, 1) == [6] * 5  # reduce to rank 0 (gloo uses the others' buffers as scratch)
+    assert out_of(0, 3) == [1] * 5 + [2] * 5 + [3] * 5  # gather to rank 0
+    assert "out" not in got["1:3"] and "out" not in got["2:3"]  # gather: only the root has an output
+    assert [out_of(r, 6) for r in range(3)] == [[6, 12], [14, 56], [36, 288]]  # reduce_scatter
+    program = load(DATA / "seed002_collectives.yaml")
+    assert_semantics(program, Timeline.read(out))
+
+
+def test_streams_events_and_waits_follow_the_semantics(tmp_path):
+    out = tmp_path / "m.json"
+    run = torchrun(2, [str(DATA / "streams_events.yaml"), "--check", "--duration-mode", "sleep", "--out", str(out), *FAST])
+    assert run.returncode == 0, run.stderr
+    program = load(DATA / "streams_events.yaml")
+    tl = Timeline.read(out)
+    assert_semantics(program, tl)
+    spans = tl.exec_spans()
+    for rank in range(2):
+        ops = {op.name: op for op in program.ops[rank]}
+
+        def span(name: str):
+            return spans[ops[name].id]
+
+        a, b, g, c = span("A"), span("B"), span("g"), span("C")
+        assert a.track == "compute" and b.track == "comm" and g.track == "comm:world"
+        assert a.start_us < b.end_us and b.start_us < a.end_us, "ops on two streams must overlap"
+        assert span("a_done").end_us >= a.end_us - 1  # record runs after A on its stream
+        wait_ev = spans[next(op.id for op in program.ops[rank] if op.kind.value == "wait_event")]
+        assert wait_ev.track == "comm" and wait_ev.end_us >= span("a_done").end_us - 1
+        assert g.start_us >= wait_ev.end_us - 1 and g.start_us >= b.end_us - 1  # comm waits for its stream
+        assert c.start_us < g.end_us or c.start_us >= a.end_us  # C is not held back by the async all_reduce
+        assert span("h").end_us >= g.end_us - 1  # `wait h` holds the compute stream until g is done
+        assert span("D").start_us >= g.end_us - 1
+        host = span("H")
+        assert host.track == "host" and host.duration_us >= 2000 * 0.9
+        p2p = spans[ops["x"].id]
+        host_wait = spans[next(op.id for op in program.ops[rank] if op.kind.value == "wait" and op.stream == "host")]
+        assert host_wait.track == "host" and host_wait.end_us >= p2p.end_us - 1
+        sync_all = spans[program.ops[rank][-1].id]
+        assert sync_all.track == "host"
+        assert all(sync_all.end_us >= s.end_us - 1 for s in spans.values() if s.rank == rank and s.op_id != sync_all.op_id)
+
+
+def test_1f1b_runs_checks_and_writes_a_trace_with_the_simulators_ids(tmp_path):
+    out = tmp_path / "m.json"
+    params = ["-p", "stages=2", "-p", "microbatches=3", "-p", "act=64KiB", "-p", "t_fwd=1ms", "-p", "t_bwd=2ms"]
+    run = torchrun(2, ["1f1b", *params, "--check", "--out", str(out), "--warmup", "1", "--iters", "3"])
+    assert run.returncode == 0, run.stderr
+    assert "check: 12 communication results on 2 rank(s): all correct" in run.stdout
+    program = load("1f1b", {"stages": "2", "microbatches": "3", "act": "64KiB", "t_fwd": "1ms", "t_bwd": "2ms"})
+    data = json.loads(out.read_text())
+    meta = data["otherData"]["commdsl"]
+    assert meta["source"] == "measured" and meta["world_size"] == 2 and meta["meta"]["iters"] == 3
+    assert len(meta["meta"]["iteration_makespans_us"]) == 3
+    tl = Timeline.read(out)
+    assert_semantics(program, tl)
+    names = {s.name for s in tl.spans}
+    assert "ncclDevKernel_SendRecv" in names and "F[0]" in names
+    assert {f.dst_op for f in tl.flows} == {op.id for op in program.all_ops() if op.kind.value == "recv"}
+    # Explicit-duration compute is calibrated real work: a 2 ms backward takes milliseconds.
+    b0 = next(s for s in tl.exec_spans().values() if s.name == "B[0]")
+    assert 1000 < b0.duration_us < 20000
+
+
+def test_world_size_mismatch_is_a_clear_error(tmp_path):
+    run = torchrun(2, [str(DATA / "seed002_collectives.yaml"), "--out", str(tmp_path / "m.json"), *FAST], timeout_s=60)
+    assert run.returncode != 0
+    assert "the schedule has 3 ranks but torchrun started 2 processes" in run.stderr
+    # torchrun prints its own traceback of the failed launch; none comes from commdsl.
+    assert not [ln for ln in run.stderr.splitlines() if ln.strip().startswith("File") and "commdsl" in ln]
+
+
+def _python_m(args: list[str]) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "commdsl.run", *args], cwd=REPO, capture_output=True, text=True, timeout=60)
+
+
+def test_without_torchrun_a_multi_rank_schedule_asks_for_torchrun():
+    r = _python_m([str(DATA / "seed002_collectives.yaml")])
+    assert r.returncode == 2
+    assert "needs 3 ranks" in r.stderr and "torchrun --nproc_per_node=3" in r.stderr
+    assert "Traceback" not in r.stderr
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["no_such_schedule_xyz"], "no such schedule file"),
+        (["1f1b", "--iters", "0"], "--iters must be >= 1"),
+        (["1f1b", "-p", "nope=1"], "no param 'nope'"),
+        (["1f1b", "--timeout", "-1"], "--timeout must be > 0"),
+    ],
+)
+def test_usage_errors_exit_2_without_traceback(args, message):
+    r = _python_m(args)
+    assert r.returncode == 2, r.stderr
+    assert message in r.stderr and "Traceback" not in r.stderr
+
+
+def test_schedule_errors_exit_1():
+    r = _python_m([str(DATA / "seed000_hang.yaml")])  # fails the static matching check
+    assert r.returncode == 1
+    assert "schedule error" in r.stderr and "seed000_hang.yaml:9" in r.stderr
+
+
+def test_a_one_rank_schedule_runs_without_torchrun(tmp_path):
+    sched = tmp_path / "one.yaml"
+    sched.write_text("name: one\nworld: 1\nstreams: [a, b]\nprogram: |\n  compute X 1ms\n  compute Y 1ms on b\n"
+                     "  all_reduce g 4KiB\n  synchronize\n")  # fmt: skip
+    out = tmp_path / "m.json"
+    r = _python_m([str(sched), "--out", str(out), "--check", *FAST])
+    assert r.returncode == 0, r.stderr
+    tl = Timeline.read(out)
+    assert {s.track for s in tl.exec_spans().values()} == {"a", "b", "comm:world", "host"}
+
+
+def test_check_names_the_op_and_ranks_of_a_wrong_result():
+    """The verification itself (a real run never produces a wrong value on purpose)."""
+    program = load(DATA / "seed002_collectives.yaml")
+    checker = Checker(program, 1, Fill())
+    all_reduce = program.ops[1][2]
+    right = checker.expect[all_reduce.index].out
+    assert checker.verify(all_reduce, right.clone()) is None
+    wrong = right.clone()
+    wrong[3] += 1
+    why = checker.verify(all_reduce, wrong)
+    assert why is not None
+    assert "op 1:2 all_reduce ar" in why and "ranks [0, 1, 2]" in why and "element 3" in why
+    assert "seed002_collectives.yaml:" in why
+    recv_program = load(DATA / "head_to_head.yaml")
+    recv = recv_program.ops[0][0]
+    recv_checker = Checker(recv_program, 0, Fill())
+    why = recv_checker.verify(recv, torch.zeros(1024))
+    assert why is not None and "from rank 1" in why and "rank 1 op 1:1" in why

@@ -1,0 +1,122 @@
+"""Helpers for the executor tests (no tests here): launch real torchrun, read timelines,
+and check a measured timeline against the execution semantics of DESIGN.md."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from commdsl.dsl import load_schedule
+from commdsl.ir import COLLECTIVE_KINDS, HOST_STREAM, OpKind, Program
+from commdsl.timeline import COMM_TRACK_PREFIX, SpanRole, Timeline
+
+DATA = Path(__file__).parent / "data"
+REPO = Path(__file__).parent.parent
+SLACK_US = 1.0
+"""Timestamps are written rounded to the nanosecond; orderings allow this much."""
+
+
+@dataclass
+class Launch:
+    returncode: int
+    stdout: str
+    stderr: str
+    elapsed_s: float
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def torchrun(nproc: int, args: list[str], *, timeout_s: float = 120, cwd: Path | None = None) -> Launch:
+    """`torchrun --nproc_per_node=N -m commdsl.run ARGS` in its own process group,
+    killed as a whole on timeout so no worker outlives the test."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}", "--master_addr=127.0.0.1",
+           f"--master_port={free_port()}", "-m", "commdsl.run", *args]  # fmt: skip
+    env = dict(os.environ, PYTHONWARNINGS="ignore")
+    start = time.monotonic()
+    proc = subprocess.Popen(cmd, cwd=cwd or REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True, env=env)  # fmt: skip
+    try:
+        out, err = proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        pytest.fail(f"torchrun did not finish within {timeout_s}s:\n{out}\n{err}")
+    return Launch(proc.returncode, out, err, time.monotonic() - start)
+
+
+def processes_mentioning(marker: str) -> list[int]:
+    """PIDs whose command line contains `marker` (to find orphans)."""
+    pids = []
+    for p in Path("/proc").iterdir():
+        if p.name.isdigit():
+            try:
+                if marker in (p / "cmdline").read_bytes().decode(errors="replace"):
+                    pids.append(int(p.name))
+            except OSError:
+                pass
+    return pids
+
+
+def assert_semantics(program: Program, tl: Timeline) -> None:
+    """The measured timeline has one EXEC span per op and respects the semantics."""
+    spans = tl.exec_spans()
+    expected_ids = {op.id for op in program.all_ops()}
+    assert set(spans) == expected_ids, f"missing {sorted(expected_ids - set(spans))[:5]}, extra {sorted(set(spans) - expected_ids)[:5]}"
+    assert sum(1 for s in tl.spans if s.role is SpanRole.EXEC) == len(expected_ids), "more than one EXEC span per op"
+    for s in spans.values():
+        assert s.end_us >= s.start_us
+
+    # Same-stream ops run one after another, in program order, never overlapping.
+    for rank_ops in program.ops:
+        by_stream: dict[str, list] = {}
+        for op in rank_ops:
+            track = spans[op.id].track
+            if track != HOST_STREAM and not track.startswith(COMM_TRACK_PREFIX):
+                assert track == op.stream
+                by_stream.setdefault(track, []).append(spans[op.id])
+        for stream, seq in by_stream.items():
+            for a, b in zip(seq, seq[1:]):
+                assert b.start_us >= a.end_us - SLACK_US, f"{a.op_id} and {b.op_id} overlap on stream {stream}"
+
+    # A recv ends after its send starts.
+    for op in program.all_ops():
+        if op.kind is OpKind.RECV:
+            sends = [f.src_op for f in tl.flows if f.dst_op == op.id]
+            assert len(sends) == 1, f"recv {op.id} has no flow from its send"
+            assert spans[op.id].end_us >= spans[sends[0]].start_us - SLACK_US, f"recv {op.id} ends before its send starts"
+
+    # A collective ends after its last member started it (per kind: who must wait for whom).
+    by_group: dict[str, dict[int, list]] = {}
+    for op in program.all_ops():
+        if op.kind in COLLECTIVE_KINDS:
+            by_group.setdefault(op.group, {}).setdefault(op.rank, []).append(op)
+    for group, per_rank in by_group.items():
+        for k, ops in enumerate(zip(*per_rank.values())):
+            starts = {op.rank: spans[op.id].start_us for op in ops}
+            for op in ops:
+                end = spans[op.id].end_us
+                kind = op.kind
+                if kind in (OpKind.BROADCAST, OpKind.SCATTER):
+                    needed = [op.root]  # a receiver needs the root; the root may finish early
+                elif kind in (OpKind.REDUCE, OpKind.GATHER):
+                    needed = list(starts) if op.rank == op.root else [op.rank]
+                else:
+                    needed = list(starts)
+                for r in needed:
+                    assert end >= starts[r] - SLACK_US, f"{op.kind.value} {op.id} ends before rank {r} started it"
+
+
+def load(path: str | Path, params: dict[str, str] | None = None) -> Program:
+    return load_schedule(str(path), params or {})

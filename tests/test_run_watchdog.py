@@ -1,0 +1,44 @@
+"""Hangs end by the watchdog: a report from every rank, a partial timeline, a non-zero
+exit, no orphan processes."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+try:
+    from test_run_support import DATA, processes_mentioning, torchrun
+except ImportError:
+    from tests.test_run_support import DATA, processes_mentioning, torchrun
+
+TIMEOUT_S = 3
+STARTUP_ALLOWANCE_S = 12
+"""torchrun start-up (python, torch import, rendezvous) on a loaded 2-core machine."""
+
+
+@pytest.mark.parametrize(
+    "schedule, extra, stuck",
+    [
+        ("seed000_hang.yaml", ["--no-validate"], "rank 1: stuck on op 1:1 recv t from rank 0"),
+        ("head_to_head.yaml", [], "stuck on op 0:0 recv a from rank 1"),
+    ],
+)
+def test_a_hang_ends_with_reports_a_partial_timeline_and_nonzero_exit(tmp_path, schedule, extra, stuck):
+    out = tmp_path / "partial.json"
+    run = torchrun(2, [str(DATA / schedule), *extra, "--timeout", str(TIMEOUT_S), "--out", str(out),
+                       "--warmup", "0", "--iters", "1"], timeout_s=60)  # fmt: skip
+    assert run.returncode != 0
+    assert run.elapsed_s < TIMEOUT_S + STARTUP_ALLOWANCE_S
+    err = run.stderr
+    assert stuck in err
+    assert f"{schedule}:" in err  # the source line of the op
+    assert "rank 0:" in err and "rank 1:" in err  # every rank reports
+    assert "exitcode  : 3" in err  # the watchdog's exit status reaches torchrun
+    data = json.loads(out.read_text())
+    assert data["otherData"]["commdsl"]["meta"]["partial"] is True
+    running = [e for e in data["traceEvents"] if e["ph"] == "X" and e["args"].get("state") == "running"]
+    assert running, "the stuck op is in the partial timeline"
+    time.sleep(0.5)
+    assert processes_mentioning(str(out)) == [], "orphan processes remain"
