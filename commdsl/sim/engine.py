@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import simpy
 
 from commdsl.errors import MachineError
-from commdsl.ir import HOST_STREAM, CopyDir, Op, OpKind, Program, Transport
+from commdsl.ir import HOST_STREAM, Algo, CopyDir, Op, OpKind, Program, Transport
 from commdsl.machine.model import Machine
 from commdsl.sim.collectives import plan, resolve_algo
 from commdsl.sim.network import Network, Transfer
@@ -49,6 +49,15 @@ synchronous comm op (or a synchronous batch, at its last op)."""
 _HOST, _STREAM, _QUEUE = 0, 1, 2  # entity kinds
 
 _DEVICE_KINDS = frozenset({OpKind.COMPUTE, OpKind.COPY, OpKind.RECORD, OpKind.WAIT_EVENT})
+_COMM_KINDS = frozenset(k for k in OpKind if k.is_comm)
+_COLLECTIVE_KINDS = frozenset(k for k in OpKind if k.is_collective)
+# Enum members are looked up through descriptors (slow in hot loops): bind them once.
+_COMPUTE, _COPY, _SEND, _RECV, _WAIT, _WAIT_EVENT, _HOST_OP, _SYNCHRONIZE = (
+    OpKind.COMPUTE, OpKind.COPY, OpKind.SEND, OpKind.RECV, OpKind.WAIT, OpKind.WAIT_EVENT, OpKind.HOST, OpKind.SYNCHRONIZE,
+)  # fmt: skip
+_GLOO = Transport.GLOO
+ALGOS = tuple(Algo)
+"""`RawResult.algos` holds indices into this tuple (one byte per op)."""
 
 
 class _Entity:
@@ -144,7 +153,8 @@ class RawResult:
     state: bytearray
     cause: array
     partner: array
-    algos: dict[int, str]
+    algos: bytearray
+    """Per comm op, the index in `ALGOS` of the algorithm it runs."""
 
 
 class Engine:
@@ -176,9 +186,11 @@ class Engine:
         self.hosts = [_Host(r, self.base[r], self.base[r] + len(program.ops[r])) for r in range(program.world_size)]
         self.streams: list[dict[str, _Stream]] = [{s: _Stream(r, s) for s in program.streams} for r in range(program.world_size)]
         self.queues: list[dict[str, _Queue]] = [{} for _ in range(program.world_size)]
-        self.coll_of: dict[int, _Collective] = {}
+        self.coll_of: list[_Collective | None] = [None] * n
+        self.queue_of: list[_Queue | None] = [None] * n
+        """Per comm op, its group's comm queue on its rank."""
         self.collectives: list[_Collective] = []
-        self.algos: dict[int, str] = {}
+        self.algos = bytearray(n)
         self.group_ranks = {g.id: g.ranks for g in program.groups}
         self._prepare()
 
@@ -194,7 +206,7 @@ class Engine:
         checked: set = set()
         for g, op in enumerate(self.ops):
             kind = op.kind
-            if kind.is_comm:
+            if kind in _COMM_KINDS:
                 if op.transport not in checked:
                     if machine.transport(op.transport) is None:
                         raise MachineError(
@@ -206,22 +218,23 @@ class Engine:
                 queues = self.queues[op.rank]
                 if op.group not in queues:
                     queues[op.group] = _Queue(op.rank, op.group)
-                self.algos[g] = resolve_algo(op).value
-            if kind is OpKind.SEND:
+                self.queue_of[g] = queues[op.group]
+                self.algos[g] = ALGOS.index(resolve_algo(op))
+            if kind is _SEND:
                 key = (op.rank, op.peer, op.group)
                 r = recvs.get(key)
                 if r:
                     self._pair(g, r.popleft())
                 else:
                     sends.setdefault(key, deque()).append(g)
-            elif kind is OpKind.RECV:
+            elif kind is _RECV:
                 key = (op.peer, op.rank, op.group)
                 s = sends.get(key)
                 if s:
                     self._pair(s.popleft(), g)
                 else:
                     recvs.setdefault(key, deque()).append(g)
-            elif kind.is_collective:
+            elif kind in _COLLECTIVE_KINDS:
                 k = seq.get((op.rank, op.group), 0)
                 seq[(op.rank, op.group)] = k + 1
                 inst = instances.get((op.group, k))
@@ -230,7 +243,7 @@ class Engine:
                     self.collectives.append(inst)
                 inst.ops.append(g)
                 self.coll_of[g] = inst
-            elif kind is OpKind.COMPUTE and op.duration_us is None and op.flops is not None:
+            elif kind is _COMPUTE and op.duration_us is None and op.flops is not None:
                 if (op.dtype, "flops") not in checked:
                     if machine.device.tflops(op.dtype) is None:
                         rates = ", ".join(d.value for d, _ in machine.device.peak_tflops)
@@ -267,9 +280,10 @@ class Engine:
         while todo:
             e = todo.popleft()
             e.kicked = False
-            if e.kind == _STREAM:
+            kind = e.kind
+            if kind == _STREAM:
                 self._advance_stream(e)
-            elif e.kind == _QUEUE:
+            elif kind == _QUEUE:
                 self._advance_queue(e)
             else:
                 self._advance_host(e)
@@ -328,26 +342,26 @@ class Engine:
             g = h.pc
             op = ops[g]
             kind = op.kind
-            if kind in _DEVICE_KINDS or (kind is OpKind.WAIT and op.stream != HOST_STREAM and not self._gloo_wait(op)):
+            if kind in _DEVICE_KINDS or (kind is _WAIT and op.stream != HOST_STREAM and not self._gloo_wait(op)):
                 self.issue_start[g] = h.t
                 h.t += machine.kernel_launch_us
                 self.issue_end[g] = h.t
                 self.cause[g] = h.cause
                 self._push(self.streams[op.rank][op.stream], g * 4 + _EXEC)
-            elif kind.is_comm:
+            elif kind in _COMM_KINDS:
                 self._issue_comm(h, g, op)
                 if h.block_g >= 0:
                     h.pc += 1
                     if not self._host_unblocked(h):
                         return
                     continue
-            elif kind is OpKind.HOST:
+            elif kind is _HOST_OP:
                 self.start[g] = h.t
                 h.t += op.duration_us
                 self.cause[g] = h.cause
                 h.cause = g
                 self._finish(g, h.t)
-            elif kind is OpKind.WAIT:  # on the host, or on a gloo handle (gloo's wait blocks the CPU)
+            elif kind is _WAIT:  # on the host, or on a gloo handle (gloo's wait blocks the CPU)
                 self.start[g] = h.t
                 h.block_g = g
                 h.block_deps = self._deps(g, _EXEC)
@@ -355,7 +369,7 @@ class Engine:
                 if not self._host_unblocked(h):
                     return
                 continue
-            elif kind is OpKind.SYNCHRONIZE:
+            elif kind is _SYNCHRONIZE:
                 self.start[g] = h.t
                 h.block_g = g
                 h.block_deps = ()
@@ -374,7 +388,7 @@ class Engine:
 
     def _gloo_wait(self, op: Op) -> bool:
         b = self.base[op.rank]
-        return any(self.ops[b + i].transport is Transport.GLOO for i in op.waits_for)
+        return any(self.ops[b + i].transport is _GLOO for i in op.waits_for)
 
     def _host_unblocked(self, h: _Host) -> bool:
         """If what the host is blocked in is done, finish it and return True."""
@@ -398,13 +412,13 @@ class Engine:
                 t, cause = e.last_end, e.last_g
         t = max(t, self.env.now)
         op = self.ops[g]
-        if op.kind.is_comm:  # a blocking gloo call: the host's issue span covers the wait
+        if op.kind in _COMM_KINDS:  # a blocking gloo call: the host's issue span covers the wait
             self.issue_end[g] = t
         else:
             self.cause[g] = cause
             self._finish(g, t)
         h.t = t
-        h.cause = g if not op.kind.is_comm else cause
+        h.cause = g if not op.kind in _COMM_KINDS else cause
         h.block_g = -1
         h.block_deps = ()
         h.sync_targets = []
@@ -430,7 +444,7 @@ class Engine:
         if not last_of_batch:
             return
         deps = range(first, g + 1)
-        if any(self.ops[x].transport is Transport.GLOO for x in deps):
+        if any(self.ops[x].transport is _GLOO for x in deps):
             # A synchronous gloo call blocks the calling thread until the transfer is done.
             h.block_g = g
             h.block_deps = tuple(deps)
@@ -462,7 +476,13 @@ class Engine:
             duration = 0.0
             if tag != _MARK:
                 op = self.ops[g]
-                if tag == _SYNC or op.kind is OpKind.WAIT or op.kind is OpKind.WAIT_EVENT:
+                if tag == _SYNC and op.batch is None:  # fast path: one synchronous comm op
+                    if self.state[g] != DONE:
+                        self._wait_on(g, s)
+                        return
+                    if end[g] >= t:
+                        t, c = end[g], g
+                elif tag == _SYNC or op.kind is _WAIT or op.kind is _WAIT_EVENT:
                     deps = self._deps(g, tag)
                     pending = self._first_pending(deps)
                     if pending >= 0:
@@ -505,7 +525,7 @@ class Engine:
             s.last_g, s.last_end = g, t
         elif tag == _MARK:
             self.state[g] = ELIGIBLE
-            self._kick(self.queues[self.ops[g].rank][self.ops[g].group])
+            self._kick(self.queue_of[g])
         else:  # SYNC: the stream continues after the comm op(s)
             s.last_g, s.last_end = c, t
         if s.drain_waiters:
@@ -522,7 +542,7 @@ class Engine:
 
     def _duration(self, op: Op) -> float:
         """Time of a compute or copy op from its work and the device's rates."""
-        if op.kind is OpKind.COMPUTE:
+        if op.kind is _COMPUTE:
             if op.duration_us is not None:
                 return op.duration_us  # an explicit duration wins
             dev = self.machine.device
@@ -532,7 +552,7 @@ class Engine:
             if op.size_bytes:
                 t = max(t, op.size_bytes / (dev.memory_bandwidth_gb_per_s * 1e3))
             return t
-        if op.kind is OpKind.COPY:
+        if op.kind is _COPY:
             if op.copy_dir is CopyDir.D2D:  # read + write device memory
                 return 2 * op.size_bytes / (self.machine.device.memory_bandwidth_gb_per_s * 1e3)
             return self.machine.host_link.transfer_us(op.size_bytes)
@@ -568,6 +588,18 @@ class Engine:
             return
         item = q.fifo[0]
         state = self.state
+        if self.ops[item].batch is None:  # the common case: one op
+            if state[item] != ELIGIBLE:
+                return
+            q.active = True
+            q.remaining = 1
+            if q.last_g >= 0 and q.last_end > self.start[item]:
+                self.cause[item] = q.last_g  # queue-bound: the previous item ended after the op was ready
+            state[item] = ACTIVE
+            now = self.env.now
+            self.start[item] = now
+            self._activated(item, now)
+            return
         queues = [q]
         if self.ops[item].batch is not None:
             queues = self._batch_queues(item)
@@ -583,7 +615,7 @@ class Engine:
             x.remaining = len(self._item_ops(x, item))
         for g in members:
             # Queue-bound if the previous item on the queue ended after the op was ready.
-            x = self.queues[self.ops[g].rank][self.ops[g].group]
+            x = self.queue_of[g]
             if x.last_g >= 0 and x.last_end > self.start[g]:
                 self.cause[g] = x.last_g
             state[g] = ACTIVE
@@ -593,7 +625,7 @@ class Engine:
 
     def _activated(self, g: int, now: float) -> None:
         op = self.ops[g]
-        if op.kind.is_collective:
+        if op.kind in _COLLECTIVE_KINDS:
             inst = self.coll_of[g]
             inst.arrived.append(g)
             if len(inst.arrived) == inst.size:
@@ -606,11 +638,11 @@ class Engine:
         if p >= 0 and self.state[p] == ACTIVE:
             if self.start[p] < now:
                 self.cause[p] = g
-            send, recv = (g, p) if op.kind is OpKind.SEND else (p, g)
+            send, recv = (g, p) if op.kind is _SEND else (p, g)
             so = self.ops[send]
             algo = resolve_algo(so)
-            transfer = Transfer(OpKind.SEND, (so.rank, so.peer), so.size_bytes, so.transport,
-                                plan(OpKind.SEND, algo, 2, so.size_bytes, self.machine.chunk_bytes))  # fmt: skip
+            transfer = Transfer(_SEND, (so.rank, so.peer), so.size_bytes, so.transport,
+                                plan(_SEND, algo, 2, so.size_bytes, self.machine.chunk_bytes))  # fmt: skip
             self.network.start(transfer, lambda: self._transfer_done((send, recv)))
 
     def _start_collective(self, inst: _Collective) -> None:
@@ -625,8 +657,7 @@ class Engine:
         now = self.env.now
         for g in members:
             self._finish(g, now)
-            op = self.ops[g]
-            q = self.queues[op.rank][op.group]
+            q = self.queue_of[g]
             q.remaining -= 1
             if q.remaining == 0:
                 q.active = False

@@ -8,7 +8,7 @@ from commdsl.errors import UsageError
 from commdsl.ir import HOST_STREAM, CopyDir, Op, OpKind, Program, Transport
 from commdsl.machine.model import Machine, timeless_machine
 from commdsl.sim.deadlock import deadlock_error
-from commdsl.sim.engine import Engine, RawResult
+from commdsl.sim.engine import ALGOS, Engine, RawResult
 from commdsl.sim.network import NETWORKS
 from commdsl.timeline import COMM_TRACK_PREFIX, Flow, Span, SpanRole, Timeline, comm_span_args, nccl_kernel_name, op_span_args
 
@@ -30,19 +30,27 @@ class SimResult:
     machine: Machine
     network: str
     raw: RawResult
-    timeline: Timeline | None
-    """None when simulated with `timeline=False` (deadlock checks)."""
+    network_meta: dict
     critical_path: list[int]
     """Global op numbers (see `op_at`) from the first to the last op of the path."""
     makespan_us: float
     warnings: list[str] = field(default_factory=list)
+    _timeline: Timeline | None = field(default=None, repr=False)
 
     def op_at(self, g: int) -> Op:
         return self.raw.ops[g]
 
+    @property
+    def timeline(self) -> Timeline:
+        """The predicted `Timeline`, built on first use (summaries need only `raw`)."""
+        if self._timeline is None:
+            self._timeline = build_timeline(self.program, self.machine, self.raw, self.network_meta)
+        return self._timeline
 
-def simulate(program: Program, machine: Machine, network: str = "analytic", *, timeline: bool = True) -> SimResult:
-    """Simulate `program` on `machine`. Raises `DeadlockError` if it cannot finish."""
+
+def simulate(program: Program, machine: Machine, network: str = "analytic") -> SimResult:
+    """Simulate `program` on `machine`. Raises `DeadlockError` if it cannot finish.
+    The timeline is built when `SimResult.timeline` is first read."""
     if network not in NETWORKS:
         raise UsageError(f"unknown network model '{network}' (known: {', '.join(NETWORKS)})")
     engine = Engine(program, machine, NETWORKS[network])
@@ -58,15 +66,14 @@ def simulate(program: Program, machine: Machine, network: str = "analytic", *, t
     makespan = max(raw.end, default=0.0)
     if len(raw.issue_end):
         makespan = max(makespan, max(raw.issue_end))
-    tl = build_timeline(program, machine, raw, engine.network.meta()) if timeline else None
-    return SimResult(program, machine, network, raw, tl, critical_path(raw), makespan, warnings)
+    return SimResult(program, machine, network, raw, engine.network.meta(), critical_path(raw), makespan, warnings)
 
 
 def check_deadlock(program: Program) -> None:
     """Raise `DeadlockError` if `program` cannot finish. Whether it finishes does not
     depend on durations, so this simulates on a timeless machine: fast, and independent
     of machine rates (a missing rate cannot fail a check)."""
-    simulate(program, timeless_machine(), timeline=False)
+    simulate(program, timeless_machine())
 
 
 def critical_path(raw: RawResult) -> list[int]:
@@ -100,32 +107,50 @@ def build_timeline(program: Program, machine: Machine, raw: RawResult, network_m
     )
     group_size = {g.id: len(g.ranks) for g in program.groups}
     spans = tl.spans
-    start, end, istart, iend = raw.start, raw.end, raw.issue_start, raw.issue_end
-    comm_args_cache: dict[tuple, tuple] = {}
+    start, end, istart, iend, algos = raw.start, raw.end, raw.issue_start, raw.issue_end, raw.algos
+    # Names and annotations repeat across ranks and iterations: build each once (this
+    # keeps the timeline within a few hundred bytes per op).
+    kind_value = {k: k.value for k in OpKind}
+    issue_names: dict[tuple, str] = {}
+    exec_names: dict[tuple, str] = {}
+    args_cache: dict[tuple, tuple] = {}
+    exec_role, issue_role = SpanRole.EXEC, SpanRole.ISSUE
     for g, op in enumerate(raw.ops):
         op_id = op.id
-        kind = op.kind.value
+        kind = op.kind
+        is_comm = kind in _COMM_KINDS
         if iend[g] > istart[g]:
-            spans.append(Span(op_id, op.rank, HOST_STREAM, SpanRole.ISSUE, kind, _issue_name(op), istart[g], iend[g]))
-        if op.kind.is_comm:
-            key = (op.kind, op.group, op.size_bytes, op.dtype, op.reduce_op, op.loc.file, op.loc.line, op.name)
-            args = comm_args_cache.get(key)
-            if args is None:
-                args = comm_span_args(op, group_size[op.group]) + (("algo", raw.algos[g]),)
-                comm_args_cache[key] = args
-            spans.append(Span(op_id, op.rank, COMM_TRACK_PREFIX + op.group, SpanRole.EXEC, kind, _comm_name(op, raw.algos[g]), start[g], end[g], args))
+            key = (kind, op.transport)
+            name = issue_names.get(key)
+            if name is None:
+                name = issue_names[key] = _issue_name(op)
+            spans.append(Span(op_id, op.rank, HOST_STREAM, issue_role, kind_value[kind], name, istart[g], iend[g]))
+        if is_comm:
+            algo = ALGOS[algos[g]].value
+            # dtype, reduce op, transport and algo are fixed per statement (its loc).
+            key = (id(op.loc), op.name, op.size_bytes, op.group, op.dtype, algo)
+            cached = args_cache.get(key)
+            if cached is None:
+                cached = args_cache[key] = (_comm_name(op, algo), comm_span_args(op, group_size[op.group]) + (("algo", algo),))
+            name, args = cached
+            track = COMM_TRACK_PREFIX + op.group
         else:
-            track = op.stream if op.kind is not OpKind.WAIT or op.stream != HOST_STREAM else HOST_STREAM
-            name = _MEMCPY_NAMES[op.copy_dir] if op.kind is OpKind.COPY else op.name
-            spans.append(Span(op_id, op.rank, track, SpanRole.EXEC, kind, name, start[g], end[g], op_span_args(op)))
+            track = HOST_STREAM if kind is OpKind.WAIT and op.stream == HOST_STREAM else op.stream
+            key = (id(op.loc), op.name, op.size_bytes, op.flops, kind)
+            cached = args_cache.get(key)
+            if cached is None:
+                name = _MEMCPY_NAMES[op.copy_dir] if kind is OpKind.COPY else op.name
+                cached = args_cache[key] = (name, op_span_args(op))
+            name, args = cached
+        spans.append(Span(op_id, op.rank, track, exec_role, kind_value[kind], name, start[g], end[g], args))
     partner = raw.partner
     for g, op in enumerate(raw.ops):
         if op.kind is OpKind.SEND and partner[g] >= 0:
-            tl.flows.append(Flow(op_id_of(raw, g), op_id_of(raw, partner[g]), "p2p"))
+            tl.flows.append(Flow(op.id, raw.ops[partner[g]].id, "p2p"))
     # Every rank shows its host, every declared stream (even if idle) and its comm queues.
     comm_tracks: dict[int, set[str]] = {}
     for op in raw.ops:
-        if op.kind.is_comm:
+        if op.kind in _COMM_KINDS:
             comm_tracks.setdefault(op.rank, set()).add(COMM_TRACK_PREFIX + op.group)
     tl.tracks = {
         r: [HOST_STREAM, *program.streams, *sorted(comm_tracks.get(r, ()))] for r in range(program.world_size) if program.ops[r]
@@ -133,8 +158,7 @@ def build_timeline(program: Program, machine: Machine, raw: RawResult, network_m
     return tl
 
 
-def op_id_of(raw: RawResult, g: int) -> str:
-    return raw.ops[g].id
+_COMM_KINDS = frozenset(k for k in OpKind if k.is_comm)
 
 
 def _comm_name(op: Op, algo: str) -> str:
