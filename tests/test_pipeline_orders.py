@@ -120,7 +120,7 @@ def _label(step: tuple) -> str:
 
 PAIRS_1F1B = [(s, m) for s in range(1, 9) for m in [*range(1, 11), 13, 16, 31, 32]]
 PAIRS_GPIPE = [(s, m) for s in range(1, 9) for m in (1, 2, 3, 5, 8, 13, 16, 32)]
-TRIPLES_INTERLEAVED = [(p, v, m) for p in range(2, 9) for v in (1, 2, 3, 4) for m in (p, 2 * p, 3 * p, 4 * p)]
+TRIPLES_INTERLEAVED = [(p, v, m) for p in range(2, 9) for v in (1, 2, 3, 4) for m in (p, 2 * p, 3 * p)] + [(8, 4, 32)]
 
 
 def _check_pipeline(program: Program, expected_for_rank) -> None:

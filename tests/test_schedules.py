@@ -184,6 +184,9 @@ def test_loads_validates_and_cannot_deadlock(name, overrides):
         assert key in dict(program.params)
     stuck = rendezvous_deadlock(program)
     assert stuck is None, f"{name} {overrides} deadlocks; stuck at {stuck}"
+    from commdsl.sim import check_deadlock
+
+    check_deadlock(program)  # the simulator's own progress check (DeadlockError if stuck)
 
 
 @pytest.mark.parametrize("name", ALL)
@@ -243,6 +246,32 @@ def test_shrinking_size_and_time_params_shrinks_the_program(name):
         assert 0 < _size_bytes(shrunk) < _size_bytes(defaults)
     if any(str(params[k]).endswith("s") for k in small):
         assert _busy_us(shrunk) < _busy_us(defaults)
+
+
+def _makespan_us(name: str, overrides: dict[str, str] | None = None) -> float:
+    from commdsl.machine import DEFAULT_MACHINE, resolve_machine
+    from commdsl.sim import simulate
+
+    return simulate(load_schedule(name, overrides or {}), resolve_machine(DEFAULT_MACHINE)).makespan_us
+
+
+def test_stream_overlap_overlaps():
+    """Copies on the copy stream hide behind compute; on the compute stream they do not."""
+    overlapped = _makespan_us("stream_overlap")
+    serialized = _makespan_us("stream_overlap", {"overlap": "false"})
+    assert overlapped < serialized
+    # With 4 batches the three later copies are hidden entirely: only the first is exposed.
+    steps = load_schedule("stream_overlap")
+    step_us = sum(op.duration_us for op in steps.ops[0] if op.name.startswith("step["))
+    assert overlapped < step_us + (serialized - step_us) / 2
+
+
+def test_interleaving_shrinks_the_pipeline_bubble():
+    """Same stages, microbatches and work per rank (2 chunks of half the time each)."""
+    plain = _makespan_us("1f1b", {"stages": "4", "microbatches": "8", "t_fwd": "2ms", "t_bwd": "4ms"})
+    interleaved = _makespan_us("interleaved_1f1b", {"stages": "4", "chunks": "2", "microbatches": "8",
+                                                    "t_fwd": "1ms", "t_bwd": "2ms"})  # fmt: skip
+    assert interleaved < plain
 
 
 def test_constraints_fail_with_the_schedules_own_message():
