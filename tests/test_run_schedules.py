@@ -1,0 +1,66 @@
+"""Every bundled schedule, with small params, runs under real torchrun on gloo with
+--check, and its measured timeline has one span per op and respects the semantics."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+
+import pytest
+
+from commdsl.resources import bundled_schedules
+from commdsl.timeline import Timeline
+
+try:
+    from test_run_support import REPO, assert_semantics, load, torchrun
+except ImportError:
+    from tests.test_run_support import REPO, assert_semantics, load, torchrun
+
+MAX_RANKS = 4
+
+SMALL = {
+    "1f1b": "stages=2 microbatches=3 act=16KiB t_fwd=1ms t_bwd=1ms",
+    "collectives": "ranks=3 tensor=12KiB skew=1ms",
+    "ddp_overlap": "ranks=2 steps=1 layers=4 layer_grad=16KiB t_fwd=1ms t_bwd=1ms t_opt=1ms",
+    "fsdp": "ranks=2 layers=2 layer_params=16KiB t_fwd=1ms t_bwd=1ms t_opt=1ms",
+    "gpipe": "stages=2 microbatches=3 act=16KiB t_fwd=1ms t_bwd=1ms",
+    "interleaved_1f1b": "stages=2 chunks=2 microbatches=4 act=16KiB t_fwd=1ms t_bwd=1ms",
+    "memcpy_vs_nccl": "gpus=2 msg=64KiB t_compute=2ms reps=1",
+    "p2p": "pairs=1 msg=16KiB t_compute=1ms t_host=1ms",
+    "stream_overlap": "ranks=1 batches=2 batch=64KiB t_step=2ms t_prep=1ms",
+    "tp_mlp": "dp=2 tp=2 blocks=1 tokens=64 hidden=64",
+}
+"""Small params per bundled schedule; schedules not listed get theirs shrunk generically."""
+
+_SIZE = re.compile(r"^\d+(\.\d+)?(KiB|MiB|GiB|TiB|KB|MB|GB|TB|B)$")
+_TIME = re.compile(r"^\d+(\.\d+)?(ns|us|ms|s)$")
+
+
+def small_params(name: str) -> dict[str, str]:
+    if name in SMALL:
+        return dict(kv.split("=", 1) for kv in SMALL[name].split())
+    info = json.loads(subprocess.run([sys.executable, "-m", "commdsl.cli", "check", "--json", name], cwd=REPO,
+                                     capture_output=True, text=True, timeout=60, check=True).stdout)  # fmt: skip
+    out = {}
+    for key, value in info["params"].items():
+        if _SIZE.match(value):
+            out[key] = "16KiB"
+        elif _TIME.match(value):
+            out[key] = "1ms"
+    return out
+
+
+@pytest.mark.parametrize("name", bundled_schedules())
+def test_bundled_schedule_runs_with_check(tmp_path, name):
+    params = small_params(name)
+    program = load(name, params)
+    if program.world_size > MAX_RANKS:
+        pytest.skip(f"{name} has {program.world_size} ranks with small params; CI runs up to {MAX_RANKS}")
+    out = tmp_path / "measured.json"
+    args = [name, *(f"-p{k}={v}" for k, v in params.items()), "--check", "--warmup", "0", "--iters", "1", "--out", str(out)]
+    run = torchrun(program.world_size, args)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "all correct" in run.stdout
+    assert_semantics(program, Timeline.read(out))
