@@ -189,6 +189,10 @@ class Engine:
         self.coll_of: list[_Collective | None] = [None] * n
         self.queue_of: list[_Queue | None] = [None] * n
         """Per comm op, its group's comm queue on its rank."""
+        self.batch_ops: dict[int, tuple[int, ...]] = {}
+        """P2P batches: first op (g) -> the batch's ops, in issue order."""
+        self.batch_queues: dict[int, tuple[_Queue, ...]] = {}
+        """P2P batches: first op (g) -> the comm queues it occupies (usually one)."""
         self.collectives: list[_Collective] = []
         self.algos = bytearray(n)
         self.group_ranks = {g.id: g.ranks for g in program.groups}
@@ -253,6 +257,14 @@ class Engine:
                             op.loc, rank=op.rank, hint="give the op a duration, another dtype=, or add the rate to the machine",
                         )  # fmt: skip
                     checked.add((op.dtype, "flops"))
+
+        batches: dict[int, list[int]] = {}
+        for g, op in enumerate(self.ops):
+            if op.batch is not None:
+                batches.setdefault(self.base[op.rank] + op.batch, []).append(g)
+        for first, members in batches.items():
+            self.batch_ops[first] = tuple(members)
+            self.batch_queues[first] = tuple(dict.fromkeys(self.queue_of[m] for m in members))
 
     def _pair(self, send: int, recv: int) -> None:
         self.partner[send] = recv
@@ -325,8 +337,7 @@ class Engine:
         op = self.ops[g]
         if tag == _SYNC:
             if op.batch is not None:
-                b = self.base[op.rank]
-                return range(b + op.batch, g + 1)
+                return self.batch_ops[self.base[op.rank] + op.batch]
             return (g,)
         b = self.base[op.rank]
         return tuple(b + i for i in op.waits_for)
@@ -431,23 +442,28 @@ class Engine:
         self.cause[g] = h.cause
         stream = self.streams[op.rank][op.stream]
         self._push(stream, g * 4 + _MARK)
-        b = self.base[op.rank]
-        first = b + op.batch if op.batch is not None else g
-        # A batch is one item per group queue it touches, pushed at its first op there.
-        q = self.queues[op.rank][op.group]
-        if first == g or not any(self.ops[x].group == op.group for x in range(first, g)):
-            q.fifo.append(first)
+        if op.batch is None:
+            q = self.queue_of[g]
+            q.fifo.append(g)
             q.pushed += 1
+            deps: tuple[int, ...] = (g,)
+        else:
+            # A batch is one item in each comm queue it touches, pushed at its first op
+            # (nothing else is issued between a batch's ops).
+            first = self.base[op.rank] + op.batch
+            if g == first:
+                for q in self.batch_queues[first]:
+                    q.fifo.append(first)
+                    q.pushed += 1
+            deps = self.batch_ops[first]
+            if g != deps[-1]:
+                return  # a synchronous batch waits once, after its last op
         if op.handle is not None:
             return
-        last_of_batch = op.batch is None or g + 1 >= h.end or self.ops[g + 1].batch != op.batch
-        if not last_of_batch:
-            return
-        deps = range(first, g + 1)
         if any(self.ops[x].transport is _GLOO for x in deps):
             # A synchronous gloo call blocks the calling thread until the transfer is done.
             h.block_g = g
-            h.block_deps = tuple(deps)
+            h.block_deps = deps
         else:
             self._push(stream, g * 4 + _SYNC)
 
@@ -560,29 +576,6 @@ class Engine:
 
     # ---- comm queues, matching, transfers -----------------------------------------------
 
-    def _item_ops(self, q: _Queue, item: int) -> list[int]:
-        op = self.ops[item]
-        if op.batch is None:
-            return [item]
-        h_end = self.hosts[op.rank].end
-        out = []
-        g = item
-        while g < h_end and self.ops[g].batch == op.batch:
-            if self.ops[g].group == q.group:
-                out.append(g)
-            g += 1
-        return out
-
-    def _batch_queues(self, item: int) -> list[_Queue]:
-        op = self.ops[item]
-        groups = []
-        g, h_end = item, self.hosts[op.rank].end
-        while g < h_end and self.ops[g].batch == op.batch:
-            if self.ops[g].group not in groups:
-                groups.append(self.ops[g].group)
-            g += 1
-        return [self.queues[op.rank][x] for x in groups]
-
     def _advance_queue(self, q: _Queue) -> None:
         if q.active or not q.fifo:
             return
@@ -600,19 +593,19 @@ class Engine:
             self.start[item] = now
             self._activated(item, now)
             return
-        queues = [q]
-        if self.ops[item].batch is not None:
-            queues = self._batch_queues(item)
-            if any(x.active or not x.fifo or x.fifo[0] != item for x in queues):
-                return  # a batch over several groups waits for the head of each queue
-        members = [g for x in queues for g in self._item_ops(x, item)]
+        queues = self.batch_queues[item]
+        if len(queues) > 1 and any(x.active or not x.fifo or x.fifo[0] != item for x in queues):
+            return  # a batch over several groups waits for the head of each queue
+        members = self.batch_ops[item]
         for g in members:
             if state[g] != ELIGIBLE:
                 return
         now = self.env.now
         for x in queues:
             x.active = True
-            x.remaining = len(self._item_ops(x, item))
+            x.remaining = 0
+        for g in members:
+            self.queue_of[g].remaining += 1
         for g in members:
             # Queue-bound if the previous item on the queue ended after the op was ready.
             x = self.queue_of[g]
