@@ -78,3 +78,60 @@ def _make(intercept: float, slope: float, xs: list[float], ts: list[float]) -> L
     r2 = 1.0 - ss_res / ss_tot if ss_tot > 0 else 1.0
     residuals = tuple(100.0 * (p - t) / t if t else 0.0 for p, t in zip(preds, ts))
     return LinearFit(intercept, slope, r2, residuals, tuple(xs), tuple(ts))
+
+
+@dataclass(frozen=True)
+class StepFit:
+    """t = steps * latency_us + bytes / bytes_per_us: the analytic model of a collective."""
+
+    latency_us: float
+    """Time of one latency-bound step."""
+    bytes_per_us: float
+    """Bandwidth the busiest rank achieves (bytes per microsecond = MB/s)."""
+    r2: float
+    residuals_pct: tuple[float, ...]
+
+    @property
+    def bandwidth_gb_per_s(self) -> float:
+        return self.bytes_per_us / 1e3
+
+    @property
+    def max_abs_residual_pct(self) -> float:
+        return max((abs(r) for r in self.residuals_pct), default=0.0)
+
+
+def fit_steps(steps: list[float], nbytes: list[float], ts: list[float]) -> StepFit:
+    """Relative-error least squares of t = latency * steps + bytes / bandwidth, both
+    coefficients kept non-negative. Where every point has the same step count this is
+    `fit_linear` with the intercept divided by the steps."""
+    if not (len(steps) == len(nbytes) == len(ts)) or len(ts) < 2:
+        raise ValueError(f"need at least two points, got {len(ts)}")
+    if len(set(steps)) == 1:
+        line = fit_linear(nbytes, ts)
+        n = steps[0] or 1.0
+        return StepFit(line.intercept / n, line.rate, line.r2, line.residuals_pct)
+    ws = [1.0 / (t * t) for t in ts]
+    a11 = sum(w * s * s for w, s in zip(ws, steps))
+    a12 = sum(w * s * b for w, s, b in zip(ws, steps, nbytes))
+    a22 = sum(w * b * b for w, b in zip(ws, nbytes))
+    r1 = sum(w * s * t for w, s, t in zip(ws, steps, ts))
+    r2 = sum(w * b * t for w, b, t in zip(ws, nbytes, ts))
+    det = a11 * a22 - a12 * a12
+    lat, inv_bw = ((a22 * r1 - a12 * r2) / det, (a11 * r2 - a12 * r1) / det) if det > 0 else (-1.0, -1.0)
+    if lat < 0 or inv_bw < 0:
+        # Clamp: fit the better single term.
+        lat_only = r1 / a11 if a11 else 0.0
+        bw_only = r2 / a22 if a22 else 0.0
+        err_lat = sum(w * (t - lat_only * s) ** 2 for w, s, t in zip(ws, steps, ts))
+        err_bw = sum(w * (t - bw_only * b) ** 2 for w, b, t in zip(ws, nbytes, ts))
+        lat, inv_bw = (max(lat_only, 0.0), 0.0) if err_lat <= err_bw else (0.0, max(bw_only, 0.0))
+    preds = [lat * s + inv_bw * b for s, b in zip(steps, nbytes)]
+    mean = sum(ts) / len(ts)
+    ss_tot = sum((t - mean) ** 2 for t in ts)
+    ss_res = sum((t - p) ** 2 for t, p in zip(ts, preds))
+    return StepFit(
+        latency_us=lat,
+        bytes_per_us=math.inf if inv_bw <= 0 else 1.0 / inv_bw,
+        r2=1.0 - ss_res / ss_tot if ss_tot > 0 else 1.0,
+        residuals_pct=tuple(100.0 * (p - t) / t for p, t in zip(preds, ts)),
+    )

@@ -1,0 +1,320 @@
+"""`torchrun --nproc_per_node=N -m commdsl.calibrate --out machine.yaml`.
+
+Measures this machine (compute rate per dtype, memory and host-link bandwidth, host
+issue overheads, P2P latency and bandwidth, every collective over sizes, compute
+slowdown while communication runs), fits the machine model's parameters, prints the fit
+quality, and writes a machine description `commdsl simulate --machine FILE` reads.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import socket
+import sys
+from dataclasses import dataclass
+
+import yaml
+from rich.console import Console
+from rich.progress import Progress
+from rich.table import Table
+
+from commdsl.calibrate.fit import LinearFit, StepFit, fit_linear, fit_steps
+from commdsl.dsl.values import ValueFault, format_bytes, parse_quantity, Unit
+from commdsl.errors import CommdslError, UsageError
+from commdsl.ir import Dtype, OpKind
+from commdsl.sim.collectives import DEFAULT_ALGO, plan
+
+COLLECTIVES = (
+    OpKind.ALL_REDUCE, OpKind.ALL_GATHER, OpKind.REDUCE_SCATTER, OpKind.BROADCAST,
+    OpKind.REDUCE, OpKind.ALL_TO_ALL, OpKind.GATHER, OpKind.SCATTER,
+)  # fmt: skip
+CHUNK_BYTES = 512 * 1024
+"""Pipelining chunk of chain collectives written to the machine (NCCL's default)."""
+
+
+@dataclass(frozen=True)
+class CalibrateConfig:
+    out: str
+    """Machine file to write."""
+    raw: str | None
+    """Optional JSON file for the raw medians, to re-fit or plot later."""
+    name: str
+    """Machine name recorded in the file."""
+    min_size_bytes: int
+    max_size_bytes: int
+    size_factor: int
+    """Consecutive sizes differ by this factor (4: 1K, 4K, 16K ...)."""
+    repeats: int
+    warmup: int
+    backend: str
+    """"auto", "gloo" or "nccl"."""
+    matmul_sizes: tuple[int, ...]
+    """Square matmul sizes n (2 n^3 FLOPs) used to fit the compute rate."""
+
+
+def _size(text: str, flag: str) -> int:
+    try:
+        q = parse_quantity(text)
+    except ValueFault as e:
+        raise UsageError(f"{flag}: {e}") from None
+    if q.unit is not Unit.SIZE or q.value < 1:
+        raise UsageError(f"{flag} takes a size such as 1KiB or 256MiB, got {text!r}")
+    return int(q.value)
+
+
+def parse_args(argv: list[str] | None) -> CalibrateConfig:
+    p = argparse.ArgumentParser(prog="torchrun --nproc_per_node=N -m commdsl.calibrate", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    p.add_argument("--out", required=True, help="machine description to write (YAML)")
+    p.add_argument("--name", default="calibrated", help="machine name in the file")
+    p.add_argument("--raw", metavar="OUT.json", help="also write the raw medians (microseconds) as JSON")
+    p.add_argument("--min-size", default="1KiB", help="smallest message (default 1KiB)")
+    p.add_argument("--max-size", default="256MiB", help="largest message (default 256MiB)")
+    p.add_argument("--size-factor", type=int, default=4, help="ratio between consecutive sizes (default 4)")
+    p.add_argument("--repeats", type=int, default=5, help="timed runs per point; the median is kept (default 5)")
+    p.add_argument("--warmup", type=int, default=1, help="untimed runs per point (default 1)")
+    p.add_argument("--backend", choices=("auto", "gloo", "nccl"), default="auto")
+    p.add_argument("--matmul-sizes", default="", help="comma-separated n for n x n matmuls (default by device)")
+    args = p.parse_args(argv)
+    lo, hi = _size(args.min_size, "--min-size"), _size(args.max_size, "--max-size")
+    if lo > hi:
+        raise UsageError(f"--min-size {format_bytes(lo)} is larger than --max-size {format_bytes(hi)}")
+    if args.size_factor < 2 or args.repeats < 1 or args.warmup < 0:
+        raise UsageError("--size-factor must be >= 2, --repeats >= 1, --warmup >= 0")
+    try:
+        mm = tuple(int(x) for x in args.matmul_sizes.split(",") if x.strip())
+    except ValueError:
+        raise UsageError(f"--matmul-sizes takes integers like 128,256,512, got {args.matmul_sizes!r}") from None
+    return CalibrateConfig(args.out, args.raw, args.name, lo, hi, args.size_factor, args.repeats, args.warmup, args.backend, mm)
+
+
+def message_sizes(cfg: CalibrateConfig, world_size: int) -> list[int]:
+    """Sizes from min to max, each a whole number of fp32 elements per rank."""
+    unit = 4 * world_size
+    sizes, s = [], cfg.min_size_bytes
+    while s <= cfg.max_size_bytes:
+        sizes.append(max(unit, s // unit * unit))
+        s *= cfg.size_factor
+    return sorted(set(sizes))
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        cfg = parse_args(argv)
+        return _calibrate(cfg)
+    except CommdslError as err:
+        print(err.format(), file=sys.stderr)
+        return err.exit_code
+
+
+def _calibrate(cfg: CalibrateConfig) -> int:
+    if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
+        raise UsageError("calibrate measures communication between processes: run it under torchrun",
+                         hint="torchrun --nproc_per_node=2 -m commdsl.calibrate --out machine.yaml")  # fmt: skip
+    import torch
+    import torch.distributed as dist
+
+    from commdsl.calibrate import measure
+    from commdsl.run.tensors import BufferPool
+
+    backend = cfg.backend if cfg.backend != "auto" else ("nccl" if torch.cuda.is_available() else "gloo")
+    if backend == "nccl" and not torch.cuda.is_available():
+        raise UsageError("--backend nccl needs CUDA, which this torch cannot see")
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    if world < 2:
+        raise UsageError("calibrate needs at least 2 ranks to measure communication",
+                         hint="torchrun --nproc_per_node=2 -m commdsl.calibrate --out machine.yaml")  # fmt: skip
+    local_rank = int(os.environ.get("LOCAL_RANK", rank))
+    if backend == "nccl":
+        torch.cuda.set_device(local_rank)
+    device = torch.device("cuda", local_rank) if backend == "nccl" else torch.device("cpu")
+    dist.init_process_group(backend, timeout=datetime.timedelta(seconds=300))
+    try:
+        cpu_group = dist.new_group(backend="gloo")
+        probe = measure.Probe(rank, world, backend, device, cfg.repeats, cfg.warmup, cpu_group)
+        pool = BufferPool(device, backend, per_op=False)
+        sizes = message_sizes(cfg, world)
+        matmul_sizes = cfg.matmul_sizes or ((1024, 2048, 4096, 8192) if device.type == "cuda" else (64, 128, 256, 384, 512))
+        dtypes = (Dtype.FP32, Dtype.BF16, Dtype.FP16) if device.type == "cuda" else (Dtype.FP32,)
+        results = _measure_all(probe, pool, sizes, matmul_sizes, dtypes, measure)
+        if rank == 0:
+            machine, report = build_machine(cfg, results, world, backend, device, torch.__version__)
+            _print_report(report, results)
+            header = _header(cfg, world, backend, torch.__version__, report)
+            with open(cfg.out, "w") as f:
+                f.write(header + yaml.safe_dump(machine, sort_keys=False))
+            if cfg.raw:
+                with open(cfg.raw, "w") as f:
+                    json.dump(results.to_json(), f, indent=1)
+            Console(highlight=False).print(f"wrote {cfg.out}: use it with `commdsl simulate SCHEDULE --machine {cfg.out}`")
+        dist.barrier(group=cpu_group)
+    finally:
+        dist.destroy_process_group()
+    return 0
+
+
+@dataclass
+class Results:
+    """Raw medians, in microseconds."""
+
+    matmul: dict[Dtype, list[tuple[int, float]]]
+    copy: list[tuple[int, float]]
+    host_copy: list[tuple[int, float]]
+    p2p: list[tuple[int, float]]
+    collectives: dict[OpKind, list[tuple[int, float]]]
+    kernel_launch_us: float
+    comm_launch_us: float
+    slowdown: float
+    skipped: list[str]
+
+    def to_json(self) -> dict:
+        return {
+            "matmul_us": {d.value: pts for d, pts in self.matmul.items()},
+            "copy_us": self.copy,
+            "host_copy_us": self.host_copy,
+            "p2p_us": self.p2p,
+            "collectives_us": {k.value: pts for k, pts in self.collectives.items()},
+            "kernel_launch_us": self.kernel_launch_us,
+            "comm_launch_us": self.comm_launch_us,
+            "compute_slowdown_under_comm": self.slowdown,
+            "skipped": self.skipped,
+        }
+
+
+def _measure_all(probe, pool, sizes, matmul_sizes, dtypes, measure) -> Results:
+    steps = len(dtypes) * len(matmul_sizes) + 2 * len(sizes) + len(sizes) * (1 + len(COLLECTIVES)) + 2
+    res = Results({}, [], [], [], {}, 0.0, 0.0, 1.0, [])
+    with Progress(disable=probe.rank != 0, transient=True) as progress:
+        task = progress.add_task("calibrating", total=steps)
+
+        def step(what: str) -> None:
+            progress.update(task, advance=1, description=what)
+
+        res.kernel_launch_us, res.comm_launch_us = measure.launch_overheads_us(probe)
+        step("launch overheads")
+        for dtype in dtypes:
+            res.matmul[dtype] = []
+            for n in matmul_sizes:
+                res.matmul[dtype].append((n, measure.matmul_us(probe, n, dtype)))
+                step(f"matmul {dtype.value} {n}")
+        for s in sizes:
+            res.copy.append((s, measure.copy_us(probe, s, host_to_device=False)))
+            res.host_copy.append((s, measure.copy_us(probe, s, host_to_device=True)))
+            step(f"copies {format_bytes(s)}")
+            step(f"copies {format_bytes(s)}")
+        for s in sizes:
+            res.p2p.append((s, measure.p2p_us(probe, s, pool)))
+            step(f"p2p {format_bytes(s)}")
+        for kind in COLLECTIVES:
+            points = []
+            for s in sizes:
+                try:
+                    points.append((s, measure.collective_us(probe, kind, s, pool)))
+                except RuntimeError as e:  # a backend without this collective
+                    res.skipped.append(f"{kind.value}: {str(e).splitlines()[0]}")
+                    break
+                finally:
+                    step(f"{kind.value} {format_bytes(s)}")
+            if len(points) >= 2:
+                res.collectives[kind] = points
+        res.slowdown = measure.slowdown_under_comm(probe, matmul_sizes[-1], sizes[-1], pool)
+        step("compute slowdown under communication")
+    return res
+
+
+@dataclass(frozen=True)
+class FitReport:
+    compute: dict[Dtype, LinearFit]
+    memory: LinearFit
+    host_link: LinearFit
+    p2p: LinearFit
+    collectives: dict[OpKind, StepFit]
+    p2p_model_residuals: dict[OpKind, tuple[float, ...]]
+    """Per collective, residuals (%) of the analytic model with the P2P-fitted link."""
+
+
+def build_machine(cfg: CalibrateConfig, res: Results, world: int, backend: str, device, torch_version: str) -> tuple[dict, FitReport]:
+    """Fit every series and lay out a machine description (commdsl/machine schema)."""
+    compute = {d: fit_linear([2.0 * n**3 for n, _ in pts], [t for _, t in pts]) for d, pts in res.matmul.items()}
+    # A copy reads and writes every byte.
+    memory = fit_linear([2.0 * s for s, _ in res.copy], [t for _, t in res.copy])
+    host_link = fit_linear([float(s) for s, _ in res.host_copy], [t for _, t in res.host_copy])
+    p2p = fit_linear([float(s) for s, _ in res.p2p], [t for _, t in res.p2p])
+    collectives, p2p_resid = {}, {}
+    for kind, pts in res.collectives.items():
+        plans = [plan(kind, DEFAULT_ALGO[kind], world, s, CHUNK_BYTES) for s, _ in pts]
+        ts = [t for _, t in pts]
+        collectives[kind] = fit_steps([float(p.latency_steps) for p in plans], [p.serial_bytes for p in plans], ts)
+        predicted = [p.latency_steps * p2p.intercept + p.serial_bytes * p2p.slope for p in plans]
+        p2p_resid[kind] = tuple(100.0 * (q - t) / t for q, t in zip(predicted, ts))
+    link = {"latency_us": round(p2p.intercept, 3), "bandwidth_gb_per_s": round(p2p.rate / 1e3, 4)}
+    if device.type == "cuda":
+        import torch
+
+        props = torch.cuda.get_device_properties(device)
+        dev_name, sms = props.name, props.multi_processor_count
+    else:
+        dev_name, sms = f"{platform.machine()} CPU ({platform.processor() or 'unknown'})", 1
+    machine = {
+        "name": cfg.name,
+        "doc": f"calibrated on {socket.gethostname()} with {world} {backend} ranks, torch {torch_version}",
+        "devices": world,
+        "device": {
+            "name": dev_name,
+            "peak_tflops": {d.value: round(f.rate * 1e6 / 1e12, 6) for d, f in compute.items()},
+            "memory_bandwidth_gb_per_s": round(memory.rate / 1e3, 3),
+            "sm_count": sms,
+        },
+        "kernel_launch_us": round(res.kernel_launch_us, 3),
+        "comm_launch_us": round(res.comm_launch_us, 3),
+        "host_link": {"latency_us": round(host_link.intercept, 3), "bandwidth_gb_per_s": round(host_link.rate / 1e3, 4)},
+        # On gloo every transport runs over gloo (the executor maps nccl and memcpy ops onto
+        # the active backend), so all three get the measured P2P link.
+        "transports": {"nccl": dict(link), "gloo": dict(link), "memcpy": dict(link)},
+        "chunk_bytes": CHUNK_BYTES,
+    }
+    return machine, FitReport(compute, memory, host_link, p2p, collectives, p2p_resid)
+
+
+def _header(cfg: CalibrateConfig, world: int, backend: str, torch_version: str, report: FitReport) -> str:
+    now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    lines = [
+        f"# Machine description written by commdsl.calibrate on {socket.gethostname()}, {now}.",
+        f"# {world} ranks, backend {backend}, torch {torch_version}, sizes {format_bytes(cfg.min_size_bytes)}"
+        f"..{format_bytes(cfg.max_size_bytes)}, median of {cfg.repeats} runs.",
+        f"# P2P fit: latency {report.p2p.intercept:.2f} us, {report.p2p.rate / 1e3:.3f} GB/s, R^2 {report.p2p.r2:.4f}, "
+        f"worst residual {report.p2p.max_abs_residual_pct:.1f}%.",
+    ]
+    for kind, fit in report.collectives.items():
+        lines.append(f"# {kind.value}: per-step latency {fit.latency_us:.2f} us, {fit.bandwidth_gb_per_s:.3f} GB/s, "
+                     f"R^2 {fit.r2:.4f}, worst residual {fit.max_abs_residual_pct:.1f}%.")  # fmt: skip
+    return "\n".join(lines) + "\n"
+
+
+def _print_report(report: FitReport, res: Results) -> None:
+    console = Console(highlight=False)
+    table = Table(title="fit quality (residual = model - measured, % of measured)", box=None, pad_edge=False)
+    for col in ("series", "parameters", "R²", "worst |residual|", "residuals by size"):
+        table.add_column(col)
+
+    def row(name: str, params: str, r2: float, resid: tuple[float, ...]) -> None:
+        table.add_row(name, params, f"{r2:.4f}", f"{max(abs(r) for r in resid):.1f}%", " ".join(f"{r:+.0f}" for r in resid))
+
+    for d, f in report.compute.items():
+        row(f"matmul {d.value}", f"{f.rate * 1e6 / 1e12:.4f} TFLOP/s + {f.intercept:.1f} us", f.r2, f.residuals_pct)
+    row("memory copy", f"{report.memory.rate / 1e3:.2f} GB/s", report.memory.r2, report.memory.residuals_pct)
+    row("host link", f"{report.host_link.rate / 1e3:.2f} GB/s + {report.host_link.intercept:.1f} us", report.host_link.r2, report.host_link.residuals_pct)
+    row("p2p", f"{report.p2p.intercept:.1f} us + {report.p2p.rate / 1e3:.3f} GB/s", report.p2p.r2, report.p2p.residuals_pct)
+    for kind, f in report.collectives.items():
+        row(kind.value, f"{f.latency_us:.1f} us/step + {f.bandwidth_gb_per_s:.3f} GB/s", f.r2, f.residuals_pct)
+        resid = report.p2p_model_residuals[kind]
+        table.add_row(f"  (p2p link)", "analytic model with the p2p link", "", f"{max(abs(r) for r in resid):.1f}%", " ".join(f"{r:+.0f}" for r in resid))
+    console.print(table)
+    console.print(f"host issue: kernel {res.kernel_launch_us:.1f} us, comm {res.comm_launch_us:.1f} us; "
+                  f"compute slowdown while an all_reduce runs: x{res.slowdown:.2f}")  # fmt: skip
+    for s in res.skipped:
+        console.print(f"[yellow]skipped[/] {s}")

@@ -1,0 +1,168 @@
+"""Measurements on a live torch.distributed world (needs torch; run under torchrun).
+
+Communication is timed through the executor's own code path (`commdsl.run.comm`), so
+a calibrated machine describes exactly the calls `commdsl.run` makes. Every timing is
+the median over `repeats` after `warmup` runs; a collective's time is the slowest
+rank's (all ranks start after a barrier, and we take the max over ranks).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from commdsl.errors import SourceLoc
+from commdsl.ir import Dtype, Op, OpKind, ReduceOp, Transport
+from commdsl.run.comm import launch, make_plan
+from commdsl.run.tensors import TORCH_DTYPE, BufferPool
+
+_LOC = SourceLoc("<calibrate>", 1, 1, "")
+
+
+@dataclass(frozen=True)
+class Probe:
+    """Where and how measurements run."""
+
+    rank: int
+    world_size: int
+    backend: str
+    """"gloo" or "nccl"."""
+    device: torch.device
+    repeats: int
+    warmup: int
+    cpu_group: dist.ProcessGroup
+    """gloo group of all ranks: timings travel on it, so reading them never syncs a device."""
+
+    def sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+
+def _median_time_us(probe: Probe, fn: Callable[[], None], *, reduce_max: bool) -> float:
+    """Median over repeats of fn's wall time; with reduce_max, the slowest rank's time."""
+    samples = []
+    for i in range(probe.warmup + probe.repeats):
+        if reduce_max:
+            dist.barrier(group=probe.cpu_group)
+        probe.sync()
+        start = time.perf_counter()
+        fn()
+        probe.sync()
+        elapsed = (time.perf_counter() - start) * 1e6
+        if reduce_max:
+            t = torch.tensor([elapsed], dtype=torch.float64)
+            dist.all_reduce(t, op=dist.ReduceOp.MAX, group=probe.cpu_group)
+            elapsed = float(t.item())
+        if i >= probe.warmup:
+            samples.append(elapsed)
+    return statistics.median(samples)
+
+
+def comm_op(kind: OpKind, size_bytes: int, rank: int, *, peer: int | None = None, root: int | None = None) -> Op:
+    """A synthetic IR op, as the executor would receive it from a schedule."""
+    return Op(
+        rank=rank, index=0, kind=kind, name=f"calibrate.{kind.value}", stream="compute", loc=_LOC,
+        size_bytes=size_bytes, dtype=Dtype.FP32, peer=peer, group="world", root=root,
+        reduce_op=ReduceOp.SUM if kind in (OpKind.ALL_REDUCE, OpKind.REDUCE, OpKind.REDUCE_SCATTER) else None,
+        transport=Transport.NCCL,
+    )  # fmt: skip
+
+
+def collective_us(probe: Probe, kind: OpKind, size_bytes: int, pool: BufferPool) -> float:
+    """Time of one collective of `size_bytes` (nccl-tests size convention) on all ranks."""
+    root = 0 if kind in (OpKind.BROADCAST, OpKind.REDUCE, OpKind.GATHER, OpKind.SCATTER) else None
+    op = comm_op(kind, size_bytes, probe.rank, root=root)
+    plan = make_plan((op,), dist.group.WORLD, probe.world_size, (pool.comm(op, probe.world_size),), probe.backend, probe.device)
+
+    def run() -> None:
+        for work in launch(plan):
+            work.wait()
+
+    return _median_time_us(probe, run, reduce_max=True)
+
+
+def p2p_us(probe: Probe, size_bytes: int, pool: BufferPool) -> float:
+    """One-way time of a message between ranks 0 and 1: half a ping-pong."""
+    if probe.rank > 1:
+        return _median_time_us(probe, lambda: None, reduce_max=True)
+    peer = 1 - probe.rank
+    send = comm_op(OpKind.SEND, size_bytes, probe.rank, peer=peer)
+    recv = comm_op(OpKind.RECV, size_bytes, probe.rank, peer=peer)
+    send_plan = make_plan((send,), dist.group.WORLD, probe.world_size, (pool.comm(send, probe.world_size),), probe.backend, probe.device)
+    recv_plan = make_plan((recv,), dist.group.WORLD, probe.world_size, (pool.comm(recv, probe.world_size),), probe.backend, probe.device)
+    first, second = (send_plan, recv_plan) if probe.rank == 0 else (recv_plan, send_plan)
+
+    def ping_pong() -> None:
+        for plan in (first, second):
+            for work in launch(plan):
+                work.wait()
+            probe.sync()
+
+    return _median_time_us(probe, ping_pong, reduce_max=True) / 2
+
+
+def matmul_us(probe: Probe, n: int, dtype: Dtype) -> float:
+    """Time of one n x n x n matmul (2 n^3 FLOPs) on this rank's device."""
+    a = torch.randn(n, n, device=probe.device).to(TORCH_DTYPE[dtype])
+    b = torch.randn(n, n, device=probe.device).to(TORCH_DTYPE[dtype])
+    out = torch.empty(n, n, device=probe.device, dtype=TORCH_DTYPE[dtype])
+    return _median_time_us(probe, lambda: torch.mm(a, b, out=out), reduce_max=False)
+
+
+def copy_us(probe: Probe, size_bytes: int, *, host_to_device: bool) -> float:
+    """Time of a device-memory copy (or a pinned host-to-device copy) of size_bytes."""
+    numel = max(size_bytes // 4, 1)
+    if host_to_device and probe.device.type == "cuda":
+        src = torch.zeros(numel, pin_memory=True)
+    else:
+        src = torch.zeros(numel, device=probe.device)
+    dst = torch.empty(numel, device=probe.device)
+    return _median_time_us(probe, lambda: dst.copy_(src, non_blocking=True), reduce_max=False)
+
+
+def launch_overheads_us(probe: Probe) -> tuple[float, float]:
+    """Host time to issue a tiny device op, and a tiny async collective."""
+    x = torch.zeros(1, device=probe.device)
+    n = 200
+    probe.sync()
+    start = time.perf_counter()
+    for _ in range(n):
+        x.add_(1)
+    kernel_us = (time.perf_counter() - start) * 1e6 / n
+    probe.sync()
+    samples = []
+    for _ in range(probe.warmup + max(probe.repeats, 5)):
+        dist.barrier(group=probe.cpu_group)
+        start = time.perf_counter()
+        work = dist.all_reduce(x, async_op=True)
+        samples.append((time.perf_counter() - start) * 1e6)
+        work.wait()
+    probe.sync()
+    return kernel_us, statistics.median(samples[probe.warmup :])
+
+
+def slowdown_under_comm(probe: Probe, n: int, comm_bytes: int, pool: BufferPool) -> float:
+    """Matmul time while an all_reduce runs concurrently, over the matmul time alone."""
+    alone = matmul_us(probe, n, Dtype.FP32)
+    op = comm_op(OpKind.ALL_REDUCE, comm_bytes, probe.rank)
+    plan = make_plan((op,), dist.group.WORLD, probe.world_size, (pool.comm(op, probe.world_size),), probe.backend, probe.device)
+    a = torch.randn(n, n, device=probe.device)
+    b = torch.randn(n, n, device=probe.device)
+    ratios = []
+    for _ in range(probe.repeats):
+        dist.barrier(group=probe.cpu_group)
+        works = launch(plan)
+        probe.sync()
+        start = time.perf_counter()
+        torch.mm(a, b)
+        probe.sync()
+        during = (time.perf_counter() - start) * 1e6
+        for w in works:
+            w.wait()
+        ratios.append(during / alone)
+    return max(statistics.median(ratios), 1.0)
