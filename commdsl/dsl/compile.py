@@ -92,7 +92,7 @@ def _fault(err: ValueFault, loc: SourceLoc, env: Env) -> ScheduleError:
 
 
 def _fmt_index(v: object) -> str:
-    return str(v) if isinstance(v, int) else format_value(v)
+    return str(v) if type(v) is int else format_value(v)
 
 
 @dataclass(frozen=True)
@@ -104,9 +104,13 @@ class _Ref:
     loc: SourceLoc
 
     def text(self, env: Env) -> str:
-        if not self.indices:
+        indices = self.indices
+        if not indices:
             return self.base
-        return f"{self.base}[{','.join(_fmt_index(i(env)) for i in self.indices)}]"
+        if len(indices) == 1:  # the common case, F[mb]: skip the join (hot path)
+            v = indices[0](env)
+            return f"{self.base}[{v if type(v) is int else format_value(v)}]"
+        return f"{self.base}[{','.join([_fmt_index(i(env)) for i in indices])}]"
 
 
 @dataclass(frozen=True)

@@ -268,13 +268,21 @@ def _unclosed_bracket(text: str) -> tuple[tuple[int, int], str] | None:
     return stack[0] if stack else None
 
 
-def _check_tabs(text: str, origin: TextOrigin) -> None:
-    """Tabs in indentation are ambiguous (how wide is a tab?): refuse them."""
+def _check_indentation(text: str, origin: TextOrigin) -> None:
+    """Refuse tabs in indentation (how wide is a tab?) and an indented first line (the
+    indenter would silently take it as the top level)."""
+    first = True
     for number, line in enumerate(text.splitlines(), 1):
         indent = line[: len(line) - len(line.lstrip(" \t"))]
         if "\t" in indent:
             raise ScheduleError("tab character in indentation; indent with spaces", origin.loc(number, indent.index("\t") + 1),
                                 hint="configure your editor to insert spaces for tabs")  # fmt: skip
+        code = line.strip()
+        if first and code and not code.startswith("#"):
+            first = False
+            if indent:
+                raise ScheduleError("the first line of the program is indented", origin.loc(number, len(indent) + 1),
+                                    hint="the program's top level starts at the block's indentation")  # fmt: skip
 
 
 def _dedent_line_of(text: str) -> int:
@@ -299,7 +307,7 @@ def parse_program(text: str, origin: TextOrigin) -> Tree:
     """Parse a program block into a Lark tree; errors become `ScheduleError`s."""
     parser = _lark()
     source = text if text.endswith("\n") else text + "\n"
-    _check_tabs(source, origin)
+    _check_indentation(source, origin)
     try:
         return parser.parse(source)
     except DedentError:
