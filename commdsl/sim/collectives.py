@@ -65,7 +65,7 @@ SUPPORTED_ALGOS = {
     OpKind.RECV: frozenset({Algo.DIRECT}),
 }
 
-BUS_FACTOR_NUMERATOR = {
+_BUS_FACTOR = {
     OpKind.ALL_REDUCE: lambda n: 2 * (n - 1) / n,
     OpKind.ALL_GATHER: lambda n: (n - 1) / n,
     OpKind.REDUCE_SCATTER: lambda n: (n - 1) / n,
@@ -81,7 +81,7 @@ BUS_FACTOR_NUMERATOR = {
 
 def bus_factor(kind: OpKind, n: int) -> float:
     """nccl-tests' busbw = algbw * factor (see its doc/PERFORMANCE.md)."""
-    return BUS_FACTOR_NUMERATOR[kind](n)
+    return _BUS_FACTOR[kind](n)
 
 
 @dataclass(frozen=True, slots=True)

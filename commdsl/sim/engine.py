@@ -429,7 +429,7 @@ class Engine:
             self.cause[g] = cause
             self._finish(g, t)
         h.t = t
-        h.cause = g if not op.kind in _COMM_KINDS else cause
+        h.cause = cause if op.kind in _COMM_KINDS else g
         h.block_g = -1
         h.block_deps = ()
         h.sync_targets = []
