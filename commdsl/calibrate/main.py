@@ -139,7 +139,7 @@ def _calibrate(cfg: CalibrateConfig) -> int:
         pool = BufferPool(device, backend, per_op=False)
         sizes = message_sizes(cfg, world)
         matmul_sizes = cfg.matmul_sizes or ((1024, 2048, 4096, 8192) if device.type == "cuda" else (64, 128, 256, 384, 512))
-        dtypes = (Dtype.FP32, Dtype.BF16, Dtype.FP16) if device.type == "cuda" else (Dtype.FP32,)
+        dtypes = (Dtype.FP32, Dtype.BF16, Dtype.FP16)
         results = _measure_all(probe, pool, sizes, matmul_sizes, dtypes, measure)
         if rank == 0:
             machine, report = build_machine(cfg, results, world, backend, device, torch.__version__)
@@ -197,10 +197,17 @@ def _measure_all(probe, pool, sizes, matmul_sizes, dtypes, measure) -> Results:
         res.kernel_launch_us, res.comm_launch_us = measure.launch_overheads_us(probe)
         step("launch overheads")
         for dtype in dtypes:
-            res.matmul[dtype] = []
+            points = []
             for n in matmul_sizes:
-                res.matmul[dtype].append((n, measure.matmul_us(probe, n, dtype)))
-                step(f"matmul {dtype.value} {n}")
+                try:
+                    points.append((n, measure.matmul_us(probe, n, dtype)))
+                except RuntimeError as e:  # e.g. a CPU without this dtype's matmul
+                    res.skipped.append(f"matmul {dtype.value}: {str(e).splitlines()[0]}")
+                    break
+                finally:
+                    step(f"matmul {dtype.value} {n}")
+            if len(points) >= 2:
+                res.matmul[dtype] = points
         for s in sizes:
             res.copy.append((s, measure.copy_us(probe, s, host_to_device=False)))
             res.host_copy.append((s, measure.copy_us(probe, s, host_to_device=True)))

@@ -1,0 +1,130 @@
+"""Prediction accuracy on this machine: calibrate once, then simulate, run and compare
+every bundled schedule (2 ranks, gloo, sizes that run in seconds).
+
+    python bench/accuracy.py [--out-dir bench_out] [--iters 5] [--only 1f1b,gpipe]
+
+Prints a markdown table of makespan error and per-op duration error per schedule and
+writes `accuracy.json` under --out-dir. Targets: median makespan error <= 5%, worst
+<= 10%. Everything goes through the real command lines a user types.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import platform
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+# Small two-rank params per bundled schedule: every op takes milliseconds, not seconds.
+SMALL_PARAMS: dict[str, dict[str, str]] = {
+    "1f1b": {"stages": "2", "microbatches": "4", "act": "1MiB", "t_fwd": "5ms", "t_bwd": "10ms"},
+    "gpipe": {"stages": "2", "microbatches": "4", "act": "1MiB", "t_fwd": "5ms", "t_bwd": "10ms"},
+    "interleaved_1f1b": {"stages": "2", "chunks": "2", "microbatches": "4", "act": "1MiB", "t_fwd": "3ms", "t_bwd": "6ms"},
+    "collectives": {"ranks": "2", "tensor": "4MiB", "skew": "2ms"},
+    "ddp_overlap": {"ranks": "2", "layers": "4", "bucket_layers": "2", "layer_grad": "4MiB", "t_fwd": "3ms", "t_bwd": "6ms", "t_opt": "2ms"},
+    "fsdp": {"ranks": "2", "layers": "4", "layer_params": "4MiB", "t_fwd": "3ms", "t_bwd": "6ms", "t_opt": "2ms"},
+    "memcpy_vs_nccl": {"gpus": "2", "msg": "4MiB", "t_compute": "10ms", "reps": "2"},
+    "p2p": {"pairs": "1", "msg": "4MiB", "t_compute": "5ms", "t_host": "2ms"},
+    "stream_overlap": {"ranks": "2", "batch": "4MiB", "t_step": "5ms", "t_prep": "2ms"},
+    "tp_mlp": {"dp": "1", "tp": "2", "tokens": "256", "hidden": "256", "ffn": "1024"},
+}
+
+
+def _run(cmd: list[str], timeout_s: float) -> subprocess.CompletedProcess:
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
+
+
+def _params(name: str) -> list[str]:
+    return [a for k, v in SMALL_PARAMS.get(name, {}).items() for a in ("-p", f"{k}={v}")]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out-dir", default="bench_out")
+    parser.add_argument("--iters", type=int, default=5)
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--machine", help="use this machine file instead of calibrating")
+    parser.add_argument("--only", default="", help="comma-separated schedule names")
+    parser.add_argument("--port", type=int, default=29731)
+    args = parser.parse_args()
+    out = Path(args.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    py = sys.executable
+    torchrun = [py, "-m", "torch.distributed.run", "--nproc_per_node=2"]
+
+    machine = args.machine
+    if machine is None:
+        machine = str(out / "machine.yaml")
+        start = time.perf_counter()
+        proc = _run([*torchrun, f"--master_port={args.port}", "-m", "commdsl.calibrate", "--out", machine,
+                     "--max-size", "64MiB", "--raw", str(out / "calibration_raw.json")], 900)  # fmt: skip
+        if proc.returncode != 0:
+            print(proc.stdout, proc.stderr, file=sys.stderr)
+            return 1
+        print(f"calibrated in {time.perf_counter() - start:.0f} s -> {machine}")
+
+    names = [n for n in (args.only.split(",") if args.only else sorted(SMALL_PARAMS)) if n]
+    rows = []
+    for i, name in enumerate(names):
+        pred, meas = out / f"{name}.predicted.json", out / f"{name}.measured.json"
+        sim = _run([py, "-m", "commdsl.cli", "simulate", name, *_params(name), "--machine", machine, "--trace", str(pred)], 120)
+        if sim.returncode != 0:
+            rows.append({"schedule": name, "error": "simulate failed: " + sim.stderr.strip().splitlines()[0]})
+            continue
+        ran = _run([*torchrun, f"--master_port={args.port + 1 + i}", "-m", "commdsl.run", name, *_params(name),
+                    "--out", str(meas), "--iters", str(args.iters), "--warmup", str(args.warmup)], 600)  # fmt: skip
+        if ran.returncode != 0:
+            tail = (ran.stderr.strip() or ran.stdout.strip()).splitlines()[-1:]
+            rows.append({"schedule": name, "error": "run failed: " + " ".join(tail)})
+            continue
+        cmp = _run([py, "-m", "commdsl.cli", "compare", str(pred), str(meas), "--json", "--html", str(out / f"{name}.html")], 120)
+        if cmp.returncode != 0:
+            rows.append({"schedule": name, "error": "compare failed: " + cmp.stderr.strip()})
+            continue
+        data = json.loads(cmp.stdout)
+        rows.append({
+            "schedule": name,
+            "predicted_ms": data["predicted_makespan_us"] / 1e3,
+            "measured_ms": data["measured_makespan_us"] / 1e3,
+            "makespan_error_pct": data["makespan_error_pct"],
+            "op_duration_error_median_pct": data["duration_error_pct"]["median"],
+            "op_duration_error_p90_pct": data["duration_error_pct"]["p90"],
+            "worst_op": f"{data['duration_error_pct'].get('worst_name', '')} ({data['duration_error_pct'].get('worst_source', '').split('/')[-1]})",
+        })  # fmt: skip
+        print(f"{name}: makespan error {data['makespan_error_pct']:+.1f}%", flush=True)
+
+    ok = [r for r in rows if "error" not in r]
+    errs = [abs(r["makespan_error_pct"]) for r in ok]
+    summary = {
+        "date": datetime.date.today().isoformat(),
+        "machine": f"{socket.gethostname()} {platform.machine()} {platform.processor() or ''}".strip(),
+        "cores": __import__("os").cpu_count(),
+        "machine_file": machine,
+        "median_abs_makespan_error_pct": statistics.median(errs) if errs else None,
+        "worst_abs_makespan_error_pct": max(errs) if errs else None,
+        "rows": rows,
+    }
+    (out / "accuracy.json").write_text(json.dumps(summary, indent=1))
+    print()
+    print("| schedule | predicted | measured | makespan error | per-op duration error (median / p90) | worst op |")
+    print("| --- | --- | --- | --- | --- | --- |")
+    for r in rows:
+        if "error" in r:
+            print(f"| {r['schedule']} | | | {r['error']} | | |")
+        else:
+            print(f"| {r['schedule']} | {r['predicted_ms']:.1f} ms | {r['measured_ms']:.1f} ms | {r['makespan_error_pct']:+.1f}% "
+                  f"| {r['op_duration_error_median_pct']:.1f}% / {r['op_duration_error_p90_pct']:.1f}% | {r['worst_op']} |")  # fmt: skip
+    if errs:
+        print(f"\nmedian |makespan error| {summary['median_abs_makespan_error_pct']:.1f}% (target <= 5%), "
+              f"worst {summary['worst_abs_makespan_error_pct']:.1f}% (target <= 10%) over {len(errs)} schedules")  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
