@@ -12,8 +12,9 @@ between the transfers in flight. `AnalyticNetwork` ignores contention: a transfe
 from __future__ import annotations
 
 import abc
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 
 import simpy
 
@@ -74,5 +75,5 @@ class AnalyticNetwork(Network):
         self.env.timeout(self.duration_us(transfer)).callbacks.append(lambda _ev: done())
 
 
-NETWORKS: dict[str, type[Network]] = {"analytic": AnalyticNetwork}
-"""`--network NAME` -> model."""
+NETWORKS: Mapping[str, type[Network]] = MappingProxyType({"analytic": AnalyticNetwork})
+"""`--network NAME` -> model (read-only; the flow model registers here next)."""
