@@ -97,7 +97,10 @@ CASES = [
     Case("unknown_stream_block", prog("on comms:", "    compute F 1ms"), "unknown stream 'comms'", P + 1, 6),
     Case("device_op_on_host", prog("compute F 1ms on host"), "runs on a device stream, not on the host", P + 1, 20),
     Case("assign_to_param", prog("n = 3"), "cannot assign to 'n': it is a param", P + 1, 3),
-    Case("assign_to_rank", prog("rank = 3"), "cannot assign to 'rank'", P + 1, 3),
+    Case("assign_to_rank", prog("rank = 3"), "cannot bind 'rank': it is reserved", P + 1, 3),
+    Case("loop_over_rank", prog("for rank in range(2):", "    pass"), "cannot bind 'rank'", P + 1, 7),
+    Case("internal_name", prog("__ctx__ = 1", "x = world.size"), "cannot bind '__ctx__'", P + 1, 3),
+    Case("read_internal_name", prog("compute F __ctx__"), "unknown name '__ctx__'", P + 1, 13),
     # ---- point-to-point -------------------------------------------------------------------
     Case("isend_without_handle", prog("isend x 4MiB to (rank + 1) % 4"), "isend returns a handle; bind it", P + 1, 3, rank=0),
     Case("send_with_from", prog("send x 4MiB from 1"), "send names its peer with 'to', not 'from'", P + 1, 15),

@@ -27,7 +27,7 @@ NAMES = sorted(SCHEDULES)
 _SMALL = {"stages": "2", "microbatches": "4", "chunks": "2", "world": "2", "ranks": "2", "dp": "2", "tp": "2", "pp": "2"}
 
 FUZZ = settings(
-    max_examples=60,
+    max_examples=200,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
     derandomize=True,
@@ -134,13 +134,13 @@ def test_byte_mutations_raise_only_commdsl_errors(text):
     _load(text)
 
 
-@settings(FUZZ, max_examples=30)
+@settings(FUZZ, max_examples=80)
 @given(st.one_of(_line_mutation(), _token_mutation(), _byte_mutation()), st.integers(1, 40))
 def test_mutations_with_tiny_op_limit(text, max_ops):
     _load(text, max_ops=max_ops)
 
 
-@settings(FUZZ, max_examples=40)
+@settings(FUZZ, max_examples=120)
 @given(st.sampled_from(NAMES), st.text(alphabet=st.sampled_from(list("0123456789+-*/%() .eMiBmsKGFLOPbf16[]x,_")), min_size=1, max_size=12))
 def test_param_overrides_raise_only_commdsl_errors(name, value):
     text = SCHEDULES[name]

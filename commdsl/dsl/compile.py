@@ -45,6 +45,7 @@ Expr = Callable[[Env], object]
 Stmt = Callable[[RankExpander, Env], None]
 
 MAX_CALL_DEPTH = 64
+_BUILTIN_NAMES = frozenset({"rank", "world_size"})
 
 _ROOT_OPTION = {OpKind.BROADCAST: "src", OpKind.SCATTER: "src", OpKind.REDUCE: "dst", OpKind.GATHER: "dst"}
 
@@ -214,6 +215,16 @@ class ProgramCompiler(Transformer):
             out[opt.name] = opt
         return out
 
+    def _check_bindable(self, name: str, loc: SourceLoc, *, params_too: bool) -> None:
+        """Refuse to bind `rank`, `world_size`, names starting with `__` (internal), and,
+        for assignments and loop variables, params."""
+        if name in _BUILTIN_NAMES or name.startswith("__"):
+            raise ScheduleError(f"cannot bind '{name}': it is reserved", loc,
+                                hint="`rank` and `world_size` are set per rank; names starting with __ are internal")  # fmt: skip
+        if params_too and name in self.param_names:
+            raise ScheduleError(f"cannot assign to '{name}': it is a param", loc,
+                                hint="params change only from the command line: -p NAME=VALUE")  # fmt: skip
+
     def _dtype(self, opts: dict[str, _Option]) -> Dtype | None:
         opt = opts.get("dtype")
         return self._enum(opt, Dtype) if opt else None
@@ -255,8 +266,7 @@ class ProgramCompiler(Transformer):
             raise ScheduleError(f"only an op can be bound to an indexed name like {ref.base}[...]", loc,
                                 hint="values are assigned to plain names: `x = ...`")  # fmt: skip
         name = ref.base
-        if name in ("rank", "world_size") or name in self.param_names:
-            raise ScheduleError(f"cannot assign to '{name}': it is a {'param' if name in self.param_names else 'builtin'}", loc)
+        self._check_bindable(name, loc, params_too=True)
         value = rhs
 
         def assign(ctx, env):
@@ -305,6 +315,8 @@ class ProgramCompiler(Transformer):
         name = str(name_tok)
         loc = self._loc(meta)
         params = tuple(params or ())
+        for p in params:
+            self._check_bindable(p, loc, params_too=False)
         if len(set(params)) != len(params):
             raise ScheduleError(f"block '{name}' repeats a parameter name", loc)
         if name in BUILTINS or name == "rank_at":
@@ -354,7 +366,8 @@ class ProgramCompiler(Transformer):
         var_tok, args, body = children
         var = str(var_tok)
         loc = self._loc(meta)
-        positional, keywords = args
+        self._check_bindable(var, self._tok_loc(var_tok), params_too=True)
+        positional, keywords = args if args is not None else ((), ())
         if keywords or not 1 <= len(positional) <= 3:
             raise ScheduleError("range() takes 1 to 3 integers: range(stop), range(start, stop[, step])", loc)
 
@@ -775,6 +788,8 @@ class ProgramCompiler(Transformer):
     def var(self, meta, children) -> Expr:
         name = str(children[0])
         loc = self._loc(meta)
+        if name.startswith("__"):
+            raise ScheduleError(f"unknown name '{name}'", loc, hint="names starting with __ are internal")
 
         def var(env):
             try:
@@ -832,6 +847,8 @@ class ProgramCompiler(Transformer):
             if axis not in axes:
                 raise ScheduleError(f"rank_at(): '{axis}' is not a mesh axis (axes: {', '.join(axes) or 'none'})", loc)
         layout = self.layout
+        if not keywords:
+            return lambda env: env["rank"]
 
         def rank_at(env):
             coords = layout.coords(env["rank"])

@@ -279,7 +279,7 @@ def _params(doc: _YamlFile, entry, overrides: dict[str, str]) -> dict[str, objec
         )
     env: dict[str, object] = {}
     for key, (knode, vnode) in nodes.items():
-        if key in ("rank", "world_size", "world"):
+        if key in ("rank", "world_size", "world") or key.startswith("__"):
             raise ScheduleError(f"'{key}' is reserved and cannot be a param", doc.loc(knode))
         if key in overrides:
             text = overrides[key]
