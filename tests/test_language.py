@@ -128,6 +128,20 @@ def test_dtype_element_counts_set_size_and_dtype():
     assert load("all_reduce g int8[3]", world="1").ops[0][0].size_bytes == 3
 
 
+def test_arithmetic_on_typed_sizes_keeps_the_dtype():
+    prog = load(
+        "all_gather a 3 * bf16[5]\nall_gather b bf16[30] / 2\nall_gather c bf16[3] + bf16[12]\n"
+        "all_gather d bf16[3] + 6B\nall_gather e max(bf16[15], bf16[3])\n",
+        world="3",
+        extra="dtype: int8\n",
+    )
+    assert [(op.name, op.size_bytes, op.dtype) for op in prog.ops[0]] == [
+        ("a", 30, Dtype.BF16), ("b", 30, Dtype.BF16), ("c", 30, Dtype.BF16),
+        ("d", 12, Dtype.INT8),  # mixed element types: the schedule's default
+        ("e", 30, Dtype.BF16),
+    ]  # fmt: skip
+
+
 # ---- control flow -------------------------------------------------------------------------------
 
 
@@ -324,10 +338,13 @@ def test_param_kinds_from_yaml():
     assert x.name == "X[3,2.5,true,16]" and g.size_bytes == 64 * 2**20
 
 
-def test_bundled_schedule_overrides():
-    prog = load_schedule("1f1b", {"stages": "2", "microbatches": "3"})
+def test_bundled_schedule_overrides_and_stable_source_name():
+    prog = load_schedule("1f1b", {"stages": "2", "microbatches": "4"})
     assert prog.world_size == 2
-    assert sum(op.kind is OpKind.COMPUTE for op in prog.ops[0]) == 6
+    assert sum(op.kind is OpKind.COMPUTE for op in prog.ops[0]) == 8
+    # A bundled schedule is named the same in every checkout or install.
+    assert prog.source == "schedules/1f1b.yaml"
+    assert {op.loc.file for ops in prog.ops for op in ops} == {"schedules/1f1b.yaml"}
 
 
 # ---- source locations ---------------------------------------------------------------------------

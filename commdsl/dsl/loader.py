@@ -148,7 +148,9 @@ def load_schedule(
         text = path.read_text()
     except (OSError, UnicodeDecodeError) as e:
         raise UsageError(f"cannot read {arg}: {e}") from None
-    display = arg if Path(arg).is_file() else str(path)
+    # A bundled schedule is named the same in every checkout and install, so traces and
+    # messages do not depend on where commdsl lives.
+    display = arg if Path(arg).is_file() else f"schedules/{path.name}"
     return load_schedule_text(text, display, overrides, max_ops=max_ops, validate=validate)
 
 

@@ -121,7 +121,12 @@ def _scale(q: Quantity, k: float) -> Quantity:
     value = q.value * k
     if q.unit is Unit.SIZE and isinstance(value, float) and value.is_integer():
         value = int(value)
-    return Quantity(value, q.unit)
+    return Quantity(value, q.unit, q.dtype)
+
+
+def _same_dtype(a: Quantity, b: Quantity) -> Dtype | None:
+    """The element type of a sum of two sizes: kept only when both agree."""
+    return a.dtype if a.dtype is b.dtype else None
 
 
 def binary(op: str, a: object, b: object) -> object:
@@ -172,9 +177,9 @@ def _binary(op: str, a: object, b: object) -> object:
     qa, qb = isinstance(a, Quantity), isinstance(b, Quantity)
     if qa and qb and a.unit is b.unit:
         if op == "+":
-            return Quantity(a.value + b.value, a.unit)
+            return Quantity(a.value + b.value, a.unit, _same_dtype(a, b))
         if op == "-":
-            return Quantity(a.value - b.value, a.unit)
+            return Quantity(a.value - b.value, a.unit, _same_dtype(a, b))
         if op in ("/", "//", "%"):
             if b.value == 0:
                 raise ValueFault("division by zero")
@@ -182,7 +187,7 @@ def _binary(op: str, a: object, b: object) -> object:
                 return a.value / b.value
             if op == "//":
                 return int(a.value // b.value)
-            return Quantity(a.value % b.value, a.unit)
+            return Quantity(a.value % b.value, a.unit, _same_dtype(a, b))
     if op == "*" and qa and is_number(b):
         return _scale(a, b)
     if op == "*" and qb and is_number(a):
@@ -193,7 +198,7 @@ def _binary(op: str, a: object, b: object) -> object:
         value = a.value // b if op == "//" else a.value / b
         if a.unit is Unit.SIZE and isinstance(value, float) and value.is_integer():
             value = int(value)
-        return Quantity(value, a.unit)
+        return Quantity(value, a.unit, a.dtype)
     raise ValueFault(f"cannot compute {type_name(a)} {op} {type_name(b)}")
 
 
@@ -201,7 +206,7 @@ def negate(a: object) -> object:
     if is_number(a):
         return _checked(-a)
     if isinstance(a, Quantity):
-        return Quantity(-a.value, a.unit)
+        return Quantity(-a.value, a.unit, a.dtype)
     raise ValueFault(f"cannot negate {type_name(a)}")
 
 
@@ -279,7 +284,7 @@ def _fn_log2(*args):
 
 def _fn_abs(*args):
     if len(args) == 1 and isinstance(args[0], Quantity):
-        return Quantity(abs(args[0].value), args[0].unit)
+        return Quantity(abs(args[0].value), args[0].unit, args[0].dtype)
     return abs(_one_number("abs", args))
 
 
