@@ -15,8 +15,9 @@ import sys
 from commdsl import __version__
 from commdsl.errors import CommdslError, UsageError
 
-# name -> (module, one-line help). Modules are imported only when their command runs,
-# so `commdsl check` never imports the simulator, and nothing here imports torch.
+# name -> (module, one-line help). Command modules import their heavy parts (the
+# simulator, the HTML report) only when they run; nothing reachable from here imports
+# torch, which only the executor and calibrate need.
 COMMANDS: dict[str, tuple[str, str]] = {
     "check": ("commdsl.commands.check", "validate a schedule and print a summary"),
     "show": ("commdsl.commands.show", "print each rank's op order (grid and listing)"),
