@@ -86,3 +86,6 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except (RuntimeError, OSError, ValueError) as e:  # torch.distributed set-up (store, rendezvous, NCCL)
+        print(f"run error: rank {os.environ.get('RANK', '0')}: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
+        return 1

@@ -239,6 +239,10 @@ class Executor:
     def end_iteration(self) -> None:
         """Read device timestamps into `self.rec`."""
 
+    def close(self) -> None:
+        """Stop worker threads (after the last iteration)."""
+        self.signals.stop.set()
+
     def host_work(self, op: Op) -> None:
         rec = self.rec
         rec.exec_start[op.index] = now_ns()
@@ -348,6 +352,11 @@ class CpuExecutor(Executor):
     def drain(self) -> None:
         for q in (*self.streams.values(), *self.queues.values()):
             q.drain()
+
+    def close(self) -> None:
+        super().close()
+        for q in (*self.streams.values(), *self.queues.values()):
+            q.join()
 
 
 class CudaExecutor(Executor):

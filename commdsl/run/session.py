@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import statistics
-import sys
 from dataclasses import asdict
 from pathlib import Path
 
@@ -113,6 +112,7 @@ def run(config: RunConfig) -> int:
     status = [code]
     dist.broadcast_object_list(status, src=0, group=groups.control)
     watchdog.stop()
+    executor.close()
     dist.destroy_process_group()
     if status[0] == 1 and rank == 0:
         raise CheckError(_check_summary(gathered))

@@ -93,6 +93,10 @@ class WorkQueue:
     def drain(self) -> None:
         self.wait_for(self.position)
 
+    def join(self, timeout_s: float = 5.0) -> None:
+        """After `RunSignals.stop` is set: wait for the worker to leave."""
+        self._thread.join(timeout_s)
+
     def _loop(self) -> None:
         while True:
             with self._cond:

@@ -62,6 +62,7 @@ class Watchdog:
 
     def stop(self) -> None:
         self._stop.set()
+        self._thread.join(5.0)
 
     # ---- detection ------------------------------------------------------------------
 
