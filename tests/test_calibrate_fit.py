@@ -54,3 +54,30 @@ def test_bad_input() -> None:
         fit_linear([1.0], [1.0])
     with pytest.raises(ValueError, match="same x"):
         fit_linear([1.0, 1.0], [1.0, 2.0])
+
+
+def test_step_fit_recovers_chain_broadcast_parameters() -> None:
+    # Pipelined chain: steps = n - 2 + k, bytes = steps * S / k (k chunks of 512 KiB).
+    from commdsl.calibrate.fit import fit_steps
+    from commdsl.ir import Algo, OpKind
+    from commdsl.sim.collectives import plan
+
+    latency_us, bytes_per_us = 8.0, 40_000.0
+    steps, nbytes, ts = [], [], []
+    for s in SIZES:
+        p = plan(OpKind.BROADCAST, Algo.CHAIN, 4, s, 512 * 1024)
+        steps.append(p.latency_steps)
+        nbytes.append(p.serial_bytes)
+        ts.append(p.latency_steps * latency_us + p.serial_bytes / bytes_per_us)
+    fit = fit_steps(steps, nbytes, ts)
+    assert fit.latency_us == pytest.approx(latency_us, rel=1e-6)
+    assert fit.bytes_per_us == pytest.approx(bytes_per_us, rel=1e-6)
+
+
+def test_step_fit_with_constant_steps_divides_latency() -> None:
+    from commdsl.calibrate.fit import fit_steps
+
+    # Ring all_reduce on 4 ranks: 6 steps whatever the size.
+    ts = [6 * 5.0 + 1.5 * s / 1000.0 for s in SIZES]
+    fit = fit_steps([6.0] * len(SIZES), [1.5 * s for s in SIZES], ts)
+    assert fit.latency_us == pytest.approx(5.0) and fit.bytes_per_us == pytest.approx(1000.0)
