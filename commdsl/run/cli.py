@@ -47,6 +47,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="skip the static matching checks (to reproduce a hang on purpose)")  # fmt: skip
     p.add_argument("--max-ops", type=int, default=None, metavar="N", help="fail if the schedule expands to more than N ops")
     p.add_argument("-q", "--quiet", action="store_true", help="print nothing on success")
+    p.add_argument("--compare", action="store_true",
+                   help="after the run, simulate the same schedule and print predicted vs measured")  # fmt: skip
+    p.add_argument("--machine", metavar="NAME|PATH", default=None,
+                   help="machine for --compare (default: cpu-loopback on gloo, the simulator's default on NCCL; "
+                   "best: a file from `torchrun -m commdsl.calibrate`)")  # fmt: skip
+    p.add_argument("--network", default="analytic", help="network model for --compare (default analytic)")
     return p
 
 
@@ -62,11 +68,23 @@ def parse_config(argv: list[str] | None) -> RunConfig:
         raise UsageError(f"--timeout must be > 0 seconds, got {a.timeout}")
     if a.max_ops is not None and a.max_ops < 1:
         raise UsageError(f"--max-ops must be at least 1, got {a.max_ops}")
+    if (a.machine is not None or a.network != "analytic") and not a.compare:
+        raise UsageError("--machine and --network only apply with --compare")
+    if a.compare:
+        # Fail before any process group exists if the machine or network is wrong.
+        from commdsl.machine import resolve_machine
+        from commdsl.sim import NETWORKS
+
+        if a.machine is not None:
+            resolve_machine(a.machine)
+        if a.network not in NETWORKS:
+            raise UsageError(f"--network {a.network}: unknown network model (known: {', '.join(sorted(NETWORKS))})")
     return RunConfig(
         schedule=a.schedule, params=tuple(parse_overrides(a.param).items()), out=a.out, warmup=a.warmup,
         iters=a.iters, check=a.check, timeout_s=a.timeout, backend=BackendChoice(a.backend),
         duration_mode=DurationMode(a.duration_mode), values_file=a.values, dump_values=a.dump_values,
-        validate=not a.no_validate, max_ops=a.max_ops, quiet=a.quiet,
+        validate=not a.no_validate, max_ops=a.max_ops, quiet=a.quiet, compare=a.compare, machine=a.machine,
+        network=a.network,
     )  # fmt: skip
 
 

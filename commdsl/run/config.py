@@ -47,3 +47,9 @@ class RunConfig:
     """Run the static matching checks at load time; off to reproduce a hang on purpose."""
     max_ops: int | None = None
     quiet: bool = False
+    compare: bool = False
+    """After the run, rank 0 simulates the same program and prints the comparison."""
+    machine: str | None = None
+    """Machine for --compare (preset or file); None: cpu-loopback on gloo, the simulator's default on NCCL."""
+    network: str = "analytic"
+    """Network model for --compare."""

@@ -149,7 +149,25 @@ def _report(program: Program, config: RunConfig, results: list[RankResult], meta
                          + ("all correct" if not failures else f"{len(failures)} wrong"))  # fmt: skip
         lines.append(f"measured timeline: {out} ({len(tl.exec_spans())} ops); open it in Perfetto or `commdsl compare`")
         print("\n".join(lines), flush=True)
+    if config.compare:
+        _compare(program, config, tl, meta)
     return 1 if failures else 0
+
+
+def _compare(program: Program, config: RunConfig, measured, meta: dict) -> None:
+    """Rank 0, --compare: simulate the very Program that ran and print the comparison."""
+    from rich.console import Console
+
+    from commdsl.commands.compare import print_comparison
+    from commdsl.compare import compare_timelines
+    from commdsl.machine import DEFAULT_MACHINE, resolve_machine
+    from commdsl.sim import simulate
+
+    machine_name = config.machine or ("cpu-loopback" if meta["backend"] == "gloo" else DEFAULT_MACHINE)
+    predicted = simulate(program, resolve_machine(machine_name), config.network).timeline
+    console = Console(highlight=False)
+    console.print(f"\npredicted on {machine_name} ({config.network} network) vs measured:")
+    print_comparison(compare_timelines(predicted, measured), console)
 
 
 def _check_summary(results: list[RankResult]) -> str:

@@ -1,0 +1,93 @@
+"""End to end on 2 gloo ranks: calibrate -> simulate -> run -> compare, as a user would."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from commdsl.dsl import load_schedule
+from commdsl.machine import load_machine
+
+SMALL = ["-p", "stages=2", "-p", "microbatches=3", "-p", "act=64KiB", "-p", "t_fwd=2ms", "-p", "t_bwd=4ms"]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _torchrun(*args: str, timeout: float = 240) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={_free_port()}", *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+
+
+def _commdsl(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "commdsl.cli", *args], capture_output=True, text=True, timeout=120)
+
+
+@pytest.fixture(scope="module")
+def machine_file(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("cal") / "machine.yaml"
+    raw = out.with_name("raw.json")
+    proc = _torchrun("-m", "commdsl.calibrate", "--out", str(out), "--raw", str(raw), "--max-size", "256KiB",
+                     "--repeats", "2", "--warmup", "1", "--matmul-sizes", "32,64,96")  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "fit quality" in proc.stdout and "R²" in proc.stdout and "p2p" in proc.stdout
+    data = json.loads(raw.read_text())
+    assert len(data["p2p_us"]) == 5  # 1, 4, 16, 64, 256 KiB
+    assert set(data["collectives_us"]) >= {"all_reduce", "all_gather", "broadcast"}
+    return out
+
+
+def test_calibrated_machine_is_a_valid_machine(machine_file: Path) -> None:
+    m = load_machine(machine_file)
+    rates = dict(m.device.peak_tflops)
+    assert all(r > 0 for r in rates.values()) and rates
+    for _, link in m.transports:
+        assert link.latency_us >= 0 and link.bandwidth_gb_per_s > 0
+    assert m.kernel_launch_us > 0 and m.comm_launch_us > 0
+    header = machine_file.read_text().splitlines()[0]
+    assert header.startswith("# Machine description written by commdsl.calibrate")
+
+
+def test_simulate_run_compare_loop(machine_file: Path, tmp_path: Path) -> None:
+    pred, meas = tmp_path / "pred.json", tmp_path / "meas.json"
+    sim = _commdsl("simulate", "1f1b", *SMALL, "--machine", str(machine_file), "--trace", str(pred))
+    assert sim.returncode == 0, sim.stderr
+    run = _torchrun("-m", "commdsl.run", "1f1b", *SMALL, "--out", str(meas), "--warmup", "1", "--iters", "2",
+                    "--compare", "--machine", str(machine_file))  # fmt: skip
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "predicted on" in run.stdout and "makespan error" in run.stdout
+    cmp = _commdsl("compare", str(pred), str(meas), "--json", "--html", str(tmp_path / "r.html"))
+    assert cmp.returncode == 0, cmp.stderr
+    data = json.loads(cmp.stdout)
+    num_ops = load_schedule("1f1b", dict(a.split("=") for a in SMALL[1::2])).num_ops
+    assert data["ops_compared"] == num_ops and not data["only_predicted"] and not data["only_measured"]
+    assert data["measured_makespan_us"] > 0 and data["predicted_makespan_us"] > 0
+    assert "<svg" in (tmp_path / "r.html").read_text()
+
+
+def test_calibrate_usage_errors(tmp_path: Path) -> None:
+    alone = subprocess.run([sys.executable, "-m", "commdsl.calibrate", "--out", str(tmp_path / "m.yaml")],
+                           capture_output=True, text=True, timeout=60, env={"PATH": "/usr/bin:/bin"})  # fmt: skip
+    assert alone.returncode == 2 and "run it under torchrun" in alone.stderr and "Traceback" not in alone.stderr
+    bad = subprocess.run([sys.executable, "-m", "commdsl.calibrate", "--out", "x.yaml", "--max-size", "2ms"],
+                         capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert bad.returncode == 2 and "--max-size takes a size" in bad.stderr
+
+
+def test_run_compare_rejects_bad_machine_before_starting(tmp_path: Path) -> None:
+    # The machine is checked while parsing arguments: no torchrun, no process group needed.
+    proc = subprocess.run([sys.executable, "-m", "commdsl.run", "1f1b", "--compare", "--machine", "no-such-machine"],
+                          capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert proc.returncode == 2 and "no such machine file or preset: no-such-machine" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    lonely = subprocess.run([sys.executable, "-m", "commdsl.run", "1f1b", "--machine", "cpu-loopback"],
+                            capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert lonely.returncode == 2 and "only apply with --compare" in lonely.stderr
