@@ -11,7 +11,6 @@ unknown options, enum values, group and stream names.
 
 from __future__ import annotations
 
-import difflib
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -939,12 +938,9 @@ def _too_deep(loc: SourceLoc) -> LimitError:
 
 def _unknown_name(name: str, env: Env, loc: SourceLoc) -> ScheduleError:
     visible = [k for k in env if not k.startswith("__")]
-    close = difflib.get_close_matches(name, visible, n=1)
-    if close:
-        hint = f"did you mean '{close[0]}'?"
-    elif visible:
-        hint = "known names: " + ", ".join(sorted(visible)[:12])
-    else:
-        hint = "only numbers, quantities and params declared above are known here"
+    hint = did_you_mean(name, visible)
+    if hint is None:
+        hint = ("known names: " + ", ".join(sorted(visible)[:12]) if visible
+                else "only numbers, quantities and params declared above are known here")  # fmt: skip
     ctx = env.get("__ctx__")
     return ScheduleError(f"unknown name '{name}'", loc, hint=hint, rank=ctx.rank if ctx else None)

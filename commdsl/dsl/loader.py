@@ -18,7 +18,7 @@ import yaml
 from commdsl.dsl.compile import ProgramCompiler
 from commdsl.dsl.expand import ExpansionBudget, RankExpander, WorldLayout
 from commdsl.dsl.parser import TextOrigin, parse_expression, parse_program
-from commdsl.dsl.values import INT_LIMIT, Quantity, format_value
+from commdsl.dsl.values import INT_LIMIT, format_value
 from commdsl.errors import LimitError, ScheduleError, SourceLoc, UsageError, did_you_mean
 from commdsl.ir import Dtype, Group, Program, Transport
 from commdsl.resources import bundled_schedules, resolve_schedule
