@@ -120,3 +120,26 @@ def assert_semantics(program: Program, tl: Timeline) -> None:
 
 def load(path: str | Path, params: dict[str, str] | None = None) -> Program:
     return load_schedule(str(path), params or {})
+
+
+def test_flop_sized_compute_runs_in_the_ops_dtype():
+    import torch
+
+    from commdsl.errors import SourceLoc
+    from commdsl.ir import Dtype, Op, OpKind
+    from commdsl.run.compute import Kernels
+    from commdsl.run.config import DurationMode
+
+    kernels = Kernels(torch.device("cpu"), DurationMode.BUSY)
+
+    def op(dtype: Dtype) -> Op:
+        return Op(0, 0, OpKind.COMPUTE, "F", "compute", SourceLoc("t.yaml", 1, 1), flops=2 * 256**3 * 3, dtype=dtype)
+
+    assert kernels.spec(op(Dtype.BF16)).dtype is torch.bfloat16
+    assert kernels.spec(op(Dtype.FP64)).dtype is torch.float64
+    assert kernels.spec(op(Dtype.INT8)).dtype is torch.float32  # no int8 matmul: the device default
+    spec = kernels.spec(op(Dtype.BF16))
+    assert spec.repeats == 3 and spec.side == 256
+    kernels.prepare("compute", spec)
+    kernels.run("compute", spec)
+    assert kernels._outputs[("compute", 256, torch.bfloat16)].dtype is torch.bfloat16

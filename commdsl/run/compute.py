@@ -2,7 +2,9 @@
 
 * FLOPs given (`compute F 4GFLOP`): square matrix multiplies whose FLOPs add up to
   the op's (2·n³ each): repeats of a BLOCK×BLOCK multiply, or one smaller multiply for
-  small ops.
+  small ops, in the op's dtype when it is a floating type (fp32, bf16, fp16, fp64),
+  so work runs at the rate the machine model lists for that dtype; other dtypes
+  (int8, fp8, ...) run in the device's default float type.
 * Explicit duration (`compute F 2ms`, which wins over FLOPs): a small matrix multiply
   repeated as many times as start-up calibration says fits the duration. Calibration
   times the multiply on this rank while the other ranks calibrate too, so it sees the
@@ -24,7 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
-from commdsl.ir import Op
+from commdsl.ir import Dtype, Op
 from commdsl.run.config import DurationMode
 
 BLOCK = 256
@@ -41,6 +43,8 @@ class KernelSpec:
 
     side: int = 0
     """Matmul side (0: no matmul)."""
+    dtype: torch.dtype | None = None
+    """Matmul element type (None: the device default)."""
     repeats: int = 0
     copy_bytes: int = 0
     """Memory copy size, for bytes-only compute."""
@@ -55,8 +59,8 @@ class Kernels:
         self.device = device
         self.mode = mode
         self.dtype = torch.float32 if device.type == "cpu" else torch.bfloat16
-        self._operands: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
-        self._outputs: dict[tuple[str, int], torch.Tensor] = {}
+        self._operands: dict[tuple[int, torch.dtype], tuple[torch.Tensor, torch.Tensor]] = {}
+        self._outputs: dict[tuple[str, int, torch.dtype], torch.Tensor] = {}
         self._copy: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
         self.cal_side = CAL_BLOCK_CPU if device.type == "cpu" else CAL_BLOCK_CUDA
         self.cal_us_per_rep = 0.0
@@ -69,22 +73,24 @@ class Kernels:
             reps = max(0, round(op.duration_us / self.cal_us_per_rep)) if self.cal_us_per_rep else 0
             return KernelSpec(side=self.cal_side, repeats=reps)
         if op.flops:
+            dtype = MATMUL_DTYPES.get(op.dtype, self.dtype)
             block_flops = 2 * BLOCK**3
             if op.flops >= block_flops:
-                return KernelSpec(side=BLOCK, repeats=max(1, round(op.flops / block_flops)))
-            return KernelSpec(side=max(4, round((op.flops / 2) ** (1 / 3))), repeats=1)
+                return KernelSpec(side=BLOCK, dtype=dtype, repeats=max(1, round(op.flops / block_flops)))
+            return KernelSpec(side=max(4, round((op.flops / 2) ** (1 / 3))), dtype=dtype, repeats=1)
         if op.size_bytes:
             return KernelSpec(copy_bytes=max(1, op.size_bytes // 2))
         return KernelSpec()
 
     def prepare(self, stream: str, spec: KernelSpec) -> None:
         """Allocate what `run(stream, spec)` needs, once."""
-        if spec.side and spec.side not in self._operands:
+        dtype = spec.dtype or self.dtype
+        if spec.side and (spec.side, dtype) not in self._operands:
             g = torch.Generator(device="cpu").manual_seed(spec.side)
-            a = torch.rand(spec.side, spec.side, generator=g).to(self.device, self.dtype)
-            self._operands[spec.side] = (a, a.clone())
-        if spec.side and (stream, spec.side) not in self._outputs:
-            self._outputs[(stream, spec.side)] = torch.empty(spec.side, spec.side, device=self.device, dtype=self.dtype)
+            a = torch.rand(spec.side, spec.side, generator=g).to(self.device, dtype)
+            self._operands[(spec.side, dtype)] = (a, a.clone())
+        if spec.side and (stream, spec.side, dtype) not in self._outputs:
+            self._outputs[(stream, spec.side, dtype)] = torch.empty(spec.side, spec.side, device=self.device, dtype=dtype)
         if spec.copy_bytes:
             have = self._copy.get(stream)
             if have is None or have[0].numel() < spec.copy_bytes:
@@ -97,8 +103,9 @@ class Kernels:
             time.sleep(spec.sleep_s)
             return
         if spec.repeats:
-            a, b = self._operands[spec.side]
-            out = self._outputs[(stream, spec.side)]
+            dtype = spec.dtype or self.dtype
+            a, b = self._operands[(spec.side, dtype)]
+            out = self._outputs[(stream, spec.side, dtype)]
             for _ in range(spec.repeats):
                 torch.mm(a, b, out=out)
         if spec.copy_bytes:
