@@ -37,6 +37,10 @@ CAL_BLOCK_CUDA = 1024
 50 us a repeat), large enough on a GPU that launch overhead does not dominate."""
 
 
+MATMUL_DTYPES = {Dtype.FP32: torch.float32, Dtype.BF16: torch.bfloat16, Dtype.FP16: torch.float16, Dtype.FP64: torch.float64}
+"""Op dtypes whose FLOP-sized work runs as matmuls of that very dtype."""
+
+
 @dataclass(frozen=True)
 class KernelSpec:
     """What one compute op runs."""
