@@ -7,9 +7,12 @@ that starts at zero.
 
 Definitions (all errors are predicted minus measured):
   * makespan error % = (predicted makespan - measured makespan) / measured makespan * 100
-  * per-op duration error % = (pred duration - meas duration) / meas duration * 100
-    (ops whose measured duration is below `min_duration_us` are left out of the
-    percentage statistics: a 2 us wait with a 1 us error is not a 50% miss);
+  * per-op duration error % = (pred duration - meas duration) / meas duration * 100,
+    over ops that do work (compute, host work, copies, communication). Waits, records
+    and synchronizes are left out: their span is how long a stream sat blocked, a
+    consequence of other ops' timing that both timelines draw but neither predicts
+    on its own (their start errors still count). Ops whose measured duration is below
+    `min_duration_us` are left out too: a 2 us op with a 1 us error is not a 50% miss;
   * per-op start error (us) = pred start - meas start, and as % of the measured makespan.
 Statistics use absolute values: median, p90 and worst.
 """
@@ -101,7 +104,10 @@ class Comparison:
         return 100.0 * (self.predicted_makespan_us - self.measured_makespan_us) / self.measured_makespan_us
 
     def duration_stats(self) -> ErrorStats:
-        return ErrorStats.of([(e.duration_error_pct, e.op_id) for e in self.ops if e.measured_duration_us >= self.min_duration_us])
+        return ErrorStats.of([
+            (e.duration_error_pct, e.op_id) for e in self.ops
+            if e.kind not in NON_BUSY_KINDS and e.measured_duration_us >= self.min_duration_us
+        ])  # fmt: skip
 
     def start_stats(self) -> ErrorStats:
         return ErrorStats.of([(e.start_error_us, e.op_id) for e in self.ops])

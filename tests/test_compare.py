@@ -61,6 +61,15 @@ def test_rank_breakdown_exposed_comm_and_idle() -> None:
     assert (br[1].compute_us, br[1].comm_us, br[1].exposed_comm_us, br[1].idle_us) == (200, 50, 0, 0)
 
 
+def test_waits_count_for_start_error_not_duration_error() -> None:
+    # A wait's span is how long its stream sat blocked: not something the model predicts.
+    pred = PREDICTED + [("0:2", 0, "compute", "wait", 150, 150)]
+    meas = MEASURED + [("0:2", 0, "compute", "wait", 150, 400)]
+    cmp = compare_timelines(_timeline("predicted", pred), _timeline("measured", meas), min_duration_us=1)
+    assert cmp.duration_stats().worst == pytest.approx(50.0)  # unchanged by the wait
+    assert "0:2" in {e.op_id for e in cmp.ops}
+
+
 def test_unpaired_ops_are_listed() -> None:
     cmp = compare_timelines(_timeline("predicted", PREDICTED[:3]), _timeline("measured", MEASURED))
     assert cmp.only_measured == ["1:1"] and cmp.only_predicted == []

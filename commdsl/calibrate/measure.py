@@ -114,15 +114,28 @@ def matmul_us(probe: Probe, n: int, dtype: Dtype) -> float:
     return _median_time_us(probe, lambda: torch.mm(a, b, out=out), reduce_max=False)
 
 
+COPY_FOOTPRINT_BYTES = 256 * 2**20
+"""Copies rotate through distinct buffers up to this many bytes per side, so each copy
+starts with cold caches, as copies of distinct tensors in a real schedule do."""
+
+
 def copy_us(probe: Probe, size_bytes: int, *, host_to_device: bool) -> float:
     """Time of a device-memory copy (or a pinned host-to-device copy) of size_bytes."""
     numel = max(size_bytes // 4, 1)
-    if host_to_device and probe.device.type == "cuda":
-        src = torch.zeros(numel, pin_memory=True)
-    else:
-        src = torch.zeros(numel, device=probe.device)
-    dst = torch.empty(numel, device=probe.device)
-    return _median_time_us(probe, lambda: dst.copy_(src, non_blocking=True), reduce_max=False)
+    buffers = max(1, min(64, COPY_FOOTPRINT_BYTES // max(size_bytes, 1)))
+    pinned = host_to_device and probe.device.type == "cuda"
+    pairs = [
+        (torch.zeros(numel, pin_memory=True) if pinned else torch.zeros(numel, device=probe.device),
+         torch.zeros(numel, device=probe.device))
+        for _ in range(buffers)
+    ]  # fmt: skip
+    turn = iter(range(1 << 62))
+
+    def copy() -> None:
+        src, dst = pairs[next(turn) % buffers]
+        dst.copy_(src, non_blocking=True)
+
+    return _median_time_us(probe, copy, reduce_max=False)
 
 
 def launch_overheads_us(probe: Probe) -> tuple[float, float]:
