@@ -71,13 +71,17 @@ def fit_linear(xs: list[float], ts: list[float], *, relative: bool = True, nonne
 
 
 def _make(intercept: float, slope: float, xs: list[float], ts: list[float]) -> LinearFit:
-    preds = [intercept + slope * x for x in xs]
-    mean = sum(ts) / len(ts)
-    ss_tot = sum((t - mean) ** 2 for t in ts)
-    ss_res = sum((t - p) ** 2 for t, p in zip(ts, preds))
-    r2 = 1.0 - ss_res / ss_tot if ss_tot > 0 else 1.0
-    residuals = tuple(100.0 * (p - t) / t if t else 0.0 for p, t in zip(preds, ts))
+    r2, residuals = fit_quality([intercept + slope * x for x in xs], ts)
     return LinearFit(intercept, slope, r2, residuals, tuple(xs), tuple(ts))
+
+
+def fit_quality(predicted: list[float], measured: list[float]) -> tuple[float, tuple[float, ...]]:
+    """R^2 of predicted against measured, and per-point residuals in % of measured."""
+    mean = sum(measured) / len(measured)
+    ss_tot = sum((t - mean) ** 2 for t in measured)
+    ss_res = sum((t - p) ** 2 for t, p in zip(measured, predicted))
+    r2 = 1.0 - ss_res / ss_tot if ss_tot > 0 else 1.0
+    return r2, tuple(100.0 * (p - t) / t if t else 0.0 for p, t in zip(predicted, measured))
 
 
 @dataclass(frozen=True)
@@ -125,13 +129,5 @@ def fit_steps(steps: list[float], nbytes: list[float], ts: list[float]) -> StepF
         err_lat = sum(w * (t - lat_only * s) ** 2 for w, s, t in zip(ws, steps, ts))
         err_bw = sum(w * (t - bw_only * b) ** 2 for w, b, t in zip(ws, nbytes, ts))
         lat, inv_bw = (max(lat_only, 0.0), 0.0) if err_lat <= err_bw else (0.0, max(bw_only, 0.0))
-    preds = [lat * s + inv_bw * b for s, b in zip(steps, nbytes)]
-    mean = sum(ts) / len(ts)
-    ss_tot = sum((t - mean) ** 2 for t in ts)
-    ss_res = sum((t - p) ** 2 for t, p in zip(ts, preds))
-    return StepFit(
-        latency_us=lat,
-        bytes_per_us=math.inf if inv_bw <= 0 else 1.0 / inv_bw,
-        r2=1.0 - ss_res / ss_tot if ss_tot > 0 else 1.0,
-        residuals_pct=tuple(100.0 * (p - t) / t for p, t in zip(preds, ts)),
-    )
+    r2, residuals = fit_quality([lat * s + inv_bw * b for s, b in zip(steps, nbytes)], ts)
+    return StepFit(lat, math.inf if inv_bw <= 0 else 1.0 / inv_bw, r2, residuals)

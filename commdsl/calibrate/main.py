@@ -196,17 +196,22 @@ def _measure_all(probe, pool, sizes, matmul_sizes, dtypes, measure) -> Results:
 
         res.kernel_launch_us, res.comm_launch_us = measure.launch_overheads_us(probe)
         step("launch overheads")
-        for dtype in dtypes:
+        def series(label: str, xs, fn) -> list[tuple[int, float]] | None:
+            """Measure fn(x) for each x; None if the backend or device lacks the operation."""
             points = []
-            for n in matmul_sizes:
+            for x in xs:
                 try:
-                    points.append((n, measure.matmul_us(probe, n, dtype)))
-                except RuntimeError as e:  # e.g. a CPU without this dtype's matmul
-                    res.skipped.append(f"matmul {dtype.value}: {str(e).splitlines()[0]}")
-                    break
+                    points.append((x, fn(x)))
+                except RuntimeError as e:  # e.g. bf16 matmul on an old CPU, a collective gloo lacks
+                    res.skipped.append(f"{label}: {str(e).splitlines()[0]}")
+                    return None
                 finally:
-                    step(f"matmul {dtype.value} {n}")
-            if len(points) >= 2:
+                    step(f"{label} {x}")
+            return points if len(points) >= 2 else None
+
+        for dtype in dtypes:
+            points = series(f"matmul {dtype.value}", matmul_sizes, lambda n: measure.matmul_us(probe, n, dtype))
+            if points:
                 res.matmul[dtype] = points
         for s in sizes:
             res.copy.append((s, measure.copy_us(probe, s, host_to_device=False)))
@@ -217,16 +222,8 @@ def _measure_all(probe, pool, sizes, matmul_sizes, dtypes, measure) -> Results:
             res.p2p.append((s, measure.p2p_us(probe, s, pool)))
             step(f"p2p {format_bytes(s)}")
         for kind in COLLECTIVES:
-            points = []
-            for s in sizes:
-                try:
-                    points.append((s, measure.collective_us(probe, kind, s, pool)))
-                except RuntimeError as e:  # a backend without this collective
-                    res.skipped.append(f"{kind.value}: {str(e).splitlines()[0]}")
-                    break
-                finally:
-                    step(f"{kind.value} {format_bytes(s)}")
-            if len(points) >= 2:
+            points = series(kind.value, sizes, lambda s: measure.collective_us(probe, kind, s, pool))
+            if points:
                 res.collectives[kind] = points
         res.slowdown = measure.slowdown_under_comm(probe, matmul_sizes[-1], sizes[-1], pool)
         step("compute slowdown under communication")
