@@ -14,7 +14,7 @@ from commdsl.timeline import SpanRole, Timeline
 def test_simulate_1f1b_prints_a_summary(capsys):
     assert main(["simulate", "1f1b"]) == 0
     out = capsys.readouterr().out
-    assert "1f1b on h100-nvlink (analytic network)" in out
+    assert "1f1b on h100-nvlink (flow network)" in out
     assert "makespan" in out and "bubble fraction" in out and "critical path" in out
     assert "exposed comm" in out
     assert "F/B...: compute" in out  # the Gantt legend (small schedule)
@@ -39,7 +39,7 @@ def test_trace_has_one_track_per_rank_and_stream(tmp_path, capsys):
     for rank in range(4):
         assert tl.tracks[rank][:2] == ["host", "compute"]
     assert all(s.role in (SpanRole.EXEC, SpanRole.ISSUE) for s in tl.spans)
-    assert tl.meta["machine"]["name"] == "h100-nvlink" and tl.meta["network"] == {"model": "analytic"}
+    assert tl.meta["machine"]["name"] == "h100-nvlink" and tl.meta["network"]["model"] == "flow"
     assert len(tl.flows) > 0
 
 

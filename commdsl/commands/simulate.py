@@ -2,7 +2,10 @@
 
     commdsl simulate 1f1b                              # summary, critical path, Gantt
     commdsl simulate 1f1b --machine a100-nvlink --trace predicted.json
-    commdsl simulate my.yaml -p stages=8 --json        # summary as JSON (makespan_us, ...)
+    commdsl simulate my.yaml -p stages=8 --json        # summary as JSON (makespan_us, flows, links, ...)
+    commdsl simulate memcpy_vs_nccl --machine pcie-nvlink-pairs --links   # busiest links
+    commdsl simulate tp_mlp --machine dgx-h100 --nodes 2 -p dp=2 -p tp=8  # a 2-node cluster
+    commdsl simulate 1f1b --network analytic           # no contention (the closed forms)
 """
 
 from __future__ import annotations
@@ -19,7 +22,8 @@ from commdsl.errors import UsageError
 from commdsl.machine import DEFAULT_MACHINE, resolve_machine
 from commdsl.sim import NETWORKS, simulate
 from commdsl.sim.gantt import fits, gantt_lines
-from commdsl.sim.summary import Summary, format_us, summarize
+from commdsl.sim.network import DEFAULT_NETWORK
+from commdsl.sim.summary import Summary, format_bytes, format_us, summarize
 
 _PATH_ROWS = 24
 
@@ -28,7 +32,24 @@ def add_machine_arguments(parser: argparse.ArgumentParser) -> None:
     """Arguments of every command that simulates."""
     parser.add_argument("--machine", default=DEFAULT_MACHINE, metavar="NAME|PATH",
                         help=f"machine preset or machine YAML file (default {DEFAULT_MACHINE})")  # fmt: skip
-    parser.add_argument("--network", default="analytic", choices=sorted(NETWORKS), help="network model (default analytic)")
+    parser.add_argument("--network", default=DEFAULT_NETWORK, choices=sorted(NETWORKS),
+                        help=f"network model: flow (links shared max-min), analytic (no contention), flow-steps "
+                             f"(collectives step by step, for validation); default {DEFAULT_NETWORK}")  # fmt: skip
+    parser.add_argument("--nodes", type=int, default=None, metavar="N",
+                        help="number of nodes of a machine with a topology (e.g. --machine dgx-h100 --nodes 8)")  # fmt: skip
+
+
+def machine_from_args(args: argparse.Namespace):
+    """--machine, with --nodes applied."""
+    machine = resolve_machine(args.machine)
+    if args.nodes is not None:
+        if args.nodes < 1:
+            raise UsageError(f"--nodes must be at least 1, got {args.nodes}")
+        if machine.topology is None:
+            raise UsageError(f"--nodes needs a machine with a topology; {machine.name} has none",
+                             hint="try --machine dgx-h100 or dgx-a100")  # fmt: skip
+        machine = machine.with_nodes(args.nodes)
+    return machine
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -39,11 +60,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print the summary as JSON")
     parser.add_argument("--gantt", choices=("auto", "always", "never"), default="auto",
                         help="terminal Gantt chart (auto: for small schedules)")  # fmt: skip
+    parser.add_argument("--links", type=int, nargs="?", const=10, default=None, metavar="N",
+                        help="print the N busiest links (default 10) with bytes, busy time and utilisation")  # fmt: skip
 
 
 def run(args: argparse.Namespace) -> int:
     program = load_from_args(args)
-    machine = resolve_machine(args.machine)
+    machine = machine_from_args(args)
     result = simulate(program, machine, args.network)
     if args.trace:
         try:
@@ -56,6 +79,8 @@ def run(args: argparse.Namespace) -> int:
         return 0
     console = Console(highlight=False, soft_wrap=True)
     print_summary(console, summary)
+    if args.links is not None:
+        print_links(console, summary, args.links)
     if args.gantt == "always" or (args.gantt == "auto" and fits(result)):
         console.print()
         for line in gantt_lines(result):
@@ -89,5 +114,35 @@ def print_summary(console: Console, s: Summary) -> None:
             f"  {step.op_id:>9} {step.kind:<14} {escape(step.name):<16} {format_us(step.start_us):>12} -> "
             f"{format_us(step.end_us):>12}  {escape(step.source)}"
         )
+    if s.transfers:
+        console.print("transfers:")
+        table = Table(box=None, pad_edge=False)
+        for col in ("transport", "op", "count", "bytes", "mean time", "mean algbw"):
+            table.add_column(col, justify="right")
+        for t in s.transfers:
+            table.add_row(t.transport, t.kind, str(t.count), format_bytes(t.bytes), format_us(t.mean_us), f"{t.mean_algbw_gb_per_s:.2f} GB/s")
+        console.print(table)
+    if s.slowed:
+        console.print(f"compute slowed by comm kernels (interference x{s.compute_slowdown:g} while an NCCL kernel of the device runs):")
+        table = Table(box=None, pad_edge=False)
+        for col in ("statement", "ops", "slowed", "nominal", "mean time", "slowdown"):
+            table.add_column(col, justify="right")
+        for c in s.slowed:
+            table.add_row(escape(c.name), str(c.ops), str(c.slowed_ops), format_us(c.nominal_us), format_us(c.mean_us), f"x{c.mean_us / c.nominal_us:.2f}")
+        console.print(table)
     for w in s.warnings[:10]:
         console.print(f"[yellow]warning[/]: {escape(w)}")
+
+
+def print_links(console: Console, s: Summary, top: int) -> None:
+    if not s.links:
+        console.print(f"links: the {s.network} network has no link model (use --network flow)")
+        return
+    console.print(f"busiest links (of {len(s.links)} that carried bytes):")
+    table = Table(box=None, pad_edge=False)
+    for col in ("link", "kind", "GB/s", "bytes", "busy", "utilisation", "peak"):
+        table.add_column(col, justify="right")
+    for link in s.links[:top]:
+        table.add_row(escape(link.name), link.kind, f"{link.bandwidth_gb_per_s:g}", format_bytes(link.bytes), format_us(link.busy_us),
+                      f"{link.utilization:.3f}", f"{link.peak_utilization:.3f}")  # fmt: skip
+    console.print(table)

@@ -12,17 +12,23 @@ from pathlib import Path
 import yaml
 from yaml.constructor import ConstructorError, SafeConstructor
 
-from commdsl.errors import MachineError, SourceLoc, UsageError
-from commdsl.ir import Dtype, Transport
-from commdsl.machine.model import DeviceSpec, LinkSpec, Machine
+from commdsl.errors import MachineError, SourceLoc, UsageError, did_you_mean
+from commdsl.ir import COLLECTIVE_KINDS, Dtype, OpKind, Transport
+from commdsl.machine.model import NETWORK_VERTEX, DeviceSpec, LinkKind, LinkSpec, Machine, Topology, TopologyLink, VertexKind
 
 PRESETS_DIR = Path(__file__).resolve().parent / "presets"
 DEFAULT_MACHINE = "h100-nvlink"
 DEFAULT_CHUNK_BYTES = 512 * 1024
 
-_TOP_KEYS = ("name", "doc", "devices", "device", "kernel_launch_us", "comm_launch_us", "host_link", "transports", "chunk_bytes")
+_TOP_KEYS = (
+    "name", "doc", "devices", "device", "kernel_launch_us", "comm_launch_us", "host_link", "transports", "chunk_bytes",
+    "topology", "comm_compute_slowdown",
+)  # fmt: skip
 _DEVICE_KEYS = ("name", "peak_tflops", "memory_bandwidth_gb_per_s", "sm_count")
 _LINK_KEYS = ("latency_us", "bandwidth_gb_per_s")
+_TRANSPORT_KEYS = (*_LINK_KEYS, "staged", "collectives")
+_TOPOLOGY_KEYS = ("nodes", "gpus_per_node", "vertices", "links", "peer_access", "copy_engines", "nccl_sms")
+_TOPOLOGY_LINK_KEYS = ("kind", "bandwidth_gb_per_s", "latency_us", "between")
 
 
 def preset_names() -> list[str]:
@@ -140,7 +146,9 @@ class _MachineReader:
         return v
 
     def link(self, node: yaml.Node, what: str) -> LinkSpec:
-        keys = self.mapping(node, what, _LINK_KEYS, _LINK_KEYS)
+        return self.link_from(self.mapping(node, what, _LINK_KEYS, _LINK_KEYS), what)
+
+    def link_from(self, keys: dict[str, tuple[yaml.Node, yaml.Node]], what: str) -> LinkSpec:
         return LinkSpec(
             latency_us=self.number(keys["latency_us"][1], f"{what}.latency_us"),
             bandwidth_gb_per_s=self.number(keys["bandwidth_gb_per_s"][1], f"{what}.bandwidth_gb_per_s", positive=True, allow_inf=True),
@@ -152,6 +160,8 @@ class _MachineReader:
         if self.root is None:
             raise MachineError("the machine file is empty", SourceLoc(self.file, 1, 1))
         required = ("devices", "device", "kernel_launch_us", "comm_launch_us", "host_link", "transports")
+        if isinstance(self.root, yaml.MappingNode) and any(isinstance(k, yaml.ScalarNode) and k.value == "topology" for k, _ in self.root.value):
+            required = required[1:]  # a topology gives the number of devices
         top = self.mapping(self.root, "the machine", _TOP_KEYS, required)
         dev = self.mapping(top["device"][1], "device", _DEVICE_KEYS, _DEVICE_KEYS)
         rates_node = dev["peak_tflops"][1]
@@ -164,13 +174,27 @@ class _MachineReader:
             rates.append((dtype, self.number(vnode, f"device.peak_tflops.{key}", positive=True, allow_inf=True)))
         if not rates:
             raise self.fail("device.peak_tflops lists no dtype", rates_node)
-        transports = []
+        transports, staged, overrides = [], [], []
         for key, (knode, vnode) in self.mapping(top["transports"][1], "transports", None).items():
             try:
                 transport = Transport(key)
             except ValueError:
                 raise self.fail(f"transports: unknown transport '{key}' (known: {', '.join(t.value for t in Transport)})", knode) from None
-            transports.append((transport, self.link(vnode, f"transports.{key}")))
+            what = f"transports.{key}"
+            keys = self.mapping(vnode, what, _TRANSPORT_KEYS, _LINK_KEYS)
+            transports.append((transport, self.link_from(keys, what)))
+            if "staged" in keys:
+                staged.append((transport, self.link(keys["staged"][1], f"{what}.staged")))
+            if "collectives" in keys:
+                for ckey, (cknode, cvnode) in self.mapping(keys["collectives"][1], f"{what}.collectives", None).items():
+                    try:
+                        kind = OpKind(ckey)
+                    except ValueError:
+                        kind = None
+                    if kind not in COLLECTIVE_KINDS:
+                        known = ", ".join(sorted(k.value for k in COLLECTIVE_KINDS))
+                        raise self.fail(f"{what}.collectives: unknown collective '{ckey}' (known: {known})", cknode)
+                    overrides.append((transport, kind, self.link(cvnode, f"{what}.collectives.{ckey}")))
         if not transports:
             raise self.fail("transports lists no transport", top["transports"][1])
         device = DeviceSpec(
@@ -179,15 +203,161 @@ class _MachineReader:
             memory_bandwidth_gb_per_s=self.number(dev["memory_bandwidth_gb_per_s"][1], "device.memory_bandwidth_gb_per_s", positive=True, allow_inf=True),
             sm_count=self.integer(dev["sm_count"][1], "device.sm_count", 1),
         )
+        topology = self.topology(top["topology"][1]) if "topology" in top else None
+        if topology is None:
+            num_devices = self.integer(top["devices"][1], "devices", 1)
+        elif "devices" in top:
+            num_devices = self.integer(top["devices"][1], "devices", 1)
+            if num_devices != topology.num_devices:
+                raise self.fail(f"devices is {num_devices} but the topology has {topology.nodes} x {topology.gpus_per_node} = "
+                                f"{topology.num_devices}", top["devices"][1], hint="leave `devices` out: the topology gives it")  # fmt: skip
+        else:
+            num_devices = topology.num_devices
+        slowdown = None
+        if "comm_compute_slowdown" in top:
+            node = top["comm_compute_slowdown"][1]
+            slowdown = self.number(node, "comm_compute_slowdown")
+            if slowdown < 1.0:
+                raise self.fail(f"comm_compute_slowdown must be at least 1.0 (1.0: no interference), got {node.value}", node)
+        nccl_sms = topology.nccl_sms if topology is not None else None
+        if nccl_sms is not None and nccl_sms >= device.sm_count:
+            node = self.mapping(top["topology"][1], "topology", None)["nccl_sms"][1]
+            raise self.fail(f"topology.nccl_sms ({nccl_sms}) must be less than device.sm_count ({device.sm_count})", node)
         return Machine(
             name=self.string(top["name"][1], "name") if "name" in top else default_name,
             doc=self.string(top["doc"][1], "doc") if "doc" in top else "",
             source=self.file,
-            num_devices=self.integer(top["devices"][1], "devices", 1),
+            num_devices=num_devices,
             device=device,
             kernel_launch_us=self.number(top["kernel_launch_us"][1], "kernel_launch_us"),
             comm_launch_us=self.number(top["comm_launch_us"][1], "comm_launch_us"),
             host_link=self.link(top["host_link"][1], "host_link"),
             transports=tuple(transports),
             chunk_bytes=self.integer(top["chunk_bytes"][1], "chunk_bytes", 1) if "chunk_bytes" in top else DEFAULT_CHUNK_BYTES,
+            topology=topology,
+            staged=tuple(staged),
+            collective_overrides=tuple(overrides),
+            comm_compute_slowdown=slowdown,
         )
+
+    # ---- the topology -------------------------------------------------------------
+
+    def topology(self, node: yaml.Node) -> Topology:
+        """`topology:` (see `commdsl.machine.model.Topology`); every name is checked here."""
+        top = self.mapping(node, "topology", _TOPOLOGY_KEYS, ("gpus_per_node", "links"))
+        nodes = self.integer(top["nodes"][1], "topology.nodes", 1) if "nodes" in top else 1
+        gpus = self.integer(top["gpus_per_node"][1], "topology.gpus_per_node", 1)
+        gpu_names = {f"gpu{i}": i for i in range(gpus)}
+        vertices: dict[str, VertexKind] = {}
+        if "vertices" in top:
+            for name, (knode, vnode) in self.mapping(top["vertices"][1], "topology.vertices", None).items():
+                if name in gpu_names or name == NETWORK_VERTEX:
+                    raise self.fail(f"topology.vertices: '{name}' is reserved (gpu0..gpu{gpus - 1} are the devices, "
+                                    f"'{NETWORK_VERTEX}' the fabric between nodes)", knode)  # fmt: skip
+                kind = self.enum(vnode, VertexKind, f"topology.vertices.{name}")
+                if kind is VertexKind.GPU or kind is VertexKind.NETWORK:
+                    raise self.fail(f"topology.vertices.{name}: kind '{kind.value}' is implied (devices come from gpus_per_node, "
+                                    f"the fabric is '{NETWORK_VERTEX}')", vnode)  # fmt: skip
+                vertices[name] = kind
+        known = {**{g: VertexKind.GPU for g in gpu_names}, **vertices, NETWORK_VERTEX: VertexKind.NETWORK}
+        links: list[TopologyLink] = []
+        seen: dict[frozenset[str], yaml.Node] = {}
+        links_node = top["links"][1]
+        if not isinstance(links_node, yaml.SequenceNode) or not links_node.value:
+            raise self.fail("topology.links must be a non-empty list of link entries", links_node)
+        for i, entry in enumerate(links_node.value):
+            what = f"topology.links[{i}]"
+            keys = self.mapping(entry, what, _TOPOLOGY_LINK_KEYS, _TOPOLOGY_LINK_KEYS)
+            kind = self.enum(keys["kind"][1], LinkKind, f"{what}.kind")
+            bw = self.number(keys["bandwidth_gb_per_s"][1], f"{what}.bandwidth_gb_per_s", positive=True, allow_inf=True)
+            lat = self.number(keys["latency_us"][1], f"{what}.latency_us")
+            between = keys["between"][1]
+            if not isinstance(between, yaml.SequenceNode) or not between.value:
+                raise self.fail(f"{what}.between must be a list of [end, end] pairs", between)
+            for pair in between.value:
+                if not isinstance(pair, yaml.SequenceNode) or len(pair.value) != 2:
+                    raise self.fail(f"{what}.between: each entry must be a pair [end, end], got {self.text(pair)}", pair)
+                ends = []
+                for end in pair.value:
+                    name = self.string(end, f"{what}.between")
+                    if name not in known:
+                        raise self.fail(f"{what}.between: unknown link end '{name}' (the node has: {', '.join(known)})", end,
+                                        hint=did_you_mean(name, known))  # fmt: skip
+                    ends.append(name)
+                a, b = ends
+                if a == b:
+                    raise self.fail(f"{what}.between: a link joins two different vertices, got [{a}, {b}]", pair)
+                key = frozenset(ends)
+                if key in seen:
+                    raise self.fail(f"{what}.between: {a} and {b} are linked twice (first at line {seen[key].start_mark.line + 1}); "
+                                    "write one link with the sum of the bandwidths", pair)  # fmt: skip
+                seen[key] = pair
+                links.append(TopologyLink(kind, a, b, bw, lat))
+        peer_access = None
+        if "peer_access" in top:
+            pnode = top["peer_access"][1]
+            if isinstance(pnode, yaml.ScalarNode) and pnode.value == "all":
+                peer_access = None
+            elif isinstance(pnode, yaml.SequenceNode):
+                sets = []
+                for group in pnode.value:
+                    if not isinstance(group, yaml.SequenceNode) or len(group.value) < 2:
+                        raise self.fail(f"topology.peer_access: each entry lists two or more GPUs, got {self.text(group)}", group)
+                    members = set()
+                    for g in group.value:
+                        name = self.string(g, "topology.peer_access")
+                        if name not in gpu_names:
+                            raise self.fail(f"topology.peer_access: '{name}' is not a GPU of the node (gpu0..gpu{gpus - 1})", g)
+                        members.add(gpu_names[name])
+                    sets.append(frozenset(members))
+                peer_access = tuple(sets)
+            else:
+                raise self.fail(f"topology.peer_access must be 'all' or a list of GPU groups, got {self.text(pnode)}", pnode)
+        self._check_connected(node, gpus, nodes, known, links)
+        return Topology(
+            nodes=nodes,
+            gpus_per_node=gpus,
+            vertices=tuple(vertices.items()),
+            links=tuple(links),
+            peer_access=peer_access,
+            copy_engines=self.integer(top["copy_engines"][1], "topology.copy_engines", 1) if "copy_engines" in top else 1,
+            nccl_sms=self.integer(top["nccl_sms"][1], "topology.nccl_sms", 0) if "nccl_sms" in top else None,
+        )
+
+    def _check_connected(self, node: yaml.Node, gpus: int, nodes: int, known: dict[str, VertexKind], links: list[TopologyLink]) -> None:
+        """Every device reaches gpu0 and host memory (a cpu vertex) inside its node, and the
+        nodes reach each other through `network`."""
+        adj: dict[str, list[str]] = {name: [] for name in known}
+        for link in links:
+            adj[link.a].append(link.b)
+            adj[link.b].append(link.a)
+
+        def reach(start: str, through_network: bool) -> set[str]:
+            seen, todo = {start}, [start]
+            while todo:
+                v = todo.pop()
+                for w in adj[v]:
+                    if w not in seen and (through_network or w != NETWORK_VERTEX):
+                        seen.add(w)
+                        todo.append(w)
+            return seen
+
+        inside = reach("gpu0", through_network=False)
+        for i in range(gpus):
+            if f"gpu{i}" not in inside:
+                raise self.fail(f"topology: gpu{i} is not connected to gpu0 (no path of links inside the node)", node)
+        for i in range(gpus):
+            if not any(known[v] is VertexKind.CPU for v in reach(f"gpu{i}", through_network=False)):
+                raise self.fail(f"topology: gpu{i} has no path to host memory (a vertex of kind cpu)", node,
+                                hint="add a cpu vertex and the PCIe links to it")  # fmt: skip
+        if nodes > 1 and NETWORK_VERTEX not in reach("gpu0", through_network=True):
+            raise self.fail(f"topology: {nodes} nodes but no link reaches '{NETWORK_VERTEX}', so the nodes are disconnected", node,
+                            hint=f"link each NIC to '{NETWORK_VERTEX}'")  # fmt: skip
+
+    def enum(self, node: yaml.Node, enum_cls, what: str):
+        value = self.string(node, what)
+        try:
+            return enum_cls(value)
+        except ValueError:
+            known = ", ".join(e.value for e in enum_cls)
+            raise self.fail(f"{what}: unknown kind '{value}' (known: {known})", node, hint=did_you_mean(value, [e.value for e in enum_cls])) from None

@@ -1,9 +1,23 @@
-"""Machine description v1: what one device computes and how fast bytes move.
+"""Machine description: what one device computes, how fast bytes move, and over what.
 
 A `Machine` holds the rates the simulator turns work into time: compute rate per dtype,
-memory bandwidth, host-side launch overheads, and per-transport latency and bandwidth.
-There is no topology yet: every pair of ranks is connected the way the transport says
-(the flow network of a later version adds links, paths and contention).
+memory bandwidth, host-side launch overheads, per-transport latency and bandwidth, and
+optionally a `Topology`: nodes of devices joined by links (NVLink, PCIe switches, CPU
+sockets with their host memory, NICs, the network between nodes) that the flow network
+routes transfers over and shares between them (max-min).
+
+A machine without `topology` (every v1 file, and what `commdsl.calibrate` writes) gets
+an implied one in the flow network: each rank is one device with one link per
+transport to a switch, at that transport's bandwidth in each direction; the transport's
+latency is charged per algorithm step. The analytic network needs no topology.
+
+How transport parameters are used:
+  * analytic network: time = plan steps x latency + serial bytes / bandwidth of the
+    transport, or of the transport's per-collective override (`collectives:`);
+  * flow network: a transfer's rate is the max-min share of every link on its path,
+    and at most the transport's bandwidth (for NCCL: what one kernel reaches, its
+    bus bandwidth); `staged:` gives the cap and latency instead when the path goes
+    through host memory (no peer access between the GPUs, or gloo).
 
 Units are in the field names: `_us` microseconds, `_gb_per_s` gigabytes (10^9 bytes)
 per second, as nccl-tests reports bus bandwidth (not gigabits), `_tflops` 10^12
@@ -12,9 +26,10 @@ floating-point operations per second.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import enum
+from dataclasses import dataclass, replace
 
-from commdsl.ir import Dtype, Transport
+from commdsl.ir import Dtype, OpKind, Transport
 
 
 @dataclass(frozen=True)
@@ -66,8 +81,9 @@ class Machine:
     source: str
     """File the description was read from (preset path or user file)."""
     num_devices: int
-    """Devices in the machine. A schedule with more ranks still simulates (v1 has no
-    topology), with a warning."""
+    """Devices in the machine (nodes x gpus_per_node with a topology). Without a
+    topology a schedule with more ranks still simulates, with a warning; with one it
+    is an error (pick more `nodes`)."""
     device: DeviceSpec
     """The device every rank runs on."""
     kernel_launch_us: float
@@ -81,12 +97,68 @@ class Machine:
     chunk_bytes: int
     """Pipelining chunk of chain (broadcast, reduce) collectives; NCCL's default is
     NCCL_BUFFSIZE (4 MiB) / NCCL_STEPS (8) = 512 KiB."""
+    topology: Topology | None = None
+    """Nodes, devices and links; None: the implied one-switch-per-transport star (see
+    the module doc)."""
+    staged: tuple[tuple[Transport, LinkSpec], ...] = ()
+    """Per transport, its latency per step and bandwidth cap when the path is staged
+    through host memory (NCCL's SHM transport between GPUs without peer access; gloo
+    always). A transport not listed uses its own parameters when staged too."""
+    collective_overrides: tuple[tuple[Transport, OpKind, LinkSpec], ...] = ()
+    """Measured per-transport, per-collective parameters (`transports: {gloo:
+    {collectives: {all_reduce: {latency_us, bandwidth_gb_per_s}}}}`, filled by
+    calibration): the time of that collective is plan steps x latency_us + serial bytes
+    / bandwidth (`commdsl.sim.collectives`), instead of the transport's parameters. The
+    analytic network uses them as they are; the flow network uses them as the effective
+    link parameters of that collective on the implied topology (no `topology`), so an
+    uncontended collective takes exactly that time and a contended one its share of it.
+    With a topology the links decide and overrides are not used by the flow network."""
+    comm_compute_slowdown: float | None = None
+    """Interference (DESIGN.md semantics 7): compute on a device runs this many times
+    longer while an NCCL kernel of that device runs (from the moment it is active, even
+    while it waits for peers); 1.0: no interference. memcpy (copy engines) and gloo (CPU)
+    never slow compute. When not given and the topology says how many SMs NCCL kernels
+    occupy (`nccl_sms`), it is sm_count / (sm_count - nccl_sms): compute, assumed
+    SM-bound, keeps the other SMs. A measured factor (calibration) also covers memory
+    bandwidth contention and wins over the SM estimate."""
 
     def transport(self, transport: Transport) -> LinkSpec | None:
         for t, spec in self.transports:
             if t is transport:
                 return spec
         return None
+
+    def staged_transport(self, transport: Transport) -> LinkSpec | None:
+        """Parameters of `transport` on a host-staged path."""
+        for t, spec in self.staged:
+            if t is transport:
+                return spec
+        return self.transport(transport)
+
+    def collective_link(self, transport: Transport, kind: OpKind) -> LinkSpec | None:
+        """The per-collective override of `transport` for `kind`, else the transport's."""
+        for t, k, spec in self.collective_overrides:
+            if t is transport and k is kind:
+                return spec
+        return self.transport(transport)
+
+    def has_override(self, transport: Transport, kind: OpKind) -> bool:
+        return any(t is transport and k is kind for t, k, _ in self.collective_overrides)
+
+    def with_nodes(self, nodes: int) -> Machine:
+        """The same machine with `nodes` nodes (its topology copied); needs a topology."""
+        assert self.topology is not None
+        topo = replace(self.topology, nodes=nodes)
+        return replace(self, topology=topo, num_devices=topo.num_devices)
+
+    def compute_slowdown(self) -> float:
+        """The interference factor (see `comm_compute_slowdown`)."""
+        if self.comm_compute_slowdown is not None:
+            return self.comm_compute_slowdown
+        topo = self.topology
+        if topo is not None and topo.nccl_sms is not None:
+            return self.device.sm_count / (self.device.sm_count - topo.nccl_sms)
+        return 1.0
 
     def to_json(self) -> dict:
         """The description as it goes into a timeline's metadata (stable key order)."""
@@ -105,6 +177,109 @@ class Machine:
             "host_link": _link_json(self.host_link),
             "transports": {t.value: _link_json(s) for t, s in self.transports},
             "chunk_bytes": self.chunk_bytes,
+            **({"topology": self.topology.to_json()} if self.topology is not None else {}),
+            **({"staged": {t.value: _link_json(s) for t, s in self.staged}} if self.staged else {}),
+            **({"collectives": {f"{t.value}.{k.value}": _link_json(s) for t, k, s in self.collective_overrides}}
+               if self.collective_overrides else {}),
+            "comm_compute_slowdown": self.compute_slowdown(),
+        }
+
+
+class VertexKind(str, enum.Enum):
+    """What a vertex of the topology is."""
+
+    GPU = "gpu"
+    """A device (a rank runs on it); on CPU machines, a rank's process."""
+    NVSWITCH = "nvswitch"
+    PCIE_SWITCH = "pcie_switch"
+    CPU = "cpu"
+    """A CPU socket: its PCIe root complex and its host memory (staging happens here)."""
+    NIC = "nic"
+    NETWORK = "network"
+    """The fabric between nodes (one per machine, non-blocking inside)."""
+
+
+class LinkKind(str, enum.Enum):
+    NVLINK = "nvlink"
+    PCIE = "pcie"
+    NUMA = "numa"
+    """Between CPU sockets (UPI, xGMI)."""
+    NETWORK = "network"
+    """NIC to the fabric (InfiniBand, RoCE, Ethernet)."""
+    LOOPBACK = "loopback"
+    """A process to its host's TCP loopback stack (CPU machines)."""
+
+
+NETWORK_VERTEX = "network"
+"""The name of the fabric vertex in link ends (it is outside every node)."""
+
+
+@dataclass(frozen=True)
+class TopologyLink:
+    """One physical link of a node: full duplex, `bandwidth_gb_per_s` in each direction."""
+
+    kind: LinkKind
+    """What the link is (shown in `--links`; routing looks only at rates)."""
+    a: str
+    """One end: a vertex of the node (`gpu3`, `nvswitch`, ...) or `network`."""
+    b: str
+    """The other end."""
+    bandwidth_gb_per_s: float
+    """Per direction, GB/s (10^9 B/s); may be `.inf`."""
+    latency_us: float
+    """Added to every step of a transfer that crosses the link."""
+
+
+@dataclass(frozen=True)
+class Topology:
+    """Identical nodes of `gpus_per_node` devices; the `network` vertex joins them.
+
+    Device i of node k is global device (rank) k * gpus_per_node + i; inside a node it is
+    named `gpu<i>`. Other vertices are named by the file (`vertices`). Links are written
+    once per node with node-local names and copied to every node."""
+
+    nodes: int
+    """Number of nodes (`nodes: N` turns a one-node preset into a cluster)."""
+    gpus_per_node: int
+    """Devices per node, named gpu0 .. gpu<n-1> inside the node."""
+    vertices: tuple[tuple[str, VertexKind], ...]
+    """The node's other vertices (switches, CPU sockets, NICs), name and kind."""
+    links: tuple[TopologyLink, ...]
+    """The node's links (node-local names), copied to every node."""
+    peer_access: tuple[frozenset[int], ...] | None
+    """Sets of node-local GPU indices that can copy between each other directly (CUDA
+    peer access); None: every pair in a node. Transfers between GPUs without peer access
+    stage through host memory; transfers between nodes go through the NICs."""
+    copy_engines: int
+    """Copy engines per GPU (concurrent memcpy transfers it runs; recorded, not yet
+    enforced by the flow network)."""
+    nccl_sms: int | None
+    """SMs one NCCL kernel occupies (its channels); sets the default interference
+    factor (see `Machine.comm_compute_slowdown`)."""
+
+    @property
+    def num_devices(self) -> int:
+        return self.nodes * self.gpus_per_node
+
+    def peers(self, a: int, b: int) -> bool:
+        """Whether node-local GPUs a and b have peer access."""
+        if self.peer_access is None:
+            return True
+        return any(a in s and b in s for s in self.peer_access)
+
+    def to_json(self) -> dict:
+        return {
+            "nodes": self.nodes,
+            "gpus_per_node": self.gpus_per_node,
+            "vertices": {n: k.value for n, k in self.vertices},
+            "links": [
+                {"kind": l.kind.value, "between": [l.a, l.b], "latency_us": l.latency_us,
+                 "bandwidth_gb_per_s": l.bandwidth_gb_per_s if l.bandwidth_gb_per_s != float("inf") else "inf"}
+                for l in self.links
+            ],  # fmt: skip
+            "peer_access": "all" if self.peer_access is None else [sorted(s) for s in self.peer_access],
+            "copy_engines": self.copy_engines,
+            "nccl_sms": self.nccl_sms,
         }
 
 

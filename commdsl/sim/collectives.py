@@ -127,3 +127,51 @@ def plan(kind: OpKind, algo: Algo, n: int, size_bytes: float, chunk_bytes: int) 
     if kind in (OpKind.ALL_TO_ALL, OpKind.GATHER, OpKind.SCATTER):
         return CommPlan(algo, 1, (n - 1) * s / n)
     raise AssertionError(f"no plan for {kind}")
+
+
+def edges(kind: OpKind, algo: Algo, ranks: tuple[int, ...], size_bytes: float, root: int | None, p: CommPlan) -> list[tuple[int, int, float]]:
+    """The bytes an algorithm moves between each ordered pair of ranks over the whole op:
+    (src, dst, bytes), ranks global. The flow network routes each pair and charges its
+    bytes to every link on the path; `p.serial_bytes` is the unit the op progresses in.
+
+      ring (all_reduce, all_gather, reduce_scatter): rank i -> i+1 in group order, each
+        edge carrying the serial bytes;
+      tree (all_reduce): two binary trees (heap order over the group, and its mirror),
+        each reducing S/2 up and broadcasting S/2 down, so every rank sends and receives
+        about 2S in total, the serial bytes;
+      chain (broadcast, reduce): root -> next -> ... along the group (reduce: towards the
+        root); each edge is charged the serial bytes, (n-2+k)/k * S, so the pipeline fill
+        costs bandwidth as in the analytic formula;
+      direct: all_to_all every pair S/n; gather every rank -> root S/n; scatter root ->
+        every rank S/n; send src -> dst S.
+    """
+    n = len(ranks)
+    s = float(size_bytes)
+    if kind is OpKind.SEND or kind is OpKind.RECV:
+        return [(ranks[0], ranks[1], s)]
+    if n <= 1 or p.serial_bytes == 0:
+        return []
+    if algo is Algo.TREE:
+        out: dict[tuple[int, int], float] = {}
+        for order in (ranks, ranks[::-1]):
+            for i in range(1, n):
+                child, parent = order[i], order[(i - 1) // 2]
+                out[(child, parent)] = out.get((child, parent), 0.0) + s / 2
+                out[(parent, child)] = out.get((parent, child), 0.0) + s / 2
+        return [(a, b, v) for (a, b), v in out.items()]
+    if kind in (OpKind.ALL_REDUCE, OpKind.ALL_GATHER, OpKind.REDUCE_SCATTER):
+        return [(ranks[i], ranks[(i + 1) % n], p.serial_bytes) for i in range(n)]
+    if kind is OpKind.BROADCAST or kind is OpKind.REDUCE:
+        start = ranks.index(root) if root in ranks else 0
+        chain = ranks[start:] + ranks[:start]
+        pairs = [(chain[i], chain[i + 1]) for i in range(n - 1)]
+        if kind is OpKind.REDUCE:
+            pairs = [(b, a) for a, b in reversed(pairs)]
+        return [(a, b, p.serial_bytes) for a, b in pairs]
+    if kind is OpKind.ALL_TO_ALL:
+        return [(a, b, s / n) for a in ranks for b in ranks if a != b]
+    if kind is OpKind.GATHER:
+        return [(a, root, s / n) for a in ranks if a != root]
+    if kind is OpKind.SCATTER:
+        return [(root, b, s / n) for b in ranks if b != root]
+    raise AssertionError(f"no edges for {kind} {algo}")

@@ -56,6 +56,7 @@ _COMPUTE, _COPY, _SEND, _RECV, _WAIT, _WAIT_EVENT, _HOST_OP, _SYNCHRONIZE = (
     OpKind.COMPUTE, OpKind.COPY, OpKind.SEND, OpKind.RECV, OpKind.WAIT, OpKind.WAIT_EVENT, OpKind.HOST, OpKind.SYNCHRONIZE,
 )  # fmt: skip
 _GLOO = Transport.GLOO
+_NCCL = Transport.NCCL
 ALGOS = tuple(Algo)
 """`RawResult.algos` holds indices into this tuple (one byte per op)."""
 
@@ -88,7 +89,8 @@ class _Host(_Entity):
 
 
 class _Stream(_Entity):
-    __slots__ = ("name", "fifo", "busy", "pushed", "done", "last_g", "last_end", "drain_waiters", "cur", "cur_cause")
+    __slots__ = ("name", "fifo", "busy", "pushed", "done", "last_g", "last_end", "drain_waiters", "cur", "cur_cause",
+                 "delay", "work_left", "t_run", "factor", "token", "slowed")  # fmt: skip
 
     def __init__(self, rank: int, name: str):
         super().__init__(_STREAM, rank)
@@ -103,6 +105,17 @@ class _Stream(_Entity):
         self.last_g = -1
         self.last_end = 0.0
         self.drain_waiters: list[tuple[int, _Entity]] = []
+        # Interference (only used when the machine's slowdown factor is not 1):
+        self.delay = False
+        """The timer only waits for the entry's start (a compute op starts at its true time)."""
+        self.work_left = 0.0
+        """Of the running compute op: microseconds of work left at t_run, unslowed."""
+        self.t_run = 0.0
+        self.factor = 1.0
+        """Current slowdown of the running compute op."""
+        self.token = 0
+        """Generation of the compute timer (a rescheduled timer supersedes the old one)."""
+        self.slowed = False
 
 
 class _Queue(_Entity):
@@ -164,7 +177,7 @@ class Engine:
         self.program = program
         self.machine = machine
         self.env = simpy.Environment()
-        self.network = network_cls(self.env, machine)
+        self.network = network_cls(self.env, machine, program.world_size)
         self.base = []
         ops: list[Op] = []
         for rank_ops in program.ops:
@@ -196,6 +209,13 @@ class Engine:
         self.collectives: list[_Collective] = []
         self.algos = bytearray(n)
         self.group_ranks = {g.id: g.ranks for g in program.groups}
+        self.slowdown = machine.compute_slowdown()
+        self.interfere = self.slowdown != 1.0
+        """Compute slows while an NCCL kernel of its device runs (DESIGN.md semantics 7)."""
+        self.kernels = [0] * program.world_size
+        """Per rank, NCCL ops active (their kernels hold SMs)."""
+        self.nominal_us: dict[int, float] = {}
+        """Compute ops (g) that ran slowed, with their time without interference."""
         self._prepare()
 
     # ---- setup --------------------------------------------------------------------
@@ -207,6 +227,7 @@ class Engine:
         recvs: dict[tuple, deque[int]] = {}
         seq: dict[tuple[int, str], int] = {}
         instances: dict[tuple[str, int], _Collective] = {}
+        chosen: dict[tuple, Algo] = {}
         checked: set = set()
         for g, op in enumerate(self.ops):
             kind = op.kind
@@ -223,7 +244,13 @@ class Engine:
                 if op.group not in queues:
                     queues[op.group] = _Queue(op.rank, op.group)
                 self.queue_of[g] = queues[op.group]
-                self.algos[g] = ALGOS.index(resolve_algo(op))
+                algo = resolve_algo(op)  # an explicit algo= the simulator cannot model is an error
+                if op.algo is None and kind in _COLLECTIVE_KINDS:
+                    key = (op.group, kind, op.size_bytes, op.transport)
+                    algo = chosen.get(key)
+                    if algo is None:
+                        algo = chosen[key] = self.network.choose_algo(op, self.group_ranks[op.group])
+                self.algos[g] = ALGOS.index(algo)
             if kind is _SEND:
                 key = (op.rank, op.peer, op.group)
                 r = recvs.get(key)
@@ -509,6 +536,9 @@ class Engine:
                         t, c = end[d], d
                 else:
                     duration = self._duration(op)
+                    if self.interfere and op.kind is _COMPUTE and duration > 0.0:
+                        self._start_compute(s, entry, t, c, duration)
+                        return
             start = t if t > now else now
             if tag == _EXEC:
                 self.start[g] = start
@@ -531,6 +561,67 @@ class Engine:
         self._complete_entry(s, s.cur, self.env.now, s.cur_cause)
         self._kick(s)
         self._drain()
+
+    # ---- interference: compute slowed by comm kernels ------------------------------------
+
+    def _start_compute(self, s: _Stream, entry: int, t: float, c: int, duration: float) -> None:
+        """Run a compute op whose speed depends on the NCCL kernels of its device."""
+        now = self.env.now
+        s.busy = True
+        s.cur = entry
+        s.cur_cause = c
+        if t > now:  # wait until it really starts: the kernels running then decide its speed
+            s.delay = True
+            self.env.timeout(t - now, s).callbacks.append(self._on_delay)
+            return
+        g = entry >> 2
+        self.start[g] = now
+        self.cause[g] = c
+        s.work_left = duration
+        s.t_run = now
+        s.factor = self.slowdown if self.kernels[s.rank] else 1.0
+        s.slowed = s.factor != 1.0
+        self._compute_timer(s)
+
+    def _on_delay(self, ev) -> None:
+        s: _Stream = ev.value
+        s.busy = False
+        s.delay = False
+        self._kick(s)
+        self._drain()
+
+    def _compute_timer(self, s: _Stream) -> None:
+        s.token += 1
+        self.env.timeout(s.work_left * s.factor, (s, s.token)).callbacks.append(self._on_compute_timer)
+
+    def _on_compute_timer(self, ev) -> None:
+        s, token = ev.value
+        if token != s.token:
+            return  # rescheduled when the kernels on its device changed
+        s.busy = False
+        g = s.cur >> 2
+        if s.slowed:
+            self.nominal_us[g] = self._duration(self.ops[g])
+        self._complete_entry(s, s.cur, self.env.now, s.cur_cause)
+        self._kick(s)
+        self._drain()
+
+    def _kernels_changed(self, rank: int, delta: int) -> None:
+        before = self.kernels[rank]
+        self.kernels[rank] = before + delta
+        if (before == 0) == (self.kernels[rank] == 0):
+            return
+        now = self.env.now
+        factor = self.slowdown if self.kernels[rank] else 1.0
+        for s in self.streams[rank].values():
+            if s.busy and not s.delay and s.cur >= 0 and s.factor != factor and self.ops[s.cur >> 2].kind is _COMPUTE and s.cur & 3 == _EXEC:
+                if s.t_run > now:
+                    continue
+                s.work_left = max(0.0, s.work_left - (now - s.t_run) / s.factor)
+                s.t_run = now
+                s.factor = factor
+                s.slowed = s.slowed or factor != 1.0
+                self._compute_timer(s)
 
     def _complete_entry(self, s: _Stream, entry: int, t: float, c: int) -> None:
         s.fifo.popleft()
@@ -591,6 +682,8 @@ class Engine:
             state[item] = ACTIVE
             now = self.env.now
             self.start[item] = now
+            if self.interfere and self.ops[item].transport is _NCCL:
+                self._kernels_changed(q.rank, 1)
             self._activated(item, now)
             return
         queues = self.batch_queues[item]
@@ -613,6 +706,8 @@ class Engine:
                 self.cause[g] = x.last_g
             state[g] = ACTIVE
             self.start[g] = now
+            if self.interfere and self.ops[g].transport is _NCCL:
+                self._kernels_changed(self.ops[g].rank, 1)
         for g in members:
             self._activated(g, now)
 
@@ -635,21 +730,25 @@ class Engine:
             so = self.ops[send]
             algo = resolve_algo(so)
             transfer = Transfer(_SEND, (so.rank, so.peer), so.size_bytes, so.transport,
-                                plan(_SEND, algo, 2, so.size_bytes, self.machine.chunk_bytes))  # fmt: skip
+                                plan(_SEND, algo, 2, so.size_bytes, self.machine.chunk_bytes), None, (send, recv))  # fmt: skip
             self.network.start(transfer, lambda: self._transfer_done((send, recv)))
 
     def _start_collective(self, inst: _Collective) -> None:
-        rep = self.ops[min(inst.ops)]  # the lowest rank's op describes the collective
+        first = min(inst.ops)
+        rep = self.ops[first]  # the lowest rank's op describes the collective
         ranks = self.group_ranks[inst.group]
-        p = plan(rep.kind, resolve_algo(rep), len(ranks), rep.size_bytes, self.machine.chunk_bytes)
-        transfer = Transfer(rep.kind, ranks, rep.size_bytes, rep.transport, p, rep.root)
+        p = plan(rep.kind, ALGOS[self.algos[first]], len(ranks), rep.size_bytes, self.machine.chunk_bytes)
         members = tuple(inst.arrived)
+        transfer = Transfer(rep.kind, ranks, rep.size_bytes, rep.transport, p, rep.root, members)
         self.network.start(transfer, lambda: self._transfer_done(members))
 
     def _transfer_done(self, members: tuple[int, ...]) -> None:
         now = self.env.now
+        interfere = self.interfere
         for g in members:
             self._finish(g, now)
+            if interfere and self.ops[g].transport is _NCCL:
+                self._kernels_changed(self.ops[g].rank, -1)
             q = self.queue_of[g]
             q.remaining -= 1
             if q.remaining == 0:

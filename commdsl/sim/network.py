@@ -2,11 +2,14 @@
 start (all members active, both sides of a send/recv active); the network decides when
 it ends, and reports that through the SimPy environment.
 
-`Network` is the interface the flow model (links, paths, max-min sharing) plugs into:
-it gets every transfer at the simulated time it starts, so it can share bandwidth
-between the transfers in flight. `AnalyticNetwork` ignores contention: a transfer takes
-`latency_steps * latency + serial_bytes / bandwidth` of its transport (see
-`commdsl.sim.collectives`), one SimPy timeout per collective, whatever its size.
+`Network` is the interface: it gets every transfer at the simulated time it starts, so
+it can share bandwidth between the transfers in flight.
+
+  * `analytic`: no contention; a transfer takes `latency_steps * latency + serial_bytes /
+    bandwidth` of its transport (or the transport's per-collective override, see
+    `commdsl.machine.model`), one SimPy timeout per collective, whatever its size;
+  * `flow` (the default): links, routes and max-min sharing (`commdsl.sim.flow`);
+  * `flow-steps`: the flow network running collectives step by step (validation).
 """
 
 from __future__ import annotations
@@ -18,9 +21,9 @@ from types import MappingProxyType
 
 import simpy
 
-from commdsl.ir import OpKind, Transport
-from commdsl.machine.model import Machine
-from commdsl.sim.collectives import CommPlan
+from commdsl.ir import Algo, Op, OpKind, Transport
+from commdsl.machine.model import LinkKind, Machine
+from commdsl.sim.collectives import DEFAULT_ALGO, CommPlan
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,6 +40,54 @@ class Transfer:
     plan: CommPlan
     """The algorithm's steps and bytes."""
     root: int | None = None
+    ops: tuple[int, ...] = ()
+    """The engine's op numbers (g) the transfer completes, for per-flow statistics."""
+
+
+@dataclass(frozen=True, slots=True)
+class FlowStat:
+    """One transfer as the network timed it (`--json` "flows")."""
+
+    ops: tuple[int, ...]
+    """Op numbers (g) of the members; `SimResult.op_at` gives the ops."""
+    kind: OpKind
+    transport: Transport
+    algo: Algo
+    size_bytes: int
+    start_us: float
+    end_us: float
+    latency_us: float
+    """The latency part of its time (steps x per-step latency, plus link latencies)."""
+    bottleneck: str
+    """The link its algorithm loads most relative to the link's bandwidth ("" without links)."""
+    links: int
+    """Number of link directions it uses."""
+
+    @staticmethod
+    def of(t: Transfer, start_us: float, end_us: float, latency_us: float, bottleneck: str = "", links: int = 0) -> FlowStat:
+        return FlowStat(t.ops, t.kind, t.transport, t.plan.algo, t.size_bytes, start_us, end_us, latency_us, bottleneck, links)
+
+    @property
+    def algbw_gb_per_s(self) -> float:
+        """size / time, as nccl-tests' algbw."""
+        d = self.end_us - self.start_us
+        return self.size_bytes / (d * 1e3) if d > 0 else 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class LinkStat:
+    """One link direction over the whole simulation (`--links`)."""
+
+    name: str
+    kind: LinkKind
+    bandwidth_gb_per_s: float
+    bytes: float
+    """Bytes carried."""
+    busy_us: float
+    """Time with any traffic."""
+    utilization: float
+    """bytes / (bandwidth x makespan)."""
+    peak_utilization: float
 
 
 class Network(abc.ABC):
@@ -45,17 +96,34 @@ class Network(abc.ABC):
 
     name: str = "abstract"
 
-    def __init__(self, env: simpy.Environment, machine: Machine):
+    def __init__(self, env: simpy.Environment, machine: Machine, world_size: int):
         self.env = env
         self.machine = machine
+        self.world_size = world_size
 
     @abc.abstractmethod
     def start(self, transfer: Transfer, done: Callable[[], None]) -> None:
         """Begin `transfer` now (env.now); call `done()` when its last byte arrives."""
 
+    def choose_algo(self, op: Op, ranks: tuple[int, ...]) -> Algo:
+        """The algorithm of a collective whose op names none (ranks: the group, global)."""
+        return DEFAULT_ALGO[op.kind]
+
     def meta(self) -> dict:
         """What goes into the timeline's metadata about this network model."""
         return {"model": self.name}
+
+    def flow_stats(self) -> list[FlowStat]:
+        """Every transfer, in start order."""
+        return []
+
+    def link_stats(self, makespan_us: float) -> list[LinkStat]:
+        """Every link direction that carried bytes (none without a link model)."""
+        return []
+
+    def counter_samples(self) -> list[tuple[float, str, float]]:
+        """(time, link name, utilisation 0..1) in time order, for trace counters."""
+        return []
 
 
 class AnalyticNetwork(Network):
@@ -64,16 +132,36 @@ class AnalyticNetwork(Network):
 
     name = "analytic"
 
-    def duration_us(self, transfer: Transfer) -> float:
-        link = self.machine.transport(transfer.transport)
+    def __init__(self, env: simpy.Environment, machine: Machine, world_size: int):
+        super().__init__(env, machine, world_size)
+        self.records: list[tuple[Transfer, float, float, float]] = []
+
+    def duration_us(self, transfer: Transfer) -> tuple[float, float]:
+        """(time, latency part) of a transfer."""
+        link = self.machine.collective_link(transfer.transport, transfer.kind)
         assert link is not None, "the engine checks transports before simulating"
         p = transfer.plan
-        return p.latency_steps * link.latency_us + p.serial_bytes / (link.bandwidth_gb_per_s * 1e3)
+        latency = p.latency_steps * link.latency_us
+        return latency + p.serial_bytes / (link.bandwidth_gb_per_s * 1e3), latency
 
     def start(self, transfer: Transfer, done: Callable[[], None]) -> None:
+        duration, latency = self.duration_us(transfer)
+        now = self.env.now
+        self.records.append((transfer, now, now + duration, latency))
         # Always through an event, even for zero time: keeps the engine's call depth flat.
-        self.env.timeout(self.duration_us(transfer)).callbacks.append(lambda _ev: done())
+        self.env.timeout(duration).callbacks.append(lambda _ev: done())
+
+    def flow_stats(self) -> list[FlowStat]:
+        return [FlowStat.of(t, start, end, latency) for t, start, end, latency in self.records]
 
 
-NETWORKS: Mapping[str, type[Network]] = MappingProxyType({"analytic": AnalyticNetwork})
-"""`--network NAME` -> model (read-only; the flow model registers here next)."""
+# The flow models subclass `Network` (imported from this module), so they are imported
+# after it is defined.
+from commdsl.sim.flow import FlowNetwork, SteppedFlowNetwork  # noqa: E402
+
+NETWORKS: Mapping[str, type[Network]] = MappingProxyType(
+    {"flow": FlowNetwork, "analytic": AnalyticNetwork, "flow-steps": SteppedFlowNetwork}
+)
+"""`--network NAME` -> model (read-only)."""
+
+DEFAULT_NETWORK = "flow"

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from commdsl.errors import UsageError
+from commdsl.errors import MachineError, UsageError
 from commdsl.ir import HOST_STREAM, CopyDir, Op, OpKind, Program, Transport
 from commdsl.machine.model import Machine, timeless_machine
 from commdsl.sim.deadlock import deadlock_error
 from commdsl.sim.engine import ALGOS, Engine, RawResult
-from commdsl.sim.network import NETWORKS
-from commdsl.timeline import COMM_TRACK_PREFIX, Flow, Span, SpanRole, Timeline, comm_span_args, nccl_kernel_name, op_span_args
+from commdsl.sim.network import DEFAULT_NETWORK, NETWORKS, FlowStat, LinkStat, Network
+from commdsl.timeline import COMM_TRACK_PREFIX, CounterSample, Flow, Span, SpanRole, Timeline, comm_span_args, nccl_kernel_name, op_span_args
 
 _SMALL_MESSAGE_BYTES = 64 * 1024
 """Below this NCCL uses its low-latency (LL) protocol, above it Simple; only the kernel
@@ -35,7 +35,17 @@ class SimResult:
     """Global op numbers (see `op_at`) from the first to the last op of the path."""
     makespan_us: float
     warnings: list[str] = field(default_factory=list)
+    network_model: Network | None = field(default=None, repr=False)
+    """The network that timed the transfers: per-flow and per-link statistics."""
+    nominal_us: dict[int, float] = field(default_factory=dict, repr=False)
+    """Compute ops (g) slowed by comm kernels (interference): their time without it."""
     _timeline: Timeline | None = field(default=None, repr=False)
+
+    def flow_stats(self) -> list[FlowStat]:
+        return self.network_model.flow_stats() if self.network_model is not None else []
+
+    def link_stats(self) -> list[LinkStat]:
+        return self.network_model.link_stats(self.makespan_us) if self.network_model is not None else []
 
     def op_at(self, g: int) -> Op:
         return self.raw.ops[g]
@@ -45,20 +55,32 @@ class SimResult:
         """The predicted `Timeline`, built on first use (summaries need only `raw`)."""
         if self._timeline is None:
             self._timeline = build_timeline(self.program, self.machine, self.raw, self.network_meta)
+            if self.network_model is not None:
+                # Link utilisation as counters in a separate "links" process of the trace.
+                self._timeline.counters.extend(
+                    CounterSample(f"link {name} util", -1, t, v) for t, name, v in self.network_model.counter_samples()
+                )
         return self._timeline
 
 
-def simulate(program: Program, machine: Machine, network: str = "analytic") -> SimResult:
+def simulate(program: Program, machine: Machine, network: str = DEFAULT_NETWORK) -> SimResult:
     """Simulate `program` on `machine`. Raises `DeadlockError` if it cannot finish.
     The timeline is built when `SimResult.timeline` is first read."""
     if network not in NETWORKS:
         raise UsageError(f"unknown network model '{network}' (known: {', '.join(NETWORKS)})")
+    topo = machine.topology
+    if topo is not None and program.world_size > topo.num_devices:
+        raise MachineError(
+            f"machine {machine.name} has {topo.nodes} node(s) x {topo.gpus_per_node} devices = {topo.num_devices}, "
+            f"but the schedule has {program.world_size} ranks",
+            hint=f"simulate with --nodes {-(-program.world_size // topo.gpus_per_node)}, or set topology.nodes",
+        )  # fmt: skip
     engine = Engine(program, machine, NETWORKS[network])
     raw = engine.run()
     if engine.unfinished():
         raise deadlock_error(engine)
     warnings = []
-    if program.world_size > machine.num_devices:
+    if topo is None and program.world_size > machine.num_devices:
         warnings.append(
             f"machine {machine.name} has {machine.num_devices} devices but the schedule has {program.world_size} ranks; "
             f"the {network} network connects every pair of ranks like the machine's own devices"
@@ -66,14 +88,15 @@ def simulate(program: Program, machine: Machine, network: str = "analytic") -> S
     makespan = max(raw.end, default=0.0)
     if len(raw.issue_end):
         makespan = max(makespan, max(raw.issue_end))
-    return SimResult(program, machine, network, raw, engine.network.meta(), critical_path(raw), makespan, warnings)
+    return SimResult(program, machine, network, raw, engine.network.meta(), critical_path(raw), makespan, warnings,
+                     engine.network, engine.nominal_us)  # fmt: skip
 
 
 def check_deadlock(program: Program) -> None:
     """Raise `DeadlockError` if `program` cannot finish. Whether it finishes does not
-    depend on durations, so this simulates on a timeless machine: fast, and independent
-    of machine rates (a missing rate cannot fail a check)."""
-    simulate(program, timeless_machine())
+    depend on durations, so this simulates on a timeless machine with the analytic
+    network: fast, and independent of machine rates (a missing rate cannot fail a check)."""
+    simulate(program, timeless_machine(), "analytic")
 
 
 def critical_path(raw: RawResult) -> list[int]:

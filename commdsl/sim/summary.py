@@ -45,6 +45,45 @@ class PathStep:
 
 
 @dataclass(frozen=True)
+class TransferSummary:
+    """Transfers of one transport and op kind, as the network timed them."""
+
+    transport: str
+    kind: str
+    count: int
+    bytes: int
+    mean_us: float
+    mean_algbw_gb_per_s: float
+    """Mean over transfers of size / time."""
+
+
+@dataclass(frozen=True)
+class SlowedCompute:
+    """Compute ops of one statement that ran while comm kernels held their device."""
+
+    name: str
+    """The first op's name and the statement's "file:line"."""
+    ops: int
+    slowed_ops: int
+    nominal_us: float
+    """Mean time without interference."""
+    mean_us: float
+    """Mean simulated time."""
+
+
+@dataclass(frozen=True)
+class LinkSummary:
+    name: str
+    kind: str
+    bandwidth_gb_per_s: float
+    bytes: float
+    busy_us: float
+    utilization: float
+    """bytes / (bandwidth x makespan)."""
+    peak_utilization: float
+
+
+@dataclass(frozen=True)
 class Summary:
     schedule: str
     machine: str
@@ -56,6 +95,14 @@ class Summary:
     ranks: tuple[RankSummary, ...]
     critical_path: tuple[PathStep, ...]
     warnings: tuple[str, ...]
+    transfers: tuple[TransferSummary, ...] = ()
+    compute_slowdown: float = 1.0
+    slowed: tuple[SlowedCompute, ...] = ()
+    links: tuple[LinkSummary, ...] = ()
+    """Links that carried bytes, busiest (most bytes) first."""
+    flows: tuple[dict, ...] = ()
+    """Per transfer: op ids, kind, transport, algo, bytes, start/end, latency, algbw,
+    bottleneck link (the `--json` per-flow statistics)."""
 
     def to_json(self) -> dict:
         out = asdict(self)
@@ -109,6 +156,21 @@ def summarize(result: SimResult) -> Summary:
         op = raw.ops[g]
         path.append(PathStep(op.id, op.rank, op.kind.value, op.name, raw.start[g], raw.end[g], f"{op.loc.file}:{op.loc.line}"))
     return Summary(
+        transfers=_transfers(result),
+        compute_slowdown=result.machine.compute_slowdown(),
+        slowed=_slowed(result),
+        links=tuple(
+            LinkSummary(l.name, l.kind.value, l.bandwidth_gb_per_s, l.bytes, l.busy_us, l.utilization, l.peak_utilization)
+            for l in sorted(result.link_stats(), key=lambda l: (-l.bytes, l.name))
+        ),
+        flows=tuple(
+            {
+                "ops": [raw.ops[g].id for g in f.ops], "kind": f.kind.value, "transport": f.transport.value, "algo": f.algo.value,
+                "bytes": f.size_bytes, "start_us": f.start_us, "end_us": f.end_us, "latency_us": f.latency_us,
+                "algbw_gb_per_s": f.algbw_gb_per_s, "bottleneck": f.bottleneck, "links": f.links,
+            }
+            for f in result.flow_stats()
+        ),  # fmt: skip
         schedule=program.name,
         machine=result.machine.name,
         network=result.network,
@@ -120,6 +182,46 @@ def summarize(result: SimResult) -> Summary:
         critical_path=tuple(path),
         warnings=tuple(result.warnings) + tuple(program.warnings),
     )
+
+
+def _transfers(result: SimResult) -> tuple[TransferSummary, ...]:
+    groups: dict[tuple[str, str], list] = {}
+    for f in result.flow_stats():
+        groups.setdefault((f.transport.value, f.kind.value), []).append(f)
+    out = []
+    for (transport, kind), flows in sorted(groups.items()):
+        times = [f.end_us - f.start_us for f in flows]
+        out.append(TransferSummary(transport, kind, len(flows), sum(f.size_bytes for f in flows), sum(times) / len(flows),
+                                   sum(f.algbw_gb_per_s for f in flows) / len(flows)))  # fmt: skip
+    return tuple(out)
+
+
+def _slowed(result: SimResult) -> tuple[SlowedCompute, ...]:
+    if not result.nominal_us:
+        return ()
+    raw = result.raw
+    by_stmt: dict[tuple, list[int]] = {}
+    for g, op in enumerate(raw.ops):
+        if op.kind is OpKind.COMPUTE:
+            by_stmt.setdefault((op.loc.file, op.loc.line, op.loc.column), []).append(g)
+    out = []
+    for gs in by_stmt.values():
+        slowed = [g for g in gs if g in result.nominal_us]
+        if not slowed:
+            continue
+        actual = [raw.end[g] - raw.start[g] for g in gs]
+        nominal = [result.nominal_us.get(g, a) for g, a in zip(gs, actual)]
+        op = raw.ops[gs[0]]
+        out.append(SlowedCompute(f"{op.name} ({op.loc.file}:{op.loc.line})", len(gs), len(slowed), sum(nominal) / len(gs), sum(actual) / len(gs)))
+    return tuple(out)
+
+
+def format_bytes(n: float) -> str:
+    """Binary units for the terminal: 256.0 MiB."""
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n:.0f} B"
 
 
 def _rounded(value):

@@ -1,0 +1,226 @@
+"""The machine's links as directed channels, and the route of every transfer.
+
+A full-duplex link of the topology becomes two channels (one per direction), each with
+its bandwidth and latency. Devices are vertices too: rank r runs on device r (device i
+of node k is rank k * gpus_per_node + i).
+
+Routing (DESIGN.md semantics 6): for a pair of devices and a transport,
+
+  * direct: between GPUs with peer access (NVLink, NVSwitch, PCIe P2P), and for NCCL
+    between nodes (GPU -> PCIe -> NIC -> network -> NIC -> PCIe -> GPU, GPUDirect RDMA);
+  * staged through host memory: between GPUs of one node without peer access, and
+    always for gloo (a CPU library): device -> the source's nearest CPU socket, then
+    that socket -> destination (crossing the link between sockets if needed).
+
+A path is the widest one (largest bottleneck bandwidth), then the one with fewest hops;
+ties go to the order links are written in the machine file. Paths never pass through
+another device. memcpy between nodes is impossible (a MachineError).
+
+A machine without a topology gets the implied star: per transport one switch, and per
+rank one link to it at the transport's bandwidth (zero link latency: the transport's
+latency is charged per algorithm step).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+from commdsl.errors import MachineError
+from commdsl.ir import Transport
+from commdsl.machine.model import NETWORK_VERTEX, LinkKind, LinkSpec, Machine, VertexKind
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    """How bytes go from one device to another with one transport."""
+
+    legs: tuple[tuple[int, ...], ...]
+    """Channel ids per leg: one leg (direct), or two (staged: to host memory, from it)."""
+    staged: bool
+    """Staged through host memory."""
+    latency_us: float
+    """Sum of the link latencies over all legs (added to every step)."""
+    spec: LinkSpec
+    """The transport's per-step latency and bandwidth cap on this kind of path."""
+
+    @property
+    def channels(self) -> tuple[int, ...]:
+        return tuple(c for leg in self.legs for c in leg)
+
+
+class Fabric:
+    """Channels (directed links) of a machine for a world of `world_size` ranks, and routes."""
+
+    def __init__(self, machine: Machine, world_size: int):
+        self.machine = machine
+        self.names: list[str] = []
+        """Per channel: "a->b" with node prefixes on multi-node machines."""
+        self.ends: list[tuple[str, str]] = []
+        self.kinds: list[LinkKind] = []
+        self.bandwidth_gb_per_s: list[float] = []
+        self.capacity: list[float] = []
+        """Bytes per microsecond (bandwidth_gb_per_s * 1e3)."""
+        self.latency_us: list[float] = []
+        self._routes: dict[tuple[int, int, Transport], Route] = {}
+        self.topology = machine.topology
+        if self.topology is None:
+            self._build_star(world_size)
+        else:
+            self._build_topology()
+
+    def _channel(self, a: str, b: str, kind: LinkKind, bw: float, latency_us: float) -> int:
+        self.names.append(f"{a}->{b}")
+        self.ends.append((a, b))
+        self.kinds.append(kind)
+        self.bandwidth_gb_per_s.append(bw)
+        self.capacity.append(bw * 1e3)
+        self.latency_us.append(latency_us)
+        return len(self.names) - 1
+
+    # ---- the implied star --------------------------------------------------------------
+
+    def _build_star(self, world_size: int) -> None:
+        self._up: dict[Transport, list[int]] = {}
+        self._down: dict[Transport, list[int]] = {}
+        for t, spec in self.machine.transports:
+            bw = spec.bandwidth_gb_per_s
+            # The link kind is only a label here: "network" for every transport's star.
+            self._up[t] = [self._channel(f"rank{r}", t.value, LinkKind.NETWORK, bw, 0.0) for r in range(world_size)]
+            self._down[t] = [self._channel(t.value, f"rank{r}", LinkKind.NETWORK, bw, 0.0) for r in range(world_size)]
+
+    # ---- an explicit topology ----------------------------------------------------------
+
+    def _build_topology(self) -> None:
+        topo = self.topology
+        multi = topo.nodes > 1
+        self.vertex_names: list[str] = []
+        self.vertex_kinds: list[VertexKind] = []
+        self.adj: list[list[tuple[int, int]]] = []
+        """Per vertex: (neighbour, channel id) in file order."""
+        self.device_vertex: list[int] = []
+        self.node_of_vertex: list[int] = []
+        network = self._vertex(NETWORK_VERTEX, VertexKind.NETWORK, -1)
+        local: list[dict[str, int]] = []
+        for k in range(topo.nodes):
+            prefix = f"n{k}." if multi else ""
+            names = {}
+            for i in range(topo.gpus_per_node):
+                names[f"gpu{i}"] = v = self._vertex(f"{prefix}gpu{i}", VertexKind.GPU, k)
+                self.device_vertex.append(v)
+            for name, kind in topo.vertices:
+                names[name] = self._vertex(prefix + name, kind, k)
+            names[NETWORK_VERTEX] = network
+            local.append(names)
+        for k in range(topo.nodes):
+            names = local[k]
+            for link in topo.links:
+                a, b = names[link.a], names[link.b]
+                for x, y in ((a, b), (b, a)):
+                    c = self._channel(self.vertex_names[x], self.vertex_names[y], link.kind, link.bandwidth_gb_per_s, link.latency_us)
+                    self.adj[x].append((y, c))
+        self._widths = sorted(set(self.capacity), reverse=True)
+        self._trees: dict[int, dict[int, tuple[int, ...]]] = {}
+        self._host: dict[int, int] = {}
+
+    def _vertex(self, name: str, kind: VertexKind, node: int) -> int:
+        self.vertex_names.append(name)
+        self.vertex_kinds.append(kind)
+        self.adj.append([])
+        self.node_of_vertex.append(node)
+        return len(self.vertex_names) - 1
+
+    def _paths_from(self, src: int) -> dict[int, tuple[int, ...]]:
+        """Widest-then-shortest path (channel ids) from vertex `src` to every vertex it
+        reaches, never passing through a device. One BFS per distinct bandwidth."""
+        cached = self._trees.get(src)
+        if cached is not None:
+            return cached
+        paths: dict[int, tuple[int, ...]] = {src: ()}
+        kinds, cap = self.vertex_kinds, self.capacity
+        for width in self._widths:
+            parent: dict[int, tuple[int, int]] = {src: (-1, -1)}
+            todo = deque([src])
+            while todo:
+                v = todo.popleft()
+                if v != src and kinds[v] is VertexKind.GPU:
+                    continue  # reached, never a transit
+                for w, c in self.adj[v]:
+                    if w not in parent and cap[c] >= width:
+                        parent[w] = (v, c)
+                        todo.append(w)
+            for v in parent:
+                if v not in paths:
+                    chans = []
+                    x = v
+                    while x != src:
+                        x, c = parent[x]
+                        chans.append(c)
+                    paths[v] = tuple(reversed(chans))
+        self._trees[src] = paths
+        return paths
+
+    def _host_of(self, v: int) -> int:
+        """The CPU socket (host memory) nearest to vertex v: fewest hops, then file order."""
+        host = self._host.get(v)
+        if host is None:
+            seen, todo = {v}, deque([v])
+            while todo and host is None:
+                x = todo.popleft()
+                for w, _ in self.adj[x]:
+                    if w in seen or self.vertex_kinds[w] is VertexKind.GPU or self.vertex_kinds[w] is VertexKind.NETWORK:
+                        continue
+                    if self.vertex_kinds[w] is VertexKind.CPU:
+                        host = w
+                        break
+                    seen.add(w)
+                    todo.append(w)
+            assert host is not None, "the loader checks every device reaches a cpu"
+            self._host[v] = host
+        return host
+
+    # ---- routes ----------------------------------------------------------------------
+
+    def route(self, src: int, dst: int, transport: Transport) -> Route:
+        """The path from rank `src` to rank `dst` with `transport` (cached)."""
+        key = (src, dst, transport)
+        r = self._routes.get(key)
+        if r is None:
+            r = self._routes[key] = self._route(src, dst, transport)
+        return r
+
+    def _route(self, src: int, dst: int, transport: Transport) -> Route:
+        machine = self.machine
+        if self.topology is None:
+            spec = machine.transport(transport)
+            return Route(((self._up[transport][src], self._down[transport][dst]),), False, 0.0, spec)
+        topo = self.topology
+        a, b = self.device_vertex[src], self.device_vertex[dst]
+        same_node = self.node_of_vertex[a] == self.node_of_vertex[b]
+        g = topo.gpus_per_node
+        if transport is Transport.MEMCPY and not same_node:
+            raise MachineError(
+                f"machine {machine.name}: memcpy cannot copy between nodes (rank {src} on node {src // g}, rank {dst} on node {dst // g})",
+                hint="use transport=nccl between nodes",
+            )  # fmt: skip
+        direct = transport is not Transport.GLOO and (not same_node or topo.peers(src % g, dst % g))
+        if direct:
+            legs: tuple[tuple[int, ...], ...] = (self._paths_from(a)[b],)
+            spec = machine.transport(transport)
+        else:
+            host = self._host_of(a)
+            legs = (self._paths_from(a)[host], self._paths_from(host)[b])
+            spec = machine.staged_transport(transport)
+        latency = sum(self.latency_us[c] for leg in legs for c in leg)
+        return Route(legs, not direct, latency, spec)
+
+    def describe(self, route: Route) -> str:
+        """"gpu0 -> cpu0 -> gpu2" style text of a route (tests, errors)."""
+        parts = []
+        for leg in route.legs:
+            for c in leg:
+                a, b = self.ends[c]
+                if not parts or parts[-1] != a:
+                    parts.append(a)
+                parts.append(b)
+        return " -> ".join(parts)

@@ -1,0 +1,579 @@
+"""The flow network: transfers share links by max-min fairness (DESIGN.md semantics 6).
+
+Every transfer becomes one fluid entity, a *flow*, with a byte demand on each channel
+(link direction) it touches, expressed as a weight per unit of progress:
+
+  * a P2P transfer moves S bytes along its route: weight 1 on every channel of the path
+    (host-staged memcpy: two flows one after the other, device->host then host->device;
+    staged NCCL and gloo: one pipelined flow over both legs);
+  * a collective is one *coflow*: its algorithm (`collectives.edges`) fixes the bytes
+    between each pair of ranks; routing them gives the bytes per channel, and the weight
+    of a channel is those bytes over the algorithm's serial bytes, the unit the whole
+    collective progresses in. All its channels progress together at the one rate
+    max-min sharing allows, so a 64-rank ring costs a handful of events, yet contends
+    with every other flow on every link it touches.
+
+A flow first waits its latency (steps x (transport latency + path link latency)), not
+holding bandwidth, then moves its bytes at rate r (progress units per microsecond),
+putting r * weight on each channel. Rates are max-min fair by progressive filling:
+raise every unfrozen flow's rate together; a channel that fills freezes the flows on it;
+a flow that reaches its cap (the transport's bandwidth: what one NCCL kernel, copy or
+gloo connection reaches) freezes at it. Rates are recomputed when a flow starts moving
+or ends, only over the flows connected to it through shared channels, and the network
+keeps a single pending wake-up (the earliest completion or activation) on the SimPy
+clock. A flow alone on its channels takes the fast path: no recomputation, one event.
+
+`SteppedFlowNetwork` (`--network flow-steps`) is the validation mode: it runs each
+collective step by step, one flow per pair of ranks per step, and waits for the whole
+step before the next. Uncontended, both give the same time (tests check it).
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from array import array
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import simpy
+
+from commdsl.ir import Algo, Op, OpKind, Transport
+from commdsl.machine.model import Machine
+from commdsl.sim.collectives import DEFAULT_ALGO, CommPlan, edges, plan
+from commdsl.sim.fabric import Fabric
+from commdsl.sim.network import FlowStat, LinkStat, Network, Transfer
+
+_ACTIVATE, _FINISH = 0, 1
+_INF = math.inf
+_UNSCHEDULED = -1.0
+"""A flow's rate while it has no valid finish event (recomputation gives it one)."""
+
+
+class _Flow:
+    """One fluid entity on the channels (see the module doc)."""
+
+    __slots__ = ("demands", "cap", "solo", "remaining", "total", "rate", "t_upd", "version", "is_solo", "then", "mark")
+
+    def __init__(self, demands: tuple[tuple[int, float], ...], cap: float, solo: float, total: float, t_act: float, then):
+        self.demands = demands
+        """(channel, weight) pairs: channel load = weight * rate."""
+        self.cap = cap
+        self.solo = solo
+        """The rate when alone: min(cap, capacity / weight over its channels)."""
+        self.remaining = total
+        self.total = total
+        self.rate = _UNSCHEDULED
+        self.t_upd = t_act
+        """`remaining` is measured at t_upd and `rate` applies from it; t_upd > now: still
+        in its latency (holding no bandwidth)."""
+        self.version = 0
+        self.is_solo = False
+        self.then = then
+        """Called when the flow ends."""
+        self.mark = 0
+
+
+@dataclass(frozen=True, slots=True)
+class _Leg:
+    """A flow to start: its demands, cap, latency and bytes (progress units)."""
+
+    demands: tuple[tuple[int, float], ...]
+    cap: float
+    solo: float
+    latency_us: float
+    total: float
+
+
+class FlowNetwork(Network):
+    """Max-min fair sharing of links by flows and coflows (see the module doc)."""
+
+    name = "flow"
+
+    def __init__(self, env: simpy.Environment, machine: Machine, world_size: int):
+        super().__init__(env, machine, world_size)
+        self.fabric = Fabric(machine, world_size)
+        nch = len(self.fabric.names)
+        self._users: list[dict[_Flow, None]] = [{} for _ in range(nch)]
+        """Per channel, the flows on it (latent or moving), in arrival order."""
+        self._load = [0.0] * nch
+        self._bytes = [0.0] * nch
+        self._heap: list[tuple[float, int, int, _Flow, int]] = []
+        self._seq = 0
+        self._wake_t = _INF
+        self._wake_gen = 0
+        self._dirty: list[_Flow] = []
+        self._mark = 0
+        self._legs: dict[tuple, tuple[_Leg, ...]] = {}
+        self._algo_cache: dict[tuple, Algo] = {}
+        # Link utilisation samples (time, channel, load in bytes/us), appended in event
+        # order but not always in time order (a solo flow's are written when it ends).
+        self._s_t = array("d")
+        self._s_c = array("l")
+        self._s_v = array("d")
+        self._solo: list[tuple[int, tuple[tuple[int, float], ...], float, float, float]] = []
+        """Intervals flows moved alone: (samples written before, demands, from, to, rate)."""
+        self.records: list[list] = []
+        """Per transfer: [transfer, start_us, end_us]."""
+        self.events = 0
+        """Flow starts and ends processed (the bench reports events per second)."""
+
+    # ---- algorithm choice ----------------------------------------------------------------
+
+    def choose_algo(self, op: Op, ranks: tuple[int, ...]) -> Algo:
+        """NCCL-like: rings inside a node; for an all_reduce whose group spans nodes, the
+        faster of ring and double binary tree on this topology for this size (uncontended
+        estimate: latency + bytes at the solo rate)."""
+        kind = op.kind
+        if kind is not OpKind.ALL_REDUCE or self.fabric.topology is None or len(ranks) <= 2:
+            return DEFAULT_ALGO[kind]
+        g = self.fabric.topology.gpus_per_node
+        if len({r // g for r in ranks}) == 1:
+            return Algo.RING
+        key = (ranks, op.size_bytes, op.transport)
+        algo = self._algo_cache.get(key)
+        if algo is None:
+            best = _INF
+            for candidate in (Algo.RING, Algo.TREE):
+                p = plan(kind, candidate, len(ranks), op.size_bytes, self.machine.chunk_bytes)
+                t = sum(leg.latency_us + (leg.total / leg.solo if leg.total else 0.0) for leg in self._collective_legs(kind, candidate, ranks, op.size_bytes, op.transport, None, p))
+                if t < best:
+                    best, algo = t, candidate
+            self._algo_cache[key] = algo
+        return algo
+
+    # ---- building flows --------------------------------------------------------------
+
+    def _leg(self, channel_bytes: dict[int, float], total: float, cap: float, latency_us: float) -> _Leg:
+        capacity = self.fabric.capacity
+        demands = tuple((c, b / total) for c, b in channel_bytes.items()) if total > 0 else ()
+        solo = cap
+        for c, w in demands:
+            if w > 0 and capacity[c] / w < solo:
+                solo = capacity[c] / w
+        return _Leg(demands, cap, solo, latency_us, total)
+
+    def _p2p_legs(self, src: int, dst: int, size: float, transport: Transport) -> tuple[_Leg, ...]:
+        route = self.fabric.route(src, dst, transport)
+        spec = route.spec
+        cap = spec.bandwidth_gb_per_s * 1e3
+        lat = self.fabric.latency_us
+        if route.staged and transport is Transport.MEMCPY:
+            # Store and forward: device->host, then host->device; the call's latency once.
+            first, second = route.legs
+            return (
+                self._leg(_count(first, size), size, cap, spec.latency_us + sum(lat[c] for c in first)),
+                self._leg(_count(second, size), size, cap, sum(lat[c] for c in second)),
+            )
+        return (self._leg(_count(route.channels, size), size, cap, spec.latency_us + route.latency_us),)
+
+    def _collective_legs(self, kind: OpKind, algo: Algo, ranks: tuple[int, ...], size: float, transport: Transport,
+                         root: int | None, p: CommPlan) -> tuple[_Leg, ...]:  # fmt: skip
+        fabric = self.fabric
+        channel_bytes: dict[int, float] = {}
+        cap = _INF
+        step_latency = 0.0
+        pairs = edges(kind, algo, ranks, size, root, p)
+        if not pairs and len(ranks) > 1:  # latency only (barrier): its steps go around the ring
+            pairs = [(ranks[i], ranks[(i + 1) % len(ranks)], 0.0) for i in range(len(ranks))]
+        for a, b, nbytes in pairs:
+            route = fabric.route(a, b, transport)
+            if nbytes:
+                for c in route.channels:
+                    channel_bytes[c] = channel_bytes.get(c, 0.0) + nbytes
+            cap = min(cap, route.spec.bandwidth_gb_per_s * 1e3)
+            step_latency = max(step_latency, route.spec.latency_us + route.latency_us)
+        if fabric.topology is None:
+            step_latency = self.machine.collective_link(transport, kind).latency_us
+            override = self._override_bandwidth(kind, transport)
+            if override is not None:
+                # The measured collective's parameters are its effective link parameters:
+                # scale every channel's charge so that, alone, it runs at that bandwidth.
+                cap = override
+                channel_bytes = {c: v * fabric.capacity[c] / cap for c, v in channel_bytes.items()}
+        return (self._leg(channel_bytes, p.serial_bytes, cap, p.latency_steps * step_latency),)
+
+    def _override_bandwidth(self, kind: OpKind, transport: Transport) -> float | None:
+        """A calibrated per-collective bandwidth (bytes/us) on a machine without topology."""
+        if self.fabric.topology is not None or not self.machine.has_override(transport, kind):
+            return None
+        bw = self.machine.collective_link(transport, kind).bandwidth_gb_per_s * 1e3
+        return bw if bw < _INF else None
+
+    def legs(self, transfer: Transfer) -> tuple[_Leg, ...]:
+        t = transfer
+        key = (t.kind, t.plan.algo, t.ranks, t.size_bytes, t.transport, t.root)
+        legs = self._legs.get(key)
+        if legs is None:
+            if t.kind is OpKind.SEND:
+                legs = self._p2p_legs(t.ranks[0], t.ranks[1], float(t.size_bytes), t.transport)
+            else:
+                legs = self._collective_legs(t.kind, t.plan.algo, t.ranks, float(t.size_bytes), t.transport, t.root, t.plan)
+            self._legs[key] = legs
+        return legs
+
+    # ---- the Network interface -----------------------------------------------------------
+
+    def start(self, transfer: Transfer, done: Callable[[], None]) -> None:
+        record = [transfer, self.env.now, 0.0]
+        self.records.append(record)
+        legs = self.legs(transfer)
+
+        def finish() -> None:
+            record[2] = self.env.now
+            done()
+
+        if len(legs) == 1:
+            self._start_flow(legs[0], finish)
+        else:
+            self._start_flow(legs[0], lambda: self._start_flow(legs[1], finish))
+
+    def _start_flow(self, leg: _Leg, then: Callable[[], None]) -> None:
+        now = self.env.now
+        self.events += 1
+        f = _Flow(leg.demands, leg.cap, leg.solo, leg.total, now + leg.latency_us, then)
+        if not leg.demands or leg.total == 0:
+            self._push(now + leg.latency_us, f, _FINISH)  # latency only (barrier, empty op)
+            return
+        users = self._users
+        solo = True
+        for c, _ in f.demands:
+            u = users[c]
+            if u:
+                solo = False
+                for other in u:
+                    if other.is_solo:
+                        self._unsolo(other, now)
+            u[f] = None
+        if solo:
+            f.is_solo = True
+            f.rate = f.solo
+            self._push(f.t_upd + f.remaining / f.solo, f, _FINISH)
+        elif f.t_upd > now:
+            self._push(f.t_upd, f, _ACTIVATE)
+        else:
+            self._dirty.append(f)
+            self._ensure_wake(now)
+
+    def _unsolo(self, f: _Flow, now: float) -> None:
+        """`f` was alone on its channels and no longer is: from now on it is scheduled
+        by recomputation (its solo finish is cancelled)."""
+        f.is_solo = False
+        f.version += 1
+        if f.t_upd > now:
+            f.rate = _UNSCHEDULED
+            self._push(f.t_upd, f, _ACTIVATE)  # it starts moving later, among others
+        else:
+            self._log_solo(f, now)  # it moved alone since t_upd: write that down
+            f.remaining -= f.rate * (now - f.t_upd)
+            f.t_upd = now
+            f.rate = _UNSCHEDULED
+            self._dirty.append(f)
+            self._ensure_wake(now)
+
+    def _log_solo(self, f: _Flow, until: float) -> None:
+        """`f` moved alone on its channels from t_upd to `until` at its solo rate: one
+        entry instead of two samples per channel (expanded by `_samples`)."""
+        self._solo.append((len(self._s_t), f.demands, f.t_upd, until, f.rate))
+
+    def _sample(self, t: float, c: int, load: float) -> None:
+        self._s_t.append(t)
+        self._s_c.append(c)
+        self._s_v.append(load)
+        self._load[c] = load
+
+    def _push(self, t: float, f: _Flow, what: int) -> None:
+        self._seq += 1
+        heapq.heappush(self._heap, (t, self._seq, what, f, f.version))
+        self._ensure_wake(t)
+
+    def _ensure_wake(self, t: float) -> None:
+        if t < self._wake_t:
+            self._wake_t = t
+            self._wake_gen += 1
+            gen = self._wake_gen
+            now = self.env.now
+            self.env.timeout(t - now if t > now else 0.0).callbacks.append(lambda _ev: self._on_wake(gen))
+
+    def _on_wake(self, gen: int) -> None:
+        if gen != self._wake_gen:
+            return  # superseded by an earlier wake-up
+        self._wake_t = _INF
+        now = self.env.now
+        heap = self._heap
+        finished: list[_Flow] = []
+        while heap and heap[0][0] <= now:
+            _, _, what, f, version = heapq.heappop(heap)
+            if version != f.version:
+                continue
+            if what == _ACTIVATE:
+                self._dirty.append(f)
+            else:
+                finished.append(f)
+        seeds = self._dirty
+        self._dirty = []
+        users = self._users
+        for f in finished:
+            f.version += 1
+            self.events += 1
+            if f.is_solo and f.t_upd < now:
+                self._log_solo(f, now)
+            for c, w in f.demands:
+                self._bytes[c] += w * f.total
+                del users[c][f]
+        for f in finished:  # then what they leave behind (never a finished flow)
+            for c, _ in f.demands:
+                u = users[c]
+                if u:
+                    seeds.extend(u)
+                elif self._load[c] != 0.0:
+                    self._sample(now, c, 0.0)
+        if seeds:
+            self._recompute(seeds, now)
+        while heap and heap[0][4] != heap[0][3].version:
+            heapq.heappop(heap)
+        if heap:
+            self._ensure_wake(heap[0][0])
+        for f in finished:
+            f.then()
+
+    # ---- max-min rates ----------------------------------------------------------------
+
+    def _recompute(self, seeds: list[_Flow], now: float) -> None:
+        """New max-min rates for every flow connected to `seeds` through channels."""
+        self._mark += 1
+        mark = self._mark
+        users = self._users
+        comp: list[_Flow] = []
+        chans: list[int] = []
+        seen_c: set[int] = set()
+        todo = []
+        for f in seeds:
+            if f.mark != mark and f.demands:
+                f.mark = mark
+                todo.append(f)
+        while todo:
+            f = todo.pop()
+            comp.append(f)
+            for c, _ in f.demands:
+                if c not in seen_c:
+                    seen_c.add(c)
+                    chans.append(c)
+                    for g in users[c]:
+                        if g.mark != mark:
+                            g.mark = mark
+                            todo.append(g)
+        active: list[_Flow] = []
+        for f in comp:
+            if f.t_upd <= now:
+                if f.rate > 0.0:
+                    f.remaining -= f.rate * (now - f.t_upd)
+                f.t_upd = now
+                active.append(f)
+            elif f.is_solo:
+                f.is_solo = False
+                f.version += 1
+                f.rate = _UNSCHEDULED
+                self._push(f.t_upd, f, _ACTIVATE)
+        rates = self._maxmin(active)
+        for f, r in zip(active, rates):
+            # A flow keeps its pending finish if its rate did not change.
+            if r != f.rate or f.is_solo:
+                f.is_solo = False
+                f.rate = r
+                f.version += 1
+                self._push(now + (f.remaining / r if f.remaining > 0.0 else 0.0), f, _FINISH)
+        load = self._load
+        new = dict.fromkeys(chans, 0.0)
+        for f in active:
+            for c, w in f.demands:
+                new[c] += w * f.rate
+        for c, v in new.items():
+            if v != load[c]:
+                self._sample(now, c, v)
+
+    def _maxmin(self, flows: list[_Flow]) -> list[float]:
+        """Progressive filling over `flows` (see the module doc)."""
+        if len(flows) == 1:
+            return [flows[0].solo]
+        capacity = self.fabric.capacity
+        wsum: dict[int, float] = {}
+        count: dict[int, int] = {}
+        on: dict[int, list[int]] = {}
+        for i, f in enumerate(flows):
+            for c, w in f.demands:
+                if c in wsum:
+                    wsum[c] += w
+                    count[c] += 1
+                    on[c].append(i)
+                else:
+                    wsum[c] = w
+                    count[c] = 1
+                    on[c] = [i]
+        resid = {c: capacity[c] for c in wsum}
+        stamp = dict.fromkeys(wsum, 0)
+        heap = [(resid[c] / wsum[c], c, 0) for c in wsum]
+        heapq.heapify(heap)
+        by_cap = sorted(range(len(flows)), key=lambda i: flows[i].cap)
+        ci = 0
+        rate = [-1.0] * len(flows)
+        left = len(flows)
+
+        def freeze(i: int, r: float) -> None:
+            rate[i] = r
+            for c, w in flows[i].demands:
+                count[c] -= 1
+                stamp[c] += 1
+                if count[c] > 0:
+                    resid[c] -= w * r
+                    wsum[c] -= w
+                    level = resid[c] / wsum[c] if resid[c] > 0.0 else 0.0
+                    heapq.heappush(heap, (level, c, stamp[c]))
+
+        while left:
+            while heap and heap[0][2] != stamp[heap[0][1]]:
+                heapq.heappop(heap)
+            while ci < len(by_cap) and rate[by_cap[ci]] >= 0.0:
+                ci += 1
+            link_level = heap[0][0] if heap else _INF
+            cap_level = flows[by_cap[ci]].cap if ci < len(by_cap) else _INF
+            if cap_level <= link_level:
+                if cap_level == _INF:  # nothing limits the rest: infinitely fast
+                    for i in range(len(flows)):
+                        if rate[i] < 0.0:
+                            rate[i] = _INF
+                    break
+                freeze(by_cap[ci], cap_level)
+                left -= 1
+            else:
+                _, c, _ = heapq.heappop(heap)
+                for i in on[c]:
+                    if rate[i] < 0.0:
+                        freeze(i, link_level)
+                        left -= 1
+        return rate
+
+    # ---- outputs ------------------------------------------------------------------------
+
+    def meta(self) -> dict:
+        return {"model": self.name, "links": len(self.fabric.names), "topology": self.fabric.topology is not None}
+
+    def _samples(self) -> list[tuple[float, int, float]]:
+        """Every (time, channel, load bytes/us) sample in time order (ties: event order)."""
+        out: list[tuple[float, int, int, float]] = []
+        order = 0
+        st, sc, sv = self._s_t, self._s_c, self._s_v
+        i = 0
+        for idx, demands, t0, t1, rate in self._solo + [(len(st), (), 0.0, 0.0, 0.0)]:
+            while i < idx:
+                out.append((st[i], order, sc[i], sv[i]))
+                order += 1
+                i += 1
+            for c, w in demands:
+                out.append((t0, order, c, w * rate))
+                out.append((t1, order + 1, c, 0.0))
+            order += 2
+        out.sort()
+        return [(t, c, v) for t, _, c, v in out]
+
+    def link_stats(self, makespan_us: float) -> list[LinkStat]:
+        fabric = self.fabric
+        busy = [0.0] * len(fabric.names)
+        since = [-1.0] * len(fabric.names)
+        peak = [0.0] * len(fabric.names)
+        for t, c, v in self._samples():
+            if since[c] >= 0.0:
+                busy[c] += t - since[c]
+            since[c] = t if v > 0.0 else -1.0
+            peak[c] = max(peak[c], v / fabric.capacity[c] if fabric.capacity[c] < _INF else 0.0)
+        out = []
+        for c, name in enumerate(fabric.names):
+            if self._bytes[c] <= 0.0:
+                continue
+            bw = fabric.bandwidth_gb_per_s[c]
+            util = self._bytes[c] / (bw * 1e3 * makespan_us) if makespan_us > 0 and bw < _INF else 0.0
+            out.append(LinkStat(name, fabric.kinds[c], bw, self._bytes[c], busy[c], util, peak[c]))
+        return out
+
+    def counter_samples(self) -> list[tuple[float, str, float]]:
+        """(time, channel name, utilisation 0..1) in time order, for trace counters."""
+        fabric = self.fabric
+        out = []
+        for t, c, v in self._samples():
+            cap = fabric.capacity[c]
+            out.append((t, fabric.names[c], v / cap if cap < _INF else 0.0))
+        return out
+
+    def flow_stats(self) -> list[FlowStat]:
+        fabric = self.fabric
+        out = []
+        for transfer, start, end in self.records:
+            legs = self.legs(transfer)
+            worst, name, latency = -1.0, "", 0.0
+            for leg in legs:
+                latency += leg.latency_us
+                for c, w in leg.demands:
+                    load = w / fabric.capacity[c] if fabric.capacity[c] < _INF else 0.0
+                    if load > worst:
+                        worst, name = load, fabric.names[c]
+            out.append(FlowStat.of(transfer, start, end, latency, name, len({c for leg in legs for c, _ in leg.demands})))
+        return out
+
+
+def _count(channels: tuple[int, ...], nbytes: float) -> dict[int, float]:
+    out: dict[int, float] = {}
+    for c in channels:
+        out[c] = out.get(c, 0.0) + nbytes
+    return out
+
+
+class SteppedFlowNetwork(FlowNetwork):
+    """Validation mode: a collective runs step by step, one flow per pair of ranks per
+    step (each moving its pair's bytes / steps), and the next step starts when the whole
+    step is done. Costs one event per flow per step: for checking the coflow model, not
+    for large schedules."""
+
+    name = "flow-steps"
+
+    def start(self, transfer: Transfer, done: Callable[[], None]) -> None:
+        if transfer.kind is OpKind.SEND:
+            super().start(transfer, done)
+            return
+        record = [transfer, self.env.now, 0.0]
+        self.records.append(record)
+        p = transfer.plan
+        fabric = self.fabric
+        steps = max(p.latency_steps, 1)
+        coflow = self.legs(transfer)[0]
+        override = self._override_bandwidth(transfer.kind, transfer.transport)
+        per_step: list[_Leg] = []
+        for a, b, nbytes in edges(transfer.kind, p.algo, transfer.ranks, float(transfer.size_bytes), transfer.root, p):
+            share = nbytes / steps
+            chans = _count(fabric.route(a, b, transfer.transport).channels, share)
+            if override is not None:  # the same scaling as the coflow's (see _collective_legs)
+                chans = {c: v * fabric.capacity[c] / override for c, v in chans.items()}
+            per_step.append(self._leg(chans, share, coflow.cap, coflow.latency_us / steps))
+        if not per_step:
+            self._start_flow(_Leg((), _INF, _INF, coflow.latency_us, 0.0), lambda: self._end(record, done))
+            return
+        state = {"step": 0, "left": 0}
+
+        def run_step() -> None:
+            state["left"] = len(per_step)
+            for leg in per_step:
+                self._start_flow(leg, step_done)
+
+        def step_done() -> None:
+            state["left"] -= 1
+            if state["left"] == 0:
+                state["step"] += 1
+                if state["step"] == steps:
+                    self._end(record, done)
+                else:
+                    run_step()
+
+        run_step()
+
+    def _end(self, record: list, done: Callable[[], None]) -> None:
+        record[2] = self.env.now
+        done()
