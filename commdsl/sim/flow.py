@@ -552,7 +552,9 @@ class SteppedFlowNetwork(FlowNetwork):
             chans = _count(fabric.route(a, b, transfer.transport).channels, share)
             if override is not None:  # the same scaling as the coflow's (see _collective_legs)
                 chans = {c: v * fabric.capacity[c] / override for c, v in chans.items()}
-            per_step.append(self._leg(chans, share, coflow.cap, coflow.latency_us / steps))
+            # The coflow's cap bounds its progress (serial bytes); a pair's flow gets its share.
+            cap = coflow.cap * nbytes / p.serial_bytes
+            per_step.append(self._leg(chans, share, cap, coflow.latency_us / steps))
         if not per_step:
             self._start_flow(_Leg((), _INF, _INF, coflow.latency_us, 0.0), lambda: self._end(record, done))
             return

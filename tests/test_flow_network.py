@@ -1,0 +1,392 @@
+"""The flow network: max-min sharing by hand, coflow collectives against the analytic
+model and the step-by-step mode, host staging, interference (DESIGN.md semantics 6-7)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from commdsl.cli import main
+from commdsl.dsl import load_schedule_text
+from commdsl.ir import OpKind
+from commdsl.machine import load_machine_text, resolve_machine
+from commdsl.sim import simulate
+
+BASE = """
+name: star
+device: {name: t, peak_tflops: {fp32: 1}, memory_bandwidth_gb_per_s: 1000, sm_count: 4}
+kernel_launch_us: 0
+comm_launch_us: 0
+host_link: {latency_us: 0, bandwidth_gb_per_s: 10}
+"""
+
+
+def star(down_gb_per_s: tuple[float, ...] = (100, 100, 100, 100), link_latency_us: float = 0.0, nccl_latency_us: float = 0.0,
+         extra: str = ""):  # fmt: skip
+    """4 GPUs on one switch; GPU i's link has down_gb_per_s[i] per direction."""
+    links = "\n".join(
+        f"    - {{kind: nvlink, bandwidth_gb_per_s: {bw}, latency_us: {link_latency_us}, between: [[gpu{i}, sw]]}}"
+        for i, bw in enumerate(down_gb_per_s)
+    )
+    return load_machine_text(
+        BASE
+        + f"""transports:
+  nccl: {{latency_us: {nccl_latency_us}, bandwidth_gb_per_s: .inf}}
+  memcpy: {{latency_us: 0, bandwidth_gb_per_s: .inf}}
+{extra}
+topology:
+  gpus_per_node: 4
+  vertices: {{sw: nvswitch, cpu0: cpu}}
+  links:
+{links}
+    - {{kind: pcie, bandwidth_gb_per_s: 10, latency_us: 0, between: [[sw, cpu0]]}}
+""",
+        "star.yaml",
+    )
+
+
+def sched(body: str, world: int = 4, extra: str = ""):
+    program = "\n".join("  " + line for line in body.strip("\n").splitlines())
+    return load_schedule_text(f"name: t\nworld: {world}\nstreams: [a, b]\n{extra}\nprogram: |\n{program}\n", "t.yaml")
+
+
+def ends(result) -> dict[str, float]:
+    """op name -> end time (the last rank's, names are per transfer)."""
+    return {op.name: result.raw.end[g] for g, op in enumerate(result.raw.ops)}
+
+
+def spans(result) -> dict[str, tuple[float, float]]:
+    return {op.name: (result.raw.start[g], result.raw.end[g]) for g, op in enumerate(result.raw.ops)}
+
+
+P2P_PAIRS = """
+if rank == {src}:
+    send x 100MB to {dst}
+if rank == {dst}:
+    recv x 100MB from {src}
+"""
+
+
+# ---- max-min sharing by hand -------------------------------------------------------------
+
+
+def test_one_flow_takes_latency_plus_size_over_bandwidth():
+    # 5 us per step (NCCL) + two links of 1 us + 1e8 B at 100 GB/s (1e5 B/us).
+    r = simulate(sched(P2P_PAIRS.format(src=0, dst=1)), star(link_latency_us=1.0, nccl_latency_us=5.0))
+    assert ends(r)["x"] == pytest.approx(5 + 2 * 1 + 1000, rel=1e-12)
+
+
+def test_two_flows_on_one_link_each_get_half():
+    # 0 -> 2 and 1 -> 2 share sw -> gpu2: 50 GB/s each, 2000 us instead of 1000.
+    body = """
+if rank == 0:
+    send x 100MB to 2
+if rank == 1:
+    send y 100MB to 2
+if rank == 2:
+    batch:
+        irecv x 100MB from 0
+        irecv y 100MB from 1
+"""
+    r = simulate(sched(body), star())
+    assert ends(r)["x"] == pytest.approx(2000, rel=1e-12)
+    assert ends(r)["y"] == pytest.approx(2000, rel=1e-12)
+
+
+def test_flows_on_disjoint_links_do_not_affect_each_other():
+    body = P2P_PAIRS.format(src=0, dst=1).replace("x 100MB", "x 100MB") + P2P_PAIRS.format(src=2, dst=3).replace("x 100MB", "y 100MB")
+    r = simulate(sched(body), star())
+    assert ends(r)["x"] == pytest.approx(1000, rel=1e-12)
+    assert ends(r)["y"] == pytest.approx(1000, rel=1e-12)
+
+
+def test_three_flows_with_different_bottlenecks_get_max_min_rates():
+    """f1: 0->1 (200 MB), f2: 0->2 (60 MB), f3: 3->2 (60 MB); gpu2's link is 60 GB/s.
+    Progressive filling: gpu2's downlink fills first at 30 GB/s each (f2, f3 frozen);
+    gpu0's uplink then has 100 - 30 = 70 GB/s for f1. f2 and f3 end at 6e7 / 3e4 =
+    2000 us, when f1 has moved 70e3 * 2000 = 1.4e8 B; alone it then gets 100 GB/s for
+    the last 6e7 B: 600 us more, 2600 us in all."""
+    body = """
+if rank == 0:
+    batch:
+        isend f1 200MB to 1
+        isend f2 60MB to 2
+if rank == 1:
+    recv f1 200MB from 0
+if rank == 2:
+    batch:
+        irecv f2 60MB from 0
+        irecv f3 60MB from 3
+if rank == 3:
+    send f3 60MB to 2
+"""
+    r = simulate(sched(body), star(down_gb_per_s=(100, 100, 60, 100)))
+    e = ends(r)
+    assert e["f2"] == pytest.approx(2000, rel=1e-12)
+    assert e["f3"] == pytest.approx(2000, rel=1e-12)
+    assert e["f1"] == pytest.approx(2600, rel=1e-12)
+
+
+def test_a_transport_cap_limits_a_flow_below_its_links():
+    # nccl caps one transfer at 40 GB/s on 100 GB/s links: 1e8 / 4e4 = 2500 us.
+    text = """
+if rank == 0:
+    send x 100MB to 1
+if rank == 1:
+    recv x 100MB from 0
+"""
+    machine = load_machine_text(
+        BASE + """transports:
+  nccl: {latency_us: 0, bandwidth_gb_per_s: 40}
+topology:
+  gpus_per_node: 2
+  vertices: {cpu0: cpu}
+  links:
+    - {kind: nvlink, bandwidth_gb_per_s: 100, latency_us: 0, between: [[gpu0, gpu1]]}
+    - {kind: pcie, bandwidth_gb_per_s: 10, latency_us: 0, between: [[gpu0, cpu0], [gpu1, cpu0]]}
+""",
+        "cap.yaml",
+    )
+    assert ends(simulate(sched(text, world=2), machine))["x"] == pytest.approx(2500, rel=1e-12)
+
+
+# ---- collectives as coflows -------------------------------------------------------------------
+
+STATEMENTS = {
+    "all_reduce": "all_reduce x size",
+    "tree": "all_reduce x size algo=tree",
+    "all_gather": "all_gather x size",
+    "reduce_scatter": "reduce_scatter x size",
+    "all_to_all": "all_to_all x size",
+    "gather": "gather x size dst=0",
+    "scatter": "scatter x size src=0",
+    "broadcast": "broadcast x size src=n - 1",
+    "reduce": "reduce x size dst=n // 2",
+    "barrier": "barrier",
+}
+
+
+def one_op(n: int, statement: str, size: str = "48MiB"):
+    return load_schedule_text(f"name: one\nparams: {{n: {n}, size: {size}}}\nworld: n\nstreams: [s]\nprogram: |\n  {statement}\n", "one.yaml")
+
+
+def _time(program, machine, network: str) -> float:
+    return max(simulate(program, machine, network).raw.end)
+
+
+@pytest.mark.parametrize("n", (2, 3, 8))
+@pytest.mark.parametrize("name", [k for k in STATEMENTS if k != "tree"])
+def test_flow_equals_analytic_without_contention_on_a_machine_without_topology(name, n):
+    """The implied topology (one link per rank per transport) gives the analytic times."""
+    machine = resolve_machine("h100-nvlink")
+    program = one_op(n, STATEMENTS[name])
+    assert _time(program, machine, "flow") == pytest.approx(_time(program, machine, "analytic"), rel=1e-9)
+
+
+def test_tree_all_reduce_on_8_ranks_equals_analytic():
+    # Every rank is inner node of one tree (2 children) and leaf of the other: 2S out, 2S in.
+    machine = resolve_machine("h100-nvlink")
+    program = one_op(8, STATEMENTS["tree"])
+    assert _time(program, machine, "flow") == pytest.approx(_time(program, machine, "analytic"), rel=1e-9)
+
+
+def test_ring_all_reduce_on_an_uncontended_ring_matches_analytic_within_1_percent():
+    # dgx-h100: every ring step crosses gpu->nvswitch->gpu (1 us of link latency more
+    # per step than the analytic model); at 1 GiB that is far below 1%. Both start after
+    # the 10 us comm launch.
+    machine = resolve_machine("dgx-h100")
+    program = one_op(8, "all_reduce x size", "1GiB")
+    flow, analytic = _time(program, machine, "flow"), _time(program, machine, "analytic")
+    assert flow == pytest.approx(analytic, rel=0.01)
+    # By hand: 10 us launch + 14 steps x (4 + 2 x 0.5) us + 2 * 7/8 * 2^30 B / 370 GB/s (NCCL's cap).
+    assert flow == pytest.approx(10 + 14 * 5 + 2 * 7 / 8 * 2**30 / 370e3, rel=1e-9)
+
+
+@pytest.mark.parametrize("statement", ["all_reduce x size", "all_gather x size", "broadcast x size src=0", "all_to_all x size"])
+def test_step_by_step_mode_agrees_with_the_coflow_uncontended(statement):
+    machine = resolve_machine("dgx-h100")
+    program = one_op(8, statement, "64MiB")
+    assert _time(program, machine, "flow-steps") == pytest.approx(_time(program, machine, "flow"), rel=1e-9)
+
+
+SHARED_UPLINK = """
+name: two-switches
+device: {name: t, peak_tflops: {fp32: 1}, memory_bandwidth_gb_per_s: 1000, sm_count: 4}
+kernel_launch_us: 0
+comm_launch_us: 0
+host_link: {latency_us: 0, bandwidth_gb_per_s: 10}
+transports:
+  nccl: {latency_us: 5, bandwidth_gb_per_s: .inf}
+topology:
+  gpus_per_node: 4
+  vertices: {sw0: pcie_switch, sw1: pcie_switch, cpu0: cpu}
+  links:
+    - {kind: pcie, bandwidth_gb_per_s: 25, latency_us: 0, between: [[gpu0, sw0], [gpu1, sw0], [gpu2, sw1], [gpu3, sw1]]}
+    - {kind: pcie, bandwidth_gb_per_s: 10, latency_us: 0, between: [[sw0, cpu0], [sw1, cpu0]]}
+  peer_access: all
+"""
+
+TWO_RINGS = """
+groups:
+  left: [0, 2]
+  right: [1, 3]
+"""
+
+
+@pytest.mark.parametrize("network", ["flow", "flow-steps"])
+def test_two_all_reduces_on_disjoint_groups_sharing_a_pcie_uplink(network):
+    """Groups {0, 2} and {1, 3}: each ring edge crosses sw0 <-> cpu0 <-> sw1 (10 GB/s).
+    A 2-rank ring all_reduce moves S = 100 MB each way in 2 steps of 5 us: alone
+    10 + 1e8 / 1e4 = 10010 us; both at once share each uplink direction, 5 GB/s each:
+    10 + 1e8 / 5e3 = 20010 us."""
+    machine = load_machine_text(SHARED_UPLINK, "two.yaml")
+    alone = simulate(sched("if rank == 0 or rank == 2:\n    all_reduce x 100MB group=left", extra=TWO_RINGS), machine, network)
+    assert max(alone.raw.end) == pytest.approx(10010, rel=1e-12)
+    both = simulate(sched("if rank == 0 or rank == 2:\n    all_reduce x 100MB group=left\nelse:\n    all_reduce y 100MB group=right",
+                          extra=TWO_RINGS), machine, network)  # fmt: skip
+    e = ends(both)
+    assert e["x"] == pytest.approx(20010, rel=1e-12)
+    assert e["y"] == pytest.approx(20010, rel=1e-12)
+
+
+def test_a_64_rank_ring_all_reduce_is_a_handful_of_events():
+    program = one_op(64, "all_reduce x size", "64MiB")
+    r = simulate(program, resolve_machine("h100-nvlink"))
+    assert r.network_model.events == 2  # one flow: its start and its end
+    stepped = simulate(program, resolve_machine("h100-nvlink"), "flow-steps")
+    assert stepped.network_model.events == 2 * 64 * 126
+    assert max(stepped.raw.end) == pytest.approx(max(r.raw.end), rel=1e-9)
+
+
+def test_nccl_like_algorithm_choice_and_override():
+    machine = resolve_machine("dgx-h100").with_nodes(2)
+
+    def algo(statement: str, size: str) -> str:
+        r = simulate(one_op(16, statement, size), machine)
+        return {f.algo.value for f in r.flow_stats()}.pop()
+
+    assert algo("all_reduce x size", "4KiB") == "tree"  # latency-bound across nodes: log steps
+    assert algo("all_reduce x size algo=ring", "4KiB") == "ring"  # the op's choice wins
+    one_node = simulate(one_op(8, "all_reduce x size", "4KiB"), resolve_machine("dgx-h100"))
+    assert {f.algo.value for f in one_node.flow_stats()} == {"ring"}  # NCCL keeps rings inside a node
+
+
+# ---- transports on the seed-004 machine -------------------------------------------------------
+
+FANOUT = """
+if rank == 0:
+    batch:
+        isend a 80MB to {d1} transport=memcpy
+        isend b 80MB to {d2} transport=memcpy
+if rank == {d1}:
+    recv a 80MB from 0 transport=memcpy
+if rank == {d2}:
+    recv b 80MB from 0 transport=memcpy
+"""
+
+SERIAL = """
+if rank == 0:
+    send a 80MB to {d1} transport=memcpy
+    send b 80MB to {d2} transport=memcpy
+if rank == {d1}:
+    recv a 80MB from 0 transport=memcpy
+if rank == {d2}:
+    recv b 80MB from 0 transport=memcpy
+"""
+
+
+def test_memcpy_fanout_to_two_non_peer_gpus_shares_the_device_to_host_link():
+    """pcie-nvlink-pairs: GPU 0 -> GPUs 2 and 3 go device->host (gpu0->cpu0, 8 GB/s),
+    then host->device (cpu0->gpu2, cpu0->gpu3). One alone: 10 us (memcpy) + 1 us link +
+    8e7 / 8e3 + 1 us link + 8e7 / 8e3 = 20012 us. Overlapped: both device->host legs
+    share gpu0->cpu0 (4 GB/s each): 11 + 20000, then the host->device legs run in
+    parallel: + 1 + 10000 = 30012 us each. One after the other: 2 x 20012 = 40024 us.
+    Transfers start after the 10 us comm launch (20 us for a batch of two)."""
+    machine = resolve_machine("pcie-nvlink-pairs")
+    serial = simulate(sched(SERIAL.format(d1=2, d2=3)), machine)
+    e = ends(serial)
+    assert e["a"] == pytest.approx(10 + 20012, rel=1e-12)
+    assert e["b"] == pytest.approx(10 + 40024, rel=1e-12)
+    overlapped = simulate(sched(FANOUT.format(d1=2, d2=3)), machine)
+    o = ends(overlapped)
+    assert o["a"] == pytest.approx(20 + 30012, rel=1e-12)  # the batch starts at 20 us
+    assert o["b"] == pytest.approx(20 + 30012, rel=1e-12)
+    assert max(overlapped.raw.end) < max(serial.raw.end)  # sooner in total
+    assert o["a"] - 20 > e["a"] - 10  # but each takes longer than alone
+
+
+def test_copy_between_an_nvlink_pair_is_far_faster_than_across_pcie():
+    machine = resolve_machine("pcie-nvlink-pairs")
+    body = "if rank == 0:\n    send x 80MB to {d} transport=memcpy\nif rank == {d}:\n    recv x 80MB from 0 transport=memcpy"
+    nvlink = ends(simulate(sched(body.format(d=1)), machine))["x"]
+    pcie = ends(simulate(sched(body.format(d=2)), machine))["x"]
+    assert nvlink == pytest.approx(10 + 10 + 1 + 8e7 / 50e3, rel=1e-12)  # launch, then direct at 50 GB/s
+    assert pcie > 10 * nvlink
+
+
+def test_nccl_without_peer_access_is_staged_and_capped():
+    # NCCL's SHM path: one pipelined flow over both legs, capped at 1.3 GB/s, 20 us per step.
+    machine = resolve_machine("pcie-nvlink-pairs")
+    body = "if rank == 0:\n    send x 13MB to 2\nif rank == 2:\n    recv x 13MB from 0"
+    assert ends(simulate(sched(body), machine))["x"] == pytest.approx(10 + 20 + 2 + 1.3e7 / 1.3e3, rel=1e-12)
+
+
+# ---- interference ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("transport,end", [("nccl", 12000), ("memcpy", 10000)])
+def test_compute_slows_while_an_nccl_kernel_runs_and_not_for_memcpy(transport, end):
+    """Slowdown 2: a 400 MB send at 100 GB/s takes 4000 us; a 10 ms compute overlapped
+    with it does 2000 us of work in those 4000 us, then 8000 us alone: 12000 us. memcpy
+    uses copy engines: 10000 us."""
+    machine = star(extra="comm_compute_slowdown: 2.0")
+    body = f"""
+if rank == 0:
+    h = isend x 400MB to 1 transport={transport} on b
+    compute C 10ms on a
+    wait h
+if rank == 1:
+    recv x 400MB from 0 transport={transport} on b
+"""
+    r = simulate(sched(body), machine)
+    assert ends(r)["x"] == pytest.approx(4000, rel=1e-12)
+    c = spans(r)["C"]
+    assert c == pytest.approx((0, end), rel=1e-12)
+    assert (r.nominal_us != {}) == (transport == "nccl")
+
+
+def test_slowdown_factor_defaults_to_the_sm_share_nccl_takes():
+    m = resolve_machine("dgx-h100")
+    assert m.comm_compute_slowdown is None
+    assert m.compute_slowdown() == pytest.approx(132 / (132 - 32))
+    assert resolve_machine("h100-nvlink").compute_slowdown() == 1.0
+
+
+# ---- outputs ---------------------------------------------------------------------------------
+
+
+def test_memcpy_vs_nccl_on_the_seed_machine_shows_both_effects(capsys, tmp_path):
+    trace = tmp_path / "t.json"
+    assert main(["simulate", "memcpy_vs_nccl", "--machine", "pcie-nvlink-pairs", "--json", "--trace", str(trace)]) == 0
+    data = json.loads(capsys.readouterr().out)
+    sends = {t["transport"]: t for t in data["transfers"] if t["kind"] == "send"}
+    assert sends["memcpy"]["mean_us"] * 2 < sends["nccl"]["mean_us"]  # memcpy well ahead
+    slowed = [c["name"] for c in data["slowed"]]
+    assert len(slowed) == 1 and slowed[0].startswith("work_nccl[")  # never work_memcpy
+    assert data["slowed"][0]["mean_us"] > 1.2 * data["slowed"][0]["nominal_us"]
+    assert data["links"][0]["name"] == "gpu0->cpu0"  # both staged fan-outs start there
+    assert data["flows"] and {"ops", "kind", "transport", "algo", "bytes", "start_us", "end_us", "bottleneck"} <= set(data["flows"][0])
+    counters = [e for e in json.loads(trace.read_text())["traceEvents"] if e["ph"] == "C"]
+    util = [e["args"]["value"] for e in counters if e["name"] == "link gpu0->cpu0 util"]
+    assert max(util) == 1.0 and util[-1] == 0.0
+    assert main(["simulate", "memcpy_vs_nccl", "--machine", "pcie-nvlink-pairs", "--links", "3", "--gantt", "never"]) == 0
+    out = capsys.readouterr().out
+    assert "busiest links" in out and "gpu0->cpu0" in out
+    assert "compute slowed by comm kernels" in out and "work_nccl[0]" in out
+
+
+def test_flow_stats_name_the_bottleneck():
+    r = simulate(sched("if rank == 0:\n    send x 13MB to 2\nif rank == 2:\n    recv x 13MB from 0"), resolve_machine("pcie-nvlink-pairs"))
+    (f,) = r.flow_stats()
+    assert f.kind is OpKind.SEND and f.bottleneck == "gpu0->cpu0" and f.links == 2
