@@ -33,7 +33,7 @@ from __future__ import annotations
 import heapq
 import math
 from array import array
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import simpy
@@ -458,23 +458,28 @@ class FlowNetwork(Network):
     def meta(self) -> dict:
         return {"model": self.name, "links": len(self.fabric.names), "topology": self.fabric.topology is not None}
 
-    def _samples(self) -> list[tuple[float, int, float]]:
-        """Every (time, channel, load bytes/us) sample in time order (ties: event order)."""
-        out: list[tuple[float, int, int, float]] = []
-        order = 0
+    def _samples(self):
+        """Every (time, channel, load bytes/us) sample in time order (ties: event order).
+        Solo intervals are expanded into flat arrays and sorted by index: a few bytes per
+        sample, as there can be hundreds of thousands."""
         st, sc, sv = self._s_t, self._s_c, self._s_v
+        t, c, v = array("d"), array("l"), array("d")
         i = 0
         for idx, demands, t0, t1, rate in self._solo + [(len(st), (), 0.0, 0.0, 0.0)]:
-            while i < idx:
-                out.append((st[i], order, sc[i], sv[i]))
-                order += 1
-                i += 1
-            for c, w in demands:
-                out.append((t0, order, c, w * rate))
-                out.append((t1, order + 1, c, 0.0))
-            order += 2
-        out.sort()
-        return [(t, c, v) for t, _, c, v in out]
+            t.extend(st[i:idx])
+            c.extend(sc[i:idx])
+            v.extend(sv[i:idx])
+            i = idx
+            for ch, w in demands:
+                t.append(t0)
+                c.append(ch)
+                v.append(w * rate)
+            for ch, _ in demands:
+                t.append(t1)
+                c.append(ch)
+                v.append(0.0)
+        for k in sorted(range(len(t)), key=t.__getitem__):  # stable: ties keep event order
+            yield t[k], c[k], v[k]
 
     def link_stats(self, makespan_us: float) -> list[LinkStat]:
         fabric = self.fabric
@@ -495,14 +500,13 @@ class FlowNetwork(Network):
             out.append(LinkStat(name, fabric.kinds[c], bw, self._bytes[c], busy[c], util, peak[c]))
         return out
 
-    def counter_samples(self) -> list[tuple[float, str, float]]:
+    def counter_samples(self) -> Iterator[tuple[float, str, float]]:
         """(time, channel name, utilisation 0..1) in time order, for trace counters."""
         fabric = self.fabric
-        out = []
+        names, capacity = fabric.names, fabric.capacity
         for t, c, v in self._samples():
-            cap = fabric.capacity[c]
-            out.append((t, fabric.names[c], v / cap if cap < _INF else 0.0))
-        return out
+            cap = capacity[c]
+            yield t, names[c], v / cap if cap < _INF else 0.0
 
     def flow_stats(self) -> list[FlowStat]:
         fabric = self.fabric

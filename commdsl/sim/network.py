@@ -15,7 +15,7 @@ it can share bandwidth between the transfers in flight.
 from __future__ import annotations
 
 import abc
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
@@ -121,9 +121,9 @@ class Network(abc.ABC):
         """Every link direction that carried bytes (none without a link model)."""
         return []
 
-    def counter_samples(self) -> list[tuple[float, str, float]]:
+    def counter_samples(self) -> Iterable[tuple[float, str, float]]:
         """(time, link name, utilisation 0..1) in time order, for trace counters."""
-        return []
+        return ()
 
 
 class AnalyticNetwork(Network):

@@ -57,9 +57,12 @@ class SimResult:
             self._timeline = build_timeline(self.program, self.machine, self.raw, self.network_meta)
             if self.network_model is not None:
                 # Link utilisation as counters in a separate "links" process of the trace.
-                self._timeline.counters.extend(
-                    CounterSample(f"link {name} util", -1, t, v) for t, name, v in self.network_model.counter_samples()
-                )
+                tracks: dict[str, str] = {}
+                for t, name, v in self.network_model.counter_samples():
+                    track = tracks.get(name)
+                    if track is None:
+                        track = tracks[name] = f"link {name} util"
+                    self._timeline.counters.append(CounterSample(track, -1, t, v))
         return self._timeline
 
 
