@@ -124,12 +124,9 @@ def print_summary(console: Console, s: Summary) -> None:
         console.print(table)
     if s.slowed:
         console.print(f"compute slowed by comm kernels (interference x{s.compute_slowdown:g} while an NCCL kernel of the device runs):")
-        table = Table(box=None, pad_edge=False)
-        for col in ("statement", "ops", "slowed", "nominal", "mean time", "slowdown"):
-            table.add_column(col, justify="right")
         for c in s.slowed:
-            table.add_row(escape(c.name), str(c.ops), str(c.slowed_ops), format_us(c.nominal_us), format_us(c.mean_us), f"x{c.mean_us / c.nominal_us:.2f}")
-        console.print(table)
+            console.print(f"  {escape(c.name)}: {c.slowed_ops} of {c.ops} ops slowed, mean {format_us(c.nominal_us)} -> "
+                          f"{format_us(c.mean_us)} (x{c.mean_us / c.nominal_us:.2f})")  # fmt: skip
     for w in s.warnings[:10]:
         console.print(f"[yellow]warning[/]: {escape(w)}")
 

@@ -5,7 +5,11 @@
     result.timeline.write("trace.json")
 """
 
-from commdsl.sim.network import NETWORKS, AnalyticNetwork, Network, Transfer
+from commdsl.sim.network import DEFAULT_NETWORK, NETWORKS, AnalyticNetwork, Network, Transfer  # isort: skip (imports flow)
+from commdsl.sim.flow import FlowNetwork, SteppedFlowNetwork
 from commdsl.sim.simulate import SimResult, check_deadlock, simulate
 
-__all__ = ["NETWORKS", "AnalyticNetwork", "Network", "SimResult", "Transfer", "check_deadlock", "simulate"]
+__all__ = [
+    "DEFAULT_NETWORK", "NETWORKS", "AnalyticNetwork", "FlowNetwork", "Network", "SimResult", "SteppedFlowNetwork",
+    "Transfer", "check_deadlock", "simulate",
+]  # fmt: skip
