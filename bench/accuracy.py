@@ -21,18 +21,20 @@ import sys
 import time
 from pathlib import Path
 
-# Small two-rank params per bundled schedule: every op takes milliseconds, not seconds.
+# Two-rank params per bundled schedule: ops of several milliseconds, so that the
+# millisecond stalls of gloo threads on a small shared CPU stay a small part of each op,
+# and an iteration well under a second.
 SMALL_PARAMS: dict[str, dict[str, str]] = {
-    "1f1b": {"stages": "2", "microbatches": "4", "act": "1MiB", "t_fwd": "5ms", "t_bwd": "10ms"},
-    "gpipe": {"stages": "2", "microbatches": "4", "act": "1MiB", "t_fwd": "5ms", "t_bwd": "10ms"},
-    "interleaved_1f1b": {"stages": "2", "chunks": "2", "microbatches": "4", "act": "1MiB", "t_fwd": "3ms", "t_bwd": "6ms"},
-    "collectives": {"ranks": "2", "tensor": "4MiB", "skew": "2ms"},
-    "ddp_overlap": {"ranks": "2", "layers": "4", "bucket_layers": "2", "layer_grad": "4MiB", "t_fwd": "3ms", "t_bwd": "6ms", "t_opt": "2ms"},
-    "fsdp": {"ranks": "2", "layers": "4", "layer_params": "4MiB", "t_fwd": "3ms", "t_bwd": "6ms", "t_opt": "2ms"},
-    "memcpy_vs_nccl": {"gpus": "2", "msg": "4MiB", "t_compute": "10ms", "reps": "2"},
-    "p2p": {"pairs": "1", "msg": "4MiB", "t_compute": "5ms", "t_host": "2ms"},
-    "stream_overlap": {"ranks": "2", "batch": "4MiB", "t_step": "5ms", "t_prep": "2ms"},
-    "tp_mlp": {"dp": "1", "tp": "2", "tokens": "256", "hidden": "256", "ffn": "1024"},
+    "1f1b": {"stages": "2", "microbatches": "4", "act": "4MiB", "t_fwd": "10ms", "t_bwd": "20ms"},
+    "gpipe": {"stages": "2", "microbatches": "4", "act": "4MiB", "t_fwd": "10ms", "t_bwd": "20ms"},
+    "interleaved_1f1b": {"stages": "2", "chunks": "2", "microbatches": "4", "act": "4MiB", "t_fwd": "5ms", "t_bwd": "10ms"},
+    "collectives": {"ranks": "2", "tensor": "8MiB", "skew": "5ms"},
+    "ddp_overlap": {"ranks": "2", "layers": "4", "bucket_layers": "2", "layer_grad": "8MiB", "t_fwd": "5ms", "t_bwd": "10ms", "t_opt": "5ms"},
+    "fsdp": {"ranks": "2", "layers": "4", "layer_params": "8MiB", "t_fwd": "5ms", "t_bwd": "10ms", "t_opt": "5ms"},
+    "memcpy_vs_nccl": {"gpus": "2", "msg": "8MiB", "t_compute": "20ms", "reps": "2"},
+    "p2p": {"pairs": "1", "msg": "8MiB", "t_compute": "10ms", "t_host": "5ms"},
+    "stream_overlap": {"ranks": "2", "batch": "16MiB", "t_step": "10ms", "t_prep": "5ms"},
+    "tp_mlp": {"dp": "1", "tp": "2", "tokens": "512", "hidden": "512", "ffn": "2048"},
 }
 
 
@@ -47,7 +49,7 @@ def _params(name: str) -> list[str]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out-dir", default="bench_out")
-    parser.add_argument("--iters", type=int, default=5)
+    parser.add_argument("--iters", type=int, default=9)
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--machine", help="use this machine file instead of calibrating")
     parser.add_argument("--only", default="", help="comma-separated schedule names")

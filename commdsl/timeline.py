@@ -229,8 +229,10 @@ def nccl_kernel_name(op: Op, algo: str | None = None, protocol: str = "Simple") 
     base = _NCCL_KERNEL[op.kind]
     if base == "SendRecv":
         return "ncclDevKernel_SendRecv"
-    redop = (op.reduce_op.value.capitalize() if op.reduce_op else "Sum")
-    parts = ["ncclDevKernel", base, redop, _nccl_dtype(op)]
+    parts = ["ncclDevKernel", base]
+    if base not in ("AllGather", "Broadcast"):
+        # Only reducing kernels carry the reduce op and element type in their name.
+        parts += [op.reduce_op.value.capitalize() if op.reduce_op else "Sum", _nccl_dtype(op)]
     if algo:
         parts.append(algo.upper())
     parts.append(protocol)

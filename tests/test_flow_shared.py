@@ -1,0 +1,99 @@
+"""A transport whose bandwidth the whole host shares (gloo over loopback TCP): an
+exchange takes twice a one-way send, and a calibrated collective alone keeps its time."""
+
+from __future__ import annotations
+
+import pytest
+
+from commdsl.dsl import load_schedule_text
+from commdsl.errors import MachineError
+from commdsl.machine import load_machine_text
+from commdsl.sim import simulate
+
+MACHINE = """
+name: loopback
+devices: 4
+device: {{name: cpu, peak_tflops: {{fp32: 1}}, memory_bandwidth_gb_per_s: 100, sm_count: 1}}
+kernel_launch_us: 0
+comm_launch_us: 0
+host_link: {{latency_us: 0, bandwidth_gb_per_s: 10}}
+transports:
+  nccl:
+    latency_us: 0
+    bandwidth_gb_per_s: 10
+    {shared}
+    collectives: {{all_reduce: {{latency_us: 0, bandwidth_gb_per_s: 4}}}}
+"""
+
+
+def machine(shared: bool):
+    return load_machine_text(MACHINE.format(shared="shared_bandwidth_gb_per_s: 10" if shared else ""), "m.yaml")
+
+
+def makespan_ms(body: str, shared: bool, world: int = 2) -> float:
+    program = "\n".join("  " + line for line in body.strip("\n").splitlines())
+    prog = load_schedule_text(f"name: t\nworld: {world}\nprogram: |\n{program}\n", "t.yaml")
+    return simulate(prog, machine(shared), "flow").timeline.makespan_us / 1e3
+
+
+ONE_WAY = """
+if rank == 0:
+    send x 100MB to 1
+if rank == 1:
+    recv x 100MB from 0
+"""
+EXCHANGE = """
+batch:
+    isend x 100MB to 1 - rank
+    irecv y 100MB from 1 - rank
+"""
+TWO_PAIRS = """
+if rank % 2 == 0:
+    send x 100MB to rank + 1
+else:
+    recv x 100MB from rank - 1
+"""
+
+
+@pytest.mark.parametrize("shared", [False, True])
+def test_one_way_send_gets_the_full_bandwidth(shared: bool) -> None:
+    assert makespan_ms(ONE_WAY, shared) == pytest.approx(10.0, rel=1e-3)  # 1e8 B at 10 GB/s
+
+
+def test_an_exchange_shares_the_host_bandwidth() -> None:
+    assert makespan_ms(EXCHANGE, shared=False) == pytest.approx(10.0, rel=1e-3)  # full duplex links
+    assert makespan_ms(EXCHANGE, shared=True) == pytest.approx(20.0, rel=1e-3)  # both directions share 10 GB/s
+
+
+def test_disjoint_pairs_share_the_host_too() -> None:
+    assert makespan_ms(TWO_PAIRS, shared=False, world=4) == pytest.approx(10.0, rel=1e-3)
+    assert makespan_ms(TWO_PAIRS, shared=True, world=4) == pytest.approx(20.0, rel=1e-3)
+
+
+def test_a_calibrated_collective_alone_keeps_its_measured_time() -> None:
+    # all_reduce override: 4 GB/s effective; ring on 2 ranks moves 2(n-1)/n * S = S bytes serially.
+    body = "all_reduce g 100MB"
+    assert makespan_ms(body, shared=True) == pytest.approx(25.0, rel=1e-3)
+    assert makespan_ms(body, shared=False) == pytest.approx(25.0, rel=1e-3)
+
+
+def test_a_collective_and_a_send_contend_on_the_shared_channel() -> None:
+    body = """
+if rank < 2:
+    all_reduce g 100MB group=pair
+else:
+    if rank == 2:
+        send x 100MB to 3 group=other
+    else:
+        recv x 100MB from 2 group=other
+"""
+    program = "\n".join("  " + line for line in body.strip("\n").splitlines())
+    text = f"name: t\nworld: 4\ngroups: {{pair: [0, 1], other: [2, 3]}}\nprogram: |\n{program}\n"
+    alone = 25.0
+    with_send = simulate(load_schedule_text(text, "t.yaml"), machine(True), "flow").timeline.makespan_us / 1e3
+    assert with_send > alone * 1.2  # the send takes part of the host's 10 GB/s
+
+
+def test_bad_shared_bandwidth_is_a_machine_error() -> None:
+    with pytest.raises(MachineError, match="shared_bandwidth_gb_per_s"):
+        load_machine_text(MACHINE.format(shared="shared_bandwidth_gb_per_s: -3"), "m.yaml")
