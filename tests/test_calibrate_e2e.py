@@ -42,6 +42,8 @@ def machine_file(tmp_path_factory) -> Path:
     data = json.loads(raw.read_text())
     assert len(data["p2p_us"]) == 5  # 1, 4, 16, 64, 256 KiB
     assert set(data["collectives_us"]) >= {"all_reduce", "all_gather", "broadcast"}
+    assert data["compute_slowdown_under_comm"] > 0 and data["comm_slowdown_under_compute"] > 0
+    assert "all_reduce slowdown while matmuls run: x" in proc.stdout
     return out
 
 
@@ -52,6 +54,9 @@ def test_calibrated_machine_is_a_valid_machine(machine_file: Path) -> None:
     for _, link in m.transports:
         assert link.latency_us >= 0 and link.bandwidth_gb_per_s > 0
     assert m.kernel_launch_us > 0 and m.comm_launch_us > 0
+    # Both interference factors are measured and written (never below 1.0: no speed-up).
+    assert m.comm_compute_slowdown is not None and m.comm_compute_slowdown >= 1.0
+    assert m.compute_comm_slowdown >= 1.0 and "compute_comm_slowdown:" in machine_file.read_text()
     header = machine_file.read_text().splitlines()[0]
     assert header.startswith("# Machine description written by commdsl.calibrate")
 

@@ -8,7 +8,10 @@ rank's (all ranks start after a barrier, and we take the max over ranks).
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import statistics
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -106,6 +109,23 @@ def p2p_us(probe: Probe, size_bytes: int, pool: BufferPool) -> float:
     return _median_time_us(probe, ping_pong, reduce_max=True) / 2
 
 
+def exchange_us(probe: Probe, size_bytes: int, pool: BufferPool) -> float:
+    """Time of a batched exchange (isend + irecv both ways) of size_bytes between ranks 0 and 1."""
+    if probe.rank > 1:
+        return _median_time_us(probe, lambda: None, reduce_max=True)
+    peer = 1 - probe.rank
+    ops = (comm_op(OpKind.SEND, size_bytes, probe.rank, peer=peer), comm_op(OpKind.RECV, size_bytes, probe.rank, peer=peer))
+    ops = tuple(dataclasses.replace(op, index=i, batch=0) for i, op in enumerate(ops))
+    plan = make_plan(ops, dist.group.WORLD, probe.world_size, tuple(pool.comm(op, probe.world_size) for op in ops),
+                     probe.backend, probe.device)  # fmt: skip
+
+    def exchange() -> None:
+        for work in launch(plan):
+            work.wait()
+
+    return _median_time_us(probe, exchange, reduce_max=True)
+
+
 def matmul_us(probe: Probe, n: int, dtype: Dtype) -> float:
     """Time of one n x n x n matmul (2 n^3 FLOPs) on this rank's device."""
     a = torch.randn(n, n, device=probe.device).to(TORCH_DTYPE[dtype])
@@ -179,3 +199,57 @@ def slowdown_under_comm(probe: Probe, n: int, comm_bytes: int, pool: BufferPool)
             w.wait()
         ratios.append(during / alone)
     return max(statistics.median(ratios), 1.0)
+
+
+def comm_slowdown_under_compute(probe: Probe, n: int, comm_bytes: int, pool: BufferPool) -> float:
+    """All_reduce time while a loop of n x n matmuls runs on every rank, over its time
+    alone (both the slowest rank's median). The loop runs in a Python thread (torch
+    releases the GIL in mm; on CUDA on its own stream, so timing the all_reduce waits
+    only for the main thread's stream); it is stopped and joined before returning."""
+    alone = collective_us(probe, OpKind.ALL_REDUCE, comm_bytes, pool)
+    op = comm_op(OpKind.ALL_REDUCE, comm_bytes, probe.rank)
+    plan = make_plan((op,), dist.group.WORLD, probe.world_size, (pool.comm(op, probe.world_size),), probe.backend, probe.device)
+    a = torch.randn(n, n, device=probe.device)
+    b = torch.randn(n, n, device=probe.device)
+    out = torch.empty(n, n, device=probe.device)
+    side = torch.cuda.Stream(probe.device) if probe.device.type == "cuda" else None
+    stop, running = threading.Event(), threading.Event()
+    errors: list[BaseException] = []
+
+    def matmul_loop() -> None:
+        try:
+            with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
+                while not stop.is_set():
+                    torch.mm(a, b, out=out)
+                    if side is not None:
+                        side.synchronize()  # one matmul in flight at a time: stops promptly
+                    running.set()
+        except BaseException as e:  # noqa: BLE001 - re-raised in the calling thread
+            errors.append(e)
+        finally:
+            running.set()
+
+    def timed_all_reduce() -> float:
+        dist.barrier(group=probe.cpu_group)
+        start = time.perf_counter()
+        for work in launch(plan):
+            work.wait()
+        if side is not None:
+            torch.cuda.current_stream(probe.device).synchronize()  # not the matmul stream
+        t = torch.tensor([(time.perf_counter() - start) * 1e6], dtype=torch.float64)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=probe.cpu_group)
+        return float(t.item())
+
+    probe.sync()
+    thread = threading.Thread(target=matmul_loop, name="calibrate-matmul-loop", daemon=True)
+    thread.start()
+    try:
+        running.wait()
+        samples = [timed_all_reduce() for _ in range(probe.warmup + probe.repeats)][probe.warmup :]
+    finally:
+        stop.set()
+        thread.join()
+    probe.sync()
+    if errors:
+        raise errors[0]
+    return max(statistics.median(samples) / alone, 1.0)

@@ -22,11 +22,11 @@ DEFAULT_CHUNK_BYTES = 512 * 1024
 
 _TOP_KEYS = (
     "name", "doc", "devices", "device", "kernel_launch_us", "comm_launch_us", "host_link", "transports", "chunk_bytes",
-    "topology", "comm_compute_slowdown",
+    "topology", "comm_compute_slowdown", "compute_comm_slowdown",
 )  # fmt: skip
 _DEVICE_KEYS = ("name", "peak_tflops", "memory_bandwidth_gb_per_s", "sm_count")
 _LINK_KEYS = ("latency_us", "bandwidth_gb_per_s")
-_TRANSPORT_KEYS = (*_LINK_KEYS, "staged", "collectives")
+_TRANSPORT_KEYS = (*_LINK_KEYS, "staged", "collectives", "shared_bandwidth_gb_per_s")
 _TOPOLOGY_KEYS = ("nodes", "gpus_per_node", "vertices", "links", "peer_access", "copy_engines", "nccl_sms")
 _TOPOLOGY_LINK_KEYS = ("kind", "bandwidth_gb_per_s", "latency_us", "between")
 
@@ -174,7 +174,7 @@ class _MachineReader:
             rates.append((dtype, self.number(vnode, f"device.peak_tflops.{key}", positive=True, allow_inf=True)))
         if not rates:
             raise self.fail("device.peak_tflops lists no dtype", rates_node)
-        transports, staged, overrides = [], [], []
+        transports, staged, overrides, shared = [], [], [], []
         for key, (knode, vnode) in self.mapping(top["transports"][1], "transports", None).items():
             try:
                 transport = Transport(key)
@@ -185,6 +185,9 @@ class _MachineReader:
             transports.append((transport, self.link_from(keys, what)))
             if "staged" in keys:
                 staged.append((transport, self.link(keys["staged"][1], f"{what}.staged")))
+            if "shared_bandwidth_gb_per_s" in keys:
+                node = keys["shared_bandwidth_gb_per_s"][1]
+                shared.append((transport, self.number(node, f"{what}.shared_bandwidth_gb_per_s", positive=True, allow_inf=True)))
             if "collectives" in keys:
                 for ckey, (cknode, cvnode) in self.mapping(keys["collectives"][1], f"{what}.collectives", None).items():
                     try:
@@ -219,6 +222,12 @@ class _MachineReader:
             slowdown = self.number(node, "comm_compute_slowdown")
             if slowdown < 1.0:
                 raise self.fail(f"comm_compute_slowdown must be at least 1.0 (1.0: no interference), got {node.value}", node)
+        comm_slowdown = 1.0
+        if "compute_comm_slowdown" in top:
+            node = top["compute_comm_slowdown"][1]
+            comm_slowdown = self.number(node, "compute_comm_slowdown")
+            if comm_slowdown < 1.0:
+                raise self.fail(f"compute_comm_slowdown must be at least 1.0 (1.0: no interference), got {node.value}", node)
         nccl_sms = topology.nccl_sms if topology is not None else None
         if nccl_sms is not None and nccl_sms >= device.sm_count:
             node = self.mapping(top["topology"][1], "topology", None)["nccl_sms"][1]
@@ -236,8 +245,10 @@ class _MachineReader:
             chunk_bytes=self.integer(top["chunk_bytes"][1], "chunk_bytes", 1) if "chunk_bytes" in top else DEFAULT_CHUNK_BYTES,
             topology=topology,
             staged=tuple(staged),
+            shared=tuple(shared),
             collective_overrides=tuple(overrides),
             comm_compute_slowdown=slowdown,
+            compute_comm_slowdown=comm_slowdown,
         )
 
     # ---- the topology -------------------------------------------------------------

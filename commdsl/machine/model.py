@@ -113,6 +113,12 @@ class Machine:
     link parameters of that collective on the implied topology (no `topology`), so an
     uncontended collective takes exactly that time and a contended one its share of it.
     With a topology the links decide and overrides are not used by the flow network."""
+    shared: tuple[tuple[Transport, float], ...] = ()
+    """Per transport, a bandwidth (GB/s) that every concurrent transfer of it on the
+    machine shares, whatever its direction (`transports: {gloo: {shared_bandwidth_gb_per_s:
+    ..}}`): TCP over loopback, where the host's CPUs copy every byte, so an exchange
+    (both directions at once) takes about twice a one-way send. Calibration measures it
+    from a batched exchange. Transports not listed share only the links they cross."""
     comm_compute_slowdown: float | None = None
     """Interference (DESIGN.md semantics 7): compute on a device runs this many times
     longer while an NCCL kernel of that device runs (from the moment it is active, even
@@ -121,6 +127,17 @@ class Machine:
     occupy (`nccl_sms`), it is sm_count / (sm_count - nccl_sms): compute, assumed
     SM-bound, keeps the other SMs. A measured factor (calibration) also covers memory
     bandwidth contention and wins over the SM estimate."""
+    compute_comm_slowdown: float = 1.0
+    """The reverse interference: while a compute op runs on a device, every transfer with
+    an endpoint on that device (any transport; a collective: any member's device, as a
+    ring progresses at its slowest member's pace) moves its bytes this many times slower
+    than it would alone: its rate is capped at its uncontended rate / factor (so under
+    contention it slows only if its share was above that); its latency is not slowed.
+    1.0: none, at no cost to the simulation. On CPUs,
+    compute and gloo's threads share the cores; on GPUs, an NCCL kernel shares SMs and
+    memory bandwidth with compute. Calibration measures it (an all_reduce's time while a
+    matmul loop runs on every rank, over its time alone). Each factor follows the other
+    activity's on/off state, not its slowed speed (no fixed point)."""
 
     def transport(self, transport: Transport) -> LinkSpec | None:
         for t, spec in self.transports:
@@ -134,6 +151,13 @@ class Machine:
             if t is transport:
                 return spec
         return self.transport(transport)
+
+    def shared_bandwidth(self, transport: Transport) -> float | None:
+        """The machine-wide bandwidth all transfers of `transport` share (GB/s), if any."""
+        for t, bw in self.shared:
+            if t is transport:
+                return bw
+        return None
 
     def collective_link(self, transport: Transport, kind: OpKind) -> LinkSpec | None:
         """The per-collective override of `transport` for `kind`, else the transport's."""
@@ -179,9 +203,11 @@ class Machine:
             "chunk_bytes": self.chunk_bytes,
             **({"topology": self.topology.to_json()} if self.topology is not None else {}),
             **({"staged": {t.value: _link_json(s) for t, s in self.staged}} if self.staged else {}),
+            **({"shared_bandwidth_gb_per_s": {t.value: bw for t, bw in self.shared}} if self.shared else {}),
             **({"collectives": {f"{t.value}.{k.value}": _link_json(s) for t, k, s in self.collective_overrides}}
                if self.collective_overrides else {}),
             "comm_compute_slowdown": self.compute_slowdown(),
+            "compute_comm_slowdown": self.compute_comm_slowdown,
         }
 
 

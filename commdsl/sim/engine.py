@@ -10,6 +10,12 @@ call depth stays flat and the only SimPy events are:
     later than now because the host issues it later;
   * one timeout per transfer (a whole collective, or a send/recv pair), from the network.
 
+With interference (a `comm_compute_slowdown` or `compute_comm_slowdown` other than 1.0),
+a compute op runs on a timer that starts at its true start and is rescheduled when the
+NCCL kernels of its device change; with `compute_comm_slowdown`, the network also hears
+when each device starts and stops computing (`Network.compute_changed`). With both
+factors 1.0 none of this runs.
+
 The host runs ahead of `env.now` on its own clock as long as it does not block: issuing
 only stamps each op with the time it reaches its stream (`ready`). Everything another
 entity can observe happens through events at its true time, so the network sees
@@ -216,6 +222,13 @@ class Engine:
         """Per rank, NCCL ops active (their kernels hold SMs)."""
         self.nominal_us: dict[int, float] = {}
         """Compute ops (g) that ran slowed, with their time without interference."""
+        self.slow_comm = machine.compute_comm_slowdown != 1.0
+        """Comm slows while compute runs on its devices: the network hears when compute
+        starts and ends on each device (`Network.compute_changed`)."""
+        self.timed_compute = self.interfere or self.slow_comm
+        """Compute ops start at their true time and end through `_on_compute_timer`."""
+        self.computing = [0] * program.world_size
+        """Per rank, compute ops running (only counted with `slow_comm`)."""
         self._prepare()
 
     # ---- setup --------------------------------------------------------------------
@@ -536,7 +549,7 @@ class Engine:
                         t, c = end[d], d
                 else:
                     duration = self._duration(op)
-                    if self.interfere and op.kind is _COMPUTE and duration > 0.0:
+                    if self.timed_compute and op.kind is _COMPUTE and duration > 0.0:
                         self._start_compute(s, entry, t, c, duration)
                         return
             start = t if t > now else now
@@ -562,7 +575,7 @@ class Engine:
         self._kick(s)
         self._drain()
 
-    # ---- interference: compute slowed by comm kernels ------------------------------------
+    # ---- interference: compute slowed by comm kernels, comm slowed by compute --------------
 
     def _start_compute(self, s: _Stream, entry: int, t: float, c: int, duration: float) -> None:
         """Run a compute op whose speed depends on the NCCL kernels of its device."""
@@ -581,6 +594,8 @@ class Engine:
         s.t_run = now
         s.factor = self.slowdown if self.kernels[s.rank] else 1.0
         s.slowed = s.factor != 1.0
+        if self.slow_comm:
+            self._computing_changed(s.rank, 1)
         self._compute_timer(s)
 
     def _on_delay(self, ev) -> None:
@@ -602,9 +617,19 @@ class Engine:
         g = s.cur >> 2
         if s.slowed:
             self.nominal_us[g] = self._duration(self.ops[g])
+        if self.slow_comm:
+            self._computing_changed(s.rank, -1)
         self._complete_entry(s, s.cur, self.env.now, s.cur_cause)
         self._kick(s)
         self._drain()
+
+    def _computing_changed(self, rank: int, delta: int) -> None:
+        """Compute ops running on `rank` changed by `delta`: tell the network when the
+        device starts or stops computing (comm slowed by compute)."""
+        before = self.computing[rank]
+        self.computing[rank] = before + delta
+        if (before == 0) != (self.computing[rank] == 0):
+            self.network.compute_changed(rank, before == 0)
 
     def _kernels_changed(self, rank: int, delta: int) -> None:
         before = self.kernels[rank]

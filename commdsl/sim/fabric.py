@@ -19,6 +19,10 @@ another device. memcpy between nodes is impossible (a MachineError).
 A machine without a topology gets the implied star: per transport one switch, and per
 rank one link to it at the transport's bandwidth (zero link latency: the transport's
 latency is charged per algorithm step).
+
+A transport with a machine-wide shared bandwidth (`Machine.shared`, e.g. gloo over
+loopback TCP, where the CPUs copy every byte) gets one more channel that every route
+of that transport crosses, in either direction.
 """
 
 from __future__ import annotations
@@ -68,6 +72,10 @@ class Fabric:
             self._build_star(world_size)
         else:
             self._build_topology()
+        self.shared_channel: dict[Transport, int] = {
+            t: self._channel(f"{t.value} shared", f"{t.value} shared", LinkKind.NETWORK, bw, 0.0) for t, bw in machine.shared
+        }
+        """Per transport with a shared bandwidth, the channel all its routes cross."""
 
     def _channel(self, a: str, b: str, kind: LinkKind, bw: float, latency_us: float) -> int:
         self.names.append(f"{a}->{b}")
@@ -190,6 +198,14 @@ class Fabric:
         return r
 
     def _route(self, src: int, dst: int, transport: Transport) -> Route:
+        route = self._path(src, dst, transport)
+        shared = self.shared_channel.get(transport)
+        if shared is None:
+            return route
+        first, *rest = route.legs
+        return Route(((*first, shared), *rest), route.staged, route.latency_us, route.spec)
+
+    def _path(self, src: int, dst: int, transport: Transport) -> Route:
         machine = self.machine
         if self.topology is None:
             spec = machine.transport(transport)

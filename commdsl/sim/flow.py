@@ -23,6 +23,17 @@ or ends, only over the flows connected to it through shared channels, and the ne
 keeps a single pending wake-up (the earliest completion or activation) on the SimPy
 clock. A flow alone on its channels takes the fast path: no recomputation, one event.
 
+Compute slowing comm (`Machine.compute_comm_slowdown` = F != 1.0): a flow is slowed
+while any device it has an endpoint on computes (a P2P transfer: sender or receiver; a
+collective: any member, as a ring advances at its slowest member's pace; the stepped
+mode's per-pair flows follow their collective's members). A slowed flow's cap is its solo
+rate / F: alone it moves F times slower, and under contention it slows only where its
+max-min share was above that. When compute starts or ends on a device, the flows on it
+whose state changes get their new cap: a solo flow is rescheduled on its own (no
+recomputation), a moving shared one is recomputed with the flows connected to it, a
+flow still in its latency just takes the cap with it. With F = 1.0 none of this exists
+(the engine does not even report compute).
+
 `SteppedFlowNetwork` (`--network flow-steps`) is the validation mode: it runs each
 collective step by step, one flow per pair of ranks per step, and waits for the whole
 step before the next. Uncontended, both give the same time (tests check it).
@@ -53,14 +64,21 @@ _UNSCHEDULED = -1.0
 class _Flow:
     """One fluid entity on the channels (see the module doc)."""
 
-    __slots__ = ("demands", "cap", "solo", "remaining", "total", "rate", "t_upd", "version", "is_solo", "then", "mark")
+    __slots__ = ("demands", "cap", "solo", "remaining", "total", "rate", "t_upd", "version", "is_solo", "then", "mark",
+                 "leg", "nbusy")  # fmt: skip
 
-    def __init__(self, demands: tuple[tuple[int, float], ...], cap: float, solo: float, total: float, t_act: float, then):
-        self.demands = demands
+    def __init__(self, leg: _Leg, t_act: float, then):
+        self.leg = leg
+        """What it was built from (its unslowed cap and solo rate, its devices)."""
+        self.demands = leg.demands
         """(channel, weight) pairs: channel load = weight * rate."""
-        self.cap = cap
-        self.solo = solo
+        self.cap = leg.cap
+        """The most it may move at (progress units per us); solo / F while slowed."""
+        self.solo = leg.solo
         """The rate when alone: min(cap, capacity / weight over its channels)."""
+        self.nbusy = 0
+        """Its devices that compute now (compute slowing comm only)."""
+        total = leg.total
         self.remaining = total
         self.total = total
         self.rate = _UNSCHEDULED
@@ -83,6 +101,8 @@ class _Leg:
     solo: float
     latency_us: float
     total: float
+    devices: tuple[int, ...]
+    """Ranks whose compute slows it (its endpoints; a collective's members)."""
 
 
 class FlowNetwork(Network):
@@ -117,6 +137,11 @@ class FlowNetwork(Network):
         """Per transfer: [transfer, start_us, end_us]."""
         self.events = 0
         """Flow starts and ends processed (the bench reports events per second)."""
+        self._slow = machine.compute_comm_slowdown
+        self._on_device: list[dict[_Flow, None]] = [{} for _ in range(world_size)] if self._slow != 1.0 else []
+        """Per device, the flows with an endpoint on it (compute slowing comm only)."""
+        self._busy = [False] * world_size
+        """Per device, whether compute runs on it."""
 
     # ---- algorithm choice ----------------------------------------------------------------
 
@@ -144,14 +169,14 @@ class FlowNetwork(Network):
 
     # ---- building flows --------------------------------------------------------------
 
-    def _leg(self, channel_bytes: dict[int, float], total: float, cap: float, latency_us: float) -> _Leg:
+    def _leg(self, channel_bytes: dict[int, float], total: float, cap: float, latency_us: float, devices: tuple[int, ...]) -> _Leg:
         capacity = self.fabric.capacity
         demands = tuple((c, b / total) for c, b in channel_bytes.items()) if total > 0 else ()
         solo = cap
         for c, w in demands:
             if w > 0 and capacity[c] / w < solo:
                 solo = capacity[c] / w
-        return _Leg(demands, cap, solo, latency_us, total)
+        return _Leg(demands, cap, solo, latency_us, total, devices)
 
     def _p2p_legs(self, src: int, dst: int, size: float, transport: Transport) -> tuple[_Leg, ...]:
         route = self.fabric.route(src, dst, transport)
@@ -162,10 +187,10 @@ class FlowNetwork(Network):
             # Store and forward: device->host, then host->device; the call's latency once.
             first, second = route.legs
             return (
-                self._leg(_count(first, size), size, cap, spec.latency_us + sum(lat[c] for c in first)),
-                self._leg(_count(second, size), size, cap, sum(lat[c] for c in second)),
+                self._leg(_count(first, size), size, cap, spec.latency_us + sum(lat[c] for c in first), (src, dst)),
+                self._leg(_count(second, size), size, cap, sum(lat[c] for c in second), (src, dst)),
             )
-        return (self._leg(_count(route.channels, size), size, cap, spec.latency_us + route.latency_us),)
+        return (self._leg(_count(route.channels, size), size, cap, spec.latency_us + route.latency_us, (src, dst)),)
 
     def _collective_legs(self, kind: OpKind, algo: Algo, ranks: tuple[int, ...], size: float, transport: Transport,
                          root: int | None, p: CommPlan) -> tuple[_Leg, ...]:  # fmt: skip
@@ -191,7 +216,12 @@ class FlowNetwork(Network):
                 # scale every channel's charge so that, alone, it runs at that bandwidth.
                 cap = override
                 channel_bytes = {c: v * fabric.capacity[c] / cap for c, v in channel_bytes.items()}
-        return (self._leg(channel_bytes, p.serial_bytes, cap, p.latency_steps * step_latency),)
+                shared = fabric.shared_channel.get(transport)
+                if shared is not None and shared in channel_bytes:
+                    # Measured alone, the collective already paid for sharing the host among its
+                    # own flows: its charge on the shared channel binds only against other traffic.
+                    channel_bytes[shared] = p.serial_bytes * fabric.capacity[shared] / cap
+        return (self._leg(channel_bytes, p.serial_bytes, cap, p.latency_steps * step_latency, tuple(dict.fromkeys(ranks))),)
 
     def _override_bandwidth(self, kind: OpKind, transport: Transport) -> float | None:
         """A calibrated per-collective bandwidth (bytes/us) on a machine without topology."""
@@ -231,10 +261,17 @@ class FlowNetwork(Network):
     def _start_flow(self, leg: _Leg, then: Callable[[], None]) -> None:
         now = self.env.now
         self.events += 1
-        f = _Flow(leg.demands, leg.cap, leg.solo, leg.total, now + leg.latency_us, then)
+        f = _Flow(leg, now + leg.latency_us, then)
         if not leg.demands or leg.total == 0:
             self._push(now + leg.latency_us, f, _FINISH)  # latency only (barrier, empty op)
             return
+        if self._on_device:
+            busy, on_device = self._busy, self._on_device
+            for d in leg.devices:
+                on_device[d][f] = None
+                f.nbusy += busy[d]
+            if f.nbusy:
+                f.cap = f.solo = leg.solo / self._slow
         users = self._users
         solo = True
         for c, _ in f.demands:
@@ -321,6 +358,9 @@ class FlowNetwork(Network):
             for c, w in f.demands:
                 self._bytes[c] += w * f.total
                 del users[c][f]
+            if self._on_device and f.demands:
+                for d in f.leg.devices:
+                    del self._on_device[d][f]
         for f in finished:  # then what they leave behind (never a finished flow)
             for c, _ in f.demands:
                 u = users[c]
@@ -336,6 +376,37 @@ class FlowNetwork(Network):
             self._ensure_wake(heap[0][0])
         for f in finished:
             f.then()
+
+    # ---- compute slowing comm ---------------------------------------------------------
+
+    def compute_changed(self, rank: int, computing: bool) -> None:
+        """Compute started or ended on `rank`: flows on it whose slowed state changes get
+        their new cap (see the module doc)."""
+        self._busy[rank] = computing
+        now = self.env.now
+        step = 1 if computing else -1
+        for f in self._on_device[rank]:
+            before = f.nbusy
+            f.nbusy = before + step
+            if before and f.nbusy:
+                continue  # another of its devices still computes
+            leg = f.leg
+            if f.nbusy:
+                f.cap = f.solo = leg.solo / self._slow
+            else:
+                f.cap, f.solo = leg.cap, leg.solo
+            if f.is_solo:  # alone on its channels: reschedule it, nothing else changes
+                if f.t_upd < now:
+                    self._log_solo(f, now)
+                    f.remaining -= f.rate * (now - f.t_upd)
+                    f.t_upd = now
+                f.rate = f.solo
+                f.version += 1
+                self._push(f.t_upd + f.remaining / f.solo, f, _FINISH)
+            elif f.t_upd <= now and f.rate != _UNSCHEDULED:  # moving among others: recompute
+                self._dirty.append(f)
+                self._ensure_wake(now)
+            # else: in its latency, or already waiting for a recomputation: it takes its cap along
 
     # ---- max-min rates ----------------------------------------------------------------
 
@@ -558,9 +629,9 @@ class SteppedFlowNetwork(FlowNetwork):
                 chans = {c: v * fabric.capacity[c] / override for c, v in chans.items()}
             # The coflow's cap bounds its progress (serial bytes); a pair's flow gets its share.
             cap = coflow.cap * nbytes / p.serial_bytes
-            per_step.append(self._leg(chans, share, cap, coflow.latency_us / steps))
+            per_step.append(self._leg(chans, share, cap, coflow.latency_us / steps, coflow.devices))
         if not per_step:
-            self._start_flow(_Leg((), _INF, _INF, coflow.latency_us, 0.0), lambda: self._end(record, done))
+            self._start_flow(_Leg((), _INF, _INF, coflow.latency_us, 0.0, ()), lambda: self._end(record, done))
             return
         state = {"step": 0, "left": 0}
 

@@ -10,6 +10,17 @@ it can share bandwidth between the transfers in flight.
     `commdsl.machine.model`), one SimPy timeout per collective, whatever its size;
   * `flow` (the default): links, routes and max-min sharing (`commdsl.sim.flow`);
   * `flow-steps`: the flow network running collectives step by step (validation).
+
+Compute slowing communication (`Machine.compute_comm_slowdown`, a factor != 1.0): the
+engine tells the network when compute starts or ends on a device (`compute_changed`, at
+the true times; never called for a factor of 1.0). A transfer is slowed while any of its
+endpoint devices computes (a collective: any member, since a ring advances at its
+slowest member's pace); only its bandwidth part is slowed, not its latency.
+
+  * `analytic`: the bandwidth part of a transfer progresses at 1 / factor while slowed:
+    its one timeout is rescheduled when that changes (exact for its formula, no contention);
+  * `flow`, `flow-steps`: a slowed flow's cap is its uncontended rate / factor, and max-min
+    rates are recomputed for the flows connected to it (see `commdsl.sim.flow`).
 """
 
 from __future__ import annotations
@@ -105,6 +116,10 @@ class Network(abc.ABC):
     def start(self, transfer: Transfer, done: Callable[[], None]) -> None:
         """Begin `transfer` now (env.now); call `done()` when its last byte arrives."""
 
+    def compute_changed(self, rank: int, computing: bool) -> None:
+        """Compute started (`computing`) or ended on device `rank`; called only on machines
+        with a `compute_comm_slowdown` other than 1.0 (see the module doc)."""
+
     def choose_algo(self, op: Op, ranks: tuple[int, ...]) -> Algo:
         """The algorithm of a collective whose op names none (ranks: the group, global)."""
         return DEFAULT_ALGO[op.kind]
@@ -126,15 +141,43 @@ class Network(abc.ABC):
         return ()
 
 
+class _Timed:
+    """A transfer of the analytic network on a machine where compute slows comm."""
+
+    __slots__ = ("record", "devices", "nbusy", "t_mark", "work_left_us", "factor", "token", "done")
+
+    def __init__(self, record: list, devices: tuple[int, ...], t_mark: float, work_left_us: float, done: Callable[[], None]):
+        self.record = record
+        self.devices = devices
+        self.nbusy = 0
+        """Its devices that compute now."""
+        self.t_mark = t_mark
+        """When its bandwidth part (re)starts at the current factor: the end of its
+        latency, or the last change of factor after it."""
+        self.work_left_us = work_left_us
+        """Bandwidth time left at t_mark, unslowed."""
+        self.factor = 1.0
+        self.token = 0
+        """Generation of its timeout (a rescheduled one supersedes the old)."""
+        self.done = done
+
+
 class AnalyticNetwork(Network):
     """Latency + bytes / bandwidth per transfer, by the algorithm's step and byte counts;
-    no contention between concurrent transfers."""
+    no contention between concurrent transfers. With a `compute_comm_slowdown`, the
+    bandwidth part runs `factor` times slower while any endpoint device computes."""
 
     name = "analytic"
 
     def __init__(self, env: simpy.Environment, machine: Machine, world_size: int):
         super().__init__(env, machine, world_size)
-        self.records: list[tuple[Transfer, float, float, float]] = []
+        self.records: list[list] = []
+        """Per transfer: [transfer, start_us, end_us, latency_us]."""
+        self._slow = machine.compute_comm_slowdown
+        self._busy = [False] * world_size
+        """Per device, whether compute runs on it."""
+        self._on_device: list[dict[_Timed, None]] = [{} for _ in range(world_size)] if self._slow != 1.0 else []
+        """Per device, the transfers in flight with an endpoint on it (slowdown only)."""
 
     def duration_us(self, transfer: Transfer) -> tuple[float, float]:
         """(time, latency part) of a transfer."""
@@ -147,9 +190,47 @@ class AnalyticNetwork(Network):
     def start(self, transfer: Transfer, done: Callable[[], None]) -> None:
         duration, latency = self.duration_us(transfer)
         now = self.env.now
-        self.records.append((transfer, now, now + duration, latency))
-        # Always through an event, even for zero time: keeps the engine's call depth flat.
-        self.env.timeout(duration).callbacks.append(lambda _ev: done())
+        record = [transfer, now, now + duration, latency]
+        self.records.append(record)
+        if self._slow == 1.0 or duration == latency:
+            # Always through an event, even for zero time: keeps the engine's call depth flat.
+            self.env.timeout(duration).callbacks.append(lambda _ev: done())
+            return
+        x = _Timed(record, tuple(dict.fromkeys(transfer.ranks)), now + latency, duration - latency, done)
+        for d in x.devices:
+            self._on_device[d][x] = None
+            x.nbusy += self._busy[d]
+        x.factor = self._slow if x.nbusy else 1.0
+        self._schedule(x)
+
+    def _schedule(self, x: _Timed) -> None:
+        x.token += 1
+        token = x.token
+        end = x.t_mark + x.work_left_us * x.factor
+        x.record[2] = end
+        self.env.timeout(end - self.env.now).callbacks.append(lambda _ev: self._finish(x, token))
+
+    def _finish(self, x: _Timed, token: int) -> None:
+        if token != x.token:
+            return  # rescheduled
+        for d in x.devices:
+            del self._on_device[d][x]
+        x.done()
+
+    def compute_changed(self, rank: int, computing: bool) -> None:
+        self._busy[rank] = computing
+        now = self.env.now
+        step = 1 if computing else -1
+        for x in self._on_device[rank]:
+            x.nbusy += step
+            factor = self._slow if x.nbusy else 1.0
+            if factor == x.factor:
+                continue
+            if now > x.t_mark:  # past its latency: bank the work done at the old factor
+                x.work_left_us = max(0.0, x.work_left_us - (now - x.t_mark) / x.factor)
+                x.t_mark = now
+            x.factor = factor
+            self._schedule(x)
 
     def flow_stats(self) -> list[FlowStat]:
         return [FlowStat.of(t, start, end, latency) for t, start, end, latency in self.records]

@@ -1,0 +1,160 @@
+"""Compute slowing communication (`compute_comm_slowdown`): by hand on every network,
+under contention on the flow network, together with the reverse effect, and no change
+at all with a factor of 1.0."""
+
+from __future__ import annotations
+
+import pytest
+
+from commdsl.dsl import load_schedule, load_schedule_text
+from commdsl.errors import MachineError
+from commdsl.machine import load_machine_text, resolve_machine
+from commdsl.sim import simulate
+
+NETWORKS = ("flow", "analytic", "flow-steps")
+
+
+def machine(extra: str = ""):
+    """4 ranks, no topology (the implied star): nccl at 100 GB/s (1e5 B/us), no latency."""
+    return load_machine_text(
+        f"""
+name: four
+devices: 4
+device: {{name: t, peak_tflops: {{fp32: 1}}, memory_bandwidth_gb_per_s: 1000, sm_count: 4}}
+kernel_launch_us: 0
+comm_launch_us: 0
+host_link: {{latency_us: 0, bandwidth_gb_per_s: 10}}
+transports:
+  nccl: {{latency_us: 0, bandwidth_gb_per_s: 100}}
+{extra}
+""",
+        "four.yaml",
+    )
+
+
+def sched(body: str, world: int = 4):
+    program = "\n".join("  " + line for line in body.strip("\n").splitlines())
+    return load_schedule_text(f"name: t\nworld: {world}\nstreams: [a, b]\nprogram: |\n{program}\n", "t.yaml")
+
+
+def spans(result) -> dict[str, tuple[float, float]]:
+    """op name -> (start, end) of its last op by that name."""
+    return {op.name: (result.raw.start[g], result.raw.end[g]) for g, op in enumerate(result.raw.ops)}
+
+
+SEND = """
+if rank == 0:
+    send x 400MB to 1 on b
+if rank == 1:
+    recv x 400MB from 0 on b
+{compute}
+"""
+
+
+@pytest.mark.parametrize("network", NETWORKS)
+def test_a_send_alone_and_while_the_receiver_computes(network):
+    """400 MB at 1e5 B/us: 4000 us alone; factor 2 while rank 1 computes all along: 8000 us."""
+    slow = machine("compute_comm_slowdown: 2.0")
+    assert spans(simulate(sched(SEND.format(compute="")), slow, network=network))["x"][1] == pytest.approx(4000, rel=1e-12)
+    busy = sched(SEND.format(compute="if rank == 1:\n    compute C 20ms on a"))
+    r = simulate(busy, slow, network=network)
+    assert spans(r)["x"][1] == pytest.approx(8000, rel=1e-12)
+    assert spans(r)["C"] == pytest.approx((0, 20000), rel=1e-12)  # compute itself is not slowed
+    assert spans(simulate(busy, machine(), network=network))["x"][1] == pytest.approx(4000, rel=1e-12)
+
+
+@pytest.mark.parametrize("network", NETWORKS)
+@pytest.mark.parametrize(
+    "compute",
+    [
+        "if rank == 1:\n    compute C 1ms on a",  # 0-1000 us: overlaps the start
+        "if rank == 1:\n    host H 1ms\n    compute C 1ms on a",  # 1000-2000 us: starts mid-transfer
+        "if rank == 0:\n    compute C 1ms on a",  # the sender computes: same thing
+    ],
+)
+def test_a_send_overlapping_compute_only_partly(network, compute):
+    """1000 us at half speed moves 0.5e8 B; the other 3.5e8 B take 3500 us: 4500 us."""
+    r = simulate(sched(SEND.format(compute=compute)), machine("compute_comm_slowdown: 2.0"), network=network)
+    assert spans(r)["x"][1] == pytest.approx(4500, rel=1e-12)
+
+
+@pytest.mark.parametrize("network", NETWORKS)
+@pytest.mark.parametrize("compute_us,end_us", [(20000, 3000), (1000, 2000)])
+def test_a_collective_is_slowed_while_one_member_computes(network, compute_us, end_us):
+    """Ring all_reduce of 100 MB on 4 ranks: 1.5e8 serial bytes, 1500 us alone. Rank 2
+    computing all along: 3000 us. Computing for the first 1000 us: 0.5e8 B then, the
+    other 1e8 B in 1000 us: 2000 us."""
+    body = f"all_reduce g 100MB on b\nif rank == 2:\n    compute C {compute_us}us on a"
+    r = simulate(sched(body), machine("compute_comm_slowdown: 2.0"), network=network)
+    assert spans(r)["g"][1] == pytest.approx(end_us, rel=1e-12)
+
+
+def test_a_slowed_flow_under_contention_is_capped_at_its_solo_rate_over_the_factor():
+    """Ranks 0 and 2 both send 100 MB to rank 1 (its downlink: 1e5 B/us). Rank 2
+    computes, factor 4: its flow is capped at 2.5e4 B/us, rank 0's gets the other
+    7.5e4 (done at 1e8 / 7.5e4 = 1333.3 us); rank 2's stays at its cap: 4000 us."""
+    body = """
+if rank == 0:
+    send a 100MB to 1 on b
+if rank == 2:
+    send c 100MB to 1 on b
+    compute C 20ms on a
+if rank == 1:
+    batch:
+        irecv a 100MB from 0 on b
+        irecv c 100MB from 2 on b
+"""
+    s = spans(simulate(sched(body), machine("compute_comm_slowdown: 4.0")))
+    assert s["a"][1] == pytest.approx(1e8 / 7.5e4, rel=1e-12)
+    assert s["c"][1] == pytest.approx(4000, rel=1e-12)
+    # Factor 2: a cap of 5e4 is its fair share anyway, nothing changes (2000 us both).
+    s = spans(simulate(sched(body), machine("compute_comm_slowdown: 2.0")))
+    assert (s["a"][1], s["c"][1]) == pytest.approx((2000, 2000), rel=1e-12)
+
+
+def test_both_effects_at_once_each_from_the_others_on_off_state():
+    """Both factors 2. The send (4000 us alone) runs while the sender computes: 8000 us.
+    The 10 ms compute is slowed while the NCCL kernel runs: 4000 us of work in those
+    8000 us, then 6000 us alone: 14000 us."""
+    body = """
+if rank == 0:
+    h = isend x 400MB to 1 on b
+    compute C 10ms on a
+    wait h
+if rank == 1:
+    recv x 400MB from 0 on b
+"""
+    r = simulate(sched(body), machine("comm_compute_slowdown: 2.0\ncompute_comm_slowdown: 2.0"))
+    s = spans(r)
+    assert s["x"][1] == pytest.approx(8000, rel=1e-12)
+    assert s["C"] == pytest.approx((0, 14000), rel=1e-12)
+
+
+@pytest.mark.parametrize("network", NETWORKS)
+def test_factor_one_changes_nothing_on_a_bundled_schedule(network):
+    program = load_schedule("fsdp")
+    base = resolve_machine("dgx-h100")
+    assert base.compute_comm_slowdown == 1.0
+    one = load_machine_text(
+        open(base.source).read() + "\ncompute_comm_slowdown: 1.0\n", "one.yaml"
+    )
+    a, b = simulate(program, base, network=network), simulate(program, one, network=network)
+    assert list(a.raw.start) == list(b.raw.start) and list(a.raw.end) == list(b.raw.end)
+    if network != "analytic":
+        assert a.network_model.events == b.network_model.events
+    # And a factor above 1 does change this overlapped schedule.
+    slow = load_machine_text(open(base.source).read() + "\ncompute_comm_slowdown: 1.5\n", "slow.yaml")
+    assert simulate(program, slow, network=network).makespan_us > a.makespan_us
+
+
+def test_loader_checks_and_to_json():
+    m = machine("compute_comm_slowdown: 1.25")
+    assert m.compute_comm_slowdown == 1.25 and m.to_json()["compute_comm_slowdown"] == 1.25
+    assert machine().to_json()["compute_comm_slowdown"] == 1.0
+    with pytest.raises(MachineError, match="compute_comm_slowdown must be at least 1.0") as info:
+        machine("compute_comm_slowdown: 0.5")
+    assert (info.value.loc.file, info.value.loc.line, info.value.loc.column) == ("four.yaml", 10, 24)  # the value, on the line after nccl
+    with pytest.raises(MachineError, match="compute_comm_slowdown must be a number"):
+        machine("compute_comm_slowdown: fast")
+    with pytest.raises(MachineError, match="compute_comm_slowdown must be a finite number"):
+        machine("compute_comm_slowdown: .inf")
