@@ -572,12 +572,30 @@ class FlowNetwork(Network):
         return out
 
     def counter_samples(self) -> Iterator[tuple[float, str, float]]:
-        """(time, channel name, utilisation 0..1) in time order, for trace counters."""
+        """(time, channel name, utilisation 0..1) in time order, for trace counters: only
+        changes. Of several samples of a channel at one instant the last wins (a flow that
+        ends as the next starts), and a value equal to the channel's last one is dropped, so
+        back-to-back collectives on the same links cost two samples per link, not two each."""
         fabric = self.fabric
         names, capacity = fabric.names, fabric.capacity
+        shown: dict[int, float] = {}
+        pending: dict[int, float] = {}
+        now = None
         for t, c, v in self._samples():
-            cap = capacity[c]
-            yield t, names[c], v / cap if cap < _INF else 0.0
+            if t != now:
+                yield from self._changes(now, pending, shown, names, capacity)
+                pending.clear()
+                now = t
+            pending[c] = v
+        yield from self._changes(now, pending, shown, names, capacity)
+
+    @staticmethod
+    def _changes(t, pending: dict[int, float], shown: dict[int, float], names, capacity) -> Iterator[tuple[float, str, float]]:
+        for c, v in pending.items():
+            if shown.get(c, 0.0 if v == 0.0 else -1.0) != v:
+                shown[c] = v
+                cap = capacity[c]
+                yield t, names[c], v / cap if cap < _INF else 0.0
 
     def flow_stats(self) -> list[FlowStat]:
         fabric = self.fabric
