@@ -22,10 +22,10 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass, field
 
-from commdsl.timeline import COMM_TRACK_PREFIX, Span, SpanRole, Timeline
+from commdsl.breakdown import Breakdown, breakdown, category
 from commdsl.ir import OpKind
+from commdsl.timeline import Span, SpanRole, Timeline
 
-COMM_KINDS = frozenset(k.value for k in OpKind if k.is_comm)
 NON_BUSY_KINDS = frozenset({OpKind.WAIT.value, OpKind.WAIT_EVENT.value, OpKind.RECORD.value, OpKind.SYNCHRONIZE.value})
 
 
@@ -71,18 +71,8 @@ class ErrorStats:
         return ErrorStats(statistics.median(mags), _percentile(mags, 90), abs(worst_value), worst_op)
 
 
-@dataclass(frozen=True)
-class RankBreakdown:
-    """Per-rank time split, in microseconds, over the timeline's makespan."""
-
-    compute_us: float
-    """Union of compute / copy / host-work spans."""
-    comm_us: float
-    """Union of communication spans."""
-    exposed_comm_us: float
-    """Communication time not overlapped by compute on this rank."""
-    idle_us: float
-    """Makespan minus the union of compute and communication."""
+RankBreakdown = Breakdown
+"""Per-rank time split, in microseconds (see commdsl.breakdown for the definitions)."""
 
 
 @dataclass
@@ -168,38 +158,18 @@ def _percentile(sorted_values: list[float], pct: float) -> float:
     return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (pos - lo)
 
 
-def _union_length(intervals: list[tuple[float, float]]) -> float:
-    total, end = 0.0, float("-inf")
-    for a, b in sorted(intervals):
-        if b <= end:
-            continue
-        total += b - max(a, end)
-        end = b
-    return total
-
-
-def _intersection_length(a: list[tuple[float, float]], b: list[tuple[float, float]]) -> float:
-    return _union_length(a) + _union_length(b) - _union_length(a + b)
-
-
 def rank_breakdowns(timeline: Timeline) -> dict[int, RankBreakdown]:
-    """Compute / communication / exposed communication / idle per rank, from EXEC spans."""
-    compute: dict[int, list[tuple[float, float]]] = {}
-    comm: dict[int, list[tuple[float, float]]] = {}
+    """Compute / communication / exposed communication / idle per rank, from EXEC spans,
+    with the simulator summary's definitions (commdsl.breakdown)."""
+    spans: dict[int, dict[str, list[tuple[float, float]]]] = {
+        r: {"compute": [], "comm": [], "copy": []} for r in range(timeline.world_size)
+    }
     for s in timeline.spans:
-        if s.role is not SpanRole.EXEC or s.kind in NON_BUSY_KINDS:
-            continue
-        target = comm if (s.kind in COMM_KINDS or s.track.startswith(COMM_TRACK_PREFIX)) else compute
-        target.setdefault(s.rank, []).append((s.start_us, s.end_us))
+        cat = category(OpKind(s.kind)) if s.role is SpanRole.EXEC else None
+        if cat is not None and s.end_us > s.start_us:
+            spans.setdefault(s.rank, {"compute": [], "comm": [], "copy": []})[cat].append((s.start_us, s.end_us))
     makespan = timeline.makespan_us
-    out = {}
-    for rank in sorted(set(compute) | set(comm) | set(range(timeline.world_size))):
-        c, m = compute.get(rank, []), comm.get(rank, [])
-        compute_us, comm_us = _union_length(c), _union_length(m)
-        overlap = _intersection_length(c, m)
-        busy = compute_us + comm_us - overlap
-        out[rank] = RankBreakdown(compute_us, comm_us, comm_us - overlap, max(makespan - busy, 0.0))
-    return out
+    return {r: breakdown(c["compute"], c["comm"], c["copy"], makespan) for r, c in sorted(spans.items())}
 
 
 def compare_timelines(predicted: Timeline, measured: Timeline, *, min_duration_us: float = 10.0) -> Comparison:

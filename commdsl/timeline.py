@@ -178,7 +178,11 @@ class Timeline:
             raise UsageError(f"no such timeline file: {path}") from None
         except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
             raise UsageError(f"{path} is not a timeline JSON file: {e}") from None
-        return cls.from_chrome_trace(data, str(path))
+        try:
+            return cls.from_chrome_trace(data, str(path))
+        except (KeyError, ValueError, TypeError, IndexError, AttributeError) as e:
+            raise UsageError(f"{path} is a malformed commdsl timeline ({type(e).__name__}: {e})",
+                             hint="timelines come from `commdsl simulate --trace` or `commdsl.run --out`") from None
 
     @classmethod
     def from_chrome_trace(cls, data: dict, origin: str = "<trace>") -> Timeline:
@@ -191,7 +195,7 @@ class Timeline:
             ph = ev.get("ph")
             if ph == "X":
                 args = dict(ev.get("args", {}))
-                op_id, kind, role = args.pop("op_id"), args.pop("kind"), args.pop("role")
+                op_id, kind, role = args.pop("op_id"), OpKind(args.pop("kind")).value, args.pop("role")
                 rank = ev["pid"]
                 track = tracks[rank][ev["tid"]]
                 tl.spans.append(Span(op_id, rank, track, SpanRole(role), kind, ev["name"], ev["ts"], ev["ts"] + ev["dur"], tuple(args.items())))

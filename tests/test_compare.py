@@ -115,6 +115,12 @@ def test_cli_bad_inputs(tmp_path: Path) -> None:
     junk.write_text("{not json")
     bad = _cli("compare", str(p), str(junk))
     assert bad.returncode == 2 and "not a timeline JSON file" in bad.stderr and "Traceback" not in bad.stderr
+    broken = tmp_path / "broken.json"
+    data = json.loads(p.read_text())
+    next(e for e in data["traceEvents"] if e["ph"] == "X")["args"]["kind"] = "teleport"
+    broken.write_text(json.dumps(data))
+    bad_kind = _cli("compare", str(p), str(broken))
+    assert bad_kind.returncode == 2 and "malformed commdsl timeline" in bad_kind.stderr and "Traceback" not in bad_kind.stderr
     other = tmp_path / "other.json"
     other.write_text(json.dumps({"traceEvents": []}))
     assert "not a commdsl timeline" in _cli("compare", str(p), str(other)).stderr

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+from commdsl.breakdown import breakdown, category
 from commdsl.ir import OpKind
 from commdsl.sim.simulate import SimResult
 
@@ -112,44 +113,21 @@ class Summary:
         return _rounded(out)
 
 
-def _union_length(intervals: list[tuple[float, float]]) -> float:
-    total, cur_start, cur_end = 0.0, None, None
-    for s, e in sorted(intervals):
-        if cur_end is None or s > cur_end:
-            if cur_end is not None:
-                total += cur_end - cur_start
-            cur_start, cur_end = s, e
-        elif e > cur_end:
-            cur_end = e
-    if cur_end is not None:
-        total += cur_end - cur_start
-    return total
-
-
 def summarize(result: SimResult) -> Summary:
     raw, program = result.raw, result.program
     makespan = result.makespan_us
     ranks = []
     for rank in range(program.world_size):
-        compute, comm, other = [], [], []
+        spans: dict[str, list[tuple[float, float]]] = {"compute": [], "comm": [], "copy": []}
         b = raw.base[rank]
         for i, op in enumerate(program.ops[rank]):
             g = b + i
-            span = (raw.start[g], raw.end[g])
-            if span[1] <= span[0]:
-                continue
-            if op.kind is OpKind.COMPUTE:
-                compute.append(span)
-            elif op.kind.is_comm:
-                comm.append(span)
-            elif op.kind is OpKind.COPY:
-                other.append(span)
-        compute_us = _union_length(compute)
-        comm_us = _union_length(comm)
-        exposed = _union_length(compute + comm) - compute_us
-        idle = makespan - _union_length(compute + comm + other)
-        bubble = (makespan - compute_us) / makespan if compute and makespan > 0 else None
-        ranks.append(RankSummary(rank, compute_us, comm_us, exposed, idle, bubble))
+            cat = category(op.kind)
+            if cat is not None and raw.end[g] > raw.start[g]:
+                spans[cat].append((raw.start[g], raw.end[g]))
+        split = breakdown(spans["compute"], spans["comm"], spans["copy"], makespan)
+        bubble = (makespan - split.compute_us) / makespan if spans["compute"] and makespan > 0 else None
+        ranks.append(RankSummary(rank, split.compute_us, split.comm_us, split.exposed_comm_us, split.idle_us, bubble))
     bubbles = [r.bubble_fraction for r in ranks if r.bubble_fraction is not None]
     path = []
     for g in result.critical_path:

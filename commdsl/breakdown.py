@@ -1,0 +1,54 @@
+"""Per-rank time split, one definition for every report (simulate's summary, compare).
+
+Over a makespan, per rank:
+  * compute: time covered by at least one compute op (union over the rank's streams);
+  * comm: time covered by at least one communication op (from when it is active on the
+    rank: an early member of a collective waits inside its kernel);
+  * exposed comm: comm time not overlapped by compute;
+  * idle: time covered by no compute, comm or copy op.
+Host work, waits, records and synchronizes are not device work and count for none.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from commdsl.ir import OpKind
+
+Interval = tuple[float, float]
+
+
+@dataclass(frozen=True)
+class Breakdown:
+    compute_us: float
+    comm_us: float
+    exposed_comm_us: float
+    idle_us: float
+
+
+def union_length(intervals: list[Interval]) -> float:
+    """Total length covered by at least one interval."""
+    total, end = 0.0, float("-inf")
+    for a, b in sorted(intervals):
+        if b <= end:
+            continue
+        total += b - max(a, end)
+        end = b
+    return total
+
+
+def breakdown(compute: list[Interval], comm: list[Interval], copy: list[Interval], makespan_us: float) -> Breakdown:
+    compute_us = union_length(compute)
+    busy = union_length(compute + comm)
+    return Breakdown(compute_us, union_length(comm), busy - compute_us, max(makespan_us - union_length(compute + comm + copy), 0.0))
+
+
+def category(kind: OpKind) -> str | None:
+    """"compute", "comm", "copy", or None for ops that are no device work."""
+    if kind is OpKind.COMPUTE:
+        return "compute"
+    if kind.is_comm:
+        return "comm"
+    if kind is OpKind.COPY:
+        return "copy"
+    return None
