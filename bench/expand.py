@@ -36,9 +36,10 @@ def main() -> None:
         num_ops = program.num_ops
         del program
     tracemalloc.start()
-    program = load_schedule(args.schedule, overrides)
+    program = load_schedule(args.schedule, overrides)  # alive while the peak is read
     _, peak = tracemalloc.get_traced_memory()
     tracemalloc.stop()
+    del program
 
     median = statistics.median(times)
     print(f"schedule      {args.schedule} stages={args.stages} microbatches={args.microbatches}")

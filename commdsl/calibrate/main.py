@@ -354,7 +354,7 @@ def _print_report(report: FitReport, res: Results) -> None:
     for kind, f in report.collectives.items():
         row(kind.value, f"{f.latency_us:.1f} us/step + {f.bandwidth_gb_per_s:.3f} GB/s", f.r2, f.residuals_pct)
         resid = report.p2p_model_residuals[kind]
-        table.add_row(f"  (p2p link)", "analytic model with the p2p link", "", f"{max(abs(r) for r in resid):.1f}%", " ".join(f"{r:+.0f}" for r in resid))
+        table.add_row("  (p2p link)", "analytic model with the p2p link", "", f"{max(abs(r) for r in resid):.1f}%", " ".join(f"{r:+.0f}" for r in resid))
     console.print(table)
     console.print(f"host issue: kernel {res.kernel_launch_us:.1f} us, comm {res.comm_launch_us:.1f} us; "
                   f"compute slowdown while an all_reduce runs: x{res.slowdown:.2f}; "

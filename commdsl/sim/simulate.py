@@ -138,7 +138,6 @@ def build_timeline(program: Program, machine: Machine, raw: RawResult, network_m
     # keeps the timeline within a few hundred bytes per op).
     kind_value = {k: k.value for k in OpKind}
     issue_names: dict[tuple, str] = {}
-    exec_names: dict[tuple, str] = {}
     args_cache: dict[tuple, tuple] = {}
     exec_role, issue_role = SpanRole.EXEC, SpanRole.ISSUE
     for g, op in enumerate(raw.ops):
