@@ -97,3 +97,55 @@ else:
 def test_bad_shared_bandwidth_is_a_machine_error() -> None:
     with pytest.raises(MachineError, match="shared_bandwidth_gb_per_s"):
         load_machine_text(MACHINE.format(shared="shared_bandwidth_gb_per_s: -3"), "m.yaml")
+
+
+PROFILED = """
+name: profiled
+devices: 2
+device: {name: cpu, peak_tflops: {fp32: 1}, memory_bandwidth_gb_per_s: 100, sm_count: 1}
+kernel_launch_us: 0
+comm_launch_us: 0
+host_link: {latency_us: 0, bandwidth_gb_per_s: 10}
+transports:
+  nccl:
+    latency_us: 0
+    bandwidth_gb_per_s: 10
+    collectives:
+      all_reduce:
+        latency_us: 10
+        bandwidth_gb_per_s: 4
+        measured_ranks: 2
+        measured_us: [[1000000, 500], [4000000, 1000], [16000000, 8000]]
+"""
+
+
+@pytest.mark.parametrize("network", ["flow", "analytic"])
+@pytest.mark.parametrize("size, expected_us", [
+    (1_000_000, 500.0),                     # a measured point
+    (2_000_000, 500.0 * 2 ** 0.5),          # log-log halfway between 1 MB (500) and 4 MB (1000)
+    (8_000_000, 1000.0 * 8 ** 0.5),         # halfway between 4 MB (1000) and 16 MB (8000)
+    (32_000_000, 16000.0),                  # beyond the largest: bandwidth-bound, 2x the 16 MB time
+    (500_000, 500.0),                       # below the smallest: latency-bound
+])  # fmt: skip
+def test_a_measured_profile_sets_the_collective_time(network: str, size: int, expected_us: float) -> None:
+    prog = load_schedule_text(f"name: t\nworld: 2\nprogram: |\n  all_reduce g {size}B\n", "t.yaml")
+    machine = load_machine_text(PROFILED, "m.yaml")
+    assert simulate(prog, machine, network).timeline.makespan_us == pytest.approx(expected_us, rel=1e-6)
+
+
+def test_a_profile_applies_only_to_groups_of_its_size() -> None:
+    # On 4 ranks the fitted line holds: ring 2(n-1) = 6 steps x 10 us + 1.5 x 4 MB at 4 GB/s.
+    prog = load_schedule_text("name: t\nworld: 4\nprogram: |\n  all_reduce g 4000000B\n", "t.yaml")
+    machine = load_machine_text(PROFILED.replace("devices: 2", "devices: 4"), "m.yaml")
+    assert simulate(prog, machine, "analytic").timeline.makespan_us == pytest.approx(60 + 1.5 * 4e6 / 4e3)  # not the profile's 1000
+
+
+def test_bad_profiles_are_machine_errors() -> None:
+    for bad, message in (("[[1000, 5]]", "at least two"), ("[[1000, 5], [500, 9]]", "sizes must increase"),
+                         ("[[1000, 5], [2000]]", "pair"), ("[[1000, -5], [2000, 9]]", "time")):  # fmt: skip
+        text = PROFILED.replace("[[1000000, 500], [4000000, 1000], [16000000, 8000]]", bad)
+        with pytest.raises(MachineError, match=message):
+            load_machine_text(text, "m.yaml")
+    without_ranks = PROFILED.replace("        measured_ranks: 2\n", "")
+    with pytest.raises(MachineError, match="go together"):
+        load_machine_text(without_ranks, "m.yaml")

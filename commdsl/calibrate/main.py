@@ -301,8 +301,8 @@ def build_machine(cfg: CalibrateConfig, res: Results, world: int, backend: str, 
         # its own fitted latency per step and bandwidth: real implementations (gloo's above
         # all) are not the textbook ring that a P2P link alone would imply.
         "transports": {
-            "nccl": {**link, "collectives": _collective_overrides(collectives)},
-            "gloo": {**link, "collectives": _collective_overrides(collectives)},
+            "nccl": {**link, "collectives": _collective_overrides(collectives, res.collectives, world)},
+            "gloo": {**link, "collectives": _collective_overrides(collectives, res.collectives, world)},
             "memcpy": dict(link),
         },
         "chunk_bytes": CHUNK_BYTES,
@@ -314,9 +314,16 @@ def build_machine(cfg: CalibrateConfig, res: Results, world: int, backend: str, 
     return machine, FitReport(compute, memory, host_link, p2p, exchange, collectives, p2p_resid)
 
 
-def _collective_overrides(fits: dict[OpKind, StepFit]) -> dict:
+def _collective_overrides(fits: dict[OpKind, StepFit], measured: dict[OpKind, list[tuple[int, float]]], ranks: int) -> dict:
+    """Per collective: the fitted line, and the measured points as its profile (the
+    simulator interpolates them: real collectives are not linear in size)."""
     return {
-        kind.value: {"latency_us": round(f.latency_us, 3), "bandwidth_gb_per_s": round(f.bandwidth_gb_per_s, 4)}
+        kind.value: {
+            "latency_us": round(f.latency_us, 3),
+            "bandwidth_gb_per_s": round(f.bandwidth_gb_per_s, 4),
+            "measured_ranks": ranks,
+            "measured_us": [[int(size), round(t, 3)] for size, t in measured[kind]],
+        }
         for kind, f in fits.items()
     }
 

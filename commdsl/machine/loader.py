@@ -154,6 +154,21 @@ class _MachineReader:
             bandwidth_gb_per_s=self.number(keys["bandwidth_gb_per_s"][1], f"{what}.bandwidth_gb_per_s", positive=True, allow_inf=True),
         )
 
+    def profile(self, node: yaml.Node, what: str) -> tuple[tuple[float, float], ...]:
+        """[[size_bytes, time_us], ...]: at least two points, sizes increasing, times positive."""
+        if not isinstance(node, yaml.SequenceNode) or len(node.value) < 2:
+            raise self.fail(f"{what} must be a list of at least two [size_bytes, time_us] pairs", node)
+        points: list[tuple[float, float]] = []
+        for item in node.value:
+            if not isinstance(item, yaml.SequenceNode) or len(item.value) != 2:
+                raise self.fail(f"{what}: each entry is a pair [size_bytes, time_us]", item)
+            size = self.number(item.value[0], f"{what} size", positive=True)
+            time_us = self.number(item.value[1], f"{what} time", positive=True)
+            if points and size <= points[-1][0]:
+                raise self.fail(f"{what}: sizes must increase ({size:g} after {points[-1][0]:g})", item)
+            points.append((size, time_us))
+        return tuple(points)
+
     # ---- the file -----------------------------------------------------------------
 
     def read(self, default_name: str) -> Machine:
@@ -174,7 +189,7 @@ class _MachineReader:
             rates.append((dtype, self.number(vnode, f"device.peak_tflops.{key}", positive=True, allow_inf=True)))
         if not rates:
             raise self.fail("device.peak_tflops lists no dtype", rates_node)
-        transports, staged, overrides, shared = [], [], [], []
+        transports, staged, overrides, shared, profiles = [], [], [], [], []
         for key, (knode, vnode) in self.mapping(top["transports"][1], "transports", None).items():
             try:
                 transport = Transport(key)
@@ -197,7 +212,14 @@ class _MachineReader:
                     if kind not in COLLECTIVE_KINDS:
                         known = ", ".join(sorted(k.value for k in COLLECTIVE_KINDS))
                         raise self.fail(f"{what}.collectives: unknown collective '{ckey}' (known: {known})", cknode)
-                    overrides.append((transport, kind, self.link(cvnode, f"{what}.collectives.{ckey}")))
+                    cwhat = f"{what}.collectives.{ckey}"
+                    ckeys = self.mapping(cvnode, cwhat, (*_LINK_KEYS, "measured_us", "measured_ranks"), _LINK_KEYS)
+                    overrides.append((transport, kind, self.link_from(ckeys, cwhat)))
+                    if ("measured_us" in ckeys) != ("measured_ranks" in ckeys):
+                        raise self.fail(f"{cwhat}: measured_us and measured_ranks go together (the group size the times were measured on)", cknode)
+                    if "measured_us" in ckeys:
+                        ranks = self.integer(ckeys["measured_ranks"][1], f"{cwhat}.measured_ranks", 2)
+                        profiles.append((transport, kind, ranks, self.profile(ckeys["measured_us"][1], f"{cwhat}.measured_us")))
         if not transports:
             raise self.fail("transports lists no transport", top["transports"][1])
         device = DeviceSpec(
@@ -247,6 +269,7 @@ class _MachineReader:
             staged=tuple(staged),
             shared=tuple(shared),
             collective_overrides=tuple(overrides),
+            collective_profiles=tuple(profiles),
             comm_compute_slowdown=slowdown,
             compute_comm_slowdown=comm_slowdown,
         )

@@ -27,6 +27,7 @@ floating-point operations per second.
 from __future__ import annotations
 
 import enum
+import math
 from dataclasses import dataclass, replace
 
 from commdsl.ir import Dtype, OpKind, Transport
@@ -113,6 +114,16 @@ class Machine:
     link parameters of that collective on the implied topology (no `topology`), so an
     uncontended collective takes exactly that time and a contended one its share of it.
     With a topology the links decide and overrides are not used by the flow network."""
+    collective_profiles: tuple[tuple[Transport, OpKind, int, tuple[tuple[float, float], ...]], ...] = ()
+    """Measured time of a collective by size on a group of `measured_ranks` ranks
+    (`collectives: {all_reduce: {..., measured_ranks: 2, measured_us: [[size_bytes,
+    time_us], ...]}}`, written by calibration): a calibration profile, used for groups of
+    that size only (others use the fitted line, which scales with the group). Real
+    implementations are not linear in size (gloo on a CPU slows per byte once tensors
+    outgrow the caches), so at an op's size the time is interpolated between the measured
+    points (log-log; beyond the largest point, bandwidth-bound) and the op's bandwidth term
+    set so that, alone, it takes exactly that time (see `profiled_link`); contention still
+    shares the links it crosses."""
     shared: tuple[tuple[Transport, float], ...] = ()
     """Per transport, a bandwidth (GB/s) that every concurrent transfer of it on the
     machine shares, whatever its direction (`transports: {gloo: {shared_bandwidth_gb_per_s:
@@ -165,6 +176,22 @@ class Machine:
             if t is transport and k is kind:
                 return spec
         return self.transport(transport)
+
+    def profiled_link(self, transport: Transport, kind: OpKind, group_size: int, size_bytes: float, latency_steps: int,
+                      serial_bytes: float) -> LinkSpec | None:  # fmt: skip
+        """The effective link of one collective of `size_bytes` on `group_size` ranks from its
+        measured profile: latency per step and bandwidth such that latency_steps * latency +
+        serial_bytes / bandwidth equals the interpolated measured time. None without a
+        profile for that group size."""
+        points = next((pts for t, k, n, pts in self.collective_profiles if t is transport and k is kind and n == group_size), None)
+        if points is None or serial_bytes <= 0 or size_bytes <= 0:
+            return None
+        time_us = _interpolate(points, size_bytes)
+        fitted = self.collective_link(transport, kind)
+        # Keep the fitted latency, but never more than half the time: the rest is bytes.
+        latency_part = min(latency_steps * fitted.latency_us, 0.5 * time_us)
+        per_step = latency_part / latency_steps if latency_steps else 0.0
+        return LinkSpec(per_step, serial_bytes / (time_us - latency_part) / 1e3)
 
     def has_override(self, transport: Transport, kind: OpKind) -> bool:
         return any(t is transport and k is kind for t, k, _ in self.collective_overrides)
@@ -332,3 +359,19 @@ def timeless_machine() -> Machine:
         transports=tuple((t, free) for t in Transport),
         chunk_bytes=1 << 62,
     )
+
+
+def _interpolate(points: tuple[tuple[float, float], ...], size: float) -> float:
+    """Time at `size` from measured (size, time) points sorted by size: log-log linear
+    between points, the smallest point's time below them (latency-bound), and the
+    largest point's bandwidth above them (bandwidth-bound)."""
+    if size <= points[0][0]:
+        return points[0][1]
+    if size >= points[-1][0]:
+        s_max, t_max = points[-1]
+        return t_max * size / s_max
+    for (s0, t0), (s1, t1) in zip(points, points[1:]):
+        if s0 <= size <= s1:
+            f = math.log(size / s0) / math.log(s1 / s0)
+            return t0 * (t1 / t0) ** f
+    raise AssertionError("unreachable: points are sorted")

@@ -50,7 +50,7 @@ from dataclasses import dataclass
 import simpy
 
 from commdsl.ir import Algo, Op, OpKind, Transport
-from commdsl.machine.model import Machine
+from commdsl.machine.model import LinkSpec, Machine
 from commdsl.sim.collectives import DEFAULT_ALGO, CommPlan, edges, plan
 from commdsl.sim.fabric import Fabric
 from commdsl.sim.network import FlowStat, LinkStat, Network, Transfer
@@ -209,8 +209,9 @@ class FlowNetwork(Network):
             cap = min(cap, route.spec.bandwidth_gb_per_s * 1e3)
             step_latency = max(step_latency, route.spec.latency_us + route.latency_us)
         if fabric.topology is None:
-            step_latency = self.machine.collective_link(transport, kind).latency_us
-            override = self._override_bandwidth(kind, transport)
+            link = self._collective_link(kind, transport, len(ranks), size, p)
+            step_latency = link.latency_us
+            override = self._override_bandwidth(kind, transport, len(ranks), size, p)
             if override is not None:
                 # The measured collective's parameters are its effective link parameters:
                 # scale every channel's charge so that, alone, it runs at that bandwidth.
@@ -223,11 +224,17 @@ class FlowNetwork(Network):
                     channel_bytes[shared] = p.serial_bytes * fabric.capacity[shared] / cap
         return (self._leg(channel_bytes, p.serial_bytes, cap, p.latency_steps * step_latency, tuple(dict.fromkeys(ranks))),)
 
-    def _override_bandwidth(self, kind: OpKind, transport: Transport) -> float | None:
+    def _collective_link(self, kind: OpKind, transport: Transport, n: int, size: float, p: CommPlan) -> LinkSpec:
+        """The collective's link on `n` ranks: from its measured profile at this size, else its
+        calibrated override, else the transport's."""
+        machine = self.machine
+        return machine.profiled_link(transport, kind, n, size, p.latency_steps, p.serial_bytes) or machine.collective_link(transport, kind)
+
+    def _override_bandwidth(self, kind: OpKind, transport: Transport, n: int, size: float, p: CommPlan) -> float | None:
         """A calibrated per-collective bandwidth (bytes/us) on a machine without topology."""
         if self.fabric.topology is not None or not self.machine.has_override(transport, kind):
             return None
-        bw = self.machine.collective_link(transport, kind).bandwidth_gb_per_s * 1e3
+        bw = self._collective_link(kind, transport, n, size, p).bandwidth_gb_per_s * 1e3
         return bw if bw < _INF else None
 
     def legs(self, transfer: Transfer) -> tuple[_Leg, ...]:
@@ -638,7 +645,7 @@ class SteppedFlowNetwork(FlowNetwork):
         fabric = self.fabric
         steps = max(p.latency_steps, 1)
         coflow = self.legs(transfer)[0]
-        override = self._override_bandwidth(transfer.kind, transfer.transport)
+        override = self._override_bandwidth(transfer.kind, transfer.transport, len(transfer.ranks), float(transfer.size_bytes), p)
         per_step: list[_Leg] = []
         for a, b, nbytes in edges(transfer.kind, p.algo, transfer.ranks, float(transfer.size_bytes), transfer.root, p):
             share = nbytes / steps
