@@ -228,13 +228,13 @@ def _measure_all(probe, pool, sizes, matmul_sizes, dtypes, measure) -> Results:
             step(f"copies {format_bytes(s)}")
             step(f"copies {format_bytes(s)}")
         for s in sizes:
-            res.p2p.append((s, measure.p2p_us(probe, s, pool)))
+            res.p2p.append((s, measure.p2p_us(probe, s)))
             step(f"p2p {format_bytes(s)}")
         for s in sizes:
-            res.exchange.append((s, measure.exchange_us(probe, s, pool)))
+            res.exchange.append((s, measure.exchange_us(probe, s)))
             step(f"exchange {format_bytes(s)}")
         for kind in COLLECTIVES:
-            points = series(kind.value, sizes, lambda s: measure.collective_us(probe, kind, s, pool))
+            points = series(kind.value, sizes, lambda s: measure.collective_us(probe, kind, s))
             if points:
                 res.collectives[kind] = points
         res.slowdown = measure.slowdown_under_comm(probe, matmul_sizes[-1], sizes[-1], pool)

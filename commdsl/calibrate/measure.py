@@ -46,10 +46,12 @@ class Probe:
             torch.cuda.synchronize(self.device)
 
 
-def _median_time_us(probe: Probe, fn: Callable[[], None], *, reduce_max: bool) -> float:
-    """Median over repeats of fn's wall time; with reduce_max, the slowest rank's time."""
+def _median_time_us(probe: Probe, fn: Callable[[], None], *, reduce_max: bool, warmup: int | None = None) -> float:
+    """Median over repeats of fn's wall time; with reduce_max, the slowest rank's time.
+    `warmup` untimed runs first (default: the probe's)."""
+    warmup = probe.warmup if warmup is None else max(warmup, probe.warmup)
     samples = []
-    for i in range(probe.warmup + probe.repeats):
+    for i in range(warmup + probe.repeats):
         if reduce_max:
             dist.barrier(group=probe.cpu_group)
         probe.sync()
@@ -61,7 +63,7 @@ def _median_time_us(probe: Probe, fn: Callable[[], None], *, reduce_max: bool) -
             t = torch.tensor([elapsed], dtype=torch.float64)
             dist.all_reduce(t, op=dist.ReduceOp.MAX, group=probe.cpu_group)
             elapsed = float(t.item())
-        if i >= probe.warmup:
+        if i >= warmup:
             samples.append(elapsed)
     return statistics.median(samples)
 
@@ -76,54 +78,79 @@ def comm_op(kind: OpKind, size_bytes: int, rank: int, *, peer: int | None = None
     )  # fmt: skip
 
 
-def collective_us(probe: Probe, kind: OpKind, size_bytes: int, pool: BufferPool) -> float:
+ROTATION_BYTES = 256 * 2**20
+"""Communication is timed on up to 8 sets of distinct buffers, used in turn, with up to
+this many bytes in all: in a schedule every op moves its own tensors, which are not in
+the caches, and a benchmark that reuses one buffer would measure a warm cache."""
+
+
+def _rotating(probe: Probe, make_ops, size_bytes: int):
+    """A function running the next of several plans of the ops `make_ops(suffix)` builds,
+    each on its own buffers (a fresh pool: the buffers go when the measurement ends)."""
+    pool = BufferPool(probe.device, probe.backend, per_op=False)
+    count = max(1, min(8, ROTATION_BYTES // max(size_bytes, 1)))
+    plans = []
+    for i in range(count):
+        ops = make_ops(f"#{i}")
+        plans.append(make_plan(ops, dist.group.WORLD, probe.world_size, tuple(pool.comm(op, probe.world_size) for op in ops),
+                               probe.backend, probe.device))  # fmt: skip
+    turn = iter(range(1 << 62))
+    next_plan = lambda: plans[next(turn) % count]  # noqa: E731
+    next_plan.count = count  # callers warm every buffer set once before timing
+    return next_plan
+
+
+def _renamed(op: Op, suffix: str, **changes) -> Op:
+    return dataclasses.replace(op, name=op.name + suffix, **changes)
+
+
+def collective_us(probe: Probe, kind: OpKind, size_bytes: int) -> float:
     """Time of one collective of `size_bytes` (nccl-tests size convention) on all ranks."""
     root = 0 if kind in (OpKind.BROADCAST, OpKind.REDUCE, OpKind.GATHER, OpKind.SCATTER) else None
     op = comm_op(kind, size_bytes, probe.rank, root=root)
-    plan = make_plan((op,), dist.group.WORLD, probe.world_size, (pool.comm(op, probe.world_size),), probe.backend, probe.device)
+    next_plan = _rotating(probe, lambda sfx: (_renamed(op, sfx),), size_bytes)
 
     def run() -> None:
-        for work in launch(plan):
+        for work in launch(next_plan()):
             work.wait()
 
-    return _median_time_us(probe, run, reduce_max=True)
+    return _median_time_us(probe, run, reduce_max=True, warmup=next_plan.count)
 
 
-def p2p_us(probe: Probe, size_bytes: int, pool: BufferPool) -> float:
+def p2p_us(probe: Probe, size_bytes: int) -> float:
     """One-way time of a message between ranks 0 and 1: half a ping-pong."""
     if probe.rank > 1:
         return _median_time_us(probe, lambda: None, reduce_max=True)
     peer = 1 - probe.rank
     send = comm_op(OpKind.SEND, size_bytes, probe.rank, peer=peer)
     recv = comm_op(OpKind.RECV, size_bytes, probe.rank, peer=peer)
-    send_plan = make_plan((send,), dist.group.WORLD, probe.world_size, (pool.comm(send, probe.world_size),), probe.backend, probe.device)
-    recv_plan = make_plan((recv,), dist.group.WORLD, probe.world_size, (pool.comm(recv, probe.world_size),), probe.backend, probe.device)
-    first, second = (send_plan, recv_plan) if probe.rank == 0 else (recv_plan, send_plan)
+    next_send = _rotating(probe, lambda sfx: (_renamed(send, sfx),), size_bytes)
+    next_recv = _rotating(probe, lambda sfx: (_renamed(recv, sfx),), size_bytes)
 
     def ping_pong() -> None:
+        first, second = (next_send(), next_recv()) if probe.rank == 0 else (next_recv(), next_send())
         for plan in (first, second):
             for work in launch(plan):
                 work.wait()
             probe.sync()
 
-    return _median_time_us(probe, ping_pong, reduce_max=True) / 2
+    return _median_time_us(probe, ping_pong, reduce_max=True, warmup=next_send.count) / 2
 
 
-def exchange_us(probe: Probe, size_bytes: int, pool: BufferPool) -> float:
+def exchange_us(probe: Probe, size_bytes: int) -> float:
     """Time of a batched exchange (isend + irecv both ways) of size_bytes between ranks 0 and 1."""
     if probe.rank > 1:
         return _median_time_us(probe, lambda: None, reduce_max=True)
     peer = 1 - probe.rank
-    ops = (comm_op(OpKind.SEND, size_bytes, probe.rank, peer=peer), comm_op(OpKind.RECV, size_bytes, probe.rank, peer=peer))
-    ops = tuple(dataclasses.replace(op, index=i, batch=0) for i, op in enumerate(ops))
-    plan = make_plan(ops, dist.group.WORLD, probe.world_size, tuple(pool.comm(op, probe.world_size) for op in ops),
-                     probe.backend, probe.device)  # fmt: skip
+    send = comm_op(OpKind.SEND, size_bytes, probe.rank, peer=peer)
+    recv = comm_op(OpKind.RECV, size_bytes, probe.rank, peer=peer)
+    next_plan = _rotating(probe, lambda sfx: (_renamed(send, sfx, batch=0), _renamed(recv, sfx, index=1, batch=0)), size_bytes)
 
     def exchange() -> None:
-        for work in launch(plan):
+        for work in launch(next_plan()):
             work.wait()
 
-    return _median_time_us(probe, exchange, reduce_max=True)
+    return _median_time_us(probe, exchange, reduce_max=True, warmup=next_plan.count)
 
 
 def matmul_us(probe: Probe, n: int, dtype: Dtype) -> float:
@@ -206,7 +233,7 @@ def comm_slowdown_under_compute(probe: Probe, n: int, comm_bytes: int, pool: Buf
     alone (both the slowest rank's median). The loop runs in a Python thread (torch
     releases the GIL in mm; on CUDA on its own stream, so timing the all_reduce waits
     only for the main thread's stream); it is stopped and joined before returning."""
-    alone = collective_us(probe, OpKind.ALL_REDUCE, comm_bytes, pool)
+    alone = collective_us(probe, OpKind.ALL_REDUCE, comm_bytes)
     op = comm_op(OpKind.ALL_REDUCE, comm_bytes, probe.rank)
     plan = make_plan((op,), dist.group.WORLD, probe.world_size, (pool.comm(op, probe.world_size),), probe.backend, probe.device)
     a = torch.randn(n, n, device=probe.device)
