@@ -149,3 +149,22 @@ def test_bad_profiles_are_machine_errors() -> None:
     without_ranks = PROFILED.replace("        measured_ranks: 2\n", "")
     with pytest.raises(MachineError, match="go together"):
         load_machine_text(without_ranks, "m.yaml")
+
+
+def test_a_dtype_uses_its_own_table_else_the_fp32_one() -> None:
+    text = PROFILED.replace(
+        "        measured_us: [[1000000, 500], [4000000, 1000], [16000000, 8000]]\n",
+        "        measured_us: [[1000000, 500], [4000000, 1000], [16000000, 8000]]\n"
+        "        measured_us_by_dtype: {bf16: [[1000000, 4000], [4000000, 8000]]}\n",
+    )
+    machine = load_machine_text(text, "m.yaml")
+
+    def time_us(line: str) -> float:
+        prog = load_schedule_text(f"name: t\nworld: 2\nprogram: |\n  {line}\n", "t.yaml")
+        return simulate(prog, machine, "flow").timeline.makespan_us
+
+    assert time_us("all_reduce g 1000000B dtype=bf16") == pytest.approx(4000.0)  # the bf16 table
+    assert time_us("all_reduce g 1000000B") == pytest.approx(500.0)  # fp32
+    assert time_us("all_reduce g 1000000B dtype=fp16") == pytest.approx(500.0)  # no fp16 table: the fp32 one
+    with pytest.raises(MachineError, match="unknown dtype 'bf17'"):
+        load_machine_text(text.replace("{bf16:", "{bf17:"), "m.yaml")

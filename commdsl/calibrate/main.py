@@ -32,6 +32,10 @@ COLLECTIVES = (
     OpKind.ALL_REDUCE, OpKind.ALL_GATHER, OpKind.REDUCE_SCATTER, OpKind.BROADCAST,
     OpKind.REDUCE, OpKind.ALL_TO_ALL, OpKind.GATHER, OpKind.SCATTER,
 )  # fmt: skip
+REDUCED_DTYPES = (Dtype.BF16,)
+"""Reductions are also timed in these dtypes: a reduction's cost depends on the element
+type (gloo reduces bf16 at an eighth of fp32's speed per byte on a CPU)."""
+REDUCING = (OpKind.ALL_REDUCE, OpKind.REDUCE_SCATTER, OpKind.REDUCE)
 CHUNK_BYTES = 512 * 1024
 """Pipelining chunk of chain collectives written to the machine (NCCL's default)."""
 
@@ -170,6 +174,8 @@ class Results:
     exchange: list[tuple[int, float]]
     """Batched exchange: both directions at once."""
     collectives: dict[OpKind, list[tuple[int, float]]]
+    reductions_by_dtype: dict[Dtype, dict[OpKind, list[tuple[int, float]]]]
+    """Reducing collectives timed in other dtypes than fp32."""
     kernel_launch_us: float
     comm_launch_us: float
     slowdown: float
@@ -186,6 +192,7 @@ class Results:
             "p2p_us": self.p2p,
             "exchange_us": self.exchange,
             "collectives_us": {k.value: pts for k, pts in self.collectives.items()},
+            "reductions_us_by_dtype": {d.value: {k.value: pts for k, pts in by.items()} for d, by in self.reductions_by_dtype.items()},
             "kernel_launch_us": self.kernel_launch_us,
             "comm_launch_us": self.comm_launch_us,
             "compute_slowdown_under_comm": self.slowdown,
@@ -195,8 +202,8 @@ class Results:
 
 
 def _measure_all(probe, pool, sizes, matmul_sizes, dtypes, measure) -> Results:
-    steps = len(dtypes) * len(matmul_sizes) + 2 * len(sizes) + len(sizes) * (2 + len(COLLECTIVES)) + 3
-    res = Results({}, [], [], [], [], {}, 0.0, 0.0, 1.0, 1.0, [])
+    steps = len(dtypes) * len(matmul_sizes) + 2 * len(sizes) + len(sizes) * (2 + len(COLLECTIVES) + len(REDUCED_DTYPES) * len(REDUCING)) + 3
+    res = Results({}, [], [], [], [], {}, {}, 0.0, 0.0, 1.0, 1.0, [])
     with Progress(disable=probe.rank != 0, transient=True) as progress:
         task = progress.add_task("calibrating", total=steps)
 
@@ -237,6 +244,11 @@ def _measure_all(probe, pool, sizes, matmul_sizes, dtypes, measure) -> Results:
             points = series(kind.value, sizes, lambda s: measure.collective_us(probe, kind, s))
             if points:
                 res.collectives[kind] = points
+        for dtype in REDUCED_DTYPES:
+            for kind in REDUCING:
+                points = series(f"{kind.value} {dtype.value}", sizes, lambda s: measure.collective_us(probe, kind, s, dtype))
+                if points:
+                    res.reductions_by_dtype.setdefault(dtype, {})[kind] = points
         res.slowdown = measure.slowdown_under_comm(probe, matmul_sizes[-1], sizes[-1], pool)
         step("compute slowdown under communication")
         res.comm_slowdown = measure.comm_slowdown_under_compute(probe, matmul_sizes[-1], sizes[-1], pool)
@@ -301,8 +313,8 @@ def build_machine(cfg: CalibrateConfig, res: Results, world: int, backend: str, 
         # its own fitted latency per step and bandwidth: real implementations (gloo's above
         # all) are not the textbook ring that a P2P link alone would imply.
         "transports": {
-            "nccl": {**link, "collectives": _collective_overrides(collectives, res.collectives, world)},
-            "gloo": {**link, "collectives": _collective_overrides(collectives, res.collectives, world)},
+            "nccl": {**link, "collectives": _collective_overrides(collectives, res, world)},
+            "gloo": {**link, "collectives": _collective_overrides(collectives, res, world)},
             "memcpy": dict(link),
         },
         "chunk_bytes": CHUNK_BYTES,
@@ -314,18 +326,27 @@ def build_machine(cfg: CalibrateConfig, res: Results, world: int, backend: str, 
     return machine, FitReport(compute, memory, host_link, p2p, exchange, collectives, p2p_resid)
 
 
-def _collective_overrides(fits: dict[OpKind, StepFit], measured: dict[OpKind, list[tuple[int, float]]], ranks: int) -> dict:
+def _collective_overrides(fits: dict[OpKind, StepFit], res: Results, ranks: int) -> dict:
     """Per collective: the fitted line, and the measured points as its profile (the
-    simulator interpolates them: real collectives are not linear in size)."""
-    return {
-        kind.value: {
+    simulator interpolates them: real collectives are not linear in size), in fp32 and,
+    for reductions, per dtype."""
+
+    def table(points: list[tuple[int, float]]) -> list[list]:
+        return [[int(size), round(t, 3)] for size, t in points]
+
+    out = {}
+    for kind, f in fits.items():
+        entry = {
             "latency_us": round(f.latency_us, 3),
             "bandwidth_gb_per_s": round(f.bandwidth_gb_per_s, 4),
             "measured_ranks": ranks,
-            "measured_us": [[int(size), round(t, 3)] for size, t in measured[kind]],
+            "measured_us": table(res.collectives[kind]),
         }
-        for kind, f in fits.items()
-    }
+        by_dtype = {d.value: table(by[kind]) for d, by in res.reductions_by_dtype.items() if kind in by}
+        if by_dtype:
+            entry["measured_us_by_dtype"] = by_dtype
+        out[kind.value] = entry
+    return out
 
 
 def _header(cfg: CalibrateConfig, world: int, backend: str, torch_version: str, report: FitReport) -> str:

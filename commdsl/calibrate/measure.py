@@ -68,11 +68,12 @@ def _median_time_us(probe: Probe, fn: Callable[[], None], *, reduce_max: bool, w
     return statistics.median(samples)
 
 
-def comm_op(kind: OpKind, size_bytes: int, rank: int, *, peer: int | None = None, root: int | None = None) -> Op:
+def comm_op(kind: OpKind, size_bytes: int, rank: int, *, peer: int | None = None, root: int | None = None,
+            dtype: Dtype = Dtype.FP32) -> Op:  # fmt: skip
     """A synthetic IR op, as the executor would receive it from a schedule."""
     return Op(
         rank=rank, index=0, kind=kind, name=f"calibrate.{kind.value}", stream="compute", loc=_LOC,
-        size_bytes=size_bytes, dtype=Dtype.FP32, peer=peer, group="world", root=root,
+        size_bytes=size_bytes, dtype=dtype, peer=peer, group="world", root=root,
         reduce_op=ReduceOp.SUM if kind in (OpKind.ALL_REDUCE, OpKind.REDUCE, OpKind.REDUCE_SCATTER) else None,
         transport=Transport.NCCL,
     )  # fmt: skip
@@ -104,10 +105,10 @@ def _renamed(op: Op, suffix: str, **changes) -> Op:
     return dataclasses.replace(op, name=op.name + suffix, **changes)
 
 
-def collective_us(probe: Probe, kind: OpKind, size_bytes: int) -> float:
+def collective_us(probe: Probe, kind: OpKind, size_bytes: int, dtype: Dtype = Dtype.FP32) -> float:
     """Time of one collective of `size_bytes` (nccl-tests size convention) on all ranks."""
     root = 0 if kind in (OpKind.BROADCAST, OpKind.REDUCE, OpKind.GATHER, OpKind.SCATTER) else None
-    op = comm_op(kind, size_bytes, probe.rank, root=root)
+    op = comm_op(kind, size_bytes, probe.rank, root=root, dtype=dtype)
     next_plan = _rotating(probe, lambda sfx: (_renamed(op, sfx),), size_bytes)
 
     def run() -> None:

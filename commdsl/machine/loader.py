@@ -213,13 +213,23 @@ class _MachineReader:
                         known = ", ".join(sorted(k.value for k in COLLECTIVE_KINDS))
                         raise self.fail(f"{what}.collectives: unknown collective '{ckey}' (known: {known})", cknode)
                     cwhat = f"{what}.collectives.{ckey}"
-                    ckeys = self.mapping(cvnode, cwhat, (*_LINK_KEYS, "measured_us", "measured_ranks"), _LINK_KEYS)
+                    ckeys = self.mapping(cvnode, cwhat, (*_LINK_KEYS, "measured_us", "measured_ranks", "measured_us_by_dtype"), _LINK_KEYS)
                     overrides.append((transport, kind, self.link_from(ckeys, cwhat)))
                     if ("measured_us" in ckeys) != ("measured_ranks" in ckeys):
                         raise self.fail(f"{cwhat}: measured_us and measured_ranks go together (the group size the times were measured on)", cknode)
+                    if "measured_us_by_dtype" in ckeys and "measured_us" not in ckeys:
+                        raise self.fail(f"{cwhat}: measured_us_by_dtype needs measured_us (the fp32 table) and measured_ranks", cknode)
                     if "measured_us" in ckeys:
                         ranks = self.integer(ckeys["measured_ranks"][1], f"{cwhat}.measured_ranks", 2)
-                        profiles.append((transport, kind, ranks, self.profile(ckeys["measured_us"][1], f"{cwhat}.measured_us")))
+                        profiles.append((transport, kind, ranks, Dtype.FP32, self.profile(ckeys["measured_us"][1], f"{cwhat}.measured_us")))
+                        if "measured_us_by_dtype" in ckeys:
+                            dwhat = f"{cwhat}.measured_us_by_dtype"
+                            for dkey, (dknode, dvnode) in self.mapping(ckeys["measured_us_by_dtype"][1], dwhat, None).items():
+                                try:
+                                    dtype = Dtype(dkey)
+                                except ValueError:
+                                    raise self.fail(f"{dwhat}: unknown dtype '{dkey}' (known: {', '.join(d.value for d in Dtype)})", dknode) from None
+                                profiles.append((transport, kind, ranks, dtype, self.profile(dvnode, f"{dwhat}.{dkey}")))
         if not transports:
             raise self.fail("transports lists no transport", top["transports"][1])
         device = DeviceSpec(

@@ -114,11 +114,15 @@ class Machine:
     link parameters of that collective on the implied topology (no `topology`), so an
     uncontended collective takes exactly that time and a contended one its share of it.
     With a topology the links decide and overrides are not used by the flow network."""
-    collective_profiles: tuple[tuple[Transport, OpKind, int, tuple[tuple[float, float], ...]], ...] = ()
+    collective_profiles: tuple[tuple[Transport, OpKind, int, Dtype, tuple[tuple[float, float], ...]], ...] = ()
     """Measured time of a collective by size on a group of `measured_ranks` ranks
     (`collectives: {all_reduce: {..., measured_ranks: 2, measured_us: [[size_bytes,
-    time_us], ...]}}`, written by calibration): a calibration profile, used for groups of
-    that size only (others use the fitted line, which scales with the group). Real
+    time_us], ...], measured_us_by_dtype: {bf16: [...]}}}`, written by calibration): a
+    calibration profile, used for groups of that size only (others use the fitted line,
+    which scales with the group). `measured_us` is measured in fp32; an op of another
+    dtype uses its own table where there is one (a reduction's cost depends on the
+    element type: gloo reduces bf16 at an eighth of fp32's speed per byte on a CPU), the
+    fp32 table otherwise (moving bytes costs the same in any dtype). Real
     implementations are not linear in size (gloo on a CPU slows per byte once tensors
     outgrow the caches), so at an op's size the time is interpolated between the measured
     points (log-log; beyond the largest point, bandwidth-bound) and the op's bandwidth term
@@ -178,12 +182,13 @@ class Machine:
         return self.transport(transport)
 
     def profiled_link(self, transport: Transport, kind: OpKind, group_size: int, size_bytes: float, latency_steps: int,
-                      serial_bytes: float) -> LinkSpec | None:  # fmt: skip
+                      serial_bytes: float, dtype: Dtype = Dtype.FP32) -> LinkSpec | None:  # fmt: skip
         """The effective link of one collective of `size_bytes` on `group_size` ranks from its
         measured profile: latency per step and bandwidth such that latency_steps * latency +
         serial_bytes / bandwidth equals the interpolated measured time. None without a
         profile for that group size."""
-        points = next((pts for t, k, n, pts in self.collective_profiles if t is transport and k is kind and n == group_size), None)
+        tables = {d: pts for t, k, n, d, pts in self.collective_profiles if t is transport and k is kind and n == group_size}
+        points = tables.get(dtype) or tables.get(Dtype.FP32)
         if points is None or serial_bytes <= 0 or size_bytes <= 0:
             return None
         time_us = _interpolate(points, size_bytes)

@@ -49,7 +49,7 @@ from dataclasses import dataclass
 
 import simpy
 
-from commdsl.ir import Algo, Op, OpKind, Transport
+from commdsl.ir import Dtype, Algo, Op, OpKind, Transport
 from commdsl.machine.model import LinkSpec, Machine
 from commdsl.sim.collectives import DEFAULT_ALGO, CommPlan, edges, plan
 from commdsl.sim.fabric import Fabric
@@ -193,7 +193,7 @@ class FlowNetwork(Network):
         return (self._leg(_count(route.channels, size), size, cap, spec.latency_us + route.latency_us, (src, dst)),)
 
     def _collective_legs(self, kind: OpKind, algo: Algo, ranks: tuple[int, ...], size: float, transport: Transport,
-                         root: int | None, p: CommPlan) -> tuple[_Leg, ...]:  # fmt: skip
+                         root: int | None, p: CommPlan, dtype: Dtype = Dtype.FP32) -> tuple[_Leg, ...]:  # fmt: skip
         fabric = self.fabric
         channel_bytes: dict[int, float] = {}
         cap = _INF
@@ -209,9 +209,9 @@ class FlowNetwork(Network):
             cap = min(cap, route.spec.bandwidth_gb_per_s * 1e3)
             step_latency = max(step_latency, route.spec.latency_us + route.latency_us)
         if fabric.topology is None:
-            link = self._collective_link(kind, transport, len(ranks), size, p)
+            link = self._collective_link(kind, transport, len(ranks), size, p, dtype)
             step_latency = link.latency_us
-            override = self._override_bandwidth(kind, transport, len(ranks), size, p)
+            override = self._override_bandwidth(kind, transport, len(ranks), size, p, dtype)
             if override is not None:
                 # The measured collective's parameters are its effective link parameters:
                 # scale every channel's charge so that, alone, it runs at that bandwidth.
@@ -224,28 +224,30 @@ class FlowNetwork(Network):
                     channel_bytes[shared] = p.serial_bytes * fabric.capacity[shared] / cap
         return (self._leg(channel_bytes, p.serial_bytes, cap, p.latency_steps * step_latency, tuple(dict.fromkeys(ranks))),)
 
-    def _collective_link(self, kind: OpKind, transport: Transport, n: int, size: float, p: CommPlan) -> LinkSpec:
+    def _collective_link(self, kind: OpKind, transport: Transport, n: int, size: float, p: CommPlan,
+                         dtype: Dtype = Dtype.FP32) -> LinkSpec:  # fmt: skip
         """The collective's link on `n` ranks: from its measured profile at this size, else its
         calibrated override, else the transport's."""
         machine = self.machine
-        return machine.profiled_link(transport, kind, n, size, p.latency_steps, p.serial_bytes) or machine.collective_link(transport, kind)
+        return machine.profiled_link(transport, kind, n, size, p.latency_steps, p.serial_bytes, dtype) or machine.collective_link(transport, kind)
 
-    def _override_bandwidth(self, kind: OpKind, transport: Transport, n: int, size: float, p: CommPlan) -> float | None:
+    def _override_bandwidth(self, kind: OpKind, transport: Transport, n: int, size: float, p: CommPlan,
+                            dtype: Dtype = Dtype.FP32) -> float | None:  # fmt: skip
         """A calibrated per-collective bandwidth (bytes/us) on a machine without topology."""
         if self.fabric.topology is not None or not self.machine.has_override(transport, kind):
             return None
-        bw = self._collective_link(kind, transport, n, size, p).bandwidth_gb_per_s * 1e3
+        bw = self._collective_link(kind, transport, n, size, p, dtype).bandwidth_gb_per_s * 1e3
         return bw if bw < _INF else None
 
     def legs(self, transfer: Transfer) -> tuple[_Leg, ...]:
         t = transfer
-        key = (t.kind, t.plan.algo, t.ranks, t.size_bytes, t.transport, t.root)
+        key = (t.kind, t.plan.algo, t.ranks, t.size_bytes, t.transport, t.root, t.dtype)
         legs = self._legs.get(key)
         if legs is None:
             if t.kind is OpKind.SEND:
                 legs = self._p2p_legs(t.ranks[0], t.ranks[1], float(t.size_bytes), t.transport)
             else:
-                legs = self._collective_legs(t.kind, t.plan.algo, t.ranks, float(t.size_bytes), t.transport, t.root, t.plan)
+                legs = self._collective_legs(t.kind, t.plan.algo, t.ranks, float(t.size_bytes), t.transport, t.root, t.plan, t.dtype)
             self._legs[key] = legs
         return legs
 
@@ -645,7 +647,7 @@ class SteppedFlowNetwork(FlowNetwork):
         fabric = self.fabric
         steps = max(p.latency_steps, 1)
         coflow = self.legs(transfer)[0]
-        override = self._override_bandwidth(transfer.kind, transfer.transport, len(transfer.ranks), float(transfer.size_bytes), p)
+        override = self._override_bandwidth(transfer.kind, transfer.transport, len(transfer.ranks), float(transfer.size_bytes), p, transfer.dtype)
         per_step: list[_Leg] = []
         for a, b, nbytes in edges(transfer.kind, p.algo, transfer.ranks, float(transfer.size_bytes), transfer.root, p):
             share = nbytes / steps

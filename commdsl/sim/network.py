@@ -32,7 +32,7 @@ from types import MappingProxyType
 
 import simpy
 
-from commdsl.ir import Algo, Op, OpKind, Transport
+from commdsl.ir import Dtype, Algo, Op, OpKind, Transport
 from commdsl.machine.model import LinkKind, Machine
 from commdsl.sim.collectives import DEFAULT_ALGO, CommPlan
 
@@ -53,6 +53,8 @@ class Transfer:
     root: int | None = None
     ops: tuple[int, ...] = ()
     """The engine's op numbers (g) the transfer completes, for per-flow statistics."""
+    dtype: Dtype = Dtype.FP32
+    """Element type: a reduction's cost can depend on it (calibration profiles per dtype)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -183,7 +185,8 @@ class AnalyticNetwork(Network):
         """(time, latency part) of a transfer."""
         p = transfer.plan
         link = self.machine.profiled_link(transfer.transport, transfer.kind, len(transfer.ranks), transfer.size_bytes,
-                                          p.latency_steps, p.serial_bytes) or self.machine.collective_link(transfer.transport, transfer.kind)  # fmt: skip
+                                          p.latency_steps, p.serial_bytes, transfer.dtype) \
+            or self.machine.collective_link(transfer.transport, transfer.kind)  # fmt: skip
         assert link is not None, "the engine checks transports before simulating"
         latency = p.latency_steps * link.latency_us
         return latency + p.serial_bytes / (link.bandwidth_gb_per_s * 1e3), latency
