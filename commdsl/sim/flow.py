@@ -211,7 +211,7 @@ class FlowNetwork(Network):
         if fabric.topology is None:
             link = self._collective_link(kind, transport, len(ranks), size, p, dtype)
             step_latency = link.latency_us
-            override = self._override_bandwidth(kind, transport, len(ranks), size, p, dtype)
+            override = self._override_bandwidth(kind, transport, link)
             if override is not None:
                 # The measured collective's parameters are its effective link parameters:
                 # scale every channel's charge so that, alone, it runs at that bandwidth.
@@ -231,12 +231,12 @@ class FlowNetwork(Network):
         machine = self.machine
         return machine.profiled_link(transport, kind, n, size, p.latency_steps, p.serial_bytes, dtype) or machine.collective_link(transport, kind)
 
-    def _override_bandwidth(self, kind: OpKind, transport: Transport, n: int, size: float, p: CommPlan,
-                            dtype: Dtype = Dtype.FP32) -> float | None:  # fmt: skip
-        """A calibrated per-collective bandwidth (bytes/us) on a machine without topology."""
+    def _override_bandwidth(self, kind: OpKind, transport: Transport, link: LinkSpec) -> float | None:
+        """A calibrated per-collective bandwidth (bytes/us) on a machine without topology:
+        `link`'s (see `_collective_link`), if the collective has calibrated parameters."""
         if self.fabric.topology is not None or not self.machine.has_override(transport, kind):
             return None
-        bw = self._collective_link(kind, transport, n, size, p, dtype).bandwidth_gb_per_s * 1e3
+        bw = link.bandwidth_gb_per_s * 1e3
         return bw if bw < _INF else None
 
     def legs(self, transfer: Transfer) -> tuple[_Leg, ...]:
@@ -647,7 +647,8 @@ class SteppedFlowNetwork(FlowNetwork):
         fabric = self.fabric
         steps = max(p.latency_steps, 1)
         coflow = self.legs(transfer)[0]
-        override = self._override_bandwidth(transfer.kind, transfer.transport, len(transfer.ranks), float(transfer.size_bytes), p, transfer.dtype)
+        link = self._collective_link(transfer.kind, transfer.transport, len(transfer.ranks), float(transfer.size_bytes), p, transfer.dtype)
+        override = self._override_bandwidth(transfer.kind, transfer.transport, link)
         per_step: list[_Leg] = []
         for a, b, nbytes in edges(transfer.kind, p.algo, transfer.ranks, float(transfer.size_bytes), transfer.root, p):
             share = nbytes / steps
