@@ -170,3 +170,17 @@ def test_check_names_the_op_and_ranks_of_a_wrong_result():
     recv_checker = Checker(recv_program, 0, Fill())
     why = recv_checker.verify(recv, torch.zeros(1024))
     assert why is not None and "from rank 1" in why and "rank 1 op 1:1" in why
+
+
+def test_busy_compute_on_one_rank_takes_about_its_duration(tmp_path):
+    """One rank under torchrun, which sets no OMP_NUM_THREADS: intra-op thread teams of
+    the main and the stream threads once fought over the cores (10 ms ops took 27-40 ms
+    in some runs), and calibration on the main thread misjudged the stream thread's speed."""
+    sched = tmp_path / "busy.yaml"
+    sched.write_text("name: busy\nworld: 1\nstreams: [compute]\nprogram: |\n  for i in range(4):\n      compute c[i] 10ms\n")
+    out = tmp_path / "m.json"
+    r = torchrun(1, [str(sched), "--out", str(out), "--warmup", "1", "--iters", "3"])
+    assert r.returncode == 0, r.stderr
+    durations = sorted(s.duration_us for s in Timeline.read(out).exec_spans().values())
+    # Loose bounds (a shared CI machine): the bug made ops take 27-40 ms.
+    assert 5000 < durations[len(durations) // 2] < 20000, durations

@@ -38,6 +38,12 @@ def run(config: RunConfig) -> int:
     env = DistEnv.from_environ(program.world_size)
     backend = resolve_backend(config.backend, env)
     device = torch.device("cuda", env.local_rank) if backend == "nccl" else torch.device("cpu")
+    if device.type == "cpu" and "OMP_NUM_THREADS" not in os.environ:
+        # Every stream thread is one engine of the emulated device, each with its own
+        # intra-op thread team; concurrent teams oversubscribe the cores and wait on each
+        # other's barriers (seen: 10 ms of calibrated work taking 27-40 ms on one rank).
+        # torchrun already sets 1 for several ranks, and calibration runs that way too.
+        torch.set_num_threads(1)
     if config.duration_mode is DurationMode.SLEEP and backend == "nccl":
         raise UsageError("--duration-mode sleep is for CPU runs; on GPUs compute runs calibrated matmuls")
     values = load_values(config.values_file) if config.values_file else None
