@@ -345,7 +345,7 @@ class CpuExecutor(Executor):
 
         self.queues[lead.group].submit(run)
         if not lead.is_async:
-            stream.submit(lambda: self.signals.wait_event(done))
+            stream.submit(lambda: self.signals.wait_event(done), only_waits_for=done)
             if lead.transport is Transport.GLOO:  # a blocking gloo call blocks its caller
                 self.signals.wait_event(done)
 

@@ -66,6 +66,8 @@ class WorkQueue:
         self._tasks: deque[Callable[[], None]] = deque()
         self._submitted = 0
         self._done = 0
+        self._event_waits: dict[int, threading.Event] = {}
+        """Task number -> the event that task only waits for (see `wait_for`)."""
         self._thread = threading.Thread(target=self._loop, name=f"commdsl-{name}", daemon=True)
         self._thread.start()
 
@@ -75,19 +77,28 @@ class WorkQueue:
         with self._cond:
             return self._submitted
 
-    def submit(self, task: Callable[[], None]) -> int:
+    def submit(self, task: Callable[[], None], *, only_waits_for: threading.Event | None = None) -> int:
+        """Queue a task; returns its ticket. `only_waits_for`: the task does nothing but
+        wait for this event (see `wait_for`)."""
         with self._cond:
             self._tasks.append(task)
             self._submitted += 1
+            if only_waits_for is not None:
+                self._event_waits[self._submitted] = only_waits_for
             self._cond.notify_all()
             return self._submitted
 
     def wait_for(self, ticket: int) -> None:
-        """Block until the first `ticket` tasks have finished."""
+        """Block until the first `ticket` tasks have finished, or until those left are
+        only waits for events already set: on a GPU, work ordered after such a wait
+        starts as the event fires, without the waiting stream having to run first (here,
+        without two thread wake-ups, about 0.1-0.2 ms on a small VM, per comm op)."""
         with self._cond:
             while self._done < ticket:
                 if self._signals.stop.is_set():
                     raise Aborted()
+                if all((ev := self._event_waits.get(n)) is not None and ev.is_set() for n in range(self._done + 1, ticket + 1)):
+                    return
                 self._cond.wait(_POLL_S)
 
     def drain(self) -> None:
@@ -114,4 +125,5 @@ class WorkQueue:
                 return
             with self._cond:
                 self._done += 1
+                self._event_waits.pop(self._done, None)
                 self._cond.notify_all()
