@@ -54,6 +54,8 @@ def main() -> int:
     parser.add_argument("--machine", help="use this machine file instead of calibrating")
     parser.add_argument("--only", default="", help="comma-separated schedule names")
     parser.add_argument("--port", type=int, default=29731)
+    parser.add_argument("--duration-mode", choices=("busy", "sleep"), default="busy",
+                        help="how commdsl.run realises compute with an explicit duration (see docs/executor.md)")
     args = parser.parse_args()
     out = Path(args.out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -80,7 +82,8 @@ def main() -> int:
             rows.append({"schedule": name, "error": "simulate failed: " + sim.stderr.strip().splitlines()[0]})
             continue
         ran = _run([*torchrun, f"--master_port={args.port + 1 + i}", "-m", "commdsl.run", name, *_params(name),
-                    "--out", str(meas), "--iters", str(args.iters), "--warmup", str(args.warmup)], 600)  # fmt: skip
+                    "--out", str(meas), "--iters", str(args.iters), "--warmup", str(args.warmup),
+                    "--duration-mode", args.duration_mode], 600)  # fmt: skip
         if ran.returncode != 0:
             tail = (ran.stderr.strip() or ran.stdout.strip()).splitlines()[-1:]
             rows.append({"schedule": name, "error": "run failed: " + " ".join(tail)})

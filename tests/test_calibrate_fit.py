@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from commdsl.calibrate.fit import fit_linear
+from commdsl.calibrate.fit import expected_us, fit_linear, monotone
 
 SIZES = [2**k for k in range(10, 29)]  # 1 KiB .. 256 MiB, as calibrate measures
 
@@ -81,3 +81,35 @@ def test_step_fit_with_constant_steps_divides_latency() -> None:
     ts = [6 * 5.0 + 1.5 * s / 1000.0 for s in SIZES]
     fit = fit_steps([6.0] * len(SIZES), [1.5 * s for s in SIZES], ts)
     assert fit.latency_us == pytest.approx(5.0) and fit.bytes_per_us == pytest.approx(1000.0)
+
+
+def test_expected_time_keeps_the_stalls_a_median_hides() -> None:
+    # A gloo call on a small shared CPU: 0.2 ms, or 4 ms when it stalls (40% of runs).
+    samples = [200.0] * 9 + [4000.0] * 6
+    assert expected_us(samples) == pytest.approx((200.0 * 8 + 4000.0 * 5) / 13)
+    assert sorted(samples)[len(samples) // 2] == 200.0  # what the median said
+
+
+def test_expected_time_drops_one_wild_outlier() -> None:
+    assert expected_us([10.0, 11.0, 12.0, 13.0, 100_000.0]) == pytest.approx(12.0)
+    assert expected_us([10.0, 30.0]) == pytest.approx(20.0)  # too few to trim
+    with pytest.raises(ValueError):
+        expected_us([])
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.tuples(st.integers(1, 2**28), st.floats(1.0, 1e6)), min_size=1, max_size=12, unique_by=lambda p: p[0]))
+def test_monotone_profile_is_non_decreasing_and_keeps_the_total(points) -> None:
+    out = monotone(points)
+    assert [s for s, _ in out] == sorted(s for s, _ in points)
+    assert all(a[1] <= b[1] * (1 + 1e-12) for a, b in zip(out, out[1:]))
+    # Pool-adjacent-violators averages within blocks: the total time is unchanged.
+    assert sum(t for _, t in out) == pytest.approx(sum(t for _, t in points))
+
+
+def test_monotone_profile_keeps_ordered_points_and_pools_a_stall() -> None:
+    ordered = [(1024, 100.0), (4096, 120.0), (16384, 300.0)]
+    assert monotone(ordered) == ordered
+    # 4 KiB landed on stalls: it and the next point, out of order, average.
+    assert monotone([(1024, 200.0), (4096, 3600.0), (16384, 400.0), (65536, 5000.0)]) == [
+        (1024, 200.0), (4096, 2000.0), (16384, 2000.0), (65536, 5000.0)]

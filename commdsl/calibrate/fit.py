@@ -11,6 +11,7 @@ comparing predicted with measured times cares about.
 from __future__ import annotations
 
 import math
+import statistics
 from dataclasses import dataclass
 
 
@@ -131,3 +132,32 @@ def fit_steps(steps: list[float], nbytes: list[float], ts: list[float]) -> StepF
         lat, inv_bw = (max(lat_only, 0.0), 0.0) if err_lat <= err_bw else (0.0, max(bw_only, 0.0))
     r2, residuals = fit_quality([lat * s + inv_bw * b for s, b in zip(steps, nbytes)], ts)
     return StepFit(lat, math.inf if inv_bw <= 0 else 1.0 / inv_bw, r2, residuals)
+
+
+def monotone(points: list[tuple[int, float]]) -> list[tuple[int, float]]:
+    """The closest non-decreasing profile to measured (size, time) points, sorted by
+    size: pool-adjacent-violators least squares. Moving more bytes never takes less
+    time in expectation, so where noise says otherwise the neighbours are averaged;
+    points that are already in order are kept as measured."""
+    ordered = sorted(points)
+    blocks: list[list[float]] = []  # [sum of times, count] per pooled block
+    for _, t in ordered:
+        blocks.append([t, 1.0])
+        while len(blocks) > 1 and blocks[-2][0] / blocks[-2][1] > blocks[-1][0] / blocks[-1][1]:
+            total, count = blocks.pop()
+            blocks[-1][0] += total
+            blocks[-1][1] += count
+    times = [total / count for total, count in blocks for _ in range(int(count))]
+    return [(size, t) for (size, _), t in zip(ordered, times)]
+
+
+def expected_us(samples: list[float]) -> float:
+    """Expected time of samples: their mean without the single lowest and highest when
+    there are at least five (one wild outlier, a page fault or a preempted VM, must not
+    move a calibration), else their mean."""
+    if not samples:
+        raise ValueError("no samples")
+    ordered = sorted(samples)
+    if len(ordered) >= 5:
+        ordered = ordered[1:-1]
+    return statistics.fmean(ordered)

@@ -22,7 +22,7 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
-from commdsl.calibrate.fit import LinearFit, StepFit, fit_linear, fit_steps
+from commdsl.calibrate.fit import LinearFit, StepFit, fit_linear, fit_steps, monotone
 from commdsl.dsl.values import ValueFault, format_bytes, parse_quantity, Unit
 from commdsl.errors import CommdslError, UsageError
 from commdsl.ir import Dtype, OpKind
@@ -45,7 +45,7 @@ class CalibrateConfig:
     out: str
     """Machine file to write."""
     raw: str | None
-    """Optional JSON file for the raw medians, to re-fit or plot later."""
+    """Optional JSON file for the raw expected times, to re-fit or plot later."""
     name: str
     """Machine name recorded in the file."""
     min_size_bytes: int
@@ -79,9 +79,10 @@ def parse_args(argv: list[str] | None) -> CalibrateConfig:
     p.add_argument("--min-size", default="1KiB", help="smallest message (default 1KiB)")
     p.add_argument("--max-size", default="256MiB", help="largest message (default 256MiB)")
     p.add_argument("--size-factor", type=int, default=4, help="ratio between consecutive sizes (default 4)")
-    # gloo on a small shared CPU has a heavy tail (10-20% of runs stall for milliseconds);
-    # the median of 11 shrugs that off where the median of 5 does not.
-    p.add_argument("--repeats", type=int, default=11, help="timed runs per point; the median is kept (default 11)")
+    # gloo on a small shared CPU stalls for a scheduler slice (milliseconds) in a good
+    # fraction of calls; the expected time keeps that share, and needs enough runs to
+    # estimate it.
+    p.add_argument("--repeats", type=int, default=15, help="timed runs per point; their trimmed mean is kept (default 15)")
     p.add_argument("--warmup", type=int, default=2, help="untimed runs per point (default 2)")
     p.add_argument("--backend", choices=("auto", "gloo", "nccl"), default="auto")
     p.add_argument("--matmul-sizes", default="", help="comma-separated n for n x n matmuls (default by device)")
@@ -125,7 +126,9 @@ def _calibrate(cfg: CalibrateConfig) -> int:
     import torch.distributed as dist
 
     from commdsl.calibrate import measure
+    from commdsl.run.backend import hostname
     from commdsl.run.tensors import BufferPool
+    from commdsl.run.timing import measure_clock
 
     backend = cfg.backend if cfg.backend != "auto" else ("nccl" if torch.cuda.is_available() else "gloo")
     if backend == "nccl" and not torch.cuda.is_available():
@@ -141,7 +144,12 @@ def _calibrate(cfg: CalibrateConfig) -> int:
     dist.init_process_group(backend, timeout=datetime.timedelta(seconds=300))
     try:
         cpu_group = dist.new_group(backend="gloo")
-        probe = measure.Probe(rank, world, backend, device, cfg.repeats, cfg.warmup, cpu_group)
+        # Collectives are timed from their last member's start to their last member's
+        # end, read on rank 0's clock: ranks on other hosts need the offset.
+        hosts = [""] * world
+        dist.all_gather_object(hosts, hostname(), group=cpu_group)
+        clock = measure_clock(cpu_group, rank, world, hosts)
+        probe = measure.Probe(rank, world, backend, device, cfg.repeats, cfg.warmup, cpu_group, clock.applied_offset_ns)
         pool = BufferPool(device, backend, per_op=False)
         sizes = message_sizes(cfg, world)
         matmul_sizes = cfg.matmul_sizes or ((1024, 2048, 4096, 8192) if device.type == "cuda" else (64, 128, 256, 384, 512))
@@ -165,7 +173,7 @@ def _calibrate(cfg: CalibrateConfig) -> int:
 
 @dataclass
 class Results:
-    """Raw medians, in microseconds."""
+    """Raw expected times (trimmed means, see `measure.expected_us`), in microseconds."""
 
     matmul: dict[Dtype, list[tuple[int, float]]]
     copy: list[tuple[int, float]]
@@ -329,10 +337,10 @@ def build_machine(cfg: CalibrateConfig, res: Results, world: int, backend: str, 
 def _collective_overrides(fits: dict[OpKind, StepFit], res: Results, ranks: int) -> dict:
     """Per collective: the fitted line, and the measured points as its profile (the
     simulator interpolates them: real collectives are not linear in size), in fp32 and,
-    for reductions, per dtype."""
+    for reductions, per dtype. Profiles are made non-decreasing in size (`monotone`)."""
 
     def table(points: list[tuple[int, float]]) -> list[list]:
-        return [[int(size), round(t, 3)] for size, t in points]
+        return [[int(size), round(t, 3)] for size, t in monotone(points)]
 
     out = {}
     for kind, f in fits.items():
@@ -354,7 +362,7 @@ def _header(cfg: CalibrateConfig, world: int, backend: str, torch_version: str, 
     lines = [
         f"# Machine description written by commdsl.calibrate on {socket.gethostname()}, {now}.",
         f"# {world} ranks, backend {backend}, torch {torch_version}, sizes {format_bytes(cfg.min_size_bytes)}"
-        f"..{format_bytes(cfg.max_size_bytes)}, median of {cfg.repeats} runs.",
+        f"..{format_bytes(cfg.max_size_bytes)}, trimmed mean of {cfg.repeats} runs.",
         f"# P2P fit: latency {report.p2p.intercept:.2f} us, {report.p2p.rate / 1e3:.3f} GB/s, R^2 {report.p2p.r2:.4f}, "
         f"worst residual {report.p2p.max_abs_residual_pct:.1f}%.",
     ]

@@ -1,16 +1,25 @@
 """Measurements on a live torch.distributed world (needs torch; run under torchrun).
 
 Communication is timed through the executor's own code path (`commdsl.run.comm`), so
-a calibrated machine describes exactly the calls `commdsl.run` makes. Every timing is
-the median over `repeats` after `warmup` runs; a collective's time is the slowest
-rank's (all ranks start after a barrier, and we take the max over ranks).
+a calibrated machine describes exactly the calls `commdsl.run` makes.
+
+Every timing is the *expected* time: the trimmed mean (`expected_us`) over `repeats`
+runs after `warmup`, not the median. A schedule's makespan is a sum of many op times,
+and a sum follows the means of its parts: on a small shared CPU a gloo call stalls for a
+scheduler slice (milliseconds) in a good fraction of runs, which the median of one op
+hides and a run of a hundred ops does not.
+
+A collective runs from the moment its last member arrives to the moment its last member
+finishes, as the simulator's rendezvous has it: every rank reads the shared monotonic
+clock (offset-corrected across hosts) before and after its part, and the time is
+max(end) - max(start) over the members. A rank that leaves the preceding barrier late
+therefore does not charge its lateness to the collective.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-import statistics
 import threading
 import time
 from collections.abc import Callable
@@ -19,10 +28,12 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from commdsl.calibrate.fit import expected_us
 from commdsl.errors import SourceLoc
 from commdsl.ir import Dtype, Op, OpKind, ReduceOp, Transport
 from commdsl.run.comm import launch, make_plan
 from commdsl.run.tensors import TORCH_DTYPE, BufferPool
+from commdsl.run.timing import now_ns
 
 _LOC = SourceLoc("<calibrate>", 1, 1, "")
 
@@ -40,32 +51,49 @@ class Probe:
     warmup: int
     cpu_group: dist.ProcessGroup
     """gloo group of all ranks: timings travel on it, so reading them never syncs a device."""
+    clock_offset_ns: int = 0
+    """Added to this rank's monotonic clock to read rank 0's (0 on rank 0's host)."""
 
     def sync(self) -> None:
+        """Wait for the work of the current stream (only: a side stream may run on)."""
         if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
+            torch.cuda.current_stream(self.device).synchronize()
 
 
-def _median_time_us(probe: Probe, fn: Callable[[], None], *, reduce_max: bool, warmup: int | None = None) -> float:
-    """Median over repeats of fn's wall time; with reduce_max, the slowest rank's time.
-    `warmup` untimed runs first (default: the probe's)."""
+def _local_time_us(probe: Probe, fn: Callable[[], None], *, warmup: int | None = None) -> float:
+    """Expected wall time of fn on this rank alone."""
     warmup = probe.warmup if warmup is None else max(warmup, probe.warmup)
     samples = []
     for i in range(warmup + probe.repeats):
-        if reduce_max:
-            dist.barrier(group=probe.cpu_group)
         probe.sync()
         start = time.perf_counter()
         fn()
         probe.sync()
-        elapsed = (time.perf_counter() - start) * 1e6
-        if reduce_max:
-            t = torch.tensor([elapsed], dtype=torch.float64)
-            dist.all_reduce(t, op=dist.ReduceOp.MAX, group=probe.cpu_group)
-            elapsed = float(t.item())
         if i >= warmup:
-            samples.append(elapsed)
-    return statistics.median(samples)
+            samples.append((time.perf_counter() - start) * 1e6)
+    return expected_us(samples)
+
+
+def _group_time_us(probe: Probe, fn: Callable[[], None], *, member: bool = True, warmup: int | None = None) -> float:
+    """Expected time of a communication every rank with `member` takes part in: from
+    the last member's start to the last member's end (see the module doc). Every rank
+    calls this, members or not, since the timings travel in collectives."""
+    warmup = probe.warmup if warmup is None else max(warmup, probe.warmup)
+    samples = []
+    for i in range(warmup + probe.repeats):
+        dist.barrier(group=probe.cpu_group)
+        probe.sync()
+        start = now_ns() + probe.clock_offset_ns
+        if member:
+            fn()
+        probe.sync()
+        end = now_ns() + probe.clock_offset_ns
+        # Non-members report the earliest possible times, which never win the max.
+        t = torch.tensor([start, end] if member else [0, 0], dtype=torch.int64)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=probe.cpu_group)
+        if i >= warmup:
+            samples.append((int(t[1]) - int(t[0])) / 1e3)
+    return expected_us(samples)
 
 
 def comm_op(kind: OpKind, size_bytes: int, rank: int, *, peer: int | None = None, root: int | None = None,
@@ -85,11 +113,17 @@ this many bytes in all: in a schedule every op moves its own tensors, which are 
 the caches, and a benchmark that reuses one buffer would measure a warm cache."""
 
 
+def rotation_count(size_bytes: int) -> int:
+    """How many buffer sets `_rotating` uses for messages of size_bytes: also the
+    warm-up count, which ranks outside a P2P measurement must match call for call."""
+    return max(1, min(8, ROTATION_BYTES // max(size_bytes, 1)))
+
+
 def _rotating(probe: Probe, make_ops, size_bytes: int):
     """A function running the next of several plans of the ops `make_ops(suffix)` builds,
     each on its own buffers (a fresh pool: the buffers go when the measurement ends)."""
     pool = BufferPool(probe.device, probe.backend, per_op=False)
-    count = max(1, min(8, ROTATION_BYTES // max(size_bytes, 1)))
+    count = rotation_count(size_bytes)
     plans = []
     for i in range(count):
         ops = make_ops(f"#{i}")
@@ -115,13 +149,13 @@ def collective_us(probe: Probe, kind: OpKind, size_bytes: int, dtype: Dtype = Dt
         for work in launch(next_plan()):
             work.wait()
 
-    return _median_time_us(probe, run, reduce_max=True, warmup=next_plan.count)
+    return _group_time_us(probe, run, warmup=next_plan.count)
 
 
 def p2p_us(probe: Probe, size_bytes: int) -> float:
     """One-way time of a message between ranks 0 and 1: half a ping-pong."""
     if probe.rank > 1:
-        return _median_time_us(probe, lambda: None, reduce_max=True)
+        return _group_time_us(probe, lambda: None, member=False, warmup=rotation_count(size_bytes))
     peer = 1 - probe.rank
     send = comm_op(OpKind.SEND, size_bytes, probe.rank, peer=peer)
     recv = comm_op(OpKind.RECV, size_bytes, probe.rank, peer=peer)
@@ -135,13 +169,13 @@ def p2p_us(probe: Probe, size_bytes: int) -> float:
                 work.wait()
             probe.sync()
 
-    return _median_time_us(probe, ping_pong, reduce_max=True, warmup=next_send.count) / 2
+    return _group_time_us(probe, ping_pong, warmup=next_send.count) / 2
 
 
 def exchange_us(probe: Probe, size_bytes: int) -> float:
     """Time of a batched exchange (isend + irecv both ways) of size_bytes between ranks 0 and 1."""
     if probe.rank > 1:
-        return _median_time_us(probe, lambda: None, reduce_max=True)
+        return _group_time_us(probe, lambda: None, member=False, warmup=rotation_count(size_bytes))
     peer = 1 - probe.rank
     send = comm_op(OpKind.SEND, size_bytes, probe.rank, peer=peer)
     recv = comm_op(OpKind.RECV, size_bytes, probe.rank, peer=peer)
@@ -151,7 +185,7 @@ def exchange_us(probe: Probe, size_bytes: int) -> float:
         for work in launch(next_plan()):
             work.wait()
 
-    return _median_time_us(probe, exchange, reduce_max=True, warmup=next_plan.count)
+    return _group_time_us(probe, exchange, warmup=next_plan.count)
 
 
 def matmul_us(probe: Probe, n: int, dtype: Dtype) -> float:
@@ -159,7 +193,7 @@ def matmul_us(probe: Probe, n: int, dtype: Dtype) -> float:
     a = torch.randn(n, n, device=probe.device).to(TORCH_DTYPE[dtype])
     b = torch.randn(n, n, device=probe.device).to(TORCH_DTYPE[dtype])
     out = torch.empty(n, n, device=probe.device, dtype=TORCH_DTYPE[dtype])
-    return _median_time_us(probe, lambda: torch.mm(a, b, out=out), reduce_max=False)
+    return _local_time_us(probe, lambda: torch.mm(a, b, out=out))
 
 
 COPY_FOOTPRINT_BYTES = 256 * 2**20
@@ -183,7 +217,7 @@ def copy_us(probe: Probe, size_bytes: int, *, host_to_device: bool) -> float:
         src, dst = pairs[next(turn) % buffers]
         dst.copy_(src, non_blocking=True)
 
-    return _median_time_us(probe, copy, reduce_max=False)
+    return _local_time_us(probe, copy)
 
 
 def launch_overheads_us(probe: Probe) -> tuple[float, float]:
@@ -204,7 +238,7 @@ def launch_overheads_us(probe: Probe) -> tuple[float, float]:
         samples.append((time.perf_counter() - start) * 1e6)
         work.wait()
     probe.sync()
-    return kernel_us, statistics.median(samples[probe.warmup :])
+    return kernel_us, expected_us(samples[probe.warmup :])
 
 
 def slowdown_under_comm(probe: Probe, n: int, comm_bytes: int, pool: BufferPool) -> float:
@@ -226,12 +260,12 @@ def slowdown_under_comm(probe: Probe, n: int, comm_bytes: int, pool: BufferPool)
         for w in works:
             w.wait()
         ratios.append(during / alone)
-    return max(statistics.median(ratios), 1.0)
+    return max(expected_us(ratios), 1.0)
 
 
 def comm_slowdown_under_compute(probe: Probe, n: int, comm_bytes: int, pool: BufferPool) -> float:
     """All_reduce time while a loop of n x n matmuls runs on every rank, over its time
-    alone (both the slowest rank's median). The loop runs in a Python thread (torch
+    alone (both expected times of the group). The loop runs in a Python thread (torch
     releases the GIL in mm; on CUDA on its own stream, so timing the all_reduce waits
     only for the main thread's stream); it is stopped and joined before returning."""
     alone = collective_us(probe, OpKind.ALL_REDUCE, comm_bytes)
@@ -257,27 +291,20 @@ def comm_slowdown_under_compute(probe: Probe, n: int, comm_bytes: int, pool: Buf
         finally:
             running.set()
 
-    def timed_all_reduce() -> float:
-        dist.barrier(group=probe.cpu_group)
-        start = time.perf_counter()
+    def all_reduce() -> None:
         for work in launch(plan):
             work.wait()
-        if side is not None:
-            torch.cuda.current_stream(probe.device).synchronize()  # not the matmul stream
-        t = torch.tensor([(time.perf_counter() - start) * 1e6], dtype=torch.float64)
-        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=probe.cpu_group)
-        return float(t.item())
 
     probe.sync()
     thread = threading.Thread(target=matmul_loop, name="calibrate-matmul-loop", daemon=True)
     thread.start()
     try:
         running.wait()
-        samples = [timed_all_reduce() for _ in range(probe.warmup + probe.repeats)][probe.warmup :]
+        during = _group_time_us(probe, all_reduce)
     finally:
         stop.set()
         thread.join()
     probe.sync()
     if errors:
         raise errors[0]
-    return max(statistics.median(samples) / alone, 1.0)
+    return max(during / alone, 1.0)
