@@ -80,3 +80,10 @@ def test_stop_unblocks_a_waiter(signals):
     signals.stop.set()
     with pytest.raises(Aborted):
         q.wait_for(1)
+
+
+def test_on_start_runs_on_the_worker_thread_before_any_task(signals):
+    seen: list[str] = []
+    q = WorkQueue("s", signals, on_start=lambda: seen.append("start:" + threading.current_thread().name))
+    q.wait_for(q.submit(lambda: seen.append("task")))
+    assert seen == ["start:commdsl-s", "task"]

@@ -5,9 +5,10 @@
   small ops, in the op's dtype when it is a floating type (fp32, bf16, fp16, fp64),
   so work runs at the rate the machine model lists for that dtype; other dtypes
   (int8, fp8, ...) run in the device's default float type.
-* Explicit duration (`compute F 2ms`, which wins over FLOPs): a small matrix multiply
-  repeated as many times as start-up calibration says fits the duration. Calibration
-  times the multiply on this rank while the other ranks calibrate too, so it sees the
+* Explicit duration (`compute F 2ms`, which wins over FLOPs): a matrix multiply
+  repeated as many times as start-up calibration says fits the duration; on CPU, a
+  256 x 256 multiply for the bulk and a 64 x 64 one for the remainder. Calibration
+  times the multiplies on this rank while the other ranks calibrate too, so it sees the
   contention of a shared CPU; it cannot foresee comm threads competing later, so on
   an oversubscribed CPU durations stretch (see docs/executor.md). `--duration-mode
   sleep` makes the (CPU) stream sleep instead: exact, but no real work.
@@ -32,10 +33,15 @@ from commdsl.run.config import DurationMode
 
 BLOCK = 256
 """Side of the square matmul used for FLOP-sized work."""
-CAL_BLOCK_CPU = 64
-CAL_BLOCK_CUDA = 1024
-"""Side of the square matmul repeated for duration-sized work: small on CPU (about
-50 us a repeat), large enough on a GPU that launch overhead does not dominate."""
+DURATION_BLOCKS_CPU = (256, 64)
+DURATION_BLOCKS_CUDA = (1024,)
+"""Sides of the square matmuls repeated for duration-sized work: the first for the
+bulk, the second (if any) for the remainder. On CPU the bulk is a 256 x 256 multiply
+(about 0.4 ms): a loop of 64 x 64 ones (about 5 us each) calls into torch 200,000
+times a second, and those calls slowed the rank's gloo threads 2.7x (an 8 MiB
+all_gather; 1.4x under 256 x 256 ones), an artifact a GPU kernel does not have. The
+64 x 64 remainder keeps durations exact to a few microseconds. On a GPU one 1024 x
+1024 multiply is large enough that launch overhead does not dominate."""
 
 
 MATMUL_DTYPES = {Dtype.FP32: torch.float32, Dtype.BF16: torch.bfloat16, Dtype.FP16: torch.float16, Dtype.FP64: torch.float64}
@@ -51,6 +57,9 @@ class KernelSpec:
     dtype: torch.dtype | None = None
     """Matmul element type (None: the device default)."""
     repeats: int = 0
+    tail_side: int = 0
+    """A second matmul run `tail_repeats` times after the first (0: none)."""
+    tail_repeats: int = 0
     copy_bytes: int = 0
     """Memory copy size, for bytes-only compute."""
     sleep_s: float = 0.0
@@ -60,23 +69,40 @@ class KernelSpec:
 class Kernels:
     """Operands and calibration of one rank's compute."""
 
-    def __init__(self, device: torch.device, mode: DurationMode):
+    def __init__(self, device: torch.device, mode: DurationMode, threads: int | None = None):
         self.device = device
         self.mode = mode
+        self.threads = threads
+        """Intra-op threads of every thread running compute (None: torch's default).
+        OpenMP keeps this per thread: setting it on the main thread leaves new threads
+        at the default (seen: a stream thread's 256 x 256 multiply at twice the speed
+        calibration measured)."""
         self.dtype = torch.float32 if device.type == "cpu" else torch.bfloat16
         self._operands: dict[tuple[int, torch.dtype], tuple[torch.Tensor, torch.Tensor]] = {}
         self._outputs: dict[tuple[str, int, torch.dtype], torch.Tensor] = {}
         self._copy: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
-        self.cal_side = CAL_BLOCK_CPU if device.type == "cpu" else CAL_BLOCK_CUDA
-        self.cal_us_per_rep = 0.0
-        """Measured time of one calibration matmul, microseconds."""
+        self.blocks = DURATION_BLOCKS_CPU if device.type == "cpu" else DURATION_BLOCKS_CUDA
+        self.cal_us: dict[int, float] = {}
+        """Per duration block side, the measured time of one multiply, microseconds."""
+
+    def set_thread_count(self) -> None:
+        """Apply `threads` to the calling thread: first thing on every compute thread."""
+        if self.threads is not None:
+            torch.set_num_threads(self.threads)
 
     def spec(self, op: Op) -> KernelSpec:
         if op.duration_us is not None:
             if self.mode is DurationMode.SLEEP:
                 return KernelSpec(sleep_s=op.duration_us * 1e-6)
-            reps = max(0, round(op.duration_us / self.cal_us_per_rep)) if self.cal_us_per_rep else 0
-            return KernelSpec(side=self.cal_side, repeats=reps)
+            if not self.cal_us:
+                return KernelSpec()
+            bulk = self.blocks[0]
+            if len(self.blocks) == 1:
+                return KernelSpec(side=bulk, repeats=max(0, round(op.duration_us / self.cal_us[bulk])))
+            reps = int(op.duration_us // self.cal_us[bulk])
+            tail = self.blocks[1]
+            tail_reps = max(0, round((op.duration_us - reps * self.cal_us[bulk]) / self.cal_us[tail]))
+            return KernelSpec(side=bulk, repeats=reps, tail_side=tail, tail_repeats=tail_reps)
         if op.flops:
             dtype = MATMUL_DTYPES.get(op.dtype, self.dtype)
             block_flops = 2 * BLOCK**3
@@ -90,12 +116,13 @@ class Kernels:
     def prepare(self, stream: str, spec: KernelSpec) -> None:
         """Allocate what `run(stream, spec)` needs, once."""
         dtype = spec.dtype or self.dtype
-        if spec.side and (spec.side, dtype) not in self._operands:
-            g = torch.Generator(device="cpu").manual_seed(spec.side)
-            a = torch.rand(spec.side, spec.side, generator=g).to(self.device, dtype)
-            self._operands[(spec.side, dtype)] = (a, a.clone())
-        if spec.side and (stream, spec.side, dtype) not in self._outputs:
-            self._outputs[(stream, spec.side, dtype)] = torch.empty(spec.side, spec.side, device=self.device, dtype=dtype)
+        for side in (spec.side, spec.tail_side):
+            if side and (side, dtype) not in self._operands:
+                g = torch.Generator(device="cpu").manual_seed(side)
+                a = torch.rand(side, side, generator=g).to(self.device, dtype)
+                self._operands[(side, dtype)] = (a, a.clone())
+            if side and (stream, side, dtype) not in self._outputs:
+                self._outputs[(stream, side, dtype)] = torch.empty(side, side, device=self.device, dtype=dtype)
         if spec.copy_bytes:
             have = self._copy.get(stream)
             if have is None or have[0].numel() < spec.copy_bytes:
@@ -107,36 +134,42 @@ class Kernels:
         if spec.sleep_s:
             time.sleep(spec.sleep_s)
             return
-        if spec.repeats:
-            dtype = spec.dtype or self.dtype
-            a, b = self._operands[(spec.side, dtype)]
-            out = self._outputs[(stream, spec.side, dtype)]
-            for _ in range(spec.repeats):
-                torch.mm(a, b, out=out)
+        dtype = spec.dtype or self.dtype
+        for side, repeats in ((spec.side, spec.repeats), (spec.tail_side, spec.tail_repeats)):
+            if repeats:
+                a, b = self._operands[(side, dtype)]
+                out = self._outputs[(stream, side, dtype)]
+                for _ in range(repeats):
+                    torch.mm(a, b, out=out)
         if spec.copy_bytes:
             src, dst = self._copy[stream]
             dst[: spec.copy_bytes].copy_(src[: spec.copy_bytes])
 
-    def calibrate(self, rounds: int = 7, reps: int = 200) -> float:
-        """Time one calibration matmul; returns microseconds per repeat (median of rounds).
+    def calibrate(self, rounds: int = 7, round_us: float = 2000.0) -> float:
+        """Time one multiply of each duration block (median of `rounds` rounds of about
+        `round_us` each); returns the bulk block's microseconds per multiply.
 
-        On CPU the timing runs on a fresh thread, as the work later runs on stream
-        threads (measured on the main thread, the same multiply came out 35% slower
-        than on a stream thread)."""
+        On CPU the timing runs on a fresh thread set up as the stream threads that run
+        the work later (`set_thread_count`)."""
+
+        def measure() -> None:
+            self.set_thread_count()
+            for side in self.blocks:
+                first = self._time_rounds(side, 1, 1)  # also warms up
+                reps = max(1, round(round_us / max(first, 1e-3)))
+                us = self._time_rounds(side, rounds, reps)
+                self.cal_us[side] = us if math.isfinite(us) and us > 0 else 1.0
+
         if self.device.type == "cuda":
-            self.cal_us_per_rep = self._time_rounds(rounds, reps)
+            measure()
         else:
-            result: list[float] = []
-            thread = threading.Thread(target=lambda: result.append(self._time_rounds(rounds, reps)), name="commdsl-calibrate")
+            thread = threading.Thread(target=measure, name="commdsl-calibrate")
             thread.start()
             thread.join()
-            self.cal_us_per_rep = result[0] if result else 0.0
-        if not math.isfinite(self.cal_us_per_rep) or self.cal_us_per_rep <= 0:
-            self.cal_us_per_rep = 1.0
-        return self.cal_us_per_rep
+        return self.cal_us.get(self.blocks[0], 0.0)
 
-    def _time_rounds(self, rounds: int, reps: int) -> float:
-        spec = KernelSpec(side=self.cal_side, repeats=reps)
+    def _time_rounds(self, side: int, rounds: int, reps: int) -> float:
+        spec = KernelSpec(side=side, repeats=reps)
         self.prepare("calibration", spec)
         samples = []
         for _ in range(rounds + 1):

@@ -255,7 +255,8 @@ class CpuExecutor(Executor):
 
     def __init__(self, setup: RankSetup):
         super().__init__(setup)
-        self.streams = {name: WorkQueue(f"stream-{name}", self.signals) for name in self.program.streams}
+        on_start = setup.kernels.set_thread_count
+        self.streams = {name: WorkQueue(f"stream-{name}", self.signals, on_start) for name in self.program.streams}
         self.queues = {gid: WorkQueue(f"comm-{gid}", self.signals) for gid in sorted({self.ops[i].group for i in self.comm})}
         self.done: dict[int, threading.Event] = {}
         self.events: dict[int, threading.Event] = {}

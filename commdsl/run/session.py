@@ -38,12 +38,6 @@ def run(config: RunConfig) -> int:
     env = DistEnv.from_environ(program.world_size)
     backend = resolve_backend(config.backend, env)
     device = torch.device("cuda", env.local_rank) if backend == "nccl" else torch.device("cpu")
-    if device.type == "cpu" and "OMP_NUM_THREADS" not in os.environ:
-        # Every stream thread is one engine of the emulated device, each with its own
-        # intra-op thread team; concurrent teams oversubscribe the cores and wait on each
-        # other's barriers (seen: 10 ms of calibrated work taking 27-40 ms on one rank).
-        # torchrun already sets 1 for several ranks, and calibration runs that way too.
-        torch.set_num_threads(1)
     if config.duration_mode is DurationMode.SLEEP and backend == "nccl":
         raise UsageError("--duration-mode sleep is for CPU runs; on GPUs compute runs calibrated matmuls")
     values = load_values(config.values_file) if config.values_file else None
@@ -72,7 +66,12 @@ def run(config: RunConfig) -> int:
     hosts: list[str] = [""] * env.world_size
     dist.all_gather_object(hosts, hostname(), group=groups.control)
     clock = measure_clock(groups.control, rank, env.world_size, hosts)
-    kernels = Kernels(device, config.duration_mode)
+    # Every stream thread is one engine of the emulated device, each with its own
+    # intra-op thread team; concurrent teams oversubscribe the cores and wait on each
+    # other's barriers (seen: 10 ms of calibrated work taking 27-40 ms on one rank).
+    # torchrun already sets OMP_NUM_THREADS=1 for several ranks, and calibration runs so.
+    threads = 1 if device.type == "cpu" and "OMP_NUM_THREADS" not in os.environ else None
+    kernels = Kernels(device, config.duration_mode, threads)
     needs_cal = any(op.kind is OpKind.COMPUTE and op.duration_us is not None for op in program.ops[rank])
     cal_us = kernels.calibrate() if needs_cal and config.duration_mode is DurationMode.BUSY else 0.0
     fill = Fill(values, config.values_file or "")

@@ -59,9 +59,11 @@ class RunSignals:
 class WorkQueue:
     """One worker thread running submitted tasks in FIFO order."""
 
-    def __init__(self, name: str, signals: RunSignals):
+    def __init__(self, name: str, signals: RunSignals, on_start: Callable[[], None] | None = None):
+        """`on_start` runs first on the worker thread (per-thread settings)."""
         self.name = name
         self._signals = signals
+        self._on_start = on_start
         self._cond = threading.Condition()
         self._tasks: deque[Callable[[], None]] = deque()
         self._submitted = 0
@@ -109,6 +111,8 @@ class WorkQueue:
         self._thread.join(timeout_s)
 
     def _loop(self) -> None:
+        if self._on_start is not None:
+            self._on_start()
         while True:
             with self._cond:
                 while not self._tasks:
