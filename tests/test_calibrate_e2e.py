@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from commdsl.dsl import load_schedule
+from commdsl.ir import OpKind, Transport
 from commdsl.machine import load_machine
 
 SMALL = ["-p", "stages=2", "-p", "microbatches=3", "-p", "act=64KiB", "-p", "t_fwd=2ms", "-p", "t_bwd=4ms"]
@@ -57,6 +58,9 @@ def test_calibrated_machine_is_a_valid_machine(machine_file: Path) -> None:
     # Both interference factors are measured and written (never below 1.0: no speed-up).
     assert m.comm_compute_slowdown is not None and m.comm_compute_slowdown >= 1.0
     assert m.compute_comm_slowdown >= 1.0 and "compute_comm_slowdown:" in machine_file.read_text()
+    # Every collective of the language is measured, the barrier included (no bytes: latency only).
+    barrier = m.collective_link(Transport.NCCL, OpKind.BARRIER)
+    assert m.has_override(Transport.NCCL, OpKind.BARRIER) and barrier.latency_us > 0 and barrier.bandwidth_gb_per_s == float("inf")
     header = machine_file.read_text().splitlines()[0]
     assert header.startswith("# Machine description written by commdsl.calibrate")
 

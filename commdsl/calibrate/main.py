@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import math
 import os
 import platform
 import socket
@@ -184,6 +185,8 @@ class Results:
     collectives: dict[OpKind, list[tuple[int, float]]]
     reductions_by_dtype: dict[Dtype, dict[OpKind, list[tuple[int, float]]]]
     """Reducing collectives timed in other dtypes than fp32."""
+    barrier_us: float
+    """Expected time of a barrier (no bytes: one number)."""
     kernel_launch_us: float
     comm_launch_us: float
     slowdown: float
@@ -201,6 +204,7 @@ class Results:
             "exchange_us": self.exchange,
             "collectives_us": {k.value: pts for k, pts in self.collectives.items()},
             "reductions_us_by_dtype": {d.value: {k.value: pts for k, pts in by.items()} for d, by in self.reductions_by_dtype.items()},
+            "barrier_us": self.barrier_us,
             "kernel_launch_us": self.kernel_launch_us,
             "comm_launch_us": self.comm_launch_us,
             "compute_slowdown_under_comm": self.slowdown,
@@ -210,8 +214,8 @@ class Results:
 
 
 def _measure_all(probe, pool, sizes, matmul_sizes, dtypes, measure) -> Results:
-    steps = len(dtypes) * len(matmul_sizes) + 2 * len(sizes) + len(sizes) * (2 + len(COLLECTIVES) + len(REDUCED_DTYPES) * len(REDUCING)) + 3
-    res = Results({}, [], [], [], [], {}, {}, 0.0, 0.0, 1.0, 1.0, [])
+    steps = len(dtypes) * len(matmul_sizes) + 2 * len(sizes) + len(sizes) * (2 + len(COLLECTIVES) + len(REDUCED_DTYPES) * len(REDUCING)) + 4
+    res = Results({}, [], [], [], [], {}, {}, 0.0, 0.0, 0.0, 1.0, 1.0, [])
     with Progress(disable=probe.rank != 0, transient=True) as progress:
         task = progress.add_task("calibrating", total=steps)
 
@@ -252,6 +256,8 @@ def _measure_all(probe, pool, sizes, matmul_sizes, dtypes, measure) -> Results:
             points = series(kind.value, sizes, lambda s: measure.collective_us(probe, kind, s))
             if points:
                 res.collectives[kind] = points
+        res.barrier_us = measure.collective_us(probe, OpKind.BARRIER, 0)
+        step("barrier")
         for dtype in REDUCED_DTYPES:
             for kind in REDUCING:
                 points = series(f"{kind.value} {dtype.value}", sizes, lambda s: measure.collective_us(probe, kind, s, dtype))
@@ -354,6 +360,10 @@ def _collective_overrides(fits: dict[OpKind, StepFit], res: Results, ranks: int)
         if by_dtype:
             entry["measured_us_by_dtype"] = by_dtype
         out[kind.value] = entry
+    if res.barrier_us > 0:
+        # A barrier moves no bytes: its measured time spread over its latency steps.
+        steps = plan(OpKind.BARRIER, DEFAULT_ALGO[OpKind.BARRIER], ranks, 0, CHUNK_BYTES).latency_steps or 1
+        out[OpKind.BARRIER.value] = {"latency_us": round(res.barrier_us / steps, 3), "bandwidth_gb_per_s": math.inf}
     return out
 
 
@@ -392,7 +402,7 @@ def _print_report(report: FitReport, res: Results) -> None:
         resid = report.p2p_model_residuals[kind]
         table.add_row("  (p2p link)", "analytic model with the p2p link", "", f"{max(abs(r) for r in resid):.1f}%", " ".join(f"{r:+.0f}" for r in resid))
     console.print(table)
-    console.print(f"host issue: kernel {res.kernel_launch_us:.1f} us, comm {res.comm_launch_us:.1f} us; "
+    console.print(f"host issue: kernel {res.kernel_launch_us:.1f} us, comm {res.comm_launch_us:.1f} us; barrier {res.barrier_us:.1f} us; "
                   f"compute slowdown while an all_reduce runs: x{res.slowdown:.2f}; "
                   f"all_reduce slowdown while matmuls run: x{res.comm_slowdown:.2f}")  # fmt: skip
     for s in res.skipped:
