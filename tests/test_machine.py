@@ -113,3 +113,30 @@ def test_cli_machine_flag(tmp_path, capsys):
     assert f"{bad}:7:13" in err
     assert main(["simulate", "1f1b", "--machine", "a100-nvlink", "--json"]) == 0
     assert '"machine": "a100-nvlink"' in capsys.readouterr().out
+
+
+def test_measured_copy_profiles_time_copies_and_byte_sized_compute():
+    """With `copy_measured_us`, copies follow the measured profile (log-log between
+    points); without, the host link and the memory bandwidth."""
+    from commdsl.dsl import load_schedule_text
+    from commdsl.sim import simulate
+
+    sched = load_schedule_text("name: t\nworld: 1\nstreams: [s]\nprogram: |\n  copy h 4MiB from host on s\n"
+                               "  copy d 4MiB on s\n  compute c bytes=8MiB on s\n", "t.yaml")  # fmt: skip
+
+    def durations(machine):
+        r = simulate(sched, machine)
+        return [r.raw.end[g] - r.raw.start[g] for g in range(3)]
+
+    plain = load_machine_text(GOOD, "m.yaml")
+    assert durations(plain) == pytest.approx([1 + 4 * 2**20 / 25e3, 2 * 4 * 2**20 / 100e3, 2 * 4 * 2**20 / 100e3])
+    profiled = load_machine_text(GOOD + "copy_measured_us:\n  host: [[1048576, 100], [16777216, 1600]]\n"
+                                 "  device: [[1048576, 50], [16777216, 800]]\n", "m.yaml")  # fmt: skip
+    # 4 MiB is halfway (in log) between 1 and 16 MiB: sqrt(100 * 1600) = 400, sqrt(50 * 800) = 200;
+    # compute moving 8 MiB is a copy of 4 MiB.
+    assert durations(profiled) == pytest.approx([400, 200, 200])
+    assert profiled.to_json()["copy_measured_us"]["host"] == [[1048576, 100], [16777216, 1600]]
+    with pytest.raises(MachineError, match="copy_measured_us: unknown key 'pcie'"):
+        load_machine_text(GOOD + "copy_measured_us: {pcie: [[1, 2], [3, 4]]}\n", "m.yaml")
+    with pytest.raises(MachineError, match="copy_measured_us.host must be a list of at least two"):
+        load_machine_text(GOOD + "copy_measured_us: {host: [[1, 2]]}\n", "m.yaml")

@@ -332,6 +332,9 @@ def build_machine(cfg: CalibrateConfig, res: Results, world: int, backend: str, 
             "memcpy": dict(link),
         },
         "chunk_bytes": CHUNK_BYTES,
+        # Copies run from the caches when small and from memory when large: keep their
+        # measured profiles too (the lines above stay for what a profile does not cover).
+        "copy_measured_us": {"host": _table(res.host_copy), "device": _table(res.copy)},
         # Measured: a matmul's time while an all_reduce runs, over its time alone.
         "comm_compute_slowdown": round(max(res.slowdown, 1.0), 3),
         # Measured: an all_reduce's time while a matmul loop runs on every rank, over its time alone.
@@ -340,23 +343,24 @@ def build_machine(cfg: CalibrateConfig, res: Results, world: int, backend: str, 
     return machine, FitReport(compute, memory, host_link, p2p, exchange, collectives, p2p_resid)
 
 
+def _table(points: list[tuple[int, float]]) -> list[list]:
+    """A measured profile as written: [[size_bytes, time_us], ...], non-decreasing in size (`monotone`)."""
+    return [[int(size), round(t, 3)] for size, t in monotone(points)]
+
+
 def _collective_overrides(fits: dict[OpKind, StepFit], res: Results, ranks: int) -> dict:
     """Per collective: the fitted line, and the measured points as its profile (the
     simulator interpolates them: real collectives are not linear in size), in fp32 and,
     for reductions, per dtype. Profiles are made non-decreasing in size (`monotone`)."""
-
-    def table(points: list[tuple[int, float]]) -> list[list]:
-        return [[int(size), round(t, 3)] for size, t in monotone(points)]
-
     out = {}
     for kind, f in fits.items():
         entry = {
             "latency_us": round(f.latency_us, 3),
             "bandwidth_gb_per_s": round(f.bandwidth_gb_per_s, 4),
             "measured_ranks": ranks,
-            "measured_us": table(res.collectives[kind]),
+            "measured_us": _table(res.collectives[kind]),
         }
-        by_dtype = {d.value: table(by[kind]) for d, by in res.reductions_by_dtype.items() if kind in by}
+        by_dtype = {d.value: _table(by[kind]) for d, by in res.reductions_by_dtype.items() if kind in by}
         if by_dtype:
             entry["measured_us_by_dtype"] = by_dtype
         out[kind.value] = entry

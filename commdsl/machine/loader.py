@@ -22,7 +22,7 @@ DEFAULT_CHUNK_BYTES = 512 * 1024
 
 _TOP_KEYS = (
     "name", "doc", "devices", "device", "kernel_launch_us", "comm_launch_us", "host_link", "transports", "chunk_bytes",
-    "topology", "comm_compute_slowdown", "compute_comm_slowdown",
+    "topology", "comm_compute_slowdown", "compute_comm_slowdown", "copy_measured_us",
 )  # fmt: skip
 _DEVICE_KEYS = ("name", "peak_tflops", "memory_bandwidth_gb_per_s", "sm_count")
 _LINK_KEYS = ("latency_us", "bandwidth_gb_per_s")
@@ -260,6 +260,10 @@ class _MachineReader:
             comm_slowdown = self.number(node, "compute_comm_slowdown")
             if comm_slowdown < 1.0:
                 raise self.fail(f"compute_comm_slowdown must be at least 1.0 (1.0: no interference), got {node.value}", node)
+        copies = {}
+        if "copy_measured_us" in top:
+            for key, (_, vnode) in self.mapping(top["copy_measured_us"][1], "copy_measured_us", ("host", "device")).items():
+                copies[key] = self.profile(vnode, f"copy_measured_us.{key}")
         nccl_sms = topology.nccl_sms if topology is not None else None
         if nccl_sms is not None and nccl_sms >= device.sm_count:
             node = self.mapping(top["topology"][1], "topology", None)["nccl_sms"][1]
@@ -282,6 +286,8 @@ class _MachineReader:
             collective_profiles=tuple(profiles),
             comm_compute_slowdown=slowdown,
             compute_comm_slowdown=comm_slowdown,
+            host_copy_profile=copies.get("host", ()),
+            device_copy_profile=copies.get("device", ()),
         )
 
     # ---- the topology -------------------------------------------------------------

@@ -681,13 +681,13 @@ class Engine:
             t = 0.0
             if op.flops:
                 t = op.flops / (dev.tflops(op.dtype) * 1e6)
-            if op.size_bytes:
-                t = max(t, op.size_bytes / (dev.memory_bandwidth_gb_per_s * 1e3))
+            if op.size_bytes:  # bytes moved: read size/2 and write size/2, a copy of size/2
+                t = max(t, self.machine.device_copy_us(op.size_bytes / 2))
             return t
         if op.kind is _COPY:
-            if op.copy_dir is CopyDir.D2D:  # read + write device memory
-                return 2 * op.size_bytes / (self.machine.device.memory_bandwidth_gb_per_s * 1e3)
-            return self.machine.host_link.transfer_us(op.size_bytes)
+            if op.copy_dir is CopyDir.D2D:
+                return self.machine.device_copy_us(op.size_bytes)
+            return self.machine.host_copy_us(op.size_bytes)
         return 0.0  # record, wait_event, wait: ordering only
 
     # ---- comm queues, matching, transfers -----------------------------------------------
