@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from commdsl.calibrate.fit import expected_us, fit_linear, monotone
+from commdsl.calibrate.fit import MAX_POINT_US, MAX_RUNS_FACTOR, expected_us, fit_linear, monotone, precise
 
 SIZES = [2**k for k in range(10, 29)]  # 1 KiB .. 256 MiB, as calibrate measures
 
@@ -113,3 +113,14 @@ def test_monotone_profile_keeps_ordered_points_and_pools_a_stall() -> None:
     # 4 KiB landed on stalls: it and the next point, out of order, average.
     assert monotone([(1024, 200.0), (4096, 3600.0), (16384, 400.0), (65536, 5000.0)]) == [
         (1024, 200.0), (4096, 2000.0), (16384, 2000.0), (65536, 5000.0)]
+
+
+def test_sampling_goes_on_while_the_estimate_is_loose() -> None:
+    steady = [1000.0, 1010.0, 990.0, 1005.0, 995.0]
+    assert not precise(steady[:4], 5)  # fewer than the minimum
+    assert precise(steady, 5)  # standard error ~0.4%
+    stalls = [200.0, 4000.0, 200.0, 200.0, 4000.0]  # gloo calls that stall for a slice
+    assert not precise(stalls, 5)
+    # ... until the run budget or the time budget is spent.
+    assert precise(stalls * MAX_RUNS_FACTOR, 5)
+    assert precise([MAX_POINT_US / 4, 1.0, MAX_POINT_US / 2, 3.0, MAX_POINT_US / 4], 5)

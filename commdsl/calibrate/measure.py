@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from commdsl.calibrate.fit import expected_us
+from commdsl.calibrate.fit import expected_us, precise
 from commdsl.errors import SourceLoc
 from commdsl.ir import Dtype, Op, OpKind, ReduceOp, Transport
 from commdsl.run.comm import launch, make_plan
@@ -77,10 +77,15 @@ def _local_time_us(probe: Probe, fn: Callable[[], None], *, warmup: int | None =
 def _group_time_us(probe: Probe, fn: Callable[[], None], *, member: bool = True, warmup: int | None = None) -> float:
     """Expected time of a communication every rank with `member` takes part in: from
     the last member's start to the last member's end (see the module doc). Every rank
-    calls this, members or not, since the timings travel in collectives."""
+    calls this, members or not, since the timings travel in collectives.
+
+    At least `repeats` timed runs; more, while the estimate is loose (see `precise`).
+    Every rank holds the same samples (they come out of the all_reduce), so all ranks
+    decide to stop at the same run."""
     warmup = probe.warmup if warmup is None else max(warmup, probe.warmup)
-    samples = []
-    for i in range(warmup + probe.repeats):
+    samples: list[float] = []
+    i = 0
+    while i < warmup or not precise(samples, probe.repeats):
         dist.barrier(group=probe.cpu_group)
         probe.sync()
         start = now_ns() + probe.clock_offset_ns
@@ -93,6 +98,7 @@ def _group_time_us(probe: Probe, fn: Callable[[], None], *, member: bool = True,
         dist.all_reduce(t, op=dist.ReduceOp.MAX, group=probe.cpu_group)
         if i >= warmup:
             samples.append((int(t[1]) - int(t[0])) / 1e3)
+        i += 1
     return expected_us(samples)
 
 
