@@ -168,3 +168,22 @@ def test_a_dtype_uses_its_own_table_else_the_fp32_one() -> None:
     assert time_us("all_reduce g 1000000B dtype=fp16") == pytest.approx(500.0)  # no fp16 table: the fp32 one
     with pytest.raises(MachineError, match="unknown dtype 'bf17'"):
         load_machine_text(text.replace("{bf16:", "{bf17:"), "m.yaml")
+
+
+def test_compute_slows_transfers_on_the_host_cpus_by_their_cost_not_only_their_cap() -> None:
+    """The shared channel is the host's CPUs copying bytes: while compute holds them,
+    each byte costs F times as much, so an exchange under compute takes F times its
+    uncontended time (100 MB each way at 10 GB/s shared: 20 ms, then 40 ms with F = 2),
+    where capping each flow at solo / F alone would leave it at 20 ms (each flow's share,
+    5 GB/s, is already below 10 / 2)."""
+    text = MACHINE.format(shared="shared_bandwidth_gb_per_s: 10") + "compute_comm_slowdown: 2.0\n"
+    slowed = load_machine_text(text, "m.yaml")
+    body = EXCHANGE + "compute C 1s on b\n"
+    program = "\n".join("  " + line for line in body.strip("\n").splitlines())
+    prog = load_schedule_text(f"name: t\nworld: 2\nstreams: [a, b]\nprogram: |\n{program}\n", "t.yaml")
+    ends = {}
+    for network in ("flow", "flow-steps"):
+        r = simulate(prog, slowed, network)
+        ends[network] = max(r.raw.end[g] for g, op in enumerate(r.raw.ops) if op.kind.is_comm)
+    assert ends["flow"] == pytest.approx(40_000, rel=1e-9) and ends["flow-steps"] == pytest.approx(40_000, rel=1e-9)
+    assert makespan_ms(EXCHANGE, True) == pytest.approx(20.0, rel=1e-3)  # without compute

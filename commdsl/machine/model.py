@@ -147,7 +147,10 @@ class Machine:
     an endpoint on that device (any transport; a collective: any member's device, as a
     ring progresses at its slowest member's pace) moves its bytes this many times slower
     than it would alone: its rate is capped at its uncontended rate / factor (so under
-    contention it slows only if its share was above that); its latency is not slowed.
+    contention it slows only if its share was above that), and on a shared bandwidth
+    (`shared`: the host's CPUs copying bytes) each of its bytes costs factor times as
+    much, so transfers sharing the CPUs share what compute leaves them; its latency is
+    not slowed.
     1.0: none, at no cost to the simulation. On CPUs,
     compute and gloo's threads share the cores; on GPUs, an NCCL kernel shares SMs and
     memory bandwidth with compute. Calibration measures it (an all_reduce's time while a
