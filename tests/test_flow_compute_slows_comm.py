@@ -158,3 +158,21 @@ def test_loader_checks_and_to_json():
         machine("compute_comm_slowdown: fast")
     with pytest.raises(MachineError, match="compute_comm_slowdown must be a finite number"):
         machine("compute_comm_slowdown: .inf")
+
+
+@pytest.mark.parametrize("network", NETWORKS)
+def test_a_copy_slows_compute_on_its_device_only(network):
+    """host_link 10 GB/s: a 10 MB copy from the host takes 1000 us. With
+    copy_compute_slowdown 2, compute of 3000 us on the copy's device runs at half speed
+    during that copy: 1000 us for 500 us of work, then 2500 us: ends at 3500 us. The
+    other rank's compute is not slowed; nor is anything with a factor of 1.0."""
+    body = "compute C 3000us on a\nif rank == 0:\n    copy x 10MB from host on b"
+    slowed = simulate(sched(body), machine("copy_compute_slowdown: 2.0"), network=network)
+    ends = {(op.rank, op.name): slowed.raw.end[g] for g, op in enumerate(slowed.raw.ops)}
+    assert ends[(0, "C")] == pytest.approx(3500, rel=1e-12) and ends[(1, "C")] == pytest.approx(3000, rel=1e-12)
+    assert ends[(0, "x")] == pytest.approx(1000, rel=1e-12)  # the copy itself is not slowed
+    plain = simulate(sched(body), machine(), network=network)
+    assert max(plain.raw.end) == pytest.approx(3000, rel=1e-12)
+    assert machine("copy_compute_slowdown: 1.5").to_json()["copy_compute_slowdown"] == 1.5
+    with pytest.raises(MachineError, match="copy_compute_slowdown must be at least 1.0"):
+        machine("copy_compute_slowdown: 0.9")

@@ -191,6 +191,8 @@ class Results:
     comm_launch_us: float
     slowdown: float
     """A matmul's time while an all_reduce runs, over its time alone."""
+    copy_slowdown: float
+    """A matmul loop's time while copies run on every rank, over its time alone."""
     comm_slowdown: float
     """An all_reduce's time while a matmul loop runs on every rank, over its time alone."""
     skipped: list[str]
@@ -209,13 +211,16 @@ class Results:
             "comm_launch_us": self.comm_launch_us,
             "compute_slowdown_under_comm": self.slowdown,
             "comm_slowdown_under_compute": self.comm_slowdown,
+            "compute_slowdown_under_copy": self.copy_slowdown,
             "skipped": self.skipped,
         }
 
 
 def _measure_all(probe, pool, sizes, matmul_sizes, dtypes, measure) -> Results:
-    steps = len(dtypes) * len(matmul_sizes) + 2 * len(sizes) + len(sizes) * (2 + len(COLLECTIVES) + len(REDUCED_DTYPES) * len(REDUCING)) + 4
-    res = Results({}, [], [], [], [], {}, {}, 0.0, 0.0, 0.0, 1.0, 1.0, [])
+    from commdsl.run.compute import DURATION_BLOCKS_CPU
+
+    steps = len(dtypes) * len(matmul_sizes) + 2 * len(sizes) + len(sizes) * (2 + len(COLLECTIVES) + len(REDUCED_DTYPES) * len(REDUCING)) + 5
+    res = Results({}, [], [], [], [], {}, {}, 0.0, 0.0, 0.0, 1.0, 1.0, 1.0, [])
     with Progress(disable=probe.rank != 0, transient=True) as progress:
         task = progress.add_task("calibrating", total=steps)
 
@@ -267,6 +272,10 @@ def _measure_all(probe, pool, sizes, matmul_sizes, dtypes, measure) -> Results:
         step("compute slowdown under communication")
         res.comm_slowdown = measure.comm_slowdown_under_compute(probe, matmul_sizes[-1], sizes[-1], pool)
         step("communication slowdown under compute")
+        # With the executor's bulk block for explicit durations: what copies disturb.
+        res.copy_slowdown = measure.compute_slowdown_under_copy(probe, DURATION_BLOCKS_CPU[0] if probe.device.type == "cpu"
+                                                                else matmul_sizes[-1], min(sizes[-1], 16 * 2**20))  # fmt: skip
+        step("compute slowdown under copies")
     return res
 
 
@@ -339,6 +348,8 @@ def build_machine(cfg: CalibrateConfig, res: Results, world: int, backend: str, 
         "comm_compute_slowdown": round(max(res.slowdown, 1.0), 3),
         # Measured: an all_reduce's time while a matmul loop runs on every rank, over its time alone.
         "compute_comm_slowdown": round(max(res.comm_slowdown, 1.0), 3),
+        # Measured: a matmul loop's time while copies run on every rank, over its time alone.
+        "copy_compute_slowdown": round(max(res.copy_slowdown, 1.0), 3),
     }
     return machine, FitReport(compute, memory, host_link, p2p, exchange, collectives, p2p_resid)
 
@@ -408,6 +419,7 @@ def _print_report(report: FitReport, res: Results) -> None:
     console.print(table)
     console.print(f"host issue: kernel {res.kernel_launch_us:.1f} us, comm {res.comm_launch_us:.1f} us; barrier {res.barrier_us:.1f} us; "
                   f"compute slowdown while an all_reduce runs: x{res.slowdown:.2f}; "
-                  f"all_reduce slowdown while matmuls run: x{res.comm_slowdown:.2f}")  # fmt: skip
+                  f"all_reduce slowdown while matmuls run: x{res.comm_slowdown:.2f}; "
+                  f"compute slowdown while copies run: x{res.copy_slowdown:.2f}")  # fmt: skip
     for s in res.skipped:
         console.print(f"[yellow]skipped[/] {s}")

@@ -269,48 +269,80 @@ def slowdown_under_comm(probe: Probe, n: int, comm_bytes: int, pool: BufferPool)
     return max(expected_us(ratios), 1.0)
 
 
-def comm_slowdown_under_compute(probe: Probe, n: int, comm_bytes: int, pool: BufferPool) -> float:
-    """All_reduce time while a loop of n x n matmuls runs on every rank, over its time
-    alone (both expected times of the group). The loop runs in a Python thread (torch
-    releases the GIL in mm; on CUDA on its own stream, so timing the all_reduce waits
-    only for the main thread's stream); it is stopped and joined before returning."""
-    alone = collective_us(probe, OpKind.ALL_REDUCE, comm_bytes)
-    op = comm_op(OpKind.ALL_REDUCE, comm_bytes, probe.rank)
-    plan = make_plan((op,), dist.group.WORLD, probe.world_size, (pool.comm(op, probe.world_size),), probe.backend, probe.device)
-    a = torch.randn(n, n, device=probe.device)
-    b = torch.randn(n, n, device=probe.device)
-    out = torch.empty(n, n, device=probe.device)
+@contextlib.contextmanager
+def _in_background(probe: Probe, work: Callable[[], None], name: str):
+    """Runs `work` over and over in a Python thread while the block runs (torch releases
+    the GIL in its ops; on CUDA on a side stream, which `Probe.sync` does not wait for);
+    stopped and joined on leaving, its error re-raised."""
     side = torch.cuda.Stream(probe.device) if probe.device.type == "cuda" else None
     stop, running = threading.Event(), threading.Event()
     errors: list[BaseException] = []
 
-    def matmul_loop() -> None:
+    def loop() -> None:
         try:
             with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
                 while not stop.is_set():
-                    torch.mm(a, b, out=out)
+                    work()
                     if side is not None:
-                        side.synchronize()  # one matmul in flight at a time: stops promptly
+                        side.synchronize()  # one piece of work in flight at a time: stops promptly
                     running.set()
         except BaseException as e:  # noqa: BLE001 - re-raised in the calling thread
             errors.append(e)
         finally:
             running.set()
 
-    def all_reduce() -> None:
-        for work in launch(plan):
-            work.wait()
-
     probe.sync()
-    thread = threading.Thread(target=matmul_loop, name="calibrate-matmul-loop", daemon=True)
+    thread = threading.Thread(target=loop, name=name, daemon=True)
     thread.start()
     try:
         running.wait()
-        during = _group_time_us(probe, all_reduce)
+        yield
     finally:
         stop.set()
         thread.join()
     probe.sync()
     if errors:
         raise errors[0]
+
+
+def comm_slowdown_under_compute(probe: Probe, n: int, comm_bytes: int, pool: BufferPool) -> float:
+    """All_reduce time while a loop of n x n matmuls runs on every rank, over its time
+    alone (both expected times of the group)."""
+    alone = collective_us(probe, OpKind.ALL_REDUCE, comm_bytes)
+    op = comm_op(OpKind.ALL_REDUCE, comm_bytes, probe.rank)
+    plan = make_plan((op,), dist.group.WORLD, probe.world_size, (pool.comm(op, probe.world_size),), probe.backend, probe.device)
+    a = torch.randn(n, n, device=probe.device)
+    b = torch.randn(n, n, device=probe.device)
+    out = torch.empty(n, n, device=probe.device)
+
+    def all_reduce() -> None:
+        for work in launch(plan):
+            work.wait()
+
+    with _in_background(probe, lambda: torch.mm(a, b, out=out), "calibrate-matmul-loop"):
+        during = _group_time_us(probe, all_reduce)
+    return max(during / alone, 1.0)
+
+
+def compute_slowdown_under_copy(probe: Probe, n: int, copy_bytes: int, work_us: float = 2000.0) -> float:
+    """Time of a loop of n x n matmuls (about `work_us` of work) while copies of
+    copy_bytes run back to back on every rank (another thread; on CUDA another stream),
+    over its time alone. Every rank does both at once, as ranks running one schedule do."""
+    a = torch.randn(n, n, device=probe.device)
+    b = torch.randn(n, n, device=probe.device)
+    out = torch.empty(n, n, device=probe.device)
+    reps = max(1, round(work_us / matmul_us(probe, n, Dtype.FP32)))
+
+    def work() -> None:
+        for _ in range(reps):
+            torch.mm(a, b, out=out)
+
+    dist.barrier(group=probe.cpu_group)
+    alone = _local_time_us(probe, work)
+    src = torch.ones(max(copy_bytes // 4, 1), device=probe.device)
+    dst = torch.empty_like(src)
+    dist.barrier(group=probe.cpu_group)
+    with _in_background(probe, lambda: dst.copy_(src), "calibrate-copy-loop"):
+        during = _local_time_us(probe, work)
+    dist.barrier(group=probe.cpu_group)
     return max(during / alone, 1.0)

@@ -22,7 +22,7 @@ DEFAULT_CHUNK_BYTES = 512 * 1024
 
 _TOP_KEYS = (
     "name", "doc", "devices", "device", "kernel_launch_us", "comm_launch_us", "host_link", "transports", "chunk_bytes",
-    "topology", "comm_compute_slowdown", "compute_comm_slowdown", "copy_measured_us",
+    "topology", "comm_compute_slowdown", "compute_comm_slowdown", "copy_compute_slowdown", "copy_measured_us",
 )  # fmt: skip
 _DEVICE_KEYS = ("name", "peak_tflops", "memory_bandwidth_gb_per_s", "sm_count")
 _LINK_KEYS = ("latency_us", "bandwidth_gb_per_s")
@@ -254,12 +254,8 @@ class _MachineReader:
             slowdown = self.number(node, "comm_compute_slowdown")
             if slowdown < 1.0:
                 raise self.fail(f"comm_compute_slowdown must be at least 1.0 (1.0: no interference), got {node.value}", node)
-        comm_slowdown = 1.0
-        if "compute_comm_slowdown" in top:
-            node = top["compute_comm_slowdown"][1]
-            comm_slowdown = self.number(node, "compute_comm_slowdown")
-            if comm_slowdown < 1.0:
-                raise self.fail(f"compute_comm_slowdown must be at least 1.0 (1.0: no interference), got {node.value}", node)
+        comm_slowdown = self.factor(top, "compute_comm_slowdown")
+        copy_slowdown = self.factor(top, "copy_compute_slowdown")
         copies = {}
         if "copy_measured_us" in top:
             for key, (_, vnode) in self.mapping(top["copy_measured_us"][1], "copy_measured_us", ("host", "device")).items():
@@ -286,11 +282,22 @@ class _MachineReader:
             collective_profiles=tuple(profiles),
             comm_compute_slowdown=slowdown,
             compute_comm_slowdown=comm_slowdown,
+            copy_compute_slowdown=copy_slowdown,
             host_copy_profile=copies.get("host", ()),
             device_copy_profile=copies.get("device", ()),
         )
 
     # ---- the topology -------------------------------------------------------------
+
+    def factor(self, top: dict, key: str) -> float:
+        """An optional interference factor: at least 1.0 (1.0, the default: none)."""
+        if key not in top:
+            return 1.0
+        node = top[key][1]
+        value = self.number(node, key)
+        if value < 1.0:
+            raise self.fail(f"{key} must be at least 1.0 (1.0: no interference), got {node.value}", node)
+        return value
 
     def topology(self, node: yaml.Node) -> Topology:
         """`topology:` (see `commdsl.machine.model.Topology`); every name is checked here."""

@@ -142,6 +142,13 @@ class Machine:
     occupy (`nccl_sms`), it is sm_count / (sm_count - nccl_sms): compute, assumed
     SM-bound, keeps the other SMs. A measured factor (calibration) also covers memory
     bandwidth contention and wins over the SM estimate."""
+    copy_compute_slowdown: float = 1.0
+    """Compute on a device runs this many times longer while a copy op (`copy`, to, from
+    or within the device) runs on that device; 1.0: none, at no cost to the simulation.
+    On GPUs copy engines leave the SMs alone (only memory bandwidth is shared); on a CPU
+    a copy is a thread competing for the cores and the memory with compute. Calibration
+    measures it (a matmul loop's time while a copy loop runs on every rank, over its time
+    alone)."""
     compute_comm_slowdown: float = 1.0
     """The reverse interference: while a compute op runs on a device, every transfer with
     an endpoint on that device (any transport; a collective: any member's device, as a
@@ -265,6 +272,7 @@ class Machine:
                if self.collective_overrides else {}),
             "comm_compute_slowdown": self.compute_slowdown(),
             "compute_comm_slowdown": self.compute_comm_slowdown,
+            "copy_compute_slowdown": self.copy_compute_slowdown,
             **({"copy_measured_us": {name: [list(p) for p in pts] for name, pts in
                                      (("host", self.host_copy_profile), ("device", self.device_copy_profile)) if pts}}
                if self.host_copy_profile or self.device_copy_profile else {}),

@@ -225,8 +225,14 @@ class Engine:
         self.slow_comm = machine.compute_comm_slowdown != 1.0
         """Comm slows while compute runs on its devices: the network hears when compute
         starts and ends on each device (`Network.compute_changed`)."""
-        self.timed_compute = self.interfere or self.slow_comm
-        """Compute ops start at their true time and end through `_on_compute_timer`."""
+        self.copy_slowdown = machine.copy_compute_slowdown
+        self.copy_interfere = self.copy_slowdown != 1.0
+        """Compute slows while a copy runs on its device (on a CPU, a copy is a thread)."""
+        self.copying = [0] * program.world_size
+        """Per rank, copy ops running (only counted with `copy_interfere`)."""
+        self.timed_compute = self.interfere or self.slow_comm or self.copy_interfere
+        """Compute ops start at their true time and end through `_on_compute_timer`; with
+        `copy_interfere`, copy ops too."""
         self.computing = [0] * program.world_size
         """Per rank, compute ops running (only counted with `slow_comm`)."""
         self._prepare()
@@ -549,7 +555,7 @@ class Engine:
                         t, c = end[d], d
                 else:
                     duration = self._duration(op)
-                    if self.timed_compute and op.kind is _COMPUTE and duration > 0.0:
+                    if self.timed_compute and duration > 0.0 and (op.kind is _COMPUTE or (op.kind is _COPY and self.copy_interfere)):
                         self._start_compute(s, entry, t, c, duration)
                         return
             start = t if t > now else now
@@ -578,7 +584,8 @@ class Engine:
     # ---- interference: compute slowed by comm kernels, comm slowed by compute --------------
 
     def _start_compute(self, s: _Stream, entry: int, t: float, c: int, duration: float) -> None:
-        """Run a compute op whose speed depends on the NCCL kernels of its device."""
+        """Run a compute op whose speed depends on the NCCL kernels and copies of its
+        device, or a copy op that slows the compute of its device."""
         now = self.env.now
         s.busy = True
         s.cur = entry
@@ -592,10 +599,15 @@ class Engine:
         self.cause[g] = c
         s.work_left = duration
         s.t_run = now
-        s.factor = self.slowdown if self.kernels[s.rank] else 1.0
-        s.slowed = s.factor != 1.0
-        if self.slow_comm:
-            self._computing_changed(s.rank, 1)
+        if self.ops[g].kind is _COPY:
+            s.factor = 1.0
+            s.slowed = False
+            self._copies_changed(s.rank, 1)
+        else:
+            s.factor = self._compute_factor(s.rank)
+            s.slowed = s.factor != 1.0
+            if self.slow_comm:
+                self._computing_changed(s.rank, 1)
         self._compute_timer(s)
 
     def _on_delay(self, ev) -> None:
@@ -617,7 +629,9 @@ class Engine:
         g = s.cur >> 2
         if s.slowed:
             self.nominal_us[g] = self._duration(self.ops[g])
-        if self.slow_comm:
+        if self.ops[g].kind is _COPY:
+            self._copies_changed(s.rank, -1)
+        elif self.slow_comm:
             self._computing_changed(s.rank, -1)
         self._complete_entry(s, s.cur, self.env.now, s.cur_cause)
         self._kick(s)
@@ -631,13 +645,29 @@ class Engine:
         if (before == 0) != (self.computing[rank] == 0):
             self.network.compute_changed(rank, before == 0)
 
+    def _compute_factor(self, rank: int) -> float:
+        """Current slowdown of compute on `rank`: NCCL kernels and copies running there."""
+        factor = self.slowdown if self.kernels[rank] else 1.0
+        if self.copying[rank]:
+            factor *= self.copy_slowdown
+        return factor
+
     def _kernels_changed(self, rank: int, delta: int) -> None:
         before = self.kernels[rank]
         self.kernels[rank] = before + delta
-        if (before == 0) == (self.kernels[rank] == 0):
-            return
+        if (before == 0) != (self.kernels[rank] == 0):
+            self._refactor(rank)
+
+    def _copies_changed(self, rank: int, delta: int) -> None:
+        before = self.copying[rank]
+        self.copying[rank] = before + delta
+        if (before == 0) != (self.copying[rank] == 0):
+            self._refactor(rank)
+
+    def _refactor(self, rank: int) -> None:
+        """Re-time the running compute ops of `rank` at its new slowdown."""
         now = self.env.now
-        factor = self.slowdown if self.kernels[rank] else 1.0
+        factor = self._compute_factor(rank)
         for s in self.streams[rank].values():
             if s.busy and not s.delay and s.cur >= 0 and s.factor != factor and self.ops[s.cur >> 2].kind is _COMPUTE and s.cur & 3 == _EXEC:
                 if s.t_run > now:
