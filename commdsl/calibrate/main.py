@@ -268,13 +268,14 @@ def _measure_all(probe, pool, sizes, matmul_sizes, dtypes, measure) -> Results:
                 points = series(f"{kind.value} {dtype.value}", sizes, lambda s: measure.collective_us(probe, kind, s, dtype))
                 if points:
                     res.reductions_by_dtype.setdefault(dtype, {})[kind] = points
-        res.slowdown = measure.slowdown_under_comm(probe, matmul_sizes[-1], sizes[-1], pool)
+        # Interference is timed with the executor's own bulk block for explicit durations
+        # (`compute X 2ms`), the compute it describes.
+        n_work = DURATION_BLOCKS_CPU[0] if probe.device.type == "cpu" else matmul_sizes[-1]
+        res.slowdown = measure.slowdown_under_comm(probe, n_work, sizes[-1], pool)
         step("compute slowdown under communication")
-        res.comm_slowdown = measure.comm_slowdown_under_compute(probe, matmul_sizes[-1], sizes[-1], pool)
+        res.comm_slowdown = measure.comm_slowdown_under_compute(probe, n_work, sizes[-1], pool)
         step("communication slowdown under compute")
-        # With the executor's bulk block for explicit durations: what copies disturb.
-        res.copy_slowdown = measure.compute_slowdown_under_copy(probe, DURATION_BLOCKS_CPU[0] if probe.device.type == "cpu"
-                                                                else matmul_sizes[-1], min(sizes[-1], 16 * 2**20))  # fmt: skip
+        res.copy_slowdown = measure.compute_slowdown_under_copy(probe, n_work, min(sizes[-1], 16 * 2**20))
         step("compute slowdown under copies")
     return res
 

@@ -247,25 +247,38 @@ def launch_overheads_us(probe: Probe) -> tuple[float, float]:
     return kernel_us, expected_us(samples[probe.warmup :])
 
 
-def slowdown_under_comm(probe: Probe, n: int, comm_bytes: int, pool: BufferPool) -> float:
-    """Matmul time while an all_reduce runs concurrently, over the matmul time alone."""
-    alone = matmul_us(probe, n, Dtype.FP32)
-    op = comm_op(OpKind.ALL_REDUCE, comm_bytes, probe.rank)
-    plan = make_plan((op,), dist.group.WORLD, probe.world_size, (pool.comm(op, probe.world_size),), probe.backend, probe.device)
+def _matmul_work(probe: Probe, n: int, work_us: float) -> Callable[[], None]:
+    """A loop of n x n matmuls with about `work_us` of work on this rank."""
     a = torch.randn(n, n, device=probe.device)
     b = torch.randn(n, n, device=probe.device)
+    out = torch.empty(n, n, device=probe.device)
+    reps = max(1, round(work_us / matmul_us(probe, n, Dtype.FP32)))
+
+    def work() -> None:
+        for _ in range(reps):
+            torch.mm(a, b, out=out)
+
+    return work
+
+
+def slowdown_under_comm(probe: Probe, n: int, comm_bytes: int, pool: BufferPool, work_us: float = 2000.0) -> float:
+    """Time of a loop of n x n matmuls (about `work_us` of work) while an all_reduce of
+    comm_bytes runs on every rank, over the loop's time alone."""
+    work = _matmul_work(probe, n, work_us)
+    alone = _local_time_us(probe, work)
+    op = comm_op(OpKind.ALL_REDUCE, comm_bytes, probe.rank)
+    plan = make_plan((op,), dist.group.WORLD, probe.world_size, (pool.comm(op, probe.world_size),), probe.backend, probe.device)
     ratios = []
     for _ in range(probe.repeats):
         dist.barrier(group=probe.cpu_group)
         works = launch(plan)
         probe.sync()
         start = time.perf_counter()
-        torch.mm(a, b)
+        work()
         probe.sync()
-        during = (time.perf_counter() - start) * 1e6
+        ratios.append((time.perf_counter() - start) * 1e6 / alone)
         for w in works:
             w.wait()
-        ratios.append(during / alone)
     return max(expected_us(ratios), 1.0)
 
 
@@ -328,15 +341,7 @@ def compute_slowdown_under_copy(probe: Probe, n: int, copy_bytes: int, work_us: 
     """Time of a loop of n x n matmuls (about `work_us` of work) while copies of
     copy_bytes run back to back on every rank (another thread; on CUDA another stream),
     over its time alone. Every rank does both at once, as ranks running one schedule do."""
-    a = torch.randn(n, n, device=probe.device)
-    b = torch.randn(n, n, device=probe.device)
-    out = torch.empty(n, n, device=probe.device)
-    reps = max(1, round(work_us / matmul_us(probe, n, Dtype.FP32)))
-
-    def work() -> None:
-        for _ in range(reps):
-            torch.mm(a, b, out=out)
-
+    work = _matmul_work(probe, n, work_us)
     dist.barrier(group=probe.cpu_group)
     alone = _local_time_us(probe, work)
     src = torch.ones(max(copy_bytes // 4, 1), device=probe.device)
