@@ -107,8 +107,9 @@ def worker(mode: str, warmup: int, iters: int) -> None:
         t1 = time.monotonic_ns()
         if it >= warmup:
             spans.append((t0, t1))
-    everyone = [None] * stages
-    dist.all_gather_object(everyone, spans)
+    from commdsl.run.backend import all_gather_objects  # torch's *_object collectives need numpy
+
+    everyone = all_gather_objects(spans, dist.group.WORLD, stages)
     if rank == 0:
         makespans = [(max(s[i][1] for s in everyone) - min(s[i][0] for s in everyone)) / 1e3 for i in range(iters)]
         print("MAKESPANS_US " + json.dumps(makespans), flush=True)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -184,3 +185,18 @@ def test_busy_compute_on_one_rank_takes_about_its_duration(tmp_path):
     durations = sorted(s.duration_us for s in Timeline.read(out).exec_spans().values())
     # Loose bounds (a shared CI machine): the bug made ops take 27-40 ms.
     assert 5000 < durations[len(durations) // 2] < 20000, durations
+
+
+def test_runs_without_numpy(tmp_path):
+    """torch does not install numpy, and torch.distributed's *_object collectives need it
+    to receive: a fresh environment's first `commdsl.run` failed gathering the hosts."""
+    blocker = tmp_path / "no_numpy" / "numpy"
+    blocker.mkdir(parents=True)
+    (blocker / "__init__.py").write_text('raise ModuleNotFoundError("numpy is blocked for this test", name="numpy")\n')
+    env = {"PYTHONPATH": os.pathsep.join([str(blocker.parent), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
+    out = tmp_path / "m.json"
+    r = torchrun(2, ["1f1b", "-p", "stages=2", "--check", "--out", str(out), *FAST], env=env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    probe = subprocess.run([sys.executable, "-c", "import numpy"], capture_output=True, text=True, env=dict(os.environ, **env))
+    assert "numpy is blocked" in probe.stderr  # the blocker is in effect for such processes
+    assert len(Timeline.read(out).exec_spans()) == len(load("1f1b", {"stages": "2"}).ops[0]) * 2

@@ -38,12 +38,13 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def torchrun(nproc: int, args: list[str], *, timeout_s: float = 120, cwd: Path | None = None) -> Launch:
-    """`torchrun --nproc_per_node=N -m commdsl.run ARGS` in its own process group,
-    killed as a whole on timeout so no worker outlives the test."""
+def torchrun(nproc: int, args: list[str], *, timeout_s: float = 120, cwd: Path | None = None,
+             module: str = "commdsl.run", env: dict[str, str] | None = None) -> Launch:  # fmt: skip
+    """`torchrun --nproc_per_node=N -m MODULE ARGS` in its own process group, killed as a
+    whole on timeout so no worker outlives the test; `env` adds environment variables."""
     cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}", "--master_addr=127.0.0.1",
-           f"--master_port={free_port()}", "-m", "commdsl.run", *args]  # fmt: skip
-    env = dict(os.environ, PYTHONWARNINGS="ignore")
+           f"--master_port={free_port()}", "-m", module, *args]  # fmt: skip
+    env = dict(os.environ, PYTHONWARNINGS="ignore", **(env or {}))
     start = time.monotonic()
     proc = subprocess.Popen(cmd, cwd=cwd or REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True, env=env)  # fmt: skip

@@ -127,7 +127,7 @@ def _calibrate(cfg: CalibrateConfig) -> int:
     import torch.distributed as dist
 
     from commdsl.calibrate import measure
-    from commdsl.run.backend import hostname
+    from commdsl.run.backend import all_gather_objects, hostname
     from commdsl.run.tensors import BufferPool
     from commdsl.run.timing import measure_clock
 
@@ -147,8 +147,7 @@ def _calibrate(cfg: CalibrateConfig) -> int:
         cpu_group = dist.new_group(backend="gloo")
         # Collectives are timed from their last member's start to their last member's
         # end, read on rank 0's clock: ranks on other hosts need the offset.
-        hosts = [""] * world
-        dist.all_gather_object(hosts, hostname(), group=cpu_group)
+        hosts = all_gather_objects(hostname(), cpu_group, world)
         clock = measure_clock(cpu_group, rank, world, hosts)
         probe = measure.Probe(rank, world, backend, device, cfg.repeats, cfg.warmup, cpu_group, clock.applied_offset_ns)
         pool = BufferPool(device, backend, per_op=False)

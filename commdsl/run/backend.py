@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import datetime
 import os
+import pickle
 import socket
 from dataclasses import dataclass
 
@@ -142,3 +143,59 @@ def init_distributed(env: DistEnv, backend: str, store: dist.Store, program: Pro
 
 def hostname() -> str:
     return socket.gethostname()
+
+
+# ---- Python objects between ranks, without numpy ----------------------------------------
+# torch.distributed's *_object collectives read received bytes through numpy, which torch
+# does not install: in a fresh environment they fail on the receiving side. These move
+# pickled objects as uint8 tensors instead (objects from our own ranks only).
+
+
+def _encode(obj: object) -> torch.Tensor:
+    return torch.frombuffer(bytearray(pickle.dumps(obj)), dtype=torch.uint8)
+
+
+def _decode(t: torch.Tensor, size: int) -> object:
+    return pickle.loads(bytes(t.contiguous().untyped_storage())[:size])
+
+
+def _sizes(data: torch.Tensor, group: dist.ProcessGroup, world_size: int) -> list[int]:
+    sizes = [torch.zeros(1, dtype=torch.int64) for _ in range(world_size)]
+    dist.all_gather(sizes, torch.tensor([data.numel()], dtype=torch.int64), group=group)
+    return [int(s.item()) for s in sizes]
+
+
+def _padded(data: torch.Tensor, length: int) -> torch.Tensor:
+    out = torch.zeros(length, dtype=torch.uint8)
+    out[: data.numel()] = data
+    return out
+
+
+def all_gather_objects(obj: object, group: dist.ProcessGroup, world_size: int) -> list:
+    """Every rank's `obj`, in rank order, on every rank."""
+    data = _encode(obj)
+    sizes = _sizes(data, group, world_size)
+    longest = max(sizes)
+    bufs = [torch.empty(longest, dtype=torch.uint8) for _ in range(world_size)]
+    dist.all_gather(bufs, _padded(data, longest), group=group)
+    return [_decode(b, n) for b, n in zip(bufs, sizes)]
+
+
+def gather_objects(obj: object, group: dist.ProcessGroup, world_size: int, rank: int, dst: int = 0) -> list | None:
+    """Every rank's `obj`, in rank order, on rank `dst` (None elsewhere)."""
+    data = _encode(obj)
+    sizes = _sizes(data, group, world_size)
+    longest = max(sizes)
+    bufs = [torch.empty(longest, dtype=torch.uint8) for _ in range(world_size)] if rank == dst else None
+    dist.gather(_padded(data, longest), bufs, dst=dst, group=group)
+    return [_decode(b, n) for b, n in zip(bufs, sizes)] if bufs is not None else None
+
+
+def broadcast_object(obj: object, group: dist.ProcessGroup, rank: int, src: int = 0) -> object:
+    """Rank `src`'s `obj` on every rank (other ranks pass anything)."""
+    data = _encode(obj) if rank == src else torch.zeros(0, dtype=torch.uint8)
+    size = torch.tensor([data.numel()], dtype=torch.int64)
+    dist.broadcast(size, src=src, group=group)
+    buf = data if rank == src else torch.empty(int(size.item()), dtype=torch.uint8)
+    dist.broadcast(buf, src=src, group=group)
+    return _decode(buf, int(size.item()))

@@ -20,7 +20,8 @@ import torch.distributed as dist
 
 from commdsl.errors import CommdslError, UsageError
 from commdsl.ir import OpKind, Program
-from commdsl.run.backend import DistEnv, connect_store, hostname, init_distributed, resolve_backend
+from commdsl.run.backend import (DistEnv, all_gather_objects, broadcast_object, connect_store, gather_objects, hostname,
+                                 init_distributed, resolve_backend)
 from commdsl.run.check import Checker, CheckError, Fill, load_values
 from commdsl.run.compute import Kernels
 from commdsl.run.config import DurationMode, RunConfig
@@ -63,8 +64,7 @@ def run(config: RunConfig) -> int:
     watchdog = Watchdog(wd_store, rank, env.world_size, config.timeout_s, prefix, write_partial)
     watchdog.start()
     watchdog.phase = ("set-up (clock alignment, calibration)", now_ns())
-    hosts: list[str] = [""] * env.world_size
-    dist.all_gather_object(hosts, hostname(), group=groups.control)
+    hosts: list[str] = all_gather_objects(hostname(), groups.control, env.world_size)
     clock = measure_clock(groups.control, rank, env.world_size, hosts)
     # Every stream thread is one engine of the emulated device, each with its own
     # intra-op thread team; concurrent teams oversubscribe the cores and wait on each
@@ -109,13 +109,11 @@ def run(config: RunConfig) -> int:
 
     watchdog.phase = ("gathering results on rank 0 (waiting for the other ranks)", now_ns())
     mine = RankResult(rank, clock, records, failures, values_dump, cal_us)
-    gathered: list[RankResult] | None = [None] * env.world_size if rank == 0 else None  # type: ignore[list-item]
-    dist.gather_object(mine, gathered, dst=0, group=groups.control)
+    gathered: list[RankResult] | None = gather_objects(mine, groups.control, env.world_size, rank)
     code = 0
     if rank == 0:
         code = _report(program, config, gathered, meta)
-    status = [code]
-    dist.broadcast_object_list(status, src=0, group=groups.control)
+    status = [broadcast_object(code, groups.control, rank)]
     watchdog.stop()
     executor.close()
     dist.destroy_process_group()
