@@ -1,7 +1,7 @@
 """Prediction accuracy on this machine: calibrate once, then simulate, run and compare
 every bundled schedule (2 ranks, gloo, sizes that run in seconds).
 
-    python bench/accuracy.py [--out-dir bench_out] [--iters 5] [--only 1f1b,gpipe]
+    python bench/accuracy.py [--out-dir bench_out] [--iters 9] [--only 1f1b,gpipe] [--runs 3]
 
 Prints a markdown table of makespan error and per-op duration error per schedule and
 writes `accuracy.json` under --out-dir. Targets: median makespan error <= 5%, worst
@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import os
 import platform
 import socket
 import statistics
@@ -46,31 +47,21 @@ def _params(name: str) -> list[str]:
     return [a for k, v in SMALL_PARAMS.get(name, {}).items() for a in ("-p", f"{k}={v}")]
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out-dir", default="bench_out")
-    parser.add_argument("--iters", type=int, default=9)
-    parser.add_argument("--warmup", type=int, default=2)
-    parser.add_argument("--machine", help="use this machine file instead of calibrating")
-    parser.add_argument("--only", default="", help="comma-separated schedule names")
-    parser.add_argument("--port", type=int, default=29731)
-    parser.add_argument("--duration-mode", choices=("busy", "sleep"), default="busy",
-                        help="how commdsl.run realises compute with an explicit duration (see docs/executor.md)")
-    args = parser.parse_args()
-    out = Path(args.out_dir)
+def _one_run(args, out: Path, port: int) -> dict | None:
+    """Calibrate (unless --machine), then simulate, run and compare every schedule; writes
+    and returns the run's summary (None if calibration failed)."""
     out.mkdir(parents=True, exist_ok=True)
     py = sys.executable
     torchrun = [py, "-m", "torch.distributed.run", "--nproc_per_node=2"]
-
     machine = args.machine
     if machine is None:
         machine = str(out / "machine.yaml")
         start = time.perf_counter()
-        proc = _run([*torchrun, f"--master_port={args.port}", "-m", "commdsl.calibrate", "--out", machine,
+        proc = _run([*torchrun, f"--master_port={port}", "-m", "commdsl.calibrate", "--out", machine,
                      "--max-size", "64MiB", "--raw", str(out / "calibration_raw.json")], 900)  # fmt: skip
         if proc.returncode != 0:
             print(proc.stdout, proc.stderr, file=sys.stderr)
-            return 1
+            return None
         print(f"calibrated in {time.perf_counter() - start:.0f} s -> {machine}")
 
     names = [n for n in (args.only.split(",") if args.only else sorted(SMALL_PARAMS)) if n]
@@ -81,7 +72,7 @@ def main() -> int:
         if sim.returncode != 0:
             rows.append({"schedule": name, "error": "simulate failed: " + sim.stderr.strip().splitlines()[0]})
             continue
-        ran = _run([*torchrun, f"--master_port={args.port + 1 + i}", "-m", "commdsl.run", name, *_params(name),
+        ran = _run([*torchrun, f"--master_port={port + 1 + i}", "-m", "commdsl.run", name, *_params(name),
                     "--out", str(meas), "--iters", str(args.iters), "--warmup", str(args.warmup),
                     "--duration-mode", args.duration_mode], 600)  # fmt: skip
         if ran.returncode != 0:
@@ -104,12 +95,11 @@ def main() -> int:
         })  # fmt: skip
         print(f"{name}: makespan error {data['makespan_error_pct']:+.1f}%", flush=True)
 
-    ok = [r for r in rows if "error" not in r]
-    errs = [abs(r["makespan_error_pct"]) for r in ok]
+    errs = [abs(r["makespan_error_pct"]) for r in rows if "error" not in r]
     summary = {
-        "date": datetime.date.today().isoformat(),
+        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "machine": f"{socket.gethostname()} {platform.machine()} {platform.processor() or ''}".strip(),
-        "cores": __import__("os").cpu_count(),
+        "cores": os.cpu_count(),
         "machine_file": machine,
         "median_abs_makespan_error_pct": statistics.median(errs) if errs else None,
         "worst_abs_makespan_error_pct": max(errs) if errs else None,
@@ -128,6 +118,50 @@ def main() -> int:
     if errs:
         print(f"\nmedian |makespan error| {summary['median_abs_makespan_error_pct']:.1f}% (target <= 5%), "
               f"worst {summary['worst_abs_makespan_error_pct']:.1f}% (target <= 10%) over {len(errs)} schedules")  # fmt: skip
+    return summary
+
+
+def _across_runs(summaries: list[dict]) -> None:
+    """Per schedule, its makespan error in every run; per run, the median and worst."""
+    print(f"\n{len(summaries)} runs, makespan error per run:")
+    names = [r["schedule"] for r in summaries[0]["rows"]]
+    for name in names:
+        cells = []
+        for s in summaries:
+            row = next((r for r in s["rows"] if r["schedule"] == name), None)
+            cells.append("failed" if row is None or "error" in row else f"{row['makespan_error_pct']:+.1f}%")
+        print(f"  {name:18} " + "  ".join(f"{c:>8}" for c in cells))
+    for i, s in enumerate(summaries, 1):
+        if s["median_abs_makespan_error_pct"] is not None:
+            print(f"  run {i}: median {s['median_abs_makespan_error_pct']:.1f}%, worst {s['worst_abs_makespan_error_pct']:.1f}%")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out-dir", default="bench_out")
+    parser.add_argument("--iters", type=int, default=9)
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--machine", help="use this machine file instead of calibrating")
+    parser.add_argument("--only", default="", help="comma-separated schedule names")
+    parser.add_argument("--port", type=int, default=29731)
+    parser.add_argument("--duration-mode", choices=("busy", "sleep"), default="busy",
+                        help="how commdsl.run realises compute with an explicit duration (see docs/executor.md)")
+    parser.add_argument("--runs", type=int, default=1,
+                        help="repeat everything (calibration included) this many times, in run1/, run2/, ...: "
+                             "the machine is noisy, one run says little")  # fmt: skip
+    args = parser.parse_args()
+    if args.runs < 1:
+        parser.error("--runs must be at least 1")
+    out = Path(args.out_dir)
+    summaries = []
+    for k in range(args.runs):
+        run_dir = out if args.runs == 1 else out / f"run{k + 1}"
+        summary = _one_run(args, run_dir, args.port + 100 * k)
+        if summary is None:
+            return 1
+        summaries.append(summary)
+    if args.runs > 1:
+        _across_runs(summaries)
     return 0
 
 
