@@ -100,3 +100,18 @@ def test_run_compare_rejects_bad_machine_before_starting(tmp_path: Path) -> None
     lonely = subprocess.run([sys.executable, "-m", "commdsl.run", "1f1b", "--machine", "cpu-loopback"],
                             capture_output=True, text=True, timeout=60)  # fmt: skip
     assert lonely.returncode == 2 and "only apply with --compare" in lonely.stderr
+
+
+def test_three_ranks_keep_in_step(tmp_path: Path) -> None:
+    """P2P is measured between ranks 0 and 1; the others must make the same number of
+    calls (warm-up included) or the ranks' collectives pair up wrongly and hang."""
+    try:
+        from test_run_support import torchrun
+    except ImportError:  # tests/ imported as a package
+        from tests.test_run_support import torchrun
+    out = tmp_path / "m3.yaml"
+    r = torchrun(3, ["--out", str(out), "--max-size", "16KiB", "--repeats", "2", "--warmup", "1", "--matmul-sizes", "32,64"],
+                 module="commdsl.calibrate", timeout_s=240)  # fmt: skip
+    assert r.returncode == 0, r.stderr[-3000:]
+    m = load_machine(out)
+    assert m.num_devices == 3 and m.has_override(Transport.NCCL, OpKind.ALL_REDUCE)
