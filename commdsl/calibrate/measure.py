@@ -261,25 +261,44 @@ def _matmul_work(probe: Probe, n: int, work_us: float) -> Callable[[], None]:
     return work
 
 
-def slowdown_under_comm(probe: Probe, n: int, comm_bytes: int, pool: BufferPool, work_us: float = 2000.0) -> float:
-    """Time of a loop of n x n matmuls (about `work_us` of work) while an all_reduce of
-    comm_bytes runs on every rank, over the loop's time alone."""
-    work = _matmul_work(probe, n, work_us)
-    alone = _local_time_us(probe, work)
+def slowdown_under_comm(probe: Probe, n: int, comm_bytes: int, pool: BufferPool) -> float:
+    """How much slower n x n matmuls run while an all_reduce of comm_bytes runs on every
+    rank: the loop's rate alone over its rate from the all_reduce's launch to its end
+    (the whole op, not a window at its start: on a CPU the reduction and the copies
+    come late in the op; a 2 ms window at the start of a 64 MiB all_reduce saw 1.1-1.35x,
+    the whole of a 16 MiB one 1.6-2.0x, and compute inside fsdp ran 1.7-1.9x slower)."""
+    a = torch.randn(n, n, device=probe.device)
+    b = torch.randn(n, n, device=probe.device)
+    out = torch.empty(n, n, device=probe.device)
+
+    def rep() -> None:
+        torch.mm(a, b, out=out)
+        probe.sync()
+
+    def rate_alone() -> float:
+        reps, start = 0, time.perf_counter()
+        while time.perf_counter() - start < 0.02:
+            rep()
+            reps += 1
+        return reps / (time.perf_counter() - start)
+
+    alone = expected_us([rate_alone() for _ in range(max(probe.repeats, 5))])
     op = comm_op(OpKind.ALL_REDUCE, comm_bytes, probe.rank)
     plan = make_plan((op,), dist.group.WORLD, probe.world_size, (pool.comm(op, probe.world_size),), probe.backend, probe.device)
     ratios = []
-    for _ in range(probe.repeats):
+    for i in range(probe.warmup + probe.repeats):
         dist.barrier(group=probe.cpu_group)
         works = launch(plan)
-        probe.sync()
-        start = time.perf_counter()
-        work()
-        probe.sync()
-        ratios.append((time.perf_counter() - start) * 1e6 / alone)
+        reps, start = 0, time.perf_counter()
+        while not all(w.is_completed() for w in works):
+            rep()
+            reps += 1
+        elapsed = time.perf_counter() - start
         for w in works:
             w.wait()
-    return max(expected_us(ratios), 1.0)
+        if i >= probe.warmup and reps:
+            ratios.append(alone / (reps / elapsed))
+    return max(expected_us(ratios), 1.0) if ratios else 1.0
 
 
 @contextlib.contextmanager
