@@ -3,8 +3,9 @@
 Communication is timed through the executor's own code path (`commdsl.run.comm`), so
 a calibrated machine describes exactly the calls `commdsl.run` makes.
 
-Every timing is the *expected* time: the trimmed mean (`expected_us`) over `repeats`
-runs after `warmup`, not the median. A schedule's makespan is a sum of many op times,
+Every timing is the *expected* time: the trimmed mean (`expected_us`) of at least
+`repeats` runs after `warmup` (communication takes more runs while the estimate is loose,
+`fit.precise`), not the median. A schedule's makespan is a sum of many op times,
 and a sum follows the means of its parts: on a small shared CPU a gloo call stalls for a
 scheduler slice (milliseconds) in a good fraction of runs, which the median of one op
 hides and a run of a hundred ops does not.
