@@ -159,13 +159,22 @@ def collective_us(probe: Probe, kind: OpKind, size_bytes: int, dtype: Dtype = Dt
     return _group_time_us(probe, run, warmup=next_plan.count)
 
 
+def _pair_ops(probe: Probe, size_bytes: int) -> tuple[Op, Op]:
+    """This rank's send to and recv from the other of ranks 0 and 1."""
+    peer = 1 - probe.rank
+    return (comm_op(OpKind.SEND, size_bytes, probe.rank, peer=peer), comm_op(OpKind.RECV, size_bytes, probe.rank, peer=peer))
+
+
+def _outside_pair_us(probe: Probe, size_bytes: int) -> float:
+    """What ranks other than 0 and 1 do while those two measure: the same calls, as non-members."""
+    return _group_time_us(probe, lambda: None, member=False, warmup=rotation_count(size_bytes))
+
+
 def p2p_us(probe: Probe, size_bytes: int) -> float:
     """One-way time of a message between ranks 0 and 1: half a ping-pong."""
     if probe.rank > 1:
-        return _group_time_us(probe, lambda: None, member=False, warmup=rotation_count(size_bytes))
-    peer = 1 - probe.rank
-    send = comm_op(OpKind.SEND, size_bytes, probe.rank, peer=peer)
-    recv = comm_op(OpKind.RECV, size_bytes, probe.rank, peer=peer)
+        return _outside_pair_us(probe, size_bytes)
+    send, recv = _pair_ops(probe, size_bytes)
     next_send = _rotating(probe, lambda sfx: (_renamed(send, sfx),), size_bytes)
     next_recv = _rotating(probe, lambda sfx: (_renamed(recv, sfx),), size_bytes)
 
@@ -182,10 +191,8 @@ def p2p_us(probe: Probe, size_bytes: int) -> float:
 def exchange_us(probe: Probe, size_bytes: int) -> float:
     """Time of a batched exchange (isend + irecv both ways) of size_bytes between ranks 0 and 1."""
     if probe.rank > 1:
-        return _group_time_us(probe, lambda: None, member=False, warmup=rotation_count(size_bytes))
-    peer = 1 - probe.rank
-    send = comm_op(OpKind.SEND, size_bytes, probe.rank, peer=peer)
-    recv = comm_op(OpKind.RECV, size_bytes, probe.rank, peer=peer)
+        return _outside_pair_us(probe, size_bytes)
+    send, recv = _pair_ops(probe, size_bytes)
     next_plan = _rotating(probe, lambda sfx: (_renamed(send, sfx, batch=0), _renamed(recv, sfx, index=1, batch=0)), size_bytes)
 
     def exchange() -> None:

@@ -327,11 +327,12 @@ def format_bytes(n: float) -> str:
     return f"{n:g}B"
 
 
-def format_us(us: float) -> str:
+def format_us(us: float, digits: int = 6) -> str:
+    """A time in the largest unit that keeps it >= 1, with `digits` significant digits."""
     for suffix, mult in (("s", 1e6), ("ms", 1e3), ("us", 1.0)):
         if abs(us) >= mult:
-            return f"{us / mult:.6g}{suffix}"
-    return f"{us * 1e3:.6g}ns" if us else "0us"
+            return f"{us / mult:.{digits}g}{suffix}"
+    return f"{us * 1e3:.{digits}g}ns" if us else "0us"
 
 
 def format_flops(f: float) -> str:

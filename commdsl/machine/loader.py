@@ -248,12 +248,7 @@ class _MachineReader:
                                 f"{topology.num_devices}", top["devices"][1], hint="leave `devices` out: the topology gives it")  # fmt: skip
         else:
             num_devices = topology.num_devices
-        slowdown = None
-        if "comm_compute_slowdown" in top:
-            node = top["comm_compute_slowdown"][1]
-            slowdown = self.number(node, "comm_compute_slowdown")
-            if slowdown < 1.0:
-                raise self.fail(f"comm_compute_slowdown must be at least 1.0 (1.0: no interference), got {node.value}", node)
+        slowdown = self.factor(top, "comm_compute_slowdown", None)  # None: estimated from the topology
         comm_slowdown = self.factor(top, "compute_comm_slowdown")
         copy_slowdown = self.factor(top, "copy_compute_slowdown")
         copies = {}
@@ -289,10 +284,10 @@ class _MachineReader:
 
     # ---- the topology -------------------------------------------------------------
 
-    def factor(self, top: dict, key: str) -> float:
-        """An optional interference factor: at least 1.0 (1.0, the default: none)."""
+    def factor(self, top: dict, key: str, default: float | None = 1.0) -> float | None:
+        """An optional interference factor: at least 1.0 (1.0: none); `default` when absent."""
         if key not in top:
-            return 1.0
+            return default
         node = top[key][1]
         value = self.number(node, key)
         if value < 1.0:

@@ -113,13 +113,13 @@ def run(config: RunConfig) -> int:
     code = 0
     if rank == 0:
         code = _report(program, config, gathered, meta)
-    status = [broadcast_object(code, groups.control, rank)]
+    status = broadcast_object(code, groups.control, rank)
     watchdog.stop()
     executor.close()
     dist.destroy_process_group()
-    if status[0] == 1 and rank == 0:
+    if status == 1 and rank == 0:
         raise CheckError(_check_summary(gathered))
-    return status[0]
+    return status
 
 
 def _report(program: Program, config: RunConfig, results: list[RankResult], meta: dict) -> int:

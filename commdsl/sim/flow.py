@@ -105,6 +105,8 @@ class _Leg:
     total: float
     devices: tuple[int, ...]
     """Ranks whose compute slows it (its endpoints; a collective's members)."""
+    slowed_demands: tuple[tuple[int, float], ...] = ()
+    """Its demands while one of `devices` computes (see `FlowNetwork._leg`)."""
 
 
 class FlowNetwork(Network):
@@ -144,7 +146,7 @@ class FlowNetwork(Network):
         """Per device, the flows with an endpoint on it (compute slowing comm only)."""
         self._cpu_channels = frozenset(self.fabric.shared_channel.values())
         """Channels whose capacity is the host's CPUs copying bytes (loopback TCP): a
-        slowed flow costs F times as much of them (see `_slowed`)."""
+        slowed flow costs F times as much of them (`_Leg.slowed_demands`)."""
         self._busy = [False] * world_size
         """Per device, whether compute runs on it."""
 
@@ -181,7 +183,13 @@ class FlowNetwork(Network):
         for c, w in demands:
             if w > 0 and capacity[c] / w < solo:
                 solo = capacity[c] / w
-        return _Leg(demands, cap, solo, latency_us, total, devices)
+        # While compute holds the CPUs, a byte on a channel that is the host's CPUs copying
+        # bytes costs F times as much of them, so concurrent transfers share what compute
+        # leaves (an 8 MiB exchange under compute on 2 cores: 7.6 ms measured, 3.1 ms when
+        # only each flow's own rate was capped).
+        cpu, slow = self._cpu_channels, self._slow
+        slowed = tuple((c, w * slow if c in cpu else w) for c, w in demands) if cpu and slow != 1.0 else demands
+        return _Leg(demands, cap, solo, latency_us, total, devices, slowed)
 
     def _p2p_legs(self, src: int, dst: int, size: float, transport: Transport) -> tuple[_Leg, ...]:
         route = self.fabric.route(src, dst, transport)
@@ -286,7 +294,7 @@ class FlowNetwork(Network):
                 f.nbusy += busy[d]
             if f.nbusy:
                 f.cap = f.solo = leg.solo / self._slow
-                f.demands = self._slowed(leg)
+                f.demands = leg.slowed_demands
         users = self._users
         solo = True
         for c, _ in f.demands:
@@ -408,7 +416,7 @@ class FlowNetwork(Network):
             leg = f.leg
             if f.nbusy:
                 f.cap = f.solo = leg.solo / self._slow
-                f.demands = self._slowed(leg)
+                f.demands = leg.slowed_demands
             else:
                 f.cap, f.solo = leg.cap, leg.solo
                 f.demands = leg.demands
@@ -424,16 +432,6 @@ class FlowNetwork(Network):
                 self._dirty.append(f)
                 self._ensure_wake(now)
             # else: in its latency, or already waiting for a recomputation: it takes its cap along
-
-    def _slowed(self, leg: _Leg) -> tuple[tuple[int, float], ...]:
-        """A slowed flow's demands: on a channel that is the host's CPUs copying bytes,
-        each byte costs F times the CPU while compute holds the cores, so concurrent
-        transfers share what compute leaves (an 8 MiB exchange under compute on 2 cores:
-        7.6 ms measured, 3.1 ms when only each flow's own rate was capped)."""
-        cpu = self._cpu_channels
-        if not cpu:
-            return leg.demands
-        return tuple((c, w * self._slow if c in cpu else w) for c, w in leg.demands)
 
     # ---- max-min rates ----------------------------------------------------------------
 

@@ -7,6 +7,7 @@ op's first letter (F, B, W...), `>` send, `<` recv, `=` collective, `c` copy, `.
 
 from __future__ import annotations
 
+from commdsl.dsl.values import format_us
 from commdsl.ir import OpKind
 from commdsl.sim.simulate import SimResult
 
@@ -57,7 +58,8 @@ def gantt_lines(result: SimResult, width: int = 96) -> list[str]:
                 cover[c] = overlap
                 cell[c] = sym
     label_w = max((len(f"{r} {t}") for r, t in cells), default=4)
-    out = [f"{'':{label_w}}  0{' ' * (width - 1 - len(_fmt(makespan)))}{_fmt(makespan)}"]
+    end = format_us(makespan, 3)
+    out = [f"{'':{label_w}}  0{' ' * (width - 1 - len(end))}{end}"]
     stream_order = {s: i for i, s in enumerate(program.streams)}
     for track in sorted(cells, key=lambda t: (t[0], t[1] == "comm", stream_order.get(t[1], 0))):
         text = []
@@ -67,17 +69,10 @@ def gantt_lines(result: SimResult, width: int = 96) -> list[str]:
             else:
                 text.append(f"[{_STYLE[sym[1]]}]{_escape(sym[0])}[/]")
         out.append(f"{track[0]} {track[1]:<{label_w - len(str(track[0])) - 1}} |" + "".join(text) + "|")
-    out.append(f"{'':{label_w}}  each column = {_fmt(col_us)};  F/B...: compute   >: send   <: recv   =: collective   c: copy   .: idle")
+    out.append(f"{'':{label_w}}  each column = {format_us(col_us, 3)};  F/B...: compute   >: send   <: recv   =: collective   c: copy   .: idle")
     return out
 
 
 def _escape(ch: str) -> str:
     return "\\[" if ch == "[" else ch
 
-
-def _fmt(us: float) -> str:
-    if us >= 1e6:
-        return f"{us / 1e6:.3g}s"
-    if us >= 1e3:
-        return f"{us / 1e3:.3g}ms"
-    return f"{us:.3g}us"
