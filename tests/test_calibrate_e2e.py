@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 
 from commdsl.dsl import load_schedule
-from commdsl.ir import OpKind, Transport
+from commdsl.ir import Dtype, OpKind, Transport
 from commdsl.machine import load_machine
+from commdsl.run.compute import FLOP_BLOCK_CPU
 
 SMALL = ["-p", "stages=2", "-p", "microbatches=3", "-p", "act=64KiB", "-p", "t_fwd=2ms", "-p", "t_bwd=4ms"]
 
@@ -55,6 +56,12 @@ def test_calibrated_machine_is_a_valid_machine(machine_file: Path) -> None:
     for _, link in m.transports:
         assert link.latency_us >= 0 and link.bandwidth_gb_per_s > 0
     assert m.kernel_launch_us > 0 and m.comm_launch_us > 0
+    # The compute rate is the executor's FLOP block's, measured even though
+    # --matmul-sizes leaves it out (the simulator must run FLOP-sized ops at its rate).
+    matmul = json.loads(machine_file.with_name("raw.json").read_text())["matmul_us"]
+    for dtype, points in matmul.items():
+        block_us = dict(points)[FLOP_BLOCK_CPU]
+        assert rates[Dtype(dtype)] == pytest.approx(2 * FLOP_BLOCK_CPU**3 / block_us / 1e6, rel=1e-4)
     # Both interference factors are measured and written (never below 1.0: no speed-up).
     assert m.comm_compute_slowdown is not None and m.comm_compute_slowdown >= 1.0
     assert m.compute_comm_slowdown >= 1.0 and "compute_comm_slowdown:" in machine_file.read_text()

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from commdsl.dsl import load_schedule_text
-from commdsl.run.compute import DURATION_BLOCKS_CPU, Kernels
+from commdsl.run.compute import DURATION_BLOCKS_CPU, FLOP_BLOCK_CPU, FLOP_BLOCK_CUDA, Kernels
 from commdsl.run.config import DurationMode
 
 
@@ -23,6 +23,17 @@ def test_a_duration_is_bulk_multiplies_then_small_ones_for_the_remainder():
     assert (spec.side, spec.repeats, spec.tail_side, spec.tail_repeats) == (bulk, 33, tail, 20)  # 9900 + 100 us
     short = k.spec(_op("compute F 120us"))
     assert (short.repeats, short.tail_repeats) == (0, 24)
+
+
+@pytest.mark.parametrize(("device", "block"), [("cpu", FLOP_BLOCK_CPU), ("cuda", FLOP_BLOCK_CUDA)])
+def test_flop_sized_work_repeats_the_device_block(device, block):
+    # Calibration takes the compute rate at this very block (peak_tflops), so the
+    # executor must run FLOP-sized ops as repeats of it, in the op's dtype.
+    k = Kernels(torch.device(device), DurationMode.BUSY)
+    spec = k.spec(_op(f"compute F {10 * 2 * block**3}FLOP dtype=bf16"))
+    assert (spec.side, spec.repeats, spec.dtype) == (block, 10, torch.bfloat16)
+    small = k.spec(_op(f"compute F {2 * (block // 2) ** 3}FLOP"))
+    assert (small.side, small.repeats) == (block // 2, 1)
 
 
 @pytest.mark.parametrize("line", ["compute F 1ms", "compute F 250us"])

@@ -157,6 +157,10 @@ def _calibrate(cfg: CalibrateConfig) -> int:
         pool = BufferPool(device, backend, per_op=False)
         sizes = message_sizes(cfg, world)
         matmul_sizes = cfg.matmul_sizes or ((1024, 2048, 4096, 8192) if device.type == "cuda" else (64, 128, 256, 384, 512))
+        from commdsl.run.compute import flop_block
+
+        # The compute rate is taken at the executor's FLOP block: always measure it.
+        matmul_sizes = tuple(sorted({*matmul_sizes, flop_block(device.type)}))
         dtypes = (Dtype.FP32, Dtype.BF16, Dtype.FP16)
         results = _measure_all(probe, pool, sizes, matmul_sizes, dtypes, measure)
         if rank == 0:
@@ -299,6 +303,13 @@ class FitReport:
 def build_machine(cfg: CalibrateConfig, res: Results, world: int, backend: str, device, torch_version: str) -> tuple[dict, FitReport]:
     """Fit every series and lay out a machine description (commdsl/machine schema)."""
     compute = {d: fit_linear([2.0 * n**3 for n, _ in pts], [t for _, t in pts]) for d, pts in res.matmul.items()}
+    # The simulator runs compute at FLOPs / peak_tflops; the executor runs FLOP-sized ops
+    # as repeats of one block multiply, so the rate that predicts them is that block's
+    # (the fitted line's slope ignores each call's fixed cost and is reported only).
+    from commdsl.run.compute import flop_block
+
+    block = flop_block(device.type)
+    block_tflops = {d: 2.0 * block**3 / dict(pts)[block] / 1e6 for d, pts in res.matmul.items()}
     # A copy reads and writes every byte.
     memory = fit_linear([2.0 * s for s, _ in res.copy], [t for _, t in res.copy])
     host_link = fit_linear([float(s) for s, _ in res.host_copy], [t for _, t in res.host_copy])
@@ -329,7 +340,7 @@ def build_machine(cfg: CalibrateConfig, res: Results, world: int, backend: str, 
         "devices": world,
         "device": {
             "name": dev_name,
-            "peak_tflops": {d.value: round(f.rate * 1e6 / 1e12, 6) for d, f in compute.items()},
+            "peak_tflops": {d.value: float(f"{tflops:.6g}") for d, tflops in block_tflops.items()},  # 6 significant digits
             "memory_bandwidth_gb_per_s": round(memory.rate / 1e3, 3),
             "sm_count": sms,
         },

@@ -1,8 +1,8 @@
 """Compute ops as real work, sized from the op.
 
 * FLOPs given (`compute F 4GFLOP`): square matrix multiplies whose FLOPs add up to
-  the op's (2·n³ each): repeats of a BLOCK×BLOCK multiply, or one smaller multiply for
-  small ops, in the op's dtype when it is a floating type (fp32, bf16, fp16, fp64),
+  the op's (2·n³ each): repeats of a block multiply (`flop_block`: 256 on CPU, 2048 on
+  CUDA), or one smaller multiply for small ops, in the op's dtype when it is a floating type (fp32, bf16, fp16, fp64),
   so work runs at the rate the machine model lists for that dtype; other dtypes
   (int8, fp8, ...) run in the device's default float type.
 * Explicit duration (`compute F 2ms`, which wins over FLOPs): a matrix multiply
@@ -31,8 +31,20 @@ import torch
 from commdsl.ir import Dtype, Op
 from commdsl.run.config import DurationMode
 
-BLOCK = 256
-"""Side of the square matmul used for FLOP-sized work."""
+FLOP_BLOCK_CPU = 256
+FLOP_BLOCK_CUDA = 2048
+"""Side of the square matmul repeated for FLOP-sized work. Calibration takes the
+machine's compute rate (`peak_tflops`) at exactly this side, so a simulated op runs at
+the rate the executor's op does: on this project's CPU a bf16 256 x 256 multiply runs at
+0.405 TFLOP/s, 15% below the slope of a line fitted over 64..512 (which predicted
+tp_mlp's matmuls 15-20% too fast). On a GPU a 256 x 256 multiply is launch-bound (a few
+microseconds for 34 MFLOP); 2048 x 2048 ones (17 GFLOP) run near the device's rate."""
+
+
+def flop_block(device_type: str) -> int:
+    """The FLOP-sized work's matmul side on a device of this type ("cpu", "cuda")."""
+    return FLOP_BLOCK_CUDA if device_type == "cuda" else FLOP_BLOCK_CPU
+
 DURATION_BLOCKS_CPU = (256, 64)
 DURATION_BLOCKS_CUDA = (1024,)
 """Sides of the square matmuls repeated for duration-sized work: the first for the
@@ -82,6 +94,7 @@ class Kernels:
         self._outputs: dict[tuple[str, int, torch.dtype], torch.Tensor] = {}
         self._copy: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
         self.blocks = DURATION_BLOCKS_CPU if device.type == "cpu" else DURATION_BLOCKS_CUDA
+        self.flop_block = flop_block(device.type)
         self.cal_us: dict[int, float] = {}
         """Per duration block side, the measured time of one multiply, microseconds."""
 
@@ -105,9 +118,10 @@ class Kernels:
             return KernelSpec(side=bulk, repeats=reps, tail_side=tail, tail_repeats=tail_reps)
         if op.flops:
             dtype = MATMUL_DTYPES.get(op.dtype, self.dtype)
-            block_flops = 2 * BLOCK**3
+            block = self.flop_block
+            block_flops = 2 * block**3
             if op.flops >= block_flops:
-                return KernelSpec(side=BLOCK, dtype=dtype, repeats=max(1, round(op.flops / block_flops)))
+                return KernelSpec(side=block, dtype=dtype, repeats=max(1, round(op.flops / block_flops)))
             return KernelSpec(side=max(4, round((op.flops / 2) ** (1 / 3))), dtype=dtype, repeats=1)
         if op.size_bytes:
             return KernelSpec(copy_bytes=max(1, op.size_bytes // 2))
