@@ -6,6 +6,7 @@
     commdsl simulate memcpy_vs_nccl --machine pcie-nvlink-pairs --links   # busiest links
     commdsl simulate tp_mlp --machine dgx-h100 --nodes 2 -p dp=2 -p tp=8  # a 2-node cluster
     commdsl simulate 1f1b --network analytic           # no contention (the closed forms)
+    commdsl simulate 1f1b --machine machine.yaml --samples 25   # draw the calibrated compute stalls
 """
 
 from __future__ import annotations
@@ -62,12 +63,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="terminal Gantt chart (auto: for small schedules)")  # fmt: skip
     parser.add_argument("--links", type=int, nargs="?", const=10, default=None, metavar="N",
                         help="print the N busiest links (default 10) with bytes, busy time and utilisation")  # fmt: skip
+    add_sampling_arguments(parser)
+
+
+def add_sampling_arguments(parser: argparse.ArgumentParser) -> None:
+    """--samples and --seed (simulate, and run --compare)."""
+    parser.add_argument("--samples", type=int, default=1, metavar="N",
+                        help="draw the machine's random compute stalls (compute_noise, from calibration) in N runs "
+                             "and report each op's median, as commdsl.run does over its iterations (default 1: no noise)")  # fmt: skip
+    parser.add_argument("--seed", type=int, default=0, help="first random seed of --samples (default 0)")
 
 
 def run(args: argparse.Namespace) -> int:
     program = load_from_args(args)
     machine = machine_from_args(args)
-    result = simulate(program, machine, args.network)
+    result = simulate(program, machine, args.network, samples=args.samples, seed=args.seed)
     if args.trace:
         try:
             result.timeline.write(args.trace, program.streams)
@@ -95,6 +105,10 @@ def print_summary(console: Console, s: Summary) -> None:
                   f"{s.world_size} ranks, {s.num_ops:,} ops")  # fmt: skip
     bubble = f"{s.bubble_fraction:.4f}" if s.bubble_fraction is not None else "-"
     console.print(f"  makespan [bold]{format_us(s.makespan_us)}[/]   bubble fraction {bubble}")
+    if s.sample_makespans_us:
+        ms = s.sample_makespans_us
+        console.print(f"  per-op medians over {len(ms)} samples of the machine's compute stalls; "
+                      f"sample makespans {format_us(min(ms))} to {format_us(max(ms))}")  # fmt: skip
     table = Table(box=None, pad_edge=False)
     for col in ("rank", "compute", "comm", "exposed comm", "idle", "bubble"):
         table.add_column(col, justify="right")

@@ -14,7 +14,8 @@ from yaml.constructor import ConstructorError, SafeConstructor
 
 from commdsl.errors import MachineError, SourceLoc, UsageError, did_you_mean
 from commdsl.ir import COLLECTIVE_KINDS, Dtype, OpKind, Transport
-from commdsl.machine.model import NETWORK_VERTEX, DeviceSpec, LinkKind, LinkSpec, Machine, Topology, TopologyLink, VertexKind
+from commdsl.machine.model import (NETWORK_VERTEX, ComputeNoise, DeviceSpec, LinkKind, LinkSpec, Machine, Topology, TopologyLink,
+                                   VertexKind)
 
 PRESETS_DIR = Path(__file__).resolve().parent / "presets"
 DEFAULT_MACHINE = "h100-nvlink"
@@ -23,6 +24,7 @@ DEFAULT_CHUNK_BYTES = 512 * 1024
 _TOP_KEYS = (
     "name", "doc", "devices", "device", "kernel_launch_us", "comm_launch_us", "host_link", "transports", "chunk_bytes",
     "topology", "comm_compute_slowdown", "compute_comm_slowdown", "copy_compute_slowdown", "copy_measured_us",
+    "compute_noise",
 )  # fmt: skip
 _DEVICE_KEYS = ("name", "peak_tflops", "memory_bandwidth_gb_per_s", "sm_count")
 _LINK_KEYS = ("latency_us", "bandwidth_gb_per_s")
@@ -255,6 +257,11 @@ class _MachineReader:
         if "copy_measured_us" in top:
             for key, (_, vnode) in self.mapping(top["copy_measured_us"][1], "copy_measured_us", ("host", "device")).items():
                 copies[key] = self.profile(vnode, f"copy_measured_us.{key}")
+        noise = None
+        if "compute_noise" in top:
+            nkeys = self.mapping(top["compute_noise"][1], "compute_noise", ("stalls_per_s", "stall_us"), ("stalls_per_s", "stall_us"))
+            noise = ComputeNoise(self.number(nkeys["stalls_per_s"][1], "compute_noise.stalls_per_s"),
+                                 self.number(nkeys["stall_us"][1], "compute_noise.stall_us"))  # fmt: skip
         nccl_sms = topology.nccl_sms if topology is not None else None
         if nccl_sms is not None and nccl_sms >= device.sm_count:
             node = self.mapping(top["topology"][1], "topology", None)["nccl_sms"][1]
@@ -280,6 +287,7 @@ class _MachineReader:
             copy_compute_slowdown=copy_slowdown,
             host_copy_profile=copies.get("host", ()),
             device_copy_profile=copies.get("device", ()),
+            compute_noise=noise,
         )
 
     # ---- the topology -------------------------------------------------------------

@@ -49,6 +49,23 @@ class LinkSpec:
 
 
 @dataclass(frozen=True)
+class ComputeNoise:
+    """Random stalls of compute: a shared CPU's scheduler takes a compute thread off its
+    core for a slice now and then (on this project's 2-core VM, 10 ms compute ops ran
+    10.1 ms at the median and 14 ms in 12% of runs). Used only when the simulator
+    draws samples (`simulate --samples N`): each compute op stalls a Poisson number of
+    times, `stalls_per_s` x its duration on average, each stall `stall_us` long. Ranks
+    stall independently, and wherever ranks synchronise (a P2P, a collective) the late
+    one sets the pace, so the expected makespan exceeds the makespan of expected
+    durations: a noise-free simulation predicts pipelines low."""
+
+    stalls_per_s: float
+    """Average stalls per second of compute (per rank; 0: none)."""
+    stall_us: float
+    """Length of one stall, microseconds (the mean of measured stalls)."""
+
+
+@dataclass(frozen=True)
 class DeviceSpec:
     """One accelerator (or one CPU socket share for CPU machines)."""
 
@@ -173,6 +190,9 @@ class Machine:
     device_copy_profile: tuple[tuple[float, float], ...] = ()
     """The same for a device-memory copy (`copy_measured_us: {device: ...}`); empty:
     `device.memory_bandwidth_gb_per_s`, every byte read and written."""
+    compute_noise: ComputeNoise | None = None
+    """Random compute stalls (`compute_noise: {stalls_per_s, stall_us}`, written by
+    calibration), drawn only by a sampled simulation; None: compute is exact."""
 
     def host_copy_us(self, size_bytes: float) -> float:
         """Time of a copy of size_bytes between host and device."""
@@ -276,6 +296,8 @@ class Machine:
             **({"copy_measured_us": {name: [list(p) for p in pts] for name, pts in
                                      (("host", self.host_copy_profile), ("device", self.device_copy_profile)) if pts}}
                if self.host_copy_profile or self.device_copy_profile else {}),
+            **({"compute_noise": {"stalls_per_s": self.compute_noise.stalls_per_s, "stall_us": self.compute_noise.stall_us}}
+               if self.compute_noise is not None else {}),
         }
 
 

@@ -16,6 +16,9 @@ NCCL kernels of its device change; with `compute_comm_slowdown`, the network als
 when each device starts and stops computing (`Network.compute_changed`). With both
 factors 1.0 none of this runs.
 
+With a random generator (`simulate --samples N`: one sample) and the machine's
+`compute_noise`, each compute op's time gets its random stalls, drawn once per op.
+
 The host runs ahead of `env.now` on its own clock as long as it does not block: issuing
 only stamps each op with the time it reaches its stream (`ready`). Everything another
 entity can observe happens through events at its true time, so the network sees
@@ -28,6 +31,8 @@ completion let it start last (what the critical path walks back along).
 
 from __future__ import annotations
 
+import math
+import random
 from array import array
 from collections import deque
 from dataclasses import dataclass
@@ -179,7 +184,7 @@ class RawResult:
 class Engine:
     """Simulate one `Program` on one `Machine` through a `Network`."""
 
-    def __init__(self, program: Program, machine: Machine, network_cls: type[Network]):
+    def __init__(self, program: Program, machine: Machine, network_cls: type[Network], rng: random.Random | None = None):
         self.program = program
         self.machine = machine
         self.env = simpy.Environment()
@@ -235,6 +240,11 @@ class Engine:
         `copy_interfere`, copy ops too."""
         self.computing = [0] * program.world_size
         """Per rank, compute ops running (only counted with `slow_comm`)."""
+        noise = machine.compute_noise
+        self.rng = rng if noise is not None and noise.stalls_per_s > 0 and noise.stall_us > 0 else None
+        """Draws compute stalls (a sampled simulation on a machine with `compute_noise`)."""
+        self.stall_us: dict[int, float] = {}
+        """Compute ops (g) that stalled, with their stall time (drawn once per op)."""
         self._prepare()
 
     # ---- setup --------------------------------------------------------------------
@@ -555,6 +565,8 @@ class Engine:
                         t, c = end[d], d
                 else:
                     duration = self._duration(op)
+                    if self.rng is not None and op.kind is _COMPUTE and duration > 0.0:
+                        duration += self._stall(g, duration)
                     if self.timed_compute and duration > 0.0 and (op.kind is _COMPUTE or (op.kind is _COPY and self.copy_interfere)):
                         self._start_compute(s, entry, t, c, duration)
                         return
@@ -720,6 +732,18 @@ class Engine:
             return self.machine.host_copy_us(op.size_bytes)
         return 0.0  # record, wait_event, wait: ordering only
 
+    def _stall(self, g: int, duration_us: float) -> float:
+        """Op g's random stall time: a Poisson number of stalls, `stalls_per_s` per second
+        of its duration on average, each `stall_us` long (`Machine.compute_noise`). Drawn
+        once: an op whose start is delayed comes back here. On a slowed device the stall
+        is slowed with the op's work (a simplification)."""
+        stall = self.stall_us.get(g)
+        if stall is None:
+            noise = self.machine.compute_noise
+            stall = _poisson(self.rng, noise.stalls_per_s * duration_us / 1e6) * noise.stall_us
+            self.stall_us[g] = stall
+        return stall
+
     # ---- comm queues, matching, transfers -----------------------------------------------
 
     def _advance_queue(self, q: _Queue) -> None:
@@ -815,3 +839,15 @@ class Engine:
                     self._wake_drained(q)
                 self._kick(q)
         self._drain()
+
+
+def _poisson(rng: random.Random, mean: float) -> int:
+    """A Poisson draw: by inversion for small means (the usual case: a compute op sees
+    well under one stall), by the normal approximation beyond 30."""
+    if mean > 30.0:
+        return max(0, round(rng.gauss(mean, math.sqrt(mean))))
+    k, p, limit = 0, rng.random(), math.exp(-mean)
+    while p > limit:
+        k += 1
+        p *= rng.random()
+    return k

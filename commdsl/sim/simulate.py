@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import random
+import statistics
+from array import array
 from dataclasses import dataclass, field
 
 from commdsl.errors import MachineError, UsageError
@@ -39,6 +42,8 @@ class SimResult:
     """The network that timed the transfers: per-flow and per-link statistics."""
     nominal_us: dict[int, float] = field(default_factory=dict, repr=False)
     """Compute ops (g) slowed by comm kernels (interference): their time without it."""
+    sampling: dict = field(default_factory=dict)
+    """A sampled simulation's `samples`, `seed` and `sample_makespans_us`; empty otherwise."""
     _timeline: Timeline | None = field(default=None, repr=False)
 
     def flow_stats(self) -> list[FlowStat]:
@@ -54,7 +59,7 @@ class SimResult:
     def timeline(self) -> Timeline:
         """The predicted `Timeline`, built on first use (summaries need only `raw`)."""
         if self._timeline is None:
-            self._timeline = build_timeline(self.program, self.machine, self.raw, self.network_meta)
+            self._timeline = build_timeline(self.program, self.machine, self.raw, self.network_meta, self.sampling)
             if self.network_model is not None:
                 # Link utilisation as counters in a separate "links" process of the trace.
                 tracks: dict[str, str] = {}
@@ -66,11 +71,23 @@ class SimResult:
         return self._timeline
 
 
-def simulate(program: Program, machine: Machine, network: str = DEFAULT_NETWORK) -> SimResult:
+def simulate(program: Program, machine: Machine, network: str = DEFAULT_NETWORK, *, samples: int = 1, seed: int = 0) -> SimResult:
     """Simulate `program` on `machine`. Raises `DeadlockError` if it cannot finish.
-    The timeline is built when `SimResult.timeline` is first read."""
+    The timeline is built when `SimResult.timeline` is first read.
+
+    With `samples` > 1 the machine's random compute stalls (`Machine.compute_noise`) are
+    drawn, one independent run per sample (seeds seed, seed + 1, ...), and the result
+    holds each op's median start and end over the samples, as `commdsl.run` reports
+    each op's median over its iterations: predicted and measured are then the same
+    statistic of the same random process. Critical path, flows and links are those of
+    the sample whose makespan is the median."""
     if network not in NETWORKS:
         raise UsageError(f"unknown network model '{network}' (known: {', '.join(NETWORKS)})")
+    if samples < 1:
+        raise UsageError(f"--samples must be at least 1, got {samples}")
+    if samples > 1 and machine.compute_noise is None:
+        raise UsageError(f"machine {machine.name} has no compute_noise, so every sample would be the same",
+                         hint="calibrate the machine (`torchrun -m commdsl.calibrate`) or add compute_noise: {stalls_per_s, stall_us}")  # fmt: skip
     topo = machine.topology
     if topo is not None and program.world_size > topo.num_devices:
         raise MachineError(
@@ -78,21 +95,47 @@ def simulate(program: Program, machine: Machine, network: str = DEFAULT_NETWORK)
             f"but the schedule has {program.world_size} ranks",
             hint=f"simulate with --nodes {-(-program.world_size // topo.gpus_per_node)}, or set topology.nodes",
         )  # fmt: skip
-    engine = Engine(program, machine, NETWORKS[network])
-    raw = engine.run()
-    if engine.unfinished():
-        raise deadlock_error(engine)
+    runs = []
+    for i in range(samples):
+        engine = Engine(program, machine, NETWORKS[network], random.Random(seed + i) if samples > 1 else None)
+        raw = engine.run()
+        if engine.unfinished():
+            raise deadlock_error(engine)
+        runs.append((_makespan(raw), raw, engine))
     warnings = []
     if topo is None and program.world_size > machine.num_devices:
         warnings.append(
             f"machine {machine.name} has {machine.num_devices} devices but the schedule has {program.world_size} ranks; "
             f"the {network} network connects every pair of ranks like the machine's own devices"
         )
+    if samples == 1:
+        makespan, raw, engine = runs[0]
+        return SimResult(program, machine, network, raw, engine.network.meta(), critical_path(raw), makespan, warnings,
+                         engine.network, engine.nominal_us)  # fmt: skip
+    # The median sample stands for the run (its causes, flows and links); times are per-op medians.
+    _, median_raw, engine = sorted(runs, key=lambda r: r[0])[(samples - 1) // 2]
+    raw = _median_raw(median_raw, [r for _, r, _ in runs])
+    sampling = {"samples": samples, "seed": seed, "stat": "median", "sample_makespans_us": [round(m, 3) for m, _, _ in runs]}
+    return SimResult(program, machine, network, raw, engine.network.meta(), critical_path(median_raw), _makespan(raw), warnings,
+                     engine.network, engine.nominal_us, sampling)  # fmt: skip
+
+
+def _makespan(raw: RawResult) -> float:
     makespan = max(raw.end, default=0.0)
     if len(raw.issue_end):
         makespan = max(makespan, max(raw.issue_end))
-    return SimResult(program, machine, network, raw, engine.network.meta(), critical_path(raw), makespan, warnings,
-                     engine.network, engine.nominal_us)  # fmt: skip
+    return makespan
+
+
+def _median_raw(like: RawResult, raws: list[RawResult]) -> RawResult:
+    """`like` with every op's issue, start and end times the medians over `raws`."""
+
+    def median(field: str) -> array:
+        columns = zip(*(getattr(r, field) for r in raws))
+        return array("d", (statistics.median(c) for c in columns))
+
+    return RawResult(like.ops, like.base, median("issue_start"), median("issue_end"), median("start"), median("end"),
+                     like.state, like.cause, like.partner, like.algos)  # fmt: skip
 
 
 def check_deadlock(program: Program) -> None:
@@ -119,7 +162,7 @@ def critical_path(raw: RawResult) -> list[int]:
     return path
 
 
-def build_timeline(program: Program, machine: Machine, raw: RawResult, network_meta: dict) -> Timeline:
+def build_timeline(program: Program, machine: Machine, raw: RawResult, network_meta: dict, sampling: dict | None = None) -> Timeline:
     tl = Timeline(
         "predicted",
         program.name,
@@ -129,6 +172,7 @@ def build_timeline(program: Program, machine: Machine, raw: RawResult, network_m
             "machine": machine.to_json(),
             "network": network_meta,
             "streams": list(program.streams),
+            **(sampling or {}),
         },
     )
     group_size = {g.id: len(g.ranks) for g in program.groups}

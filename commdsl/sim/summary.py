@@ -104,6 +104,9 @@ class Summary:
     flows: tuple[dict, ...] = ()
     """Per transfer: op ids, kind, transport, algo, bytes, start/end, latency, algbw,
     bottleneck link (the `--json` per-flow statistics)."""
+    sample_makespans_us: tuple[float, ...] = ()
+    """A sampled simulation (`--samples N`): each sample's makespan (`makespan_us` is
+    that of the per-op medians); empty otherwise."""
 
     def to_json(self) -> dict:
         out = asdict(self)
@@ -158,6 +161,7 @@ def summarize(result: SimResult) -> Summary:
         bubble_fraction=sum(bubbles) / len(bubbles) if bubbles else None,
         ranks=tuple(ranks),
         critical_path=tuple(path),
+        sample_makespans_us=tuple(result.sampling.get("sample_makespans_us", ())),
         warnings=tuple(result.warnings) + tuple(program.warnings),
     )
 

@@ -1,0 +1,160 @@
+"""Sampled simulation: the machine's random compute stalls (`compute_noise`), drawn per
+op with a seed, reported as per-op medians over the samples."""
+
+from __future__ import annotations
+
+import json
+import random
+import statistics
+
+import pytest
+
+from commdsl.calibrate.noise import STALL_MIN_US, stalls
+from commdsl.cli import main
+from commdsl.errors import MachineError, UsageError
+from commdsl.sim import simulate
+from commdsl.sim.engine import _poisson
+from commdsl.timeline import Timeline
+from tests.test_sim_engine import machine, sched
+
+NOISE = "compute_noise: {{stalls_per_s: {rate}, stall_us: {stall}}}"
+
+
+def noisy(rate: float = 100.0, stall_us: float = 4000.0, **kw):
+    return machine(extra=NOISE.format(rate=rate, stall=stall_us), **kw)
+
+
+# Two ranks that meet at an all_reduce after every compute op: whoever stalls, both wait.
+PIPE = """\
+for i in range({rounds}):
+    compute C[i] 10ms on a
+    all_reduce r[i] 1KB
+"""
+ALONE = "for i in range({rounds}):\n    compute C[i] 10ms on a"
+
+
+def pipe(rounds: int):
+    return sched(PIPE.format(rounds=rounds), world="2")
+
+
+def alone(rounds: int):
+    return sched(ALONE.format(rounds=rounds))
+
+
+def test_the_machine_file_reads_and_checks_compute_noise():
+    m = noisy(12.5, 3500)
+    assert (m.compute_noise.stalls_per_s, m.compute_noise.stall_us) == (12.5, 3500.0)
+    assert m.to_json()["compute_noise"] == {"stalls_per_s": 12.5, "stall_us": 3500.0}
+    assert machine().compute_noise is None
+    with pytest.raises(MachineError, match="compute_noise.stall_us must not be negative, got -1"):
+        noisy(1, -1)
+    with pytest.raises(MachineError, match="compute_noise is missing 'stall_us'"):
+        machine(extra="compute_noise: {stalls_per_s: 3}")
+    with pytest.raises(MachineError, match="unknown key 'stalls'"):
+        machine(extra="compute_noise: {stalls: 3, stall_us: 1}")
+
+
+def test_one_sample_is_the_noise_free_simulation():
+    program = pipe(5)
+    assert simulate(program, noisy()).makespan_us == simulate(program, machine()).makespan_us == pytest.approx(50_000, rel=1e-3)
+
+
+def test_samples_need_a_noise_model_and_a_positive_count():
+    program = pipe(2)
+    with pytest.raises(UsageError, match="machine m has no compute_noise"):
+        simulate(program, machine(), samples=3)
+    with pytest.raises(UsageError, match="--samples must be at least 1, got 0"):
+        simulate(program, noisy(), samples=0)
+
+
+def test_samples_are_reproducible_from_the_seed():
+    program = pipe(6)
+    a = simulate(program, noisy(), samples=9, seed=4)
+    b = simulate(program, noisy(), samples=9, seed=4)
+    c = simulate(program, noisy(), samples=9, seed=5)
+    assert a.sampling["sample_makespans_us"] == b.sampling["sample_makespans_us"]
+    assert a.sampling["sample_makespans_us"] != c.sampling["sample_makespans_us"]
+    assert (a.sampling["samples"], a.sampling["seed"]) == (9, 4)
+
+
+def test_stalls_add_their_expected_time_to_a_lone_rank():
+    # One rank, no synchronisation: the mean makespan is the work plus rate x work x stall.
+    rounds, rate, stall = 10, 20.0, 3000.0
+    program = alone(rounds)
+    result = simulate(program, noisy(rate, stall), samples=400, seed=1)
+    mean = statistics.fmean(result.sampling["sample_makespans_us"])
+    expected = rounds * 10_000 * (1 + rate * 1e-6 * stall)  # 100 ms + 2 stalls of 3 ms on average
+    assert mean == pytest.approx(expected, rel=0.03)
+    assert min(result.sampling["sample_makespans_us"]) == pytest.approx(rounds * 10_000)
+
+
+def test_where_ranks_synchronise_the_late_one_sets_the_pace():
+    # Each round waits for the slower rank, so the median makespan over samples exceeds
+    # the makespan of one rank's median work (the noise-free one): the bias a noise-free
+    # simulation has on a shared CPU. Without synchronisation the median stays close to it.
+    rate, stall = 15.0, 4000.0
+    synced = simulate(pipe(12), noisy(rate, stall), samples=61, seed=2)
+    lone = simulate(alone(12), noisy(rate, stall), samples=61, seed=2)
+    base = 12 * 10_000
+    assert lone.makespan_us - base < synced.makespan_us - base
+    # Per round: P(some rank stalls) = 1 - exp(-2 x 0.15) = 0.26 against 0.14 for one rank.
+    assert synced.makespan_us >= base + 2 * stall
+
+
+def test_per_op_medians_make_the_timeline_and_its_metadata(tmp_path):
+    program = pipe(4)
+    result = simulate(program, noisy(), samples=7, seed=0)
+    raw = result.raw
+    for g in range(len(raw.ops)):
+        assert raw.end[g] >= raw.start[g]
+    path = tmp_path / "t.json"
+    result.timeline.write(str(path))
+    meta = Timeline.read(str(path)).meta
+    assert meta["samples"] == 7 and len(meta["sample_makespans_us"]) == 7 and meta["stat"] == "median"
+
+
+def test_poisson_draws_have_the_mean_and_variance():
+    rng = random.Random(0)
+    for mean in (0.05, 2.0, 80.0):
+        draws = [_poisson(rng, mean) for _ in range(20_000)]
+        assert statistics.fmean(draws) == pytest.approx(mean, rel=0.05)
+        assert statistics.pvariance(draws) == pytest.approx(mean, rel=0.1)
+    assert _poisson(rng, 0.0) == 0
+
+
+def test_stall_statistics_from_measured_excess_times():
+    # 100 ops of 10 ms: most ran 0.2 ms over, 5 stalled 4 ms more, one ran 0.9 ms more (noise).
+    excess = [200.0] * 94 + [1100.0] + [4200.0] * 5
+    result = stalls(excess, 10_000.0)
+    assert (result.ops, result.stalled) == (100, 5)
+    assert result.stalls_per_s == pytest.approx(5.0)  # 5 stalls in 1 s of compute
+    assert result.stall_us == pytest.approx(4000.0)
+    assert stalls([], 10_000.0).stalls_per_s == 0.0
+    assert stalls([300.0] * 10, 10_000.0).stalled == 0
+    assert STALL_MIN_US == 1000.0
+
+
+def test_cli_samples(tmp_path, capsys):
+    path = tmp_path / "noisy.yaml"
+    path.write_text(_NOISY_FILE)
+    args = ["simulate", "1f1b", "-p", "stages=2", "-p", "microbatches=4", "--machine", str(path)]
+    assert main([*args, "--samples", "5", "--gantt", "never"]) == 0
+    assert "per-op medians over 5 samples" in capsys.readouterr().out
+    assert main([*args, "--samples", "5", "--json"]) == 0
+    assert len(json.loads(capsys.readouterr().out)["sample_makespans_us"]) == 5
+    assert main(["simulate", "1f1b", "--samples", "3"]) == 2
+    assert "has no compute_noise" in capsys.readouterr().err
+
+
+_NOISY_FILE = """\
+name: noisy
+devices: 8
+device: {name: cpu, peak_tflops: {fp32: 0.1}, memory_bandwidth_gb_per_s: 10, sm_count: 1}
+kernel_launch_us: 5
+comm_launch_us: 10
+host_link: {latency_us: 1, bandwidth_gb_per_s: 10}
+transports:
+  nccl: {latency_us: 50, bandwidth_gb_per_s: 5}
+  gloo: {latency_us: 50, bandwidth_gb_per_s: 5}
+compute_noise: {stalls_per_s: 20, stall_us: 4000}
+"""
