@@ -1,7 +1,7 @@
 """Prediction accuracy on this machine: calibrate once, then simulate, run and compare
 every bundled schedule (2 ranks, gloo, sizes that run in seconds).
 
-    python bench/accuracy.py [--out-dir bench_out] [--iters 9] [--only 1f1b,gpipe] [--runs 3]
+    python bench/accuracy.py [--out-dir bench_out] [--iters 21] [--only 1f1b,gpipe] [--runs 3] [--samples 25]
 
 Prints a markdown table of makespan error and per-op duration error per schedule and
 writes `accuracy.json` under --out-dir. Targets: median makespan error <= 5%, worst
@@ -68,7 +68,8 @@ def _one_run(args, out: Path, port: int) -> dict | None:
     rows = []
     for i, name in enumerate(names):
         pred, meas = out / f"{name}.predicted.json", out / f"{name}.measured.json"
-        sim = _run([py, "-m", "commdsl.cli", "simulate", name, *_params(name), "--machine", machine, "--trace", str(pred)], 120)
+        sim = _run([py, "-m", "commdsl.cli", "simulate", name, *_params(name), "--machine", machine, "--trace", str(pred),
+                    "--samples", str(args.samples)], 120)  # fmt: skip
         if sim.returncode != 0:
             rows.append({"schedule": name, "error": "simulate failed: " + sim.stderr.strip().splitlines()[0]})
             continue
@@ -101,6 +102,7 @@ def _one_run(args, out: Path, port: int) -> dict | None:
         "machine": f"{socket.gethostname()} {platform.machine()} {platform.processor() or ''}".strip(),
         "cores": os.cpu_count(),
         "machine_file": machine,
+        "samples": args.samples,
         "median_abs_makespan_error_pct": statistics.median(errs) if errs else None,
         "worst_abs_makespan_error_pct": max(errs) if errs else None,
         "rows": rows,
@@ -139,10 +141,12 @@ def _across_runs(summaries: list[dict]) -> None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out-dir", default="bench_out")
-    parser.add_argument("--iters", type=int, default=9)
+    parser.add_argument("--iters", type=int, default=21)
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--machine", help="use this machine file instead of calibrating")
     parser.add_argument("--only", default="", help="comma-separated schedule names")
+    parser.add_argument("--samples", type=int, default=25,
+                        help="simulate with the calibrated compute stalls drawn in N runs, per-op medians (1: no noise)")  # fmt: skip
     parser.add_argument("--port", type=int, default=29731)
     parser.add_argument("--duration-mode", choices=("busy", "sleep"), default="busy",
                         help="how commdsl.run realises compute with an explicit duration (see docs/executor.md)")

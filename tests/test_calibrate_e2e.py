@@ -45,6 +45,10 @@ def machine_file(tmp_path_factory) -> Path:
     assert len(data["p2p_us"]) == 5  # 1, 4, 16, 64, 256 KiB
     assert set(data["collectives_us"]) >= {"all_reduce", "all_gather", "broadcast"}
     assert data["compute_slowdown_under_comm"] > 0 and data["comm_slowdown_under_compute"] > 0
+    # Compute stalls are counted on compute ops run by the executor itself (the probe schedule).
+    noise = data["compute_noise"]
+    assert noise["ops"] >= 2 * 6 * 10 and 0 <= noise["stalled"] <= noise["ops"] and noise["stalls_per_s"] >= 0
+    assert "compute stalls inside the executor" in proc.stdout
     assert "all_reduce slowdown while matmuls run: x" in proc.stdout
     return out
 
@@ -65,6 +69,7 @@ def test_calibrated_machine_is_a_valid_machine(machine_file: Path) -> None:
     # Both interference factors are measured and written (never below 1.0: no speed-up).
     assert m.comm_compute_slowdown is not None and m.comm_compute_slowdown >= 1.0
     assert m.compute_comm_slowdown >= 1.0 and "compute_comm_slowdown:" in machine_file.read_text()
+    assert m.compute_noise is not None and m.compute_noise.stalls_per_s >= 0 and m.compute_noise.stall_us >= 0
     # Every collective of the language is measured, the barrier included (no bytes: latency only).
     barrier = m.collective_link(Transport.NCCL, OpKind.BARRIER)
     assert m.has_override(Transport.NCCL, OpKind.BARRIER) and barrier.latency_us > 0 and barrier.bandwidth_gb_per_s == float("inf")
@@ -80,6 +85,8 @@ def test_simulate_run_compare_loop(machine_file: Path, tmp_path: Path) -> None:
                     "--compare", "--machine", str(machine_file))  # fmt: skip
     assert run.returncode == 0, run.stderr[-3000:]
     assert "predicted on" in run.stdout and "makespan error" in run.stdout
+    # The calibrated machine has compute stalls: --compare draws them once per measured iteration.
+    assert "median of 2 samples" in run.stdout
     cmp = _commdsl("compare", str(pred), str(meas), "--json", "--html", str(tmp_path / "r.html"))
     assert cmp.returncode == 0, cmp.stderr
     data = json.loads(cmp.stdout)

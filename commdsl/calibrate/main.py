@@ -16,7 +16,9 @@ import os
 import platform
 import socket
 import sys
+import dataclasses
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import yaml
 from rich.console import Console
@@ -28,6 +30,9 @@ from commdsl.dsl.values import ValueFault, format_bytes, parse_quantity, Unit
 from commdsl.errors import CommdslError, UsageError
 from commdsl.ir import Dtype, OpKind
 from commdsl.sim.collectives import DEFAULT_ALGO, plan
+
+if TYPE_CHECKING:
+    from commdsl.calibrate.noise import NoiseResult
 
 COLLECTIVES = (
     OpKind.ALL_REDUCE, OpKind.ALL_GATHER, OpKind.REDUCE_SCATTER, OpKind.BROADCAST,
@@ -43,6 +48,9 @@ SLOWDOWN_SIZE_BYTES = 16 * 2**20
 """Compute's slowdown under communication is measured over an all_reduce of this size
 (or the largest calibrated size below it): the bucket and activation sizes of typical
 schedules. On the 2-core VM: 1.6-2.0x at 16 MiB, 1.1-1.35x at 64 MiB."""
+NOISE_MSG_BYTES = 4 * 2**20
+"""Message size of the compute-stall probe (`commdsl.calibrate.noise.PROBE`), or the
+largest calibrated size below it."""
 
 
 @dataclass(frozen=True)
@@ -203,6 +211,8 @@ class Results:
     comm_slowdown: float
     """An all_reduce's time while a matmul loop runs on every rank, over its time alone."""
     skipped: list[str]
+    noise: NoiseResult | None = None
+    """Compute stalls inside the executor (`commdsl.calibrate.noise`)."""
 
     def to_json(self) -> dict:
         return {
@@ -220,13 +230,14 @@ class Results:
             "comm_slowdown_under_compute": self.comm_slowdown,
             "compute_slowdown_under_copy": self.copy_slowdown,
             "skipped": self.skipped,
+            "compute_noise": dataclasses.asdict(self.noise) if self.noise is not None else None,
         }
 
 
 def _measure_all(probe, pool, sizes, matmul_sizes, dtypes, measure) -> Results:
     from commdsl.run.compute import DURATION_BLOCKS_CPU
 
-    steps = len(dtypes) * len(matmul_sizes) + 2 * len(sizes) + len(sizes) * (2 + len(COLLECTIVES) + len(REDUCED_DTYPES) * len(REDUCING)) + 5
+    steps = len(dtypes) * len(matmul_sizes) + 2 * len(sizes) + len(sizes) * (2 + len(COLLECTIVES) + len(REDUCED_DTYPES) * len(REDUCING)) + 6
     res = Results({}, [], [], [], [], {}, {}, 0.0, 0.0, 0.0, 1.0, 1.0, 1.0, [])
     with Progress(disable=probe.rank != 0, transient=True) as progress:
         task = progress.add_task("calibrating", total=steps)
@@ -285,6 +296,10 @@ def _measure_all(probe, pool, sizes, matmul_sizes, dtypes, measure) -> Results:
         step("communication slowdown under compute")
         res.copy_slowdown = measure.compute_slowdown_under_copy(probe, n_work, min(sizes[-1], 16 * 2**20))
         step("compute slowdown under copies")
+        from commdsl.calibrate.noise import compute_noise
+
+        res.noise = compute_noise(probe, min(sizes[-1], NOISE_MSG_BYTES))
+        step("compute stalls inside the executor")
     return res
 
 
@@ -366,6 +381,9 @@ def build_machine(cfg: CalibrateConfig, res: Results, world: int, backend: str, 
         "compute_comm_slowdown": round(max(res.comm_slowdown, 1.0), 3),
         # Measured: a matmul loop's time while copies run on every rank, over its time alone.
         "copy_compute_slowdown": round(max(res.copy_slowdown, 1.0), 3),
+        # Measured: compute ops' stalls inside the executor (drawn by `simulate --samples N`).
+        **({"compute_noise": {"stalls_per_s": round(res.noise.stalls_per_s, 3), "stall_us": round(res.noise.stall_us, 1)}}
+           if res.noise is not None else {}),
     }
     return machine, FitReport(compute, memory, host_link, p2p, exchange, collectives, p2p_resid)
 
@@ -437,5 +455,9 @@ def _print_report(report: FitReport, res: Results) -> None:
                   f"compute slowdown while an all_reduce runs: x{res.slowdown:.2f}; "
                   f"all_reduce slowdown while matmuls run: x{res.comm_slowdown:.2f}; "
                   f"compute slowdown while copies run: x{res.copy_slowdown:.2f}")  # fmt: skip
+    if res.noise is not None:
+        n = res.noise
+        console.print(f"compute stalls inside the executor: {n.stalled} of {n.ops} ops, {n.stalls_per_s:.1f} per second of compute, "
+                      f"{n.stall_us / 1e3:.2f} ms each (drawn by `commdsl simulate --samples N`)")  # fmt: skip
     for s in res.skipped:
         console.print(f"[yellow]skipped[/] {s}")

@@ -167,9 +167,14 @@ def _compare(program: Program, config: RunConfig, measured, meta: dict) -> None:
     from commdsl.sim import simulate
 
     machine_name = config.machine or ("cpu-loopback" if meta["backend"] == "gloo" else DEFAULT_MACHINE)
-    predicted = simulate(program, resolve_machine(machine_name), config.network).timeline
+    machine = resolve_machine(machine_name)
+    # A machine with random compute stalls is sampled as often as the run iterated: both
+    # sides are then per-op medians over as many draws.
+    samples = config.iters if machine.compute_noise is not None else 1
+    predicted = simulate(program, machine, config.network, samples=samples).timeline
     console = Console(highlight=False)
-    console.print(f"\npredicted on {machine_name} ({config.network} network) vs measured:")
+    drawn = f", median of {samples} samples" if samples > 1 else ""
+    console.print(f"\npredicted on {machine_name} ({config.network} network{drawn}) vs measured:")
     print_comparison(compare_timelines(predicted, measured), console)
 
 
