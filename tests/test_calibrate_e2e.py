@@ -47,7 +47,9 @@ def machine_file(tmp_path_factory) -> Path:
     assert data["compute_slowdown_under_comm"] > 0 and data["comm_slowdown_under_compute"] > 0
     # Compute stalls are counted on compute ops run by the executor itself (the probe schedule).
     noise = data["compute_noise"]
-    assert noise["ops"] >= 2 * 6 * 10 and 0 <= noise["stalled"] <= noise["ops"] and noise["stalls_per_s"] >= 0
+    compute, wake = noise["compute"], noise["wake"]
+    assert compute["samples"] == 2 * 6 * 40 and 0 <= compute["stalled"] <= compute["samples"] and noise["stalls_per_s"] >= 0
+    assert wake["samples"] == 2 * 5 * 40 and 0 <= noise["wake_stall_probability"] < 1
     assert "compute stalls inside the executor" in proc.stdout
     assert "all_reduce slowdown while matmuls run: x" in proc.stdout
     return out
@@ -69,6 +71,7 @@ def test_calibrated_machine_is_a_valid_machine(machine_file: Path) -> None:
     # Both interference factors are measured and written (never below 1.0: no speed-up).
     assert m.comm_compute_slowdown is not None and m.comm_compute_slowdown >= 1.0
     assert m.compute_comm_slowdown >= 1.0 and "compute_comm_slowdown:" in machine_file.read_text()
+    assert m.compute_copy_slowdown >= 1.0 and "compute_copy_slowdown:" in machine_file.read_text()
     assert m.compute_noise is not None and m.compute_noise.stalls_per_s >= 0 and m.compute_noise.stall_us >= 0
     # Every collective of the language is measured, the barrier included (no bytes: latency only).
     barrier = m.collective_link(Transport.NCCL, OpKind.BARRIER)

@@ -176,3 +176,23 @@ def test_a_copy_slows_compute_on_its_device_only(network):
     assert machine("copy_compute_slowdown: 1.5").to_json()["copy_compute_slowdown"] == 1.5
     with pytest.raises(MachineError, match="copy_compute_slowdown must be at least 1.0"):
         machine("copy_compute_slowdown: 0.9")
+
+
+@pytest.mark.parametrize("network", NETWORKS)
+def test_compute_slows_a_copy_on_its_device_only(network):
+    """The reverse: with compute_copy_slowdown 2, a 1000 us copy on rank 0 runs at half
+    speed while its 600 us compute runs (600 us for 300 us of copy), then alone: ends at
+    1300 us. Rank 1's copy starts after its compute and is not slowed. With both factors
+    2, the compute is slowed by the copy too: both run at half speed until the compute's
+    600 us of work ends at 1200 us (the copy has done 600 us), then the copy ends at 1600."""
+    body = "compute C 600us on a\nif rank == 0:\n    copy x 10MB from host on b\nelse:\n    copy y 10MB from host on a"
+    slowed = simulate(sched(body), machine("compute_copy_slowdown: 2.0"), network=network)
+    ends = {(op.rank, op.name): slowed.raw.end[g] for g, op in enumerate(slowed.raw.ops)}
+    assert ends[(0, "x")] == pytest.approx(1300, rel=1e-12) and ends[(0, "C")] == pytest.approx(600, rel=1e-12)
+    assert ends[(1, "y")] == pytest.approx(1600, rel=1e-12)  # 600 us of compute, then 1000 us alone
+    both = simulate(sched(body), machine("compute_copy_slowdown: 2.0\ncopy_compute_slowdown: 2.0"), network=network)
+    ends = {(op.rank, op.name): both.raw.end[g] for g, op in enumerate(both.raw.ops)}
+    assert ends[(0, "C")] == pytest.approx(1200, rel=1e-12) and ends[(0, "x")] == pytest.approx(1600, rel=1e-12)
+    assert machine("compute_copy_slowdown: 1.5").to_json()["compute_copy_slowdown"] == 1.5
+    with pytest.raises(MachineError, match="compute_copy_slowdown must be at least 1.0"):
+        machine("compute_copy_slowdown: 0.9")

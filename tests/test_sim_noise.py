@@ -9,7 +9,7 @@ import statistics
 
 import pytest
 
-from commdsl.calibrate.noise import STALL_MIN_US, stalls
+from commdsl.calibrate.noise import STALL_MIN_US, NoiseResult, Stalls, stalls
 from commdsl.cli import main
 from commdsl.errors import MachineError, UsageError
 from commdsl.sim import simulate
@@ -44,7 +44,7 @@ def alone(rounds: int):
 def test_the_machine_file_reads_and_checks_compute_noise():
     m = noisy(12.5, 3500)
     assert (m.compute_noise.stalls_per_s, m.compute_noise.stall_us) == (12.5, 3500.0)
-    assert m.to_json()["compute_noise"] == {"stalls_per_s": 12.5, "stall_us": 3500.0}
+    assert m.to_json()["compute_noise"] == {"stalls_per_s": 12.5, "stall_us": 3500.0, "wake_stall_probability": 0.0, "wake_stall_us": 0.0}
     assert machine().compute_noise is None
     with pytest.raises(MachineError, match="compute_noise.stall_us must not be negative, got -1"):
         noisy(1, -1)
@@ -52,6 +52,8 @@ def test_the_machine_file_reads_and_checks_compute_noise():
         machine(extra="compute_noise: {stalls_per_s: 3}")
     with pytest.raises(MachineError, match="unknown key 'stalls'"):
         machine(extra="compute_noise: {stalls: 3, stall_us: 1}")
+    with pytest.raises(MachineError, match="compute_noise.wake_stall_probability must be below 1, got 1.5"):
+        machine(extra="compute_noise: {stalls_per_s: 3, stall_us: 1, wake_stall_probability: 1.5, wake_stall_us: 2}")
 
 
 def test_one_sample_is_the_noise_free_simulation():
@@ -124,14 +126,25 @@ def test_poisson_draws_have_the_mean_and_variance():
 
 def test_stall_statistics_from_measured_excess_times():
     # 100 ops of 10 ms: most ran 0.2 ms over, 5 stalled 4 ms more, one ran 0.9 ms more (noise).
-    excess = [200.0] * 94 + [1100.0] + [4200.0] * 5
-    result = stalls(excess, 10_000.0)
-    assert (result.ops, result.stalled) == (100, 5)
+    compute = stalls([200.0] * 94 + [1100.0] + [4200.0] * 5)
+    assert (compute.samples, compute.stalled, compute.mean_us) == (100, 5, pytest.approx(4000.0))
+    # Wake-ups: 50 gaps of 60 us, 10 of which 2 ms late.
+    wake = stalls([60.0] * 40 + [2060.0] * 10)
+    result = NoiseResult(compute, wake, 10_000.0)
     assert result.stalls_per_s == pytest.approx(5.0)  # 5 stalls in 1 s of compute
-    assert result.stall_us == pytest.approx(4000.0)
-    assert stalls([], 10_000.0).stalls_per_s == 0.0
-    assert stalls([300.0] * 10, 10_000.0).stalled == 0
+    assert result.wake_stall_probability == pytest.approx(0.2)
+    assert result.machine_json() == {"stalls_per_s": 5.0, "stall_us": 4000.0, "wake_stall_probability": 0.2, "wake_stall_us": 2000.0}
+    assert stalls([]) == Stalls(0, 0, 0.0) and NoiseResult(stalls([]), stalls([]), 1.0).stalls_per_s == 0.0
+    assert stalls([300.0] * 10).stalled == 0
     assert STALL_MIN_US == 1000.0
+
+
+def test_late_wake_ups_delay_what_waited_on_comm():
+    # Every wait on the all_reduce wakes 2 ms late (probability ~1): each of the 4 rounds'
+    # compute starts 2 ms after the all_reduce before it (none before the first).
+    m = machine(extra="compute_noise: {stalls_per_s: 0, stall_us: 0, wake_stall_probability: 0.999999, wake_stall_us: 2000}")
+    result = simulate(pipe(4), m, samples=3)
+    assert result.makespan_us == pytest.approx(4 * 10_000 + 3 * 2000, rel=1e-4)
 
 
 def test_cli_samples(tmp_path, capsys):

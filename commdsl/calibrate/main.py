@@ -211,6 +211,8 @@ class Results:
     comm_slowdown: float
     """An all_reduce's time while a matmul loop runs on every rank, over its time alone."""
     skipped: list[str]
+    copy_slowed: float = 1.0
+    """A copy's time while a matmul loop runs on every rank, over its time alone."""
     noise: NoiseResult | None = None
     """Compute stalls inside the executor (`commdsl.calibrate.noise`)."""
 
@@ -229,15 +231,16 @@ class Results:
             "compute_slowdown_under_comm": self.slowdown,
             "comm_slowdown_under_compute": self.comm_slowdown,
             "compute_slowdown_under_copy": self.copy_slowdown,
+            "copy_slowdown_under_compute": self.copy_slowed,
             "skipped": self.skipped,
-            "compute_noise": dataclasses.asdict(self.noise) if self.noise is not None else None,
+            "compute_noise": {**dataclasses.asdict(self.noise), **self.noise.machine_json()} if self.noise is not None else None,
         }
 
 
 def _measure_all(probe, pool, sizes, matmul_sizes, dtypes, measure) -> Results:
     from commdsl.run.compute import DURATION_BLOCKS_CPU
 
-    steps = len(dtypes) * len(matmul_sizes) + 2 * len(sizes) + len(sizes) * (2 + len(COLLECTIVES) + len(REDUCED_DTYPES) * len(REDUCING)) + 6
+    steps = len(dtypes) * len(matmul_sizes) + 2 * len(sizes) + len(sizes) * (2 + len(COLLECTIVES) + len(REDUCED_DTYPES) * len(REDUCING)) + 7
     res = Results({}, [], [], [], [], {}, {}, 0.0, 0.0, 0.0, 1.0, 1.0, 1.0, [])
     with Progress(disable=probe.rank != 0, transient=True) as progress:
         task = progress.add_task("calibrating", total=steps)
@@ -296,6 +299,8 @@ def _measure_all(probe, pool, sizes, matmul_sizes, dtypes, measure) -> Results:
         step("communication slowdown under compute")
         res.copy_slowdown = measure.compute_slowdown_under_copy(probe, n_work, min(sizes[-1], 16 * 2**20))
         step("compute slowdown under copies")
+        res.copy_slowed = measure.copy_slowdown_under_compute(probe, n_work, min(sizes[-1], 16 * 2**20))
+        step("copy slowdown under compute")
         from commdsl.calibrate.noise import compute_noise
 
         res.noise = compute_noise(probe, min(sizes[-1], NOISE_MSG_BYTES))
@@ -381,9 +386,10 @@ def build_machine(cfg: CalibrateConfig, res: Results, world: int, backend: str, 
         "compute_comm_slowdown": round(max(res.comm_slowdown, 1.0), 3),
         # Measured: a matmul loop's time while copies run on every rank, over its time alone.
         "copy_compute_slowdown": round(max(res.copy_slowdown, 1.0), 3),
+        # Measured: a copy's time while a matmul loop runs on every rank, over its time alone.
+        "compute_copy_slowdown": round(max(res.copy_slowed, 1.0), 3),
         # Measured: compute ops' stalls inside the executor (drawn by `simulate --samples N`).
-        **({"compute_noise": {"stalls_per_s": round(res.noise.stalls_per_s, 3), "stall_us": round(res.noise.stall_us, 1)}}
-           if res.noise is not None else {}),
+        **({"compute_noise": res.noise.machine_json()} if res.noise is not None else {}),
     }
     return machine, FitReport(compute, memory, host_link, p2p, exchange, collectives, p2p_resid)
 
@@ -454,10 +460,12 @@ def _print_report(report: FitReport, res: Results) -> None:
     console.print(f"host issue: kernel {res.kernel_launch_us:.1f} us, comm {res.comm_launch_us:.1f} us; barrier {res.barrier_us:.1f} us; "
                   f"compute slowdown while an all_reduce runs: x{res.slowdown:.2f}; "
                   f"all_reduce slowdown while matmuls run: x{res.comm_slowdown:.2f}; "
-                  f"compute slowdown while copies run: x{res.copy_slowdown:.2f}")  # fmt: skip
+                  f"compute slowdown while copies run: x{res.copy_slowdown:.2f}; "
+                  f"copy slowdown while matmuls run: x{res.copy_slowed:.2f}")  # fmt: skip
     if res.noise is not None:
         n = res.noise
-        console.print(f"compute stalls inside the executor: {n.stalled} of {n.ops} ops, {n.stalls_per_s:.1f} per second of compute, "
-                      f"{n.stall_us / 1e3:.2f} ms each (drawn by `commdsl simulate --samples N`)")  # fmt: skip
+        console.print(f"compute stalls inside the executor: {n.compute.stalled} of {n.compute.samples} ops, "
+                      f"{n.stalls_per_s:.1f} per second of compute, {n.compute.mean_us / 1e3:.2f} ms each; late wake-ups after comm: "
+                      f"{n.wake.stalled} of {n.wake.samples}, {n.wake.mean_us / 1e3:.2f} ms each (drawn by `commdsl simulate --samples N`)")  # fmt: skip
     for s in res.skipped:
         console.print(f"[yellow]skipped[/] {s}")

@@ -364,17 +364,33 @@ def comm_slowdown_under_compute(probe: Probe, n: int, comm_bytes: int, pool: Buf
     return max(during / alone, 1.0)
 
 
+def _slowdown(probe: Probe, timed: Callable[[], None], background: Callable[[], None], name: str) -> float:
+    """Expected time of `timed` while `background` runs over and over on every rank (its
+    own thread), over its time alone; at least 1. Every rank does both at once, as ranks
+    running one schedule do."""
+    dist.barrier(group=probe.cpu_group)
+    alone = _local_time_us(probe, timed)
+    dist.barrier(group=probe.cpu_group)
+    with _in_background(probe, background, name):
+        during = _local_time_us(probe, timed)
+    dist.barrier(group=probe.cpu_group)
+    return max(during / alone, 1.0)
+
+
+def _copy_loop(probe: Probe, copy_bytes: int) -> Callable[[], None]:
+    src = torch.ones(max(copy_bytes // 4, 1), device=probe.device)
+    dst = torch.empty_like(src)
+    return lambda: dst.copy_(src)
+
+
 def compute_slowdown_under_copy(probe: Probe, n: int, copy_bytes: int, work_us: float = 2000.0) -> float:
     """Time of a loop of n x n matmuls (about `work_us` of work) while copies of
     copy_bytes run back to back on every rank (another thread; on CUDA another stream),
-    over its time alone. Every rank does both at once, as ranks running one schedule do."""
-    work = _matmul_work(probe, n, work_us)
-    dist.barrier(group=probe.cpu_group)
-    alone = _local_time_us(probe, work)
-    src = torch.ones(max(copy_bytes // 4, 1), device=probe.device)
-    dst = torch.empty_like(src)
-    dist.barrier(group=probe.cpu_group)
-    with _in_background(probe, lambda: dst.copy_(src), "calibrate-copy-loop"):
-        during = _local_time_us(probe, work)
-    dist.barrier(group=probe.cpu_group)
-    return max(during / alone, 1.0)
+    over its time alone."""
+    return _slowdown(probe, _matmul_work(probe, n, work_us), _copy_loop(probe, copy_bytes), "calibrate-copy-loop")
+
+
+def copy_slowdown_under_compute(probe: Probe, n: int, copy_bytes: int) -> float:
+    """The reverse: a copy of copy_bytes while a loop of n x n matmuls runs on every rank
+    (another thread; on CUDA another stream), over its time alone."""
+    return _slowdown(probe, _copy_loop(probe, copy_bytes), _matmul_work(probe, n, 500.0), "calibrate-matmul-loop")

@@ -12,6 +12,10 @@ and every compute op's time over its requested duration gives the stalls:
     rate        stalled ops / seconds of compute (all ranks)
     stall_us    mean of (excess - typical excess) over the stalled ops
 
+The same goes for late wake-ups: the gap between the end of the comm ops a compute op
+waits for and its start (the stream thread being woken), over the typical gap, gives
+`wake_stall_probability` and `wake_stall_us`.
+
 The simulator draws them only in a sampled run (`simulate --samples N`).
 """
 
@@ -61,22 +65,45 @@ STALL_MIN_US = 1000.0
 
 
 @dataclass(frozen=True)
-class NoiseResult:
-    stalls_per_s: float
-    stall_us: float
-    ops: int
-    """Compute ops timed (all ranks)."""
+class Stalls:
+    """Samples (op times or wake-up gaps) that ran over STALL_MIN_US longer than the typical one."""
+
+    samples: int
     stalled: int
+    mean_us: float
+    """Mean of (sample - typical) over the stalled samples (0 without any)."""
 
 
-def stalls(excess_us: list[float], nominal_us: float) -> NoiseResult:
-    """The stall statistics of compute ops of `nominal_us` each that ran `excess_us` longer."""
-    if not excess_us:
-        return NoiseResult(0.0, 0.0, 0, 0)
-    typical = statistics.median(excess_us)
-    extra = [e - typical for e in excess_us if e - typical > STALL_MIN_US]
-    seconds = len(excess_us) * nominal_us / 1e6
-    return NoiseResult(len(extra) / seconds, statistics.fmean(extra) if extra else 0.0, len(excess_us), len(extra))
+def stalls(samples_us: list[float]) -> Stalls:
+    if not samples_us:
+        return Stalls(0, 0, 0.0)
+    typical = statistics.median(samples_us)
+    extra = [x - typical for x in samples_us if x - typical > STALL_MIN_US]
+    return Stalls(len(samples_us), len(extra), statistics.fmean(extra) if extra else 0.0)
+
+
+@dataclass(frozen=True)
+class NoiseResult:
+    compute: Stalls
+    """Per compute op: its time over the requested duration."""
+    wake: Stalls
+    """Per compute op kept waiting for comm ops: its start after their end."""
+    compute_us: float
+    """Requested duration of each compute op of the probe."""
+
+    @property
+    def stalls_per_s(self) -> float:
+        seconds = self.compute.samples * self.compute_us / 1e6
+        return self.compute.stalled / seconds if seconds else 0.0
+
+    @property
+    def wake_stall_probability(self) -> float:
+        return self.wake.stalled / self.wake.samples if self.wake.samples else 0.0
+
+    def machine_json(self) -> dict:
+        """The machine file's `compute_noise:`."""
+        return {"stalls_per_s": round(self.stalls_per_s, 3), "stall_us": round(self.compute.mean_us, 1),
+                "wake_stall_probability": round(self.wake_stall_probability, 4), "wake_stall_us": round(self.wake.mean_us, 1)}  # fmt: skip
 
 
 def compute_noise(probe: Probe, msg_bytes: int, iters: int = 40, warmup: int = 2) -> NoiseResult:
@@ -89,16 +116,23 @@ def compute_noise(probe: Probe, msg_bytes: int, iters: int = 40, warmup: int = 2
     groups = {"world": dist.group.WORLD}
     setup = RankSetup(program, probe.rank, probe.backend, probe.device, groups, probe.cpu_group, config, kernels, None)
     executor = CudaExecutor(setup) if probe.device.type == "cuda" else CpuExecutor(setup)
-    compute = [op for op in program.ops[probe.rank] if op.kind is OpKind.COMPUTE]
+    ops = program.ops[probe.rank]
+    compute = [op for op in ops if op.kind is OpKind.COMPUTE]
+    # Each compute op after the first waits for the comm ops of the round before it.
+    waited = {op.index: [p.index for p in ops[prev.index + 1 : op.index]] for prev, op in zip(compute, compute[1:])}
     excess: list[float] = []
+    gaps: list[float] = []
     try:
         for it in range(warmup + iters):
             rec = executor.run_iteration()
-            if it >= warmup:
-                excess += [(rec.exec_end[op.index] - rec.exec_start[op.index]) / 1e3 - op.duration_us for op in compute]
+            if it < warmup:
+                continue
+            excess += [(rec.exec_end[op.index] - rec.exec_start[op.index]) / 1e3 - op.duration_us for op in compute]
+            gaps += [(rec.exec_start[i] - max(rec.exec_end[j] for j in comm)) / 1e3 for i, comm in waited.items() if comm]
     finally:
         executor.close()
     if probe.device.type == "cuda":
         torch.cuda.synchronize(probe.device)
-    every = [e for mine in all_gather_objects(excess, probe.cpu_group, probe.world_size) for e in mine]
-    return stalls(every, compute[0].duration_us)
+    both = all_gather_objects((excess, gaps), probe.cpu_group, probe.world_size)
+    return NoiseResult(stalls([e for mine, _ in both for e in mine]), stalls([g for _, mine in both for g in mine]),
+                       compute[0].duration_us)  # fmt: skip

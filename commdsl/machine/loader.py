@@ -23,7 +23,7 @@ DEFAULT_CHUNK_BYTES = 512 * 1024
 
 _TOP_KEYS = (
     "name", "doc", "devices", "device", "kernel_launch_us", "comm_launch_us", "host_link", "transports", "chunk_bytes",
-    "topology", "comm_compute_slowdown", "compute_comm_slowdown", "copy_compute_slowdown", "copy_measured_us",
+    "topology", "comm_compute_slowdown", "compute_comm_slowdown", "copy_compute_slowdown", "compute_copy_slowdown", "copy_measured_us",
     "compute_noise",
 )  # fmt: skip
 _DEVICE_KEYS = ("name", "peak_tflops", "memory_bandwidth_gb_per_s", "sm_count")
@@ -253,15 +253,20 @@ class _MachineReader:
         slowdown = self.factor(top, "comm_compute_slowdown", None)  # None: estimated from the topology
         comm_slowdown = self.factor(top, "compute_comm_slowdown")
         copy_slowdown = self.factor(top, "copy_compute_slowdown")
+        copy_slowed = self.factor(top, "compute_copy_slowdown")
         copies = {}
         if "copy_measured_us" in top:
             for key, (_, vnode) in self.mapping(top["copy_measured_us"][1], "copy_measured_us", ("host", "device")).items():
                 copies[key] = self.profile(vnode, f"copy_measured_us.{key}")
         noise = None
         if "compute_noise" in top:
-            nkeys = self.mapping(top["compute_noise"][1], "compute_noise", ("stalls_per_s", "stall_us"), ("stalls_per_s", "stall_us"))
-            noise = ComputeNoise(self.number(nkeys["stalls_per_s"][1], "compute_noise.stalls_per_s"),
-                                 self.number(nkeys["stall_us"][1], "compute_noise.stall_us"))  # fmt: skip
+            fields = ("stalls_per_s", "stall_us", "wake_stall_probability", "wake_stall_us")
+            nkeys = self.mapping(top["compute_noise"][1], "compute_noise", fields, fields[:2])
+            values = {k: self.number(v, f"compute_noise.{k}") for k, (_, v) in nkeys.items()}
+            if values.get("wake_stall_probability", 0.0) >= 1.0:
+                raise self.fail(f"compute_noise.wake_stall_probability must be below 1, got {values['wake_stall_probability']:g}",
+                                nkeys["wake_stall_probability"][1])  # fmt: skip
+            noise = ComputeNoise(**values)
         nccl_sms = topology.nccl_sms if topology is not None else None
         if nccl_sms is not None and nccl_sms >= device.sm_count:
             node = self.mapping(top["topology"][1], "topology", None)["nccl_sms"][1]
@@ -285,6 +290,7 @@ class _MachineReader:
             comm_compute_slowdown=slowdown,
             compute_comm_slowdown=comm_slowdown,
             copy_compute_slowdown=copy_slowdown,
+            compute_copy_slowdown=copy_slowed,
             host_copy_profile=copies.get("host", ()),
             device_copy_profile=copies.get("device", ()),
             compute_noise=noise,

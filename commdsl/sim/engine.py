@@ -17,7 +17,8 @@ when each device starts and stops computing (`Network.compute_changed`). With bo
 factors 1.0 none of this runs.
 
 With a random generator (`simulate --samples N`: one sample) and the machine's
-`compute_noise`, each compute op's time gets its random stalls, drawn once per op.
+`compute_noise`, each compute op's time gets its random stalls, and a stream that was
+kept waiting for a comm op or another stream's event may wake late; each drawn once.
 
 The host runs ahead of `env.now` on its own clock as long as it does not block: issuing
 only stamps each op with the time it reaches its stream (`ready`). Everything another
@@ -234,17 +235,23 @@ class Engine:
         self.copy_interfere = self.copy_slowdown != 1.0
         """Compute slows while a copy runs on its device (on a CPU, a copy is a thread)."""
         self.copying = [0] * program.world_size
-        """Per rank, copy ops running (only counted with `copy_interfere`)."""
-        self.timed_compute = self.interfere or self.slow_comm or self.copy_interfere
+        """Per rank, copy ops running (only counted with `timed_copies`)."""
+        self.copy_slowed = machine.compute_copy_slowdown
+        """Copies slow while compute runs on their device (on a CPU, both are threads)."""
+        self.timed_copies = self.copy_interfere or self.copy_slowed != 1.0
+        self.count_compute = self.slow_comm or self.copy_slowed != 1.0
+        self.timed_compute = self.interfere or self.count_compute or self.timed_copies
         """Compute ops start at their true time and end through `_on_compute_timer`; with
-        `copy_interfere`, copy ops too."""
+        `timed_copies`, copy ops too."""
         self.computing = [0] * program.world_size
-        """Per rank, compute ops running (only counted with `slow_comm`)."""
-        noise = machine.compute_noise
-        self.rng = rng if noise is not None and noise.stalls_per_s > 0 and noise.stall_us > 0 else None
-        """Draws compute stalls (a sampled simulation on a machine with `compute_noise`)."""
+        """Per rank, compute ops running (only counted with `count_compute`)."""
+        self.rng = rng if machine.compute_noise is not None else None
+        """Draws compute stalls and late wake-ups (a sampled simulation on a machine with
+        `compute_noise`)."""
         self.stall_us: dict[int, float] = {}
-        """Compute ops (g) that stalled, with their stall time (drawn once per op)."""
+        """Compute ops (g) with their stall time, drawn once per op."""
+        self.wake_us: dict[int, float] = {}
+        """Stream entries that waited on another thread's work, with their late wake-up."""
         self._prepare()
 
     # ---- setup --------------------------------------------------------------------
@@ -554,6 +561,8 @@ class Engine:
                         return
                     if end[g] >= t:
                         t, c = end[g], g
+                        if self.rng is not None:
+                            t += self._wake(entry)
                 elif tag == _SYNC or op.kind is _WAIT or op.kind is _WAIT_EVENT:
                     deps = self._deps(g, tag)
                     pending = self._first_pending(deps)
@@ -563,11 +572,13 @@ class Engine:
                     d = self._latest(deps)
                     if end[d] >= t:
                         t, c = end[d], d
+                        if self.rng is not None:
+                            t += self._wake(entry)
                 else:
                     duration = self._duration(op)
                     if self.rng is not None and op.kind is _COMPUTE and duration > 0.0:
                         duration += self._stall(g, duration)
-                    if self.timed_compute and duration > 0.0 and (op.kind is _COMPUTE or (op.kind is _COPY and self.copy_interfere)):
+                    if self.timed_compute and duration > 0.0 and (op.kind is _COMPUTE or (op.kind is _COPY and self.timed_copies)):
                         self._start_compute(s, entry, t, c, duration)
                         return
             start = t if t > now else now
@@ -612,13 +623,13 @@ class Engine:
         s.work_left = duration
         s.t_run = now
         if self.ops[g].kind is _COPY:
-            s.factor = 1.0
-            s.slowed = False
+            s.factor = self._copy_factor(s.rank)
+            s.slowed = False  # `nominal_us` reports slowed compute only
             self._copies_changed(s.rank, 1)
         else:
             s.factor = self._compute_factor(s.rank)
             s.slowed = s.factor != 1.0
-            if self.slow_comm:
+            if self.count_compute:
                 self._computing_changed(s.rank, 1)
         self._compute_timer(s)
 
@@ -643,19 +654,22 @@ class Engine:
             self.nominal_us[g] = self._duration(self.ops[g])
         if self.ops[g].kind is _COPY:
             self._copies_changed(s.rank, -1)
-        elif self.slow_comm:
+        elif self.count_compute:
             self._computing_changed(s.rank, -1)
         self._complete_entry(s, s.cur, self.env.now, s.cur_cause)
         self._kick(s)
         self._drain()
 
     def _computing_changed(self, rank: int, delta: int) -> None:
-        """Compute ops running on `rank` changed by `delta`: tell the network when the
-        device starts or stops computing (comm slowed by compute)."""
+        """Compute ops running on `rank` changed by `delta`: when the device starts or
+        stops computing, tell the network (comm slowed by compute) and re-time its copies."""
         before = self.computing[rank]
         self.computing[rank] = before + delta
         if (before == 0) != (self.computing[rank] == 0):
-            self.network.compute_changed(rank, before == 0)
+            if self.slow_comm:
+                self.network.compute_changed(rank, before == 0)
+            if self.copy_slowed != 1.0:
+                self._refactor(rank)
 
     def _compute_factor(self, rank: int) -> float:
         """Current slowdown of compute on `rank`: NCCL kernels and copies running there."""
@@ -663,6 +677,10 @@ class Engine:
         if self.copying[rank]:
             factor *= self.copy_slowdown
         return factor
+
+    def _copy_factor(self, rank: int) -> float:
+        """Current slowdown of copies on `rank`: compute running there."""
+        return self.copy_slowed if self.computing[rank] else 1.0
 
     def _kernels_changed(self, rank: int, delta: int) -> None:
         before = self.kernels[rank]
@@ -677,18 +695,27 @@ class Engine:
             self._refactor(rank)
 
     def _refactor(self, rank: int) -> None:
-        """Re-time the running compute ops of `rank` at its new slowdown."""
+        """Re-time the running compute ops (and timed copies) of `rank` at their new slowdown."""
         now = self.env.now
-        factor = self._compute_factor(rank)
+        compute_factor = self._compute_factor(rank)
+        copy_factor = self._copy_factor(rank)
         for s in self.streams[rank].values():
-            if s.busy and not s.delay and s.cur >= 0 and s.factor != factor and self.ops[s.cur >> 2].kind is _COMPUTE and s.cur & 3 == _EXEC:
-                if s.t_run > now:
-                    continue
-                s.work_left = max(0.0, s.work_left - (now - s.t_run) / s.factor)
-                s.t_run = now
-                s.factor = factor
-                s.slowed = s.slowed or factor != 1.0
-                self._compute_timer(s)
+            if not s.busy or s.delay or s.cur < 0 or s.cur & 3 != _EXEC:
+                continue
+            kind = self.ops[s.cur >> 2].kind
+            if kind is _COMPUTE:
+                factor = compute_factor
+            elif kind is _COPY and self.timed_copies:
+                factor = copy_factor
+            else:
+                continue
+            if s.factor == factor or s.t_run > now:
+                continue
+            s.work_left = max(0.0, s.work_left - (now - s.t_run) / s.factor)
+            s.t_run = now
+            s.factor = factor
+            s.slowed = s.slowed or (factor != 1.0 and kind is _COMPUTE)
+            self._compute_timer(s)
 
     def _complete_entry(self, s: _Stream, entry: int, t: float, c: int) -> None:
         s.fifo.popleft()
@@ -743,6 +770,16 @@ class Engine:
             stall = _poisson(self.rng, noise.stalls_per_s * duration_us / 1e6) * noise.stall_us
             self.stall_us[g] = stall
         return stall
+
+    def _wake(self, entry: int) -> float:
+        """The late wake-up of a stream entry that waited on another thread's work:
+        `wake_stall_us` with probability `wake_stall_probability`, drawn once."""
+        wake = self.wake_us.get(entry)
+        if wake is None:
+            noise = self.machine.compute_noise
+            wake = noise.wake_stall_us if self.rng.random() < noise.wake_stall_probability else 0.0
+            self.wake_us[entry] = wake
+        return wake
 
     # ---- comm queues, matching, transfers -----------------------------------------------
 
