@@ -84,7 +84,8 @@ def test_streams_events_and_waits_follow_the_semantics(tmp_path):
 def test_1f1b_runs_checks_and_writes_a_trace_with_the_simulators_ids(tmp_path):
     out = tmp_path / "m.json"
     params = ["-p", "stages=2", "-p", "microbatches=3", "-p", "act=64KiB", "-p", "t_fwd=1ms", "-p", "t_bwd=2ms"]
-    run = torchrun(2, ["1f1b", *params, "--check", "--out", str(out), "--warmup", "1", "--iters", "3"])
+    records = tmp_path / "records.json"
+    run = torchrun(2, ["1f1b", *params, "--check", "--out", str(out), "--warmup", "1", "--iters", "3", "--records", str(records)])
     assert run.returncode == 0, run.stderr
     assert "check: 12 communication results on 2 rank(s): all correct" in run.stdout
     program = load("1f1b", {"stages": "2", "microbatches": "3", "act": "64KiB", "t_fwd": "1ms", "t_bwd": "2ms"})
@@ -100,6 +101,12 @@ def test_1f1b_runs_checks_and_writes_a_trace_with_the_simulators_ids(tmp_path):
     # Explicit-duration compute is calibrated real work: a 2 ms backward takes milliseconds.
     b0 = next(s for s in tl.exec_spans().values() if s.name == "B[0]")
     assert 1000 < b0.duration_us < 20000
+    # --records: every measured iteration's op times, whose per-op medians are the timeline.
+    iterations = json.loads(records.read_text())["iterations"]
+    assert len(iterations) == 3 and all(set(it) == {op.id for op in program.all_ops()} for it in iterations)
+    for op_id, span in tl.exec_spans().items():
+        starts = sorted(it[op_id][0] for it in iterations)
+        assert span.start_us == pytest.approx(starts[1], abs=1e-2)  # the median of 3
 
 
 def test_world_size_mismatch_is_a_clear_error(tmp_path):

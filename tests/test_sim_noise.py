@@ -15,7 +15,11 @@ from commdsl.errors import MachineError, UsageError
 from commdsl.sim import simulate
 from commdsl.sim.engine import _poisson
 from commdsl.timeline import Timeline
-from tests.test_sim_engine import machine, sched
+
+try:
+    from test_sim_engine import machine, sched
+except ImportError:  # tests/ imported as a package
+    from tests.test_sim_engine import machine, sched
 
 NOISE = "compute_noise: {{stalls_per_s: {rate}, stall_us: {stall}}}"
 

@@ -43,6 +43,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="compute with an explicit duration: calibrated matmuls (busy) or, on CPU, sleep")  # fmt: skip
     p.add_argument("--values", metavar="FILE", help="YAML: explicit input values per tensor name and rank (implies per-op buffers)")
     p.add_argument("--dump-values", metavar="FILE", help="rank 0 writes every comm op's input and output values (JSON)")
+    p.add_argument("--records", metavar="FILE",
+                   help="rank 0 also writes every measured iteration's op start and end times (JSON), behind the per-op medians")  # fmt: skip
     p.add_argument("--no-validate", action="store_true",
                    help="skip the static matching checks (to reproduce a hang on purpose)")  # fmt: skip
     p.add_argument("--max-ops", type=int, default=None, metavar="N", help="fail if the schedule expands to more than N ops")
@@ -82,7 +84,7 @@ def parse_config(argv: list[str] | None) -> RunConfig:
     return RunConfig(
         schedule=a.schedule, params=tuple(parse_overrides(a.param).items()), out=a.out, warmup=a.warmup,
         iters=a.iters, check=a.check, timeout_s=a.timeout, backend=BackendChoice(a.backend),
-        duration_mode=DurationMode(a.duration_mode), values_file=a.values, dump_values=a.dump_values,
+        duration_mode=DurationMode(a.duration_mode), values_file=a.values, dump_values=a.dump_values, records_out=a.records,
         validate=not a.no_validate, max_ops=a.max_ops, quiet=a.quiet, compare=a.compare, machine=a.machine,
         network=a.network,
     )  # fmt: skip

@@ -43,6 +43,8 @@ class RunConfig:
     """YAML file of explicit input values per tensor name and rank (see docs/executor.md)."""
     dump_values: str | None = None
     """Where rank 0 writes every comm op's input and output values (small tensors)."""
+    records_out: str | None = None
+    """Where rank 0 writes every measured iteration's op times (`--records`)."""
     validate: bool = True
     """Run the static matching checks at load time; off to reproduce a hang on purpose."""
     max_ops: int | None = None

@@ -27,7 +27,7 @@ from commdsl.run.compute import Kernels
 from commdsl.run.config import DurationMode, RunConfig
 from commdsl.run.executor import CpuExecutor, CudaExecutor, Executor, RankSetup
 from commdsl.run.tensors import estimate_bytes
-from commdsl.run.timing import ClockSync, IterRecord, RankResult, build_timeline, measure_clock, now_ns
+from commdsl.run.timing import ClockSync, IterRecord, RankResult, build_timeline, iteration_records, measure_clock, now_ns
 from commdsl.run.watchdog import Watchdog
 
 
@@ -129,6 +129,8 @@ def _report(program: Program, config: RunConfig, results: list[RankResult], meta
     tl = build_timeline(program, results, meta)
     out = Path(config.out)
     tl.write(out, streams=program.streams)
+    if config.records_out:
+        Path(config.records_out).write_text(json.dumps(iteration_records(program, results)) + "\n")
     if config.dump_values:
         merged = {}
         for r in results:

@@ -115,6 +115,32 @@ def _median(xs: list[float]) -> float:
     return statistics.median(xs)
 
 
+def iteration_origins(results: list[RankResult]) -> list[int]:
+    """Per measured iteration, its time zero (ns, rank 0's clock): the earliest begin over the ranks."""
+    iters = max((len(r.records) for r in results), default=0)
+    return [min(r.records[i].begin_ns + r.clock.applied_offset_ns for r in results if i < len(r.records)) for i in range(iters)]
+
+
+def iteration_records(program: Program, results: list[RankResult]) -> dict:
+    """Every measured iteration's op times (`--records FILE`): per iteration, op id ->
+    [start_us, end_us] of its execution from the iteration's time zero (null: not run),
+    the raw data behind the timeline's per-op medians."""
+    origins = iteration_origins(results)
+    iterations = []
+    for i, origin in enumerate(origins):
+        ops = {}
+        for r in sorted(results, key=lambda r: r.rank):
+            if i >= len(r.records):
+                continue
+            rec, off = r.records[i], r.clock.applied_offset_ns
+            for op in program.ops[r.rank]:
+                k = op.index
+                started = rec.exec_start[k]
+                ops[op.id] = [round((started + off - origin) / 1e3, 3), round((rec.exec_end[k] + off - origin) / 1e3, 3)] if started and rec.exec_end[k] else None
+        iterations.append(ops)
+    return {"schedule": program.name, "world_size": program.world_size, "iterations": iterations}
+
+
 def build_timeline(program: Program, results: list[RankResult], meta: dict, *, now: int | None = None) -> Timeline:
     """Merge the ranks' records into one measured Timeline (rank 0).
 
@@ -122,11 +148,8 @@ def build_timeline(program: Program, results: list[RankResult], meta: dict, *, n
     `now` and are marked `state: running`; ops never started get no EXEC span."""
     tl = Timeline("measured", program.name, program.world_size, meta=meta)
     by_rank = {r.rank: r for r in results}
-    iters = max((len(r.records) for r in results), default=0)
-    origins = []
-    for i in range(iters):
-        begins = [r.records[i].begin_ns + r.clock.applied_offset_ns for r in results if i < len(r.records)]
-        origins.append(min(begins))
+    origins = iteration_origins(results)
+    iters = len(origins)
     iter_makespans = []
     for i in range(iters):
         ends = [max(rec.exec_end + rec.issue_end) + r.clock.applied_offset_ns
