@@ -10,11 +10,12 @@ call depth stays flat and the only SimPy events are:
     later than now because the host issues it later;
   * one timeout per transfer (a whole collective, or a send/recv pair), from the network.
 
-With interference (a `comm_compute_slowdown` or `compute_comm_slowdown` other than 1.0),
-a compute op runs on a timer that starts at its true start and is rescheduled when the
-NCCL kernels of its device change; with `compute_comm_slowdown`, the network also hears
-when each device starts and stops computing (`Network.compute_changed`). With both
-factors 1.0 none of this runs.
+With interference (any of `comm_compute_slowdown`, `compute_comm_slowdown`,
+`copy_compute_slowdown`, `compute_copy_slowdown` other than 1.0), a compute op runs on a
+timer that starts at its true start and is rescheduled when the NCCL kernels or copies
+of its device change (copies likewise, when compute starts or stops there); with
+`compute_comm_slowdown`, the network also hears when each device starts and stops
+computing (`Network.compute_changed`). With all factors 1.0 none of this runs.
 
 With a random generator (`simulate --samples N`: one sample) and the machine's
 `compute_noise`, each compute op's time gets its random stalls, and a stream that was
