@@ -86,6 +86,10 @@ class Comparison:
     ranks: dict[int, tuple[RankBreakdown, RankBreakdown]] = field(default_factory=dict)
     """rank -> (predicted, measured)."""
     min_duration_us: float = 10.0
+    predicted_samples: int = 1
+    """Samples the prediction's per-op medians come from (`simulate --samples`); 1: exact."""
+    measured_iterations: int | None = None
+    """Iterations the measured per-op medians come from (`commdsl.run --iters`), if known."""
 
     @property
     def makespan_error_pct(self) -> float:
@@ -112,6 +116,8 @@ class Comparison:
             "predicted_makespan_us": round(self.predicted_makespan_us, 3),
             "measured_makespan_us": round(self.measured_makespan_us, 3),
             "makespan_error_pct": round(self.makespan_error_pct, 3),
+            "predicted_samples": self.predicted_samples,
+            "measured_iterations": self.measured_iterations,
             "ops_compared": len(self.ops),
             "only_predicted": self.only_predicted,
             "only_measured": self.only_measured,
@@ -193,6 +199,8 @@ def compare_timelines(predicted: Timeline, measured: Timeline, *, min_duration_u
         only_measured=sorted(set(meas) - set(pred), key=_op_key),
         ranks={r: (pb[r], mb[r]) for r in sorted(set(pb) & set(mb))},
         min_duration_us=min_duration_us,
+        predicted_samples=int(predicted.meta.get("samples", 1)),
+        measured_iterations=measured.meta.get("iters"),
     )
 
 

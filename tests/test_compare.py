@@ -51,6 +51,14 @@ def test_known_errors_are_reported_exactly() -> None:
     s = cmp.start_stats()
     assert s.worst == pytest.approx(10.0) and s.worst_op == "0:1"
     assert cmp.to_json()["duration_error_pct"]["worst_source"] == "s.yaml:11"
+    assert (cmp.predicted_samples, cmp.measured_iterations) == (1, None)
+
+
+def test_the_statistics_behind_both_sides_are_reported() -> None:
+    predicted, measured = _timeline("predicted", PREDICTED), _timeline("measured", MEASURED)
+    predicted.meta["samples"], measured.meta["iters"] = 25, 21
+    cmp = compare_timelines(predicted, measured)
+    assert cmp.to_json()["predicted_samples"] == 25 and cmp.to_json()["measured_iterations"] == 21
 
 
 def test_rank_breakdown_exposed_comm_and_idle() -> None:

@@ -32,8 +32,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def print_comparison(cmp: Comparison, console: Console) -> None:
     data = cmp.to_json()
-    console.print(f"[bold]{cmp.schedule}[/]: predicted {format_us(cmp.predicted_makespan_us)}, "
-                  f"measured {format_us(cmp.measured_makespan_us)}, makespan error [bold]{cmp.makespan_error_pct:+.2f}%[/]")  # fmt: skip
+    drawn = f" (per-op medians of {cmp.predicted_samples} samples)" if cmp.predicted_samples > 1 else ""
+    iters = f" (per-op medians of {cmp.measured_iterations} iterations)" if cmp.measured_iterations else ""
+    console.print(f"[bold]{cmp.schedule}[/]: predicted {format_us(cmp.predicted_makespan_us)}{drawn}, "
+                  f"measured {format_us(cmp.measured_makespan_us)}{iters}, makespan error [bold]{cmp.makespan_error_pct:+.2f}%[/]")  # fmt: skip
     d, s = data["duration_error_pct"], data["start_error_us"]
     table = Table(box=None, pad_edge=False)
     for col in ("per-op error", "median", "p90", "worst", "worst op"):
