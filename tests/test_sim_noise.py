@@ -107,6 +107,17 @@ def test_where_ranks_synchronise_the_late_one_sets_the_pace():
     assert synced.makespan_us >= base + 2 * stall
 
 
+def test_the_median_sample_is_run_again_from_its_own_seed():
+    # Flows, links and the critical path come from the median sample, run again from its
+    # seed (only each sample's times are kept): the same draws, so its last transfer, the
+    # final all_reduce, ends at the median of the sample makespans.
+    result = simulate(pipe(8), noisy(30, 3000), samples=9, seed=11)
+    makespans = result.sampling["sample_makespans_us"]
+    assert len(set(makespans)) > 1
+    assert max(f.end_us for f in result.flow_stats()) == statistics.median(makespans)
+    assert result.raw.ops[result.critical_path[-1]].name == "r[7]"
+
+
 def test_per_op_medians_make_the_timeline_and_its_metadata(tmp_path):
     program = pipe(4)
     result = simulate(program, noisy(), samples=7, seed=0)

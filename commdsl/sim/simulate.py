@@ -95,13 +95,6 @@ def simulate(program: Program, machine: Machine, network: str = DEFAULT_NETWORK,
             f"but the schedule has {program.world_size} ranks",
             hint=f"simulate with --nodes {-(-program.world_size // topo.gpus_per_node)}, or set topology.nodes",
         )  # fmt: skip
-    runs = []
-    for i in range(samples):
-        engine = Engine(program, machine, NETWORKS[network], random.Random(seed + i) if samples > 1 else None)
-        raw = engine.run()
-        if engine.unfinished():
-            raise deadlock_error(engine)
-        runs.append((_makespan(raw), raw, engine))
     warnings = []
     if topo is None and program.world_size > machine.num_devices:
         warnings.append(
@@ -109,15 +102,32 @@ def simulate(program: Program, machine: Machine, network: str = DEFAULT_NETWORK,
             f"the {network} network connects every pair of ranks like the machine's own devices"
         )
     if samples == 1:
-        makespan, raw, engine = runs[0]
-        return SimResult(program, machine, network, raw, engine.network.meta(), critical_path(raw), makespan, warnings,
+        raw, engine = _run(program, machine, network, None)
+        return SimResult(program, machine, network, raw, engine.network.meta(), critical_path(raw), _makespan(raw), warnings,
                          engine.network, engine.nominal_us)  # fmt: skip
-    # The median sample stands for the run (its causes, flows and links); times are per-op medians.
-    _, median_raw, engine = sorted(runs, key=lambda r: r[0])[(samples - 1) // 2]
-    raw = _median_raw(median_raw, [r for _, r, _ in runs])
-    sampling = {"samples": samples, "seed": seed, "stat": "median", "sample_makespans_us": [round(m, 3) for m, _, _ in runs]}
-    return SimResult(program, machine, network, raw, engine.network.meta(), critical_path(median_raw), _makespan(raw), warnings,
+    # Keep only each sample's times (32 bytes per op), not its engine (~800).
+    makespans, times = [], []
+    for i in range(samples):
+        raw, _ = _run(program, machine, network, random.Random(seed + i))
+        makespans.append(_makespan(raw))
+        times.append((raw.issue_start, raw.issue_end, raw.start, raw.end))
+    # The median sample stands for the run (its causes, flows and links): run again from
+    # its seed, which draws the same stalls.
+    median = sorted(range(samples), key=makespans.__getitem__)[(samples - 1) // 2]
+    like, engine = _run(program, machine, network, random.Random(seed + median))
+    columns = [array("d", map(statistics.median, zip(*(t[k] for t in times)))) for k in range(4)]
+    raw = RawResult(like.ops, like.base, *columns, like.state, like.cause, like.partner, like.algos)
+    sampling = {"samples": samples, "seed": seed, "stat": "median", "sample_makespans_us": [round(m, 3) for m in makespans]}
+    return SimResult(program, machine, network, raw, engine.network.meta(), critical_path(like), _makespan(raw), warnings,
                      engine.network, engine.nominal_us, sampling)  # fmt: skip
+
+
+def _run(program: Program, machine: Machine, network: str, rng: random.Random | None) -> tuple[RawResult, Engine]:
+    engine = Engine(program, machine, NETWORKS[network], rng)
+    raw = engine.run()
+    if engine.unfinished():
+        raise deadlock_error(engine)
+    return raw, engine
 
 
 def _makespan(raw: RawResult) -> float:
@@ -125,17 +135,6 @@ def _makespan(raw: RawResult) -> float:
     if len(raw.issue_end):
         makespan = max(makespan, max(raw.issue_end))
     return makespan
-
-
-def _median_raw(like: RawResult, raws: list[RawResult]) -> RawResult:
-    """`like` with every op's issue, start and end times the medians over `raws`."""
-
-    def median(field: str) -> array:
-        columns = zip(*(getattr(r, field) for r in raws))
-        return array("d", (statistics.median(c) for c in columns))
-
-    return RawResult(like.ops, like.base, median("issue_start"), median("issue_end"), median("start"), median("end"),
-                     like.state, like.cause, like.partner, like.algos)  # fmt: skip
 
 
 def check_deadlock(program: Program) -> None:
