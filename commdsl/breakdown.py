@@ -11,6 +11,7 @@ Host work, waits, records and synchronizes are not device work and count for non
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from commdsl.ir import OpKind
@@ -41,6 +42,16 @@ def breakdown(compute: list[Interval], comm: list[Interval], copy: list[Interval
     compute_us = union_length(compute)
     busy = union_length(compute + comm)
     return Breakdown(compute_us, union_length(comm), busy - compute_us, max(makespan_us - union_length(compute + comm + copy), 0.0))
+
+
+def breakdown_of(ops: Iterable[tuple[OpKind, float, float]], makespan_us: float) -> Breakdown:
+    """The breakdown of one rank's ops given as (kind, start_us, end_us)."""
+    spans: dict[str, list[Interval]] = {"compute": [], "comm": [], "copy": []}
+    for kind, start, end in ops:
+        cat = category(kind)
+        if cat is not None and end > start:
+            spans[cat].append((start, end))
+    return breakdown(spans["compute"], spans["comm"], spans["copy"], makespan_us)
 
 
 def category(kind: OpKind) -> str | None:

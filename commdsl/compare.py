@@ -22,7 +22,7 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass, field
 
-from commdsl.breakdown import Breakdown, breakdown, category
+from commdsl.breakdown import Breakdown, breakdown_of
 from commdsl.ir import OpKind
 from commdsl.timeline import Span, SpanRole, Timeline
 
@@ -167,15 +167,12 @@ def _percentile(sorted_values: list[float], pct: float) -> float:
 def rank_breakdowns(timeline: Timeline) -> dict[int, RankBreakdown]:
     """Compute / communication / exposed communication / idle per rank, from EXEC spans,
     with the simulator summary's definitions (commdsl.breakdown)."""
-    spans: dict[int, dict[str, list[tuple[float, float]]]] = {
-        r: {"compute": [], "comm": [], "copy": []} for r in range(timeline.world_size)
-    }
+    ops: dict[int, list[tuple[OpKind, float, float]]] = {r: [] for r in range(timeline.world_size)}
     for s in timeline.spans:
-        cat = category(OpKind(s.kind)) if s.role is SpanRole.EXEC else None
-        if cat is not None and s.end_us > s.start_us:
-            spans.setdefault(s.rank, {"compute": [], "comm": [], "copy": []})[cat].append((s.start_us, s.end_us))
+        if s.role is SpanRole.EXEC:
+            ops.setdefault(s.rank, []).append((OpKind(s.kind), s.start_us, s.end_us))
     makespan = timeline.makespan_us
-    return {r: breakdown(c["compute"], c["comm"], c["copy"], makespan) for r, c in sorted(spans.items())}
+    return {r: breakdown_of(spans, makespan) for r, spans in sorted(ops.items())}
 
 
 def compare_timelines(predicted: Timeline, measured: Timeline, *, min_duration_us: float = 10.0) -> Comparison:

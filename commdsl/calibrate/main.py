@@ -9,6 +9,7 @@ quality, and writes a machine description `commdsl simulate --machine FILE` read
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import json
 import math
@@ -16,7 +17,6 @@ import os
 import platform
 import socket
 import sys
-import dataclasses
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -47,7 +47,8 @@ CHUNK_BYTES = 512 * 1024
 SLOWDOWN_SIZE_BYTES = 16 * 2**20
 """Compute's slowdown under communication is measured over an all_reduce of this size
 (or the largest calibrated size below it): the bucket and activation sizes of typical
-schedules. On the 2-core VM: 1.6-2.0x at 16 MiB, 1.1-1.35x at 64 MiB."""
+schedules. On the 2-core VM: 1.6-2.0x at 16 MiB, 1.1-1.35x at 64 MiB. Copies' mutual
+slowdowns with compute are measured on copies of this size (or the largest calibrated)."""
 NOISE_MSG_BYTES = 4 * 2**20
 """Message size of the compute-stall probe (`commdsl.calibrate.noise.PROBE`), or the
 largest calibrated size below it."""
@@ -297,9 +298,10 @@ def _measure_all(probe, pool, sizes, matmul_sizes, dtypes, measure) -> Results:
         step("compute slowdown under communication")
         res.comm_slowdown = measure.comm_slowdown_under_compute(probe, n_work, sizes[-1], pool)
         step("communication slowdown under compute")
-        res.copy_slowdown = measure.compute_slowdown_under_copy(probe, n_work, min(sizes[-1], 16 * 2**20))
+        copy_bytes = min(sizes[-1], SLOWDOWN_SIZE_BYTES)
+        res.copy_slowdown = measure.compute_slowdown_under_copy(probe, n_work, copy_bytes)
         step("compute slowdown under copies")
-        res.copy_slowed = measure.copy_slowdown_under_compute(probe, n_work, min(sizes[-1], 16 * 2**20))
+        res.copy_slowed = measure.copy_slowdown_under_compute(probe, n_work, copy_bytes)
         step("copy slowdown under compute")
         from commdsl.calibrate.noise import compute_noise
 

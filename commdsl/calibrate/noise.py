@@ -31,9 +31,9 @@ from commdsl.calibrate.measure import Probe
 from commdsl.dsl import load_schedule_text
 from commdsl.ir import OpKind
 from commdsl.run.backend import all_gather_objects
-from commdsl.run.compute import Kernels
+from commdsl.run.compute import Kernels, compute_threads
 from commdsl.run.config import DurationMode, RunConfig
-from commdsl.run.executor import CpuExecutor, CudaExecutor, RankSetup
+from commdsl.run.executor import RankSetup, make_executor
 
 PROBE = """\
 name: calibrate_noise
@@ -110,12 +110,11 @@ def compute_noise(probe: Probe, msg_bytes: int, iters: int = 40, warmup: int = 2
     """Run `PROBE` through the executor on every rank; every rank returns the result."""
     program = load_schedule_text(PROBE.format(ranks=probe.world_size), "<calibrate noise probe>", {"msg": f"{msg_bytes}B"})
     config = RunConfig(schedule="<calibrate noise probe>", warmup=warmup, iters=iters, duration_mode=DurationMode.BUSY)
-    threads = 1 if probe.device.type == "cpu" else None  # as commdsl.run under torchrun (OMP_NUM_THREADS=1)
-    kernels = Kernels(probe.device, DurationMode.BUSY, threads)
+    kernels = Kernels(probe.device, DurationMode.BUSY, compute_threads(probe.device))
     kernels.calibrate()
     groups = {"world": dist.group.WORLD}
     setup = RankSetup(program, probe.rank, probe.backend, probe.device, groups, probe.cpu_group, config, kernels, None)
-    executor = CudaExecutor(setup) if probe.device.type == "cuda" else CpuExecutor(setup)
+    executor = make_executor(setup)
     ops = program.ops[probe.rank]
     compute = [op for op in ops if op.kind is OpKind.COMPUTE]
     # Each compute op after the first waits for the comm ops of the round before it.

@@ -156,6 +156,13 @@ class _MachineReader:
             bandwidth_gb_per_s=self.number(keys["bandwidth_gb_per_s"][1], f"{what}.bandwidth_gb_per_s", positive=True, allow_inf=True),
         )
 
+    def dtype(self, key: str, node: yaml.Node, what: str) -> Dtype:
+        """A dtype name used as a key of `what`."""
+        try:
+            return Dtype(key)
+        except ValueError:
+            raise self.fail(f"{what}: unknown dtype '{key}' (known: {', '.join(d.value for d in Dtype)})", node) from None
+
     def profile(self, node: yaml.Node, what: str) -> tuple[tuple[float, float], ...]:
         """[[size_bytes, time_us], ...]: at least two points, sizes increasing, times positive."""
         if not isinstance(node, yaml.SequenceNode) or len(node.value) < 2:
@@ -184,11 +191,7 @@ class _MachineReader:
         rates_node = dev["peak_tflops"][1]
         rates = []
         for key, (knode, vnode) in self.mapping(rates_node, "device.peak_tflops", None).items():
-            try:
-                dtype = Dtype(key)
-            except ValueError:
-                raise self.fail(f"device.peak_tflops: unknown dtype '{key}' (known: {', '.join(d.value for d in Dtype)})", knode) from None
-            rates.append((dtype, self.number(vnode, f"device.peak_tflops.{key}", positive=True, allow_inf=True)))
+            rates.append((self.dtype(key, knode, "device.peak_tflops"), self.number(vnode, f"device.peak_tflops.{key}", positive=True, allow_inf=True)))
         if not rates:
             raise self.fail("device.peak_tflops lists no dtype", rates_node)
         transports, staged, overrides, shared, profiles = [], [], [], [], []
@@ -227,10 +230,7 @@ class _MachineReader:
                         if "measured_us_by_dtype" in ckeys:
                             dwhat = f"{cwhat}.measured_us_by_dtype"
                             for dkey, (dknode, dvnode) in self.mapping(ckeys["measured_us_by_dtype"][1], dwhat, None).items():
-                                try:
-                                    dtype = Dtype(dkey)
-                                except ValueError:
-                                    raise self.fail(f"{dwhat}: unknown dtype '{dkey}' (known: {', '.join(d.value for d in Dtype)})", dknode) from None
+                                dtype = self.dtype(dkey, dknode, dwhat)
                                 profiles.append((transport, kind, ranks, dtype, self.profile(dvnode, f"{dwhat}.{dkey}")))
         if not transports:
             raise self.fail("transports lists no transport", top["transports"][1])

@@ -150,7 +150,7 @@ class Machine:
     implementations are not linear in size (gloo on a CPU slows per byte once tensors
     outgrow the caches), so at an op's size the time is interpolated between the measured
     points (log-log; beyond the largest point, bandwidth-bound) and the op's bandwidth term
-    set so that, alone, it takes exactly that time (see `profiled_link`); contention still
+    set so that, alone, it takes exactly that time (see `sized_link`); contention still
     shares the links it crosses."""
     shared: tuple[tuple[Transport, float], ...] = ()
     """Per transport, a bandwidth (GB/s) that every concurrent transfer of it on the
@@ -246,18 +246,18 @@ class Machine:
                 return spec
         return self.transport(transport)
 
-    def profiled_link(self, transport: Transport, kind: OpKind, group_size: int, size_bytes: float, latency_steps: int,
-                      serial_bytes: float, dtype: Dtype = Dtype.FP32) -> LinkSpec | None:  # fmt: skip
-        """The effective link of one collective of `size_bytes` on `group_size` ranks from its
-        measured profile: latency per step and bandwidth such that latency_steps * latency +
-        serial_bytes / bandwidth equals the interpolated measured time. None without a
-        profile for that group size."""
+    def sized_link(self, transport: Transport, kind: OpKind, group_size: int, size_bytes: float, latency_steps: int,
+                   serial_bytes: float, dtype: Dtype = Dtype.FP32) -> LinkSpec | None:  # fmt: skip
+        """The effective link of one collective of `size_bytes` on `group_size` ranks: from
+        its measured profile where there is one for that group size (latency per step and
+        bandwidth such that latency_steps * latency + serial_bytes / bandwidth equals the
+        interpolated measured time), else `collective_link`."""
+        fitted = self.collective_link(transport, kind)
         tables = {d: pts for t, k, n, d, pts in self.collective_profiles if t is transport and k is kind and n == group_size}
         points = tables.get(dtype) or tables.get(Dtype.FP32)
         if points is None or serial_bytes <= 0 or size_bytes <= 0:
-            return None
+            return fitted
         time_us = _interpolate(points, size_bytes)
-        fitted = self.collective_link(transport, kind)
         # Keep the fitted latency, but never more than half the time: the rest is bytes.
         latency_part = min(latency_steps * fitted.latency_us, 0.5 * time_us)
         per_step = latency_part / latency_steps if latency_steps else 0.0

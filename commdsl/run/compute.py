@@ -21,6 +21,7 @@ Operands are allocated once per stream at start-up (`Kernels.prepare`).
 from __future__ import annotations
 
 import math
+import os
 import statistics
 import threading
 import time
@@ -54,6 +55,15 @@ times a second, and those calls slowed the rank's gloo threads 2.7x (an 8 MiB
 all_gather; 1.4x under 256 x 256 ones), an artifact a GPU kernel does not have. The
 64 x 64 remainder keeps durations exact to a few microseconds. On a GPU one 1024 x
 1024 multiply is large enough that launch overhead does not dominate."""
+
+
+def compute_threads(device: torch.device) -> int | None:
+    """Intra-op threads per compute thread (`Kernels.threads`): 1 on CPU, where every
+    stream thread is one engine of the emulated device with its own intra-op team, and
+    concurrent teams oversubscribe the cores and wait on each other's barriers (seen:
+    10 ms of calibrated work taking 27-40 ms on one rank); None (torch's default) where
+    OMP_NUM_THREADS says otherwise (torchrun sets 1 for several ranks), and on GPUs."""
+    return 1 if device.type == "cpu" and "OMP_NUM_THREADS" not in os.environ else None
 
 
 MATMUL_DTYPES = {Dtype.FP32: torch.float32, Dtype.BF16: torch.bfloat16, Dtype.FP16: torch.float16, Dtype.FP64: torch.float64}

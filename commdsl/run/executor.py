@@ -250,6 +250,11 @@ class Executor:
         rec.exec_end[op.index] = now_ns()
 
 
+def make_executor(setup: RankSetup) -> Executor:
+    """The executor for the setup's backend: NCCL on GPUs, gloo on CPU."""
+    return CudaExecutor(setup) if setup.backend == "nccl" else CpuExecutor(setup)
+
+
 class CpuExecutor(Executor):
     """gloo on CPU: streams and comm queues are worker threads (see streams.py)."""
 

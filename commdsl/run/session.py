@@ -23,9 +23,9 @@ from commdsl.ir import OpKind, Program
 from commdsl.run.backend import (DistEnv, all_gather_objects, broadcast_object, connect_store, gather_objects, hostname,
                                  init_distributed, resolve_backend)
 from commdsl.run.check import Checker, CheckError, Fill, load_values
-from commdsl.run.compute import Kernels
+from commdsl.run.compute import Kernels, compute_threads
 from commdsl.run.config import DurationMode, RunConfig
-from commdsl.run.executor import CpuExecutor, CudaExecutor, Executor, RankSetup
+from commdsl.run.executor import Executor, RankSetup, make_executor
 from commdsl.run.tensors import estimate_bytes
 from commdsl.run.timing import ClockSync, IterRecord, RankResult, build_timeline, iteration_records, measure_clock, now_ns
 from commdsl.run.watchdog import Watchdog
@@ -66,19 +66,14 @@ def run(config: RunConfig) -> int:
     watchdog.phase = ("set-up (clock alignment, calibration)", now_ns())
     hosts: list[str] = all_gather_objects(hostname(), groups.control, env.world_size)
     clock = measure_clock(groups.control, rank, env.world_size, hosts)
-    # Every stream thread is one engine of the emulated device, each with its own
-    # intra-op thread team; concurrent teams oversubscribe the cores and wait on each
-    # other's barriers (seen: 10 ms of calibrated work taking 27-40 ms on one rank).
-    # torchrun already sets OMP_NUM_THREADS=1 for several ranks, and calibration runs so.
-    threads = 1 if device.type == "cpu" and "OMP_NUM_THREADS" not in os.environ else None
-    kernels = Kernels(device, config.duration_mode, threads)
+    kernels = Kernels(device, config.duration_mode, compute_threads(device))
     needs_cal = any(op.kind is OpKind.COMPUTE and op.duration_us is not None for op in program.ops[rank])
     cal_us = kernels.calibrate() if needs_cal and config.duration_mode is DurationMode.BUSY else 0.0
     fill = Fill(values, config.values_file or "")
     try:
         checker = Checker(program, rank, fill) if filled else None
         setup = RankSetup(program, rank, backend, device, groups.by_id, groups.control, config, kernels, checker)
-        executor: Executor = CudaExecutor(setup) if backend == "nccl" else CpuExecutor(setup)
+        executor: Executor = make_executor(setup)
     except CommdslError as err:
         watchdog.abort([err.format()], err.exit_code)
         raise

@@ -222,7 +222,7 @@ class FlowNetwork(Network):
             cap = min(cap, route.spec.bandwidth_gb_per_s * 1e3)
             step_latency = max(step_latency, route.spec.latency_us + route.latency_us)
         if fabric.topology is None:
-            link = self._collective_link(kind, transport, len(ranks), size, p, dtype)
+            link = self.machine.sized_link(transport, kind, len(ranks), size, p.latency_steps, p.serial_bytes, dtype)
             step_latency = link.latency_us
             override = self._override_bandwidth(kind, transport, link)
             if override is not None:
@@ -237,16 +237,9 @@ class FlowNetwork(Network):
                     channel_bytes[shared] = p.serial_bytes * fabric.capacity[shared] / cap
         return (self._leg(channel_bytes, p.serial_bytes, cap, p.latency_steps * step_latency, tuple(dict.fromkeys(ranks))),)
 
-    def _collective_link(self, kind: OpKind, transport: Transport, n: int, size: float, p: CommPlan,
-                         dtype: Dtype = Dtype.FP32) -> LinkSpec:  # fmt: skip
-        """The collective's link on `n` ranks: from its measured profile at this size, else its
-        calibrated override, else the transport's."""
-        machine = self.machine
-        return machine.profiled_link(transport, kind, n, size, p.latency_steps, p.serial_bytes, dtype) or machine.collective_link(transport, kind)
-
     def _override_bandwidth(self, kind: OpKind, transport: Transport, link: LinkSpec) -> float | None:
         """A calibrated per-collective bandwidth (bytes/us) on a machine without topology:
-        `link`'s (see `_collective_link`), if the collective has calibrated parameters."""
+        `link`'s (see `Machine.sized_link`), if the collective has calibrated parameters."""
         if self.fabric.topology is not None or not self.machine.has_override(transport, kind):
             return None
         bw = link.bandwidth_gb_per_s * 1e3
@@ -663,7 +656,8 @@ class SteppedFlowNetwork(FlowNetwork):
         fabric = self.fabric
         steps = max(p.latency_steps, 1)
         coflow = self.legs(transfer)[0]
-        link = self._collective_link(transfer.kind, transfer.transport, len(transfer.ranks), float(transfer.size_bytes), p, transfer.dtype)
+        link = self.machine.sized_link(transfer.transport, transfer.kind, len(transfer.ranks), float(transfer.size_bytes),
+                                       p.latency_steps, p.serial_bytes, transfer.dtype)  # fmt: skip
         override = self._override_bandwidth(transfer.kind, transfer.transport, link)
         per_step: list[_Leg] = []
         for a, b, nbytes in edges(transfer.kind, p.algo, transfer.ranks, float(transfer.size_bytes), transfer.root, p):

@@ -184,9 +184,8 @@ class AnalyticNetwork(Network):
     def duration_us(self, transfer: Transfer) -> tuple[float, float]:
         """(time, latency part) of a transfer."""
         p = transfer.plan
-        link = self.machine.profiled_link(transfer.transport, transfer.kind, len(transfer.ranks), transfer.size_bytes,
-                                          p.latency_steps, p.serial_bytes, transfer.dtype) \
-            or self.machine.collective_link(transfer.transport, transfer.kind)  # fmt: skip
+        link = self.machine.sized_link(transfer.transport, transfer.kind, len(transfer.ranks), transfer.size_bytes,
+                                       p.latency_steps, p.serial_bytes, transfer.dtype)  # fmt: skip
         assert link is not None, "the engine checks transports before simulating"
         latency = p.latency_steps * link.latency_us
         return latency + p.serial_bytes / (link.bandwidth_gb_per_s * 1e3), latency

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from commdsl.breakdown import breakdown, category
+from commdsl.breakdown import breakdown_of
 from commdsl.ir import OpKind
 from commdsl.sim.simulate import SimResult
 
@@ -121,15 +121,9 @@ def summarize(result: SimResult) -> Summary:
     makespan = result.makespan_us
     ranks = []
     for rank in range(program.world_size):
-        spans: dict[str, list[tuple[float, float]]] = {"compute": [], "comm": [], "copy": []}
         b = raw.base[rank]
-        for i, op in enumerate(program.ops[rank]):
-            g = b + i
-            cat = category(op.kind)
-            if cat is not None and raw.end[g] > raw.start[g]:
-                spans[cat].append((raw.start[g], raw.end[g]))
-        split = breakdown(spans["compute"], spans["comm"], spans["copy"], makespan)
-        bubble = (makespan - split.compute_us) / makespan if spans["compute"] and makespan > 0 else None
+        split = breakdown_of(((op.kind, raw.start[b + i], raw.end[b + i]) for i, op in enumerate(program.ops[rank])), makespan)
+        bubble = (makespan - split.compute_us) / makespan if split.compute_us > 0 and makespan > 0 else None
         ranks.append(RankSummary(rank, split.compute_us, split.comm_us, split.exposed_comm_us, split.idle_us, bubble))
     bubbles = [r.bubble_fraction for r in ranks if r.bubble_fraction is not None]
     path = []
