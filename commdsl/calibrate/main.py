@@ -296,7 +296,7 @@ def _measure_all(probe, pool, sizes, matmul_sizes, dtypes, measure) -> Results:
         size = max([s for s in sizes if s <= SLOWDOWN_SIZE_BYTES], default=sizes[0])
         res.slowdown = measure.slowdown_under_comm(probe, n_work, size, pool)
         step("compute slowdown under communication")
-        res.comm_slowdown = measure.comm_slowdown_under_compute(probe, n_work, sizes[-1], pool)
+        res.comm_slowdown = measure.comm_slowdown_under_compute(probe, n_work, sizes[-1])
         step("communication slowdown under compute")
         copy_bytes = min(sizes[-1], SLOWDOWN_SIZE_BYTES)
         res.copy_slowdown = measure.compute_slowdown_under_copy(probe, n_work, copy_bytes)

@@ -146,8 +146,9 @@ def _renamed(op: Op, suffix: str, **changes) -> Op:
     return dataclasses.replace(op, name=op.name + suffix, **changes)
 
 
-def collective_us(probe: Probe, kind: OpKind, size_bytes: int, dtype: Dtype = Dtype.FP32) -> float:
-    """Time of one collective of `size_bytes` (nccl-tests size convention) on all ranks."""
+def _collective_runner(probe: Probe, kind: OpKind, size_bytes: int, dtype: Dtype = Dtype.FP32) -> tuple[Callable[[], None], int]:
+    """A function running one collective of `size_bytes` (nccl-tests size convention) on
+    the next of its rotating buffer sets, and its warm-up count (`rotation_count`)."""
     root = 0 if kind in (OpKind.BROADCAST, OpKind.REDUCE, OpKind.GATHER, OpKind.SCATTER) else None
     op = comm_op(kind, size_bytes, probe.rank, root=root, dtype=dtype)
     next_plan = _rotating(probe, lambda sfx: (_renamed(op, sfx),), size_bytes)
@@ -156,7 +157,13 @@ def collective_us(probe: Probe, kind: OpKind, size_bytes: int, dtype: Dtype = Dt
         for work in launch(next_plan()):
             work.wait()
 
-    return _group_time_us(probe, run, warmup=next_plan.count)
+    return run, next_plan.count
+
+
+def collective_us(probe: Probe, kind: OpKind, size_bytes: int, dtype: Dtype = Dtype.FP32) -> float:
+    """Time of one collective of `size_bytes` (nccl-tests size convention) on all ranks."""
+    run, warmup = _collective_runner(probe, kind, size_bytes, dtype)
+    return _group_time_us(probe, run, warmup=warmup)
 
 
 def _pair_ops(probe: Probe, size_bytes: int) -> tuple[Op, Op]:
@@ -345,36 +352,26 @@ def _in_background(probe: Probe, work: Callable[[], None], name: str):
         raise errors[0]
 
 
-def comm_slowdown_under_compute(probe: Probe, n: int, comm_bytes: int, pool: BufferPool) -> float:
-    """All_reduce time while a loop of n x n matmuls runs on every rank, over its time
-    alone (both expected times of the group)."""
-    alone = collective_us(probe, OpKind.ALL_REDUCE, comm_bytes)
-    op = comm_op(OpKind.ALL_REDUCE, comm_bytes, probe.rank)
-    plan = make_plan((op,), dist.group.WORLD, probe.world_size, (pool.comm(op, probe.world_size),), probe.backend, probe.device)
-    a = torch.randn(n, n, device=probe.device)
-    b = torch.randn(n, n, device=probe.device)
-    out = torch.empty(n, n, device=probe.device)
-
-    def all_reduce() -> None:
-        for work in launch(plan):
-            work.wait()
-
-    with _in_background(probe, lambda: torch.mm(a, b, out=out), "calibrate-matmul-loop"):
-        during = _group_time_us(probe, all_reduce)
-    return max(during / alone, 1.0)
-
-
-def _slowdown(probe: Probe, timed: Callable[[], None], background: Callable[[], None], name: str) -> float:
-    """Expected time of `timed` while `background` runs over and over on every rank (its
-    own thread), over its time alone; at least 1. Every rank does both at once, as ranks
-    running one schedule do."""
+def _slowdown(probe: Probe, timed: Callable[[], None], background: Callable[[], None], name: str,
+              timer: Callable[[Probe, Callable[[], None]], float] = _local_time_us) -> float:  # fmt: skip
+    """Expected time of `timed` (by `timer`) while `background` runs over and over on every
+    rank (its own thread), over its time alone; at least 1. Every rank does both at once,
+    as ranks running one schedule do."""
     dist.barrier(group=probe.cpu_group)
-    alone = _local_time_us(probe, timed)
+    alone = timer(probe, timed)
     dist.barrier(group=probe.cpu_group)
     with _in_background(probe, background, name):
-        during = _local_time_us(probe, timed)
+        during = timer(probe, timed)
     dist.barrier(group=probe.cpu_group)
     return max(during / alone, 1.0)
+
+
+def comm_slowdown_under_compute(probe: Probe, n: int, comm_bytes: int) -> float:
+    """All_reduce time while a loop of n x n matmuls runs on every rank, over its time
+    alone: both expected times of the group, on the same rotating buffers."""
+    run, warmup = _collective_runner(probe, OpKind.ALL_REDUCE, comm_bytes)
+    return _slowdown(probe, run, _matmul_work(probe, n, 500.0), "calibrate-matmul-loop",
+                     timer=lambda p, fn: _group_time_us(p, fn, warmup=warmup))  # fmt: skip
 
 
 def _copy_loop(probe: Probe, copy_bytes: int) -> Callable[[], None]:
