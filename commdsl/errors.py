@@ -11,6 +11,7 @@ from __future__ import annotations
 import difflib
 from collections.abc import Iterable
 from dataclasses import dataclass
+from pathlib import Path
 
 
 @dataclass(frozen=True)
@@ -120,3 +121,13 @@ class UsageError(CommdslError):
 
     exit_code = 2
     kind = "usage error"
+
+
+def require_output_folder(flag: str, path: str | None) -> None:
+    """A command's output file must have an existing folder: checked at start, as outputs
+    are written only after minutes of work (a run, a calibration)."""
+    if path is None:
+        return
+    folder = Path(path).resolve().parent
+    if not folder.is_dir():
+        raise UsageError(f"{flag} {path}: the folder {folder} does not exist")

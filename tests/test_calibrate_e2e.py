@@ -106,6 +106,11 @@ def test_calibrate_usage_errors(tmp_path: Path) -> None:
     bad = subprocess.run([sys.executable, "-m", "commdsl.calibrate", "--out", "x.yaml", "--max-size", "2ms"],
                          capture_output=True, text=True, timeout=60)  # fmt: skip
     assert bad.returncode == 2 and "--max-size takes a size" in bad.stderr
+    # The output folder is checked before a minute of calibration, not after.
+    nowhere = subprocess.run([sys.executable, "-m", "commdsl.calibrate", "--out", "/no/such/folder/m.yaml"],
+                             capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert nowhere.returncode == 2 and "--out /no/such/folder/m.yaml: the folder /no/such/folder does not exist" in nowhere.stderr
+    assert "Traceback" not in nowhere.stderr
 
 
 def test_run_compare_rejects_bad_machine_before_starting(tmp_path: Path) -> None:

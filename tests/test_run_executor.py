@@ -135,6 +135,8 @@ def test_without_torchrun_a_multi_rank_schedule_asks_for_torchrun():
         (["1f1b", "--iters", "0"], "--iters must be >= 1"),
         (["1f1b", "-p", "nope=1"], "no param 'nope'"),
         (["1f1b", "--timeout", "-1"], "--timeout must be > 0"),
+        (["1f1b", "--records", "/no/such/folder/r.json"], "--records /no/such/folder/r.json: the folder /no/such/folder does not exist"),
+        (["1f1b", "--out", "/no/such/folder/m.json"], "--out /no/such/folder/m.json: the folder /no/such/folder does not exist"),
     ],
 )
 def test_usage_errors_exit_2_without_traceback(args, message):

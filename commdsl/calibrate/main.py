@@ -27,7 +27,7 @@ from rich.table import Table
 
 from commdsl.calibrate.fit import LinearFit, StepFit, fit_linear, fit_steps, monotone
 from commdsl.dsl.values import ValueFault, format_bytes, parse_quantity, Unit
-from commdsl.errors import CommdslError, UsageError
+from commdsl.errors import CommdslError, UsageError, require_output_folder
 from commdsl.ir import Dtype, OpKind
 from commdsl.sim.collectives import DEFAULT_ALGO, plan
 
@@ -110,6 +110,8 @@ def parse_args(argv: list[str] | None) -> CalibrateConfig:
         mm = tuple(int(x) for x in args.matmul_sizes.split(",") if x.strip())
     except ValueError:
         raise UsageError(f"--matmul-sizes takes integers like 128,256,512, got {args.matmul_sizes!r}") from None
+    require_output_folder("--out", args.out)
+    require_output_folder("--raw", args.raw)
     return CalibrateConfig(args.out, args.raw, args.name, lo, hi, args.size_factor, args.repeats, args.warmup, args.backend, mm)
 
 

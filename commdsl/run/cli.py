@@ -12,7 +12,7 @@ import argparse
 import os
 import sys
 
-from commdsl.errors import CommdslError, UsageError
+from commdsl.errors import CommdslError, UsageError, require_output_folder
 from commdsl.run.config import BackendChoice, DurationMode, RunConfig
 
 PROG = "torchrun --nproc_per_node=N -m commdsl.run"
@@ -70,6 +70,8 @@ def parse_config(argv: list[str] | None) -> RunConfig:
         raise UsageError(f"--timeout must be > 0 seconds, got {a.timeout}")
     if a.max_ops is not None and a.max_ops < 1:
         raise UsageError(f"--max-ops must be at least 1, got {a.max_ops}")
+    for flag, path in (("--out", a.out), ("--records", a.records), ("--dump-values", a.dump_values)):
+        require_output_folder(flag, path)
     if (a.machine is not None or a.network != "analytic") and not a.compare:
         raise UsageError("--machine and --network only apply with --compare")
     if a.compare:
