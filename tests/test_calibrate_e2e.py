@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from commdsl.calibrate.executor_probes import PROBE_ITERS
+from commdsl.calibrate.main import OVERLAP_OPS
 from commdsl.dsl import load_schedule
 from commdsl.ir import Dtype, OpKind, Transport
 from commdsl.machine import load_machine
@@ -44,14 +46,23 @@ def machine_file(tmp_path_factory) -> Path:
     data = json.loads(raw.read_text())
     assert len(data["p2p_us"]) == 5  # 1, 4, 16, 64, 256 KiB
     assert set(data["collectives_us"]) >= {"all_reduce", "all_gather", "broadcast"}
-    assert data["compute_slowdown_under_comm"] > 0 and data["comm_slowdown_under_compute"] > 0
+    # Interference is measured per comm op inside the executor (the overlap probe); the
+    # fp32 all_reduce's factors are the machine-wide ones.
+    by_op = {(e["kind"], e["dtype"]): e for e in data["interference_by_op"]}
+    assert set(by_op) == {(k.value, d.value if d else "any") for k, d in OVERLAP_OPS}
+    for e in by_op.values():
+        assert e["comm_alone_us"] > 0 and e["comm_beside_us"] > 0 and e["overlap_us"] > 0
+        assert e["comm_compute_slowdown"] >= 1 and e["compute_comm_slowdown"] >= 1
+    all_reduce = by_op[("all_reduce", "fp32")]
+    assert data["compute_slowdown_under_comm"] == all_reduce["comm_compute_slowdown"]
+    assert data["comm_slowdown_under_compute"] == all_reduce["compute_comm_slowdown"]
     # Compute stalls are counted on compute ops run by the executor itself (the probe schedule).
     noise = data["compute_noise"]
     compute, wake = noise["compute"], noise["wake"]
-    assert compute["samples"] == 2 * 6 * 40 and 0 <= compute["stalled"] <= compute["samples"] and noise["stalls_per_s"] >= 0
-    assert wake["samples"] == 2 * 5 * 40 and 0 <= noise["wake_stall_probability"] < 1
+    assert compute["samples"] == 2 * 6 * PROBE_ITERS and 0 <= compute["stalled"] <= compute["samples"] and noise["stalls_per_s"] >= 0
+    assert wake["samples"] == 2 * 5 * PROBE_ITERS and 0 <= noise["wake_stall_probability"] < 1
     assert "compute stalls inside the executor" in proc.stdout
-    assert "all_reduce slowdown while matmuls run: x" in proc.stdout
+    assert "interference inside the executor" in proc.stdout and "reduce_scatter bf16" in proc.stdout
     return out
 
 
@@ -73,6 +84,12 @@ def test_calibrated_machine_is_a_valid_machine(machine_file: Path) -> None:
     assert m.compute_comm_slowdown >= 1.0 and "compute_comm_slowdown:" in machine_file.read_text()
     assert m.compute_copy_slowdown >= 1.0 and "compute_copy_slowdown:" in machine_file.read_text()
     assert m.compute_noise is not None and m.compute_noise.stalls_per_s >= 0 and m.compute_noise.stall_us >= 0
+    # Each measured comm op has its own factors; the fp32 all_reduce's are the machine-wide ones.
+    listed = {(k, d) for k, d, _ in m.interference_by_op}
+    assert listed == {(OpKind.ALL_REDUCE, Dtype.BF16), (OpKind.REDUCE_SCATTER, Dtype.FP32), (OpKind.REDUCE_SCATTER, Dtype.BF16),
+                      (OpKind.ALL_GATHER, None), (OpKind.SEND, None), (OpKind.RECV, None)}  # fmt: skip
+    assert m.interference(OpKind.SEND, Dtype.FP32) == m.interference(OpKind.RECV, Dtype.BF16)
+    assert m.interference(OpKind.BROADCAST, Dtype.FP32).comm_compute_slowdown == m.comm_compute_slowdown
     # Every collective of the language is measured, the barrier included (no bytes: latency only).
     barrier = m.collective_link(Transport.NCCL, OpKind.BARRIER)
     assert m.has_override(Transport.NCCL, OpKind.BARRIER) and barrier.latency_us > 0 and barrier.bandwidth_gb_per_s == float("inf")

@@ -196,3 +196,32 @@ def test_compute_slows_a_copy_on_its_device_only(network):
     assert machine("compute_copy_slowdown: 1.5").to_json()["compute_copy_slowdown"] == 1.5
     with pytest.raises(MachineError, match="compute_copy_slowdown must be at least 1.0"):
         machine("compute_copy_slowdown: 0.9")
+
+
+BY_SEND = "interference_by_op:\n  {kind}:\n    any: {{comm_compute_slowdown: {cc}, compute_comm_slowdown: {cm}}}\n"
+
+
+@pytest.mark.parametrize("network", NETWORKS)
+def test_an_ops_own_factor_wins_over_the_machine_wide_one(network):
+    """The send's own compute_comm_slowdown (4) applies, not the machine's (2): 400 MB at
+    1e5 B/us take 16000 us while the receiver computes; an op not listed keeps 2."""
+    slow = machine("compute_comm_slowdown: 2.0\n" + BY_SEND.format(kind="send", cc=1.0, cm=4.0))
+    busy = sched(SEND.format(compute="if rank == 1:\n    compute C 20ms on a"))
+    assert spans(simulate(busy, slow, network=network))["x"][1] == pytest.approx(16000, rel=1e-12)
+    other = machine("compute_comm_slowdown: 2.0\n" + BY_SEND.format(kind="all_reduce", cc=1.0, cm=4.0))
+    assert spans(simulate(busy, other, network=network))["x"][1] == pytest.approx(8000, rel=1e-12)
+
+
+@pytest.mark.parametrize("network", NETWORKS)
+def test_compute_slows_by_the_factor_of_the_op_running_beside_it(network):
+    """While the 4000 us send runs, compute on the sender goes at 1/3 (the send's own
+    comm_compute_slowdown; the machine-wide 1.5 is for other ops): 10 ms of compute does
+    4000/3 us of work by then and ends at 4000 + 10000 - 4000/3 us."""
+    m = machine("comm_compute_slowdown: 1.5\n" + BY_SEND.format(kind="send", cc=3.0, cm=1.0))
+    r = simulate(sched(SEND.format(compute="if rank == 0:\n    compute C 10ms on a")), m, network=network)
+    assert spans(r)["x"][1] == pytest.approx(4000, rel=1e-12)
+    assert spans(r)["C"][1] == pytest.approx(4000 + 10000 - 4000 / 3, rel=1e-12)
+    # The machine-wide factor for an op not listed.
+    m2 = machine("comm_compute_slowdown: 1.5\n" + BY_SEND.format(kind="broadcast", cc=3.0, cm=1.0))
+    r2 = simulate(sched(SEND.format(compute="if rank == 0:\n    compute C 10ms on a")), m2, network=network)
+    assert spans(r2)["C"][1] == pytest.approx(4000 + 10000 - 4000 / 1.5, rel=1e-12)

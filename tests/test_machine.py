@@ -52,6 +52,10 @@ def test_zero_overheads_and_infinite_bandwidth_are_allowed():
     assert m.transport(Transport.NCCL).transfer_us(1e12) == 5.0
 
 
+BY_OP = "interference_by_op:\n  reduce_scatter:\n    bf16: {comm_compute_slowdown: 1.9, compute_comm_slowdown: 1.3}\n"
+"""Appended to GOOD in the table of bad inputs (lines 13-15)."""
+
+
 @pytest.mark.parametrize(
     "old,new,message,line,col",
     [
@@ -63,12 +67,19 @@ def test_zero_overheads_and_infinite_bandwidth_are_allowed():
         ("kernel_launch_us: 4", "kernel_launch_us: 4e0", "kernel_launch_us must be a number, got '4e0'", 8, 19),
         ("{latency_us: 1, bandwidth_gb_per_s: 25}", "{latency_us: 1}", "host_link is missing 'bandwidth_gb_per_s'", 10, 12),
         ("memory_bandwidth_gb_per_s: 100", "memory_bandwidth_gb_per_s: .nan", "must be a finite number or .inf, got .nan", 6, 30),
+        ("reduce_scatter:", "reduce_scater:", "interference_by_op: 'reduce_scater' is not a comm op", 14, 3),
+        ("reduce_scatter:", "compute:", "interference_by_op: 'compute' is not a comm op", 14, 3),
+        ("    bf16:", "    bf15:", "interference_by_op.reduce_scatter (or 'any'): unknown dtype 'bf15'", 15, 5),
+        ("1.9,", "0.5,", "interference_by_op.reduce_scatter.bf16.comm_compute_slowdown must be at least 1.0", 15, 35),
+        ("compute_comm_slowdown: 1.3", "compute_comm: 1.3", "interference_by_op.reduce_scatter.bf16: unknown key 'compute_comm'", 15, 40),
+        ("comm_compute_slowdown: 1.9, ", "", "interference_by_op.reduce_scatter.bf16 is missing 'comm_compute_slowdown'", 15, 11),
     ],
 )
 def test_validation_errors_name_file_line_col_and_value(old, new, message, line, col):
-    assert old in GOOD
+    text = GOOD + BY_OP
+    assert old in text
     with pytest.raises(MachineError) as info:
-        load_machine_text(GOOD.replace(old, new, 1), "tiny.yaml")
+        load_machine_text(text.replace(old, new, 1), "tiny.yaml")
     err = info.value
     assert message in err.message
     assert (err.loc.file, err.loc.line, err.loc.column) == ("tiny.yaml", line, col)
@@ -140,3 +151,24 @@ def test_measured_copy_profiles_time_copies_and_byte_sized_compute():
         load_machine_text(GOOD + "copy_measured_us: {pcie: [[1, 2], [3, 4]]}\n", "m.yaml")
     with pytest.raises(MachineError, match="copy_measured_us.host must be a list of at least two"):
         load_machine_text(GOOD + "copy_measured_us: {host: [[1, 2]]}\n", "m.yaml")
+
+
+
+def test_interference_by_op_reads_and_wins_over_the_machine_wide_factors():
+    from commdsl.ir import OpKind
+    from commdsl.machine.model import OpInterference
+
+    text = GOOD + "comm_compute_slowdown: 1.2\ncompute_comm_slowdown: 2.0\n" + BY_OP
+    text += "  all_gather:\n    any: {comm_compute_slowdown: 1.4, compute_comm_slowdown: 1.0}\n"
+    m = load_machine_text(text, "tiny.yaml")
+    assert m.interference(OpKind.REDUCE_SCATTER, Dtype.BF16) == OpInterference(1.9, 1.3)
+    assert m.interference(OpKind.REDUCE_SCATTER, Dtype.FP32) == OpInterference(1.2, 2.0)  # not listed: machine-wide
+    assert m.interference(OpKind.ALL_GATHER, Dtype.FP16) == OpInterference(1.4, 1.0)  # any dtype
+    assert m.to_json()["interference_by_op"] == {
+        "reduce_scatter": {"bf16": {"comm_compute_slowdown": 1.9, "compute_comm_slowdown": 1.3}},
+        "all_gather": {"any": {"comm_compute_slowdown": 1.4, "compute_comm_slowdown": 1.0}},
+    }
+    assert m.slows_compute() and m.slows_comm()
+    # Per-op factors alone switch interference on.
+    only = load_machine_text(GOOD + BY_OP, "tiny.yaml")
+    assert only.slows_compute() and only.slows_comm() and only.comm_compute_slowdown is None

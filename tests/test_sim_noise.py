@@ -9,7 +9,7 @@ import statistics
 
 import pytest
 
-from commdsl.calibrate.noise import STALL_MIN_US, NoiseResult, Stalls, stalls
+from commdsl.calibrate.executor_probes import STALL_MIN_US, NoiseResult, Stalls, stalls
 from commdsl.cli import main
 from commdsl.errors import MachineError, UsageError
 from commdsl.sim import simulate

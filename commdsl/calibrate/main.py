@@ -32,7 +32,7 @@ from commdsl.ir import Dtype, OpKind
 from commdsl.sim.collectives import DEFAULT_ALGO, plan
 
 if TYPE_CHECKING:
-    from commdsl.calibrate.noise import NoiseResult
+    from commdsl.calibrate.executor_probes import NoiseResult, Overlap
 
 COLLECTIVES = (
     OpKind.ALL_REDUCE, OpKind.ALL_GATHER, OpKind.REDUCE_SCATTER, OpKind.BROADCAST,
@@ -45,12 +45,24 @@ REDUCING = (OpKind.ALL_REDUCE, OpKind.REDUCE_SCATTER, OpKind.REDUCE)
 CHUNK_BYTES = 512 * 1024
 """Pipelining chunk of chain collectives written to the machine (NCCL's default)."""
 SLOWDOWN_SIZE_BYTES = 16 * 2**20
-"""Compute's slowdown under communication is measured over an all_reduce of this size
-(or the largest calibrated size below it): the bucket and activation sizes of typical
-schedules. On the 2-core VM: 1.6-2.0x at 16 MiB, 1.1-1.35x at 64 MiB. Copies' mutual
+"""Compute's slowdown under communication, and communication's under compute, are
+measured over an all_reduce of this size (or the largest calibrated size below it): the
+bucket and activation sizes of typical schedules. On the 2-core VM: 1.6-2.0x at 16 MiB, 1.1-1.35x at 64 MiB. Copies' mutual
 slowdowns with compute are measured on copies of this size (or the largest calibrated)."""
+OVERLAP_OPS: tuple[tuple[OpKind, Dtype | None], ...] = (
+    (OpKind.ALL_REDUCE, Dtype.FP32), (OpKind.ALL_REDUCE, Dtype.BF16), (OpKind.REDUCE_SCATTER, Dtype.FP32),
+    (OpKind.REDUCE_SCATTER, Dtype.BF16), (OpKind.ALL_GATHER, None), (OpKind.SEND, None),
+)  # fmt: skip
+"""Comm ops whose interference with compute is measured inside the executor, at
+SLOWDOWN_SIZE_BYTES (dtype None: any; SEND: a send/recv pair, written for both kinds).
+The fp32 all_reduce's factors are the machine-wide ones, for every op not listed: what
+an op costs the cores differs (a bf16 reduction is CPU-bound on a CPU, an all_gather
+mostly copies), so the ops of the bundled schedules get their own."""
+OVERLAP_MIN_COMPUTE_US = 10_000.0
+"""The overlap probe's compute ops run at least this long, and at least 4x the comm op
+alone, so they outlast it slowed."""
 NOISE_MSG_BYTES = 4 * 2**20
-"""Message size of the compute-stall probe (`commdsl.calibrate.noise.PROBE`), or the
+"""Message size of the compute-stall probe (`commdsl.calibrate.executor_probes.PROBE`), or the
 largest calibrated size below it."""
 
 
@@ -143,7 +155,6 @@ def _calibrate(cfg: CalibrateConfig) -> int:
 
     from commdsl.calibrate import measure
     from commdsl.run.backend import all_gather_objects, hostname
-    from commdsl.run.tensors import BufferPool
     from commdsl.run.timing import measure_clock
 
     backend = cfg.backend if cfg.backend != "auto" else ("nccl" if torch.cuda.is_available() else "gloo")
@@ -165,7 +176,6 @@ def _calibrate(cfg: CalibrateConfig) -> int:
         hosts = all_gather_objects(hostname(), cpu_group, world)
         clock = measure_clock(cpu_group, rank, world, hosts)
         probe = measure.Probe(rank, world, backend, device, cfg.repeats, cfg.warmup, cpu_group, clock.applied_offset_ns)
-        pool = BufferPool(device, backend, per_op=False)
         sizes = message_sizes(cfg, world)
         matmul_sizes = cfg.matmul_sizes or ((1024, 2048, 4096, 8192) if device.type == "cuda" else (64, 128, 256, 384, 512))
         from commdsl.run.compute import flop_block
@@ -173,7 +183,7 @@ def _calibrate(cfg: CalibrateConfig) -> int:
         # The compute rate is taken at the executor's FLOP block: always measure it.
         matmul_sizes = tuple(sorted({*matmul_sizes, flop_block(device.type)}))
         dtypes = (Dtype.FP32, Dtype.BF16, Dtype.FP16)
-        results = _measure_all(probe, pool, sizes, matmul_sizes, dtypes, measure)
+        results = _measure_all(probe, sizes, matmul_sizes, dtypes, measure)
         if rank == 0:
             machine, report = build_machine(cfg, results, world, backend, device, torch.__version__)
             _print_report(report, results)
@@ -208,16 +218,20 @@ class Results:
     kernel_launch_us: float
     comm_launch_us: float
     slowdown: float
-    """A matmul's time while an all_reduce runs, over its time alone."""
+    """Compute's slowdown while an fp32 all_reduce runs (inside the executor)."""
     copy_slowdown: float
     """A matmul loop's time while copies run on every rank, over its time alone."""
     comm_slowdown: float
-    """An all_reduce's time while a matmul loop runs on every rank, over its time alone."""
+    """An fp32 all_reduce's slowdown while compute runs (inside the executor)."""
     skipped: list[str]
     copy_slowed: float = 1.0
     """A copy's time while a matmul loop runs on every rank, over its time alone."""
     noise: NoiseResult | None = None
-    """Compute stalls inside the executor (`commdsl.calibrate.noise`)."""
+    """Compute stalls inside the executor (`commdsl.calibrate.executor_probes`)."""
+    overlaps: dict[tuple[OpKind, Dtype | None], Overlap] = dataclasses.field(default_factory=dict)
+    """Per comm op kind and dtype (None: any), its interference with compute inside the
+    executor (`executor_probes.interference`); the fp32 all_reduce's gives the
+    machine-wide factors."""
 
     def to_json(self) -> dict:
         return {
@@ -237,13 +251,28 @@ class Results:
             "copy_slowdown_under_compute": self.copy_slowed,
             "skipped": self.skipped,
             "compute_noise": {**dataclasses.asdict(self.noise), **self.noise.machine_json()} if self.noise is not None else None,
+            "interference_by_op": [{"kind": k.value, "dtype": d.value if d else "any", **dataclasses.asdict(o),
+                                    "comm_compute_slowdown": o.comm_compute_slowdown, "compute_comm_slowdown": o.compute_comm_slowdown}
+                                   for (k, d), o in self.overlaps.items()],  # fmt: skip
         }
 
 
-def _measure_all(probe, pool, sizes, matmul_sizes, dtypes, measure) -> Results:
+def _measured_at(res: Results, kind: OpKind, dtype: Dtype | None, size: int) -> float | None:
+    """The calibrated time of `kind` (in `dtype`) at `size`, if it was measured."""
+    if kind.is_p2p:
+        points = res.p2p
+    elif dtype in (None, Dtype.FP32):
+        points = res.collectives.get(kind, [])
+    else:
+        points = res.reductions_by_dtype.get(dtype, {}).get(kind, [])
+    return dict(points).get(size)
+
+
+def _measure_all(probe, sizes, matmul_sizes, dtypes, measure) -> Results:
     from commdsl.run.compute import DURATION_BLOCKS_CPU
 
-    steps = len(dtypes) * len(matmul_sizes) + 2 * len(sizes) + len(sizes) * (2 + len(COLLECTIVES) + len(REDUCED_DTYPES) * len(REDUCING)) + 7
+    steps = (len(dtypes) * len(matmul_sizes) + 2 * len(sizes) + len(sizes) * (2 + len(COLLECTIVES) + len(REDUCED_DTYPES) * len(REDUCING))
+             + len(OVERLAP_OPS) + 5)  # fmt: skip
     res = Results({}, [], [], [], [], {}, {}, 0.0, 0.0, 0.0, 1.0, 1.0, 1.0, [])
     with Progress(disable=probe.rank != 0, transient=True) as progress:
         task = progress.add_task("calibrating", total=steps)
@@ -296,17 +325,24 @@ def _measure_all(probe, pool, sizes, matmul_sizes, dtypes, measure) -> Results:
         # (`compute X 2ms`), the compute it describes.
         n_work = DURATION_BLOCKS_CPU[0] if probe.device.type == "cpu" else matmul_sizes[-1]
         size = max([s for s in sizes if s <= SLOWDOWN_SIZE_BYTES], default=sizes[0])
-        res.slowdown = measure.slowdown_under_comm(probe, n_work, size, pool)
-        step("compute slowdown under communication")
-        res.comm_slowdown = measure.comm_slowdown_under_compute(probe, n_work, sizes[-1])
-        step("communication slowdown under compute")
+        from commdsl.calibrate.executor_probes import compute_noise, interference
+
+        for kind, dtype in OVERLAP_OPS:
+            if kind.is_p2p and probe.world_size % 2:
+                continue  # the probe pairs ranks
+            alone_us = _measured_at(res, kind, dtype, size)
+            if alone_us is not None:
+                res.overlaps[(kind, dtype)] = interference(probe, kind, dtype, size, max(OVERLAP_MIN_COMPUTE_US, 4 * alone_us))
+            step(f"{kind.value} {dtype.value if dtype else ''} beside compute")
+        fp32_all_reduce = res.overlaps.get((OpKind.ALL_REDUCE, Dtype.FP32))
+        if fp32_all_reduce is not None:
+            res.slowdown = fp32_all_reduce.comm_compute_slowdown
+            res.comm_slowdown = fp32_all_reduce.compute_comm_slowdown
         copy_bytes = min(sizes[-1], SLOWDOWN_SIZE_BYTES)
         res.copy_slowdown = measure.compute_slowdown_under_copy(probe, n_work, copy_bytes)
         step("compute slowdown under copies")
         res.copy_slowed = measure.copy_slowdown_under_compute(probe, n_work, copy_bytes)
         step("copy slowdown under compute")
-        from commdsl.calibrate.noise import compute_noise
-
         res.noise = compute_noise(probe, min(sizes[-1], NOISE_MSG_BYTES))
         step("compute stalls inside the executor")
     return res
@@ -358,6 +394,13 @@ def build_machine(cfg: CalibrateConfig, res: Results, world: int, backend: str, 
         dev_name, sms = props.name, props.multi_processor_count
     else:
         dev_name, sms = f"{platform.machine()} CPU ({platform.processor() or 'unknown'})", 1
+    by_op: dict[str, dict[str, dict[str, float]]] = {}
+    for (kind, dtype), o in res.overlaps.items():
+        if (kind, dtype) == (OpKind.ALL_REDUCE, Dtype.FP32):
+            continue  # the machine-wide factors
+        factors = {"comm_compute_slowdown": round(o.comm_compute_slowdown, 3), "compute_comm_slowdown": round(o.compute_comm_slowdown, 3)}
+        for k in (OpKind.SEND, OpKind.RECV) if kind.is_p2p else (kind,):
+            by_op.setdefault(k.value, {})[dtype.value if dtype else "any"] = factors
     machine = {
         "name": cfg.name,
         "doc": f"calibrated on {socket.gethostname()} with {world} {backend} ranks, torch {torch_version}",
@@ -384,14 +427,17 @@ def build_machine(cfg: CalibrateConfig, res: Results, world: int, backend: str, 
         # Copies run from the caches when small and from memory when large: keep their
         # measured profiles too (the lines above stay for what a profile does not cover).
         "copy_measured_us": {"host": _table(res.host_copy), "device": _table(res.copy)},
-        # Measured: a matmul's time while an all_reduce runs, over its time alone.
+        # Measured inside the executor: compute's slowdown while an fp32 all_reduce runs.
         "comm_compute_slowdown": round(max(res.slowdown, 1.0), 3),
-        # Measured: an all_reduce's time while a matmul loop runs on every rank, over its time alone.
+        # Measured inside the executor: an fp32 all_reduce's slowdown while compute runs.
         "compute_comm_slowdown": round(max(res.comm_slowdown, 1.0), 3),
         # Measured: a matmul loop's time while copies run on every rank, over its time alone.
         "copy_compute_slowdown": round(max(res.copy_slowdown, 1.0), 3),
         # Measured: a copy's time while a matmul loop runs on every rank, over its time alone.
         "compute_copy_slowdown": round(max(res.copy_slowed, 1.0), 3),
+        # Measured inside the executor: each op's interference with compute (the fp32
+        # all_reduce's are the machine-wide factors above).
+        **({"interference_by_op": by_op} if by_op else {}),
         # Measured: compute ops' stalls inside the executor (drawn by `simulate --samples N`).
         **({"compute_noise": res.noise.machine_json()} if res.noise is not None else {}),
     }
@@ -462,10 +508,16 @@ def _print_report(report: FitReport, res: Results) -> None:
         table.add_row("  (p2p link)", "analytic model with the p2p link", "", f"{max(abs(r) for r in resid):.1f}%", " ".join(f"{r:+.0f}" for r in resid))
     console.print(table)
     console.print(f"host issue: kernel {res.kernel_launch_us:.1f} us, comm {res.comm_launch_us:.1f} us; barrier {res.barrier_us:.1f} us; "
-                  f"compute slowdown while an all_reduce runs: x{res.slowdown:.2f}; "
-                  f"all_reduce slowdown while matmuls run: x{res.comm_slowdown:.2f}; "
                   f"compute slowdown while copies run: x{res.copy_slowdown:.2f}; "
                   f"copy slowdown while matmuls run: x{res.copy_slowed:.2f}")  # fmt: skip
+    if res.overlaps:
+        table = Table(title="interference inside the executor (medians)", box=None, pad_edge=False)
+        for col in ("comm op", "alone", "beside compute", "comm slowed", "compute slowed"):
+            table.add_column(col)
+        for (kind, dtype), o in res.overlaps.items():
+            table.add_row(f"{kind.value} {dtype.value if dtype else ''}", f"{o.comm_alone_us / 1e3:.2f} ms", f"{o.comm_beside_us / 1e3:.2f} ms",
+                          f"x{o.compute_comm_slowdown:.2f}", f"x{o.comm_compute_slowdown:.2f}")  # fmt: skip
+        console.print(table)
     if res.noise is not None:
         n = res.noise
         console.print(f"compute stalls inside the executor: {n.compute.stalled} of {n.compute.samples} ops, "

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import statistics
 import threading
 import time
 from collections.abc import Callable
@@ -276,46 +277,6 @@ def _matmul_work(probe: Probe, n: int, work_us: float) -> Callable[[], None]:
     return work
 
 
-def slowdown_under_comm(probe: Probe, n: int, comm_bytes: int, pool: BufferPool) -> float:
-    """How much slower n x n matmuls run while an all_reduce of comm_bytes runs on every
-    rank: the loop's rate alone over its rate from the all_reduce's launch to its end
-    (the whole op, not a window at its start: on a CPU the reduction and the copies
-    come late in the op; a 2 ms window at the start of a 64 MiB all_reduce saw 1.1-1.35x,
-    the whole of a 16 MiB one 1.6-2.0x, and compute inside fsdp ran 1.7-1.9x slower)."""
-    a = torch.randn(n, n, device=probe.device)
-    b = torch.randn(n, n, device=probe.device)
-    out = torch.empty(n, n, device=probe.device)
-
-    def rep() -> None:
-        torch.mm(a, b, out=out)
-        probe.sync()
-
-    def rate_alone() -> float:
-        reps, start = 0, time.perf_counter()
-        while time.perf_counter() - start < 0.02:
-            rep()
-            reps += 1
-        return reps / (time.perf_counter() - start)
-
-    alone = expected_us([rate_alone() for _ in range(max(probe.repeats, 5))])
-    op = comm_op(OpKind.ALL_REDUCE, comm_bytes, probe.rank)
-    plan = make_plan((op,), dist.group.WORLD, probe.world_size, (pool.comm(op, probe.world_size),), probe.backend, probe.device)
-    ratios = []
-    for i in range(probe.warmup + probe.repeats):
-        dist.barrier(group=probe.cpu_group)
-        works = launch(plan)
-        reps, start = 0, time.perf_counter()
-        while not all(w.is_completed() for w in works):
-            rep()
-            reps += 1
-        elapsed = time.perf_counter() - start
-        for w in works:
-            w.wait()
-        if i >= probe.warmup and reps:
-            ratios.append(alone / (reps / elapsed))
-    return max(expected_us(ratios), 1.0) if ratios else 1.0
-
-
 @contextlib.contextmanager
 def _in_background(probe: Probe, work: Callable[[], None], name: str):
     """Runs `work` over and over in a Python thread while the block runs (torch releases
@@ -352,26 +313,29 @@ def _in_background(probe: Probe, work: Callable[[], None], name: str):
         raise errors[0]
 
 
+SLOWDOWN_ROUNDS = 4
+"""Interference factors alternate this many rounds of "alone" and "during" timings and
+take the median of the rounds' ratios: the VM's speed drifts by tens of percent within
+a minute, and one "alone" block followed by one "during" block measured that drift as
+often as the interference (compute under copies came out 1.0x and 2.0x in two
+calibrations minutes apart)."""
+
+
 def _slowdown(probe: Probe, timed: Callable[[], None], background: Callable[[], None], name: str,
               timer: Callable[[Probe, Callable[[], None]], float] = _local_time_us) -> float:  # fmt: skip
     """Expected time of `timed` (by `timer`) while `background` runs over and over on every
-    rank (its own thread), over its time alone; at least 1. Every rank does both at once,
-    as ranks running one schedule do."""
+    rank (its own thread), over its time alone, in SLOWDOWN_ROUNDS paired rounds; at
+    least 1. Every rank does both at once, as ranks running one schedule do."""
+    ratios = []
+    for _ in range(SLOWDOWN_ROUNDS):
+        dist.barrier(group=probe.cpu_group)
+        alone = timer(probe, timed)
+        dist.barrier(group=probe.cpu_group)
+        with _in_background(probe, background, name):
+            during = timer(probe, timed)
+        ratios.append(during / alone)
     dist.barrier(group=probe.cpu_group)
-    alone = timer(probe, timed)
-    dist.barrier(group=probe.cpu_group)
-    with _in_background(probe, background, name):
-        during = timer(probe, timed)
-    dist.barrier(group=probe.cpu_group)
-    return max(during / alone, 1.0)
-
-
-def comm_slowdown_under_compute(probe: Probe, n: int, comm_bytes: int) -> float:
-    """All_reduce time while a loop of n x n matmuls runs on every rank, over its time
-    alone: both expected times of the group, on the same rotating buffers."""
-    run, warmup = _collective_runner(probe, OpKind.ALL_REDUCE, comm_bytes)
-    return _slowdown(probe, run, _matmul_work(probe, n, 500.0), "calibrate-matmul-loop",
-                     timer=lambda p, fn: _group_time_us(p, fn, warmup=warmup))  # fmt: skip
+    return max(statistics.median(ratios), 1.0)
 
 
 def _copy_loop(probe: Probe, copy_bytes: int) -> Callable[[], None]:

@@ -14,8 +14,8 @@ from yaml.constructor import ConstructorError, SafeConstructor
 
 from commdsl.errors import MachineError, SourceLoc, UsageError, did_you_mean
 from commdsl.ir import COLLECTIVE_KINDS, Dtype, OpKind, Transport
-from commdsl.machine.model import (NETWORK_VERTEX, ComputeNoise, DeviceSpec, LinkKind, LinkSpec, Machine, Topology, TopologyLink,
-                                   VertexKind)
+from commdsl.machine.model import (ANY_DTYPE, NETWORK_VERTEX, ComputeNoise, DeviceSpec, LinkKind, LinkSpec, Machine,
+                                   OpInterference, Topology, TopologyLink, VertexKind)
 
 PRESETS_DIR = Path(__file__).resolve().parent / "presets"
 DEFAULT_MACHINE = "h100-nvlink"
@@ -24,7 +24,7 @@ DEFAULT_CHUNK_BYTES = 512 * 1024
 _TOP_KEYS = (
     "name", "doc", "devices", "device", "kernel_launch_us", "comm_launch_us", "host_link", "transports", "chunk_bytes",
     "topology", "comm_compute_slowdown", "compute_comm_slowdown", "copy_compute_slowdown", "compute_copy_slowdown", "copy_measured_us",
-    "compute_noise",
+    "compute_noise", "interference_by_op",
 )  # fmt: skip
 _DEVICE_KEYS = ("name", "peak_tflops", "memory_bandwidth_gb_per_s", "sm_count")
 _LINK_KEYS = ("latency_us", "bandwidth_gb_per_s")
@@ -267,6 +267,7 @@ class _MachineReader:
                 raise self.fail(f"compute_noise.wake_stall_probability must be below 1, got {values['wake_stall_probability']:g}",
                                 nkeys["wake_stall_probability"][1])  # fmt: skip
             noise = ComputeNoise(**values)
+        by_op = self.interference_by_op(top["interference_by_op"][1]) if "interference_by_op" in top else ()
         nccl_sms = topology.nccl_sms if topology is not None else None
         if nccl_sms is not None and nccl_sms >= device.sm_count:
             node = self.mapping(top["topology"][1], "topology", None)["nccl_sms"][1]
@@ -294,19 +295,39 @@ class _MachineReader:
             host_copy_profile=copies.get("host", ()),
             device_copy_profile=copies.get("device", ()),
             compute_noise=noise,
+            interference_by_op=by_op,
         )
 
     # ---- the topology -------------------------------------------------------------
 
-    def factor(self, top: dict, key: str, default: float | None = 1.0) -> float | None:
-        """An optional interference factor: at least 1.0 (1.0: none); `default` when absent."""
+    def factor(self, top: dict, key: str, default: float | None = 1.0, what: str | None = None) -> float | None:
+        """An optional interference factor: at least 1.0 (1.0: none); `default` when absent.
+        `what` names it in messages (default: key)."""
         if key not in top:
             return default
         node = top[key][1]
-        value = self.number(node, key)
+        what = what or key
+        value = self.number(node, what)
         if value < 1.0:
-            raise self.fail(f"{key} must be at least 1.0 (1.0: no interference), got {node.value}", node)
+            raise self.fail(f"{what} must be at least 1.0 (1.0: no interference), got {node.value}", node)
         return value
+
+    def interference_by_op(self, node: yaml.Node) -> tuple[tuple[OpKind, Dtype | None, OpInterference], ...]:
+        """`interference_by_op: {KIND: {DTYPE or any: {comm_compute_slowdown, compute_comm_slowdown}}}`."""
+        fields = ("comm_compute_slowdown", "compute_comm_slowdown")
+        comm_kinds = [k.value for k in OpKind if k.is_comm]
+        entries = []
+        for kind_name, (knode, by_dtype) in self.mapping(node, "interference_by_op", None).items():
+            if kind_name not in comm_kinds:
+                raise self.fail(f"interference_by_op: '{kind_name}' is not a comm op (known: {', '.join(comm_kinds)})", knode,
+                                hint=did_you_mean(kind_name, comm_kinds))  # fmt: skip
+            kind = OpKind(kind_name)
+            for dtype_name, (dnode, fnode) in self.mapping(by_dtype, f"interference_by_op.{kind_name}", None).items():
+                dtype = None if dtype_name == ANY_DTYPE else self.dtype(dtype_name, dnode, f"interference_by_op.{kind_name} (or '{ANY_DTYPE}')")
+                where = f"interference_by_op.{kind_name}.{dtype_name}"
+                keys = self.mapping(fnode, where, fields, fields)
+                entries.append((kind, dtype, OpInterference(*(self.factor(keys, f, what=f"{where}.{f}") for f in fields))))
+        return tuple(entries)
 
     def topology(self, node: yaml.Node) -> Topology:
         """`topology:` (see `commdsl.machine.model.Topology`); every name is checked here."""

@@ -49,6 +49,22 @@ class LinkSpec:
 
 
 @dataclass(frozen=True)
+class OpInterference:
+    """How one kind of comm op (in one dtype) and compute slow each other on a device
+    (`interference_by_op:`); the machine-wide `comm_compute_slowdown` and
+    `compute_comm_slowdown` stand for every op not listed. On a CPU both are threads
+    sharing the cores, and what an op costs the cores depends on what it does: measured
+    inside the executor on the 2-core VM, a bf16 reduce_scatter (gloo reduces bf16
+    slowly, on the CPU) slowed compute 1.9x and was itself slowed 1.3x, where an fp32
+    all_reduce or an all_gather slowed compute 1.3x and was slowed 1.9-2.0x."""
+
+    comm_compute_slowdown: float
+    """Compute runs this many times longer while the op runs on its device."""
+    compute_comm_slowdown: float
+    """The op moves its bytes this many times slower while compute runs on its devices."""
+
+
+@dataclass(frozen=True)
 class ComputeNoise:
     """Random stalls of compute: a shared CPU's scheduler takes a compute thread off its
     core for a slice now and then (on this project's 2-core VM, 10 ms compute ops ran
@@ -164,8 +180,9 @@ class Machine:
     while it waits for peers); 1.0: no interference. memcpy (copy engines) and gloo (CPU)
     never slow compute. When not given and the topology says how many SMs NCCL kernels
     occupy (`nccl_sms`), it is sm_count / (sm_count - nccl_sms): compute, assumed
-    SM-bound, keeps the other SMs. A measured factor (calibration) also covers memory
-    bandwidth contention and wins over the SM estimate."""
+    SM-bound, keeps the other SMs. A measured factor (calibration: compute beside an
+    fp32 all_reduce inside the executor) also covers memory bandwidth contention and
+    wins over the SM estimate. Ops listed in `interference_by_op` have their own."""
     copy_compute_slowdown: float = 1.0
     """Compute on a device runs this many times longer while a copy op (`copy`, to, from
     or within the device) runs on that device; 1.0: none, at no cost to the simulation.
@@ -190,9 +207,10 @@ class Machine:
     not slowed.
     1.0: none, at no cost to the simulation. On CPUs,
     compute and gloo's threads share the cores; on GPUs, an NCCL kernel shares SMs and
-    memory bandwidth with compute. Calibration measures it (an all_reduce's time while a
-    matmul loop runs on every rank, over its time alone). Each factor follows the other
-    activity's on/off state, not its slowed speed (no fixed point)."""
+    memory bandwidth with compute. Calibration measures it (an fp32 all_reduce beside
+    compute inside the executor, over its time alone there; ops listed in
+    `interference_by_op` have their own). Each factor follows the other activity's
+    on/off state, not its slowed speed (no fixed point)."""
 
     host_copy_profile: tuple[tuple[float, float], ...] = ()
     """Measured time of one host <-> device copy by size, [[size_bytes, time_us], ...]
@@ -203,6 +221,12 @@ class Machine:
     device_copy_profile: tuple[tuple[float, float], ...] = ()
     """The same for a device-memory copy (`copy_measured_us: {device: ...}`); empty:
     `device.memory_bandwidth_gb_per_s`, every byte read and written."""
+    interference_by_op: tuple[tuple[OpKind, Dtype | None, OpInterference], ...] = ()
+    """Per comm op kind and dtype (None: any dtype), its own interference factors, which
+    win over the machine-wide ones (`interference_by_op: {reduce_scatter: {bf16:
+    {comm_compute_slowdown: 1.9, compute_comm_slowdown: 1.3}}, all_gather: {any: ..}}`,
+    written by calibration); see `OpInterference`. While several comm ops run on a
+    device, compute runs at the largest of their factors."""
     compute_noise: ComputeNoise | None = None
     """Random compute stalls (`compute_noise: {stalls_per_s, stall_us}`, written by
     calibration), drawn only by a sampled simulation; None: compute is exact."""
@@ -281,6 +305,23 @@ class Machine:
             return self.device.sm_count / (self.device.sm_count - topo.nccl_sms)
         return 1.0
 
+    def interference(self, kind: OpKind, dtype: Dtype) -> OpInterference:
+        """The interference factors of a comm op: its `interference_by_op` entry for its
+        dtype, else for any dtype, else the machine-wide factors."""
+        for want in (dtype, None):
+            for k, d, f in self.interference_by_op:
+                if k is kind and d is want:
+                    return f
+        return OpInterference(self.compute_slowdown(), self.compute_comm_slowdown)
+
+    def slows_compute(self) -> bool:
+        """Whether any comm op slows compute (else the simulator skips the bookkeeping)."""
+        return self.compute_slowdown() != 1.0 or any(f.comm_compute_slowdown != 1.0 for _, _, f in self.interference_by_op)
+
+    def slows_comm(self) -> bool:
+        """Whether compute slows any comm op."""
+        return self.compute_comm_slowdown != 1.0 or any(f.compute_comm_slowdown != 1.0 for _, _, f in self.interference_by_op)
+
     def to_json(self) -> dict:
         """The description as it goes into a timeline's metadata (stable key order)."""
         return {
@@ -307,11 +348,23 @@ class Machine:
             "compute_comm_slowdown": self.compute_comm_slowdown,
             "copy_compute_slowdown": self.copy_compute_slowdown,
             "compute_copy_slowdown": self.compute_copy_slowdown,
+            **({"interference_by_op": _interference_json(self.interference_by_op)} if self.interference_by_op else {}),
             **({"copy_measured_us": {name: [list(p) for p in pts] for name, pts in
                                      (("host", self.host_copy_profile), ("device", self.device_copy_profile)) if pts}}
                if self.host_copy_profile or self.device_copy_profile else {}),
             **({"compute_noise": asdict(self.compute_noise)} if self.compute_noise is not None else {}),
         }
+
+
+def _interference_json(entries: tuple[tuple[OpKind, Dtype | None, OpInterference], ...]) -> dict:
+    out: dict[str, dict[str, dict]] = {}
+    for kind, dtype, f in entries:
+        out.setdefault(kind.value, {})[dtype.value if dtype is not None else ANY_DTYPE] = asdict(f)
+    return out
+
+
+ANY_DTYPE = "any"
+"""`interference_by_op` key of an entry for every dtype of its op kind."""
 
 
 class VertexKind(str, enum.Enum):

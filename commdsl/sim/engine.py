@@ -11,7 +11,8 @@ call depth stays flat and the only SimPy events are:
   * one timeout per transfer (a whole collective, or a send/recv pair), from the network.
 
 With interference (any of `comm_compute_slowdown`, `compute_comm_slowdown`,
-`copy_compute_slowdown`, `compute_copy_slowdown` other than 1.0), a compute op runs on a
+`copy_compute_slowdown`, `compute_copy_slowdown` or a per-op factor of
+`interference_by_op` other than 1.0), a compute op runs on a
 timer that starts at its true start and is rescheduled when the NCCL kernels or copies
 of its device change (copies likewise, when compute starts or stops there); with
 `compute_comm_slowdown`, the network also hears when each device starts and stops
@@ -222,14 +223,13 @@ class Engine:
         self.collectives: list[_Collective] = []
         self.algos = bytearray(n)
         self.group_ranks = {g.id: g.ranks for g in program.groups}
-        self.slowdown = machine.compute_slowdown()
-        self.interfere = self.slowdown != 1.0
+        self.interfere = machine.slows_compute()
         """Compute slows while an NCCL kernel of its device runs (DESIGN.md semantics 7)."""
-        self.kernels = [0] * program.world_size
-        """Per rank, NCCL ops active (their kernels hold SMs)."""
+        self.kernels: list[list[float]] = [[] for _ in range(program.world_size)]
+        """Per rank, the compute slowdowns of its NCCL ops active (their kernels hold SMs)."""
         self.nominal_us: dict[int, float] = {}
         """Compute ops (g) that ran slowed, with their time without interference."""
-        self.slow_comm = machine.compute_comm_slowdown != 1.0
+        self.slow_comm = machine.slows_comm()
         """Comm slows while compute runs on its devices: the network hears when compute
         starts and ends on each device (`Network.compute_changed`)."""
         self.copy_slowdown = machine.copy_compute_slowdown
@@ -674,7 +674,8 @@ class Engine:
 
     def _compute_factor(self, rank: int) -> float:
         """Current slowdown of compute on `rank`: NCCL kernels and copies running there."""
-        factor = self.slowdown if self.kernels[rank] else 1.0
+        kernels = self.kernels[rank]
+        factor = max(kernels) if kernels else 1.0
         if self.copying[rank]:
             factor *= self.copy_slowdown
         return factor
@@ -683,11 +684,22 @@ class Engine:
         """Current slowdown of copies on `rank`: compute running there."""
         return self.copy_slowed if self.computing[rank] else 1.0
 
-    def _kernels_changed(self, rank: int, delta: int) -> None:
-        before = self.kernels[rank]
-        self.kernels[rank] = before + delta
-        if (before == 0) != (self.kernels[rank] == 0):
-            self._refactor(rank)
+    def _kernel_started(self, g: int) -> None:
+        """Comm op g's kernel runs from now: compute on its device slows by its factor."""
+        op = self.ops[g]
+        kernels = self.kernels[op.rank]
+        before = max(kernels) if kernels else 1.0
+        kernels.append(self.machine.interference(op.kind, op.dtype).comm_compute_slowdown)
+        if max(kernels) != before:
+            self._refactor(op.rank)
+
+    def _kernel_ended(self, g: int) -> None:
+        op = self.ops[g]
+        kernels = self.kernels[op.rank]
+        before = max(kernels)
+        kernels.remove(self.machine.interference(op.kind, op.dtype).comm_compute_slowdown)
+        if (max(kernels) if kernels else 1.0) != before:
+            self._refactor(op.rank)
 
     def _copies_changed(self, rank: int, delta: int) -> None:
         before = self.copying[rank]
@@ -800,7 +812,7 @@ class Engine:
             now = self.env.now
             self.start[item] = now
             if self.interfere and self.ops[item].transport is _NCCL:
-                self._kernels_changed(q.rank, 1)
+                self._kernel_started(item)
             self._activated(item, now)
             return
         queues = self.batch_queues[item]
@@ -824,7 +836,7 @@ class Engine:
             state[g] = ACTIVE
             self.start[g] = now
             if self.interfere and self.ops[g].transport is _NCCL:
-                self._kernels_changed(self.ops[g].rank, 1)
+                self._kernel_started(g)
         for g in members:
             self._activated(g, now)
 
@@ -865,7 +877,7 @@ class Engine:
         for g in members:
             self._finish(g, now)
             if interfere and self.ops[g].transport is _NCCL:
-                self._kernels_changed(self.ops[g].rank, -1)
+                self._kernel_ended(g)
             q = self.queue_of[g]
             q.remaining -= 1
             if q.remaining == 0:

@@ -23,7 +23,8 @@ or ends, only over the flows connected to it through shared channels, and the ne
 keeps a single pending wake-up (the earliest completion or activation) on the SimPy
 clock. A flow alone on its channels takes the fast path: no recomputation, one event.
 
-Compute slowing comm (`Machine.compute_comm_slowdown` = F != 1.0): a flow is slowed
+Compute slowing comm (F = the op's `compute_comm_slowdown`, from `Machine.interference`:
+its `interference_by_op` entry or the machine-wide factor; F != 1.0): a flow is slowed
 while any device it has an endpoint on computes (a P2P transfer: sender or receiver; a
 collective: any member, as a ring advances at its slowest member's pace; the stepped
 mode's per-pair flows follow their collective's members). A slowed flow's cap is its solo
@@ -33,8 +34,8 @@ max-min share was above that. On a shared channel (the host's CPUs copying every
 byte costs F times as much of them. When compute starts or ends on a device, the flows on it
 whose state changes get their new cap: a solo flow is rescheduled on its own (no
 recomputation), a moving shared one is recomputed with the flows connected to it, a
-flow still in its latency just takes the cap with it. With F = 1.0 none of this exists
-(the engine does not even report compute).
+flow still in its latency just takes the cap with it. With F = 1.0 for every op none of
+this exists (the engine does not even report compute).
 
 `SteppedFlowNetwork` (`--network flow-steps`) is the validation mode: it runs each
 collective step by step, one flow per pair of ranks per step, and waits for the whole
@@ -47,7 +48,7 @@ import heapq
 import math
 from array import array
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import simpy
 
@@ -106,7 +107,9 @@ class _Leg:
     devices: tuple[int, ...]
     """Ranks whose compute slows it (its endpoints; a collective's members)."""
     slowed_demands: tuple[tuple[int, float], ...] = ()
-    """Its demands while one of `devices` computes (see `FlowNetwork._leg`)."""
+    """Its demands while one of `devices` computes (see `FlowNetwork._slowed`)."""
+    slow: float = 1.0
+    """Its slowdown while one of `devices` computes (its op's `compute_comm_slowdown`)."""
 
 
 class FlowNetwork(Network):
@@ -141,8 +144,7 @@ class FlowNetwork(Network):
         """Per transfer: [transfer, start_us, end_us]."""
         self.events = 0
         """Flow starts and ends processed (the bench reports events per second)."""
-        self._slow = machine.compute_comm_slowdown
-        self._on_device: list[dict[_Flow, None]] = [{} for _ in range(world_size)] if self._slow != 1.0 else []
+        self._on_device: list[dict[_Flow, None]] = [{} for _ in range(world_size)] if machine.slows_comm() else []
         """Per device, the flows with an endpoint on it (compute slowing comm only)."""
         self._cpu_channels = frozenset(self.fabric.shared_channel.values())
         """Channels whose capacity is the host's CPUs copying bytes (loopback TCP): a
@@ -183,13 +185,19 @@ class FlowNetwork(Network):
         for c, w in demands:
             if w > 0 and capacity[c] / w < solo:
                 solo = capacity[c] / w
+        return _Leg(demands, cap, solo, latency_us, total, devices, demands)
+
+    def _slowed(self, leg: _Leg, slow: float) -> _Leg:
+        """`leg` of an op that compute slows `slow` times (1.0: as is)."""
+        if slow == 1.0:
+            return leg
         # While compute holds the CPUs, a byte on a channel that is the host's CPUs copying
         # bytes costs F times as much of them, so concurrent transfers share what compute
         # leaves (an 8 MiB exchange under compute on 2 cores: 7.6 ms measured, 3.1 ms when
         # only each flow's own rate was capped).
-        cpu, slow = self._cpu_channels, self._slow
-        slowed = tuple((c, w * slow if c in cpu else w) for c, w in demands) if cpu and slow != 1.0 else demands
-        return _Leg(demands, cap, solo, latency_us, total, devices, slowed)
+        cpu = self._cpu_channels
+        slowed = tuple((c, w * slow if c in cpu else w) for c, w in leg.demands) if cpu else leg.demands
+        return replace(leg, slowed_demands=slowed, slow=slow)
 
     def _p2p_legs(self, src: int, dst: int, size: float, transport: Transport) -> tuple[_Leg, ...]:
         route = self.fabric.route(src, dst, transport)
@@ -254,6 +262,9 @@ class FlowNetwork(Network):
                 legs = self._p2p_legs(t.ranks[0], t.ranks[1], float(t.size_bytes), t.transport)
             else:
                 legs = self._collective_legs(t.kind, t.plan.algo, t.ranks, float(t.size_bytes), t.transport, t.root, t.plan, t.dtype)
+            if self._on_device:
+                slow = self.machine.interference(t.kind, t.dtype).compute_comm_slowdown
+                legs = tuple(self._slowed(leg, slow) for leg in legs)
             self._legs[key] = legs
         return legs
 
@@ -286,7 +297,7 @@ class FlowNetwork(Network):
                 on_device[d][f] = None
                 f.nbusy += busy[d]
             if f.nbusy:
-                f.cap = f.solo = leg.solo / self._slow
+                f.cap = f.solo = leg.solo / leg.slow
                 f.demands = leg.slowed_demands
         users = self._users
         solo = True
@@ -408,7 +419,7 @@ class FlowNetwork(Network):
                 continue  # another of its devices still computes
             leg = f.leg
             if f.nbusy:
-                f.cap = f.solo = leg.solo / self._slow
+                f.cap = f.solo = leg.solo / leg.slow
                 f.demands = leg.slowed_demands
             else:
                 f.cap, f.solo = leg.cap, leg.solo
@@ -667,7 +678,7 @@ class SteppedFlowNetwork(FlowNetwork):
                 chans = {c: v * fabric.capacity[c] / override for c, v in chans.items()}
             # The coflow's cap bounds its progress (serial bytes); a pair's flow gets its share.
             cap = coflow.cap * nbytes / p.serial_bytes
-            per_step.append(self._leg(chans, share, cap, coflow.latency_us / steps, coflow.devices))
+            per_step.append(self._slowed(self._leg(chans, share, cap, coflow.latency_us / steps, coflow.devices), coflow.slow))
         if not per_step:
             self._start_flow(_Leg((), _INF, _INF, coflow.latency_us, 0.0, ()), lambda: self._end(record, done))
             return

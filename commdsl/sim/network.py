@@ -11,9 +11,10 @@ it can share bandwidth between the transfers in flight.
   * `flow` (the default): links, routes and max-min sharing (`commdsl.sim.flow`);
   * `flow-steps`: the flow network running collectives step by step (validation).
 
-Compute slowing communication (`Machine.compute_comm_slowdown`, a factor != 1.0): the
-engine tells the network when compute starts or ends on a device (`compute_changed`, at
-the true times; never called for a factor of 1.0). A transfer is slowed while any of its
+Compute slowing communication (a transfer's `compute_comm_slowdown`, from
+`Machine.interference`: its op's `interference_by_op` entry or the machine-wide factor;
+!= 1.0): the engine tells the network when compute starts or ends on a device
+(`compute_changed`, at the true times; never called when every factor is 1.0). A transfer is slowed while any of its
 endpoint devices computes (a collective: any member, since a ring advances at its
 slowest member's pace); only its bandwidth part is slowed, not its latency.
 
@@ -120,7 +121,7 @@ class Network(abc.ABC):
 
     def compute_changed(self, rank: int, computing: bool) -> None:
         """Compute started (`computing`) or ended on device `rank`; called only on machines
-        with a `compute_comm_slowdown` other than 1.0 (see the module doc)."""
+        where compute slows some comm op (`Machine.slows_comm`; see the module doc)."""
 
     def choose_algo(self, op: Op, ranks: tuple[int, ...]) -> Algo:
         """The algorithm of a collective whose op names none (ranks: the group, global)."""
@@ -146,9 +147,10 @@ class Network(abc.ABC):
 class _Timed:
     """A transfer of the analytic network on a machine where compute slows comm."""
 
-    __slots__ = ("record", "devices", "nbusy", "t_mark", "work_left_us", "factor", "token", "done")
+    __slots__ = ("record", "devices", "nbusy", "t_mark", "work_left_us", "slow", "factor", "token", "done")
 
-    def __init__(self, record: list, devices: tuple[int, ...], t_mark: float, work_left_us: float, done: Callable[[], None]):
+    def __init__(self, record: list, devices: tuple[int, ...], t_mark: float, work_left_us: float, slow: float,
+                 done: Callable[[], None]):  # fmt: skip
         self.record = record
         self.devices = devices
         self.nbusy = 0
@@ -158,6 +160,8 @@ class _Timed:
         latency, or the last change of factor after it."""
         self.work_left_us = work_left_us
         """Bandwidth time left at t_mark, unslowed."""
+        self.slow = slow
+        """Its slowdown while any of its devices computes."""
         self.factor = 1.0
         self.token = 0
         """Generation of its timeout (a rescheduled one supersedes the old)."""
@@ -167,7 +171,7 @@ class _Timed:
 class AnalyticNetwork(Network):
     """Latency + bytes / bandwidth per transfer, by the algorithm's step and byte counts;
     no contention between concurrent transfers. With a `compute_comm_slowdown`, the
-    bandwidth part runs `factor` times slower while any endpoint device computes."""
+    bandwidth part runs that many times slower while any endpoint device computes."""
 
     name = "analytic"
 
@@ -175,10 +179,9 @@ class AnalyticNetwork(Network):
         super().__init__(env, machine, world_size)
         self.records: list[list] = []
         """Per transfer: [transfer, start_us, end_us, latency_us]."""
-        self._slow = machine.compute_comm_slowdown
         self._busy = [False] * world_size
         """Per device, whether compute runs on it."""
-        self._on_device: list[dict[_Timed, None]] = [{} for _ in range(world_size)] if self._slow != 1.0 else []
+        self._on_device: list[dict[_Timed, None]] = [{} for _ in range(world_size)] if machine.slows_comm() else []
         """Per device, the transfers in flight with an endpoint on it (slowdown only)."""
 
     def duration_us(self, transfer: Transfer) -> tuple[float, float]:
@@ -195,15 +198,16 @@ class AnalyticNetwork(Network):
         now = self.env.now
         record = [transfer, now, now + duration, latency]
         self.records.append(record)
-        if self._slow == 1.0 or duration == latency:
+        slow = self.machine.interference(transfer.kind, transfer.dtype).compute_comm_slowdown
+        if slow == 1.0 or duration == latency:
             # Always through an event, even for zero time: keeps the engine's call depth flat.
             self.env.timeout(duration).callbacks.append(lambda _ev: done())
             return
-        x = _Timed(record, tuple(dict.fromkeys(transfer.ranks)), now + latency, duration - latency, done)
+        x = _Timed(record, tuple(dict.fromkeys(transfer.ranks)), now + latency, duration - latency, slow, done)
         for d in x.devices:
             self._on_device[d][x] = None
             x.nbusy += self._busy[d]
-        x.factor = self._slow if x.nbusy else 1.0
+        x.factor = slow if x.nbusy else 1.0
         self._schedule(x)
 
     def _schedule(self, x: _Timed) -> None:
@@ -226,7 +230,7 @@ class AnalyticNetwork(Network):
         step = 1 if computing else -1
         for x in self._on_device[rank]:
             x.nbusy += step
-            factor = self._slow if x.nbusy else 1.0
+            factor = x.slow if x.nbusy else 1.0
             if factor == x.factor:
                 continue
             if now > x.t_mark:  # past its latency: bank the work done at the old factor

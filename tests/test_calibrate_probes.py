@@ -1,0 +1,51 @@
+"""The overlap probe's arithmetic (`executor_probes.overlap_from`): known slowdowns of
+synthetic records come back exactly. The probe itself runs in test_calibrate_e2e."""
+
+from __future__ import annotations
+
+import pytest
+
+from commdsl.calibrate.executor_probes import MAX_SLOWDOWN, Overlap, overlap_from
+
+
+def rank_records(skew_us: float, comm_slow: float, compute_slow: float) -> dict[str, tuple[float, float]]:
+    """One iteration, one round on a rank that enters comm ops `skew_us` after the first
+    (the last member enters 1000 us after it): the comm op alone (5 ms from the last
+    member's start), 20 ms of compute alone, then both issued together: the comm op
+    `comm_slow` times slower, compute `compute_slow` times slower while it runs here."""
+    beside = 5000.0 * comm_slow
+    b_start, b_end = 30000.0 + skew_us, 31000.0 + beside
+    overlap = b_end - b_start
+    before = b_start - 30000.0  # compute alone before the op starts on this rank
+    return {
+        "A[0]": (skew_us, 6000.0),
+        "C[0]": (6000.0, 26000.0),
+        "B[0]": (b_start, b_end),
+        "D[0]": (30000.0, b_end + 20000.0 - before - overlap / compute_slow),
+    }
+
+
+@pytest.mark.parametrize("comm_slow,compute_slow", [(2.0, 1.5), (1.3, 1.9), (1.0, 1.0), (3.0, 1.2)])
+def test_known_slowdowns_come_back(comm_slow, compute_slow):
+    records = [[rank_records(0.0, comm_slow, compute_slow)] * 3, [rank_records(1000.0, comm_slow, compute_slow)] * 3]
+    o = overlap_from(records, rounds=1)
+    assert o.comm_alone_us == pytest.approx(5000.0)
+    assert o.comm_beside_us == pytest.approx(5000.0 * comm_slow)
+    assert o.compute_alone_us == 20000.0
+    assert o.compute_comm_slowdown == pytest.approx(comm_slow)
+    assert o.comm_compute_slowdown == pytest.approx(compute_slow)
+
+
+def test_compute_slowdown_from_the_overlap_on_each_rank():
+    o = Overlap(comm_alone_us=5000, comm_beside_us=10000, compute_alone_us=20000, compute_beside_us=23333.333333, overlap_us=10000)
+    assert o.comm_compute_slowdown == pytest.approx(1.5)
+    assert o.compute_comm_slowdown == pytest.approx(2.0)
+
+
+def test_edge_cases_stay_in_range():
+    # Compute lost nothing (or gained: noise): no slowdown; never below 1 for the comm op either.
+    assert Overlap(5000, 4000, 20000, 19900, 4000).comm_compute_slowdown == 1.0
+    assert Overlap(5000, 4000, 20000, 19900, 4000).compute_comm_slowdown == 1.0
+    # Compute stopped while the op ran (lost all of the overlap): capped.
+    assert Overlap(5000, 10000, 20000, 30000, 10000).comm_compute_slowdown == MAX_SLOWDOWN
+    assert Overlap(5000, 10000, 20000, 25000, 0).comm_compute_slowdown == 1.0
