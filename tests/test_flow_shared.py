@@ -19,15 +19,17 @@ comm_launch_us: 0
 host_link: {{latency_us: 0, bandwidth_gb_per_s: 10}}
 transports:
   nccl:
-    latency_us: 0
+    latency_us: {latency}
     bandwidth_gb_per_s: 10
     {shared}
     collectives: {{all_reduce: {{latency_us: 0, bandwidth_gb_per_s: 4}}}}
+{extra}
 """
 
 
-def machine(shared: bool):
-    return load_machine_text(MACHINE.format(shared="shared_bandwidth_gb_per_s: 10" if shared else ""), "m.yaml")
+def machine(shared: bool, latency_us: float = 0, extra: str = "", shared_gb_per_s: float = 10):
+    shared_line = f"shared_bandwidth_gb_per_s: {shared_gb_per_s}" if shared else ""
+    return load_machine_text(MACHINE.format(shared=shared_line, latency=latency_us, extra=extra), "m.yaml")
 
 
 def makespan_ms(body: str, shared: bool, world: int = 2) -> float:
@@ -96,7 +98,7 @@ else:
 
 def test_bad_shared_bandwidth_is_a_machine_error() -> None:
     with pytest.raises(MachineError, match="shared_bandwidth_gb_per_s"):
-        load_machine_text(MACHINE.format(shared="shared_bandwidth_gb_per_s: -3"), "m.yaml")
+        machine(True, shared_gb_per_s=-3)
 
 
 PROFILED = """
@@ -176,8 +178,7 @@ def test_compute_slows_transfers_on_the_host_cpus_by_their_cost_not_only_their_c
     uncontended time (100 MB each way at 10 GB/s shared: 20 ms, then 40 ms with F = 2),
     where capping each flow at solo / F alone would leave it at 20 ms (each flow's share,
     5 GB/s, is already below 10 / 2)."""
-    text = MACHINE.format(shared="shared_bandwidth_gb_per_s: 10") + "compute_comm_slowdown: 2.0\n"
-    slowed = load_machine_text(text, "m.yaml")
+    slowed = machine(True, extra="compute_comm_slowdown: 2.0")
     body = EXCHANGE + "compute C 1s on b\n"
     program = "\n".join("  " + line for line in body.strip("\n").splitlines())
     prog = load_schedule_text(f"name: t\nworld: 2\nstreams: [a, b]\nprogram: |\n{program}\n", "t.yaml")
@@ -187,3 +188,25 @@ def test_compute_slows_transfers_on_the_host_cpus_by_their_cost_not_only_their_c
         ends[network] = max(r.raw.end[g] for g, op in enumerate(r.raw.ops) if op.kind.is_comm)
     assert ends["flow"] == pytest.approx(40_000, rel=1e-9) and ends["flow-steps"] == pytest.approx(40_000, rel=1e-9)
     assert makespan_ms(EXCHANGE, True) == pytest.approx(20.0, rel=1e-3)  # without compute
+
+
+SEND_BESIDE_COMPUTE = """
+if rank == 0:
+    compute C 50ms on a
+    send x 10MB to 1 on b
+if rank == 1:
+    recv x 10MB from 0 on b
+"""
+
+
+@pytest.mark.parametrize("network", ["flow", "analytic"])
+@pytest.mark.parametrize("shared", [False, True])
+def test_on_the_host_cpus_compute_slows_a_transfers_latency_too(network: str, shared: bool) -> None:
+    """1 ms latency + 1e7 B at 10 GB/s (1 ms), beside compute at factor 2: the bytes take
+    2 ms; the latency 2 ms where the host's CPUs run it (a shared bandwidth), else 1 ms."""
+    m = machine(shared, latency_us=1000, extra="compute_comm_slowdown: 2.0", shared_gb_per_s=20)
+    prog = load_schedule_text("name: t\nworld: 2\nstreams: [a, b]\nprogram: |\n"
+                              + "\n".join("  " + line for line in SEND_BESIDE_COMPUTE.strip("\n").splitlines()) + "\n", "t.yaml")  # fmt: skip
+    r = simulate(prog, m, network)
+    x = next(g for g, op in enumerate(r.raw.ops) if op.name == "x" and op.rank == 0)
+    assert r.raw.end[x] - r.raw.start[x] == pytest.approx(4000.0 if shared else 3000.0, rel=1e-9)

@@ -31,7 +31,8 @@ mode's per-pair flows follow their collective's members). A slowed flow's cap is
 rate / F: alone it moves F times slower, and under contention it slows only where its
 max-min share was above that. On a shared channel (the host's CPUs copying every byte,
 `Machine.shared`) its weight is F times its own too: compute holds the CPUs, so each
-byte costs F times as much of them. When compute starts or ends on a device, the flows on it
+byte costs F times as much of them, and its latency, CPU work too, is F times as long
+if compute runs there as it starts. When compute starts or ends on a device, the flows on it
 whose state changes get their new cap: a solo flow is rescheduled on its own (no
 recomputation), a moving shared one is recomputed with the flows connected to it, a
 flow still in its latency just takes the cap with it. With F = 1.0 for every op none of
@@ -110,6 +111,9 @@ class _Leg:
     """Its demands while one of `devices` computes (see `FlowNetwork._slowed`)."""
     slow: float = 1.0
     """Its slowdown while one of `devices` computes (its op's `compute_comm_slowdown`)."""
+    cpu_latency: bool = False
+    """Its latency is the host CPUs' work too (it crosses a shared CPU channel): slowed
+    like its bytes when compute runs on one of `devices` as it starts."""
 
 
 class FlowNetwork(Network):
@@ -197,7 +201,7 @@ class FlowNetwork(Network):
         # only each flow's own rate was capped).
         cpu = self._cpu_channels
         slowed = tuple((c, w * slow if c in cpu else w) for c, w in leg.demands) if cpu else leg.demands
-        return replace(leg, slowed_demands=slowed, slow=slow)
+        return replace(leg, slowed_demands=slowed, slow=slow, cpu_latency=any(c in cpu for c, _ in leg.demands))
 
     def _p2p_legs(self, src: int, dst: int, size: float, transport: Transport) -> tuple[_Leg, ...]:
         route = self.fabric.route(src, dst, transport)
@@ -299,6 +303,8 @@ class FlowNetwork(Network):
             if f.nbusy:
                 f.cap = f.solo = leg.solo / leg.slow
                 f.demands = leg.slowed_demands
+                if leg.cpu_latency:
+                    f.t_upd = now + leg.latency_us * leg.slow
         users = self._users
         solo = True
         for c, _ in f.demands:

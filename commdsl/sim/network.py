@@ -16,7 +16,9 @@ Compute slowing communication (a transfer's `compute_comm_slowdown`, from
 != 1.0): the engine tells the network when compute starts or ends on a device
 (`compute_changed`, at the true times; never called when every factor is 1.0). A transfer is slowed while any of its
 endpoint devices computes (a collective: any member, since a ring advances at its
-slowest member's pace); only its bandwidth part is slowed, not its latency.
+slowest member's pace); its bandwidth part is slowed, and its latency only on the host's
+CPUs (a transport with a shared bandwidth: loopback TCP, where the latency is CPU work
+too) and only if compute runs as it starts.
 
   * `analytic`: the bandwidth part of a transfer progresses at 1 / factor while slowed:
     its one timeout is rescheduled when that changes (exact for its formula, no contention);
@@ -208,6 +210,9 @@ class AnalyticNetwork(Network):
             self._on_device[d][x] = None
             x.nbusy += self._busy[d]
         x.factor = slow if x.nbusy else 1.0
+        if x.nbusy and self.machine.shared_bandwidth(transfer.transport) is not None:
+            x.t_mark = now + latency * slow  # the host CPUs' latency is slowed too
+            x.record[3] = latency * slow
         self._schedule(x)
 
     def _schedule(self, x: _Timed) -> None:
