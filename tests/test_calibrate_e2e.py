@@ -51,7 +51,7 @@ def machine_file(tmp_path_factory) -> Path:
     by_op = {(e["kind"], e["dtype"]): e for e in data["interference_by_op"]}
     assert set(by_op) == {(k.value, d.value if d else "any") for k, d in OVERLAP_OPS}
     for e in by_op.values():
-        assert e["comm_alone_us"] > 0 and e["comm_beside_us"] > 0 and e["overlap_us"] > 0
+        assert e["comm_alone_us"] > 0 and e["comm_beside_us"] > 0 and len(e["overlap_us"]) == 2 and all(o > 0 for o in e["overlap_us"])
         assert e["comm_compute_slowdown"] >= 1 and e["compute_comm_slowdown"] >= 1
     all_reduce = by_op[("all_reduce", "fp32")]
     assert data["compute_slowdown_under_comm"] == all_reduce["comm_compute_slowdown"]

@@ -31,21 +31,28 @@ def test_known_slowdowns_come_back(comm_slow, compute_slow):
     o = overlap_from(records, rounds=1)
     assert o.comm_alone_us == pytest.approx(5000.0)
     assert o.comm_beside_us == pytest.approx(5000.0 * comm_slow)
-    assert o.compute_alone_us == 20000.0
+    assert o.compute_alone_us == (20000.0, 20000.0)
     assert o.compute_comm_slowdown == pytest.approx(comm_slow)
     assert o.comm_compute_slowdown == pytest.approx(compute_slow)
 
 
+def test_compute_slowdown_is_the_slowest_ranks():
+    """Ranks meet at every comm op, so the rank whose compute the op slows most paces
+    them: rank 1 slowed 1.8x, rank 0 1.2x -> 1.8."""
+    records = [[rank_records(0.0, 2.0, 1.2)] * 3, [rank_records(1000.0, 2.0, 1.8)] * 3]
+    assert overlap_from(records, rounds=1).comm_compute_slowdown == pytest.approx(1.8)
+
+
 def test_compute_slowdown_from_the_overlap_on_each_rank():
-    o = Overlap(comm_alone_us=5000, comm_beside_us=10000, compute_alone_us=20000, compute_beside_us=23333.333333, overlap_us=10000)
+    o = Overlap(comm_alone_us=5000, comm_beside_us=10000, compute_alone_us=(20000,), compute_beside_us=(23333.333333,), overlap_us=(10000,))
     assert o.comm_compute_slowdown == pytest.approx(1.5)
     assert o.compute_comm_slowdown == pytest.approx(2.0)
 
 
 def test_edge_cases_stay_in_range():
     # Compute lost nothing (or gained: noise): no slowdown; never below 1 for the comm op either.
-    assert Overlap(5000, 4000, 20000, 19900, 4000).comm_compute_slowdown == 1.0
-    assert Overlap(5000, 4000, 20000, 19900, 4000).compute_comm_slowdown == 1.0
+    assert Overlap(5000, 4000, (20000,), (19900,), (4000,)).comm_compute_slowdown == 1.0
+    assert Overlap(5000, 4000, (20000,), (19900,), (4000,)).compute_comm_slowdown == 1.0
     # Compute stopped while the op ran (lost all of the overlap): capped.
-    assert Overlap(5000, 10000, 20000, 30000, 10000).comm_compute_slowdown == MAX_SLOWDOWN
-    assert Overlap(5000, 10000, 20000, 25000, 0).comm_compute_slowdown == 1.0
+    assert Overlap(5000, 10000, (20000,), (30000,), (10000,)).comm_compute_slowdown == MAX_SLOWDOWN
+    assert Overlap(5000, 10000, (20000,), (25000,), (0,)).comm_compute_slowdown == 1.0

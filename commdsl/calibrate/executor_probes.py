@@ -28,11 +28,13 @@ over every round, iteration (and rank, for compute):
                            to last member's end, as the simulator's rendezvous has it)
     comm_compute_slowdown  o / (o - (D - C)), o the overlap of the comm op with the
                            compute op D on the rank and C the compute op alone: D did
-                           C's work, o of its time at 1/slowdown and the rest at full speed
+                           C's work, o of its time at 1/slowdown and the rest at full
+                           speed; the largest over the ranks (the slowest paces them all)
 
-Loops measured 1.2-1.7x and 1.4-2.0x for an fp32 all_reduce on the 2-core VM, while
-inside the executor the same op slowed compute 1.3x and was slowed 2.0-2.2x, and a bf16
-reduce_scatter slowed compute 1.9x and was slowed 1.3x.
+On the 2-core VM, loops (a matmul loop beside an all_reduce loop) gave factors that moved
+by 0.4-1.0 between calibrations minutes apart; inside the executor they move by about
+0.1. The ranks differ: beside an fp32 all_reduce one rank's compute ran 1.58x slower and
+the other's 1.19x, the next time the other way round.
 """
 
 from __future__ import annotations
@@ -212,11 +214,12 @@ class Overlap:
     comm_alone_us: float
     comm_beside_us: float
     """The comm op beside a compute op started with it."""
-    compute_alone_us: float
-    compute_beside_us: float
-    """The compute op started with the comm op."""
-    overlap_us: float
-    """How long the two ran together, on a rank."""
+    compute_alone_us: tuple[float, ...]
+    """Per rank: the compute op alone."""
+    compute_beside_us: tuple[float, ...]
+    """Per rank: the compute op started with the comm op."""
+    overlap_us: tuple[float, ...]
+    """Per rank: how long the two ran together there."""
 
     @property
     def compute_comm_slowdown(self) -> float:
@@ -225,17 +228,25 @@ class Overlap:
 
     @property
     def comm_compute_slowdown(self) -> float:
-        """Compute's slowdown while the comm op runs (at least 1; at most MAX_SLOWDOWN)."""
-        lost = self.compute_beside_us - self.compute_alone_us
-        if lost <= 0 or self.overlap_us <= 0:
-            return 1.0
-        if lost >= self.overlap_us * (1 - 1 / MAX_SLOWDOWN):
-            return MAX_SLOWDOWN  # compute (almost) stopped while the op ran
-        return self.overlap_us / (self.overlap_us - lost)
+        """Compute's slowdown while the comm op runs, on the rank it slows most (at least 1;
+        at most MAX_SLOWDOWN). The most, not a middle value: ranks meet at every comm op,
+        so the slowest one paces the schedule, and on a shared CPU they differ (an fp32
+        all_reduce slowed one rank's compute 1.58x and the other's 1.19x)."""
+        return max(map(_compute_slowdown, self.compute_alone_us, self.compute_beside_us, self.overlap_us))
 
 
 MAX_SLOWDOWN = 10.0
 """Largest compute slowdown `Overlap` reports: beyond it compute practically stops."""
+
+
+def _compute_slowdown(alone_us: float, beside_us: float, overlap_us: float) -> float:
+    """o / (o - (D - C)): D did C's work, o of its time at 1/slowdown and the rest at full speed."""
+    lost = beside_us - alone_us
+    if lost <= 0 or overlap_us <= 0:
+        return 1.0
+    if lost >= overlap_us * (1 - 1 / MAX_SLOWDOWN):
+        return MAX_SLOWDOWN  # compute (almost) stopped while the op ran
+    return overlap_us / (overlap_us - lost)
 
 
 def overlap_from(records: list[list[dict[str, tuple[float, float]]]], rounds: int) -> Overlap:
@@ -243,19 +254,20 @@ def overlap_from(records: list[list[dict[str, tuple[float, float]]]], rounds: in
     the ops A[i], B[i] (comm alone, beside compute), C[i], D[i] (compute alone, beside
     the comm op) of each round i, in microseconds on one clock (every rank's, so comm
     ops are timed from the last member's start to the last member's end)."""
-    alone, beside, c_alone, c_beside, overlap = [], [], [], [], []
+    alone, beside = [], []
+    per_rank = [([], [], []) for _ in records]
     for it in range(len(records[0])):
         ranks = [r[it] for r in records]
         for i in range(rounds):
             a, b, c, d = (f"{t}[{i}]" for t in "ABCD")
             alone.append(max(r[a][1] for r in ranks) - max(r[a][0] for r in ranks))
             beside.append(max(r[b][1] for r in ranks) - max(r[b][0] for r in ranks))
-            for r in ranks:
+            for r, (c_alone, c_beside, overlap) in zip(ranks, per_rank):
                 c_alone.append(r[c][1] - r[c][0])
                 c_beside.append(r[d][1] - r[d][0])
                 overlap.append(max(0.0, min(r[b][1], r[d][1]) - max(r[b][0], r[d][0])))
     med = statistics.median
-    return Overlap(med(alone), med(beside), med(c_alone), med(c_beside), med(overlap))
+    return Overlap(med(alone), med(beside), *(tuple(med(x[k]) for x in per_rank) for k in range(3)))
 
 
 def interference(probe: Probe, kind: OpKind, dtype: Dtype | None, msg_bytes: int, compute_us: float, iters: int = 15,
