@@ -10,6 +10,7 @@ from commdsl.dsl import load_schedule, load_schedule_text
 from commdsl.errors import MachineError
 from commdsl.machine import load_machine_text, resolve_machine
 from commdsl.sim import simulate
+from commdsl.sim.summary import summarize
 
 NETWORKS = ("flow", "analytic", "flow-steps")
 
@@ -225,3 +226,5 @@ def test_compute_slows_by_the_factor_of_the_op_running_beside_it(network):
     m2 = machine("comm_compute_slowdown: 1.5\n" + BY_SEND.format(kind="broadcast", cc=3.0, cm=1.0))
     r2 = simulate(sched(SEND.format(compute="if rank == 0:\n    compute C 10ms on a")), m2, network=network)
     assert spans(r2)["C"][1] == pytest.approx(4000 + 10000 - 4000 / 1.5, rel=1e-12)
+    # The summary says that some ops have their own factor.
+    assert summarize(r).per_op_interference and not summarize(simulate(sched(SEND.format(compute="")), machine(), network=network)).per_op_interference

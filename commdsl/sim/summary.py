@@ -98,6 +98,8 @@ class Summary:
     warnings: tuple[str, ...]
     transfers: tuple[TransferSummary, ...] = ()
     compute_slowdown: float = 1.0
+    per_op_interference: bool = False
+    """The machine lists comm ops with their own factors (`interference_by_op`)."""
     slowed: tuple[SlowedCompute, ...] = ()
     links: tuple[LinkSummary, ...] = ()
     """Links that carried bytes, busiest (most bytes) first."""
@@ -133,6 +135,7 @@ def summarize(result: SimResult) -> Summary:
     return Summary(
         transfers=_transfers(result),
         compute_slowdown=result.machine.compute_slowdown(),
+        per_op_interference=bool(result.machine.interference_by_op),
         slowed=_slowed(result),
         links=tuple(
             LinkSummary(l.name, l.kind.value, l.bandwidth_gb_per_s, l.bytes, l.busy_us, l.utilization, l.peak_utilization)
