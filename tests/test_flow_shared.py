@@ -190,6 +190,16 @@ def test_compute_slows_transfers_on_the_host_cpus_by_their_cost_not_only_their_c
     assert makespan_ms(EXCHANGE, True) == pytest.approx(20.0, rel=1e-3)  # without compute
 
 
+def send_span(body: str, shared: bool, network: str) -> tuple[float, float]:
+    """(start, end) of rank 0's send `x` in `body` (streams a, b) on a machine with 1 ms
+    of latency and compute slowing comm 2x."""
+    m = machine(shared, latency_us=1000, extra="compute_comm_slowdown: 2.0", shared_gb_per_s=20)
+    program = "\n".join("  " + line for line in body.strip("\n").splitlines())
+    r = simulate(load_schedule_text(f"name: t\nworld: 2\nstreams: [a, b]\nprogram: |\n{program}\n", "t.yaml"), m, network)
+    x = next(g for g, op in enumerate(r.raw.ops) if op.name == "x" and op.rank == 0)
+    return r.raw.start[x], r.raw.end[x]
+
+
 SEND_BESIDE_COMPUTE = """
 if rank == 0:
     compute C 50ms on a
@@ -204,9 +214,22 @@ if rank == 1:
 def test_on_the_host_cpus_compute_slows_a_transfers_latency_too(network: str, shared: bool) -> None:
     """1 ms latency + 1e7 B at 10 GB/s (1 ms), beside compute at factor 2: the bytes take
     2 ms; the latency 2 ms where the host's CPUs run it (a shared bandwidth), else 1 ms."""
-    m = machine(shared, latency_us=1000, extra="compute_comm_slowdown: 2.0", shared_gb_per_s=20)
-    prog = load_schedule_text("name: t\nworld: 2\nstreams: [a, b]\nprogram: |\n"
-                              + "\n".join("  " + line for line in SEND_BESIDE_COMPUTE.strip("\n").splitlines()) + "\n", "t.yaml")  # fmt: skip
-    r = simulate(prog, m, network)
-    x = next(g for g, op in enumerate(r.raw.ops) if op.name == "x" and op.rank == 0)
-    assert r.raw.end[x] - r.raw.start[x] == pytest.approx(4000.0 if shared else 3000.0, rel=1e-9)
+    start, end = send_span(SEND_BESIDE_COMPUTE, shared, network)
+    assert end - start == pytest.approx(4000.0 if shared else 3000.0, rel=1e-9)
+
+
+@pytest.mark.parametrize("network", ["flow", "analytic"])
+@pytest.mark.parametrize("shared", [False, True])
+def test_compute_starting_during_the_latency_slows_the_rest_of_it(network: str, shared: bool) -> None:
+    """The send starts at 0; compute starts at 500 us, halfway through its 1 ms latency.
+    On the host's CPUs the other 500 us of latency take 1000 us, then the 1 ms of bytes
+    2 ms: 3500 us; elsewhere the latency is not slowed: 1000 + 2000 us."""
+    body = """
+if rank == 0:
+    send x 10MB to 1 on b
+    host H 500us
+    compute C 50ms on a
+if rank == 1:
+    recv x 10MB from 0 on b
+"""
+    assert send_span(body, shared, network) == pytest.approx((0.0, 3500.0 if shared else 3000.0), rel=1e-9)

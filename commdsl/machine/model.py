@@ -204,7 +204,7 @@ class Machine:
     contention it slows only if its share was above that), and on a shared bandwidth
     (`shared`: the host's CPUs copying bytes) each of its bytes costs factor times as
     much, so transfers sharing the CPUs share what compute leaves them; its latency is
-    slowed only there (the host's CPUs run it too), when compute runs as it starts.
+    slowed only there (the host's CPUs run it too).
     1.0: none, at no cost to the simulation. On CPUs,
     compute and gloo's threads share the cores; on GPUs, an NCCL kernel shares SMs and
     memory bandwidth with compute. Calibration measures it (an fp32 all_reduce beside

@@ -31,8 +31,8 @@ mode's per-pair flows follow their collective's members). A slowed flow's cap is
 rate / F: alone it moves F times slower, and under contention it slows only where its
 max-min share was above that. On a shared channel (the host's CPUs copying every byte,
 `Machine.shared`) its weight is F times its own too: compute holds the CPUs, so each
-byte costs F times as much of them, and its latency, CPU work too, is F times as long
-if compute runs there as it starts. When compute starts or ends on a device, the flows on it
+byte costs F times as much of them, and its latency, CPU work too, runs F times slower
+while compute runs there. When compute starts or ends on a device, the flows on it
 whose state changes get their new cap: a solo flow is rescheduled on its own (no
 recomputation), a moving shared one is recomputed with the flows connected to it, a
 flow still in its latency just takes the cap with it. With F = 1.0 for every op none of
@@ -113,7 +113,7 @@ class _Leg:
     """Its slowdown while one of `devices` computes (its op's `compute_comm_slowdown`)."""
     cpu_latency: bool = False
     """Its latency is the host CPUs' work too (it crosses a shared CPU channel): slowed
-    like its bytes when compute runs on one of `devices` as it starts."""
+    like its bytes while compute runs on one of `devices`."""
 
 
 class FlowNetwork(Network):
@@ -430,6 +430,12 @@ class FlowNetwork(Network):
             else:
                 f.cap, f.solo = leg.cap, leg.solo
                 f.demands = leg.demands
+            in_latency = f.t_upd > now
+            if in_latency and leg.cpu_latency:  # the CPUs run its latency too: the rest of it stretches or shrinks
+                f.t_upd = now + (f.t_upd - now) * (leg.slow if f.nbusy else 1.0 / leg.slow)
+                if not f.is_solo:
+                    f.version += 1
+                    self._push(f.t_upd, f, _ACTIVATE)
             if f.is_solo:  # alone on its channels: reschedule it, nothing else changes
                 if f.t_upd < now:
                     self._log_solo(f, now)

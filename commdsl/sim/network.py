@@ -16,9 +16,8 @@ Compute slowing communication (a transfer's `compute_comm_slowdown`, from
 != 1.0): the engine tells the network when compute starts or ends on a device
 (`compute_changed`, at the true times; never called when every factor is 1.0). A transfer is slowed while any of its
 endpoint devices computes (a collective: any member, since a ring advances at its
-slowest member's pace); its bandwidth part is slowed, and its latency only on the host's
-CPUs (a transport with a shared bandwidth: loopback TCP, where the latency is CPU work
-too) and only if compute runs as it starts.
+slowest member's pace); its bandwidth part is slowed, and its latency too on the host's
+CPUs (a transport with a shared bandwidth: loopback TCP, where the latency is CPU work).
 
   * `analytic`: the bandwidth part of a transfer progresses at 1 / factor while slowed:
     its one timeout is rescheduled when that changes (exact for its formula, no contention);
@@ -205,14 +204,13 @@ class AnalyticNetwork(Network):
             # Always through an event, even for zero time: keeps the engine's call depth flat.
             self.env.timeout(duration).callbacks.append(lambda _ev: done())
             return
-        x = _Timed(record, tuple(dict.fromkeys(transfer.ranks)), now + latency, duration - latency, slow, done)
+        # On the host's CPUs (a shared bandwidth) the latency is CPU work too: all of it slows.
+        unslowed = 0.0 if self.machine.shared_bandwidth(transfer.transport) is not None else latency
+        x = _Timed(record, tuple(dict.fromkeys(transfer.ranks)), now + unslowed, duration - unslowed, slow, done)
         for d in x.devices:
             self._on_device[d][x] = None
             x.nbusy += self._busy[d]
         x.factor = slow if x.nbusy else 1.0
-        if x.nbusy and self.machine.shared_bandwidth(transfer.transport) is not None:
-            x.t_mark = now + latency * slow  # the host CPUs' latency is slowed too
-            x.record[3] = latency * slow
         self._schedule(x)
 
     def _schedule(self, x: _Timed) -> None:
