@@ -29,6 +29,7 @@ from commdsl.calibrate.fit import LinearFit, StepFit, fit_linear, fit_steps, mon
 from commdsl.dsl.values import ValueFault, format_bytes, parse_quantity, Unit
 from commdsl.errors import CommdslError, UsageError, require_output_folder
 from commdsl.ir import Dtype, OpKind
+from commdsl.machine.model import ANY_DTYPE
 from commdsl.sim.collectives import DEFAULT_ALGO, plan
 
 if TYPE_CHECKING:
@@ -62,7 +63,7 @@ OVERLAP_MIN_COMPUTE_US = 10_000.0
 """The overlap probe's compute ops run at least this long, and at least 4x the comm op
 alone, so they outlast it slowed."""
 NOISE_MSG_BYTES = 4 * 2**20
-"""Message size of the compute-stall probe (`commdsl.calibrate.executor_probes.PROBE`), or the
+"""Message size of the compute-stall probe (`commdsl.calibrate.executor_probes.STALL_PROBE`), or the
 largest calibrated size below it."""
 
 
@@ -251,7 +252,7 @@ class Results:
             "copy_slowdown_under_compute": self.copy_slowed,
             "skipped": self.skipped,
             "compute_noise": {**dataclasses.asdict(self.noise), **self.noise.machine_json()} if self.noise is not None else None,
-            "interference_by_op": [{"kind": k.value, "dtype": d.value if d else "any", **dataclasses.asdict(o),
+            "interference_by_op": [{"kind": k.value, "dtype": d.value if d else ANY_DTYPE, **dataclasses.asdict(o),
                                     "comm_compute_slowdown": o.comm_compute_slowdown, "compute_comm_slowdown": o.compute_comm_slowdown}
                                    for (k, d), o in self.overlaps.items()],  # fmt: skip
         }
@@ -400,7 +401,7 @@ def build_machine(cfg: CalibrateConfig, res: Results, world: int, backend: str, 
             continue  # the machine-wide factors
         factors = {"comm_compute_slowdown": round(o.comm_compute_slowdown, 3), "compute_comm_slowdown": round(o.compute_comm_slowdown, 3)}
         for k in (OpKind.SEND, OpKind.RECV) if kind.is_p2p else (kind,):
-            by_op.setdefault(k.value, {})[dtype.value if dtype else "any"] = factors
+            by_op.setdefault(k.value, {})[dtype.value if dtype else ANY_DTYPE] = factors
     machine = {
         "name": cfg.name,
         "doc": f"calibrated on {socket.gethostname()} with {world} {backend} ranks, torch {torch_version}",

@@ -43,7 +43,7 @@ from dataclasses import dataclass
 import simpy
 
 from commdsl.errors import MachineError
-from commdsl.ir import HOST_STREAM, Algo, CopyDir, Op, OpKind, Program, Transport
+from commdsl.ir import HOST_STREAM, Algo, CopyDir, Dtype, Op, OpKind, Program, Transport
 from commdsl.machine.model import Machine
 from commdsl.sim.collectives import plan, resolve_algo
 from commdsl.sim.network import Network, Transfer
@@ -227,6 +227,8 @@ class Engine:
         """Compute slows while an NCCL kernel of its device runs (DESIGN.md semantics 7)."""
         self.kernels: list[list[float]] = [[] for _ in range(program.world_size)]
         """Per rank, the compute slowdowns of its NCCL ops active (their kernels hold SMs)."""
+        self.kernel_factor: dict[tuple[OpKind, Dtype], float] = {}
+        """Per comm op kind and dtype, the compute slowdown while it runs (`Machine.interference`)."""
         self.nominal_us: dict[int, float] = {}
         """Compute ops (g) that ran slowed, with their time without interference."""
         self.slow_comm = machine.slows_comm()
@@ -674,8 +676,7 @@ class Engine:
 
     def _compute_factor(self, rank: int) -> float:
         """Current slowdown of compute on `rank`: NCCL kernels and copies running there."""
-        kernels = self.kernels[rank]
-        factor = max(kernels) if kernels else 1.0
+        factor = max(self.kernels[rank], default=1.0)
         if self.copying[rank]:
             factor *= self.copy_slowdown
         return factor
@@ -684,21 +685,21 @@ class Engine:
         """Current slowdown of copies on `rank`: compute running there."""
         return self.copy_slowed if self.computing[rank] else 1.0
 
-    def _kernel_started(self, g: int) -> None:
-        """Comm op g's kernel runs from now: compute on its device slows by its factor."""
+    def _kernels_changed(self, g: int, started: bool) -> None:
+        """Comm op g's kernel started or ended: compute on its device runs at the largest
+        factor of the kernels running there (looked up once per op kind and dtype)."""
         op = self.ops[g]
+        key = (op.kind, op.dtype)
+        factor = self.kernel_factor.get(key)
+        if factor is None:
+            factor = self.kernel_factor[key] = self.machine.interference(op.kind, op.dtype).comm_compute_slowdown
         kernels = self.kernels[op.rank]
-        before = max(kernels) if kernels else 1.0
-        kernels.append(self.machine.interference(op.kind, op.dtype).comm_compute_slowdown)
-        if max(kernels) != before:
-            self._refactor(op.rank)
-
-    def _kernel_ended(self, g: int) -> None:
-        op = self.ops[g]
-        kernels = self.kernels[op.rank]
-        before = max(kernels)
-        kernels.remove(self.machine.interference(op.kind, op.dtype).comm_compute_slowdown)
-        if (max(kernels) if kernels else 1.0) != before:
+        before = max(kernels, default=1.0)
+        if started:
+            kernels.append(factor)
+        else:
+            kernels.remove(factor)
+        if max(kernels, default=1.0) != before:
             self._refactor(op.rank)
 
     def _copies_changed(self, rank: int, delta: int) -> None:
@@ -812,7 +813,7 @@ class Engine:
             now = self.env.now
             self.start[item] = now
             if self.interfere and self.ops[item].transport is _NCCL:
-                self._kernel_started(item)
+                self._kernels_changed(item, True)
             self._activated(item, now)
             return
         queues = self.batch_queues[item]
@@ -836,7 +837,7 @@ class Engine:
             state[g] = ACTIVE
             self.start[g] = now
             if self.interfere and self.ops[g].transport is _NCCL:
-                self._kernel_started(g)
+                self._kernels_changed(g, True)
         for g in members:
             self._activated(g, now)
 
@@ -877,7 +878,7 @@ class Engine:
         for g in members:
             self._finish(g, now)
             if interfere and self.ops[g].transport is _NCCL:
-                self._kernel_ended(g)
+                self._kernels_changed(g, False)
             q = self.queue_of[g]
             q.remaining -= 1
             if q.remaining == 0:

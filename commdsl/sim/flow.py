@@ -430,8 +430,7 @@ class FlowNetwork(Network):
             else:
                 f.cap, f.solo = leg.cap, leg.solo
                 f.demands = leg.demands
-            in_latency = f.t_upd > now
-            if in_latency and leg.cpu_latency:  # the CPUs run its latency too: the rest of it stretches or shrinks
+            if leg.cpu_latency and f.t_upd > now:  # in its latency, which the CPUs run too: the rest stretches or shrinks
                 f.t_upd = now + (f.t_upd - now) * (leg.slow if f.nbusy else 1.0 / leg.slow)
                 if not f.is_solo:
                     f.version += 1
