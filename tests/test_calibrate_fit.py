@@ -124,3 +124,19 @@ def test_sampling_goes_on_while_the_estimate_is_loose() -> None:
     # ... until the run budget or the time budget is spent.
     assert precise(stalls * MAX_RUNS_FACTOR, 5)
     assert precise([MAX_POINT_US / 4, 1.0, MAX_POINT_US / 2, 3.0, MAX_POINT_US / 4], 5)
+
+
+def test_a_point_measured_in_passes_takes_a_share_per_pass_and_judges_all_runs() -> None:
+    steady = [1000.0, 1010.0, 990.0, 1005.0, 995.0]
+    stalls = [200.0, 4000.0, 200.0, 200.0, 4000.0]
+    # 15 runs in 3 passes: 5 a pass, however precise the runs so far.
+    assert not precise(steady[:4], 15, earlier=steady * 2, passes=3)
+    assert precise(steady, 15, earlier=steady * 2, passes=3)
+    # A pass stops early once every run so far is precise, not its own alone...
+    assert not precise(steady, 15, earlier=stalls, passes=3)
+    assert precise(stalls, 15, earlier=steady * 40, passes=3)
+    # ... and at its share of the run budget (6 x 15 / 3) or of the time budget.
+    assert not precise(stalls * 5, 15, passes=3)
+    assert precise(stalls * 6, 15, passes=3)
+    assert precise([MAX_POINT_US / 6, 1.0, MAX_POINT_US / 6, 3.0, 1.0], 15, passes=3)
+    assert not precise([MAX_POINT_US / 8, 1.0, MAX_POINT_US / 8, 3.0, 1.0], 15, passes=3)

@@ -172,6 +172,30 @@ def test_a_dtype_uses_its_own_table_else_the_fp32_one() -> None:
         load_machine_text(text.replace("{bf16:", "{bf17:"), "m.yaml")
 
 
+@pytest.mark.parametrize("network", ["flow", "flow-steps", "analytic"])
+def test_a_reduce_op_uses_its_own_table_in_its_dtype_first(network: str) -> None:
+    """gloo's avg costs more than its sum: a reduction with an op of its own
+    (`measured_us_by_op`) takes that op's table; the dtype comes first (`profile_for`)."""
+    text = PROFILED.replace(
+        "        measured_us: [[1000000, 500], [4000000, 1000], [16000000, 8000]]\n",
+        "        measured_us: [[1000000, 500], [4000000, 1000], [16000000, 8000]]\n"
+        "        measured_us_by_dtype: {bf16: [[1000000, 4000], [4000000, 8000]]}\n"
+        "        measured_us_by_op: {avg: {fp32: [[1000000, 600], [4000000, 1200]]}, max: {bf16: [[1000000, 4400], [4000000, 8800]]}}\n",
+    )
+    machine = load_machine_text(text, "m.yaml")
+
+    def time_us(line: str) -> float:
+        prog = load_schedule_text(f"name: t\nworld: 2\nprogram: |\n  {line}\n", "t.yaml")
+        return simulate(prog, machine, network).timeline.makespan_us
+
+    assert time_us("all_reduce g 1000000B op=avg") == pytest.approx(600.0)  # the fp32 avg table
+    assert time_us("all_reduce g 1000000B op=sum") == pytest.approx(500.0)  # sum: the plain table
+    assert time_us("all_reduce g 1000000B op=min") == pytest.approx(500.0)  # no min table: the plain one
+    assert time_us("all_reduce g 1000000B op=max dtype=bf16") == pytest.approx(4400.0)  # max in bf16
+    assert time_us("all_reduce g 1000000B op=avg dtype=bf16") == pytest.approx(4000.0)  # bf16 (sum) before fp32 avg
+    assert time_us("all_reduce g 1000000B op=avg dtype=fp16") == pytest.approx(600.0)  # no fp16 table: fp32 avg
+
+
 def test_compute_slows_transfers_on_the_host_cpus_by_their_cost_not_only_their_cap() -> None:
     """The shared channel is the host's CPUs copying bytes: while compute holds them,
     each byte costs F times as much, so an exchange under compute takes F times its

@@ -75,15 +75,42 @@ BY_OP = "interference_by_op:\n  reduce_scatter:\n    bf16: {comm_compute_slowdow
         ("comm_compute_slowdown: 1.9, ", "", "interference_by_op.reduce_scatter.bf16 is missing 'comm_compute_slowdown'", 15, 11),
     ],
 )
-def test_validation_errors_name_file_line_col_and_value(old, new, message, line, col):
+def test_validation_errors_name_file_line_col_and_value(old, new, message, line, col, machine_error):
     text = GOOD + BY_OP
     assert old in text
-    with pytest.raises(MachineError) as info:
-        load_machine_text(text.replace(old, new, 1), "tiny.yaml")
-    err = info.value
-    assert message in err.message
-    assert (err.loc.file, err.loc.line, err.loc.column) == ("tiny.yaml", line, col)
+    err = machine_error(text.replace(old, new, 1), "tiny.yaml", message, line, col)
     assert new.split(":")[0].strip("{ ") in err.format()  # the offending line is shown
+
+
+PROFILED = GOOD.replace("  nccl: {latency_us: 5, bandwidth_gb_per_s: 200}\n", """\
+  nccl:
+    latency_us: 5
+    bandwidth_gb_per_s: 200
+    collectives:
+      all_reduce:
+        latency_us: 5
+        bandwidth_gb_per_s: 200
+        measured_ranks: 2
+        measured_us: [[1, 5], [2, 9]]
+        measured_us_by_op: {avg: {fp32: [[1, 6], [2, 10]]}}
+""")
+"""GOOD with a calibrated all_reduce (measured_us_by_op on line 21)."""
+
+
+@pytest.mark.parametrize(
+    "old,new,message,line,col",
+    [
+        ("avg: {", "average: {", "measured_us_by_op: reduce op 'average' has no place here; known: avg, max, min, prod", 21, 29),
+        ("avg: {", "sum: {", "(sum's tables are measured_us and measured_us_by_dtype)", 21, 29),
+        ("{fp32: [[1, 6]", "{fp31: [[1, 6]", "collectives.all_reduce.measured_us_by_op.avg: unknown dtype 'fp31'", 21, 35),
+        ("      all_reduce:", "      all_gather:", "only reductions (all_reduce, reduce, reduce_scatter) have a reduce op, not all_gather", 21, 9),
+        ("        measured_ranks: 2\n        measured_us: [[1, 5], [2, 9]]\n", "", "collectives.all_reduce: measured_us_by_op needs measured_us", 16, 7),
+    ],
+)
+def test_bad_measured_tables_name_file_line_col_and_value(old, new, message, line, col, machine_error):
+    assert load_machine_text(PROFILED, "tiny.yaml").collective_profiles  # the unchanged text loads
+    assert old in PROFILED
+    machine_error(PROFILED.replace(old, new, 1), "tiny.yaml", message, line, col)
 
 
 def test_missing_top_level_key_lists_what_is_needed():

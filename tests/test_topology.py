@@ -71,13 +71,9 @@ def test_a_good_file_loads_and_devices_come_from_the_topology():
         ("vertices: {sw:", "vertices: {gpu1:", "'gpu1' is reserved", 11, 14),
     ],
 )
-def test_topology_errors_name_file_line_col(old, new, message, line, col):
+def test_topology_errors_name_file_line_col(old, new, message, line, col, machine_error):
     assert old in GOOD
-    with pytest.raises(MachineError) as info:
-        load_machine_text(GOOD.replace(old, new, 1), "two.yaml")
-    err = info.value
-    assert message in err.message
-    assert (err.loc.file, err.loc.line, err.loc.column) == ("two.yaml", line, col)
+    machine_error(GOOD.replace(old, new, 1), "two.yaml", message, line, col)
 
 
 def test_disconnected_devices_are_an_error():

@@ -171,15 +171,20 @@ MAX_POINT_US = 1.5e6
 """...and runs adding up to at most this much measured time (1.5 s) per point."""
 
 
-def precise(samples: list[float], min_runs: int) -> bool:
+def precise(samples: list[float], min_runs: int, *, earlier: list[float] | tuple[float, ...] = (), passes: int = 1) -> bool:
     """Whether an expected time from `samples` is good enough to stop sampling: at least
     `min_runs`, and a standard error of the mean within `PRECISION` of it, or the run or
     time budget spent. A gloo call on a small shared CPU stalls for ~4 ms in a good
-    fraction of runs: at 1-16 MiB, 15 runs estimate the mean to about +-30%."""
+    fraction of runs: at 1-16 MiB, 15 runs estimate the mean to about +-30%.
+
+    A point measured in `passes` passes (see `measure.Pooled`): `samples` are this pass's
+    runs and `earlier` those of the passes before it. Each pass takes its share of the
+    minimum and of the budgets, and stops early once all the runs so far are precise."""
     n = len(samples)
-    if n < max(min_runs, 2):
+    if n < max(math.ceil(min_runs / passes), 2):
         return False
-    if n >= MAX_RUNS_FACTOR * min_runs or sum(samples) >= MAX_POINT_US:
+    if n >= math.ceil(MAX_RUNS_FACTOR * min_runs / passes) or sum(samples) >= MAX_POINT_US / passes:
         return True
-    mean = statistics.fmean(samples)
-    return mean <= 0 or statistics.stdev(samples) / math.sqrt(n) <= PRECISION * mean
+    pooled = [*earlier, *samples]
+    mean = statistics.fmean(pooled)
+    return mean <= 0 or statistics.stdev(pooled) / math.sqrt(len(pooled)) <= PRECISION * mean

@@ -17,6 +17,7 @@ import os
 import platform
 import socket
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -28,7 +29,7 @@ from rich.table import Table
 from commdsl.calibrate.fit import LinearFit, StepFit, fit_linear, fit_steps, monotone
 from commdsl.dsl.values import ValueFault, format_bytes, parse_quantity, Unit
 from commdsl.errors import CommdslError, UsageError, require_output_folder
-from commdsl.ir import Dtype, OpKind
+from commdsl.ir import Dtype, OpKind, ReduceOp
 from commdsl.machine.model import ANY_DTYPE
 from commdsl.sim.collectives import DEFAULT_ALGO, plan
 
@@ -43,6 +44,15 @@ REDUCED_DTYPES = (Dtype.BF16,)
 """Reductions are also timed in these dtypes: a reduction's cost depends on the element
 type (gloo reduces bf16 at an eighth of fp32's speed per byte on a CPU)."""
 REDUCING = (OpKind.ALL_REDUCE, OpKind.REDUCE_SCATTER, OpKind.REDUCE)
+AVERAGING = (OpKind.ALL_REDUCE, OpKind.REDUCE_SCATTER)
+"""Reductions also timed with op=avg, in fp32 and REDUCED_DTYPES: data parallelism
+averages gradients with them (DDP, FSDP), and gloo's avg costs more than its sum
+(interleaved on the CPU VM, 16 MiB in bf16: 11.4 against 9.8 ms for a reduce_scatter,
+9.8 against 8.1 ms for an all_reduce; 4 MiB fp32 all_reduce: 2.3 against 1.6 ms)."""
+COMM_PASSES = 3
+"""Communication points are measured in this many passes over every series and size,
+their runs pooled (`measure.Pooled`): a point then averages the VM's speed over the
+calibration instead of taking that of the few seconds it was measured in."""
 CHUNK_BYTES = 512 * 1024
 """Pipelining chunk of chain collectives written to the machine (NCCL's default)."""
 SLOWDOWN_SIZE_BYTES = 16 * 2**20
@@ -229,6 +239,8 @@ class Results:
     """A copy's time while a matmul loop runs on every rank, over its time alone."""
     noise: NoiseResult | None = None
     """Compute stalls inside the executor (`commdsl.calibrate.executor_probes`)."""
+    reductions_by_op: dict[ReduceOp, dict[Dtype, dict[OpKind, list[tuple[int, float]]]]] = dataclasses.field(default_factory=dict)
+    """Reducing collectives timed with other ops than sum (AVERAGING), per op and dtype."""
     overlaps: dict[tuple[OpKind, Dtype | None], Overlap] = dataclasses.field(default_factory=dict)
     """Per comm op kind and dtype (None: any), its interference with compute inside the
     executor (`executor_probes.interference`); the fp32 all_reduce's gives the
@@ -243,6 +255,8 @@ class Results:
             "exchange_us": self.exchange,
             "collectives_us": {k.value: pts for k, pts in self.collectives.items()},
             "reductions_us_by_dtype": {d.value: {k.value: pts for k, pts in by.items()} for d, by in self.reductions_by_dtype.items()},
+            "reductions_us_by_op": {o.value: {d.value: {k.value: pts for k, pts in by.items()} for d, by in by_dtype.items()}
+                                    for o, by_dtype in self.reductions_by_op.items()},  # fmt: skip
             "barrier_us": self.barrier_us,
             "kernel_launch_us": self.kernel_launch_us,
             "comm_launch_us": self.comm_launch_us,
@@ -272,8 +286,18 @@ def _measured_at(res: Results, kind: OpKind, dtype: Dtype | None, size: int) -> 
 def _measure_all(probe, sizes, matmul_sizes, dtypes, measure) -> Results:
     from commdsl.run.compute import DURATION_BLOCKS_CPU
 
-    steps = (len(dtypes) * len(matmul_sizes) + 2 * len(sizes) + len(sizes) * (2 + len(COLLECTIVES) + len(REDUCED_DTYPES) * len(REDUCING))
-             + len(OVERLAP_OPS) + 5)  # fmt: skip
+    # Every communication series (label, time of one pass at a size), in the order of a pass.
+    comm_series: list[tuple[str, Callable[[int, measure.Pooled], float]]] = [
+        ("p2p", lambda s, pooled: measure.p2p_us(probe, s, pooled=pooled)),
+        ("exchange", lambda s, pooled: measure.exchange_us(probe, s, pooled=pooled)),
+        *((kind.value, lambda s, pooled, kind=kind: measure.collective_us(probe, kind, s, pooled=pooled)) for kind in COLLECTIVES),
+        *((f"{kind.value} {dtype.value}", lambda s, pooled, kind=kind, dtype=dtype: measure.collective_us(probe, kind, s, dtype, pooled=pooled))
+          for dtype in REDUCED_DTYPES for kind in REDUCING),
+        *((f"{kind.value} {dtype.value} avg",
+           lambda s, pooled, kind=kind, dtype=dtype: measure.collective_us(probe, kind, s, dtype, ReduceOp.AVG, pooled=pooled))
+          for dtype in (Dtype.FP32, *REDUCED_DTYPES) for kind in AVERAGING),
+    ]  # fmt: skip
+    steps = len(dtypes) * len(matmul_sizes) + len(sizes) * (2 + COMM_PASSES * len(comm_series)) + len(OVERLAP_OPS) + 5
     res = Results({}, [], [], [], [], {}, {}, 0.0, 0.0, 0.0, 1.0, 1.0, 1.0, [])
     with Progress(disable=probe.rank != 0, transient=True) as progress:
         task = progress.add_task("calibrating", total=steps)
@@ -305,23 +329,31 @@ def _measure_all(probe, sizes, matmul_sizes, dtypes, measure) -> Results:
             res.host_copy.append((s, measure.copy_us(probe, s, host_to_device=True)))
             step(f"copies {format_bytes(s)}")
             step(f"copies {format_bytes(s)}")
-        for s in sizes:
-            res.p2p.append((s, measure.p2p_us(probe, s)))
-            step(f"p2p {format_bytes(s)}")
-        for s in sizes:
-            res.exchange.append((s, measure.exchange_us(probe, s)))
-            step(f"exchange {format_bytes(s)}")
+        # Communication in COMM_PASSES passes over every series and size, each point's
+        # runs pooled over the passes (`measure.Pooled`).
+        pools = {label: {s: measure.Pooled(COMM_PASSES) for s in sizes} for label, _ in comm_series}
+        comm_points: dict[str, list[tuple[int, float]] | None] = {}
+        for n in range(COMM_PASSES):
+            for label, time_us in comm_series:
+                if n == 0 or comm_points[label] is not None:
+                    comm_points[label] = series(f"{label} (pass {n + 1}/{COMM_PASSES})", sizes,
+                                                lambda s, label=label, time_us=time_us: time_us(s, pools[label][s]))  # fmt: skip
+        if not comm_points["p2p"] or not comm_points["exchange"]:
+            raise CommdslError(f"calibrate could not time point-to-point messages: {'; '.join(res.skipped)}")
+        res.p2p, res.exchange = comm_points["p2p"], comm_points["exchange"]
         for kind in COLLECTIVES:
-            points = series(kind.value, sizes, lambda s: measure.collective_us(probe, kind, s))
-            if points:
-                res.collectives[kind] = points
-        res.barrier_us = measure.collective_us(probe, OpKind.BARRIER, 0)
-        step("barrier")
+            if comm_points[kind.value]:
+                res.collectives[kind] = comm_points[kind.value]
         for dtype in REDUCED_DTYPES:
             for kind in REDUCING:
-                points = series(f"{kind.value} {dtype.value}", sizes, lambda s: measure.collective_us(probe, kind, s, dtype))
-                if points:
-                    res.reductions_by_dtype.setdefault(dtype, {})[kind] = points
+                if comm_points[f"{kind.value} {dtype.value}"]:
+                    res.reductions_by_dtype.setdefault(dtype, {})[kind] = comm_points[f"{kind.value} {dtype.value}"]
+        for dtype in (Dtype.FP32, *REDUCED_DTYPES):
+            for kind in AVERAGING:
+                if comm_points[f"{kind.value} {dtype.value} avg"]:
+                    res.reductions_by_op.setdefault(ReduceOp.AVG, {}).setdefault(dtype, {})[kind] = comm_points[f"{kind.value} {dtype.value} avg"]
+        res.barrier_us = measure.collective_us(probe, OpKind.BARRIER, 0)
+        step("barrier")
         # Interference is timed with the executor's own bulk block for explicit durations
         # (`compute X 2ms`), the compute it describes.
         n_work = DURATION_BLOCKS_CPU[0] if probe.device.type == "cpu" else matmul_sizes[-1]
@@ -465,6 +497,10 @@ def _collective_overrides(fits: dict[OpKind, StepFit], res: Results, ranks: int)
         by_dtype = {d.value: _table(by[kind]) for d, by in res.reductions_by_dtype.items() if kind in by}
         if by_dtype:
             entry["measured_us_by_dtype"] = by_dtype
+        by_op = {o.value: {d.value: _table(by[kind]) for d, by in per_dtype.items() if kind in by} for o, per_dtype in res.reductions_by_op.items()}
+        by_op = {o: tables for o, tables in by_op.items() if tables}
+        if by_op:
+            entry["measured_us_by_op"] = by_op
         out[kind.value] = entry
     if res.barrier_us > 0:
         # A barrier moves no bytes: its measured time spread over its latency steps.
@@ -478,7 +514,7 @@ def _header(cfg: CalibrateConfig, world: int, backend: str, torch_version: str, 
     lines = [
         f"# Machine description written by commdsl.calibrate on {socket.gethostname()}, {now}.",
         f"# {world} ranks, backend {backend}, torch {torch_version}, sizes {format_bytes(cfg.min_size_bytes)}"
-        f"..{format_bytes(cfg.max_size_bytes)}, trimmed mean of {cfg.repeats} runs.",
+        f"..{format_bytes(cfg.max_size_bytes)}, trimmed mean of {cfg.repeats} runs (communication: at least, in {COMM_PASSES} passes).",
         f"# P2P fit: latency {report.p2p.intercept:.2f} us, {report.p2p.rate / 1e3:.3f} GB/s, R^2 {report.p2p.r2:.4f}, "
         f"worst residual {report.p2p.max_abs_residual_pct:.1f}%.",
     ]

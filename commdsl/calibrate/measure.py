@@ -5,7 +5,7 @@ a calibrated machine describes exactly the calls `commdsl.run` makes.
 
 Every timing is the *expected* time: the trimmed mean (`expected_us`) of at least
 `repeats` runs after `warmup` (communication takes more runs while the estimate is loose,
-`fit.precise`), not the median. A schedule's makespan is a sum of many op times,
+`fit.precise`; and in passes spread over the calibration, `Pooled`), not the median. A schedule's makespan is a sum of many op times,
 and a sum follows the means of its parts: on a small shared CPU a gloo call stalls for a
 scheduler slice (milliseconds) in a good fraction of runs, which the median of one op
 hides and a run of a hundred ops does not.
@@ -32,7 +32,7 @@ import torch.distributed as dist
 
 from commdsl.calibrate.fit import expected_us, precise
 from commdsl.errors import SourceLoc
-from commdsl.ir import Dtype, Op, OpKind, ReduceOp, Transport
+from commdsl.ir import REDUCING_KINDS, Dtype, Op, OpKind, ReduceOp, Transport
 from commdsl.run.comm import launch, make_plan
 from commdsl.run.tensors import TORCH_DTYPE, BufferPool
 from commdsl.run.timing import now_ns
@@ -76,18 +76,38 @@ def _local_time_us(probe: Probe, fn: Callable[[], None], *, warmup: int | None =
     return expected_us(samples)
 
 
-def _group_time_us(probe: Probe, fn: Callable[[], None], *, member: bool = True, warmup: int | None = None) -> float:
+@dataclass
+class Pooled:
+    """One communication point measured in several passes spread over the calibration,
+    its runs pooled: the VM's communication speed drifts by 10-20% within a minute
+    (five back-to-back estimates of a 16 MiB all_reduce, each to a 5% standard error,
+    gave 4.9-6.1 ms), and a point measured in one burst takes the speed of its moment.
+    Each pass adds its share of the runs (`fit.precise`); every rank holds the same
+    samples, so all ranks stop at the same run."""
+
+    passes: int
+    samples: list[float] = dataclasses.field(default_factory=list)
+
+    @property
+    def expected_us(self) -> float:
+        return expected_us(self.samples)
+
+
+def _group_time_us(probe: Probe, fn: Callable[[], None], *, member: bool = True, warmup: int | None = None,
+                   pooled: Pooled | None = None) -> float:  # fmt: skip
     """Expected time of a communication every rank with `member` takes part in: from
     the last member's start to the last member's end (see the module doc). Every rank
     calls this, members or not, since the timings travel in collectives.
 
     At least `repeats` timed runs; more, while the estimate is loose (see `precise`).
     Every rank holds the same samples (they come out of the all_reduce), so all ranks
-    decide to stop at the same run."""
+    decide to stop at the same run. With `pooled`, one pass of a point measured in
+    several: its runs join the earlier passes' and the time is that of all of them."""
+    pooled = Pooled(1) if pooled is None else pooled
     warmup = probe.warmup if warmup is None else max(warmup, probe.warmup)
     samples: list[float] = []
     i = 0
-    while i < warmup or not precise(samples, probe.repeats):
+    while i < warmup or not precise(samples, probe.repeats, earlier=pooled.samples, passes=pooled.passes):
         dist.barrier(group=probe.cpu_group)
         probe.sync()
         start = now_ns() + probe.clock_offset_ns
@@ -101,16 +121,18 @@ def _group_time_us(probe: Probe, fn: Callable[[], None], *, member: bool = True,
         if i >= warmup:
             samples.append((int(t[1]) - int(t[0])) / 1e3)
         i += 1
-    return expected_us(samples)
+    pooled.samples += samples
+    return pooled.expected_us
 
 
 def comm_op(kind: OpKind, size_bytes: int, rank: int, *, peer: int | None = None, root: int | None = None,
-            dtype: Dtype = Dtype.FP32) -> Op:  # fmt: skip
-    """A synthetic IR op, as the executor would receive it from a schedule."""
+            dtype: Dtype = Dtype.FP32, reduce_op: ReduceOp = ReduceOp.SUM) -> Op:  # fmt: skip
+    """A synthetic IR op, as the executor would receive it from a schedule (reductions
+    with `reduce_op`)."""
     return Op(
         rank=rank, index=0, kind=kind, name=f"calibrate.{kind.value}", stream="compute", loc=_LOC,
         size_bytes=size_bytes, dtype=dtype, peer=peer, group="world", root=root,
-        reduce_op=ReduceOp.SUM if kind in (OpKind.ALL_REDUCE, OpKind.REDUCE, OpKind.REDUCE_SCATTER) else None,
+        reduce_op=reduce_op if kind in REDUCING_KINDS else None,
         transport=Transport.NCCL,
     )  # fmt: skip
 
@@ -147,11 +169,12 @@ def _renamed(op: Op, suffix: str, **changes) -> Op:
     return dataclasses.replace(op, name=op.name + suffix, **changes)
 
 
-def _collective_runner(probe: Probe, kind: OpKind, size_bytes: int, dtype: Dtype = Dtype.FP32) -> tuple[Callable[[], None], int]:
+def _collective_runner(probe: Probe, kind: OpKind, size_bytes: int, dtype: Dtype = Dtype.FP32,
+                       reduce_op: ReduceOp = ReduceOp.SUM) -> tuple[Callable[[], None], int]:  # fmt: skip
     """A function running one collective of `size_bytes` (nccl-tests size convention) on
     the next of its rotating buffer sets, and its warm-up count (`rotation_count`)."""
     root = 0 if kind in (OpKind.BROADCAST, OpKind.REDUCE, OpKind.GATHER, OpKind.SCATTER) else None
-    op = comm_op(kind, size_bytes, probe.rank, root=root, dtype=dtype)
+    op = comm_op(kind, size_bytes, probe.rank, root=root, dtype=dtype, reduce_op=reduce_op)
     next_plan = _rotating(probe, lambda sfx: (_renamed(op, sfx),), size_bytes)
 
     def run() -> None:
@@ -161,10 +184,12 @@ def _collective_runner(probe: Probe, kind: OpKind, size_bytes: int, dtype: Dtype
     return run, next_plan.count
 
 
-def collective_us(probe: Probe, kind: OpKind, size_bytes: int, dtype: Dtype = Dtype.FP32) -> float:
-    """Time of one collective of `size_bytes` (nccl-tests size convention) on all ranks."""
-    run, warmup = _collective_runner(probe, kind, size_bytes, dtype)
-    return _group_time_us(probe, run, warmup=warmup)
+def collective_us(probe: Probe, kind: OpKind, size_bytes: int, dtype: Dtype = Dtype.FP32, reduce_op: ReduceOp = ReduceOp.SUM, *,
+                  pooled: Pooled | None = None) -> float:  # fmt: skip
+    """Time of one collective of `size_bytes` (nccl-tests size convention) on all ranks
+    (a reduction with `reduce_op`; with `pooled`: one pass of it, see `Pooled`)."""
+    run, warmup = _collective_runner(probe, kind, size_bytes, dtype, reduce_op)
+    return _group_time_us(probe, run, warmup=warmup, pooled=pooled)
 
 
 def _pair_ops(probe: Probe, size_bytes: int) -> tuple[Op, Op]:
@@ -173,15 +198,16 @@ def _pair_ops(probe: Probe, size_bytes: int) -> tuple[Op, Op]:
     return (comm_op(OpKind.SEND, size_bytes, probe.rank, peer=peer), comm_op(OpKind.RECV, size_bytes, probe.rank, peer=peer))
 
 
-def _outside_pair_us(probe: Probe, size_bytes: int) -> float:
+def _outside_pair_us(probe: Probe, size_bytes: int, pooled: Pooled | None) -> float:
     """What ranks other than 0 and 1 do while those two measure: the same calls, as non-members."""
-    return _group_time_us(probe, lambda: None, member=False, warmup=rotation_count(size_bytes))
+    return _group_time_us(probe, lambda: None, member=False, warmup=rotation_count(size_bytes), pooled=pooled)
 
 
-def p2p_us(probe: Probe, size_bytes: int) -> float:
-    """One-way time of a message between ranks 0 and 1: half a ping-pong."""
+def p2p_us(probe: Probe, size_bytes: int, *, pooled: Pooled | None = None) -> float:
+    """One-way time of a message between ranks 0 and 1: half a ping-pong (`pooled`: the
+    round trips, see `Pooled`)."""
     if probe.rank > 1:
-        return _outside_pair_us(probe, size_bytes)
+        return _outside_pair_us(probe, size_bytes, pooled) / 2
     send, recv = _pair_ops(probe, size_bytes)
     next_send = _rotating(probe, lambda sfx: (_renamed(send, sfx),), size_bytes)
     next_recv = _rotating(probe, lambda sfx: (_renamed(recv, sfx),), size_bytes)
@@ -193,13 +219,14 @@ def p2p_us(probe: Probe, size_bytes: int) -> float:
                 work.wait()
             probe.sync()
 
-    return _group_time_us(probe, ping_pong, warmup=next_send.count) / 2
+    return _group_time_us(probe, ping_pong, warmup=next_send.count, pooled=pooled) / 2
 
 
-def exchange_us(probe: Probe, size_bytes: int) -> float:
-    """Time of a batched exchange (isend + irecv both ways) of size_bytes between ranks 0 and 1."""
+def exchange_us(probe: Probe, size_bytes: int, *, pooled: Pooled | None = None) -> float:
+    """Time of a batched exchange (isend + irecv both ways) of size_bytes between ranks 0
+    and 1 (with `pooled`: one pass of it)."""
     if probe.rank > 1:
-        return _outside_pair_us(probe, size_bytes)
+        return _outside_pair_us(probe, size_bytes, pooled)
     send, recv = _pair_ops(probe, size_bytes)
     next_plan = _rotating(probe, lambda sfx: (_renamed(send, sfx, batch=0), _renamed(recv, sfx, index=1, batch=0)), size_bytes)
 
@@ -207,7 +234,7 @@ def exchange_us(probe: Probe, size_bytes: int) -> float:
         for work in launch(next_plan()):
             work.wait()
 
-    return _group_time_us(probe, exchange, warmup=next_plan.count)
+    return _group_time_us(probe, exchange, warmup=next_plan.count, pooled=pooled)
 
 
 def matmul_us(probe: Probe, n: int, dtype: Dtype) -> float:

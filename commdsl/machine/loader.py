@@ -13,7 +13,7 @@ import yaml
 from yaml.constructor import ConstructorError, SafeConstructor
 
 from commdsl.errors import MachineError, SourceLoc, UsageError, did_you_mean
-from commdsl.ir import COLLECTIVE_KINDS, Dtype, OpKind, Transport
+from commdsl.ir import COLLECTIVE_KINDS, REDUCING_KINDS, Dtype, OpKind, ReduceOp, Transport
 from commdsl.machine.model import (ANY_DTYPE, NETWORK_VERTEX, ComputeNoise, DeviceSpec, LinkKind, LinkSpec, Machine,
                                    OpInterference, Topology, TopologyLink, VertexKind)
 
@@ -28,6 +28,8 @@ _TOP_KEYS = (
 )  # fmt: skip
 _DEVICE_KEYS = ("name", "peak_tflops", "memory_bandwidth_gb_per_s", "sm_count")
 _LINK_KEYS = ("latency_us", "bandwidth_gb_per_s")
+_PROFILE_KEYS = ("measured_us", "measured_ranks", "measured_us_by_dtype", "measured_us_by_op")
+"""A collective's measured tables (see `Machine.collective_profiles`)."""
 _TRANSPORT_KEYS = (*_LINK_KEYS, "staged", "collectives", "shared_bandwidth_gb_per_s")
 _TOPOLOGY_KEYS = ("nodes", "gpus_per_node", "vertices", "links", "peer_access", "copy_engines", "nccl_sms")
 _TOPOLOGY_LINK_KEYS = ("kind", "bandwidth_gb_per_s", "latency_us", "between")
@@ -163,6 +165,30 @@ class _MachineReader:
         except ValueError:
             raise self.fail(f"{what}: unknown dtype '{key}' (known: {', '.join(d.value for d in Dtype)})", node) from None
 
+    def profiles(self, keys: dict, what: str, kind: OpKind) -> list[tuple[Dtype, ReduceOp | None, tuple[tuple[float, float], ...]]]:
+        """A collective's measured tables (`Machine.collective_profiles`): measured_us (fp32;
+        reductions with sum), measured_us_by_dtype {dtype: table}, and for reductions
+        measured_us_by_op {op: {dtype: table}} (any op but sum, which the others measure)."""
+        tables = [(Dtype.FP32, None, self.profile(keys["measured_us"][1], f"{what}.measured_us"))]
+        if "measured_us_by_dtype" in keys:
+            dwhat = f"{what}.measured_us_by_dtype"
+            for dkey, (dknode, dvnode) in self.mapping(keys["measured_us_by_dtype"][1], dwhat, None).items():
+                tables.append((self.dtype(dkey, dknode, dwhat), None, self.profile(dvnode, f"{dwhat}.{dkey}")))
+        if "measured_us_by_op" in keys:
+            owhat = f"{what}.measured_us_by_op"
+            if kind not in REDUCING_KINDS:
+                raise self.fail(f"{owhat}: only reductions ({', '.join(sorted(k.value for k in REDUCING_KINDS))}) have a reduce op, "
+                                f"not {kind.value}", keys["measured_us_by_op"][0])  # fmt: skip
+            others = [o.value for o in ReduceOp if o is not ReduceOp.SUM]
+            for okey, (oknode, ovnode) in self.mapping(keys["measured_us_by_op"][1], owhat, None).items():
+                if okey not in others:
+                    where = " (sum's tables are measured_us and measured_us_by_dtype)" if okey == ReduceOp.SUM.value else ""
+                    raise self.fail(f"{owhat}: reduce op '{okey}' has no place here{where}; known: {', '.join(others)}", oknode)
+                for dkey, (dknode, dvnode) in self.mapping(ovnode, f"{owhat}.{okey}", None).items():
+                    dtype = self.dtype(dkey, dknode, f"{owhat}.{okey}")
+                    tables.append((dtype, ReduceOp(okey), self.profile(dvnode, f"{owhat}.{okey}.{dkey}")))
+        return tables
+
     def profile(self, node: yaml.Node, what: str) -> tuple[tuple[float, float], ...]:
         """[[size_bytes, time_us], ...]: at least two points, sizes increasing, times positive."""
         if not isinstance(node, yaml.SequenceNode) or len(node.value) < 2:
@@ -218,20 +244,16 @@ class _MachineReader:
                         known = ", ".join(sorted(k.value for k in COLLECTIVE_KINDS))
                         raise self.fail(f"{what}.collectives: unknown collective '{ckey}' (known: {known})", cknode)
                     cwhat = f"{what}.collectives.{ckey}"
-                    ckeys = self.mapping(cvnode, cwhat, (*_LINK_KEYS, "measured_us", "measured_ranks", "measured_us_by_dtype"), _LINK_KEYS)
+                    ckeys = self.mapping(cvnode, cwhat, (*_LINK_KEYS, *_PROFILE_KEYS), _LINK_KEYS)
                     overrides.append((transport, kind, self.link_from(ckeys, cwhat)))
                     if ("measured_us" in ckeys) != ("measured_ranks" in ckeys):
                         raise self.fail(f"{cwhat}: measured_us and measured_ranks go together (the group size the times were measured on)", cknode)
-                    if "measured_us_by_dtype" in ckeys and "measured_us" not in ckeys:
-                        raise self.fail(f"{cwhat}: measured_us_by_dtype needs measured_us (the fp32 table) and measured_ranks", cknode)
+                    for extra in ("measured_us_by_dtype", "measured_us_by_op"):
+                        if extra in ckeys and "measured_us" not in ckeys:
+                            raise self.fail(f"{cwhat}: {extra} needs measured_us (the fp32 table) and measured_ranks", cknode)
                     if "measured_us" in ckeys:
                         ranks = self.integer(ckeys["measured_ranks"][1], f"{cwhat}.measured_ranks", 2)
-                        profiles.append((transport, kind, ranks, Dtype.FP32, self.profile(ckeys["measured_us"][1], f"{cwhat}.measured_us")))
-                        if "measured_us_by_dtype" in ckeys:
-                            dwhat = f"{cwhat}.measured_us_by_dtype"
-                            for dkey, (dknode, dvnode) in self.mapping(ckeys["measured_us_by_dtype"][1], dwhat, None).items():
-                                dtype = self.dtype(dkey, dknode, dwhat)
-                                profiles.append((transport, kind, ranks, dtype, self.profile(dvnode, f"{dwhat}.{dkey}")))
+                        profiles += [(transport, kind, ranks, dtype, op, points) for dtype, op, points in self.profiles(ckeys, cwhat, kind)]
         if not transports:
             raise self.fail("transports lists no transport", top["transports"][1])
         device = DeviceSpec(

@@ -30,7 +30,7 @@ import enum
 import math
 from dataclasses import asdict, dataclass, replace
 
-from commdsl.ir import Dtype, OpKind, Transport
+from commdsl.ir import Dtype, OpKind, ReduceOp, Transport
 
 
 @dataclass(frozen=True)
@@ -154,15 +154,19 @@ class Machine:
     link parameters of that collective on the implied topology (no `topology`), so an
     uncontended collective takes exactly that time and a contended one its share of it.
     With a topology the links decide and overrides are not used by the flow network."""
-    collective_profiles: tuple[tuple[Transport, OpKind, int, Dtype, tuple[tuple[float, float], ...]], ...] = ()
+    collective_profiles: tuple[tuple[Transport, OpKind, int, Dtype, ReduceOp | None, tuple[tuple[float, float], ...]], ...] = ()
     """Measured time of a collective by size on a group of `measured_ranks` ranks
     (`collectives: {all_reduce: {..., measured_ranks: 2, measured_us: [[size_bytes,
-    time_us], ...], measured_us_by_dtype: {bf16: [...]}}}`, written by calibration): a
-    calibration profile, used for groups of that size only (others use the fitted line,
-    which scales with the group). `measured_us` is measured in fp32; an op of another
-    dtype uses its own table where there is one (a reduction's cost depends on the
-    element type: gloo reduces bf16 at an eighth of fp32's speed per byte on a CPU), the
-    fp32 table otherwise (moving bytes costs the same in any dtype). Real
+    time_us], ...], measured_us_by_dtype: {bf16: [...]}, measured_us_by_op: {avg:
+    {fp32: [...], bf16: [...]}}}}`, written by calibration): a calibration profile, used
+    for groups of that size only (others use the fitted line, which scales with the
+    group). `measured_us` is measured in fp32 (reductions with op=sum; reduce op None
+    here); an op of another dtype uses its own table where there is one (a reduction's
+    cost depends on the element type: gloo reduces bf16 at an eighth of fp32's speed per
+    byte on a CPU), the fp32 table otherwise (moving bytes costs the same in any dtype).
+    A reduction with another op uses that op's table where there is one (gloo's avg ran
+    15-20% longer than sum for 16 MiB bf16 on the CPU VM; see `profile_for` for the
+    order of the fallbacks). Real
     implementations are not linear in size (gloo on a CPU slows per byte once tensors
     outgrow the caches), so at an op's size the time is interpolated between the measured
     points (log-log; beyond the largest point, bandwidth-bound) and the op's bandwidth term
@@ -270,15 +274,27 @@ class Machine:
                 return spec
         return self.transport(transport)
 
+    def profile_for(self, transport: Transport, kind: OpKind, group_size: int, dtype: Dtype,
+                    reduce_op: ReduceOp | None) -> tuple[tuple[float, float], ...] | None:  # fmt: skip
+        """The measured profile of a collective (see `collective_profiles`), most specific
+        first: its reduce op in its dtype, its dtype, its reduce op in fp32, fp32 (the
+        dtype first: it moves a reduction's cost more than the op does); None without one
+        for that group size. The plain tables of reductions are measured with sum."""
+        tables = {(d, r): pts for t, k, n, d, r, pts in self.collective_profiles if t is transport and k is kind and n == group_size}
+        op = None if reduce_op is ReduceOp.SUM else reduce_op
+        for key in ((dtype, op), (dtype, None), (Dtype.FP32, op), (Dtype.FP32, None)):
+            if key in tables:
+                return tables[key]
+        return None
+
     def sized_link(self, transport: Transport, kind: OpKind, group_size: int, size_bytes: float, latency_steps: int,
-                   serial_bytes: float, dtype: Dtype = Dtype.FP32) -> LinkSpec | None:  # fmt: skip
+                   serial_bytes: float, dtype: Dtype = Dtype.FP32, reduce_op: ReduceOp | None = None) -> LinkSpec | None:  # fmt: skip
         """The effective link of one collective of `size_bytes` on `group_size` ranks: from
         its measured profile where there is one for that group size (latency per step and
         bandwidth such that latency_steps * latency + serial_bytes / bandwidth equals the
         interpolated measured time), else `collective_link`."""
         fitted = self.collective_link(transport, kind)
-        tables = {d: pts for t, k, n, d, pts in self.collective_profiles if t is transport and k is kind and n == group_size}
-        points = tables.get(dtype) or tables.get(Dtype.FP32)
+        points = self.profile_for(transport, kind, group_size, dtype, reduce_op)
         if points is None or serial_bytes <= 0 or size_bytes <= 0:
             return fitted
         time_us = _interpolate(points, size_bytes)

@@ -869,7 +869,7 @@ class Engine:
         ranks = self.group_ranks[inst.group]
         p = plan(rep.kind, ALGOS[self.algos[first]], len(ranks), rep.size_bytes, self.machine.chunk_bytes)
         members = tuple(inst.arrived)
-        transfer = Transfer(rep.kind, ranks, rep.size_bytes, rep.transport, p, rep.root, members, rep.dtype)
+        transfer = Transfer(rep.kind, ranks, rep.size_bytes, rep.transport, p, rep.root, members, rep.dtype, rep.reduce_op)
         self.network.start(transfer, lambda: self._transfer_done(members))
 
     def _transfer_done(self, members: tuple[int, ...]) -> None:

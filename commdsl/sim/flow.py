@@ -53,7 +53,7 @@ from dataclasses import dataclass, replace
 
 import simpy
 
-from commdsl.ir import Dtype, Algo, Op, OpKind, Transport
+from commdsl.ir import Dtype, Algo, Op, OpKind, ReduceOp, Transport
 from commdsl.machine.model import LinkSpec, Machine
 from commdsl.sim.collectives import DEFAULT_ALGO, CommPlan, edges, plan
 from commdsl.sim.fabric import Fabric
@@ -218,7 +218,8 @@ class FlowNetwork(Network):
         return (self._leg(_count(route.channels, size), size, cap, spec.latency_us + route.latency_us, (src, dst)),)
 
     def _collective_legs(self, kind: OpKind, algo: Algo, ranks: tuple[int, ...], size: float, transport: Transport,
-                         root: int | None, p: CommPlan, dtype: Dtype = Dtype.FP32) -> tuple[_Leg, ...]:  # fmt: skip
+                         root: int | None, p: CommPlan, dtype: Dtype = Dtype.FP32,
+                         reduce_op: ReduceOp | None = None) -> tuple[_Leg, ...]:  # fmt: skip
         fabric = self.fabric
         channel_bytes: dict[int, float] = {}
         cap = _INF
@@ -234,7 +235,7 @@ class FlowNetwork(Network):
             cap = min(cap, route.spec.bandwidth_gb_per_s * 1e3)
             step_latency = max(step_latency, route.spec.latency_us + route.latency_us)
         if fabric.topology is None:
-            link = self.machine.sized_link(transport, kind, len(ranks), size, p.latency_steps, p.serial_bytes, dtype)
+            link = self.machine.sized_link(transport, kind, len(ranks), size, p.latency_steps, p.serial_bytes, dtype, reduce_op)
             step_latency = link.latency_us
             override = self._override_bandwidth(kind, transport, link)
             if override is not None:
@@ -265,7 +266,8 @@ class FlowNetwork(Network):
             if t.kind is OpKind.SEND:
                 legs = self._p2p_legs(t.ranks[0], t.ranks[1], float(t.size_bytes), t.transport)
             else:
-                legs = self._collective_legs(t.kind, t.plan.algo, t.ranks, float(t.size_bytes), t.transport, t.root, t.plan, t.dtype)
+                legs = self._collective_legs(t.kind, t.plan.algo, t.ranks, float(t.size_bytes), t.transport, t.root, t.plan, t.dtype,
+                                             t.reduce_op)  # fmt: skip
             if self._on_device:
                 slow = self.machine.interference(t.kind, t.dtype).compute_comm_slowdown
                 legs = tuple(self._slowed(leg, slow) for leg in legs)
@@ -679,7 +681,7 @@ class SteppedFlowNetwork(FlowNetwork):
         steps = max(p.latency_steps, 1)
         coflow = self.legs(transfer)[0]
         link = self.machine.sized_link(transfer.transport, transfer.kind, len(transfer.ranks), float(transfer.size_bytes),
-                                       p.latency_steps, p.serial_bytes, transfer.dtype)  # fmt: skip
+                                       p.latency_steps, p.serial_bytes, transfer.dtype, transfer.reduce_op)  # fmt: skip
         override = self._override_bandwidth(transfer.kind, transfer.transport, link)
         per_step: list[_Leg] = []
         for a, b, nbytes in edges(transfer.kind, p.algo, transfer.ranks, float(transfer.size_bytes), transfer.root, p):

@@ -34,7 +34,7 @@ from types import MappingProxyType
 
 import simpy
 
-from commdsl.ir import Dtype, Algo, Op, OpKind, Transport
+from commdsl.ir import Dtype, Algo, Op, OpKind, ReduceOp, Transport
 from commdsl.machine.model import LinkKind, Machine
 from commdsl.sim.collectives import DEFAULT_ALGO, CommPlan
 
@@ -57,6 +57,8 @@ class Transfer:
     """The engine's op numbers (g) the transfer completes, for per-flow statistics."""
     dtype: Dtype = Dtype.FP32
     """Element type: a reduction's cost can depend on it (calibration profiles per dtype)."""
+    reduce_op: ReduceOp | None = None
+    """A reduction's op: its cost can depend on it too (gloo's avg; calibration profiles per op)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -189,7 +191,7 @@ class AnalyticNetwork(Network):
         """(time, latency part) of a transfer."""
         p = transfer.plan
         link = self.machine.sized_link(transfer.transport, transfer.kind, len(transfer.ranks), transfer.size_bytes,
-                                       p.latency_steps, p.serial_bytes, transfer.dtype)  # fmt: skip
+                                       p.latency_steps, p.serial_bytes, transfer.dtype, transfer.reduce_op)  # fmt: skip
         assert link is not None, "the engine checks transports before simulating"
         latency = p.latency_steps * link.latency_us
         return latency + p.serial_bytes / (link.bandwidth_gb_per_s * 1e3), latency
