@@ -13,7 +13,7 @@ import pytest
 from commdsl.calibrate.executor_probes import PROBE_ITERS
 from commdsl.calibrate.main import OVERLAP_OPS
 from commdsl.dsl import load_schedule
-from commdsl.ir import Dtype, OpKind, Transport
+from commdsl.ir import Dtype, OpKind, ReduceOp, Transport
 from commdsl.machine import load_machine
 from commdsl.run.compute import FLOP_BLOCK_CPU
 
@@ -49,13 +49,19 @@ def machine_file(tmp_path_factory) -> Path:
     # Interference is measured per comm op inside the executor (the overlap probe); the
     # fp32 all_reduce's factors are the machine-wide ones.
     by_op = {(e["kind"], e["dtype"]): e for e in data["interference_by_op"]}
-    assert set(by_op) == {(k.value, d.value if d else "any") for k, d in OVERLAP_OPS}
+    assert set(by_op) == {(k.value, d.value if d else "any") for k, d in OVERLAP_OPS} | {("copy", "any")}
     for e in by_op.values():
         assert e["comm_alone_us"] > 0 and e["comm_beside_us"] > 0 and len(e["overlap_us"]) == 2 and all(o > 0 for o in e["overlap_us"])
         assert e["comm_compute_slowdown"] >= 1 and e["compute_comm_slowdown"] >= 1
     all_reduce = by_op[("all_reduce", "fp32")]
     assert data["compute_slowdown_under_comm"] == all_reduce["comm_compute_slowdown"]
     assert data["comm_slowdown_under_compute"] == all_reduce["compute_comm_slowdown"]
+    # Copies' factors come from the same probe, with a copy from host instead of a comm op.
+    assert data["compute_slowdown_under_copy"] == by_op[("copy", "any")]["comm_compute_slowdown"]
+    assert data["copy_slowdown_under_compute"] == by_op[("copy", "any")]["compute_comm_slowdown"]
+    # all_reduce and reduce_scatter are also timed with op=avg, in fp32 and bf16.
+    assert {d: set(by) for d, by in data["reductions_us_by_op"]["avg"].items()} == {
+        "fp32": {"all_reduce", "reduce_scatter"}, "bf16": {"all_reduce", "reduce_scatter"}}
     # Compute stalls are counted on compute ops run by the executor itself (the probe schedule).
     noise = data["compute_noise"]
     compute, wake = noise["compute"], noise["wake"]
@@ -83,6 +89,9 @@ def test_calibrated_machine_is_a_valid_machine(machine_file: Path) -> None:
     assert m.comm_compute_slowdown is not None and m.comm_compute_slowdown >= 1.0
     assert m.compute_comm_slowdown >= 1.0 and "compute_comm_slowdown:" in machine_file.read_text()
     assert m.compute_copy_slowdown >= 1.0 and "compute_copy_slowdown:" in machine_file.read_text()
+    # Reductions have their avg tables: an avg all_reduce reads its own profile.
+    avg = m.profile_for(Transport.NCCL, OpKind.ALL_REDUCE, 2, Dtype.BF16, ReduceOp.AVG)
+    assert avg is not None and avg != m.profile_for(Transport.NCCL, OpKind.ALL_REDUCE, 2, Dtype.BF16, ReduceOp.SUM)
     assert m.compute_noise is not None and m.compute_noise.stalls_per_s >= 0 and m.compute_noise.stall_us >= 0
     # Each measured comm op has its own factors; the fp32 all_reduce's are the machine-wide ones.
     listed = {(k, d) for k, d, _ in m.interference_by_op}

@@ -21,8 +21,9 @@ waits for and its start (the stream thread being woken), over the typical gap, g
 sampled run (`simulate --samples N`).
 
 Interference. `OVERLAP_PROBE` runs one comm op alone, a compute op alone, then the same
-comm op on a comm stream beside a compute op started with it (`overlap`). With medians
-over every round, iteration (and rank, for compute):
+comm op on a comm stream beside a compute op started with it (`overlap`); or a copy
+from host memory instead of the comm op, for copies' factors. With medians over every
+round, iteration (and rank, for compute):
 
     compute_comm_slowdown  comm op beside compute / comm op alone   (last member's start
                            to last member's end, as the simulator's rendezvous has it)
@@ -34,7 +35,10 @@ over every round, iteration (and rank, for compute):
 On the 2-core VM, loops (a matmul loop beside an all_reduce loop) gave factors that moved
 by 0.4-1.0 between calibrations minutes apart; inside the executor they move by about
 0.1. The ranks differ: beside an fp32 all_reduce one rank's compute ran 1.58x slower and
-the other's 1.19x, the next time the other way round.
+the other's 1.19x, the next time the other way round. Copies likewise: loops had a
+16 MiB copy slowed 1.0-2.1x by matmuls and slowing them 2.0x, where inside the executor
+the copy ran at full speed (0.81 ms beside compute, 0.83 ms alone) and compute stopped
+while it ran (a 10 ms op lost 0.8-0.9 ms to it): the factors are 1.0 and MAX_SLOWDOWN.
 """
 
 from __future__ import annotations
@@ -183,6 +187,7 @@ streams: [compute, comm]
 program: |
   peer = rank + 1 - 2 * (rank % 2)   # the neighbour: 0<->1, 2<->3, ...
   for i in range(rounds):
+      {sync}
       record alone_go[i]
       wait alone_go[i] on comm
       {alone}
@@ -194,13 +199,17 @@ program: |
       compute D[i] t_compute
       wait both[i]
 """
-"""The overlap probe; {alone} and {both} are the comm op (`_probe_op`), bound to the
-handles alone[i] and both[i]."""
+"""The overlap probe; {alone} and {both} are the comm op or copy (`_probe_op`), bound to
+the handles (or events) alone[i] and both[i]. {sync}: a barrier where the op does not
+line the ranks up itself (a copy), else nothing."""
 
 
 def _probe_op(kind: OpKind, dtype: Dtype | None, handle: str, tensor: str) -> str:
     """The probe's comm op statement (at the loop body's indent): a collective of all
-    ranks, or for P2P kinds a send from even ranks to their odd neighbour."""
+    ranks, for P2P kinds a send from even ranks to their odd neighbour, for COPY a copy
+    from host memory and an event recorded after it."""
+    if kind is OpKind.COPY:
+        return f"copy {tensor}[i] msg from host on comm\n      record {handle}[i] on comm"
     if kind.is_p2p:
         return (f"if rank % 2 == 0:\n          {handle}[i] = isend {tensor}[i] msg to peer on comm\n"
                 f"      else:\n          {handle}[i] = irecv {tensor}[i] msg from peer on comm")  # fmt: skip
@@ -273,9 +282,11 @@ def overlap_from(records: list[list[dict[str, tuple[float, float]]]], rounds: in
 def interference(probe: Probe, kind: OpKind, dtype: Dtype | None, msg_bytes: int, compute_us: float, iters: int = 15,
                  warmup: int = 2) -> Overlap:  # fmt: skip
     """Run `OVERLAP_PROBE` with one comm op (`kind` of msg_bytes; dtype None: the
-    schedule's default) beside compute ops of compute_us, which should outlast the comm
-    op slowed; every rank returns the result. P2P kinds need an even world size."""
-    text = OVERLAP_PROBE.format(alone=_probe_op(kind, dtype, "alone", "A"), both=_probe_op(kind, dtype, "both", "B"))
+    schedule's default) or copy (COPY) beside compute ops of compute_us, which should
+    outlast the op slowed; every rank returns the result. P2P kinds need an even world
+    size."""
+    text = OVERLAP_PROBE.format(alone=_probe_op(kind, dtype, "alone", "A"), both=_probe_op(kind, dtype, "both", "B"),
+                                sync="barrier" if kind is OpKind.COPY else "")  # fmt: skip
     params = {"msg": f"{msg_bytes}B", "t_compute": f"{compute_us:.0f}us"}
     ops, records = run_probe(probe, text.format(ranks=probe.world_size), f"<calibrate {kind.value} overlap probe>", params, iters, warmup)
     off_ns = probe.clock_offset_ns

@@ -58,8 +58,9 @@ CHUNK_BYTES = 512 * 1024
 SLOWDOWN_SIZE_BYTES = 16 * 2**20
 """Compute's slowdown under communication, and communication's under compute, are
 measured over an all_reduce of this size (or the largest calibrated size below it): the
-bucket and activation sizes of typical schedules. On the 2-core VM: 1.6-2.0x at 16 MiB, 1.1-1.35x at 64 MiB. Copies' mutual
-slowdowns with compute are measured on copies of this size (or the largest calibrated)."""
+bucket and activation sizes of typical schedules. On the 2-core VM: 1.6-2.0x at 16 MiB,
+1.1-1.35x at 64 MiB. Copies' mutual slowdowns with compute are measured on copies from
+host of this size (or the largest calibrated)."""
 OVERLAP_OPS: tuple[tuple[OpKind, Dtype | None], ...] = (
     (OpKind.ALL_REDUCE, Dtype.FP32), (OpKind.ALL_REDUCE, Dtype.BF16), (OpKind.REDUCE_SCATTER, Dtype.FP32),
     (OpKind.REDUCE_SCATTER, Dtype.BF16), (OpKind.ALL_GATHER, None), (OpKind.SEND, None),
@@ -231,12 +232,12 @@ class Results:
     slowdown: float
     """Compute's slowdown while an fp32 all_reduce runs (inside the executor)."""
     copy_slowdown: float
-    """A matmul loop's time while copies run on every rank, over its time alone."""
+    """Compute's slowdown while a copy from host runs (inside the executor)."""
     comm_slowdown: float
     """An fp32 all_reduce's slowdown while compute runs (inside the executor)."""
     skipped: list[str]
     copy_slowed: float = 1.0
-    """A copy's time while a matmul loop runs on every rank, over its time alone."""
+    """A copy from host's slowdown while compute runs (inside the executor)."""
     noise: NoiseResult | None = None
     """Compute stalls inside the executor (`commdsl.calibrate.executor_probes`)."""
     reductions_by_op: dict[ReduceOp, dict[Dtype, dict[OpKind, list[tuple[int, float]]]]] = dataclasses.field(default_factory=dict)
@@ -244,7 +245,7 @@ class Results:
     overlaps: dict[tuple[OpKind, Dtype | None], Overlap] = dataclasses.field(default_factory=dict)
     """Per comm op kind and dtype (None: any), its interference with compute inside the
     executor (`executor_probes.interference`); the fp32 all_reduce's gives the
-    machine-wide factors."""
+    machine-wide factors, (COPY, None) copies' factors."""
 
     def to_json(self) -> dict:
         return {
@@ -284,8 +285,6 @@ def _measured_at(res: Results, kind: OpKind, dtype: Dtype | None, size: int) -> 
 
 
 def _measure_all(probe, sizes, matmul_sizes, dtypes, measure) -> Results:
-    from commdsl.run.compute import DURATION_BLOCKS_CPU
-
     # Every communication series (label, time of one pass at a size), in the order of a pass.
     comm_series: list[tuple[str, Callable[[int, measure.Pooled], float]]] = [
         ("p2p", lambda s, pooled: measure.p2p_us(probe, s, pooled=pooled)),
@@ -297,7 +296,7 @@ def _measure_all(probe, sizes, matmul_sizes, dtypes, measure) -> Results:
            lambda s, pooled, kind=kind, dtype=dtype: measure.collective_us(probe, kind, s, dtype, ReduceOp.AVG, pooled=pooled))
           for dtype in (Dtype.FP32, *REDUCED_DTYPES) for kind in AVERAGING),
     ]  # fmt: skip
-    steps = len(dtypes) * len(matmul_sizes) + len(sizes) * (2 + COMM_PASSES * len(comm_series)) + len(OVERLAP_OPS) + 5
+    steps = len(dtypes) * len(matmul_sizes) + len(sizes) * (2 + COMM_PASSES * len(comm_series)) + len(OVERLAP_OPS) + 4
     res = Results({}, [], [], [], [], {}, {}, 0.0, 0.0, 0.0, 1.0, 1.0, 1.0, [])
     with Progress(disable=probe.rank != 0, transient=True) as progress:
         task = progress.add_task("calibrating", total=steps)
@@ -354,9 +353,7 @@ def _measure_all(probe, sizes, matmul_sizes, dtypes, measure) -> Results:
                     res.reductions_by_op.setdefault(ReduceOp.AVG, {}).setdefault(dtype, {})[kind] = comm_points[f"{kind.value} {dtype.value} avg"]
         res.barrier_us = measure.collective_us(probe, OpKind.BARRIER, 0)
         step("barrier")
-        # Interference is timed with the executor's own bulk block for explicit durations
-        # (`compute X 2ms`), the compute it describes.
-        n_work = DURATION_BLOCKS_CPU[0] if probe.device.type == "cpu" else matmul_sizes[-1]
+        # Interference is timed inside the executor, with its own compute ops.
         size = max([s for s in sizes if s <= SLOWDOWN_SIZE_BYTES], default=sizes[0])
         from commdsl.calibrate.executor_probes import compute_noise, interference
 
@@ -372,10 +369,10 @@ def _measure_all(probe, sizes, matmul_sizes, dtypes, measure) -> Results:
             res.slowdown = fp32_all_reduce.comm_compute_slowdown
             res.comm_slowdown = fp32_all_reduce.compute_comm_slowdown
         copy_bytes = min(sizes[-1], SLOWDOWN_SIZE_BYTES)
-        res.copy_slowdown = measure.compute_slowdown_under_copy(probe, n_work, copy_bytes)
-        step("compute slowdown under copies")
-        res.copy_slowed = measure.copy_slowdown_under_compute(probe, n_work, copy_bytes)
-        step("copy slowdown under compute")
+        alone_us = dict(res.host_copy)[copy_bytes]
+        copy = res.overlaps[(OpKind.COPY, None)] = interference(probe, OpKind.COPY, None, copy_bytes, max(OVERLAP_MIN_COMPUTE_US, 4 * alone_us))
+        res.copy_slowdown, res.copy_slowed = copy.comm_compute_slowdown, copy.compute_comm_slowdown
+        step("copy beside compute")
         res.noise = compute_noise(probe, min(sizes[-1], NOISE_MSG_BYTES))
         step("compute stalls inside the executor")
     return res
@@ -429,8 +426,8 @@ def build_machine(cfg: CalibrateConfig, res: Results, world: int, backend: str, 
         dev_name, sms = f"{platform.machine()} CPU ({platform.processor() or 'unknown'})", 1
     by_op: dict[str, dict[str, dict[str, float]]] = {}
     for (kind, dtype), o in res.overlaps.items():
-        if (kind, dtype) == (OpKind.ALL_REDUCE, Dtype.FP32):
-            continue  # the machine-wide factors
+        if (kind, dtype) in ((OpKind.ALL_REDUCE, Dtype.FP32), (OpKind.COPY, None)):
+            continue  # the machine-wide factors, and copies' own
         factors = {"comm_compute_slowdown": round(o.comm_compute_slowdown, 3), "compute_comm_slowdown": round(o.compute_comm_slowdown, 3)}
         for k in (OpKind.SEND, OpKind.RECV) if kind.is_p2p else (kind,):
             by_op.setdefault(k.value, {})[dtype.value if dtype else ANY_DTYPE] = factors
@@ -544,12 +541,10 @@ def _print_report(report: FitReport, res: Results) -> None:
         resid = report.p2p_model_residuals[kind]
         table.add_row("  (p2p link)", "analytic model with the p2p link", "", f"{max(abs(r) for r in resid):.1f}%", " ".join(f"{r:+.0f}" for r in resid))
     console.print(table)
-    console.print(f"host issue: kernel {res.kernel_launch_us:.1f} us, comm {res.comm_launch_us:.1f} us; barrier {res.barrier_us:.1f} us; "
-                  f"compute slowdown while copies run: x{res.copy_slowdown:.2f}; "
-                  f"copy slowdown while matmuls run: x{res.copy_slowed:.2f}")  # fmt: skip
+    console.print(f"host issue: kernel {res.kernel_launch_us:.1f} us, comm {res.comm_launch_us:.1f} us; barrier {res.barrier_us:.1f} us")
     if res.overlaps:
         table = Table(title="interference inside the executor (medians)", box=None, pad_edge=False)
-        for col in ("comm op", "alone", "beside compute", "comm slowed", "compute slowed"):
+        for col in ("op", "alone", "beside compute", "op slowed", "compute slowed"):
             table.add_column(col)
         for (kind, dtype), o in res.overlaps.items():
             table.add_row(f"{kind.value} {dtype.value if dtype else ''}", f"{o.comm_alone_us / 1e3:.2f} ms", f"{o.comm_beside_us / 1e3:.2f} ms",

@@ -19,10 +19,7 @@ therefore does not charge its lateness to the collective.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import statistics
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -288,97 +285,3 @@ def launch_overheads_us(probe: Probe) -> tuple[float, float]:
         work.wait()
     probe.sync()
     return kernel_us, expected_us(samples[probe.warmup :])
-
-
-def _matmul_work(probe: Probe, n: int, work_us: float) -> Callable[[], None]:
-    """A loop of n x n matmuls with about `work_us` of work on this rank."""
-    a = torch.randn(n, n, device=probe.device)
-    b = torch.randn(n, n, device=probe.device)
-    out = torch.empty(n, n, device=probe.device)
-    reps = max(1, round(work_us / matmul_us(probe, n, Dtype.FP32)))
-
-    def work() -> None:
-        for _ in range(reps):
-            torch.mm(a, b, out=out)
-
-    return work
-
-
-@contextlib.contextmanager
-def _in_background(probe: Probe, work: Callable[[], None], name: str):
-    """Runs `work` over and over in a Python thread while the block runs (torch releases
-    the GIL in its ops; on CUDA on a side stream, which `Probe.sync` does not wait for);
-    stopped and joined on leaving, its error re-raised."""
-    side = torch.cuda.Stream(probe.device) if probe.device.type == "cuda" else None
-    stop, running = threading.Event(), threading.Event()
-    errors: list[BaseException] = []
-
-    def loop() -> None:
-        try:
-            with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
-                while not stop.is_set():
-                    work()
-                    if side is not None:
-                        side.synchronize()  # one piece of work in flight at a time: stops promptly
-                    running.set()
-        except BaseException as e:  # noqa: BLE001 - re-raised in the calling thread
-            errors.append(e)
-        finally:
-            running.set()
-
-    probe.sync()
-    thread = threading.Thread(target=loop, name=name, daemon=True)
-    thread.start()
-    try:
-        running.wait()
-        yield
-    finally:
-        stop.set()
-        thread.join()
-    probe.sync()
-    if errors:
-        raise errors[0]
-
-
-SLOWDOWN_ROUNDS = 4
-"""Interference factors alternate this many rounds of "alone" and "during" timings and
-take the median of the rounds' ratios: the VM's speed drifts by tens of percent within
-a minute, and one "alone" block followed by one "during" block measured that drift as
-often as the interference (compute under copies came out 1.0x and 2.0x in two
-calibrations minutes apart)."""
-
-
-def _slowdown(probe: Probe, timed: Callable[[], None], background: Callable[[], None], name: str,
-              timer: Callable[[Probe, Callable[[], None]], float] = _local_time_us) -> float:  # fmt: skip
-    """Expected time of `timed` (by `timer`) while `background` runs over and over on every
-    rank (its own thread), over its time alone, in SLOWDOWN_ROUNDS paired rounds; at
-    least 1. Every rank does both at once, as ranks running one schedule do."""
-    ratios = []
-    for _ in range(SLOWDOWN_ROUNDS):
-        dist.barrier(group=probe.cpu_group)
-        alone = timer(probe, timed)
-        dist.barrier(group=probe.cpu_group)
-        with _in_background(probe, background, name):
-            during = timer(probe, timed)
-        ratios.append(during / alone)
-    dist.barrier(group=probe.cpu_group)
-    return max(statistics.median(ratios), 1.0)
-
-
-def _copy_loop(probe: Probe, copy_bytes: int) -> Callable[[], None]:
-    src = torch.ones(max(copy_bytes // 4, 1), device=probe.device)
-    dst = torch.empty_like(src)
-    return lambda: dst.copy_(src)
-
-
-def compute_slowdown_under_copy(probe: Probe, n: int, copy_bytes: int, work_us: float = 2000.0) -> float:
-    """Time of a loop of n x n matmuls (about `work_us` of work) while copies of
-    copy_bytes run back to back on every rank (another thread; on CUDA another stream),
-    over its time alone."""
-    return _slowdown(probe, _matmul_work(probe, n, work_us), _copy_loop(probe, copy_bytes), "calibrate-copy-loop")
-
-
-def copy_slowdown_under_compute(probe: Probe, n: int, copy_bytes: int) -> float:
-    """The reverse: a copy of copy_bytes while a loop of n x n matmuls runs on every rank
-    (another thread; on CUDA another stream), over its time alone."""
-    return _slowdown(probe, _copy_loop(probe, copy_bytes), _matmul_work(probe, n, 500.0), "calibrate-matmul-loop")

@@ -191,15 +191,14 @@ class Machine:
     """Compute on a device runs this many times longer while a copy op (`copy`, to, from
     or within the device) runs on that device; 1.0: none, at no cost to the simulation.
     On GPUs copy engines leave the SMs alone (only memory bandwidth is shared); on a CPU
-    a copy is a thread competing for the cores and the memory with compute. Calibration
-    measures it (a matmul loop's time while a copy loop runs on every rank, over its time
-    alone)."""
+    a copy is a thread competing for the cores and the memory with compute (inside the
+    executor on the CPU VM, compute stopped while a 16 MiB copy from host ran).
+    Calibration measures it: compute beside a copy from host, inside the executor."""
     compute_copy_slowdown: float = 1.0
     """A copy op runs this many times longer while a compute op runs on its device; 1.0:
     none, at no cost to the simulation. On a CPU a copy is a thread sharing the cores and
-    memory with compute (a 16 MiB host copy: 0.98 ms alone, 1.8 ms beside a 10 ms
-    step); on GPUs copy engines run beside the SMs. Calibration measures it (a copy's
-    time while a matmul loop runs on every rank, over its time alone)."""
+    memory with compute; on GPUs copy engines run beside the SMs. Calibration measures
+    it: a copy from host beside compute, inside the executor, over its time alone there."""
     compute_comm_slowdown: float = 1.0
     """The reverse interference: while a compute op runs on a device, every transfer with
     an endpoint on that device (any transport; a collective: any member's device, as a
