@@ -1,7 +1,7 @@
 """Prediction accuracy on this machine: calibrate once, then simulate, run and compare
 every bundled schedule (2 ranks, gloo, sizes that run in seconds).
 
-    python bench/accuracy.py [--out-dir bench_out] [--iters 21] [--only 1f1b,gpipe] [--runs 3] [--samples 25]
+    python bench/accuracy.py [--out-dir bench_out] [--iters 21] [--min-seconds 5] [--only 1f1b,gpipe] [--runs 3] [--samples 25]
 
 Prints a markdown table of makespan error and per-op duration error per schedule and
 writes `accuracy.json` under --out-dir. Targets: median makespan error <= 5%, worst
@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import math
 import os
 import platform
 import socket
@@ -39,6 +40,17 @@ SMALL_PARAMS: dict[str, dict[str, str]] = {
     # matmuls and 512 KiB all_reduces whose expected time is mostly gloo's stalls).
     "tp_mlp": {"dp": "1", "tp": "2", "tokens": "1024", "hidden": "1024", "ffn": "4096"},
 }
+
+
+def _iterations(args, predicted_trace: Path) -> int:
+    """Measured iterations of a schedule: at least --iters, and enough to run --min-seconds
+    by its predicted makespan. The VM's speed drifts over seconds: within one launch of
+    collectives, the median makespan of each 10 iterations went from 48.6 to 58.8 ms; three
+    launches of 21 iterations measured 51.0-59.6 ms, three of 101 measured 47.3-50.1 ms."""
+    from commdsl.timeline import Timeline
+
+    makespan_s = Timeline.read(predicted_trace).makespan_us / 1e6
+    return max(args.iters, math.ceil(args.min_seconds / makespan_s) if makespan_s > 0 else args.iters)
 
 
 def _run(cmd: list[str], timeout_s: float) -> subprocess.CompletedProcess:
@@ -75,8 +87,9 @@ def _one_run(args, out: Path, port: int) -> dict | None:
         if sim.returncode != 0:
             rows.append({"schedule": name, "error": "simulate failed: " + sim.stderr.strip().splitlines()[0]})
             continue
+        iters = _iterations(args, pred)
         ran = _run([*torchrun, f"--master_port={port + 1 + i}", "-m", "commdsl.run", name, *_params(name),
-                    "--out", str(meas), "--iters", str(args.iters), "--warmup", str(args.warmup),
+                    "--out", str(meas), "--iters", str(iters), "--warmup", str(args.warmup),
                     "--duration-mode", args.duration_mode], 600)  # fmt: skip
         if ran.returncode != 0:
             tail = (ran.stderr.strip() or ran.stdout.strip()).splitlines()[-1:]
@@ -95,8 +108,9 @@ def _one_run(args, out: Path, port: int) -> dict | None:
             "op_duration_error_median_pct": data["duration_error_pct"]["median"],
             "op_duration_error_p90_pct": data["duration_error_pct"]["p90"],
             "worst_op": f"{data['duration_error_pct'].get('worst_name', '')} ({data['duration_error_pct'].get('worst_source', '').split('/')[-1]})",
+            "iterations": iters,
         })  # fmt: skip
-        print(f"{name}: makespan error {data['makespan_error_pct']:+.1f}%", flush=True)
+        print(f"{name}: makespan error {data['makespan_error_pct']:+.1f}% ({iters} iterations)", flush=True)
 
     errs = [abs(r["makespan_error_pct"]) for r in rows if "error" not in r]
     summary = {
@@ -143,7 +157,9 @@ def _across_runs(summaries: list[dict]) -> None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out-dir", default="bench_out")
-    parser.add_argument("--iters", type=int, default=21)
+    parser.add_argument("--iters", type=int, default=21, help="measured iterations per schedule, at least")
+    parser.add_argument("--min-seconds", type=float, default=5.0,
+                        help="and enough iterations to run this long by the predicted makespan (default 5)")
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--machine", help="use this machine file instead of calibrating")
     parser.add_argument("--only", default="", help="comma-separated schedule names")
