@@ -49,10 +49,12 @@ AVERAGING = (OpKind.ALL_REDUCE, OpKind.REDUCE_SCATTER)
 averages gradients with them (DDP, FSDP), and gloo's avg costs more than its sum
 (interleaved on the CPU VM, 16 MiB in bf16: 11.4 against 9.8 ms for a reduce_scatter,
 9.8 against 8.1 ms for an all_reduce; 4 MiB fp32 all_reduce: 2.3 against 1.6 ms)."""
-COMM_PASSES = 3
-"""Communication points are measured in this many passes over every series and size,
-their runs pooled (`measure.Pooled`): a point then averages the VM's speed over the
-calibration instead of taking that of the few seconds it was measured in."""
+PASSES = 3
+"""Compute rates and communication are measured in this many passes over every series
+and size, each point's runs pooled (`measure.Pooled`): a point then averages the VM's
+speed over the calibration instead of taking that of the few seconds it was measured in
+(one calibration's bf16 matmul, timed in one burst, came out at 0.33 TFLOP/s where
+others said 0.37-0.45, and predicted tp_mlp 31% long)."""
 CHUNK_BYTES = 512 * 1024
 """Pipelining chunk of chain collectives written to the machine (NCCL's default)."""
 SLOWDOWN_SIZE_BYTES = 16 * 2**20
@@ -285,18 +287,22 @@ def _measured_at(res: Results, kind: OpKind, dtype: Dtype | None, size: int) -> 
 
 
 def _measure_all(probe, sizes, matmul_sizes, dtypes, measure) -> Results:
-    # Every communication series (label, time of one pass at a size), in the order of a pass.
-    comm_series: list[tuple[str, Callable[[int, measure.Pooled], float]]] = [
-        ("p2p", lambda s, pooled: measure.p2p_us(probe, s, pooled=pooled)),
-        ("exchange", lambda s, pooled: measure.exchange_us(probe, s, pooled=pooled)),
-        *((kind.value, lambda s, pooled, kind=kind: measure.collective_us(probe, kind, s, pooled=pooled)) for kind in COLLECTIVES),
-        *((f"{kind.value} {dtype.value}", lambda s, pooled, kind=kind, dtype=dtype: measure.collective_us(probe, kind, s, dtype, pooled=pooled))
+    # Every series measured in passes (label, its sizes, time of one pass at a size), in
+    # the order of a pass: matmuls (side n) and communication (bytes).
+    pass_series: list[tuple[str, tuple[int, ...], Callable[[int, measure.Pooled], float]]] = [
+        *((f"matmul {dtype.value}", matmul_sizes, lambda n, pooled, dtype=dtype: measure.matmul_us(probe, n, dtype, pooled=pooled))
+          for dtype in dtypes),
+        ("p2p", sizes, lambda s, pooled: measure.p2p_us(probe, s, pooled=pooled)),
+        ("exchange", sizes, lambda s, pooled: measure.exchange_us(probe, s, pooled=pooled)),
+        *((kind.value, sizes, lambda s, pooled, kind=kind: measure.collective_us(probe, kind, s, pooled=pooled)) for kind in COLLECTIVES),
+        *((f"{kind.value} {dtype.value}", sizes,
+           lambda s, pooled, kind=kind, dtype=dtype: measure.collective_us(probe, kind, s, dtype, pooled=pooled))
           for dtype in REDUCED_DTYPES for kind in REDUCING),
-        *((f"{kind.value} {dtype.value} avg",
+        *((f"{kind.value} {dtype.value} avg", sizes,
            lambda s, pooled, kind=kind, dtype=dtype: measure.collective_us(probe, kind, s, dtype, ReduceOp.AVG, pooled=pooled))
           for dtype in (Dtype.FP32, *REDUCED_DTYPES) for kind in AVERAGING),
     ]  # fmt: skip
-    steps = len(dtypes) * len(matmul_sizes) + len(sizes) * (2 + COMM_PASSES * len(comm_series)) + len(OVERLAP_OPS) + 4
+    steps = PASSES * sum(len(xs) for _, xs, _ in pass_series) + 2 * len(sizes) + len(OVERLAP_OPS) + 4
     res = Results({}, [], [], [], [], {}, {}, 0.0, 0.0, 0.0, 1.0, 1.0, 1.0, [])
     with Progress(disable=probe.rank != 0, transient=True) as progress:
         task = progress.add_task("calibrating", total=steps)
@@ -319,38 +325,37 @@ def _measure_all(probe, sizes, matmul_sizes, dtypes, measure) -> Results:
                     step(f"{label} {x}")
             return points if len(points) >= 2 else None
 
-        for dtype in dtypes:
-            points = series(f"matmul {dtype.value}", matmul_sizes, lambda n: measure.matmul_us(probe, n, dtype))
-            if points:
-                res.matmul[dtype] = points
         for s in sizes:
             res.copy.append((s, measure.copy_us(probe, s, host_to_device=False)))
             res.host_copy.append((s, measure.copy_us(probe, s, host_to_device=True)))
             step(f"copies {format_bytes(s)}")
             step(f"copies {format_bytes(s)}")
-        # Communication in COMM_PASSES passes over every series and size, each point's
-        # runs pooled over the passes (`measure.Pooled`).
-        pools = {label: {s: measure.Pooled(COMM_PASSES) for s in sizes} for label, _ in comm_series}
-        comm_points: dict[str, list[tuple[int, float]] | None] = {}
-        for n in range(COMM_PASSES):
-            for label, time_us in comm_series:
-                if n == 0 or comm_points[label] is not None:
-                    comm_points[label] = series(f"{label} (pass {n + 1}/{COMM_PASSES})", sizes,
-                                                lambda s, label=label, time_us=time_us: time_us(s, pools[label][s]))  # fmt: skip
-        if not comm_points["p2p"] or not comm_points["exchange"]:
+        # PASSES passes over every series and size, each point's runs pooled over the
+        # passes (`measure.Pooled`).
+        pools = {label: {x: measure.Pooled(PASSES) for x in xs} for label, xs, _ in pass_series}
+        points: dict[str, list[tuple[int, float]] | None] = {}
+        for n in range(PASSES):
+            for label, xs, time_us in pass_series:
+                if n == 0 or points[label] is not None:
+                    points[label] = series(f"{label} (pass {n + 1}/{PASSES})", xs,
+                                           lambda x, label=label, time_us=time_us: time_us(x, pools[label][x]))  # fmt: skip
+        for dtype in dtypes:
+            if points[f"matmul {dtype.value}"]:
+                res.matmul[dtype] = points[f"matmul {dtype.value}"]
+        if not points["p2p"] or not points["exchange"]:
             raise CommdslError(f"calibrate could not time point-to-point messages: {'; '.join(res.skipped)}")
-        res.p2p, res.exchange = comm_points["p2p"], comm_points["exchange"]
+        res.p2p, res.exchange = points["p2p"], points["exchange"]
         for kind in COLLECTIVES:
-            if comm_points[kind.value]:
-                res.collectives[kind] = comm_points[kind.value]
+            if points[kind.value]:
+                res.collectives[kind] = points[kind.value]
         for dtype in REDUCED_DTYPES:
             for kind in REDUCING:
-                if comm_points[f"{kind.value} {dtype.value}"]:
-                    res.reductions_by_dtype.setdefault(dtype, {})[kind] = comm_points[f"{kind.value} {dtype.value}"]
+                if points[f"{kind.value} {dtype.value}"]:
+                    res.reductions_by_dtype.setdefault(dtype, {})[kind] = points[f"{kind.value} {dtype.value}"]
         for dtype in (Dtype.FP32, *REDUCED_DTYPES):
             for kind in AVERAGING:
-                if comm_points[f"{kind.value} {dtype.value} avg"]:
-                    res.reductions_by_op.setdefault(ReduceOp.AVG, {}).setdefault(dtype, {})[kind] = comm_points[f"{kind.value} {dtype.value} avg"]
+                if points[f"{kind.value} {dtype.value} avg"]:
+                    res.reductions_by_op.setdefault(ReduceOp.AVG, {}).setdefault(dtype, {})[kind] = points[f"{kind.value} {dtype.value} avg"]
         res.barrier_us = measure.collective_us(probe, OpKind.BARRIER, 0)
         step("barrier")
         # Interference is timed inside the executor, with its own compute ops.
@@ -511,7 +516,7 @@ def _header(cfg: CalibrateConfig, world: int, backend: str, torch_version: str, 
     lines = [
         f"# Machine description written by commdsl.calibrate on {socket.gethostname()}, {now}.",
         f"# {world} ranks, backend {backend}, torch {torch_version}, sizes {format_bytes(cfg.min_size_bytes)}"
-        f"..{format_bytes(cfg.max_size_bytes)}, trimmed mean of {cfg.repeats} runs (communication: at least, in {COMM_PASSES} passes).",
+        f"..{format_bytes(cfg.max_size_bytes)}, trimmed mean of {cfg.repeats} runs (in {PASSES} passes).",
         f"# P2P fit: latency {report.p2p.intercept:.2f} us, {report.p2p.rate / 1e3:.3f} GB/s, R^2 {report.p2p.r2:.4f}, "
         f"worst residual {report.p2p.max_abs_residual_pct:.1f}%.",
     ]

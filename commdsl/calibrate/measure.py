@@ -59,8 +59,10 @@ class Probe:
             torch.cuda.current_stream(self.device).synchronize()
 
 
-def _local_time_us(probe: Probe, fn: Callable[[], None], *, warmup: int | None = None) -> float:
-    """Expected wall time of fn on this rank alone."""
+def _local_time_us(probe: Probe, fn: Callable[[], None], *, warmup: int | None = None, pooled: Pooled | None = None) -> float:
+    """Expected wall time of fn on this rank alone (`repeats` runs; with `pooled`, one pass
+    of several, its runs joining theirs)."""
+    pooled = Pooled(1) if pooled is None else pooled
     warmup = probe.warmup if warmup is None else max(warmup, probe.warmup)
     samples = []
     for i in range(warmup + probe.repeats):
@@ -70,13 +72,14 @@ def _local_time_us(probe: Probe, fn: Callable[[], None], *, warmup: int | None =
         probe.sync()
         if i >= warmup:
             samples.append((time.perf_counter() - start) * 1e6)
-    return expected_us(samples)
+    pooled.samples += samples
+    return pooled.expected_us
 
 
 @dataclass
 class Pooled:
-    """One communication point measured in several passes spread over the calibration,
-    its runs pooled: the VM's communication speed drifts by 10-20% within a minute
+    """One point (a communication, a matmul) measured in several passes spread over the
+    calibration, its runs pooled: the VM's communication speed drifts by 10-20% within a minute
     (five back-to-back estimates of a 16 MiB all_reduce, each to a 5% standard error,
     gave 4.9-6.1 ms), and a point measured in one burst takes the speed of its moment.
     Each pass adds its share of the runs (`fit.precise`); every rank holds the same
@@ -234,12 +237,13 @@ def exchange_us(probe: Probe, size_bytes: int, *, pooled: Pooled | None = None) 
     return _group_time_us(probe, exchange, warmup=next_plan.count, pooled=pooled)
 
 
-def matmul_us(probe: Probe, n: int, dtype: Dtype) -> float:
-    """Time of one n x n x n matmul (2 n^3 FLOPs) on this rank's device."""
+def matmul_us(probe: Probe, n: int, dtype: Dtype, *, pooled: Pooled | None = None) -> float:
+    """Time of one n x n x n matmul (2 n^3 FLOPs) on this rank's device (with `pooled`:
+    one pass of it)."""
     a = torch.randn(n, n, device=probe.device).to(TORCH_DTYPE[dtype])
     b = torch.randn(n, n, device=probe.device).to(TORCH_DTYPE[dtype])
     out = torch.empty(n, n, device=probe.device, dtype=TORCH_DTYPE[dtype])
-    return _local_time_us(probe, lambda: torch.mm(a, b, out=out))
+    return _local_time_us(probe, lambda: torch.mm(a, b, out=out), pooled=pooled)
 
 
 COPY_FOOTPRINT_BYTES = 256 * 2**20
