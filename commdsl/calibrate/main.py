@@ -122,7 +122,7 @@ def parse_args(argv: list[str] | None) -> CalibrateConfig:
     # gloo on a small shared CPU stalls for a scheduler slice (milliseconds) in a good
     # fraction of calls; the expected time keeps that share, and needs enough runs to
     # estimate it.
-    p.add_argument("--repeats", type=int, default=15, help="timed runs per point at least (communication: more while the estimate is loose); their trimmed mean is kept (default 15)")
+    p.add_argument("--repeats", type=int, default=15, help="timed runs per point at least, over its passes (communication: more while the estimate is loose; matmuls: this many per pass); their trimmed mean is kept (default 15)")
     p.add_argument("--warmup", type=int, default=2, help="untimed runs per point (default 2)")
     p.add_argument("--backend", choices=("auto", "gloo", "nccl"), default="auto")
     p.add_argument("--matmul-sizes", default="", help="comma-separated n for n x n matmuls (default by device)")
