@@ -194,6 +194,8 @@ def test_a_reduce_op_uses_its_own_table_in_its_dtype_first(network: str) -> None
     assert time_us("all_reduce g 1000000B op=max dtype=bf16") == pytest.approx(4400.0)  # max in bf16
     assert time_us("all_reduce g 1000000B op=avg dtype=bf16") == pytest.approx(4000.0)  # bf16 (sum) before fp32 avg
     assert time_us("all_reduce g 1000000B op=avg dtype=fp16") == pytest.approx(600.0)  # no fp16 table: fp32 avg
+    # In one schedule too: a sum and an avg of the same size and dtype are timed apart.
+    assert time_us("all_reduce g 1000000B op=sum\n  all_reduce h 1000000B op=avg") == pytest.approx(500.0 + 600.0)
 
 
 def test_compute_slows_transfers_on_the_host_cpus_by_their_cost_not_only_their_cap() -> None:

@@ -231,15 +231,7 @@ class Results:
     """Expected time of a barrier (no bytes: one number)."""
     kernel_launch_us: float
     comm_launch_us: float
-    slowdown: float
-    """Compute's slowdown while an fp32 all_reduce runs (inside the executor)."""
-    copy_slowdown: float
-    """Compute's slowdown while a copy from host runs (inside the executor)."""
-    comm_slowdown: float
-    """An fp32 all_reduce's slowdown while compute runs (inside the executor)."""
     skipped: list[str]
-    copy_slowed: float = 1.0
-    """A copy from host's slowdown while compute runs (inside the executor)."""
     noise: NoiseResult | None = None
     """Compute stalls inside the executor (`commdsl.calibrate.executor_probes`)."""
     reductions_by_op: dict[ReduceOp, dict[Dtype, dict[OpKind, list[tuple[int, float]]]]] = dataclasses.field(default_factory=dict)
@@ -248,6 +240,32 @@ class Results:
     """Per comm op kind and dtype (None: any), its interference with compute inside the
     executor (`executor_probes.interference`); the fp32 all_reduce's gives the
     machine-wide factors, (COPY, None) copies' factors."""
+
+    def _factors(self, kind: OpKind, dtype: Dtype | None) -> tuple[float, float]:
+        """(compute's slowdown beside the op, the op's beside compute) from its overlap
+        probe; 1.0 each where it was not measured."""
+        o = self.overlaps.get((kind, dtype))
+        return (o.comm_compute_slowdown, o.compute_comm_slowdown) if o is not None else (1.0, 1.0)
+
+    @property
+    def slowdown(self) -> float:
+        """Compute's slowdown while an fp32 all_reduce runs (inside the executor)."""
+        return self._factors(OpKind.ALL_REDUCE, Dtype.FP32)[0]
+
+    @property
+    def comm_slowdown(self) -> float:
+        """An fp32 all_reduce's slowdown while compute runs (inside the executor)."""
+        return self._factors(OpKind.ALL_REDUCE, Dtype.FP32)[1]
+
+    @property
+    def copy_slowdown(self) -> float:
+        """Compute's slowdown while a copy from host runs (inside the executor)."""
+        return self._factors(OpKind.COPY, None)[0]
+
+    @property
+    def copy_slowed(self) -> float:
+        """A copy from host's slowdown while compute runs (inside the executor)."""
+        return self._factors(OpKind.COPY, None)[1]
 
     def to_json(self) -> dict:
         return {
@@ -303,7 +321,7 @@ def _measure_all(probe, sizes, matmul_sizes, dtypes, measure) -> Results:
           for dtype in (Dtype.FP32, *REDUCED_DTYPES) for kind in AVERAGING),
     ]  # fmt: skip
     steps = PASSES * sum(len(xs) for _, xs, _ in pass_series) + 2 * len(sizes) + len(OVERLAP_OPS) + 4
-    res = Results({}, [], [], [], [], {}, {}, 0.0, 0.0, 0.0, 1.0, 1.0, 1.0, [])
+    res = Results({}, [], [], [], [], {}, {}, 0.0, 0.0, 0.0, [])
     with Progress(disable=probe.rank != 0, transient=True) as progress:
         task = progress.add_task("calibrating", total=steps)
 
@@ -369,14 +387,9 @@ def _measure_all(probe, sizes, matmul_sizes, dtypes, measure) -> Results:
             if alone_us is not None:
                 res.overlaps[(kind, dtype)] = interference(probe, kind, dtype, size, max(OVERLAP_MIN_COMPUTE_US, 4 * alone_us))
             step(f"{kind.value} {dtype.value if dtype else ''} beside compute")
-        fp32_all_reduce = res.overlaps.get((OpKind.ALL_REDUCE, Dtype.FP32))
-        if fp32_all_reduce is not None:
-            res.slowdown = fp32_all_reduce.comm_compute_slowdown
-            res.comm_slowdown = fp32_all_reduce.compute_comm_slowdown
         copy_bytes = min(sizes[-1], SLOWDOWN_SIZE_BYTES)
         alone_us = dict(res.host_copy)[copy_bytes]
-        copy = res.overlaps[(OpKind.COPY, None)] = interference(probe, OpKind.COPY, None, copy_bytes, max(OVERLAP_MIN_COMPUTE_US, 4 * alone_us))
-        res.copy_slowdown, res.copy_slowed = copy.comm_compute_slowdown, copy.compute_comm_slowdown
+        res.overlaps[(OpKind.COPY, None)] = interference(probe, OpKind.COPY, None, copy_bytes, max(OVERLAP_MIN_COMPUTE_US, 4 * alone_us))
         step("copy beside compute")
         res.noise = compute_noise(probe, min(sizes[-1], NOISE_MSG_BYTES))
         step("compute stalls inside the executor")

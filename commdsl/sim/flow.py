@@ -260,7 +260,7 @@ class FlowNetwork(Network):
 
     def legs(self, transfer: Transfer) -> tuple[_Leg, ...]:
         t = transfer
-        key = (t.kind, t.plan.algo, t.ranks, t.size_bytes, t.transport, t.root, t.dtype)
+        key = (t.kind, t.plan.algo, t.ranks, t.size_bytes, t.transport, t.root, t.dtype, t.reduce_op)
         legs = self._legs.get(key)
         if legs is None:
             if t.kind is OpKind.SEND:
