@@ -1,11 +1,11 @@
-"""The overlap probe's arithmetic (`executor_probes.overlap_from`): known slowdowns of
-synthetic records come back exactly. The probe itself runs in test_calibrate_e2e."""
+"""The probes' arithmetic (`executor_probes.overlap_from`, `barrier_from`): known
+slowdowns and barrier times of synthetic records come back exactly. The probe itself runs in test_calibrate_e2e."""
 
 from __future__ import annotations
 
 import pytest
 
-from commdsl.calibrate.executor_probes import MAX_SLOWDOWN, Overlap, overlap_from
+from commdsl.calibrate.executor_probes import MAX_SLOWDOWN, Overlap, barrier_from, overlap_from
 
 
 def rank_records(skew_us: float, comm_slow: float, compute_slow: float) -> dict[str, tuple[float, float]]:
@@ -56,3 +56,14 @@ def test_edge_cases_stay_in_range():
     # Compute stopped while the op ran (lost all of the overlap): capped.
     assert Overlap(5000, 10000, (20000,), (30000,), (10000,)).comm_compute_slowdown == MAX_SLOWDOWN
     assert Overlap(5000, 10000, (20000,), (25000,), (0,)).comm_compute_slowdown == 1.0
+
+
+def test_barrier_time_leaves_out_the_arrival_skew():
+    """Rank 1 reaches each barrier 3 ms after rank 0; both leave `cost` after rank 1
+    arrives: the barrier's time is `cost`, whatever the skew (per-rank spans would say
+    3 ms more on rank 0)."""
+    costs = [400.0, 900.0, 1100.0]
+    rank0 = [[(10_000.0 * k, 10_000.0 * k + 3000.0 + c) for k, c in enumerate(costs)]] * 4
+    rank1 = [[(10_000.0 * k + 3000.0, 10_000.0 * k + 3000.0 + c) for k, c in enumerate(costs)]] * 4
+    assert barrier_from([rank0, rank1]) == pytest.approx(800.0)
+    assert barrier_from([rank1, rank0]) == pytest.approx(800.0)

@@ -1,5 +1,5 @@
-"""Measurements made with the executor itself: compute stalls (`Machine.compute_noise`)
-and how comm ops and compute slow each other (`Machine.interference_by_op`).
+"""Measurements made with the executor itself: compute stalls (`Machine.compute_noise`),
+how comm ops and compute slow each other (`Machine.interference_by_op`) and the barrier.
 
 On a small shared CPU what a schedule sees depends on the executor's threads (stream
 threads, comm queues, gloo's I/O, the host) sharing the cores, which a benchmark loop
@@ -173,6 +173,45 @@ def compute_noise(probe: Probe, msg_bytes: int, iters: int = PROBE_ITERS, warmup
     both = all_gather_objects((excess, gaps), probe.cpu_group, probe.world_size)
     return NoiseResult(stalls([e for mine, _ in both for e in mine]), stalls([g for _, mine in both for g in mine]),
                        compute[0].duration_us)  # fmt: skip
+
+
+BARRIER_PROBE = """\
+name: calibrate_barrier
+doc: barriers after compute and back to back, as schedules issue them
+params:
+  rounds: 5
+  t_compute: 5ms
+world: {ranks}
+streams: [compute]
+program: |
+  for i in range(rounds):
+      compute C[i] t_compute
+      barrier
+      barrier
+"""
+"""The barrier probe. A barrier loop (barrier after barrier on the calling thread) timed
+0.26 ms a barrier; inside the executor, where a barrier goes from a stream to a comm
+queue thread and wakes the stream and the host when done, the same machine's barriers
+took about 1 ms (memcpy_vs_nccl, ten barriers an iteration, was predicted 7-8% short)."""
+
+
+def barrier_from(records: list[list[list[tuple[float, float]]]]) -> float:
+    """Mean barrier time from per rank, per iteration, the (start, end) of each barrier
+    (one clock): the last rank's start to the last rank's end, the ranks' arrival skew
+    not being the barrier's."""
+    iters, barriers = len(records[0]), len(records[0][0])
+    return statistics.fmean(max(r[it][k][1] for r in records) - max(r[it][k][0] for r in records)
+                            for it in range(iters) for k in range(barriers))  # fmt: skip
+
+
+def barrier_us(probe: Probe, iters: int = 40, warmup: int = 2) -> float:
+    """Run `BARRIER_PROBE` through the executor: the expected time of a barrier (see
+    `barrier_from`); every rank returns the result."""
+    ops, records = run_probe(probe, BARRIER_PROBE.format(ranks=probe.world_size), "<calibrate barrier probe>", {}, iters, warmup)
+    barriers = [op.index for op in ops if op.kind is OpKind.BARRIER]
+    off_ns = probe.clock_offset_ns
+    mine = [[((rec.exec_start[i] + off_ns) / 1e3, (rec.exec_end[i] + off_ns) / 1e3) for i in barriers] for rec in records]
+    return barrier_from(all_gather_objects(mine, probe.cpu_group, probe.world_size))
 
 
 OVERLAP_PROBE = """\

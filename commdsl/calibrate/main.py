@@ -374,11 +374,13 @@ def _measure_all(probe, sizes, matmul_sizes, dtypes, measure) -> Results:
             for kind in AVERAGING:
                 if points[f"{kind.value} {dtype.value} avg"]:
                     res.reductions_by_op.setdefault(ReduceOp.AVG, {}).setdefault(dtype, {})[kind] = points[f"{kind.value} {dtype.value} avg"]
-        res.barrier_us = measure.collective_us(probe, OpKind.BARRIER, 0)
-        step("barrier")
-        # Interference is timed inside the executor, with its own compute ops.
+        # The barrier, interference and stalls are timed inside the executor, with its own
+        # threads and compute ops.
+        from commdsl.calibrate.executor_probes import barrier_us, compute_noise, interference
+
+        res.barrier_us = barrier_us(probe)
+        step("barrier inside the executor")
         size = max([s for s in sizes if s <= SLOWDOWN_SIZE_BYTES], default=sizes[0])
-        from commdsl.calibrate.executor_probes import compute_noise, interference
 
         for kind, dtype in OVERLAP_OPS:
             if kind.is_p2p and probe.world_size % 2:
