@@ -9,7 +9,7 @@ import statistics
 
 import pytest
 
-from commdsl.calibrate.executor_probes import STALL_MIN_US, NoiseResult, Stalls, stalls
+from commdsl.calibrate.executor_probes import STALL_MIN_US, NoiseResult, Stalls, median_piece, stalls
 from commdsl.cli import main
 from commdsl.errors import MachineError, UsageError
 from commdsl.sim import simulate
@@ -152,6 +152,19 @@ def test_stall_statistics_from_measured_excess_times():
     assert stalls([]) == Stalls(0, 0, 0.0) and NoiseResult(stalls([]), stalls([]), 1.0).stalls_per_s == 0.0
     assert stalls([300.0] * 10).stalled == 0
     assert STALL_MIN_US == 1000.0
+
+
+def test_calibration_keeps_the_median_piece_of_the_stall_probe():
+    """One piece counted during a stall episode (30 a second) is outvoted by the other two;
+    the kept piece is a whole piece (its stall length and wake-ups with it)."""
+    def piece(stalled: int, wake_stalled: int) -> NoiseResult:
+        return NoiseResult(Stalls(600, stalled, 3500.0), Stalls(500, wake_stalled, 2500.0), 10_000.0)
+
+    episode, quiet, typical = piece(180, 30), piece(30, 10), piece(48, 20)
+    assert median_piece([episode, quiet, typical]) is typical
+    assert median_piece([quiet, episode]) is quiet  # the lower of two
+    assert median_piece([episode]) is episode
+    assert median_piece([episode, quiet, typical]).stalls_per_s == pytest.approx(8.0)
 
 
 def test_late_wake_ups_delay_what_waited_on_comm():

@@ -233,7 +233,10 @@ class Results:
     comm_launch_us: float
     skipped: list[str]
     noise: NoiseResult | None = None
-    """Compute stalls inside the executor (`commdsl.calibrate.executor_probes`)."""
+    """Compute stalls inside the executor (`commdsl.calibrate.executor_probes`): the
+    median of `noise_pieces`."""
+    noise_pieces: list[NoiseResult] = dataclasses.field(default_factory=list)
+    """One piece of the stall probe per pass."""
     reductions_by_op: dict[ReduceOp, dict[Dtype, dict[OpKind, list[tuple[int, float]]]]] = dataclasses.field(default_factory=dict)
     """Reducing collectives timed with other ops than sum (AVERAGING), per op and dtype."""
     overlaps: dict[tuple[OpKind, Dtype | None], Overlap] = dataclasses.field(default_factory=dict)
@@ -287,6 +290,7 @@ class Results:
             "copy_slowdown_under_compute": self.copy_slowed,
             "skipped": self.skipped,
             "compute_noise": {**dataclasses.asdict(self.noise), **self.noise.machine_json()} if self.noise is not None else None,
+            "compute_noise_pieces": [p.machine_json() for p in self.noise_pieces],
             "interference_by_op": [{"kind": k.value, "dtype": d.value if d else ANY_DTYPE, **dataclasses.asdict(o),
                                     "comm_compute_slowdown": o.comm_compute_slowdown, "compute_comm_slowdown": o.compute_comm_slowdown}
                                    for (k, d), o in self.overlaps.items()],  # fmt: skip
@@ -320,7 +324,7 @@ def _measure_all(probe, sizes, matmul_sizes, dtypes, measure) -> Results:
            lambda s, pooled, kind=kind, dtype=dtype: measure.collective_us(probe, kind, s, dtype, ReduceOp.AVG, pooled=pooled))
           for dtype in (Dtype.FP32, *REDUCED_DTYPES) for kind in AVERAGING),
     ]  # fmt: skip
-    steps = PASSES * sum(len(xs) for _, xs, _ in pass_series) + 2 * len(sizes) + len(OVERLAP_OPS) + 4
+    steps = PASSES * (sum(len(xs) for _, xs, _ in pass_series) + 1) + 2 * len(sizes) + len(OVERLAP_OPS) + 3
     res = Results({}, [], [], [], [], {}, {}, 0.0, 0.0, 0.0, [])
     with Progress(disable=probe.rank != 0, transient=True) as progress:
         task = progress.add_task("calibrating", total=steps)
@@ -352,11 +356,19 @@ def _measure_all(probe, sizes, matmul_sizes, dtypes, measure) -> Results:
         # passes (`measure.Pooled`).
         pools = {label: {x: measure.Pooled(PASSES) for x in xs} for label, xs, _ in pass_series}
         points: dict[str, list[tuple[int, float]] | None] = {}
+        # Compute stalls inside the executor, one piece of the probe per pass.
+        from commdsl.calibrate.executor_probes import barrier_us, compute_noise, interference, median_piece
+
+        noise_pieces = []
         for n in range(PASSES):
             for label, xs, time_us in pass_series:
                 if n == 0 or points[label] is not None:
                     points[label] = series(f"{label} (pass {n + 1}/{PASSES})", xs,
                                            lambda x, label=label, time_us=time_us: time_us(x, pools[label][x]))  # fmt: skip
+            noise_pieces.append(compute_noise(probe, min(sizes[-1], NOISE_MSG_BYTES)))
+            step(f"compute stalls inside the executor (pass {n + 1}/{PASSES})")
+        res.noise = median_piece(noise_pieces)
+        res.noise_pieces = noise_pieces
         for dtype in dtypes:
             if points[f"matmul {dtype.value}"]:
                 res.matmul[dtype] = points[f"matmul {dtype.value}"]
@@ -374,10 +386,8 @@ def _measure_all(probe, sizes, matmul_sizes, dtypes, measure) -> Results:
             for kind in AVERAGING:
                 if points[f"{kind.value} {dtype.value} avg"]:
                     res.reductions_by_op.setdefault(ReduceOp.AVG, {}).setdefault(dtype, {})[kind] = points[f"{kind.value} {dtype.value} avg"]
-        # The barrier, interference and stalls are timed inside the executor, with its own
-        # threads and compute ops.
-        from commdsl.calibrate.executor_probes import barrier_us, compute_noise, interference
-
+        # The barrier and interference are timed inside the executor, with its own threads
+        # and compute ops.
         res.barrier_us = barrier_us(probe)
         step("barrier inside the executor")
         size = max([s for s in sizes if s <= SLOWDOWN_SIZE_BYTES], default=sizes[0])
@@ -393,8 +403,6 @@ def _measure_all(probe, sizes, matmul_sizes, dtypes, measure) -> Results:
         alone_us = dict(res.host_copy)[copy_bytes]
         res.overlaps[(OpKind.COPY, None)] = interference(probe, OpKind.COPY, None, copy_bytes, max(OVERLAP_MIN_COMPUTE_US, 4 * alone_us))
         step("copy beside compute")
-        res.noise = compute_noise(probe, min(sizes[-1], NOISE_MSG_BYTES))
-        step("compute stalls inside the executor")
     return res
 
 
@@ -575,5 +583,8 @@ def _print_report(report: FitReport, res: Results) -> None:
         console.print(f"compute stalls inside the executor: {n.compute.stalled} of {n.compute.samples} ops, "
                       f"{n.stalls_per_s:.1f} per second of compute, {n.compute.mean_us / 1e3:.2f} ms each; late wake-ups after comm: "
                       f"{n.wake.stalled} of {n.wake.samples}, {n.wake.mean_us / 1e3:.2f} ms each (drawn by `commdsl simulate --samples N`)")  # fmt: skip
+        if len(res.noise_pieces) > 1:
+            rates = ", ".join(f"{p.stalls_per_s:.1f}" for p in res.noise_pieces)
+            console.print(f"  the median of {len(res.noise_pieces)} pieces, one per pass (stalls per second: {rates})")
     for s in res.skipped:
         console.print(f"[yellow]skipped[/] {s}")
