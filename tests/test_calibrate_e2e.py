@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from commdsl.calibrate.executor_probes import PROBE_ITERS
-from commdsl.calibrate.main import OVERLAP_OPS, PASSES
+from commdsl.calibrate.main import NOISE_PIECES, OVERLAP_OPS
 from commdsl.dsl import load_schedule
 from commdsl.ir import Dtype, OpKind, ReduceOp, Transport
 from commdsl.machine import load_machine
@@ -67,9 +67,9 @@ def machine_file(tmp_path_factory) -> Path:
     compute, wake = noise["compute"], noise["wake"]
     assert compute["samples"] == 2 * 6 * PROBE_ITERS and 0 <= compute["stalled"] <= compute["samples"] and noise["stalls_per_s"] >= 0
     assert wake["samples"] == 2 * 5 * PROBE_ITERS and 0 <= noise["wake_stall_probability"] < 1
-    # One piece of the probe per pass; the median piece is the machine's.
+    # The probe runs in pieces; the median piece is the machine's.
     rates = sorted(p["stalls_per_s"] for p in data["compute_noise_pieces"])
-    assert len(rates) == PASSES and noise["stalls_per_s"] == rates[(PASSES - 1) // 2]
+    assert len(rates) == NOISE_PIECES and noise["stalls_per_s"] == rates[(NOISE_PIECES - 1) // 2]
     assert "compute stalls inside the executor" in proc.stdout
     assert "interference inside the executor" in proc.stdout and "reduce_scatter bf16" in proc.stdout
     return out

@@ -130,8 +130,8 @@ class NoiseResult:
 
 
 PROBE_ITERS = 50
-"""Iterations of one piece of the probe (calibration runs one piece per pass and keeps
-the median piece, `median_piece`): stalls are rare (2-11 per second of compute), so
+"""Iterations of one piece of the probe (calibration runs `NOISE_PIECES` and keeps the
+median piece, `median_piece`): stalls are rare (2-11 per second of compute), so
 their rate is a Poisson count; 50 iterations (6 s of compute over 2 ranks) count 12-65
 of them, a standard error of 12-30%."""
 
