@@ -5,8 +5,8 @@ every bundled schedule (2 ranks, gloo, sizes that run in seconds).
                              [--only 1f1b,gpipe] [--runs 3] [--samples 25]
 
 Each schedule is launched --launches times, round robin over the schedules, and the
-launch with the median makespan is compared. Prints a markdown table of makespan error and per-op duration error per schedule and
-writes `accuracy.json` under --out-dir. Targets: median makespan error <= 5%, worst
+launch with the median makespan is compared. Prints a markdown table of makespan error
+and per-op duration error per schedule and writes `accuracy.json` under --out-dir. Targets: median makespan error <= 5%, worst
 <= 10%. Everything goes through the real command lines a user types.
 """
 
@@ -49,8 +49,8 @@ SMALL_PARAMS: dict[str, dict[str, str]] = {
 
 def _iterations(args, predicted_trace: Path) -> int:
     """Measured iterations of one launch of a schedule: at least --iters, and enough to run
-    --min-seconds by its predicted makespan. The VM's speed drifts over seconds: within one launch of
-    collectives, the median makespan of each 10 iterations went from 48.6 to 58.8 ms; three
+    --min-seconds by its predicted makespan. The VM's speed drifts over seconds: within one
+    launch of collectives, the median makespan of each 10 iterations went from 48.6 to 58.8 ms; three
     launches of 21 iterations measured 51.0-59.6 ms, three of 101 measured 47.3-50.1 ms."""
     makespan_s = Timeline.read(predicted_trace).makespan_us / 1e6
     return max(args.iters, math.ceil(args.min_seconds / makespan_s) if makespan_s > 0 else args.iters)

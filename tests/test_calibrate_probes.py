@@ -1,5 +1,6 @@
 """The probes' arithmetic (`executor_probes.overlap_from`, `barrier_from`): known
-slowdowns and barrier times of synthetic records come back exactly. The probe itself runs in test_calibrate_e2e."""
+slowdowns and barrier times of synthetic records come back exactly. The probes
+themselves run in test_calibrate_e2e."""
 
 from __future__ import annotations
 

@@ -44,6 +44,7 @@ while it ran (a 10 ms op lost 0.8-0.9 ms to it): the factors are 1.0 and MAX_SLO
 from __future__ import annotations
 
 import statistics
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import torch
@@ -139,7 +140,7 @@ of them, a standard error of 12-30%."""
 def median_piece(pieces: list[NoiseResult]) -> NoiseResult:
     """The piece with the median stall rate (the lower of two middle ones). Stalls come in
     episodes: one calibration's single 100-iteration probe counted 30 stalls a second
-    against 5-9 in eight others, and predicted every schedule of its run 9-14% long."""
+    against 3-11 in eleven others, and predicted eight of ten schedules 9-14% long."""
     return sorted(pieces, key=lambda p: p.stalls_per_s)[(len(pieces) - 1) // 2]
 
 
@@ -203,13 +204,18 @@ queue thread and wakes the stream and the host when done, the same machine's bar
 took about 1 ms (memcpy_vs_nccl, ten barriers an iteration, was predicted 7-8% short)."""
 
 
+def _group_span(spans: Iterable[tuple[float, float]]) -> float:
+    """A group op's time from its members' (start, end): the last member's start to the
+    last member's end, as the simulator's rendezvous has it (arrival skew is not the op's)."""
+    starts, ends = zip(*spans)
+    return max(ends) - max(starts)
+
+
 def barrier_from(records: list[list[list[tuple[float, float]]]]) -> float:
-    """Mean barrier time from per rank, per iteration, the (start, end) of each barrier
-    (one clock): the last rank's start to the last rank's end, the ranks' arrival skew
-    not being the barrier's."""
+    """Mean barrier time (`_group_span`) from per rank, per iteration, the (start, end) of
+    each barrier, on one clock."""
     iters, barriers = len(records[0]), len(records[0][0])
-    return statistics.fmean(max(r[it][k][1] for r in records) - max(r[it][k][0] for r in records)
-                            for it in range(iters) for k in range(barriers))  # fmt: skip
+    return statistics.fmean(_group_span(r[it][k] for r in records) for it in range(iters) for k in range(barriers))
 
 
 def barrier_us(probe: Probe, iters: int = 40, warmup: int = 2) -> float:
@@ -316,8 +322,8 @@ def overlap_from(records: list[list[dict[str, tuple[float, float]]]], rounds: in
         ranks = [r[it] for r in records]
         for i in range(rounds):
             a, b, c, d = (f"{t}[{i}]" for t in "ABCD")
-            alone.append(max(r[a][1] for r in ranks) - max(r[a][0] for r in ranks))
-            beside.append(max(r[b][1] for r in ranks) - max(r[b][0] for r in ranks))
+            alone.append(_group_span(r[a] for r in ranks))
+            beside.append(_group_span(r[b] for r in ranks))
             for r, (c_alone, c_beside, overlap) in zip(ranks, per_rank):
                 c_alone.append(r[c][1] - r[c][0])
                 c_beside.append(r[d][1] - r[d][0])

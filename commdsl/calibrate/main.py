@@ -312,6 +312,8 @@ def _measured_at(res: Results, kind: OpKind, dtype: Dtype | None, size: int) -> 
 
 
 def _measure_all(probe, sizes, matmul_sizes, dtypes, measure) -> Results:
+    from commdsl.calibrate.executor_probes import barrier_us, compute_noise, interference, median_piece
+
     # Every series measured in passes (label, its sizes, time of one pass at a size), in
     # the order of a pass: matmuls (side n) and communication (bytes).
     pass_series: list[tuple[str, tuple[int, ...], Callable[[int, measure.Pooled], float]]] = [
@@ -359,8 +361,6 @@ def _measure_all(probe, sizes, matmul_sizes, dtypes, measure) -> Results:
         # passes (`measure.Pooled`).
         pools = {label: {x: measure.Pooled(PASSES) for x in xs} for label, xs, _ in pass_series}
         points: dict[str, list[tuple[int, float]] | None] = {}
-        from commdsl.calibrate.executor_probes import barrier_us, compute_noise, interference, median_piece
-
         for n in range(PASSES):
             for label, xs, time_us in pass_series:
                 if n == 0 or points[label] is not None:
