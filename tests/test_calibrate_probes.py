@@ -1,4 +1,4 @@
-"""The probes' arithmetic (`executor_probes.overlap_from`, `barrier_from`): known
+"""The probes' arithmetic (`executor_probes.overlap_from`, `OverlapPieces`, `barrier_from`): known
 slowdowns and barrier times of synthetic records come back exactly. The probes
 themselves run in test_calibrate_e2e."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from commdsl.calibrate.executor_probes import MAX_SLOWDOWN, Overlap, barrier_from, overlap_from
+from commdsl.calibrate.executor_probes import MAX_SLOWDOWN, Overlap, OverlapPieces, barrier_from, overlap_from
 
 
 def rank_records(skew_us: float, comm_slow: float, compute_slow: float) -> dict[str, tuple[float, float]]:
@@ -68,3 +68,18 @@ def test_barrier_time_leaves_out_the_arrival_skew():
     rank1 = [[(10_000.0 * k + 3000.0, 10_000.0 * k + 3000.0 + c) for k, c in enumerate(costs)]] * 4
     assert barrier_from([rank0, rank1]) == pytest.approx(800.0)
     assert barrier_from([rank1, rank0]) == pytest.approx(800.0)
+
+
+def test_factors_are_the_median_pieces():
+    """A piece run in a slow spell (the op alone slow, beside compute fast: x1.1 where the
+    others say x2.0 and x1.8) is outvoted; so is each factor apart: the compute slowdown
+    is the median of the pieces' slowest-rank slowdowns (rank 0's in one piece, rank 1's
+    in another), not that of median times."""
+    typical = Overlap(5000, 10000, (20000, 20000), (30000, 20000), (10000, 10000))  # x2.0, rank 0 x2.0
+    other = Overlap(5000, 9000, (20000, 20000), (20000, 25000), (10000, 10000))  # x1.8, rank 1 x2.0
+    spell = Overlap(6700, 7400, (20000, 20000), (21000, 21000), (7000, 7000))  # x1.1, x1.17
+    o = OverlapPieces((spell, typical, other))
+    assert o.compute_comm_slowdown == pytest.approx(1.8)
+    assert o.comm_compute_slowdown == pytest.approx(2.0)
+    assert (o.comm_alone_us, o.comm_beside_us) == (5000, 9000)
+    assert OverlapPieces((typical,)).compute_comm_slowdown == typical.compute_comm_slowdown

@@ -332,7 +332,31 @@ def overlap_from(records: list[list[dict[str, tuple[float, float]]]], rounds: in
     return Overlap(med(alone), med(beside), *(tuple(med(x[k]) for x in per_rank) for k in range(3)))
 
 
-def interference(probe: Probe, kind: OpKind, dtype: Dtype | None, msg_bytes: int, compute_us: float, iters: int = 15,
+@dataclass(frozen=True)
+class OverlapPieces:
+    """One comm op's overlap probe run in pieces minutes apart; each factor is the median
+    of the pieces' (one calibration's single burst timed an all_gather at 6.7 ms alone and
+    7.5 ms beside compute, x1.1 where fourteen others said x1.4-2.6, and predicted fsdp
+    19% short). Medians of factors, not factors of median times: the compute slowdown is
+    the slowest rank's, which may be another rank in each piece."""
+
+    pieces: tuple[Overlap, ...]
+
+    def _median(self, field: str) -> float:
+        return statistics.median(getattr(p, field) for p in self.pieces)
+
+    compute_comm_slowdown = property(lambda self: self._median("compute_comm_slowdown"))
+    comm_compute_slowdown = property(lambda self: self._median("comm_compute_slowdown"))
+    comm_alone_us = property(lambda self: self._median("comm_alone_us"))
+    comm_beside_us = property(lambda self: self._median("comm_beside_us"))
+
+
+OVERLAP_ITERS = 10
+"""Iterations of one piece of the overlap probe (3 rounds each); calibration runs
+`OVERLAP_PIECES` pieces of each op, round robin over the ops (`OverlapPieces`)."""
+
+
+def interference(probe: Probe, kind: OpKind, dtype: Dtype | None, msg_bytes: int, compute_us: float, iters: int = OVERLAP_ITERS,
                  warmup: int = 2) -> Overlap:  # fmt: skip
     """Run `OVERLAP_PROBE` with one comm op (`kind` of msg_bytes; dtype None: the
     schedule's default) or copy (COPY) beside compute ops of compute_us, which should

@@ -34,7 +34,7 @@ from commdsl.machine.model import ANY_DTYPE
 from commdsl.sim.collectives import DEFAULT_ALGO, plan
 
 if TYPE_CHECKING:
-    from commdsl.calibrate.executor_probes import NoiseResult, Overlap
+    from commdsl.calibrate.executor_probes import NoiseResult, Overlap, OverlapPieces
 
 COLLECTIVES = (
     OpKind.ALL_REDUCE, OpKind.ALL_GATHER, OpKind.REDUCE_SCATTER, OpKind.BROADCAST,
@@ -58,6 +58,10 @@ others said 0.37-0.45, and predicted tp_mlp 31% long)."""
 NOISE_PIECES = 3
 """The compute-stall probe runs in this many pieces (`executor_probes.PROBE_ITERS`
 iterations each), and the piece with the median stall rate is the machine's."""
+OVERLAP_PIECES = 3
+"""Each overlap probe runs in this many pieces (`executor_probes.OVERLAP_ITERS`
+iterations each), round robin over OVERLAP_OPS, and each factor is the median over the
+pieces (`executor_probes.OverlapPieces`)."""
 CHUNK_BYTES = 512 * 1024
 """Pipelining chunk of chain collectives written to the machine (NCCL's default)."""
 SLOWDOWN_SIZE_BYTES = 16 * 2**20
@@ -242,10 +246,10 @@ class Results:
     """The stall probe's pieces (NOISE_PIECES of them)."""
     reductions_by_op: dict[ReduceOp, dict[Dtype, dict[OpKind, list[tuple[int, float]]]]] = dataclasses.field(default_factory=dict)
     """Reducing collectives timed with other ops than sum (AVERAGING), per op and dtype."""
-    overlaps: dict[tuple[OpKind, Dtype | None], Overlap] = dataclasses.field(default_factory=dict)
+    overlaps: dict[tuple[OpKind, Dtype | None], OverlapPieces] = dataclasses.field(default_factory=dict)
     """Per comm op kind and dtype (None: any), its interference with compute inside the
-    executor (`executor_probes.interference`); the fp32 all_reduce's gives the
-    machine-wide factors, (COPY, None) copies' factors."""
+    executor (`executor_probes.interference`, OVERLAP_PIECES pieces); the fp32
+    all_reduce's gives the machine-wide factors, (COPY, None) copies' factors."""
 
     def _factors(self, kind: OpKind, dtype: Dtype | None) -> tuple[float, float]:
         """(compute's slowdown beside the op, the op's beside compute) from its overlap
@@ -294,10 +298,15 @@ class Results:
             "skipped": self.skipped,
             "compute_noise": {**dataclasses.asdict(self.noise), **self.noise.machine_json()} if self.noise is not None else None,
             "compute_noise_pieces": [p.machine_json() for p in self.noise_pieces],
-            "interference_by_op": [{"kind": k.value, "dtype": d.value if d else ANY_DTYPE, **dataclasses.asdict(o),
-                                    "comm_compute_slowdown": o.comm_compute_slowdown, "compute_comm_slowdown": o.compute_comm_slowdown}
+            "interference_by_op": [{"kind": k.value, "dtype": d.value if d else ANY_DTYPE, **_overlap_json(o),
+                                    "pieces": [{**dataclasses.asdict(p), **_overlap_json(p)} for p in o.pieces]}
                                    for (k, d), o in self.overlaps.items()],  # fmt: skip
         }
+
+
+def _overlap_json(o: Overlap | OverlapPieces) -> dict[str, float]:
+    return {"comm_alone_us": o.comm_alone_us, "comm_beside_us": o.comm_beside_us,
+            "compute_comm_slowdown": o.compute_comm_slowdown, "comm_compute_slowdown": o.comm_compute_slowdown}  # fmt: skip
 
 
 def _measured_at(res: Results, kind: OpKind, dtype: Dtype | None, size: int) -> float | None:
@@ -312,7 +321,7 @@ def _measured_at(res: Results, kind: OpKind, dtype: Dtype | None, size: int) -> 
 
 
 def _measure_all(probe, sizes, matmul_sizes, dtypes, measure) -> Results:
-    from commdsl.calibrate.executor_probes import barrier_us, compute_noise, interference, median_piece
+    from commdsl.calibrate.executor_probes import OverlapPieces, barrier_us, compute_noise, interference, median_piece
 
     # Every series measured in passes (label, its sizes, time of one pass at a size), in
     # the order of a pass: matmuls (side n) and communication (bytes).
@@ -329,7 +338,7 @@ def _measure_all(probe, sizes, matmul_sizes, dtypes, measure) -> Results:
            lambda s, pooled, kind=kind, dtype=dtype: measure.collective_us(probe, kind, s, dtype, ReduceOp.AVG, pooled=pooled))
           for dtype in (Dtype.FP32, *REDUCED_DTYPES) for kind in AVERAGING),
     ]  # fmt: skip
-    steps = PASSES * sum(len(xs) for _, xs, _ in pass_series) + 2 * len(sizes) + len(OVERLAP_OPS) + 3 + NOISE_PIECES
+    steps = PASSES * sum(len(xs) for _, xs, _ in pass_series) + 2 * len(sizes) + OVERLAP_PIECES * (len(OVERLAP_OPS) + 1) + 2 + NOISE_PIECES
     res = Results({}, [], [], [], [], {}, {}, 0.0, 0.0, 0.0, [])
     with Progress(disable=probe.rank != 0, transient=True) as progress:
         task = progress.add_task("calibrating", total=steps)
@@ -389,17 +398,21 @@ def _measure_all(probe, sizes, matmul_sizes, dtypes, measure) -> Results:
         step("barrier inside the executor")
         size = max([s for s in sizes if s <= SLOWDOWN_SIZE_BYTES], default=sizes[0])
 
-        for kind, dtype in OVERLAP_OPS:
-            if kind.is_p2p and probe.world_size % 2:
-                continue  # the probe pairs ranks
-            alone_us = _measured_at(res, kind, dtype, size)
-            if alone_us is not None:
-                res.overlaps[(kind, dtype)] = interference(probe, kind, dtype, size, max(OVERLAP_MIN_COMPUTE_US, 4 * alone_us))
-            step(f"{kind.value} {dtype.value if dtype else ''} beside compute")
+        # (op, dtype, bytes, the comm op's or copy's time alone), the copy from host last.
+        overlap_ops = [(kind, dtype, size, _measured_at(res, kind, dtype, size)) for kind, dtype in OVERLAP_OPS
+                       if not (kind.is_p2p and probe.world_size % 2)]  # the probe pairs ranks  # fmt: skip
         copy_bytes = min(sizes[-1], SLOWDOWN_SIZE_BYTES)
-        alone_us = dict(res.host_copy)[copy_bytes]
-        res.overlaps[(OpKind.COPY, None)] = interference(probe, OpKind.COPY, None, copy_bytes, max(OVERLAP_MIN_COMPUTE_US, 4 * alone_us))
-        step("copy beside compute")
+        overlap_ops.append((OpKind.COPY, None, copy_bytes, dict(res.host_copy)[copy_bytes]))
+        # Round robin, so that each op's pieces lie a minute apart and one slow spell of
+        # the machine falls on one piece of each op at most.
+        pieces: dict[tuple[OpKind, Dtype | None], list[Overlap]] = {}
+        for n in range(OVERLAP_PIECES):
+            for kind, dtype, nbytes, alone_us in overlap_ops:
+                if alone_us is not None:
+                    piece = interference(probe, kind, dtype, nbytes, max(OVERLAP_MIN_COMPUTE_US, 4 * alone_us))
+                    pieces.setdefault((kind, dtype), []).append(piece)
+                step(f"{kind.value} {dtype.value if dtype else ''} beside compute ({n + 1}/{OVERLAP_PIECES})")
+        res.overlaps = {key: OverlapPieces(tuple(ps)) for key, ps in pieces.items()}
         # Compute stalls last, after minutes of load, as a schedule run after calibration
         # meets them: pieces placed after each pass instead counted 2-9 a second against
         # 3-11 at the end, and predicted 28 of 30 schedules short. In pieces, so that one
@@ -576,12 +589,14 @@ def _print_report(report: FitReport, res: Results) -> None:
     console.print(table)
     console.print(f"host issue: kernel {res.kernel_launch_us:.1f} us, comm {res.comm_launch_us:.1f} us; barrier {res.barrier_us:.1f} us")
     if res.overlaps:
-        table = Table(title="interference inside the executor (medians)", box=None, pad_edge=False)
+        table = Table(title="interference inside the executor (each column: the median over the pieces)", box=None, pad_edge=False)
         for col in ("op", "alone", "beside compute", "op slowed", "compute slowed"):
-            table.add_column(col)
+            table.add_column(col, no_wrap=True)
         for (kind, dtype), o in res.overlaps.items():
             table.add_row(f"{kind.value} {dtype.value if dtype else ''}", f"{o.comm_alone_us / 1e3:.2f} ms", f"{o.comm_beside_us / 1e3:.2f} ms",
                           f"x{o.compute_comm_slowdown:.2f}", f"x{o.comm_compute_slowdown:.2f}")  # fmt: skip
+            table.add_row("  (pieces)", "", "", " ".join(f"{p.compute_comm_slowdown:.1f}" for p in o.pieces),
+                          " ".join(f"{p.comm_compute_slowdown:.1f}" for p in o.pieces))  # fmt: skip
         console.print(table)
     if res.noise is not None:
         n = res.noise
