@@ -175,6 +175,25 @@ def test_late_wake_ups_delay_what_waited_on_comm():
     assert result.makespan_us == pytest.approx(4 * 10_000 + 3 * 2000, rel=1e-4)
 
 
+def test_late_wake_ups_need_a_busy_cpu():
+    """On an idle CPU a thread wakes at once: blocking collectives back to back (nothing
+    computing) never wake late, though every wake-up is drawn late (probability ~1).
+    Where compute runs elsewhere when the comm op ends, the stream waiting on it wakes
+    late: rank 1 computes 30 ms while rank 0 runs two 1 ms all_reduces in a subgroup."""
+    m = machine(extra="compute_noise: {stalls_per_s: 0, stall_us: 0, wake_stall_probability: 0.999999, wake_stall_us: 2000}")
+    back_to_back = sched("for i in range(4):\n    all_reduce r[i] 1KB", world="2")
+    quiet = simulate(back_to_back, m, samples=3)
+    assert quiet.makespan_us == pytest.approx(simulate(back_to_back, machine()).makespan_us)
+    busy = sched("if rank == 1:\n    compute C 30ms on a\nif rank == 0:\n    send s 1KB to 2\n    send t 1KB to 2\n"
+                 "if rank == 2:\n    recv s 1KB from 0\n    recv t 1KB from 0", world="3")  # fmt: skip
+    base = simulate(busy, machine())
+    late = simulate(busy, m, samples=3)
+    ends = {s.op_id: s.end_us for s in late.timeline.exec_spans().values()}
+    base_ends = {s.op_id: s.end_us for s in base.timeline.exec_spans().values()}
+    # rank 0's second send waits for the first (a blocking send): woken late, 2 ms.
+    assert ends["0:1"] - base_ends["0:1"] == pytest.approx(2000, rel=1e-3)
+
+
 def test_cli_samples(tmp_path, capsys):
     path = tmp_path / "noisy.yaml"
     path.write_text(_NOISY_FILE)
