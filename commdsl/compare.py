@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 from commdsl.breakdown import Breakdown, breakdown_of
 from commdsl.ir import OpKind
-from commdsl.timeline import Span, SpanRole, Timeline
+from commdsl.timeline import FLOP_RATE_META, Span, SpanRole, Timeline
 
 NON_BUSY_KINDS = frozenset({OpKind.WAIT.value, OpKind.WAIT_EVENT.value, OpKind.RECORD.value, OpKind.SYNCHRONIZE.value})
 
@@ -71,6 +71,36 @@ class ErrorStats:
         return ErrorStats(statistics.median(mags), _percentile(mags, 90), abs(worst_value), worst_op)
 
 
+@dataclass(frozen=True)
+class ComputeRate:
+    """The executor's FLOP block in one dtype: the machine file's rate against the run's.
+    FLOP-sized compute is predicted off by about `error_pct` for the machine's speed
+    that day alone, before any modelling error."""
+
+    dtype: str
+    machine_tflops: float
+    """The machine file's `peak_tflops` (a calibrated machine's is this block's rate)."""
+    measured_tflops: dict[int, float]
+    """Per rank, the block's rate timed at the run's start-up."""
+
+    @property
+    def error_pct(self) -> float:
+        """(machine - measured) / measured, measured the median over the ranks."""
+        measured = statistics.median(self.measured_tflops.values())
+        return 100.0 * (self.machine_tflops - measured) / measured if measured > 0 else 0.0
+
+
+def compute_rates(predicted: Timeline, measured: Timeline) -> list[ComputeRate]:
+    """`ComputeRate` of every dtype whose rate both timelines carry (a measured timeline
+    has them for the dtypes of its FLOP-sized ops, `FLOP_RATE_META`)."""
+    machine = predicted.meta.get("machine", {}).get("device", {}).get("peak_tflops", {})
+    by_dtype: dict[str, dict[int, float]] = {}
+    for rank, rates in measured.meta.get(FLOP_RATE_META, {}).items():
+        for dtype, tflops in rates.items():
+            by_dtype.setdefault(dtype, {})[int(rank)] = float(tflops)
+    return [ComputeRate(d, float(machine[d]), by_dtype[d]) for d in sorted(by_dtype) if d in machine]
+
+
 RankBreakdown = Breakdown
 """Per-rank time split, in microseconds (see commdsl.breakdown for the definitions)."""
 
@@ -90,6 +120,7 @@ class Comparison:
     """Samples the prediction's per-op medians come from (`simulate --samples`); 1: exact."""
     measured_iterations: int | None = None
     """Iterations the measured per-op medians come from (`commdsl.run --iters`), if known."""
+    compute_rates: list[ComputeRate] = field(default_factory=list)
 
     @property
     def makespan_error_pct(self) -> float:
@@ -130,6 +161,11 @@ class Comparison:
             "ranks": {
                 str(r): {"predicted": _breakdown_json(p), "measured": _breakdown_json(m)} for r, (p, m) in sorted(self.ranks.items())
             },
+            "flop_block_tflops": [
+                {"dtype": c.dtype, "machine": c.machine_tflops, "measured": {str(r): t for r, t in sorted(c.measured_tflops.items())},
+                 "machine_error_pct": round(c.error_pct, 3)}
+                for c in self.compute_rates
+            ],  # fmt: skip
             "ops": [
                 {
                     "op_id": e.op_id, "kind": e.kind, "name": e.name, "source": e.source,
@@ -198,6 +234,7 @@ def compare_timelines(predicted: Timeline, measured: Timeline, *, min_duration_u
         min_duration_us=min_duration_us,
         predicted_samples=int(predicted.meta.get("samples", 1)),
         measured_iterations=measured.meta.get("iters"),
+        compute_rates=compute_rates(predicted, measured),
     )
 
 

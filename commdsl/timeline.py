@@ -23,6 +23,11 @@ from commdsl.ir import HOST_STREAM, Op, OpKind
 
 FORMAT_VERSION = 1
 
+FLOP_RATE_META = "flop_block_tflops"
+"""Measured timelines' meta key: per rank, per dtype of its FLOP-sized ops, the rate
+(TFLOP/s) of the executor's FLOP block timed at start-up (what `peak_tflops` of a
+calibrated machine is)."""
+
 COMM_TRACK_PREFIX = "comm:"
 """Track of a group's comm queue on a rank: "comm:" + group id."""
 

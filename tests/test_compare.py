@@ -9,8 +9,11 @@ from pathlib import Path
 
 import pytest
 
+from rich.console import Console
+
+from commdsl.commands.compare import print_comparison
 from commdsl.compare import compare_timelines, rank_breakdowns
-from commdsl.timeline import Span, SpanRole, Timeline
+from commdsl.timeline import FLOP_RATE_META, Span, SpanRole, Timeline
 
 
 def _timeline(source: str, spans: list[tuple[str, int, str, str, float, float]], t0: float = 0.0) -> Timeline:
@@ -59,6 +62,26 @@ def test_the_statistics_behind_both_sides_are_reported() -> None:
     predicted.meta["samples"], measured.meta["iters"] = 25, 21
     cmp = compare_timelines(predicted, measured)
     assert cmp.to_json()["predicted_samples"] == 25 and cmp.to_json()["measured_iterations"] == 21
+
+
+def test_the_machines_flop_rate_against_the_runs() -> None:
+    """The machine file says bf16 0.40 TFLOP/s, the run's start-up timed 0.36 and 0.38:
+    the machine file is +8.1% off the median (0.37); fp32 is only measured, not listed."""
+    predicted, measured = _timeline("predicted", PREDICTED), _timeline("measured", MEASURED)
+    predicted.meta["machine"] = {"device": {"peak_tflops": {"bf16": 0.40, "fp16": 0.5}}}
+    measured.meta[FLOP_RATE_META] = {"0": {"bf16": 0.36, "fp32": 0.1}, "1": {"bf16": 0.38, "fp32": 0.1}}
+    cmp = compare_timelines(predicted, measured)
+    [rate] = cmp.compute_rates
+    assert (rate.dtype, rate.machine_tflops, rate.measured_tflops) == ("bf16", 0.40, {0: 0.36, 1: 0.38})
+    assert rate.error_pct == pytest.approx(100 * (0.40 - 0.37) / 0.37)
+    assert cmp.to_json()["flop_block_tflops"] == [{"dtype": "bf16", "machine": 0.40, "measured": {"0": 0.36, "1": 0.38},
+                                                    "machine_error_pct": round(rate.error_pct, 3)}]  # fmt: skip
+    console = Console(record=True, width=200)
+    print_comparison(cmp, console)
+    text = console.export_text()
+    assert "FLOP block in bf16: the machine file says 0.4 TFLOP/s" in text and "0.36 on rank 0, 0.38 on rank 1" in text and "+8.1%" in text
+    # Without the run's timing (older timelines, duration-only schedules) nothing is said.
+    assert compare_timelines(predicted, _timeline("measured", MEASURED)).compute_rates == []
 
 
 def test_rank_breakdown_exposed_comm_and_idle() -> None:

@@ -7,6 +7,7 @@ import torch
 
 from commdsl.dsl import load_schedule_text
 from commdsl.run.compute import DURATION_BLOCKS_CPU, FLOP_BLOCK_CPU, FLOP_BLOCK_CUDA, Kernels
+from commdsl.ir import Dtype
 from commdsl.run.config import DurationMode
 
 
@@ -47,6 +48,15 @@ def test_calibrated_kernels_run_and_cover_the_duration(line):
     planned = spec.repeats * k.cal_us[spec.side] + spec.tail_repeats * k.cal_us[spec.tail_side]
     target = _op(line).duration_us
     assert abs(planned - target) <= k.cal_us[spec.tail_side]
+
+
+def test_flop_block_rate_at_start_up():
+    """The rate `commdsl compare` sets against the machine file's: the FLOP block's, in
+    each dtype asked for, timed on a compute thread as calibration times it."""
+    k = Kernels(torch.device("cpu"), DurationMode.BUSY, threads=1)
+    rates = k.flop_block_tflops([Dtype.FP32, Dtype.BF16], rounds=2, round_us=500.0)
+    assert set(rates) == {Dtype.FP32, Dtype.BF16} and all(0 < r < 1000 for r in rates.values())
+    assert k.flop_block_tflops([]) == {}
 
 
 def test_sleep_mode_sleeps():

@@ -10,8 +10,10 @@ import sys
 
 import pytest
 
+from commdsl.ir import OpKind
 from commdsl.resources import bundled_schedules
-from commdsl.timeline import Timeline
+from commdsl.run.compute import MATMUL_DTYPES
+from commdsl.timeline import FLOP_RATE_META, Timeline
 
 try:
     from test_run_support import REPO, assert_semantics, load, torchrun
@@ -63,4 +65,12 @@ def test_bundled_schedule_runs_with_check(tmp_path, name):
     run = torchrun(program.world_size, args)
     assert run.returncode == 0, run.stderr[-3000:]
     assert "all correct" in run.stdout
-    assert_semantics(program, Timeline.read(out))
+    measured = Timeline.read(out)
+    assert_semantics(program, measured)
+    # Every rank times its FLOP block at start-up in the dtypes of its FLOP-sized ops
+    # (tp_mlp's matmuls), for `compare` to set against the machine file's rate.
+    flop_dtypes = {str(r): {op.dtype.value for op in ops if op.kind is OpKind.COMPUTE and op.duration_us is None
+                            and op.flops and op.dtype in MATMUL_DTYPES} for r, ops in enumerate(program.ops)}  # fmt: skip
+    rates = measured.meta.get(FLOP_RATE_META, {})
+    assert {r: set(by) for r, by in rates.items()} == (flop_dtypes if any(flop_dtypes.values()) else {})
+    assert all(t > 0 for by in rates.values() for t in by.values())

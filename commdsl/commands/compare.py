@@ -53,6 +53,11 @@ def print_comparison(cmp: Comparison, console: Console) -> None:
         ranks.add_row(str(r), *(f"{format_us(getattr(p, f))} / {format_us(getattr(m, f))}"
                                 for f in ("compute_us", "comm_us", "exposed_comm_us", "idle_us")))  # fmt: skip
     console.print(ranks)
+    for c in cmp.compute_rates:
+        ranks_text = ", ".join(f"{t:.3g} on rank {r}" for r, t in sorted(c.measured_tflops.items()))
+        console.print(f"FLOP block in {c.dtype}: the machine file says {c.machine_tflops:.3g} TFLOP/s, this run's start-up timed "
+                      f"{ranks_text} (the machine file {c.error_pct:+.1f}%): FLOP-sized compute is predicted off by about as "
+                      f"much for the machine's speed alone")  # fmt: skip
     console.print(f"{len(cmp.ops)} ops compared")
     if cmp.only_predicted or cmp.only_measured:
         console.print(f"[yellow]warning[/]: {len(cmp.only_predicted)} ops only predicted, {len(cmp.only_measured)} only measured "

@@ -25,6 +25,7 @@ import os
 import statistics
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -171,29 +172,55 @@ class Kernels:
 
     def calibrate(self, rounds: int = 7, round_us: float = 2000.0) -> float:
         """Time one multiply of each duration block (median of `rounds` rounds of about
-        `round_us` each); returns the bulk block's microseconds per multiply.
-
-        On CPU the timing runs on a fresh thread set up as the stream threads that run
-        the work later (`set_thread_count`)."""
+        `round_us` each); returns the bulk block's microseconds per multiply."""
 
         def measure() -> None:
-            self.set_thread_count()
             for side in self.blocks:
-                first = self._time_rounds(side, 1, 1)  # also warms up
-                reps = max(1, round(round_us / max(first, 1e-3)))
-                us = self._time_rounds(side, rounds, reps)
+                us = self._time_block(side, self.dtype, rounds, round_us)
                 self.cal_us[side] = us if math.isfinite(us) and us > 0 else 1.0
 
-        if self.device.type == "cuda":
-            measure()
-        else:
-            thread = threading.Thread(target=measure, name="commdsl-calibrate")
-            thread.start()
-            thread.join()
+        self._on_compute_thread(measure)
         return self.cal_us.get(self.blocks[0], 0.0)
 
-    def _time_rounds(self, side: int, rounds: int, reps: int) -> float:
-        spec = KernelSpec(side=side, repeats=reps)
+    def flop_block_tflops(self, dtypes: list[Dtype], rounds: int = 7, round_us: float = 2000.0) -> dict[Dtype, float]:
+        """The FLOP block's rate (TFLOP/s) in each of `dtypes` at start-up, as calibration
+        measured the machine's `peak_tflops`: so that `commdsl compare` can tell the
+        machine's speed that day from the model (on the CPU VM the same multiply ran
+        0.31-0.46 TFLOP/s in bf16 over an hour)."""
+        rates: dict[Dtype, float] = {}
+
+        def measure() -> None:
+            for dtype in dtypes:
+                us = self._time_block(self.flop_block, MATMUL_DTYPES.get(dtype, self.dtype), rounds, round_us)
+                if math.isfinite(us) and us > 0:
+                    rates[dtype] = 2.0 * self.flop_block**3 / us / 1e6
+
+        self._on_compute_thread(measure)
+        return rates
+
+    def _on_compute_thread(self, fn: Callable[[], None]) -> None:
+        """Run fn where compute runs: on CPU, a fresh thread set up as the stream threads
+        are (`set_thread_count`); on CUDA, the current stream."""
+        if self.device.type == "cuda":
+            fn()
+            return
+
+        def body() -> None:
+            self.set_thread_count()
+            fn()
+
+        thread = threading.Thread(target=body, name="commdsl-calibrate")
+        thread.start()
+        thread.join()
+
+    def _time_block(self, side: int, dtype: torch.dtype, rounds: int, round_us: float) -> float:
+        """Microseconds of one side x side multiply in dtype: median of `rounds` rounds of
+        about `round_us` each."""
+        first = self._time_rounds(side, dtype, 1, 1)  # also warms up
+        return self._time_rounds(side, dtype, rounds, max(1, round(round_us / max(first, 1e-3))))
+
+    def _time_rounds(self, side: int, dtype: torch.dtype, rounds: int, reps: int) -> float:
+        spec = KernelSpec(side=side, dtype=dtype, repeats=reps)
         self.prepare("calibration", spec)
         samples = []
         for _ in range(rounds + 1):

@@ -23,12 +23,13 @@ from commdsl.ir import OpKind, Program
 from commdsl.run.backend import (DistEnv, all_gather_objects, broadcast_object, connect_store, gather_objects, hostname,
                                  init_distributed, resolve_backend)
 from commdsl.run.check import Checker, CheckError, Fill, load_values
-from commdsl.run.compute import Kernels, compute_threads
+from commdsl.run.compute import MATMUL_DTYPES, Kernels, compute_threads
 from commdsl.run.config import DurationMode, RunConfig
 from commdsl.run.executor import Executor, RankSetup, make_executor
 from commdsl.run.tensors import estimate_bytes
 from commdsl.run.timing import ClockSync, IterRecord, RankResult, build_timeline, iteration_records, measure_clock, now_ns
 from commdsl.run.watchdog import Watchdog
+from commdsl.timeline import FLOP_RATE_META
 
 
 def run(config: RunConfig) -> int:
@@ -69,6 +70,9 @@ def run(config: RunConfig) -> int:
     kernels = Kernels(device, config.duration_mode, compute_threads(device))
     needs_cal = any(op.kind is OpKind.COMPUTE and op.duration_us is not None for op in program.ops[rank])
     cal_us = kernels.calibrate() if needs_cal and config.duration_mode is DurationMode.BUSY else 0.0
+    flop_dtypes = sorted({op.dtype for op in program.ops[rank] if op.kind is OpKind.COMPUTE and op.duration_us is None
+                          and op.flops and op.dtype in MATMUL_DTYPES}, key=lambda d: d.value)  # fmt: skip
+    flop_tflops = {d.value: round(r, 6) for d, r in kernels.flop_block_tflops(flop_dtypes).items()}
     fill = Fill(values, config.values_file or "")
     try:
         checker = Checker(program, rank, fill) if filled else None
@@ -103,7 +107,7 @@ def run(config: RunConfig) -> int:
         watchdog.abort([f"rank {rank}: " + err.format()], err.exit_code)
 
     watchdog.phase = ("gathering results on rank 0 (waiting for the other ranks)", now_ns())
-    mine = RankResult(rank, clock, records, failures, values_dump, cal_us)
+    mine = RankResult(rank, clock, records, failures, values_dump, cal_us, flop_tflops)
     gathered: list[RankResult] | None = gather_objects(mine, groups.control, env.world_size, rank)
     code = 0
     if rank == 0:
@@ -121,6 +125,8 @@ def _report(program: Program, config: RunConfig, results: list[RankResult], meta
     """Rank 0: write the timeline (and values), print the summary; 1 if a check failed."""
     meta["clock"] = {str(r.rank): asdict(r.clock) for r in results}
     meta["calibration_us_per_matmul"] = {str(r.rank): round(r.calibration_us, 3) for r in results}
+    if any(r.flop_block_tflops for r in results):
+        meta[FLOP_RATE_META] = {str(r.rank): r.flop_block_tflops for r in results}
     tl = build_timeline(program, results, meta)
     out = Path(config.out)
     tl.write(out, streams=program.streams)

@@ -100,6 +100,8 @@ class RankResult:
     values: dict = field(default_factory=dict)
     """op id -> {"in": [...], "out": [...]} for --dump-values."""
     calibration_us: float = 0.0
+    flop_block_tflops: dict[str, float] = field(default_factory=dict)
+    """Per dtype of the rank's FLOP-sized ops, the FLOP block's rate at start-up."""
 
 
 def exec_track(op: Op) -> str:
