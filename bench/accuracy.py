@@ -135,10 +135,15 @@ def _one_run(args, out: Path, port: int) -> dict | None:
             "op_duration_error_p90_pct": data["duration_error_pct"]["p90"],
             "worst_op": f"{data['duration_error_pct'].get('worst_name', '')} ({data['duration_error_pct'].get('worst_source', '').split('/')[-1]})",
             "iterations": iterations[name],
+            # FLOP-sized compute: the machine file's block rate against the compared
+            # launch's start-up timing (the machine's speed that day, not the model's error).
+            "flop_block_machine_error_pct": {c["dtype"]: c["machine_error_pct"] for c in data["flop_block_tflops"]},
         })  # fmt: skip
         spread = ", ".join(f"{ms:.1f}" for ms in launch_ms)
+        rates = "".join(f"; the machine file's {c['dtype']} FLOP rate {c['machine_error_pct']:+.1f}% off this launch's"
+                        for c in data["flop_block_tflops"])  # fmt: skip
         print(f"{name}: makespan error {data['makespan_error_pct']:+.1f}% "
-              f"(launches {spread} ms, {iterations[name]} iterations each)", flush=True)  # fmt: skip
+              f"(launches {spread} ms, {iterations[name]} iterations each{rates})", flush=True)  # fmt: skip
 
     errs = [abs(r["makespan_error_pct"]) for r in rows if "error" not in r]
     summary = {
