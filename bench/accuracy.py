@@ -26,6 +26,10 @@ import sys
 import time
 from pathlib import Path
 
+from commdsl.compare import compare_timelines, machine_at_run_rate
+from commdsl.dsl import load_schedule
+from commdsl.machine import resolve_machine
+from commdsl.sim import simulate
 from commdsl.timeline import Timeline
 
 # Two-rank params per bundled schedule: ops of several milliseconds, so that the
@@ -54,6 +58,17 @@ def _iterations(args, predicted_trace: Path) -> int:
     launches of 21 iterations measured 51.0-59.6 ms, three of 101 measured 47.3-50.1 ms."""
     makespan_s = Timeline.read(predicted_trace).makespan_us / 1e6
     return max(args.iters, math.ceil(args.min_seconds / makespan_s) if makespan_s > 0 else args.iters)
+
+
+def _error_at_run_rate(name: str, machine: str, measured: Path, samples: int) -> float | None:
+    """Makespan error (%) of `name` re-simulated with the compute rates its measured launch
+    timed at start-up (`commdsl.compare.machine_at_run_rate`); None without FLOP-sized ops."""
+    tl = Timeline.read(measured)
+    at_run = machine_at_run_rate(resolve_machine(machine), tl)
+    if at_run is None:
+        return None
+    program = load_schedule(name, SMALL_PARAMS.get(name, {}))
+    return compare_timelines(simulate(program, at_run, samples=samples).timeline, tl).makespan_error_pct
 
 
 def _run(cmd: list[str], timeout_s: float) -> subprocess.CompletedProcess:
@@ -136,12 +151,16 @@ def _one_run(args, out: Path, port: int) -> dict | None:
             "worst_op": f"{data['duration_error_pct'].get('worst_name', '')} ({data['duration_error_pct'].get('worst_source', '').split('/')[-1]})",
             "iterations": iterations[name],
             # FLOP-sized compute: the machine file's block rate against the compared
-            # launch's start-up timing (the machine's speed that day, not the model's error).
+            # launch's start-up timing (the machine's speed that day, not the model's error),
+            # and the makespan error re-simulated at the launch's rate.
             "flop_block_machine_error_pct": {c["dtype"]: c["machine_error_pct"] for c in data["flop_block_tflops"]},
+            "makespan_error_at_run_rate_pct": _error_at_run_rate(name, machine, meas, args.samples),
         })  # fmt: skip
         spread = ", ".join(f"{ms:.1f}" for ms in launch_ms)
         rates = "".join(f"; the machine file's {c['dtype']} FLOP rate {c['machine_error_pct']:+.1f}% off this launch's"
                         for c in data["flop_block_tflops"])  # fmt: skip
+        if rows[-1]["makespan_error_at_run_rate_pct"] is not None:
+            rates += f", {rows[-1]['makespan_error_at_run_rate_pct']:+.1f}% at its rate"
         print(f"{name}: makespan error {data['makespan_error_pct']:+.1f}% "
               f"(launches {spread} ms, {iterations[name]} iterations each{rates})", flush=True)  # fmt: skip
 

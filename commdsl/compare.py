@@ -23,7 +23,8 @@ import statistics
 from dataclasses import dataclass, field
 
 from commdsl.breakdown import Breakdown, breakdown_of
-from commdsl.ir import OpKind
+from commdsl.ir import Dtype, OpKind
+from commdsl.machine.model import Machine
 from commdsl.timeline import FLOP_RATE_META, Span, SpanRole, Timeline
 
 NON_BUSY_KINDS = frozenset({OpKind.WAIT.value, OpKind.WAIT_EVENT.value, OpKind.RECORD.value, OpKind.SYNCHRONIZE.value})
@@ -90,14 +91,28 @@ class ComputeRate:
         return 100.0 * (self.machine_tflops - measured) / measured if measured > 0 else 0.0
 
 
-def compute_rates(predicted: Timeline, measured: Timeline) -> list[ComputeRate]:
-    """`ComputeRate` of every dtype whose rate both timelines carry (a measured timeline
-    has them for the dtypes of its FLOP-sized ops, `FLOP_RATE_META`)."""
-    machine = predicted.meta.get("machine", {}).get("device", {}).get("peak_tflops", {})
+def measured_flop_rates(measured: Timeline) -> dict[str, dict[int, float]]:
+    """Per dtype, per rank, the FLOP block's rate a run timed at start-up (`FLOP_RATE_META`;
+    empty for a timeline without FLOP-sized ops, or a predicted one)."""
     by_dtype: dict[str, dict[int, float]] = {}
     for rank, rates in measured.meta.get(FLOP_RATE_META, {}).items():
         for dtype, tflops in rates.items():
             by_dtype.setdefault(dtype, {})[int(rank)] = float(tflops)
+    return by_dtype
+
+
+def machine_at_run_rate(machine: Machine, measured: Timeline) -> Machine | None:
+    """`machine` with the compute rates the run timed at start-up (median over ranks) in
+    place of its own, to re-simulate with the machine's speed that day taken out; None
+    where the run timed none."""
+    rates = {Dtype(d): statistics.median(by_rank.values()) for d, by_rank in measured_flop_rates(measured).items()}
+    return machine.with_peak_tflops(rates) if rates else None
+
+
+def compute_rates(predicted: Timeline, measured: Timeline) -> list[ComputeRate]:
+    """`ComputeRate` of every dtype whose rate both timelines carry."""
+    machine = predicted.meta.get("machine", {}).get("device", {}).get("peak_tflops", {})
+    by_dtype = measured_flop_rates(measured)
     return [ComputeRate(d, float(machine[d]), by_dtype[d]) for d in sorted(by_dtype) if d in machine]
 
 

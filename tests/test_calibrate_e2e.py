@@ -16,6 +16,7 @@ from commdsl.dsl import load_schedule
 from commdsl.ir import Dtype, OpKind, ReduceOp, Transport
 from commdsl.machine import load_machine
 from commdsl.run.compute import FLOP_BLOCK_CPU
+from commdsl.timeline import FLOP_RATE_META, Timeline
 
 SMALL = ["-p", "stages=2", "-p", "microbatches=3", "-p", "act=64KiB", "-p", "t_fwd=2ms", "-p", "t_bwd=4ms"]
 
@@ -124,6 +125,7 @@ def test_simulate_run_compare_loop(machine_file: Path, tmp_path: Path) -> None:
     assert "predicted on" in run.stdout and "makespan error" in run.stdout
     # The calibrated machine has compute stalls: --compare draws them once per measured iteration.
     assert "median of 2 samples" in run.stdout
+    assert "FLOP rate" not in run.stdout  # 1f1b's compute is duration-sized: nothing timed
     cmp = _commdsl("compare", str(pred), str(meas), "--json", "--html", str(tmp_path / "r.html"))
     assert cmp.returncode == 0, cmp.stderr
     data = json.loads(cmp.stdout)
@@ -131,6 +133,21 @@ def test_simulate_run_compare_loop(machine_file: Path, tmp_path: Path) -> None:
     assert data["ops_compared"] == num_ops and not data["only_predicted"] and not data["only_measured"]
     assert data["measured_makespan_us"] > 0 and data["predicted_makespan_us"] > 0
     assert "<svg" in (tmp_path / "r.html").read_text()
+
+
+def test_run_compare_at_the_runs_flop_rate(machine_file: Path, tmp_path: Path) -> None:
+    """FLOP-sized compute (tp_mlp's matmuls): --compare prints the machine file's rate
+    against the run's start-up timing, and the makespan error re-simulated at the run's
+    rate; the measured timeline holds the rates."""
+    meas = tmp_path / "meas.json"
+    params = ["-p", "dp=1", "-p", "tp=2", "-p", "blocks=1", "-p", "tokens=128", "-p", "hidden=128", "-p", "ffn=512"]
+    run = _torchrun("-m", "commdsl.run", "tp_mlp", *params, "--out", str(meas), "--warmup", "1", "--iters", "2",
+                    "--compare", "--machine", str(machine_file))  # fmt: skip
+    assert run.returncode == 0, run.stderr[-3000:]
+    out = " ".join(run.stdout.split())
+    assert "FLOP block in bf16: the machine file says" in out and "at this run's FLOP rate (bf16" in out
+    rates = Timeline.read(meas).meta[FLOP_RATE_META]
+    assert set(rates) == {"0", "1"} and all(r["bf16"] > 0 for r in rates.values())
 
 
 def test_calibrate_usage_errors(tmp_path: Path) -> None:

@@ -12,8 +12,14 @@ import pytest
 from rich.console import Console
 
 from commdsl.commands.compare import print_comparison
-from commdsl.compare import compare_timelines, rank_breakdowns
+from commdsl.compare import compare_timelines, machine_at_run_rate, rank_breakdowns
+from commdsl.ir import Dtype
 from commdsl.timeline import FLOP_RATE_META, Span, SpanRole, Timeline
+
+try:
+    from test_sim_engine import machine
+except ImportError:  # tests/ imported as a package
+    from tests.test_sim_engine import machine
 
 
 def _timeline(source: str, spans: list[tuple[str, int, str, str, float, float]], t0: float = 0.0) -> Timeline:
@@ -82,6 +88,18 @@ def test_the_machines_flop_rate_against_the_runs() -> None:
     assert "FLOP block in bf16: the machine file says 0.4 TFLOP/s" in text and "0.36 on rank 0, 0.38 on rank 1" in text and "+8.1%" in text
     # Without the run's timing (older timelines, duration-only schedules) nothing is said.
     assert compare_timelines(predicted, _timeline("measured", MEASURED)).compute_rates == []
+
+
+def test_the_machine_at_the_runs_rate() -> None:
+    """`commdsl.run --compare` re-simulates with the rates the run timed (median over
+    ranks) in place of the machine's, other dtypes kept."""
+    m = machine()  # peak_tflops fp32 10, bf16 20
+    measured = _timeline("measured", MEASURED)
+    assert machine_at_run_rate(m, measured) is None
+    measured.meta[FLOP_RATE_META] = {"0": {"bf16": 12.0}, "1": {"bf16": 14.0}, "2": {"bf16": 30.0}}
+    at_run = machine_at_run_rate(m, measured)
+    assert (at_run.device.tflops(Dtype.BF16), at_run.device.tflops(Dtype.FP32)) == (14.0, 10.0)
+    assert m.device.tflops(Dtype.BF16) == 20  # the machine itself is left alone
 
 
 def test_rank_breakdown_exposed_comm_and_idle() -> None:

@@ -311,6 +311,12 @@ class Machine:
         topo = replace(self.topology, nodes=nodes)
         return replace(self, topology=topo, num_devices=topo.num_devices)
 
+    def with_peak_tflops(self, rates: dict[Dtype, float]) -> Machine:
+        """The same machine with these dtypes' compute rates (TFLOP/s) instead of its own;
+        other dtypes keep theirs (`commdsl.run --compare` re-simulates at the run's rate)."""
+        kept = tuple((d, r) for d, r in self.device.peak_tflops if d not in rates)
+        return replace(self, device=replace(self.device, peak_tflops=kept + tuple(rates.items())))
+
     def compute_slowdown(self) -> float:
         """The interference factor (see `comm_compute_slowdown`)."""
         if self.comm_compute_slowdown is not None:
