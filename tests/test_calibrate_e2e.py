@@ -72,10 +72,20 @@ def machine_file(tmp_path_factory) -> Path:
     rates = sorted(p["stalls_per_s"] for p in data["compute_noise_pieces"])
     assert len(rates) == NOISE_PIECES and noise["stalls_per_s"] == rates[(NOISE_PIECES - 1) // 2]
     # So do the overlap probes: each factor is the median of its pieces'.
-    for e in by_op.values():
+    # The op's slowdown beside compute is over the loop's time alone (copies: the probe's).
+    for (kind, dtype), e in by_op.items():
         assert len(e["pieces"]) == OVERLAP_PIECES and all(len(p["overlap_us"]) == 2 and all(x > 0 for x in p["overlap_us"]) for p in e["pieces"])
-        for factor in ("compute_comm_slowdown", "comm_compute_slowdown"):
-            assert e[factor] == sorted(p[factor] for p in e["pieces"])[OVERLAP_PIECES // 2]
+        median = sorted(p["comm_compute_slowdown"] for p in e["pieces"])[OVERLAP_PIECES // 2]
+        assert e["comm_compute_slowdown"] == median
+        beside = sorted(p["comm_beside_us"] for p in e["pieces"])[OVERLAP_PIECES // 2]
+        if kind == "copy":
+            assert e["loop_alone_us"] is None
+            assert e["compute_comm_slowdown"] == sorted(p["compute_comm_slowdown"] for p in e["pieces"])[OVERLAP_PIECES // 2]
+        else:
+            series = data["p2p_us"] if kind == "send" else (data["collectives_us"][kind] if dtype in ("fp32", "any")
+                                                           else data["reductions_us_by_dtype"][dtype][kind])  # fmt: skip
+            assert e["loop_alone_us"] == dict(series)[max(s for s, _ in series)]  # the probe's size: the largest here
+            assert e["compute_comm_slowdown"] == pytest.approx(max(1.0, beside / e["loop_alone_us"]))
     assert "compute stalls inside the executor" in proc.stdout
     assert "interference inside the executor" in proc.stdout and "reduce_scatter bf16" in proc.stdout
     return out

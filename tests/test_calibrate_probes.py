@@ -4,6 +4,8 @@ themselves run in test_calibrate_e2e."""
 
 from __future__ import annotations
 
+import statistics
+
 import pytest
 
 from commdsl.calibrate.executor_probes import MAX_SLOWDOWN, Overlap, OverlapPieces, barrier_from, overlap_from
@@ -83,3 +85,17 @@ def test_factors_are_the_median_pieces():
     assert o.comm_compute_slowdown == pytest.approx(2.0)
     assert (o.comm_alone_us, o.comm_beside_us) == (5000, 9000)
     assert OverlapPieces((typical,)).compute_comm_slowdown == typical.compute_comm_slowdown
+
+
+def test_the_ops_slowdown_is_over_the_loops_time_alone():
+    """The simulator scales the loop-calibrated time: the op's slowdown beside compute is
+    its median time beside compute over the loop's time alone (5 ms here), not over the
+    probe's own time alone (7-8.4 ms, slow right after compute); at least 1. The compute
+    slowdown stays the median of the pieces'."""
+    pieces = tuple(Overlap(alone, beside, (20000,), (26000,), (10000,))
+                   for alone, beside in ((7000, 9000), (8400, 10000), (7600, 9500)))  # fmt: skip
+    o = OverlapPieces(pieces, loop_alone_us=5000)
+    assert o.compute_comm_slowdown == pytest.approx(9500 / 5000)
+    assert OverlapPieces(pieces).compute_comm_slowdown == pytest.approx(statistics.median(b / a for a, b in ((7000, 9000), (8400, 10000), (7600, 9500))))
+    assert o.comm_compute_slowdown == OverlapPieces(pieces).comm_compute_slowdown
+    assert OverlapPieces(pieces, loop_alone_us=20000).compute_comm_slowdown == 1.0

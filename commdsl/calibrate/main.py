@@ -299,6 +299,7 @@ class Results:
             "compute_noise": {**dataclasses.asdict(self.noise), **self.noise.machine_json()} if self.noise is not None else None,
             "compute_noise_pieces": [p.machine_json() for p in self.noise_pieces],
             "interference_by_op": [{"kind": k.value, "dtype": d.value if d else ANY_DTYPE, **_overlap_json(o),
+                                    "loop_alone_us": o.loop_alone_us,
                                     "pieces": [{**dataclasses.asdict(p), **_overlap_json(p)} for p in o.pieces]}
                                    for (k, d), o in self.overlaps.items()],  # fmt: skip
         }
@@ -412,7 +413,8 @@ def _measure_all(probe, sizes, matmul_sizes, dtypes, measure) -> Results:
                     piece = interference(probe, kind, dtype, nbytes, max(OVERLAP_MIN_COMPUTE_US, 4 * alone_us))
                     pieces.setdefault((kind, dtype), []).append(piece)
                 step(f"{kind.value} {dtype.value if dtype else ''} beside compute ({n + 1}/{OVERLAP_PIECES})")
-        res.overlaps = {key: OverlapPieces(tuple(ps)) for key, ps in pieces.items()}
+        loop_us = {(kind, dtype): alone_us for kind, dtype, _, alone_us in overlap_ops if kind is not OpKind.COPY}
+        res.overlaps = {key: OverlapPieces(tuple(ps), loop_us.get(key)) for key, ps in pieces.items()}
         # Compute stalls last, after minutes of load, as a schedule run after calibration
         # meets them: pieces placed after each pass instead counted 2-9 a second against
         # 3-11 at the end, and predicted 28 of 30 schedules short. In pieces, so that one
@@ -589,14 +591,14 @@ def _print_report(report: FitReport, res: Results) -> None:
     console.print(table)
     console.print(f"host issue: kernel {res.kernel_launch_us:.1f} us, comm {res.comm_launch_us:.1f} us; barrier {res.barrier_us:.1f} us")
     if res.overlaps:
-        table = Table(title="interference inside the executor (each column: the median over the pieces)", box=None, pad_edge=False)
-        for col in ("op", "alone", "beside compute", "op slowed", "compute slowed"):
+        table = Table(title=f"interference inside the executor (ms, medians of {OVERLAP_PIECES} pieces)", box=None, pad_edge=False)
+        for col in ("op", "loop", "alone", "beside", "op slowed", "compute slowed"):
             table.add_column(col, no_wrap=True)
         for (kind, dtype), o in res.overlaps.items():
-            table.add_row(f"{kind.value} {dtype.value if dtype else ''}", f"{o.comm_alone_us / 1e3:.2f} ms", f"{o.comm_beside_us / 1e3:.2f} ms",
-                          f"x{o.compute_comm_slowdown:.2f}", f"x{o.comm_compute_slowdown:.2f}")  # fmt: skip
-            table.add_row("  (pieces)", "", "", " ".join(f"{p.compute_comm_slowdown:.1f}" for p in o.pieces),
-                          " ".join(f"{p.comm_compute_slowdown:.1f}" for p in o.pieces))  # fmt: skip
+            loop = f"{o.loop_alone_us / 1e3:.2f}" if o.loop_alone_us else ""
+            table.add_row(f"{kind.value} {dtype.value if dtype else ''}", loop, f"{o.comm_alone_us / 1e3:.2f}",
+                          f"{o.comm_beside_us / 1e3:.2f}", f"x{o.compute_comm_slowdown:.2f}", f"x{o.comm_compute_slowdown:.2f}")  # fmt: skip
+        table.caption = "loop: the op alone in the loops above; alone, beside compute: in the probe; op slowed: beside / loop"
         console.print(table)
     if res.noise is not None:
         n = res.noise
