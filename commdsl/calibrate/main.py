@@ -399,7 +399,8 @@ def _measure_all(probe, sizes, matmul_sizes, dtypes, measure) -> Results:
         step("barrier inside the executor")
         size = max([s for s in sizes if s <= SLOWDOWN_SIZE_BYTES], default=sizes[0])
 
-        # (op, dtype, bytes, the comm op's or copy's time alone), the copy from host last.
+        # (op, dtype, bytes, its loop time alone: it sizes the probe's compute ops and, for
+        # comm ops, is the denominator of the op's slowdown), the copy from host last.
         overlap_ops = [(kind, dtype, size, _measured_at(res, kind, dtype, size)) for kind, dtype in OVERLAP_OPS
                        if not (kind.is_p2p and probe.world_size % 2)]  # the probe pairs ranks  # fmt: skip
         copy_bytes = min(sizes[-1], SLOWDOWN_SIZE_BYTES)
