@@ -23,6 +23,7 @@ import statistics
 from dataclasses import dataclass, field
 
 from commdsl.breakdown import Breakdown, breakdown_of
+from commdsl.errors import UsageError
 from commdsl.ir import Dtype, OpKind
 from commdsl.machine.model import Machine
 from commdsl.timeline import FLOP_RATE_META, Span, SpanRole, Timeline
@@ -95,9 +96,14 @@ def measured_flop_rates(measured: Timeline) -> dict[str, dict[int, float]]:
     """Per dtype, per rank, the FLOP block's rate a run timed at start-up (`FLOP_RATE_META`;
     empty for a timeline without FLOP-sized ops, or a predicted one)."""
     by_dtype: dict[str, dict[int, float]] = {}
-    for rank, rates in measured.meta.get(FLOP_RATE_META, {}).items():
-        for dtype, tflops in rates.items():
-            by_dtype.setdefault(dtype, {})[int(rank)] = float(tflops)
+    value = measured.meta.get(FLOP_RATE_META, {})
+    try:
+        for rank, rates in value.items():
+            for dtype, tflops in rates.items():
+                Dtype(dtype)
+                by_dtype.setdefault(dtype, {})[int(rank)] = float(tflops)
+    except (AttributeError, TypeError, ValueError):
+        raise UsageError(f"the measured timeline's meta.{FLOP_RATE_META} is not {{rank: {{dtype: TFLOP/s}}}}: {value!r}") from None
     return by_dtype
 
 

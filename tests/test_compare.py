@@ -13,6 +13,7 @@ from rich.console import Console
 
 from commdsl.commands.compare import print_comparison
 from commdsl.compare import compare_timelines, machine_at_run_rate, rank_breakdowns
+from commdsl.errors import UsageError
 from commdsl.ir import Dtype
 from commdsl.timeline import FLOP_RATE_META, Span, SpanRole, Timeline
 
@@ -88,6 +89,14 @@ def test_the_machines_flop_rate_against_the_runs() -> None:
     assert "FLOP block in bf16: the machine file says 0.4 TFLOP/s" in text and "0.36 on rank 0, 0.38 on rank 1" in text and "+8.1%" in text
     # Without the run's timing (older timelines, duration-only schedules) nothing is said.
     assert compare_timelines(predicted, _timeline("measured", MEASURED)).compute_rates == []
+
+
+@pytest.mark.parametrize("bad", [{"0": {"bf16": "fast"}}, {"0": {"bf17": 0.4}}, "0.4", {"r0": {"bf16": 0.4}}])
+def test_a_malformed_flop_rate_is_a_usage_error(bad) -> None:
+    measured = _timeline("measured", MEASURED)
+    measured.meta[FLOP_RATE_META] = bad
+    with pytest.raises(UsageError, match="meta.flop_block_tflops is not"):
+        compare_timelines(_timeline("predicted", PREDICTED), measured)
 
 
 def test_the_machine_at_the_runs_rate() -> None:
