@@ -71,6 +71,9 @@ def machine_file(tmp_path_factory) -> Path:
     # The probe runs in pieces; the median piece is the machine's.
     rates = sorted(p["stalls_per_s"] for p in data["compute_noise_pieces"])
     assert len(rates) == NOISE_PIECES and noise["stalls_per_s"] == rates[(NOISE_PIECES - 1) // 2]
+    # The typical op's stretch is the median of the pieces' (the typical excess over 10 ms).
+    stretches = sorted(p["duration_stretch"] for p in data["compute_noise_pieces"])
+    assert noise["duration_stretch"] == stretches[(NOISE_PIECES - 1) // 2] == round(1 + compute["typical_us"] / 10_000, 4)
     # So do the overlap probes: each factor is the median of its pieces'.
     # The op's slowdown beside compute is over the loop's time alone (copies: the probe's).
     for (kind, dtype), e in by_op.items():
@@ -112,6 +115,8 @@ def test_calibrated_machine_is_a_valid_machine(machine_file: Path) -> None:
     avg = m.profile_for(Transport.NCCL, OpKind.ALL_REDUCE, 2, Dtype.BF16, ReduceOp.AVG)
     assert avg is not None and avg != m.profile_for(Transport.NCCL, OpKind.ALL_REDUCE, 2, Dtype.BF16, ReduceOp.SUM)
     assert m.compute_noise is not None and m.compute_noise.stalls_per_s >= 0 and m.compute_noise.stall_us >= 0
+    noise = json.loads(machine_file.with_name("raw.json").read_text())["compute_noise"]
+    assert m.compute_noise.duration_stretch == noise["duration_stretch"] > 0
     # Each measured comm op has its own factors; the fp32 all_reduce's are the machine-wide ones.
     listed = {(k, d) for k, d, _ in m.interference_by_op}
     assert listed == {(OpKind.ALL_REDUCE, Dtype.BF16), (OpKind.REDUCE_SCATTER, Dtype.FP32), (OpKind.REDUCE_SCATTER, Dtype.BF16),

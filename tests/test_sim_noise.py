@@ -9,7 +9,7 @@ import statistics
 
 import pytest
 
-from commdsl.calibrate.executor_probes import STALL_MIN_US, NoiseResult, Stalls, median_piece, stalls
+from commdsl.calibrate.executor_probes import STALL_MIN_US, NoiseResult, Stalls, combine_pieces, stalls
 from commdsl.cli import main
 from commdsl.errors import MachineError, UsageError
 from commdsl.sim import simulate
@@ -48,7 +48,8 @@ def alone(rounds: int):
 def test_the_machine_file_reads_and_checks_compute_noise():
     m = noisy(12.5, 3500)
     assert (m.compute_noise.stalls_per_s, m.compute_noise.stall_us) == (12.5, 3500.0)
-    assert m.to_json()["compute_noise"] == {"stalls_per_s": 12.5, "stall_us": 3500.0, "wake_stall_probability": 0.0, "wake_stall_us": 0.0}
+    assert m.to_json()["compute_noise"] == {"stalls_per_s": 12.5, "stall_us": 3500.0, "wake_stall_probability": 0.0, "wake_stall_us": 0.0,
+                                            "duration_stretch": 1.0}  # fmt: skip
     assert machine().compute_noise is None
     with pytest.raises(MachineError, match="compute_noise.stall_us must not be negative, got -1"):
         noisy(1, -1)
@@ -58,6 +59,20 @@ def test_the_machine_file_reads_and_checks_compute_noise():
         machine(extra="compute_noise: {stalls: 3, stall_us: 1}")
     with pytest.raises(MachineError, match="compute_noise.wake_stall_probability must be below 1, got 1.5"):
         machine(extra="compute_noise: {stalls_per_s: 3, stall_us: 1, wake_stall_probability: 1.5, wake_stall_us: 2}")
+    for bad in ("0", "-1.02", "fast"):
+        with pytest.raises(MachineError, match="compute_noise.duration_stretch must "):
+            machine(extra=f"compute_noise: {{stalls_per_s: 3, stall_us: 1, duration_stretch: {bad}}}")
+
+
+def test_explicit_durations_run_stretched_in_every_simulation():
+    """`duration_stretch` is the typical time, not noise: one sample or many, a 10 ms op
+    runs 10.3 ms; FLOP-sized work keeps the device's rate."""
+    stretched = machine(extra="compute_noise: {stalls_per_s: 0, stall_us: 0, duration_stretch: 1.03}")
+    assert simulate(alone(4), stretched).makespan_us == pytest.approx(41_200, rel=1e-6)
+    assert simulate(alone(4), stretched, samples=3).makespan_us == pytest.approx(41_200, rel=1e-6)
+    assert simulate(alone(4), noisy(0, 0)).makespan_us == pytest.approx(40_000, rel=1e-6)
+    flops = sched("compute C 2TFLOP on a")
+    assert simulate(flops, stretched).makespan_us == simulate(flops, machine()).makespan_us
 
 
 def test_one_sample_is_the_noise_free_simulation():
@@ -148,7 +163,9 @@ def test_stall_statistics_from_measured_excess_times():
     result = NoiseResult(compute, wake, 10_000.0)
     assert result.stalls_per_s == pytest.approx(5.0)  # 5 stalls in 1 s of compute
     assert result.wake_stall_probability == pytest.approx(0.2)
-    assert result.machine_json() == {"stalls_per_s": 5.0, "stall_us": 4000.0, "wake_stall_probability": 0.2, "wake_stall_us": 2000.0}
+    assert result.duration_stretch == pytest.approx(1.02)  # the typical op: 10.2 ms for 10
+    assert result.machine_json() == {"stalls_per_s": 5.0, "stall_us": 4000.0, "wake_stall_probability": 0.2, "wake_stall_us": 2000.0,
+                                     "duration_stretch": 1.02}  # fmt: skip
     assert stalls([]) == Stalls(0, 0, 0.0) and NoiseResult(stalls([]), stalls([]), 1.0).stalls_per_s == 0.0
     assert stalls([300.0] * 10).stalled == 0
     assert STALL_MIN_US == 1000.0
@@ -156,15 +173,19 @@ def test_stall_statistics_from_measured_excess_times():
 
 def test_calibration_keeps_the_median_piece_of_the_stall_probe():
     """One piece counted during a stall episode (30 a second) is outvoted by the other two;
-    the kept piece is a whole piece (its stall length and wake-ups with it)."""
-    def piece(stalled: int, wake_stalled: int) -> NoiseResult:
-        return NoiseResult(Stalls(600, stalled, 3500.0), Stalls(500, wake_stalled, 2500.0), 10_000.0)
+    the kept piece is a whole piece (its stall length and wake-ups with it), and its
+    typical excess is the median of the pieces' (an episode may sit in a middle piece)."""
+    def piece(stalled: int, wake_stalled: int, typical_us: float) -> NoiseResult:
+        return NoiseResult(Stalls(600, stalled, 3500.0, typical_us), Stalls(500, wake_stalled, 2500.0), 10_000.0)
 
-    episode, quiet, typical = piece(180, 30), piece(30, 10), piece(48, 20)
-    assert median_piece([episode, quiet, typical]) is typical
-    assert median_piece([quiet, episode]) is quiet  # the lower of two
-    assert median_piece([episode]) is episode
-    assert median_piece([episode, quiet, typical]).stalls_per_s == pytest.approx(8.0)
+    episode, quiet, typical = piece(180, 30, 300.0), piece(30, 10, 200.0), piece(48, 20, 1400.0)
+    kept = combine_pieces([episode, quiet, typical])
+    assert (kept.compute.stalled, kept.wake, kept.compute.mean_us) == (48, typical.wake, 3500.0)
+    assert kept.stalls_per_s == pytest.approx(8.0)
+    assert kept.duration_stretch == pytest.approx(1.03)  # 300 us: not the kept piece's 1400
+    two = combine_pieces([quiet, episode])
+    assert (two.compute.stalled, two.duration_stretch) == (30, pytest.approx(1.02))  # the lower of two
+    assert combine_pieces([episode]) == episode
 
 
 def test_late_wake_ups_delay_what_waited_on_comm():

@@ -322,7 +322,7 @@ def _measured_at(res: Results, kind: OpKind, dtype: Dtype | None, size: int) -> 
 
 
 def _measure_all(probe, sizes, matmul_sizes, dtypes, measure) -> Results:
-    from commdsl.calibrate.executor_probes import OverlapPieces, barrier_us, compute_noise, interference, median_piece
+    from commdsl.calibrate.executor_probes import OverlapPieces, barrier_us, combine_pieces, compute_noise, interference
 
     # Every series measured in passes (label, its sizes, time of one pass at a size), in
     # the order of a pass: matmuls (side n) and communication (bytes).
@@ -423,7 +423,7 @@ def _measure_all(probe, sizes, matmul_sizes, dtypes, measure) -> Results:
         for n in range(NOISE_PIECES):
             res.noise_pieces.append(compute_noise(probe, min(sizes[-1], NOISE_MSG_BYTES)))
             step(f"compute stalls inside the executor ({n + 1}/{NOISE_PIECES})")
-        res.noise = median_piece(res.noise_pieces)
+        res.noise = combine_pieces(res.noise_pieces)
     return res
 
 
@@ -605,9 +605,11 @@ def _print_report(report: FitReport, res: Results) -> None:
         n = res.noise
         console.print(f"compute stalls inside the executor: {n.compute.stalled} of {n.compute.samples} ops, "
                       f"{n.stalls_per_s:.1f} per second of compute, {n.compute.mean_us / 1e3:.2f} ms each; late wake-ups after comm: "
-                      f"{n.wake.stalled} of {n.wake.samples}, {n.wake.mean_us / 1e3:.2f} ms each (drawn by `commdsl simulate --samples N`)")  # fmt: skip
+                      f"{n.wake.stalled} of {n.wake.samples}, {n.wake.mean_us / 1e3:.2f} ms each (drawn by `commdsl simulate --samples N`); "
+                      f"the median compute op ran x{n.duration_stretch:.3f} its requested duration")  # fmt: skip
         if len(res.noise_pieces) > 1:
             rates = ", ".join(f"{p.stalls_per_s:.1f}" for p in res.noise_pieces)
-            console.print(f"  the median of {len(res.noise_pieces)} pieces (stalls per second: {rates})")
+            stretches = ", ".join(f"x{p.duration_stretch:.3f}" for p in res.noise_pieces)
+            console.print(f"  the median of {len(res.noise_pieces)} pieces (stalls per second: {rates}; median op: {stretches})")
     for s in res.skipped:
         console.print(f"[yellow]skipped[/] {s}")

@@ -282,9 +282,9 @@ class _MachineReader:
                 copies[key] = self.profile(vnode, f"copy_measured_us.{key}")
         noise = None
         if "compute_noise" in top:
-            fields = ("stalls_per_s", "stall_us", "wake_stall_probability", "wake_stall_us")
+            fields = ("stalls_per_s", "stall_us", "wake_stall_probability", "wake_stall_us", "duration_stretch")
             nkeys = self.mapping(top["compute_noise"][1], "compute_noise", fields, fields[:2])
-            values = {k: self.number(v, f"compute_noise.{k}") for k, (_, v) in nkeys.items()}
+            values = {k: self.number(v, f"compute_noise.{k}", positive=k == "duration_stretch") for k, (_, v) in nkeys.items()}
             if values.get("wake_stall_probability", 0.0) >= 1.0:
                 raise self.fail(f"compute_noise.wake_stall_probability must be below 1, got {values['wake_stall_probability']:g}",
                                 nkeys["wake_stall_probability"][1])  # fmt: skip

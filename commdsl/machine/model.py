@@ -68,8 +68,9 @@ class OpInterference:
 class ComputeNoise:
     """Random stalls of compute: a shared CPU's scheduler takes a compute thread off its
     core for a slice now and then (on this project's 2-core VM, 10 ms compute ops ran
-    10.1 ms at the median and 14 ms in 12% of runs). Used only when the simulator
-    draws samples (`simulate --samples N`): each compute op stalls a Poisson number of
+    10.1 ms at the median and 14 ms in 12% of runs). The stalls are drawn only when the
+    simulator draws samples (`simulate --samples N`); `duration_stretch`, the typical
+    time, applies always. Each compute op stalls a Poisson number of
     times, `stalls_per_s` x its duration on average, each stall `stall_us` long. Ranks
     stall independently, and wherever ranks synchronise (a P2P, a collective) the late
     one sets the pace, so the expected makespan exceeds the makespan of expected
@@ -86,6 +87,13 @@ class ComputeNoise:
     1-4 ms in about one wake-up of seven)."""
     wake_stall_us: float = 0.0
     """Length of one late wake-up, microseconds (the mean of measured ones)."""
+    duration_stretch: float = 1.0
+    """A compute op with an explicit duration runs this many times it at the median,
+    stalls aside. Unlike the stalls, applied in every simulation: the executor times its
+    work at start-up, alone, and inside a schedule, beside the comm threads, that work
+    ran 1.3-2% longer at the median on the 2-core VM (calibration measures it in its
+    stall probe). FLOP-sized ops run at `peak_tflops`, which calibration measures
+    directly."""
 
 
 @dataclass(frozen=True)

@@ -244,6 +244,9 @@ class Engine:
         """Per rank, copy ops running (only counted with `timed_copies`)."""
         self.copy_slowed = machine.compute_copy_slowdown
         """Copies slow while compute runs on their device (on a CPU, both are threads)."""
+        noise = machine.compute_noise
+        self.duration_stretch = noise.duration_stretch if noise is not None else 1.0
+        """Explicit compute durations run this many times long (`ComputeNoise.duration_stretch`)."""
         self.timed_copies = self.copy_interfere or self.copy_slowed != 1.0
         self.count_compute = self.slow_comm or self.copy_slowed != 1.0 or (rng is not None and machine.compute_noise is not None)
         self.timed_compute = self.interfere or self.count_compute or self.timed_copies
@@ -768,7 +771,7 @@ class Engine:
         """Time of a compute or copy op from its work and the device's rates."""
         if op.kind is _COMPUTE:
             if op.duration_us is not None:
-                return op.duration_us  # an explicit duration wins
+                return op.duration_us * self.duration_stretch  # an explicit duration wins
             dev = self.machine.device
             t = 0.0
             if op.flops:
