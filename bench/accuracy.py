@@ -90,7 +90,8 @@ def _one_run(args, out: Path, port: int) -> dict | None:
         machine = str(out / "machine.yaml")
         start = time.perf_counter()
         proc = _run([*torchrun, f"--master_port={port}", "-m", "commdsl.calibrate", "--out", machine,
-                     "--max-size", "64MiB", "--raw", str(out / "calibration_raw.json")], 900)  # fmt: skip
+                     "--max-size", "64MiB", "--size-factor", str(args.size_factor), "--raw", str(out / "calibration_raw.json")],
+                    900)  # fmt: skip
         if proc.returncode != 0:
             print(proc.stdout, proc.stderr, file=sys.stderr)
             return None
@@ -228,6 +229,8 @@ def main() -> int:
                              "the launch with the median makespan is compared (default 3)")  # fmt: skip
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--machine", help="use this machine file instead of calibrating")
+    parser.add_argument("--size-factor", type=int, default=4,
+                        help="calibrate's ratio between consecutive message sizes (default 4, as calibrate's)")  # fmt: skip
     parser.add_argument("--only", default="", help="comma-separated schedule names")
     parser.add_argument("--samples", type=int, default=25,
                         help="simulate with the calibrated compute stalls drawn in N runs, per-op medians (1: no noise)")  # fmt: skip
