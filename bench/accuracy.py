@@ -79,7 +79,7 @@ def _params(name: str) -> list[str]:
     return [a for k, v in SMALL_PARAMS.get(name, {}).items() for a in ("-p", f"{k}={v}")]
 
 
-def _one_run(args, out: Path, port: int) -> dict | None:
+def _one_run(args, out: Path, port: int, *, first: bool) -> dict | None:
     """Calibrate (unless --machine), then simulate, run and compare every schedule; writes
     and returns the run's summary (None if calibration failed)."""
     out.mkdir(parents=True, exist_ok=True)
@@ -89,9 +89,11 @@ def _one_run(args, out: Path, port: int) -> dict | None:
     if machine is None:
         machine = str(out / "machine.yaml")
         start = time.perf_counter()
+        # Only the first run warms up: the later ones follow the previous run's launches.
+        warm_up = ["--warm-up", str(args.warm_up)] if args.warm_up and first else []
         proc = _run([*torchrun, f"--master_port={port}", "-m", "commdsl.calibrate", "--out", machine,
-                     "--max-size", "64MiB", "--size-factor", str(args.size_factor), "--raw", str(out / "calibration_raw.json")],
-                    900)  # fmt: skip
+                     "--max-size", "64MiB", "--size-factor", str(args.size_factor), "--raw", str(out / "calibration_raw.json"),
+                     *warm_up], 900)  # fmt: skip
         if proc.returncode != 0:
             print(proc.stdout, proc.stderr, file=sys.stderr)
             return None
@@ -229,6 +231,9 @@ def main() -> int:
                              "the launch with the median makespan is compared (default 3)")  # fmt: skip
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--machine", help="use this machine file instead of calibrating")
+    parser.add_argument("--warm-up", type=float, default=0.0, metavar="SECONDS",
+                        help="the first run's calibration keeps the machine busy this long before measuring "
+                             "(calibrate's --warm-up; default 0)")  # fmt: skip
     parser.add_argument("--size-factor", type=int, default=4,
                         help="calibrate's ratio between consecutive message sizes (default 4, as calibrate's)")  # fmt: skip
     parser.add_argument("--only", default="", help="comma-separated schedule names")
@@ -247,7 +252,7 @@ def main() -> int:
     summaries = []
     for k in range(args.runs):
         run_dir = out if args.runs == 1 else out / f"run{k + 1}"
-        summary = _one_run(args, run_dir, args.port + 100 * k)
+        summary = _one_run(args, run_dir, args.port + 100 * k, first=k == 0)
         if summary is None:
             return 1
         summaries.append(summary)

@@ -41,9 +41,10 @@ def machine_file(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("cal") / "machine.yaml"
     raw = out.with_name("raw.json")
     proc = _torchrun("-m", "commdsl.calibrate", "--out", str(out), "--raw", str(raw), "--max-size", "256KiB",
-                     "--repeats", "2", "--warmup", "1", "--matmul-sizes", "32,64,96")  # fmt: skip
+                     "--repeats", "2", "--warmup", "1", "--matmul-sizes", "32,64,96", "--warm-up", "0.5")  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "fit quality" in proc.stdout and "R²" in proc.stdout and "p2p" in proc.stdout
+    assert "warming up: 0.5 s of matrix multiplies on every rank" in proc.stdout
     data = json.loads(raw.read_text())
     assert len(data["p2p_us"]) == 5  # 1, 4, 16, 64, 256 KiB
     assert set(data["collectives_us"]) >= {"all_reduce", "all_gather", "broadcast"}
@@ -172,6 +173,10 @@ def test_calibrate_usage_errors(tmp_path: Path) -> None:
     bad = subprocess.run([sys.executable, "-m", "commdsl.calibrate", "--out", "x.yaml", "--max-size", "2ms"],
                          capture_output=True, text=True, timeout=60)  # fmt: skip
     assert bad.returncode == 2 and "--max-size takes a size" in bad.stderr
+    for seconds in ("-1", "nan", "inf"):
+        r = subprocess.run([sys.executable, "-m", "commdsl.calibrate", "--out", "x.yaml", "--warm-up", seconds],
+                           capture_output=True, text=True, timeout=60)  # fmt: skip
+        assert r.returncode == 2 and "--warm-up a finite number of seconds >= 0" in r.stderr and "Traceback" not in r.stderr
     # The output folder is checked before a minute of calibration, not after.
     nowhere = subprocess.run([sys.executable, "-m", "commdsl.calibrate", "--out", "/no/such/folder/m.yaml"],
                              capture_output=True, text=True, timeout=60)  # fmt: skip

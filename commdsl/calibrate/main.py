@@ -105,6 +105,11 @@ class CalibrateConfig:
     """"auto", "gloo" or "nccl"."""
     matmul_sizes: tuple[int, ...]
     """Square matmul sizes n (2 n^3 FLOPs) used to fit the compute rate."""
+    warm_up_s: float = 0.0
+    """Seconds of load before measuring (`measure.warm_up`). On the 2-core CI VM the
+    same multiply ran 0.36 TFLOP/s after minutes of idle and 0.43 after minutes of load,
+    and the first of three back-to-back calibrations was the slowest in 11 of 16 bench
+    batches, while the runs after it, which follow load, ran at the faster speed."""
 
 
 def _size(text: str, flag: str) -> int:
@@ -133,19 +138,24 @@ def parse_args(argv: list[str] | None) -> CalibrateConfig:
     p.add_argument("--warmup", type=int, default=2, help="untimed runs per point (default 2)")
     p.add_argument("--backend", choices=("auto", "gloo", "nccl"), default="auto")
     p.add_argument("--matmul-sizes", default="", help="comma-separated n for n x n matmuls (default by device)")
+    p.add_argument("--warm-up", type=float, default=0.0, metavar="SECONDS",
+                   help="keep every rank busy with matrix multiplies this long before measuring, so that a machine "
+                        "that was idle is measured at the speed it runs under load (default 0)")  # fmt: skip
     args = p.parse_args(argv)
     lo, hi = _size(args.min_size, "--min-size"), _size(args.max_size, "--max-size")
     if lo > hi:
         raise UsageError(f"--min-size {format_bytes(lo)} is larger than --max-size {format_bytes(hi)}")
-    if args.size_factor < 2 or args.repeats < 1 or args.warmup < 0:
-        raise UsageError("--size-factor must be >= 2, --repeats >= 1, --warmup >= 0")
+    if args.size_factor < 2 or args.repeats < 1 or args.warmup < 0 or not 0 <= args.warm_up < math.inf:
+        raise UsageError(f"--size-factor must be >= 2, --repeats >= 1, --warmup >= 0 and --warm-up a finite number of "
+                         f"seconds >= 0; got {args.size_factor}, {args.repeats}, {args.warmup} and {args.warm_up:g}")  # fmt: skip
     try:
         mm = tuple(int(x) for x in args.matmul_sizes.split(",") if x.strip())
     except ValueError:
         raise UsageError(f"--matmul-sizes takes integers like 128,256,512, got {args.matmul_sizes!r}") from None
     require_output_folder("--out", args.out)
     require_output_folder("--raw", args.raw)
-    return CalibrateConfig(args.out, args.raw, args.name, lo, hi, args.size_factor, args.repeats, args.warmup, args.backend, mm)
+    return CalibrateConfig(args.out, args.raw, args.name, lo, hi, args.size_factor, args.repeats, args.warmup, args.backend, mm,
+                           args.warm_up)  # fmt: skip
 
 
 def message_sizes(cfg: CalibrateConfig, world_size: int) -> list[int]:
@@ -204,6 +214,10 @@ def _calibrate(cfg: CalibrateConfig) -> int:
         # The compute rate is taken at the executor's FLOP block: always measure it.
         matmul_sizes = tuple(sorted({*matmul_sizes, flop_block(device.type)}))
         dtypes = (Dtype.FP32, Dtype.BF16, Dtype.FP16)
+        if cfg.warm_up_s > 0:
+            if rank == 0:
+                print(f"warming up: {cfg.warm_up_s:g} s of matrix multiplies on every rank", flush=True)
+            measure.warm_up(probe, flop_block(device.type), cfg.warm_up_s)
         results = _measure_all(probe, sizes, matmul_sizes, dtypes, measure)
         if rank == 0:
             machine, report = build_machine(cfg, results, world, backend, device, torch.__version__)

@@ -246,6 +246,19 @@ def matmul_us(probe: Probe, n: int, dtype: Dtype, *, pooled: Pooled | None = Non
     return _local_time_us(probe, lambda: torch.mm(a, b, out=out), pooled=pooled)
 
 
+def warm_up(probe: Probe, side: int, seconds: float) -> None:
+    """Keep this rank busy with side x side multiplies for `seconds`, then wait for the
+    others (see `CalibrateConfig.warm_up_s`)."""
+    a = torch.rand(side, side, device=probe.device)
+    out = torch.empty_like(a)
+    deadline = time.perf_counter() + seconds
+    while time.perf_counter() < deadline:
+        for _ in range(10):
+            torch.mm(a, a, out=out)
+        probe.sync()
+    dist.barrier(group=probe.cpu_group)
+
+
 COPY_FOOTPRINT_BYTES = 256 * 2**20
 """Copies rotate through distinct buffers up to this many bytes per side, so each copy
 starts with cold caches, as copies of distinct tensors in a real schedule do."""
