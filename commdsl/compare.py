@@ -107,11 +107,16 @@ def measured_flop_rates(measured: Timeline) -> dict[str, dict[int, float]]:
     return by_dtype
 
 
+def run_flop_rates(measured: Timeline) -> dict[Dtype, float]:
+    """Per dtype, the FLOP block's rate the run timed at start-up, median over ranks."""
+    return {Dtype(d): statistics.median(by_rank.values()) for d, by_rank in measured_flop_rates(measured).items()}
+
+
 def machine_at_run_rate(machine: Machine, measured: Timeline) -> Machine | None:
-    """`machine` with the compute rates the run timed at start-up (median over ranks) in
+    """`machine` with the compute rates the run timed at start-up (`run_flop_rates`) in
     place of its own, to re-simulate with the machine's speed that day taken out; None
     where the run timed none."""
-    rates = {Dtype(d): statistics.median(by_rank.values()) for d, by_rank in measured_flop_rates(measured).items()}
+    rates = run_flop_rates(measured)
     return machine.with_peak_tflops(rates) if rates else None
 
 

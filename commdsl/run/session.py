@@ -165,7 +165,7 @@ def _compare(program: Program, config: RunConfig, measured, meta: dict) -> None:
     from rich.console import Console
 
     from commdsl.commands.compare import print_comparison
-    from commdsl.compare import compare_timelines, machine_at_run_rate, measured_flop_rates
+    from commdsl.compare import compare_timelines, run_flop_rates
     from commdsl.dsl.values import format_us
     from commdsl.machine import DEFAULT_MACHINE, resolve_machine
     from commdsl.sim import simulate
@@ -180,12 +180,11 @@ def _compare(program: Program, config: RunConfig, measured, meta: dict) -> None:
     drawn = f", median of {samples} samples" if samples > 1 else ""
     console.print(f"\npredicted on {machine_name} ({config.network} network{drawn}) vs measured:")
     print_comparison(compare_timelines(predicted, measured), console)
-    at_run = machine_at_run_rate(machine, measured)
-    if at_run is not None:
-        again = simulate(program, at_run, config.network, samples=samples).timeline
-        timed = measured_flop_rates(measured)
-        rates = ", ".join(f"{d.value} {r:.3g}" for d, r in at_run.device.peak_tflops if d.value in timed)
-        console.print(f"at this run's FLOP rate ({rates} TFLOP/s): predicted {format_us(again.makespan_us)}, makespan error "
+    rates = run_flop_rates(measured)
+    if rates:
+        again = simulate(program, machine.with_peak_tflops(rates), config.network, samples=samples).timeline
+        shown = ", ".join(f"{d.value} {r:.3g}" for d, r in rates.items())
+        console.print(f"at this run's FLOP rate ({shown} TFLOP/s): predicted {format_us(again.makespan_us)}, makespan error "
                       f"{compare_timelines(again, measured).makespan_error_pct:+.2f}% (the machine's speed that day taken out)")  # fmt: skip
 
 

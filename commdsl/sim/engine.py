@@ -248,7 +248,7 @@ class Engine:
         self.duration_stretch = noise.duration_stretch if noise is not None else 1.0
         """Explicit compute durations run this many times long (`ComputeNoise.duration_stretch`)."""
         self.timed_copies = self.copy_interfere or self.copy_slowed != 1.0
-        self.count_compute = self.slow_comm or self.copy_slowed != 1.0 or (rng is not None and machine.compute_noise is not None)
+        self.count_compute = self.slow_comm or self.copy_slowed != 1.0 or (rng is not None and noise is not None)
         self.timed_compute = self.interfere or self.count_compute or self.timed_copies
         """Compute ops start at their true time and end through `_on_compute_timer`; with
         `timed_copies`, copy ops too."""
