@@ -92,7 +92,7 @@ def _one_run(args, out: Path, port: int, *, first: bool) -> dict | None:
         # Only the first run warms up: the later ones follow the previous run's launches.
         warm_up = ["--warm-up", str(args.warm_up)] if args.warm_up and first else []
         proc = _run([*torchrun, f"--master_port={port}", "-m", "commdsl.calibrate", "--out", machine,
-                     "--max-size", "64MiB", "--size-factor", str(args.size_factor), "--raw", str(out / "calibration_raw.json"),
+                     "--max-size", "64MiB", "--size-factor", str(args.size_factor), "--repeats", str(args.repeats), "--raw", str(out / "calibration_raw.json"),
                      *warm_up], 900)  # fmt: skip
         if proc.returncode != 0:
             print(proc.stdout, proc.stderr, file=sys.stderr)
@@ -236,6 +236,9 @@ def main() -> int:
                              "(calibrate's --warm-up; default 0)")  # fmt: skip
     parser.add_argument("--size-factor", type=int, default=4,
                         help="calibrate's ratio between consecutive message sizes (default 4, as calibrate's)")  # fmt: skip
+    parser.add_argument("--repeats", type=int, default=15,
+                        help="calibrate's timed runs per point at least (default 15, as calibrate's): more makes a "
+                             "longer calibration, which averages more of the machine's drift")  # fmt: skip
     parser.add_argument("--only", default="", help="comma-separated schedule names")
     parser.add_argument("--samples", type=int, default=25,
                         help="simulate with the calibrated compute stalls drawn in N runs, per-op medians (1: no noise)")  # fmt: skip
