@@ -26,6 +26,7 @@ import sys
 import time
 from pathlib import Path
 
+from commdsl.calibrate.main import REPEATS
 from commdsl.compare import compare_timelines, machine_at_run_rate
 from commdsl.dsl import load_schedule
 from commdsl.machine import resolve_machine
@@ -236,9 +237,8 @@ def main() -> int:
                              "(calibrate's --warm-up; default 0)")  # fmt: skip
     parser.add_argument("--size-factor", type=int, default=4,
                         help="calibrate's ratio between consecutive message sizes (default 4, as calibrate's)")  # fmt: skip
-    parser.add_argument("--repeats", type=int, default=15,
-                        help="calibrate's timed runs per point at least (default 15, as calibrate's): more makes a "
-                             "longer calibration, which averages more of the machine's drift")  # fmt: skip
+    parser.add_argument("--repeats", type=int, default=REPEATS,
+                        help="calibrate's timed runs per point at least (default %(default)s, as calibrate's)")
     parser.add_argument("--only", default="", help="comma-separated schedule names")
     parser.add_argument("--samples", type=int, default=25,
                         help="simulate with the calibrated compute stalls drawn in N runs, per-op medians (1: no noise)")  # fmt: skip

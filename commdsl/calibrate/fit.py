@@ -175,7 +175,9 @@ def precise(samples: list[float], min_runs: int, *, earlier: list[float] | tuple
     """Whether an expected time from `samples` is good enough to stop sampling: at least
     `min_runs`, and a standard error of the mean within `PRECISION` of it, or the run or
     time budget spent. A gloo call on a small shared CPU stalls for ~4 ms in a good
-    fraction of runs: at 1-16 MiB, 15 runs estimate the mean to about +-30%.
+    fraction of runs: at 1-16 MiB, 15 runs estimate the mean to about +-30%. Stopping
+    as soon as the runs agree favours stretches without stalls, so a small `min_runs`
+    biases a point low (`calibrate`'s default is 30; see its `--repeats`).
 
     A point measured in `passes` passes (see `measure.Pooled`): `samples` are this pass's
     runs and `earlier` those of the passes before it. Each pass takes its share of the

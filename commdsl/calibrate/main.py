@@ -55,6 +55,8 @@ and size, each point's runs pooled (`measure.Pooled`): a point then averages the
 speed over the calibration instead of taking that of the few seconds it was measured in
 (one calibration's bf16 matmul, timed in one burst, came out at 0.33 TFLOP/s where
 others said 0.37-0.45, and predicted tp_mlp 31% long)."""
+REPEATS = 30
+"""Timed runs per point at least, over its passes (`--repeats`)."""
 NOISE_PIECES = 3
 """The compute-stall probe runs in this many pieces (`executor_probes.PROBE_ITERS`
 iterations each), and the piece with the median stall rate is the machine's."""
@@ -133,8 +135,11 @@ def parse_args(argv: list[str] | None) -> CalibrateConfig:
     p.add_argument("--size-factor", type=int, default=4, help="ratio between consecutive sizes (default 4)")
     # gloo on a small shared CPU stalls for a scheduler slice (milliseconds) in a good
     # fraction of calls; the expected time keeps that share, and needs enough runs to
-    # estimate it.
-    p.add_argument("--repeats", type=int, default=15, help="timed runs per point at least, over its passes (communication: more while the estimate is loose; matmuls: this many per pass); their trimmed mean is kept (default 15)")
+    # estimate it. At 15 (5 per pass) a point's estimate stops as soon as a few runs
+    # happen to agree: the same point moved 11-23% between calibrations (CI VM, 30
+    # calibrations), and the bench met both accuracy targets in 8 of 15 runs; at 30,
+    # in every one of six (calibration 182-195 s instead of 135-175).
+    p.add_argument("--repeats", type=int, default=REPEATS, help="timed runs per point at least, over its passes (communication: more while the estimate is loose; matmuls: this many per pass); their trimmed mean is kept (default %(default)s)")
     p.add_argument("--warmup", type=int, default=2, help="untimed runs per point (default 2)")
     p.add_argument("--backend", choices=("auto", "gloo", "nccl"), default="auto")
     p.add_argument("--matmul-sizes", default="", help="comma-separated n for n x n matmuls (default by device)")
