@@ -93,8 +93,8 @@ def _one_run(args, out: Path, port: int, *, first: bool) -> dict | None:
         # Only the first run warms up: the later ones follow the previous run's launches.
         warm_up = ["--warm-up", str(args.warm_up)] if args.warm_up and first else []
         proc = _run([*torchrun, f"--master_port={port}", "-m", "commdsl.calibrate", "--out", machine,
-                     "--max-size", "64MiB", "--size-factor", str(args.size_factor), "--repeats", str(args.repeats), "--raw", str(out / "calibration_raw.json"),
-                     *warm_up], 900)  # fmt: skip
+                     "--max-size", "64MiB", "--size-factor", str(args.size_factor), "--repeats", str(args.repeats),
+                     "--raw", str(out / "calibration_raw.json"), *warm_up], 900)  # fmt: skip
         if proc.returncode != 0:
             print(proc.stdout, proc.stderr, file=sys.stderr)
             return None

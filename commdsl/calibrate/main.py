@@ -136,9 +136,9 @@ def parse_args(argv: list[str] | None) -> CalibrateConfig:
     # gloo on a small shared CPU stalls for a scheduler slice (milliseconds) in a good
     # fraction of calls; the expected time keeps that share, and needs enough runs to
     # estimate it. At 15 (5 per pass) a point's estimate stops as soon as a few runs
-    # happen to agree: the same point moved 11-23% between calibrations (CI VM, 30
+    # happen to agree: the same point moved 11-26% between calibrations (CI VM, 15
     # calibrations), and the bench met both accuracy targets in 8 of 15 runs; at 30,
-    # in every one of six (calibration 182-195 s instead of 135-175).
+    # 8-17% and 10 of 12 runs (calibration 169-195 s instead of 135-177).
     p.add_argument("--repeats", type=int, default=REPEATS, help="timed runs per point at least, over its passes (communication: more while the estimate is loose; matmuls: this many per pass); their trimmed mean is kept (default %(default)s)")
     p.add_argument("--warmup", type=int, default=2, help="untimed runs per point (default 2)")
     p.add_argument("--backend", choices=("auto", "gloo", "nccl"), default="auto")
