@@ -152,9 +152,11 @@ def monotone(points: list[tuple[int, float]]) -> list[tuple[int, float]]:
 
 
 def expected_us(samples: list[float]) -> float:
-    """Expected time of samples: their mean without the single lowest and highest when
-    there are at least five (one wild outlier, a page fault or a preempted VM, must not
-    move a calibration), else their mean."""
+    """Expected time of a local op (a matmul, a copy): the mean of the samples without the
+    single lowest and highest when there are at least five, else their mean. Compute
+    stalls are a machine parameter of their own (`compute_noise`), so dropping the one
+    slowest run keeps a stall out of the compute rate; communication keeps its stalls
+    (`comm_mean_us`)."""
     if not samples:
         raise ValueError("no samples")
     ordered = sorted(samples)
@@ -163,21 +165,45 @@ def expected_us(samples: list[float]) -> float:
     return statistics.fmean(ordered)
 
 
+WILD_US = 50_000.0
+"""A communication run more than this much (and more than its median again) above the
+median of its point is wild, a preempted VM or a page storm, and is left out; the
+scheduler stalls gloo's calls meet on a shared CPU (one slice, 3-10 ms) stay in."""
+
+
+def comm_mean_us(samples: list[float]) -> float:
+    """Expected time of a communication point: the plain mean of its runs, wild ones out
+    (`WILD_US`). Not a trimmed mean: gloo's run times are skewed (a 1-4 MiB broadcast,
+    gather or scatter stalls for a slice in 2-6% of runs, at 5-40x the median), and
+    dropping the slowest run took 5-12% off such points on average (CI VM samples)."""
+    if not samples:
+        raise ValueError("no samples")
+    median = statistics.median(samples)
+    kept = [t for t in samples if t <= median + max(WILD_US, median)]
+    return statistics.fmean(kept)
+
+
 PRECISION = 0.05
 """Target standard error of a calibrated expected time, relative to it."""
-MAX_RUNS_FACTOR = 6
-"""At most this many times the minimum number of runs per point..."""
+MIN_POINT_US = 100_000.0
+"""Runs adding up to at least this much measured time (0.1 s) per point before the
+standard error may stop sampling..."""
+MAX_RUNS_FACTOR = 8
+"""...at most this many times the minimum number of runs per point..."""
 MAX_POINT_US = 1.5e6
 """...and runs adding up to at most this much measured time (1.5 s) per point."""
 
 
 def precise(samples: list[float], min_runs: int, *, earlier: list[float] | tuple[float, ...] = (), passes: int = 1) -> bool:
-    """Whether an expected time from `samples` is good enough to stop sampling: at least
-    `min_runs`, and a standard error of the mean within `PRECISION` of it, or the run or
-    time budget spent. A gloo call on a small shared CPU stalls for ~4 ms in a good
-    fraction of runs: at 1-16 MiB, 15 runs estimate the mean to about +-30%. Stopping
-    as soon as the runs agree favours stretches without stalls, so a small `min_runs`
-    biases a point low (`calibrate`'s default is 30; see its `--repeats`).
+    """Whether a communication point has enough runs to stop sampling: at least
+    `min_runs` and `MIN_POINT_US` of measured time, then a standard error of the mean
+    within `PRECISION` of it; or the run or time budget spent.
+
+    The time floor is there because stopping as soon as the runs agree favours
+    stretches without stalls. gloo calls on a small shared CPU stall for ~4 ms in a
+    fraction of runs that ranges from a few percent (1-4 MiB broadcasts) to half (small
+    all_reduces); stopping on the standard error alone, a point with rare stalls came
+    out 5-10% below its mean (CI VM samples resampled; see tests/test_calibrate_fit.py).
 
     A point measured in `passes` passes (see `measure.Pooled`): `samples` are this pass's
     runs and `earlier` those of the passes before it. Each pass takes its share of the
@@ -185,8 +211,11 @@ def precise(samples: list[float], min_runs: int, *, earlier: list[float] | tuple
     n = len(samples)
     if n < max(math.ceil(min_runs / passes), 2):
         return False
-    if n >= math.ceil(MAX_RUNS_FACTOR * min_runs / passes) or sum(samples) >= MAX_POINT_US / passes:
+    spent_us = sum(samples)
+    if n >= math.ceil(MAX_RUNS_FACTOR * min_runs / passes) or spent_us >= MAX_POINT_US / passes:
         return True
+    if spent_us < MIN_POINT_US / passes:
+        return False
     pooled = [*earlier, *samples]
     mean = statistics.fmean(pooled)
     return mean <= 0 or statistics.stdev(pooled) / math.sqrt(len(pooled)) <= PRECISION * mean

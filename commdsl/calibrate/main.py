@@ -135,11 +135,11 @@ def parse_args(argv: list[str] | None) -> CalibrateConfig:
     p.add_argument("--size-factor", type=int, default=4, help="ratio between consecutive sizes (default 4)")
     # gloo on a small shared CPU stalls for a scheduler slice (milliseconds) in a good
     # fraction of calls; the expected time keeps that share, and needs enough runs to
-    # estimate it. At 15 (5 per pass) a point's estimate stops as soon as a few runs
-    # happen to agree: the same point moved 11-26% between calibrations (CI VM, 15
+    # estimate it. At 15 (5 per pass) a point's estimate stopped as soon as a few runs
+    # happened to agree: the same point moved 11-26% between calibrations (CI VM, 15
     # calibrations), and the bench met both accuracy targets in 8 of 15 runs; at 30,
-    # 8-17% and 10 of 12 runs (calibration 169-195 s instead of 135-177).
-    p.add_argument("--repeats", type=int, default=REPEATS, help="timed runs per point at least, over its passes (communication: more while the estimate is loose; matmuls: this many per pass); their trimmed mean is kept (default %(default)s)")
+    # 8-17% and 10 of 12 runs. Communication also takes 0.1 s of runs (`fit.precise`).
+    p.add_argument("--repeats", type=int, default=REPEATS, help="timed runs per point at least, over its passes (communication: more, for at least 0.1 s and while the estimate is loose, their mean kept; matmuls: this many per pass, their trimmed mean kept) (default %(default)s)")
     p.add_argument("--warmup", type=int, default=2, help="untimed runs per point (default 2)")
     p.add_argument("--backend", choices=("auto", "gloo", "nccl"), default="auto")
     p.add_argument("--matmul-sizes", default="", help="comma-separated n for n x n matmuls (default by device)")
@@ -242,7 +242,7 @@ def _calibrate(cfg: CalibrateConfig) -> int:
 
 @dataclass
 class Results:
-    """Raw expected times (trimmed means, see `measure.expected_us`), in microseconds."""
+    """Raw expected times (see `fit.expected_us` and `fit.comm_mean_us`), in microseconds."""
 
     matmul: dict[Dtype, list[tuple[int, float]]]
     copy: list[tuple[int, float]]
@@ -579,7 +579,7 @@ def _header(cfg: CalibrateConfig, world: int, backend: str, torch_version: str, 
     lines = [
         f"# Machine description written by commdsl.calibrate on {socket.gethostname()}, {now}.",
         f"# {world} ranks, backend {backend}, torch {torch_version}, sizes {format_bytes(cfg.min_size_bytes)}"
-        f"..{format_bytes(cfg.max_size_bytes)}, trimmed mean of {cfg.repeats} runs (in {PASSES} passes).",
+        f"..{format_bytes(cfg.max_size_bytes)}, at least {cfg.repeats} runs a point (in {PASSES} passes).",
         f"# P2P fit: latency {report.p2p.intercept:.2f} us, {report.p2p.rate / 1e3:.3f} GB/s, R^2 {report.p2p.r2:.4f}, "
         f"worst residual {report.p2p.max_abs_residual_pct:.1f}%.",
     ]
