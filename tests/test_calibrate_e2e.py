@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from commdsl.calibrate.executor_probes import PROBE_ITERS
-from commdsl.calibrate.main import NOISE_PIECES, OVERLAP_OPS, OVERLAP_PIECES
+from commdsl.calibrate.main import NOISE_PIECES, OVERLAP_OPS, OVERLAP_PIECES, PASSES
 from commdsl.dsl import load_schedule
 from commdsl.ir import Dtype, OpKind, ReduceOp, Transport
 from commdsl.machine import load_machine
@@ -48,6 +48,11 @@ def machine_file(tmp_path_factory) -> Path:
     data = json.loads(raw.read_text())
     assert len(data["p2p_us"]) == 5  # 1, 4, 16, 64, 256 KiB
     assert set(data["collectives_us"]) >= {"all_reduce", "all_gather", "broadcast"}
+    # How fast each pass ran, per family: printed, kept raw and in the machine file's header.
+    assert set(data["pass_ratios"]) == {"communication", "matmul"}
+    assert all(len(r) == PASSES and all(x > 0 for x in r) for r in data["pass_ratios"].values())
+    assert f"speed of the {PASSES} passes" in proc.stdout
+    assert "# Passes, time over the pooled time (median over points): communication " in out.read_text()
     # Interference is measured per comm op inside the executor (the overlap probe); the
     # fp32 all_reduce's factors are the machine-wide ones.
     by_op = {(e["kind"], e["dtype"]): e for e in data["interference_by_op"]}

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from commdsl.calibrate.fit import (
-    MAX_POINT_US, MAX_RUNS_FACTOR, MIN_POINT_US, WILD_US, comm_mean_us, expected_us, fit_linear, monotone, precise,
+    MAX_POINT_US, MAX_RUNS_FACTOR, MIN_POINT_US, WILD_US, comm_mean_us, expected_us, fit_linear, monotone, pass_ratios, precise,
 )  # fmt: skip
 
 SIZES = [2**k for k in range(10, 29)]  # 1 KiB .. 256 MiB, as calibrate measures
@@ -194,3 +194,14 @@ def test_a_stalling_point_comes_out_at_its_mean(base_us: float, stall_p: float) 
     true_us = base_us + stall_p * 4000.0
     ratio = statistics.fmean(_pooled_estimate(rng, REPEATS, base_us, stall_p) / true_us for _ in range(200))
     assert 0.96 < ratio < 1.04
+
+
+def test_pass_ratios_tell_a_slow_pass_by_the_points_that_move_together() -> None:
+    # Two points measured in three passes; the second ran 1.5x slow on both.
+    a = [[100.0] * 4, [150.0] * 4, [100.0] * 4]
+    b = [[10.0] * 4, [15.0] * 4, [10.0] * 4]
+    assert pass_ratios([a, b], statistics.fmean) == pytest.approx((100 / (350 / 3), 150 / (350 / 3), 100 / (350 / 3)))
+    # One point moving the other way is outvoted: the median over points.
+    c = [[300.0] * 4, [200.0] * 4, [300.0] * 4]
+    assert pass_ratios([a, b, c], statistics.fmean)[1] == pytest.approx(150 / (350 / 3))
+    assert pass_ratios([], statistics.fmean) == ()

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import statistics
+from collections.abc import Callable
 from dataclasses import dataclass
 
 
@@ -181,6 +182,19 @@ def comm_mean_us(samples: list[float]) -> float:
     median = statistics.median(samples)
     kept = [t for t in samples if t <= median + max(WILD_US, median)]
     return statistics.fmean(kept)
+
+
+def pass_ratios(points: list[list[list[float]]], estimate: Callable[[list[float]], float]) -> tuple[float, ...]:
+    """How fast the machine ran in each pass of a calibration: per pass, the median over
+    `points` (each a list of its passes' runs) of the pass's own estimate over the
+    estimate of all the point's runs. One number per pass, since most points move
+    together (a slow spell of the machine slows every point measured in it)."""
+    passes = min((len(p) for p in points), default=0)
+    ratios = []
+    for k in range(passes):
+        per_point = [estimate(p[k]) / estimate([t for runs in p for t in runs]) for p in points if p[k]]
+        ratios.append(statistics.median(per_point) if per_point else 1.0)
+    return tuple(ratios)
 
 
 PRECISION = 0.05

@@ -26,7 +26,7 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
-from commdsl.calibrate.fit import LinearFit, StepFit, fit_linear, fit_steps, monotone
+from commdsl.calibrate.fit import LinearFit, StepFit, comm_mean_us, expected_us, fit_linear, fit_steps, monotone, pass_ratios
 from commdsl.dsl.values import ValueFault, format_bytes, parse_quantity, Unit
 from commdsl.errors import CommdslError, UsageError, require_output_folder
 from commdsl.ir import Dtype, OpKind, ReduceOp
@@ -55,6 +55,10 @@ and size, each point's runs pooled (`measure.Pooled`): a point then averages the
 speed over the calibration instead of taking that of the few seconds it was measured in
 (one calibration's bf16 matmul, timed in one burst, came out at 0.33 TFLOP/s where
 others said 0.37-0.45, and predicted tp_mlp 31% long)."""
+PASS_DRIFT_WARN = 0.15
+"""calibrate warns when one pass ran this much slower than another (`fit.pass_ratios`).
+On the CI VM the bench's schedules moved 10-20% with the machine's speed between a
+calibration and the runs after it."""
 REPEATS = 30
 """Timed runs per point at least, over its passes (`--repeats`)."""
 NOISE_PIECES = 3
@@ -227,7 +231,7 @@ def _calibrate(cfg: CalibrateConfig) -> int:
         if rank == 0:
             machine, report = build_machine(cfg, results, world, backend, device, torch.__version__)
             _print_report(report, results)
-            header = _header(cfg, world, backend, torch.__version__, report)
+            header = _header(cfg, world, backend, torch.__version__, report, results)
             with open(cfg.out, "w") as f:
                 f.write(header + yaml.safe_dump(machine, sort_keys=False))
             if cfg.raw:
@@ -265,6 +269,9 @@ class Results:
     """The stall probe's pieces (NOISE_PIECES of them)."""
     reductions_by_op: dict[ReduceOp, dict[Dtype, dict[OpKind, list[tuple[int, float]]]]] = dataclasses.field(default_factory=dict)
     """Reducing collectives timed with other ops than sum (AVERAGING), per op and dtype."""
+    pass_ratios: dict[str, tuple[float, ...]] = dataclasses.field(default_factory=dict)
+    """Per family ("communication", "matmul"), how fast each pass ran (`fit.pass_ratios`):
+    each point's pass over all its runs, the median over points."""
     overlaps: dict[tuple[OpKind, Dtype | None], OverlapPieces] = dataclasses.field(default_factory=dict)
     """Per comm op kind and dtype (None: any), its interference with compute inside the
     executor (`executor_probes.interference`, OVERLAP_PIECES pieces); the fp32
@@ -315,6 +322,7 @@ class Results:
             "compute_slowdown_under_copy": self.copy_slowdown,
             "copy_slowdown_under_compute": self.copy_slowed,
             "skipped": self.skipped,
+            "pass_ratios": {family: list(r) for family, r in self.pass_ratios.items()},
             "compute_noise": {**dataclasses.asdict(self.noise), **self.noise.machine_json()} if self.noise is not None else None,
             "compute_noise_pieces": [p.machine_json() for p in self.noise_pieces],
             "interference_by_op": [{"kind": k.value, "dtype": d.value if d else ANY_DTYPE, **_overlap_json(o),
@@ -395,6 +403,12 @@ def _measure_all(probe, sizes, matmul_sizes, dtypes, measure) -> Results:
                 if n == 0 or points[label] is not None:
                     points[label] = series(f"{label} (pass {n + 1}/{PASSES})", xs,
                                            lambda x, label=label, time_us=time_us: time_us(x, pools[label][x]))  # fmt: skip
+        matmul_labels = {f"matmul {dtype.value}" for dtype in dtypes}
+        complete = {label: [pool.by_pass for pool in by_x.values() if len(pool.pass_counts) == PASSES] for label, by_x in pools.items()}
+        res.pass_ratios = {
+            "communication": pass_ratios([p for label, ps in complete.items() if label not in matmul_labels for p in ps], comm_mean_us),
+            "matmul": pass_ratios([p for label in matmul_labels for p in complete[label]], expected_us),
+        }
         for dtype in dtypes:
             if points[f"matmul {dtype.value}"]:
                 res.matmul[dtype] = points[f"matmul {dtype.value}"]
@@ -574,7 +588,7 @@ def _collective_overrides(fits: dict[OpKind, StepFit], res: Results, ranks: int)
     return out
 
 
-def _header(cfg: CalibrateConfig, world: int, backend: str, torch_version: str, report: FitReport) -> str:
+def _header(cfg: CalibrateConfig, world: int, backend: str, torch_version: str, report: FitReport, res: Results) -> str:
     now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     lines = [
         f"# Machine description written by commdsl.calibrate on {socket.gethostname()}, {now}.",
@@ -583,6 +597,9 @@ def _header(cfg: CalibrateConfig, world: int, backend: str, torch_version: str, 
         f"# P2P fit: latency {report.p2p.intercept:.2f} us, {report.p2p.rate / 1e3:.3f} GB/s, R^2 {report.p2p.r2:.4f}, "
         f"worst residual {report.p2p.max_abs_residual_pct:.1f}%.",
     ]
+    if res.pass_ratios:
+        lines.append("# Passes, time over the pooled time (median over points): "
+                     + ", ".join(f"{family} {'/'.join(f'{r:.2f}' for r in ratios)}" for family, ratios in res.pass_ratios.items()) + ".")
     for kind, fit in report.collectives.items():
         lines.append(f"# {kind.value}: per-step latency {fit.latency_us:.2f} us, {fit.bandwidth_gb_per_s:.3f} GB/s, "
                      f"R^2 {fit.r2:.4f}, worst residual {fit.max_abs_residual_pct:.1f}%.")  # fmt: skip
@@ -630,5 +647,13 @@ def _print_report(report: FitReport, res: Results) -> None:
             rates = ", ".join(f"{p.stalls_per_s:.1f}" for p in res.noise_pieces)
             stretches = ", ".join(f"x{p.duration_stretch:.3f}" for p in res.noise_pieces)
             console.print(f"  the median of {len(res.noise_pieces)} pieces (stalls per second: {rates}; median op: {stretches})")
+    if res.pass_ratios:
+        console.print(f"speed of the {PASSES} passes (each point's time in a pass over its pooled time, median over points): "
+                      + "; ".join(f"{family} {' '.join(f'x{r:.2f}' for r in ratios)}" for family, ratios in res.pass_ratios.items()))
+        for family, ratios in res.pass_ratios.items():
+            if ratios and max(ratios) / min(ratios) - 1 > PASS_DRIFT_WARN:
+                console.print(f"[yellow]warning[/] {family} ran {100 * (max(ratios) / min(ratios) - 1):.0f}% slower in one pass "
+                              f"than in another (x{min(ratios):.2f} to x{max(ratios):.2f}): the machine's speed moved during "
+                              "calibration, and predictions from this file carry that much doubt; calibrate again on a quieter machine")
     for s in res.skipped:
         console.print(f"[yellow]skipped[/] {s}")

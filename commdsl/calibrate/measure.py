@@ -73,7 +73,7 @@ def _local_time_us(probe: Probe, fn: Callable[[], None], *, warmup: int | None =
         probe.sync()
         if i >= warmup:
             samples.append((time.perf_counter() - start) * 1e6)
-    pooled.samples += samples
+    pooled.add_pass(samples)
     return pooled.expected_us
 
 
@@ -88,6 +88,21 @@ class Pooled:
 
     passes: int
     samples: list[float] = dataclasses.field(default_factory=list)
+    pass_counts: list[int] = dataclasses.field(default_factory=list)
+    """How many runs each pass so far added, in order."""
+
+    def add_pass(self, samples: list[float]) -> None:
+        self.samples += samples
+        self.pass_counts.append(len(samples))
+
+    @property
+    def by_pass(self) -> list[list[float]]:
+        """The runs of each pass, in order."""
+        out, at = [], 0
+        for n in self.pass_counts:
+            out.append(self.samples[at : at + n])
+            at += n
+        return out
 
     @property
     def expected_us(self) -> float:
@@ -140,7 +155,7 @@ def _group_time_us(probe: Probe, fn: Callable[[], None], *, member: bool = True,
         t = torch.tensor(stamps, dtype=torch.int64)
         dist.all_reduce(t, op=dist.ReduceOp.MAX, group=probe.cpu_group)
         samples += [(int(t[i + 1]) - int(t[i])) / 1e3 for i in range(0, len(stamps), 2)]
-    pooled.samples += samples
+    pooled.add_pass(samples)
     return pooled.comm_mean_us
 
 
