@@ -174,9 +174,10 @@ scheduler stalls gloo's calls meet on a shared CPU (one slice, 3-10 ms) stay in.
 
 def comm_mean_us(samples: list[float]) -> float:
     """Expected time of a communication point: the plain mean of its runs, wild ones out
-    (`WILD_US`). Not a trimmed mean: gloo's run times are skewed (a 1-4 MiB broadcast,
-    gather or scatter stalls for a slice in 2-6% of runs, at 5-40x the median), and
-    dropping the slowest run took 5-12% off such points on average (CI VM samples)."""
+    (`WILD_US`). Not a trimmed mean: gloo's run times are skewed (a 1 KiB-4 MiB
+    broadcast, gather or scatter runs over twice its median in 2-6.5% of runs, its
+    slowest run 7-48x its mean), and dropping the slowest run took 12-16% off such 4 MiB
+    points in 30 runs, and more at small sizes (CI VM samples)."""
     if not samples:
         raise ValueError("no samples")
     median = statistics.median(samples)
@@ -215,9 +216,9 @@ def precise(samples: list[float], min_runs: int, *, earlier: list[float] | tuple
 
     The time floor is there because stopping as soon as the runs agree favours
     stretches without stalls. gloo calls on a small shared CPU stall for ~4 ms in a
-    fraction of runs that ranges from a few percent (1-4 MiB broadcasts) to half (small
-    all_reduces); stopping on the standard error alone, a point with rare stalls came
-    out 5-10% below its mean (CI VM samples resampled; see tests/test_calibrate_fit.py).
+    fraction of runs that ranges from a few percent (broadcast, gather, scatter) to half
+    (small all_reduces); stopping on the standard error alone, such points came out
+    5-13% below their mean (CI VM samples resampled; see tests/test_calibrate_fit.py).
 
     A point measured in `passes` passes (see `measure.Pooled`): `samples` are this pass's
     runs and `earlier` those of the passes before it. Each pass takes its share of the
