@@ -205,3 +205,13 @@ def test_pass_ratios_tell_a_slow_pass_by_the_points_that_move_together() -> None
     c = [[300.0] * 4, [200.0] * 4, [300.0] * 4]
     assert pass_ratios([a, b, c], statistics.fmean)[1] == pytest.approx(150 / (350 / 3))
     assert pass_ratios([], statistics.fmean) == ()
+
+
+def test_calibrate_warns_when_its_passes_ran_at_different_speeds() -> None:
+    from commdsl.calibrate.main import PASS_DRIFT_WARN, drift_warnings
+
+    assert drift_warnings({"communication": (0.97, 1.02, 1.01), "matmul": (0.98, 1.0, 1.02)}) == []
+    slow = 1 + PASS_DRIFT_WARN + 0.05
+    (warning,) = drift_warnings({"communication": (1.0, 1.0, 1.0), "matmul": (1.0, slow, 1.0)})
+    assert warning.startswith(f"matmul ran {100 * (slow - 1):.0f}% slower in one pass than in another (x1.00 to x{slow:.2f}")
+    assert drift_warnings({"matmul": ()}) == []

@@ -405,10 +405,11 @@ def _measure_all(probe, sizes, matmul_sizes, dtypes, measure) -> Results:
                                            lambda x, label=label, time_us=time_us: time_us(x, pools[label][x]))  # fmt: skip
         matmul_labels = {f"matmul {dtype.value}" for dtype in dtypes}
         complete = {label: [pool.by_pass for pool in by_x.values() if len(pool.pass_counts) == PASSES] for label, by_x in pools.items()}
-        res.pass_ratios = {
+        ratios = {
             "communication": pass_ratios([p for label, ps in complete.items() if label not in matmul_labels for p in ps], comm_mean_us),
             "matmul": pass_ratios([p for label in matmul_labels for p in complete[label]], expected_us),
         }
+        res.pass_ratios = {family: r for family, r in ratios.items() if r}  # a family whose every series was skipped has none
         for dtype in dtypes:
             if points[f"matmul {dtype.value}"]:
                 res.matmul[dtype] = points[f"matmul {dtype.value}"]
@@ -606,6 +607,19 @@ def _header(cfg: CalibrateConfig, world: int, backend: str, torch_version: str, 
     return "\n".join(lines) + "\n"
 
 
+def drift_warnings(ratios_by_family: dict[str, tuple[float, ...]]) -> list[str]:
+    """One warning per family (`Results.pass_ratios`) whose slowest pass ran more than
+    PASS_DRIFT_WARN slower than its fastest."""
+    out = []
+    for family, ratios in ratios_by_family.items():
+        spread = max(ratios) / min(ratios) - 1 if ratios else 0.0
+        if spread > PASS_DRIFT_WARN:
+            out.append(f"{family} ran {100 * spread:.0f}% slower in one pass than in another (x{min(ratios):.2f} to "
+                       f"x{max(ratios):.2f} of the pooled time): the machine's speed moved during calibration, and "
+                       "predictions from this file carry that much doubt; calibrate again on a quieter machine")
+    return out
+
+
 def _print_report(report: FitReport, res: Results) -> None:
     console = Console(highlight=False)
     table = Table(title="fit quality (residual = model - measured, % of measured)", box=None, pad_edge=False)
@@ -650,10 +664,7 @@ def _print_report(report: FitReport, res: Results) -> None:
     if res.pass_ratios:
         console.print(f"speed of the {PASSES} passes (each point's time in a pass over its pooled time, median over points): "
                       + "; ".join(f"{family} {' '.join(f'x{r:.2f}' for r in ratios)}" for family, ratios in res.pass_ratios.items()))
-        for family, ratios in res.pass_ratios.items():
-            if ratios and max(ratios) / min(ratios) - 1 > PASS_DRIFT_WARN:
-                console.print(f"[yellow]warning[/] {family} ran {100 * (max(ratios) / min(ratios) - 1):.0f}% slower in one pass "
-                              f"than in another (x{min(ratios):.2f} to x{max(ratios):.2f}): the machine's speed moved during "
-                              "calibration, and predictions from this file carry that much doubt; calibrate again on a quieter machine")
+        for warning in drift_warnings(res.pass_ratios):
+            console.print(f"[yellow]warning[/] {warning}")
     for s in res.skipped:
         console.print(f"[yellow]skipped[/] {s}")

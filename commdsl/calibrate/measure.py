@@ -84,7 +84,7 @@ class Pooled:
     (five back-to-back estimates of a 16 MiB all_reduce, each to a 5% standard error,
     gave 4.9-6.1 ms), and a point measured in one burst takes the speed of its moment.
     Each pass adds its share of the runs (`fit.precise`); every rank holds the same
-    samples, so all ranks stop at the same run."""
+    samples, so all ranks stop after the same chunk."""
 
     passes: int
     samples: list[float] = dataclasses.field(default_factory=list)
@@ -130,8 +130,9 @@ def _group_time_us(probe: Probe, fn: Callable[[], None], *, member: bool = True,
 
     At least `repeats` timed runs; more, while the estimate is loose (see `precise`).
     Every rank holds the same samples (they come out of the all_reduce), so all ranks
-    decide to stop at the same run. With `pooled`, one pass of a point measured in
-    several: its runs join the earlier passes' and the time is that of all of them."""
+    decide to stop after the same chunk of runs (`TIMING_CHUNK`). With `pooled`, one
+    pass of a point measured in several: its runs join the earlier passes' and the time
+    is that of all of them."""
     pooled = Pooled(1) if pooled is None else pooled
     warmup = probe.warmup if warmup is None else max(warmup, probe.warmup)
     for _ in range(warmup):
