@@ -34,7 +34,16 @@ def load_runs(dirs: list[Path]) -> list[dict[str, dict]]:
         path = d / "accuracy.json"
         if not path.is_file():
             raise SystemExit(f"accuracy_spread: {path}: no such file (a bench/accuracy.py run directory holds one)")
-        runs.append({row["schedule"]: row for row in json.loads(path.read_text())["rows"]})
+        try:
+            rows = json.loads(path.read_text())["rows"]
+            # A schedule that failed to run or compare has an "error" row instead: left out.
+            compared = {row["schedule"]: row for row in rows if "error" not in row}
+            for row in compared.values():  # the two fields used, as numbers
+                row["makespan_error_pct"] = float(row["makespan_error_pct"])
+                row["launch_makespans_ms"] = [float(ms) for ms in row["launch_makespans_ms"]]
+            runs.append(compared)
+        except (KeyError, TypeError, ValueError) as e:  # JSONDecodeError is a ValueError
+            raise SystemExit(f"accuracy_spread: {path}: not a bench/accuracy.py result ({type(e).__name__}: {e})") from None
     return runs
 
 
@@ -65,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("dirs", nargs="+", type=Path, help="bench/accuracy.py run directories")
     args = p.parse_args(argv)
     runs = load_runs(args.dirs)
-    names = [n for n in runs[0] if all(n in r and r[n]["makespan_error_pct"] is not None for r in runs)]
+    names = [n for n in runs[0] if all(n in r for r in runs)]
     if not names:
         raise SystemExit("accuracy_spread: no schedule was compared in every run")
     errors = {n: [r[n]["makespan_error_pct"] for r in runs] for n in names}

@@ -50,3 +50,10 @@ def test_a_directory_without_results_is_a_clear_error(tmp_path: Path) -> None:
     proc = _spread(tmp_path)
     assert proc.returncode != 0
     assert f"{tmp_path / 'accuracy.json'}: no such file" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_a_file_that_is_not_a_bench_result_is_a_clear_error(tmp_path: Path) -> None:
+    (tmp_path / "accuracy.json").write_text('{"rows": [{"schedule": "p2p"}]}')  # no launches
+    proc = _spread(tmp_path)
+    assert proc.returncode != 0
+    assert "not a bench/accuracy.py result (KeyError" in proc.stderr and "Traceback" not in proc.stderr

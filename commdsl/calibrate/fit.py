@@ -191,9 +191,10 @@ def pass_ratios(points: list[list[list[float]]], estimate: Callable[[list[float]
     estimate of all the point's runs. One number per pass, since most points move
     together (a slow spell of the machine slows every point measured in it)."""
     passes = min((len(p) for p in points), default=0)
+    pooled = [estimate([t for runs in p for t in runs]) for p in points]
     ratios = []
     for k in range(passes):
-        per_point = [estimate(p[k]) / estimate([t for runs in p for t in runs]) for p in points if p[k]]
+        per_point = [estimate(p[k]) / whole for p, whole in zip(points, pooled) if p[k]]
         ratios.append(statistics.median(per_point) if per_point else 1.0)
     return tuple(ratios)
 

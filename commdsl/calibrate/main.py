@@ -599,12 +599,16 @@ def _header(cfg: CalibrateConfig, world: int, backend: str, torch_version: str, 
         f"worst residual {report.p2p.max_abs_residual_pct:.1f}%.",
     ]
     if res.pass_ratios:
-        lines.append("# Passes, time over the pooled time (median over points): "
-                     + ", ".join(f"{family} {'/'.join(f'{r:.2f}' for r in ratios)}" for family, ratios in res.pass_ratios.items()) + ".")
+        lines.append(f"# Passes, time over the pooled time (median over points): {_pass_speeds(res.pass_ratios)}.")
     for kind, fit in report.collectives.items():
         lines.append(f"# {kind.value}: per-step latency {fit.latency_us:.2f} us, {fit.bandwidth_gb_per_s:.3f} GB/s, "
                      f"R^2 {fit.r2:.4f}, worst residual {fit.max_abs_residual_pct:.1f}%.")  # fmt: skip
     return "\n".join(lines) + "\n"
+
+
+def _pass_speeds(ratios_by_family: dict[str, tuple[float, ...]]) -> str:
+    """`Results.pass_ratios` in one line: "communication 1.01/0.98/1.00, matmul ..."."""
+    return ", ".join(f"{family} {'/'.join(f'{r:.2f}' for r in ratios)}" for family, ratios in ratios_by_family.items())
 
 
 def drift_warnings(ratios_by_family: dict[str, tuple[float, ...]]) -> list[str]:
@@ -663,7 +667,7 @@ def _print_report(report: FitReport, res: Results) -> None:
             console.print(f"  the median of {len(res.noise_pieces)} pieces (stalls per second: {rates}; median op: {stretches})")
     if res.pass_ratios:
         console.print(f"speed of the {PASSES} passes (each point's time in a pass over its pooled time, median over points): "
-                      + "; ".join(f"{family} {' '.join(f'x{r:.2f}' for r in ratios)}" for family, ratios in res.pass_ratios.items()))
+                      f"{_pass_speeds(res.pass_ratios)}")
         for warning in drift_warnings(res.pass_ratios):
             console.print(f"[yellow]warning[/] {warning}")
     for s in res.skipped:
