@@ -23,7 +23,7 @@ from commdsl.errors import UsageError
 from commdsl.machine import DEFAULT_MACHINE, resolve_machine
 from commdsl.sim import NETWORKS, simulate
 from commdsl.sim.gantt import fits, gantt_lines
-from commdsl.sim.network import DEFAULT_NETWORK
+from commdsl.sim.models import DEFAULT_NETWORK
 from commdsl.sim.summary import Summary, format_bytes, format_us, summarize
 
 _PATH_ROWS = 24

@@ -5,8 +5,10 @@
     result.timeline.write("trace.json")
 """
 
-from commdsl.sim.network import DEFAULT_NETWORK, NETWORKS, AnalyticNetwork, Network, Transfer  # isort: skip (imports flow)
+from commdsl.sim.analytic import AnalyticNetwork
 from commdsl.sim.flow import FlowNetwork, SteppedFlowNetwork
+from commdsl.sim.models import DEFAULT_NETWORK, NETWORKS
+from commdsl.sim.network import Network, Transfer
 from commdsl.sim.simulate import SimResult, check_deadlock, simulate
 
 __all__ = [

@@ -1,0 +1,116 @@
+"""The analytic network: latency + bytes / bandwidth per transfer, no contention.
+
+With a `compute_comm_slowdown` (see `commdsl.sim.network`), the bandwidth part of a
+transfer progresses at 1 / factor while slowed: its one timeout is rescheduled when that
+changes (exact for its formula, no contention).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import simpy
+
+from commdsl.machine.model import Machine
+from commdsl.sim.network import FlowStat, Network, Transfer
+
+
+class _Timed:
+    """A transfer of the analytic network on a machine where compute slows comm."""
+
+    __slots__ = ("record", "devices", "nbusy", "t_mark", "work_left_us", "slow", "factor", "token", "done")
+
+    def __init__(self, record: list, devices: tuple[int, ...], t_mark: float, work_left_us: float, slow: float,
+                 done: Callable[[], None]):  # fmt: skip
+        self.record = record
+        self.devices = devices
+        self.nbusy = 0
+        """Its devices that compute now."""
+        self.t_mark = t_mark
+        """When its bandwidth part (re)starts at the current factor: the end of its
+        latency, or the last change of factor after it."""
+        self.work_left_us = work_left_us
+        """Bandwidth time left at t_mark, unslowed."""
+        self.slow = slow
+        """Its slowdown while any of its devices computes."""
+        self.factor = 1.0
+        self.token = 0
+        """Generation of its timeout (a rescheduled one supersedes the old)."""
+        self.done = done
+
+
+class AnalyticNetwork(Network):
+    """Latency + bytes / bandwidth per transfer, by the algorithm's step and byte counts;
+    no contention between concurrent transfers. With a `compute_comm_slowdown`, the
+    bandwidth part runs that many times slower while any endpoint device computes."""
+
+    name = "analytic"
+
+    def __init__(self, env: simpy.Environment, machine: Machine, world_size: int):
+        super().__init__(env, machine, world_size)
+        self.records: list[list] = []
+        """Per transfer: [transfer, start_us, end_us, latency_us]."""
+        self._busy = [False] * world_size
+        """Per device, whether compute runs on it."""
+        self._on_device: list[dict[_Timed, None]] = [{} for _ in range(world_size)] if machine.slows_comm() else []
+        """Per device, the transfers in flight with an endpoint on it (slowdown only)."""
+
+    def duration_us(self, transfer: Transfer) -> tuple[float, float]:
+        """(time, latency part) of a transfer."""
+        p = transfer.plan
+        link = self.machine.sized_link(transfer.transport, transfer.kind, len(transfer.ranks), transfer.size_bytes,
+                                       p.latency_steps, p.serial_bytes, transfer.dtype, transfer.reduce_op)  # fmt: skip
+        assert link is not None, "the engine checks transports before simulating"
+        latency = p.latency_steps * link.latency_us
+        return latency + p.serial_bytes / (link.bandwidth_gb_per_s * 1e3), latency
+
+    def start(self, transfer: Transfer, done: Callable[[], None]) -> None:
+        duration, latency = self.duration_us(transfer)
+        now = self.env.now
+        record = [transfer, now, now + duration, latency]
+        self.records.append(record)
+        slow = self.machine.interference(transfer.kind, transfer.dtype).compute_comm_slowdown
+        if slow == 1.0 or duration == latency:
+            # Always through an event, even for zero time: keeps the engine's call depth flat.
+            self.env.timeout(duration).callbacks.append(lambda _ev: done())
+            return
+        # On the host's CPUs (a shared bandwidth) the latency is CPU work too: all of it slows.
+        unslowed = 0.0 if self.machine.shared_bandwidth(transfer.transport) is not None else latency
+        x = _Timed(record, tuple(dict.fromkeys(transfer.ranks)), now + unslowed, duration - unslowed, slow, done)
+        for d in x.devices:
+            self._on_device[d][x] = None
+            x.nbusy += self._busy[d]
+        x.factor = slow if x.nbusy else 1.0
+        self._schedule(x)
+
+    def _schedule(self, x: _Timed) -> None:
+        x.token += 1
+        token = x.token
+        end = x.t_mark + x.work_left_us * x.factor
+        x.record[2] = end
+        self.env.timeout(end - self.env.now).callbacks.append(lambda _ev: self._finish(x, token))
+
+    def _finish(self, x: _Timed, token: int) -> None:
+        if token != x.token:
+            return  # rescheduled
+        for d in x.devices:
+            del self._on_device[d][x]
+        x.done()
+
+    def compute_changed(self, rank: int, computing: bool) -> None:
+        self._busy[rank] = computing
+        now = self.env.now
+        step = 1 if computing else -1
+        for x in self._on_device[rank]:
+            x.nbusy += step
+            factor = x.slow if x.nbusy else 1.0
+            if factor == x.factor:
+                continue
+            if now > x.t_mark:  # past its latency: bank the work done at the old factor
+                x.work_left_us = max(0.0, x.work_left_us - (now - x.t_mark) / x.factor)
+                x.t_mark = now
+            x.factor = factor
+            self._schedule(x)
+
+    def flow_stats(self) -> list[FlowStat]:
+        return [FlowStat.of(t, start, end, latency) for t, start, end, latency in self.records]
