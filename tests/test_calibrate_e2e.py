@@ -15,6 +15,7 @@ from commdsl.calibrate.main import NOISE_PIECES, OVERLAP_OPS, OVERLAP_PIECES, PA
 from commdsl.dsl import load_schedule
 from commdsl.ir import Dtype, OpKind, ReduceOp, Transport
 from commdsl.machine import load_machine
+from commdsl.machine.model import CpuContention, DeviceKind
 from commdsl.run.compute import FLOP_BLOCK_CPU
 from commdsl.timeline import FLOP_RATE_META, Timeline
 
@@ -114,9 +115,11 @@ def test_calibrated_machine_is_a_valid_machine(machine_file: Path) -> None:
         block_us = dict(points)[FLOP_BLOCK_CPU]
         assert rates[Dtype(dtype)] == pytest.approx(2 * FLOP_BLOCK_CPU**3 / block_us / 1e6, rel=1e-4)
     # Both interference factors are measured and written (never below 1.0: no speed-up).
-    assert m.comm_compute_slowdown is not None and m.comm_compute_slowdown >= 1.0
-    assert m.compute_comm_slowdown >= 1.0 and "compute_comm_slowdown:" in machine_file.read_text()
-    assert m.compute_copy_slowdown >= 1.0 and "compute_copy_slowdown:" in machine_file.read_text()
+    c = m.contention
+    assert isinstance(c, CpuContention) and m.device.kind is DeviceKind.CPU
+    assert c.comm_compute_slowdown is not None and c.comm_compute_slowdown >= 1.0
+    assert c.compute_comm_slowdown >= 1.0 and "compute_comm_slowdown:" in machine_file.read_text()
+    assert c.compute_copy_slowdown >= 1.0 and "compute_copy_slowdown:" in machine_file.read_text()
     # Reductions have their avg tables: an avg all_reduce reads its own profile.
     avg = m.profile_for(Transport.NCCL, OpKind.ALL_REDUCE, 2, Dtype.BF16, ReduceOp.AVG)
     assert avg is not None and avg != m.profile_for(Transport.NCCL, OpKind.ALL_REDUCE, 2, Dtype.BF16, ReduceOp.SUM)
@@ -124,11 +127,11 @@ def test_calibrated_machine_is_a_valid_machine(machine_file: Path) -> None:
     noise = json.loads(machine_file.with_name("raw.json").read_text())["compute_noise"]
     assert m.compute_noise.duration_stretch == noise["duration_stretch"] > 0
     # Each measured comm op has its own factors; the fp32 all_reduce's are the machine-wide ones.
-    listed = {(k, d) for k, d, _ in m.interference_by_op}
+    listed = {(k, d) for k, d, _ in m.contention.interference_by_op}
     assert listed == {(OpKind.ALL_REDUCE, Dtype.BF16), (OpKind.REDUCE_SCATTER, Dtype.FP32), (OpKind.REDUCE_SCATTER, Dtype.BF16),
                       (OpKind.ALL_GATHER, None), (OpKind.SEND, None), (OpKind.RECV, None)}  # fmt: skip
     assert m.interference(OpKind.SEND, Dtype.FP32) == m.interference(OpKind.RECV, Dtype.BF16)
-    assert m.interference(OpKind.BROADCAST, Dtype.FP32).comm_compute_slowdown == m.comm_compute_slowdown
+    assert m.interference(OpKind.BROADCAST, Dtype.FP32).comm_compute_slowdown == m.contention.comm_compute_slowdown
     # Every collective of the language is measured, the barrier included (no bytes: latency only).
     barrier = m.collective_link(Transport.NCCL, OpKind.BARRIER)
     assert m.has_override(Transport.NCCL, OpKind.BARRIER) and barrier.latency_us > 0 and barrier.bandwidth_gb_per_s == float("inf")

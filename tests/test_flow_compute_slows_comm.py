@@ -21,7 +21,7 @@ def machine(extra: str = ""):
         f"""
 name: four
 devices: 4
-device: {{name: t, peak_tflops: {{fp32: 1}}, memory_bandwidth_gb_per_s: 1000, sm_count: 4}}
+device: {{name: t, peak_tflops: {{fp32: 1}}, memory_bandwidth_gb_per_s: 1000, sm_count: 4, kind: cpu}}
 kernel_launch_us: 0
 comm_launch_us: 0
 host_link: {{latency_us: 0, bandwidth_gb_per_s: 10}}
@@ -135,7 +135,7 @@ if rank == 1:
 def test_factor_one_changes_nothing_on_a_bundled_schedule(network):
     program = load_schedule("fsdp")
     base = resolve_machine("dgx-h100")
-    assert base.compute_comm_slowdown == 1.0
+    assert base.contention.compute_comm_slowdown == 1.0
     one = load_machine_text(
         open(base.source).read() + "\ncompute_comm_slowdown: 1.0\n", "one.yaml"
     )
@@ -150,7 +150,7 @@ def test_factor_one_changes_nothing_on_a_bundled_schedule(network):
 
 def test_loader_checks_and_to_json():
     m = machine("compute_comm_slowdown: 1.25")
-    assert m.compute_comm_slowdown == 1.25 and m.to_json()["compute_comm_slowdown"] == 1.25
+    assert m.contention.compute_comm_slowdown == 1.25 and m.to_json()["compute_comm_slowdown"] == 1.25
     assert machine().to_json()["compute_comm_slowdown"] == 1.0
     with pytest.raises(MachineError, match="compute_comm_slowdown must be at least 1.0") as info:
         machine("compute_comm_slowdown: 0.5")

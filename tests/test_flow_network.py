@@ -358,9 +358,9 @@ if rank == 1:
 
 def test_slowdown_factor_defaults_to_the_sm_share_nccl_takes():
     m = resolve_machine("dgx-h100")
-    assert m.comm_compute_slowdown is None
-    assert m.compute_slowdown() == pytest.approx(132 / (132 - 32))
-    assert resolve_machine("h100-nvlink").compute_slowdown() == 1.0
+    assert m.contention.comm_compute_slowdown is None
+    assert m.contention.compute_slowdown() == pytest.approx(132 / (132 - 32))
+    assert resolve_machine("h100-nvlink").contention.compute_slowdown() == 1.0
 
 
 # ---- outputs ---------------------------------------------------------------------------------

@@ -195,7 +195,7 @@ def test_interference_by_op_reads_and_wins_over_the_machine_wide_factors():
         "reduce_scatter": {"bf16": {"comm_compute_slowdown": 1.9, "compute_comm_slowdown": 1.3}},
         "all_gather": {"any": {"comm_compute_slowdown": 1.4, "compute_comm_slowdown": 1.0}},
     }
-    assert m.slows_compute() and m.slows_comm()
+    assert m.contention.slows_compute() and m.slows_comm()
     # Per-op factors alone switch interference on.
     only = load_machine_text(GOOD + BY_OP, "tiny.yaml")
-    assert only.slows_compute() and only.slows_comm() and only.comm_compute_slowdown is None
+    assert only.contention.slows_compute() and only.slows_comm() and only.contention.comm_compute_slowdown is None

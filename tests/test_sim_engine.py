@@ -16,12 +16,12 @@ from commdsl.timeline import SpanRole, Timeline
 
 
 def machine(launch_us: float = 0.0, comm_launch_us: float = 0.0, latency_us: float = 0.0, bw: str = "100",
-            host_bw: str = "10", membw: str = "1000", extra: str = ""):  # fmt: skip
+            host_bw: str = "10", membw: str = "1000", extra: str = "", kind: str = "gpu"):  # fmt: skip
     return load_machine_text(
         f"""
 name: m
 devices: 16
-device: {{name: test, peak_tflops: {{fp32: 10, bf16: 20}}, memory_bandwidth_gb_per_s: {membw}, sm_count: 4}}
+device: {{name: test, peak_tflops: {{fp32: 10, bf16: 20}}, memory_bandwidth_gb_per_s: {membw}, sm_count: 4, kind: {kind}}}
 kernel_launch_us: {launch_us}
 comm_launch_us: {comm_launch_us}
 host_link: {{latency_us: 0, bandwidth_gb_per_s: {host_bw}}}

@@ -13,7 +13,7 @@ from commdsl.calibrate.executor_probes import STALL_MIN_US, NoiseResult, Stalls,
 from commdsl.cli import main
 from commdsl.errors import MachineError, UsageError
 from commdsl.sim import simulate
-from commdsl.sim.engine import _poisson
+from commdsl.sim.contention import poisson
 from commdsl.timeline import Timeline
 
 try:
@@ -25,7 +25,7 @@ NOISE = "compute_noise: {{stalls_per_s: {rate}, stall_us: {stall}}}"
 
 
 def noisy(rate: float = 100.0, stall_us: float = 4000.0, **kw):
-    return machine(extra=NOISE.format(rate=rate, stall=stall_us), **kw)
+    return machine(extra=NOISE.format(rate=rate, stall=stall_us), kind="cpu", **kw)
 
 
 # Two ranks that meet at an all_reduce after every compute op: whoever stalls, both wait.
@@ -54,20 +54,22 @@ def test_the_machine_file_reads_and_checks_compute_noise():
     with pytest.raises(MachineError, match="compute_noise.stall_us must not be negative, got -1"):
         noisy(1, -1)
     with pytest.raises(MachineError, match="compute_noise is missing 'stall_us'"):
-        machine(extra="compute_noise: {stalls_per_s: 3}")
+        machine(kind="cpu", extra="compute_noise: {stalls_per_s: 3}")
     with pytest.raises(MachineError, match="unknown key 'stalls'"):
-        machine(extra="compute_noise: {stalls: 3, stall_us: 1}")
+        machine(kind="cpu", extra="compute_noise: {stalls: 3, stall_us: 1}")
     with pytest.raises(MachineError, match="compute_noise.wake_stall_probability must be below 1, got 1.5"):
-        machine(extra="compute_noise: {stalls_per_s: 3, stall_us: 1, wake_stall_probability: 1.5, wake_stall_us: 2}")
+        machine(kind="cpu", extra="compute_noise: {stalls_per_s: 3, stall_us: 1, wake_stall_probability: 1.5, wake_stall_us: 2}")
+    with pytest.raises(MachineError, match="compute_noise describes a CPU host .* but device.kind is gpu"):
+        machine(extra="compute_noise: {stalls_per_s: 3, stall_us: 1}")
     for bad in ("0", "-1.02", "fast"):
         with pytest.raises(MachineError, match="compute_noise.duration_stretch must "):
-            machine(extra=f"compute_noise: {{stalls_per_s: 3, stall_us: 1, duration_stretch: {bad}}}")
+            machine(kind="cpu", extra=f"compute_noise: {{stalls_per_s: 3, stall_us: 1, duration_stretch: {bad}}}")
 
 
 def test_explicit_durations_run_stretched_in_every_simulation():
     """`duration_stretch` is the typical time, not noise: one sample or many, a 10 ms op
     runs 10.3 ms; FLOP-sized work keeps the device's rate."""
-    stretched = machine(extra="compute_noise: {stalls_per_s: 0, stall_us: 0, duration_stretch: 1.03}")
+    stretched = machine(kind="cpu", extra="compute_noise: {stalls_per_s: 0, stall_us: 0, duration_stretch: 1.03}")
     assert simulate(alone(4), stretched).makespan_us == pytest.approx(41_200, rel=1e-6)
     assert simulate(alone(4), stretched, samples=3).makespan_us == pytest.approx(41_200, rel=1e-6)
     assert simulate(alone(4), noisy(0, 0)).makespan_us == pytest.approx(40_000, rel=1e-6)
@@ -148,10 +150,10 @@ def test_per_op_medians_make_the_timeline_and_its_metadata(tmp_path):
 def test_poisson_draws_have_the_mean_and_variance():
     rng = random.Random(0)
     for mean in (0.05, 2.0, 80.0):
-        draws = [_poisson(rng, mean) for _ in range(20_000)]
+        draws = [poisson(rng, mean) for _ in range(20_000)]
         assert statistics.fmean(draws) == pytest.approx(mean, rel=0.05)
         assert statistics.pvariance(draws) == pytest.approx(mean, rel=0.1)
-    assert _poisson(rng, 0.0) == 0
+    assert poisson(rng, 0.0) == 0
 
 
 def test_stall_statistics_from_measured_excess_times():
@@ -191,7 +193,7 @@ def test_calibration_keeps_the_median_piece_of_the_stall_probe():
 def test_late_wake_ups_delay_what_waited_on_comm():
     # Every wait on the all_reduce wakes 2 ms late (probability ~1): each of the 4 rounds'
     # compute starts 2 ms after the all_reduce before it (none before the first).
-    m = machine(extra="compute_noise: {stalls_per_s: 0, stall_us: 0, wake_stall_probability: 0.999999, wake_stall_us: 2000}")
+    m = machine(kind="cpu", extra="compute_noise: {stalls_per_s: 0, stall_us: 0, wake_stall_probability: 0.999999, wake_stall_us: 2000}")
     result = simulate(pipe(4), m, samples=3)
     assert result.makespan_us == pytest.approx(4 * 10_000 + 3 * 2000, rel=1e-4)
 
@@ -201,7 +203,7 @@ def test_late_wake_ups_need_a_busy_cpu():
     computing) never wake late, though every wake-up is drawn late (probability ~1).
     Where compute runs elsewhere when the comm op ends, the stream waiting on it wakes
     late: rank 1 computes 30 ms while rank 0 runs two 1 ms all_reduces in a subgroup."""
-    m = machine(extra="compute_noise: {stalls_per_s: 0, stall_us: 0, wake_stall_probability: 0.999999, wake_stall_us: 2000}")
+    m = machine(kind="cpu", extra="compute_noise: {stalls_per_s: 0, stall_us: 0, wake_stall_probability: 0.999999, wake_stall_us: 2000}")
     back_to_back = sched("for i in range(4):\n    all_reduce r[i] 1KB", world="2")
     quiet = simulate(back_to_back, m, samples=3)
     assert quiet.makespan_us == pytest.approx(simulate(back_to_back, machine()).makespan_us)
@@ -230,7 +232,7 @@ def test_cli_samples(tmp_path, capsys):
 _NOISY_FILE = """\
 name: noisy
 devices: 8
-device: {name: cpu, peak_tflops: {fp32: 0.1}, memory_bandwidth_gb_per_s: 10, sm_count: 1}
+device: {name: cpu, peak_tflops: {fp32: 0.1}, memory_bandwidth_gb_per_s: 10, sm_count: 1, kind: cpu}
 kernel_launch_us: 5
 comm_launch_us: 10
 host_link: {latency_us: 1, bandwidth_gb_per_s: 10}

@@ -52,7 +52,7 @@ def test_presets_with_topologies():
 def test_a_good_file_loads_and_devices_come_from_the_topology():
     m = load_machine_text(GOOD, "two.yaml")
     assert m.num_devices == 2 and m.topology.gpus_per_node == 2
-    assert m.compute_slowdown() == pytest.approx(8 / 6)
+    assert m.contention.compute_slowdown() == pytest.approx(8 / 6)
 
 
 @pytest.mark.parametrize(
@@ -173,4 +173,4 @@ def test_per_collective_overrides(network):
 def test_v1_files_keep_loading_as_topology_less_machines():
     for name in ("h100-nvlink", "a100-nvlink", "cpu-loopback"):
         m = resolve_machine(name)
-        assert m.topology is None and m.collective_overrides == () and m.compute_slowdown() == 1.0
+        assert m.topology is None and m.collective_overrides == () and m.contention.compute_slowdown() == 1.0

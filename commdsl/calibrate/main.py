@@ -523,6 +523,7 @@ def build_machine(cfg: CalibrateConfig, res: Results, world: int, backend: str, 
             "peak_tflops": {d.value: float(f"{tflops:.6g}") for d, tflops in block_tflops.items()},  # 6 significant digits
             "memory_bandwidth_gb_per_s": round(memory.rate / 1e3, 3),
             "sm_count": sms,
+            "kind": "gpu" if device.type == "cuda" else "cpu",
         },
         "kernel_launch_us": round(res.kernel_launch_us, 3),
         "comm_launch_us": round(res.comm_launch_us, 3),
@@ -544,16 +545,17 @@ def build_machine(cfg: CalibrateConfig, res: Results, world: int, backend: str, 
         "comm_compute_slowdown": round(max(res.slowdown, 1.0), 3),
         # Measured inside the executor: an fp32 all_reduce's slowdown while compute runs.
         "compute_comm_slowdown": round(max(res.comm_slowdown, 1.0), 3),
-        # Measured: a matmul loop's time while copies run on every rank, over its time alone.
-        "copy_compute_slowdown": round(max(res.copy_slowdown, 1.0), 3),
-        # Measured: a copy's time while a matmul loop runs on every rank, over its time alone.
-        "compute_copy_slowdown": round(max(res.copy_slowed, 1.0), 3),
         # Measured inside the executor: each op's interference with compute (the fp32
         # all_reduce's are the machine-wide factors above).
         **({"interference_by_op": by_op} if by_op else {}),
-        # Measured: compute ops' stalls inside the executor (drawn by `simulate --samples N`).
-        **({"compute_noise": res.noise.machine_json()} if res.noise is not None else {}),
     }
+    if device.type != "cuda":  # the CPU-host model's own knobs: threads sharing the cores
+        # Measured: a matmul loop's time while copies run on every rank, over its time alone.
+        machine["copy_compute_slowdown"] = round(max(res.copy_slowdown, 1.0), 3)
+        # Measured: a copy's time while a matmul loop runs on every rank, over its time alone.
+        machine["compute_copy_slowdown"] = round(max(res.copy_slowed, 1.0), 3)
+        if res.noise is not None:  # compute ops' stalls inside the executor (drawn by `simulate --samples N`)
+            machine["compute_noise"] = res.noise.machine_json()
     return machine, FitReport(compute, memory, host_link, p2p, exchange, collectives, p2p_resid)
 
 

@@ -14,8 +14,9 @@ from yaml.constructor import ConstructorError, SafeConstructor
 
 from commdsl.errors import MachineError, SourceLoc, UsageError, did_you_mean
 from commdsl.ir import COLLECTIVE_KINDS, REDUCING_KINDS, Dtype, OpKind, ReduceOp, Transport
-from commdsl.machine.model import (ANY_DTYPE, NETWORK_VERTEX, ComputeNoise, DeviceSpec, LinkKind, LinkSpec, Machine,
-                                   OpInterference, Topology, TopologyLink, VertexKind)
+from commdsl.machine.model import (ANY_DTYPE, NETWORK_VERTEX, ComputeNoise, CpuContention, DeviceKind, DeviceSpec,
+                                   GpuContention, LinkKind, LinkSpec, Machine, OpInterference, Topology, TopologyLink,
+                                   VertexKind)
 
 PRESETS_DIR = Path(__file__).resolve().parent / "presets"
 DEFAULT_MACHINE = "h100-nvlink"
@@ -26,7 +27,9 @@ _TOP_KEYS = (
     "topology", "comm_compute_slowdown", "compute_comm_slowdown", "copy_compute_slowdown", "compute_copy_slowdown", "copy_measured_us",
     "compute_noise", "interference_by_op",
 )  # fmt: skip
-_DEVICE_KEYS = ("name", "peak_tflops", "memory_bandwidth_gb_per_s", "sm_count")
+_DEVICE_KEYS = ("name", "peak_tflops", "memory_bandwidth_gb_per_s", "sm_count", "kind")
+_CPU_ONLY_KEYS = ("copy_compute_slowdown", "compute_copy_slowdown", "compute_noise")
+"""Knobs of the CPU-host contention model: a rank's threads sharing the host's cores."""
 _LINK_KEYS = ("latency_us", "bandwidth_gb_per_s")
 _PROFILE_KEYS = ("measured_us", "measured_ranks", "measured_us_by_dtype", "measured_us_by_op")
 """A collective's measured tables (see `Machine.collective_profiles`)."""
@@ -213,7 +216,7 @@ class _MachineReader:
         if isinstance(self.root, yaml.MappingNode) and any(isinstance(k, yaml.ScalarNode) and k.value == "topology" for k, _ in self.root.value):
             required = required[1:]  # a topology gives the number of devices
         top = self.mapping(self.root, "the machine", _TOP_KEYS, required)
-        dev = self.mapping(top["device"][1], "device", _DEVICE_KEYS, _DEVICE_KEYS)
+        dev = self.mapping(top["device"][1], "device", _DEVICE_KEYS, _DEVICE_KEYS[:-1])
         rates_node = dev["peak_tflops"][1]
         rates = []
         for key, (knode, vnode) in self.mapping(rates_node, "device.peak_tflops", None).items():
@@ -261,6 +264,7 @@ class _MachineReader:
             peak_tflops=tuple(rates),
             memory_bandwidth_gb_per_s=self.number(dev["memory_bandwidth_gb_per_s"][1], "device.memory_bandwidth_gb_per_s", positive=True, allow_inf=True),
             sm_count=self.integer(dev["sm_count"][1], "device.sm_count", 1),
+            kind=self.enum(dev["kind"][1], DeviceKind, "device.kind") if "kind" in dev else DeviceKind.GPU,
         )
         topology = self.topology(top["topology"][1]) if "topology" in top else None
         if topology is None:
@@ -272,28 +276,11 @@ class _MachineReader:
                                 f"{topology.num_devices}", top["devices"][1], hint="leave `devices` out: the topology gives it")  # fmt: skip
         else:
             num_devices = topology.num_devices
-        slowdown = self.factor(top, "comm_compute_slowdown", None)  # None: estimated from the topology
-        comm_slowdown = self.factor(top, "compute_comm_slowdown")
-        copy_slowdown = self.factor(top, "copy_compute_slowdown")
-        copy_slowed = self.factor(top, "compute_copy_slowdown")
         copies = {}
         if "copy_measured_us" in top:
             for key, (_, vnode) in self.mapping(top["copy_measured_us"][1], "copy_measured_us", ("host", "device")).items():
                 copies[key] = self.profile(vnode, f"copy_measured_us.{key}")
-        noise = None
-        if "compute_noise" in top:
-            fields = ("stalls_per_s", "stall_us", "wake_stall_probability", "wake_stall_us", "duration_stretch")
-            nkeys = self.mapping(top["compute_noise"][1], "compute_noise", fields, fields[:2])
-            values = {k: self.number(v, f"compute_noise.{k}", positive=k == "duration_stretch") for k, (_, v) in nkeys.items()}
-            if values.get("wake_stall_probability", 0.0) >= 1.0:
-                raise self.fail(f"compute_noise.wake_stall_probability must be below 1, got {values['wake_stall_probability']:g}",
-                                nkeys["wake_stall_probability"][1])  # fmt: skip
-            noise = ComputeNoise(**values)
-        by_op = self.interference_by_op(top["interference_by_op"][1]) if "interference_by_op" in top else ()
-        nccl_sms = topology.nccl_sms if topology is not None else None
-        if nccl_sms is not None and nccl_sms >= device.sm_count:
-            node = self.mapping(top["topology"][1], "topology", None)["nccl_sms"][1]
-            raise self.fail(f"topology.nccl_sms ({nccl_sms}) must be less than device.sm_count ({device.sm_count})", node)
+        contention = self.contention(top, device)
         return Machine(
             name=self.string(top["name"][1], "name") if "name" in top else default_name,
             doc=self.string(top["doc"][1], "doc") if "doc" in top else "",
@@ -310,15 +297,41 @@ class _MachineReader:
             shared=tuple(shared),
             collective_overrides=tuple(overrides),
             collective_profiles=tuple(profiles),
-            comm_compute_slowdown=slowdown,
-            compute_comm_slowdown=comm_slowdown,
-            copy_compute_slowdown=copy_slowdown,
-            compute_copy_slowdown=copy_slowed,
             host_copy_profile=copies.get("host", ()),
             device_copy_profile=copies.get("device", ()),
-            compute_noise=noise,
-            interference_by_op=by_op,
+            contention=contention,
         )
+
+    def contention(self, top: dict, device: DeviceSpec) -> GpuContention | CpuContention:
+        """The contention model of the device's kind, with its factors (see the model's docs)."""
+        slowdown = self.factor(top, "comm_compute_slowdown", None)  # None: the model's default
+        comm_slowdown = self.factor(top, "compute_comm_slowdown")
+        by_op = self.interference_by_op(top["interference_by_op"][1]) if "interference_by_op" in top else ()
+        if device.kind is DeviceKind.GPU:
+            for key in _CPU_ONLY_KEYS:
+                if key in top:
+                    raise self.fail(f"{key} describes a CPU host (its threads sharing cores), but device.kind is gpu", top[key][0],
+                                    hint="add `kind: cpu` under `device:` if the ranks run on CPUs")  # fmt: skip
+            nccl_sms = None
+            if "topology" in top:
+                tkeys = self.mapping(top["topology"][1], "topology", None)
+                if "nccl_sms" in tkeys:
+                    node = tkeys["nccl_sms"][1]
+                    nccl_sms = self.integer(node, "topology.nccl_sms", 0)
+                    if nccl_sms >= device.sm_count:
+                        raise self.fail(f"topology.nccl_sms ({nccl_sms}) must be less than device.sm_count ({device.sm_count})", node)
+            return GpuContention(device.sm_count, nccl_sms, slowdown, comm_slowdown, by_op)
+        noise = None
+        if "compute_noise" in top:
+            fields = ("stalls_per_s", "stall_us", "wake_stall_probability", "wake_stall_us", "duration_stretch")
+            nkeys = self.mapping(top["compute_noise"][1], "compute_noise", fields, fields[:2])
+            values = {k: self.number(v, f"compute_noise.{k}", positive=k == "duration_stretch") for k, (_, v) in nkeys.items()}
+            if values.get("wake_stall_probability", 0.0) >= 1.0:
+                raise self.fail(f"compute_noise.wake_stall_probability must be below 1, got {values['wake_stall_probability']:g}",
+                                nkeys["wake_stall_probability"][1])  # fmt: skip
+            noise = ComputeNoise(**values)
+        return CpuContention(slowdown, comm_slowdown, self.factor(top, "copy_compute_slowdown"),
+                             self.factor(top, "compute_copy_slowdown"), by_op, noise)  # fmt: skip
 
     # ---- the topology -------------------------------------------------------------
 
@@ -430,7 +443,6 @@ class _MachineReader:
             links=tuple(links),
             peer_access=peer_access,
             copy_engines=self.integer(top["copy_engines"][1], "topology.copy_engines", 1) if "copy_engines" in top else 1,
-            nccl_sms=self.integer(top["nccl_sms"][1], "topology.nccl_sms", 0) if "nccl_sms" in top else None,
         )
 
     def _check_connected(self, node: yaml.Node, gpus: int, nodes: int, known: dict[str, VertexKind], links: list[TopologyLink]) -> None:

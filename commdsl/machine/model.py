@@ -52,11 +52,9 @@ class LinkSpec:
 class OpInterference:
     """How one kind of comm op (in one dtype) and compute slow each other on a device
     (`interference_by_op:`); the machine-wide `comm_compute_slowdown` and
-    `compute_comm_slowdown` stand for every op not listed. On a CPU both are threads
-    sharing the cores, and what an op costs the cores depends on what it does: measured
-    inside the executor on the 2-core VM, a bf16 reduce_scatter (gloo reduces bf16
-    slowly, on the CPU) slowed compute 1.9x and was itself slowed 1.3x, where an fp32
-    all_reduce or an all_gather slowed compute 1.3x and was slowed 1.9-2.0x."""
+    `compute_comm_slowdown` stand for every op not listed. What an op costs a device
+    depends on what it does (on a CPU, a reduction in bf16 is slow CPU work; a gather only
+    moves bytes), so calibration measures each op beside compute inside the executor."""
 
     comm_compute_slowdown: float
     """Compute runs this many times longer while the op runs on its device."""
@@ -66,15 +64,14 @@ class OpInterference:
 
 @dataclass(frozen=True)
 class ComputeNoise:
-    """Random stalls of compute: a shared CPU's scheduler takes a compute thread off its
-    core for a slice now and then (on this project's 2-core VM, 10 ms compute ops ran
-    10.1 ms at the median and 14 ms in 12% of runs). The stalls are drawn only when the
-    simulator draws samples (`simulate --samples N`); `duration_stretch`, the typical
-    time, applies always. Each compute op stalls a Poisson number of
-    times, `stalls_per_s` x its duration on average, each stall `stall_us` long. Ranks
-    stall independently, and wherever ranks synchronise (a P2P, a collective) the late
-    one sets the pace, so the expected makespan exceeds the makespan of expected
-    durations: a noise-free simulation predicts pipelines low."""
+    """Random stalls of compute on a shared CPU: the scheduler takes a compute thread off
+    its core for a slice now and then, and a thread woken by another one sometimes wakes
+    late. The stalls and late wake-ups are drawn only when the simulator draws samples
+    (`simulate --samples N`); `duration_stretch`, the typical time, applies always. Each
+    compute op stalls a Poisson number of times, `stalls_per_s` x its duration on average,
+    each stall `stall_us` long. Ranks stall independently, and wherever ranks synchronise
+    (a P2P, a collective) the late one sets the pace, so the expected makespan exceeds the
+    makespan of expected durations."""
 
     stalls_per_s: float
     """Average stalls per second of compute (per rank; 0: none)."""
@@ -82,18 +79,115 @@ class ComputeNoise:
     """Length of one stall, microseconds (the mean of measured stalls)."""
     wake_stall_probability: float = 0.0
     """Probability that a stream kept waiting for another thread's work (a comm op's
-    completion, another stream's event) starts `wake_stall_us` late: on a CPU the
-    stream is a thread, woken when the work ends (measured: 0.06 ms at the median,
-    1-4 ms in about one wake-up of seven)."""
+    completion, another stream's event) starts `wake_stall_us` late: on a CPU the stream
+    is a thread, woken when the work ends."""
     wake_stall_us: float = 0.0
     """Length of one late wake-up, microseconds (the mean of measured ones)."""
     duration_stretch: float = 1.0
     """A compute op with an explicit duration runs this many times it at the median,
-    stalls aside. Unlike the stalls, applied in every simulation: the executor times its
-    work at start-up, alone, and inside a schedule, beside the comm threads, that work
-    ran 1.3-2% longer at the median on the 2-core VM (calibration measures it in its
-    stall probe). FLOP-sized ops run at `peak_tflops`, which calibration measures
+    stalls aside. The executor times its duration-sized work at start-up, alone; inside a
+    schedule, beside the comm threads, that work runs a little longer, and calibration
+    measures by how much. FLOP-sized ops run at `peak_tflops`, which calibration measures
     directly."""
+
+
+class _PerOpFactors:
+    """The lookup both contention models share: an op's own factors, else the machine's."""
+
+    comm_compute_slowdown: float | None
+    compute_comm_slowdown: float
+    interference_by_op: tuple[tuple[OpKind, Dtype | None, OpInterference], ...]
+
+    def compute_slowdown(self) -> float:
+        """Compute's slowdown while a comm op not listed in `interference_by_op` runs."""
+        return self.comm_compute_slowdown if self.comm_compute_slowdown is not None else 1.0
+
+    def interference(self, kind: OpKind, dtype: Dtype) -> OpInterference:
+        """The factors of a comm op: its `interference_by_op` entry for its dtype, else for
+        any dtype, else the machine-wide factors."""
+        for want in (dtype, None):
+            for k, d, f in self.interference_by_op:
+                if k is kind and d is want:
+                    return f
+        return OpInterference(self.compute_slowdown(), self.compute_comm_slowdown)
+
+    def slows_compute(self) -> bool:
+        """Whether any comm op slows compute (else the simulator skips the bookkeeping)."""
+        return self.compute_slowdown() != 1.0 or any(f.comm_compute_slowdown != 1.0 for _, _, f in self.interference_by_op)
+
+    def slows_comm(self) -> bool:
+        """Whether compute slows any comm op."""
+        return self.compute_comm_slowdown != 1.0 or any(f.compute_comm_slowdown != 1.0 for _, _, f in self.interference_by_op)
+
+
+@dataclass(frozen=True)
+class GpuContention(_PerOpFactors):
+    """How work on a GPU slows other work on it. An NCCL kernel occupies SMs (one block
+    per channel) from the moment it is active, even while it waits for its peers; compute,
+    assumed SM-bound, keeps the other SMs. Copies run on copy engines and take no SMs, so
+    they slow nothing. Compute slows a transfer only where the machine says so
+    (`compute_comm_slowdown`, a measured factor)."""
+
+    sm_count: int = 1
+    """SMs of the device (`device.sm_count`)."""
+    nccl_sms: int | None = None
+    """SMs one NCCL kernel occupies (`topology.nccl_sms`); None: not modelled."""
+    comm_compute_slowdown: float | None = None
+    """Compute runs this many times longer while an NCCL kernel of its device runs; None:
+    sm_count / (sm_count - nccl_sms) when `nccl_sms` is given, else 1.0. A measured factor
+    (calibration on the GPUs) also covers memory bandwidth contention and wins."""
+    compute_comm_slowdown: float = 1.0
+    """A transfer with an endpoint on a device that computes moves its bytes this many
+    times slower (1.0: none, the usual case on GPUs)."""
+    interference_by_op: tuple[tuple[OpKind, Dtype | None, OpInterference], ...] = ()
+    """Per comm op kind and dtype (None: any dtype), its own factors (see `OpInterference`)."""
+
+    def compute_slowdown(self) -> float:
+        if self.comm_compute_slowdown is not None:
+            return self.comm_compute_slowdown
+        if self.nccl_sms is not None:
+            return self.sm_count / (self.sm_count - self.nccl_sms)
+        return 1.0
+
+
+@dataclass(frozen=True)
+class CpuContention(_PerOpFactors):
+    """How work slows other work when a rank is a process on a CPU host: its streams, its
+    comm queues and its copies are threads sharing the host's cores and memory, so every
+    activity slows the others, and the host's scheduler adds noise (`ComputeNoise`). Every
+    factor is measured by calibration, inside the executor; 1.0 means none and costs the
+    simulation nothing."""
+
+    comm_compute_slowdown: float | None = None
+    """Compute runs this many times longer while a comm op of its rank runs (None or 1.0:
+    not at all); ops listed in `interference_by_op` have their own."""
+    compute_comm_slowdown: float = 1.0
+    """While compute runs on a rank, every transfer with an endpoint there (a collective:
+    any member, as a ring progresses at its slowest member's pace) is capped at its
+    uncontended rate / factor; on a shared bandwidth (`Machine.shared`: the host's CPUs
+    copying bytes) each of its bytes costs factor times as much, and its latency, CPU work
+    too, slows as well. Each factor follows the other activity's on/off state, not its
+    slowed speed (no fixed point)."""
+    copy_compute_slowdown: float = 1.0
+    """Compute runs this many times longer while a copy op runs on its rank."""
+    compute_copy_slowdown: float = 1.0
+    """A copy op runs this many times longer while compute runs on its rank."""
+    interference_by_op: tuple[tuple[OpKind, Dtype | None, OpInterference], ...] = ()
+    """Per comm op kind and dtype (None: any dtype), its own factors (see `OpInterference`).
+    While several comm ops run on a rank, compute runs at the largest of their factors."""
+    noise: ComputeNoise | None = None
+    """Random compute stalls and late wake-ups; None: exact."""
+
+
+Contention = GpuContention | CpuContention
+"""How work on a device slows other work on it: the GPU model or the CPU-host model."""
+
+
+class DeviceKind(str, enum.Enum):
+    """What a rank runs on: picks the contention model (`GpuContention`, `CpuContention`)."""
+
+    GPU = "gpu"
+    CPU = "cpu"
 
 
 @dataclass(frozen=True)
@@ -109,8 +203,10 @@ class DeviceSpec:
     """Device memory bandwidth in GB/s: time of memory-bound compute (`bytes=`) and of
     device-to-device copies (read + write)."""
     sm_count: int
-    """Streaming multiprocessors (compute units); the contention model of a later
-    version charges the SMs comm kernels occupy."""
+    """Streaming multiprocessors (compute units): the GPU contention model charges the
+    SMs NCCL kernels occupy."""
+    kind: DeviceKind = DeviceKind.GPU
+    """`device.kind` in the machine file (default gpu): which contention model applies."""
 
     def tflops(self, dtype: Dtype) -> float | None:
         for d, rate in self.peak_tflops:
@@ -186,43 +282,6 @@ class Machine:
     ..}}`): TCP over loopback, where the host's CPUs copy every byte, so an exchange
     (both directions at once) takes about twice a one-way send. Calibration measures it
     from a batched exchange. Transports not listed share only the links they cross."""
-    comm_compute_slowdown: float | None = None
-    """Interference (DESIGN.md semantics 7): compute on a device runs this many times
-    longer while an NCCL kernel of that device runs (from the moment it is active, even
-    while it waits for peers); 1.0: no interference. memcpy (copy engines) and gloo (CPU)
-    never slow compute. When not given and the topology says how many SMs NCCL kernels
-    occupy (`nccl_sms`), it is sm_count / (sm_count - nccl_sms): compute, assumed
-    SM-bound, keeps the other SMs. A measured factor (calibration: compute beside an
-    fp32 all_reduce inside the executor) also covers memory bandwidth contention and
-    wins over the SM estimate. Ops listed in `interference_by_op` have their own."""
-    copy_compute_slowdown: float = 1.0
-    """Compute on a device runs this many times longer while a copy op (`copy`, to, from
-    or within the device) runs on that device; 1.0: none, at no cost to the simulation.
-    On GPUs copy engines leave the SMs alone (only memory bandwidth is shared); on a CPU
-    a copy is a thread competing for the cores and the memory with compute (inside the
-    executor on the CPU VM, compute stopped while a 16 MiB copy from host ran).
-    Calibration measures it: compute beside a copy from host, inside the executor."""
-    compute_copy_slowdown: float = 1.0
-    """A copy op runs this many times longer while a compute op runs on its device; 1.0:
-    none, at no cost to the simulation. On a CPU a copy is a thread sharing the cores and
-    memory with compute; on GPUs copy engines run beside the SMs. Calibration measures
-    it: a copy from host beside compute, inside the executor, over its time alone there."""
-    compute_comm_slowdown: float = 1.0
-    """The reverse interference: while a compute op runs on a device, every transfer with
-    an endpoint on that device (any transport; a collective: any member's device, as a
-    ring progresses at its slowest member's pace) moves its bytes this many times slower
-    than it would alone: its rate is capped at its uncontended rate / factor (so under
-    contention it slows only if its share was above that), and on a shared bandwidth
-    (`shared`: the host's CPUs copying bytes) each of its bytes costs factor times as
-    much, so transfers sharing the CPUs share what compute leaves them; its latency is
-    slowed only there (the host's CPUs run it too).
-    1.0: none, at no cost to the simulation. On CPUs,
-    compute and gloo's threads share the cores; on GPUs, an NCCL kernel shares SMs and
-    memory bandwidth with compute. Calibration measures it (an fp32 all_reduce beside
-    compute inside the executor, over its time alone there; ops listed in
-    `interference_by_op` have their own). Each factor follows the other activity's
-    on/off state, not its slowed speed (no fixed point)."""
-
     host_copy_profile: tuple[tuple[float, float], ...] = ()
     """Measured time of one host <-> device copy by size, [[size_bytes, time_us], ...]
     (`copy_measured_us: {host: ...}`, written by calibration), interpolated per op like
@@ -232,15 +291,8 @@ class Machine:
     device_copy_profile: tuple[tuple[float, float], ...] = ()
     """The same for a device-memory copy (`copy_measured_us: {device: ...}`); empty:
     `device.memory_bandwidth_gb_per_s`, every byte read and written."""
-    interference_by_op: tuple[tuple[OpKind, Dtype | None, OpInterference], ...] = ()
-    """Per comm op kind and dtype (None: any dtype), its own interference factors, which
-    win over the machine-wide ones (`interference_by_op: {reduce_scatter: {bf16:
-    {comm_compute_slowdown: 1.9, compute_comm_slowdown: 1.3}}, all_gather: {any: ..}}`,
-    written by calibration); see `OpInterference`. While several comm ops run on a
-    device, compute runs at the largest of their factors."""
-    compute_noise: ComputeNoise | None = None
-    """Random compute stalls (`compute_noise: {stalls_per_s, stall_us}`, written by
-    calibration), drawn only by a sampled simulation; None: compute is exact."""
+    contention: Contention = GpuContention()
+    """How work on a device slows other work on it (and, on a CPU, its noise)."""
 
     def host_copy_us(self, size_bytes: float) -> float:
         """Time of a copy of size_bytes between host and device."""
@@ -325,31 +377,18 @@ class Machine:
         kept = tuple((d, r) for d, r in self.device.peak_tflops if d not in rates)
         return replace(self, device=replace(self.device, peak_tflops=kept + tuple(rates.items())))
 
-    def compute_slowdown(self) -> float:
-        """The interference factor (see `comm_compute_slowdown`)."""
-        if self.comm_compute_slowdown is not None:
-            return self.comm_compute_slowdown
-        topo = self.topology
-        if topo is not None and topo.nccl_sms is not None:
-            return self.device.sm_count / (self.device.sm_count - topo.nccl_sms)
-        return 1.0
+    @property
+    def compute_noise(self) -> ComputeNoise | None:
+        """The CPU host's random stalls (`CpuContention.noise`); None on GPUs or if not measured."""
+        return self.contention.noise if isinstance(self.contention, CpuContention) else None
 
     def interference(self, kind: OpKind, dtype: Dtype) -> OpInterference:
-        """The interference factors of a comm op: its `interference_by_op` entry for its
-        dtype, else for any dtype, else the machine-wide factors."""
-        for want in (dtype, None):
-            for k, d, f in self.interference_by_op:
-                if k is kind and d is want:
-                    return f
-        return OpInterference(self.compute_slowdown(), self.compute_comm_slowdown)
-
-    def slows_compute(self) -> bool:
-        """Whether any comm op slows compute (else the simulator skips the bookkeeping)."""
-        return self.compute_slowdown() != 1.0 or any(f.comm_compute_slowdown != 1.0 for _, _, f in self.interference_by_op)
+        """The interference factors of a comm op (see `OpInterference`)."""
+        return self.contention.interference(kind, dtype)
 
     def slows_comm(self) -> bool:
-        """Whether compute slows any comm op."""
-        return self.compute_comm_slowdown != 1.0 or any(f.compute_comm_slowdown != 1.0 for _, _, f in self.interference_by_op)
+        """Whether compute slows any comm op (the networks then track compute per device)."""
+        return self.contention.slows_comm()
 
     def to_json(self) -> dict:
         """The description as it goes into a timeline's metadata (stable key order)."""
@@ -362,6 +401,7 @@ class Machine:
                 "peak_tflops": {d.value: r for d, r in self.device.peak_tflops},
                 "memory_bandwidth_gb_per_s": self.device.memory_bandwidth_gb_per_s,
                 "sm_count": self.device.sm_count,
+                "kind": self.device.kind.value,
             },
             "kernel_launch_us": self.kernel_launch_us,
             "comm_launch_us": self.comm_launch_us,
@@ -373,16 +413,24 @@ class Machine:
             **({"shared_bandwidth_gb_per_s": {t.value: bw for t, bw in self.shared}} if self.shared else {}),
             **({"collectives": {f"{t.value}.{k.value}": _link_json(s) for t, k, s in self.collective_overrides}}
                if self.collective_overrides else {}),
-            "comm_compute_slowdown": self.compute_slowdown(),
-            "compute_comm_slowdown": self.compute_comm_slowdown,
-            "copy_compute_slowdown": self.copy_compute_slowdown,
-            "compute_copy_slowdown": self.compute_copy_slowdown,
-            **({"interference_by_op": _interference_json(self.interference_by_op)} if self.interference_by_op else {}),
             **({"copy_measured_us": {name: [list(p) for p in pts] for name, pts in
                                      (("host", self.host_copy_profile), ("device", self.device_copy_profile)) if pts}}
                if self.host_copy_profile or self.device_copy_profile else {}),
-            **({"compute_noise": asdict(self.compute_noise)} if self.compute_noise is not None else {}),
+            **_contention_json(self.contention),
         }
+
+
+def _contention_json(c: Contention) -> dict:
+    out: dict = {"comm_compute_slowdown": c.compute_slowdown(), "compute_comm_slowdown": c.compute_comm_slowdown}
+    if isinstance(c, GpuContention) and c.nccl_sms is not None:
+        out["nccl_sms"] = c.nccl_sms
+    if isinstance(c, CpuContention):
+        out.update(copy_compute_slowdown=c.copy_compute_slowdown, compute_copy_slowdown=c.compute_copy_slowdown)
+    if c.interference_by_op:
+        out["interference_by_op"] = _interference_json(c.interference_by_op)
+    if isinstance(c, CpuContention) and c.noise is not None:
+        out["compute_noise"] = asdict(c.noise)
+    return out
 
 
 def _interference_json(entries: tuple[tuple[OpKind, Dtype | None, OpInterference], ...]) -> dict:
@@ -464,9 +512,6 @@ class Topology:
     copy_engines: int
     """Copy engines per GPU (concurrent memcpy transfers it runs; recorded, not yet
     enforced by the flow network)."""
-    nccl_sms: int | None
-    """SMs one NCCL kernel occupies (its channels); sets the default interference
-    factor (see `Machine.comm_compute_slowdown`)."""
 
     @property
     def num_devices(self) -> int:
@@ -490,7 +535,6 @@ class Topology:
             ],  # fmt: skip
             "peer_access": "all" if self.peer_access is None else [sorted(s) for s in self.peer_access],
             "copy_engines": self.copy_engines,
-            "nccl_sms": self.nccl_sms,
         }
 
 

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 from commdsl.errors import DeadlockError, SourceLoc
 from commdsl.ir import Op, OpKind
-from commdsl.sim.engine import _SYNC, ACTIVE, DONE, ELIGIBLE, Engine
+from commdsl.sim.engine import Engine
+from commdsl.sim.entities import ACTIVE, DONE, ELIGIBLE, SYNC
 
 _MAX_SNIPPETS = 4
 
@@ -134,7 +135,7 @@ class _Reporter:
             op = self.op(g)
             deps = list(e._deps(g, tag))
             pending = [d for d in deps if e.state[d] != DONE]
-            if tag == _SYNC:
+            if tag == SYNC:
                 what = ", ".join(describe_op(self.op(d)) for d in pending)
                 found.append((1, g, f"stream {s.name} waits for synchronous {what} to finish", None))
             elif op.kind is OpKind.WAIT_EVENT:

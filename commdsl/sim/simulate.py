@@ -11,7 +11,8 @@ from commdsl.errors import MachineError, UsageError
 from commdsl.ir import HOST_STREAM, CopyDir, Op, OpKind, Program, Transport
 from commdsl.machine.model import Machine, timeless_machine
 from commdsl.sim.deadlock import deadlock_error
-from commdsl.sim.engine import ALGOS, Engine, RawResult
+from commdsl.sim.engine import Engine
+from commdsl.sim.entities import ALGOS, RawResult
 from commdsl.sim.models import DEFAULT_NETWORK, NETWORKS
 from commdsl.sim.network import FlowStat, LinkStat, Network
 from commdsl.timeline import COMM_TRACK_PREFIX, CounterSample, Flow, Span, SpanRole, Timeline, comm_span_args, nccl_kernel_name, op_span_args

@@ -134,8 +134,8 @@ def summarize(result: SimResult) -> Summary:
         path.append(PathStep(op.id, op.rank, op.kind.value, op.name, raw.start[g], raw.end[g], f"{op.loc.file}:{op.loc.line}"))
     return Summary(
         transfers=_transfers(result),
-        compute_slowdown=result.machine.compute_slowdown(),
-        per_op_interference=bool(result.machine.interference_by_op),
+        compute_slowdown=result.machine.contention.compute_slowdown(),
+        per_op_interference=bool(result.machine.contention.interference_by_op),
         slowed=_slowed(result),
         links=tuple(
             LinkSummary(l.name, l.kind.value, l.bandwidth_gb_per_s, l.bytes, l.busy_us, l.utilization, l.peak_utilization)

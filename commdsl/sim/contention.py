@@ -1,0 +1,230 @@
+"""How work on a device slows other work on it, and the noise of a shared CPU.
+
+The engine runs the execution semantics; it asks this module only about speed: how many
+times longer a running compute op or copy takes while other work runs on its device,
+whether a transfer slows while its devices compute, and (a sampled simulation on a CPU
+host) how long a compute op stalls and how late a woken stream goes on. The machine's
+contention spec picks the model (`contention_model`):
+
+  * `Exact`: nothing slows anything, no noise. The engine then keeps no bookkeeping at all.
+  * `GpuModel` (`GpuContention`): an NCCL kernel holds SMs from the moment it is active,
+    even while it waits for its peers, so compute on that GPU runs at the largest factor
+    of the kernels active there. Copies run on copy engines: they slow nothing and nothing
+    slows them. Compute slows transfers only where the machine says so.
+  * `CpuHostModel` (`CpuContention`): a rank is a process whose streams, comm queues and
+    copies are threads sharing the host's cores. Comm ops and compute slow each other
+    (per-op factors), copies and compute slow each other, explicit durations stretch,
+    and in a sampled simulation compute ops stall and woken threads go on late.
+
+The engine's side of the interface (`Contention`):
+
+    timed / timed_copies    compute ops (and copies) run on timers that are re-timed
+                            when their factor changes; False: fixed durations
+    tracks_kernels          report NCCL ops becoming active and finishing: kernel()
+    factor(rank, is_copy)   the current slowdown of a compute op or a copy on `rank`
+    work(rank, is_copy, +1/-1)  a compute op or copy started / ended on `rank`
+    duration_stretch        explicit compute durations run this many times long
+    noisy                   draw stalls (stall_us) and late wake-ups (woken, wake_us)
+
+`kernel()` and `work()` return True when the factors on that rank changed, so the
+engine re-times what runs there. The model also tells the network when a device starts
+or stops computing (`Network.compute_changed`) where compute slows transfers.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+
+from commdsl.ir import Dtype, Op, OpKind
+from commdsl.machine.model import CpuContention, GpuContention, Machine
+from commdsl.sim.network import Network
+
+
+class Contention:
+    """The exact model: nothing slows anything (see the module doc for the interface)."""
+
+    timed = False
+    timed_copies = False
+    tracks_kernels = False
+    noisy = False
+    duration_stretch = 1.0
+
+    def kernel(self, op: Op, started: bool) -> bool:
+        """NCCL op `op` became active (`started`) or finished on its rank."""
+        return False
+
+    def work(self, rank: int, is_copy: bool, delta: int) -> bool:
+        """A compute op (or a copy) started (+1) or ended (-1) on `rank`."""
+        return False
+
+    def factor(self, rank: int, is_copy: bool) -> float:
+        return 1.0
+
+    def stall_us(self, g: int, duration_us: float) -> float:
+        return 0.0
+
+    def woken(self, entry: int, t: float) -> tuple[float, bool]:
+        """A stream entry goes on at `t`, when another thread's work ended: (when it goes
+        on, whether a late wake-up is left to the compute op right after it)."""
+        return t, False
+
+    def wake_us(self, entry: int) -> float:
+        return 0.0
+
+
+Exact = Contention
+
+
+class _KernelFactors(Contention):
+    """Compute slowed by the comm kernels active on its device: the largest of their
+    factors (`Machine.interference`, looked up once per op kind and dtype)."""
+
+    def __init__(self, machine: Machine, world_size: int):
+        self.machine = machine
+        self.tracks_kernels = machine.contention.slows_compute()
+        self.kernels: list[list[float]] = [[] for _ in range(world_size)]
+        """Per rank, the compute slowdowns of its active comm kernels."""
+        self._factor_of: dict[tuple[OpKind, Dtype], float] = {}
+
+    def kernel(self, op: Op, started: bool) -> bool:
+        key = (op.kind, op.dtype)
+        factor = self._factor_of.get(key)
+        if factor is None:
+            factor = self._factor_of[key] = self.machine.interference(op.kind, op.dtype).comm_compute_slowdown
+        kernels = self.kernels[op.rank]
+        before = max(kernels, default=1.0)
+        if started:
+            kernels.append(factor)
+        else:
+            kernels.remove(factor)
+        return max(kernels, default=1.0) != before
+
+    def _kernel_factor(self, rank: int) -> float:
+        return max(self.kernels[rank], default=1.0)
+
+
+class GpuModel(_KernelFactors):
+    """NCCL kernels hold SMs; copy engines leave compute alone (see the module doc)."""
+
+    def __init__(self, machine: Machine, network: Network, world_size: int):
+        super().__init__(machine, world_size)
+        self.network = network
+        self.slows_comm = machine.contention.slows_comm()
+        self.timed = self.tracks_kernels or self.slows_comm
+
+    def work(self, rank: int, is_copy: bool, delta: int) -> bool:
+        if self.slows_comm and not is_copy:
+            self.network.compute_changed(rank, delta > 0)
+        return False
+
+    def factor(self, rank: int, is_copy: bool) -> float:
+        return 1.0 if is_copy else self._kernel_factor(rank)
+
+
+class CpuHostModel(_KernelFactors):
+    """A rank's streams, comm queues and copies are threads on shared cores (see the
+    module doc). Counts, per rank, the compute ops and copies running there."""
+
+    def __init__(self, machine: Machine, network: Network, world_size: int, rng: random.Random | None):
+        super().__init__(machine, world_size)
+        spec: CpuContention = machine.contention
+        self.network = network
+        self.spec = spec
+        noise = spec.noise
+        self.rng = rng if noise is not None else None
+        self.noisy = self.rng is not None
+        self.duration_stretch = noise.duration_stretch if noise is not None else 1.0
+        self.slows_comm = spec.slows_comm()
+        self.timed_copies = spec.copy_compute_slowdown != 1.0 or spec.compute_copy_slowdown != 1.0
+        self._counts_compute = self.slows_comm or spec.compute_copy_slowdown != 1.0 or self.noisy
+        self.timed = self.tracks_kernels or self._counts_compute or self.timed_copies
+        self.computing = [0] * world_size
+        """Per rank, compute ops running (counted only where something depends on it)."""
+        self.copying = [0] * world_size
+        """Per rank, copies running (counted only with `timed_copies`)."""
+        self.ranks_computing = 0
+        """Ranks with a compute op running (late wake-ups happen only while cores are busy)."""
+        self._stall: dict[int, float] = {}
+        """Compute ops (g) with their stall time, drawn once per op."""
+        self._wake: dict[int, float] = {}
+        """Stream entries that waited on another thread's work, with their late wake-up."""
+
+    def work(self, rank: int, is_copy: bool, delta: int) -> bool:
+        counts = self.copying if is_copy else self.computing
+        if not is_copy and not self._counts_compute:
+            return False
+        before = counts[rank]
+        counts[rank] = before + delta
+        if (before == 0) == (counts[rank] == 0):
+            return False  # still running (or still idle): no factor changes
+        if is_copy:
+            return True
+        self.ranks_computing += 1 if before == 0 else -1
+        if self.slows_comm:
+            self.network.compute_changed(rank, before == 0)
+        return self.spec.compute_copy_slowdown != 1.0
+
+    def factor(self, rank: int, is_copy: bool) -> float:
+        spec = self.spec
+        if is_copy:
+            return spec.compute_copy_slowdown if self.computing[rank] else 1.0
+        factor = self._kernel_factor(rank)
+        if self.copying[rank]:
+            factor *= spec.copy_compute_slowdown
+        return factor
+
+    def stall_us(self, g: int, duration_us: float) -> float:
+        """Op g's random stall time: a Poisson number of stalls, `stalls_per_s` per second
+        of its duration on average, each `stall_us` long. Drawn once: an op whose start is
+        delayed comes back here. On a slowed device the stall is slowed with the op's work
+        (a simplification)."""
+        stall = self._stall.get(g)
+        if stall is None:
+            noise = self.spec.noise
+            stall = self._stall[g] = poisson(self.rng, noise.stalls_per_s * duration_us / 1e6) * noise.stall_us
+        return stall
+
+    def woken(self, entry: int, t: float) -> tuple[float, bool]:
+        """A thread wakes late only while the cores are busy: drawn here if compute runs on
+        some rank; else left to a compute or copy op that starts right then, as calibration
+        measures it (a compute op starting late after the comm op it waited for); blocking
+        collectives back to back, with nothing computing, follow each other closely."""
+        if self.ranks_computing:
+            return t + self.wake_us(entry), False
+        return t, True
+
+    def wake_us(self, entry: int) -> float:
+        """A late wake-up: `wake_stall_us` with probability `wake_stall_probability`,
+        drawn once per entry."""
+        wake = self._wake.get(entry)
+        if wake is None:
+            noise = self.spec.noise
+            wake = self._wake[entry] = noise.wake_stall_us if self.rng.random() < noise.wake_stall_probability else 0.0
+        return wake
+
+
+def contention_model(machine: Machine, network: Network, world_size: int, rng: random.Random | None) -> Contention:
+    """The model for `machine`'s contention spec (`Exact` where nothing would change)."""
+    spec = machine.contention
+    if isinstance(spec, CpuContention):
+        model: Contention = CpuHostModel(machine, network, world_size, rng)
+    elif isinstance(spec, GpuContention):
+        model = GpuModel(machine, network, world_size)
+    else:
+        raise AssertionError(f"unknown contention spec {type(spec).__name__}")
+    if not (model.timed or model.noisy or model.duration_stretch != 1.0):
+        return Exact()
+    return model
+
+
+def poisson(rng: random.Random, mean: float) -> int:
+    """A Poisson draw: by inversion for small means (the usual case: a compute op sees
+    well under one stall), by the normal approximation beyond 30."""
+    if mean > 30.0:
+        return max(0, round(rng.gauss(mean, math.sqrt(mean))))
+    k, p, limit = 0, rng.random(), math.exp(-mean)
+    while p > limit:
+        k += 1
+        p *= rng.random()
+    return k

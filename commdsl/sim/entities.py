@@ -1,0 +1,148 @@
+"""The engine's state: op states, stream entries, and the entities that advance.
+
+Per rank there is a host, one FIFO per stream and one comm queue per group; a
+collective instance joins the members' ops of the k-th collective of a group. Each
+entity is a small state machine the engine advances (`commdsl.sim.engine`).
+"""
+
+from __future__ import annotations
+
+from array import array
+from collections import deque
+from dataclasses import dataclass
+
+from commdsl.ir import Algo, Op
+
+# Op states.
+PENDING, ELIGIBLE, ACTIVE, DONE = 0, 1, 2, 3
+"""PENDING: not run yet. ELIGIBLE (comm ops): the issuing stream's earlier work is done,
+the op waits in its comm queue. ACTIVE (comm ops): its kernel runs (maybe waiting for
+peers). DONE: finished."""
+
+# Stream FIFO entries are ints: g * 4 + tag.
+EXEC, MARK, SYNC = 0, 1, 2
+"""EXEC: the op itself runs on the stream. MARK: a comm op's dependency on the stream's
+earlier work (zero time; then the op joins its comm queue). SYNC: the stream waits for a
+synchronous comm op (or a synchronous batch, at its last op)."""
+
+HOST, STREAM, QUEUE = 0, 1, 2
+"""Entity kinds."""
+
+ALGOS = tuple(Algo)
+"""`RawResult.algos` holds indices into this tuple (one byte per op)."""
+
+
+class Entity:
+    __slots__ = ("kind", "rank", "kicked")
+
+    def __init__(self, kind: int, rank: int):
+        self.kind = kind
+        self.rank = rank
+        self.kicked = False
+
+
+class Host(Entity):
+    """A rank's host thread: issues its ops in program order."""
+
+    __slots__ = ("pc", "end", "t", "cause", "block_g", "block_deps", "sync_targets")
+
+    def __init__(self, rank: int, first: int, end: int):
+        super().__init__(HOST, rank)
+        self.pc = first
+        """Global number of the next op to issue."""
+        self.end = end
+        self.t = 0.0
+        """The host's own clock (may run ahead of env.now)."""
+        self.cause = -1
+        """The op that last unblocked the host (the host's link in the critical path)."""
+        self.block_g = -1
+        """Op the host is blocked in, or -1."""
+        self.block_deps: tuple[int, ...] = ()
+        self.sync_targets: list[tuple[Entity, int]] = []
+
+
+class Stream(Entity):
+    """One stream of a rank: a FIFO of entries run one after another."""
+
+    __slots__ = ("name", "fifo", "busy", "pushed", "done", "last_g", "last_end", "woke", "drain_waiters", "cur", "cur_cause",
+                 "delay", "work_left", "t_run", "factor", "token", "slowed")  # fmt: skip
+
+    def __init__(self, rank: int, name: str):
+        super().__init__(STREAM, rank)
+        self.name = name
+        self.fifo: deque[int] = deque()
+        self.busy = False
+        self.cur = -1
+        """The entry being timed (busy), and the op its start waited for."""
+        self.cur_cause = -1
+        self.pushed = 0
+        self.done = 0
+        self.last_g = -1
+        self.last_end = 0.0
+        self.woke = False
+        """The last entry went on when another thread's work ended, its late wake-up
+        left to the op after it (`Contention.woken`)."""
+        self.drain_waiters: list[tuple[int, Entity]] = []
+        # Work whose speed can change while it runs (`Contention.timed`):
+        self.delay = False
+        """The timer only waits for the entry's start (timed work starts at its true time)."""
+        self.work_left = 0.0
+        """Of the running timed op: microseconds of work left at t_run, unslowed."""
+        self.t_run = 0.0
+        self.factor = 1.0
+        """Current slowdown of the running timed op."""
+        self.token = 0
+        """Generation of the timer (a rescheduled timer supersedes the old one)."""
+        self.slowed = False
+
+
+class Queue(Entity):
+    """One group's comm queue on one rank: items (an op, or a P2P batch) in issue order."""
+
+    __slots__ = ("group", "fifo", "active", "remaining", "pushed", "done", "last_g", "last_end", "drain_waiters")
+
+    def __init__(self, rank: int, group: str):
+        super().__init__(QUEUE, rank)
+        self.group = group
+        self.fifo: deque[int] = deque()
+        """Items: the op's g, or the first g of a batch."""
+        self.active = False
+        self.remaining = 0
+        """Ops of the active item not finished yet."""
+        self.pushed = 0
+        self.done = 0
+        self.last_g = -1
+        self.last_end = 0.0
+        self.drain_waiters: list[tuple[int, Entity]] = []
+
+
+class Collective:
+    """One collective instance: the k-th collective of a group, across its members."""
+
+    __slots__ = ("group", "seq", "size", "ops", "arrived")
+
+    def __init__(self, group: str, seq: int, size: int):
+        self.group = group
+        self.seq = seq
+        self.size = size
+        self.ops: list[int] = []
+        """Members' ops (g), in rank order as found in the program."""
+        self.arrived: list[int] = []
+        """Members' ops that are active, in arrival order."""
+
+
+@dataclass
+class RawResult:
+    """Per-op outcome arrays (indexed by g) and what is needed to interpret them."""
+
+    ops: list[Op]
+    base: list[int]
+    issue_start: array
+    issue_end: array
+    start: array
+    end: array
+    state: bytearray
+    cause: array
+    partner: array
+    algos: bytearray
+    """Per comm op, the index in `ALGOS` of the algorithm it runs."""

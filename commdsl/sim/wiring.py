@@ -1,0 +1,138 @@
+"""What the engine knows before the clock starts: who talks to whom.
+
+`wire()` walks every op once and fixes the static facts of a program on a machine:
+each comm op's comm queue, send/recv pairs (first in, first out per (src, dst, group)),
+collective instances (the k-th collective of a group on every member), P2P batches,
+and each comm op's algorithm. It also checks what the machine must provide: a transport
+for every comm op and a compute rate for every FLOP-sized dtype.
+"""
+
+from __future__ import annotations
+
+from array import array
+from collections import deque
+from dataclasses import dataclass
+
+from commdsl.errors import MachineError
+from commdsl.ir import COLLECTIVE_KINDS, P2P_KINDS, Algo, Op, OpKind, Program
+from commdsl.machine.model import Machine
+from commdsl.sim.collectives import resolve_algo
+from commdsl.sim.entities import ALGOS, Collective, Queue
+from commdsl.sim.network import Network
+
+
+@dataclass
+class Wiring:
+    """Static facts per op, indexed by g (ranks laid out one after another)."""
+
+    queues: list[dict[str, Queue]]
+    """Per rank, its comm queue of each group it uses."""
+    queue_of: list[Queue | None]
+    """Per comm op, its group's comm queue on its rank."""
+    partner: array
+    """Per send/recv, the matching op (-1: none)."""
+    coll_of: list[Collective | None]
+    """Per collective op, its instance."""
+    collectives: list[Collective]
+    batch_ops: dict[int, tuple[int, ...]]
+    """P2P batches: first op (g) -> the batch's ops, in issue order."""
+    batch_queues: dict[int, tuple[Queue, ...]]
+    """P2P batches: first op (g) -> the comm queues it occupies (usually one)."""
+    algos: bytearray
+    """Per comm op, the index in `ALGOS` of its algorithm."""
+
+
+_COMM_KINDS = P2P_KINDS | COLLECTIVE_KINDS
+
+
+def wire(program: Program, ops: list[Op], base: list[int], machine: Machine, network: Network) -> Wiring:
+    n = len(ops)
+    queues: list[dict[str, Queue]] = [{} for _ in range(program.world_size)]
+    queue_of: list[Queue | None] = [None] * n
+    partner = array("q", [-1]) * n
+    coll_of: list[Collective | None] = [None] * n
+    collectives: list[Collective] = []
+    algos = bytearray(n)
+    group_ranks = {g.id: g.ranks for g in program.groups}
+    sends: dict[tuple, deque[int]] = {}
+    recvs: dict[tuple, deque[int]] = {}
+    seq: dict[tuple[int, str], int] = {}
+    instances: dict[tuple[str, int], Collective] = {}
+    chosen: dict[tuple, Algo] = {}
+    checked: set = set()
+    for g, op in enumerate(ops):
+        kind = op.kind
+        if kind in _COMM_KINDS:
+            if op.transport not in checked:
+                _check_transport(machine, op)
+                checked.add(op.transport)
+            rank_queues = queues[op.rank]
+            q = rank_queues.get(op.group)
+            if q is None:
+                q = rank_queues[op.group] = Queue(op.rank, op.group)
+            queue_of[g] = q
+            algo = resolve_algo(op)  # an explicit algo= the simulator cannot model is an error
+            if op.algo is None and kind in COLLECTIVE_KINDS:
+                key = (op.group, kind, op.size_bytes, op.transport)
+                algo = chosen.get(key)
+                if algo is None:
+                    algo = chosen[key] = network.choose_algo(op, group_ranks[op.group])
+            algos[g] = ALGOS.index(algo)
+        if kind is OpKind.SEND:
+            key = (op.rank, op.peer, op.group)
+            r = recvs.get(key)
+            if r:
+                _pair(partner, g, r.popleft())
+            else:
+                sends.setdefault(key, deque()).append(g)
+        elif kind is OpKind.RECV:
+            key = (op.peer, op.rank, op.group)
+            s = sends.get(key)
+            if s:
+                _pair(partner, s.popleft(), g)
+            else:
+                recvs.setdefault(key, deque()).append(g)
+        elif kind in COLLECTIVE_KINDS:
+            k = seq.get((op.rank, op.group), 0)
+            seq[(op.rank, op.group)] = k + 1
+            inst = instances.get((op.group, k))
+            if inst is None:
+                inst = instances[(op.group, k)] = Collective(op.group, k, len(group_ranks[op.group]))
+                collectives.append(inst)
+            inst.ops.append(g)
+            coll_of[g] = inst
+        elif kind is OpKind.COMPUTE and op.duration_us is None and op.flops is not None and (op.dtype, "flops") not in checked:
+            _check_rate(machine, op)
+            checked.add((op.dtype, "flops"))
+
+    batches: dict[int, list[int]] = {}
+    for g, op in enumerate(ops):
+        if op.batch is not None:
+            batches.setdefault(base[op.rank] + op.batch, []).append(g)
+    batch_ops = {first: tuple(members) for first, members in batches.items()}
+    batch_queues = {first: tuple(dict.fromkeys(queue_of[m] for m in members)) for first, members in batches.items()}
+    return Wiring(queues, queue_of, partner, coll_of, collectives, batch_ops, batch_queues, algos)
+
+
+def _pair(partner: array, send: int, recv: int) -> None:
+    partner[send] = recv
+    partner[recv] = send
+
+
+def _check_transport(machine: Machine, op: Op) -> None:
+    if machine.transport(op.transport) is None:
+        raise MachineError(
+            f"machine {machine.name} has no '{op.transport.value}' transport, which {op.kind.value} "
+            f"{op.name} on rank {op.rank} uses (machine transports: {', '.join(t.value for t, _ in machine.transports)})",
+            op.loc, rank=op.rank, hint="pick another --machine, or set the schedule's `transport:`",
+        )  # fmt: skip
+
+
+def _check_rate(machine: Machine, op: Op) -> None:
+    if machine.device.tflops(op.dtype) is None:
+        rates = ", ".join(d.value for d, _ in machine.device.peak_tflops)
+        raise MachineError(
+            f"machine {machine.name} has no {op.dtype.value} compute rate for compute {op.name} on rank {op.rank} "
+            f"(it lists: {rates})",
+            op.loc, rank=op.rank, hint="give the op a duration, another dtype=, or add the rate to the machine",
+        )  # fmt: skip
