@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 
 from commdsl.calibrate.main import REPEATS
-from commdsl.compare import compare_timelines, machine_at_run_rate
+from commdsl.comparison import compare_timelines, machine_at_run_rate
 from commdsl.dsl import load_schedule
 from commdsl.machine import resolve_machine
 from commdsl.sim import simulate
@@ -63,7 +63,7 @@ def _iterations(args, predicted_trace: Path) -> int:
 
 def _error_at_run_rate(name: str, machine: str, measured: Path, samples: int) -> float | None:
     """Makespan error (%) of `name` re-simulated with the compute rates its measured launch
-    timed at start-up (`commdsl.compare.machine_at_run_rate`); None without FLOP-sized ops."""
+    timed at start-up (`commdsl.comparison.machine_at_run_rate`); None without FLOP-sized ops."""
     tl = Timeline.read(measured)
     at_run = machine_at_run_rate(resolve_machine(machine), tl)
     if at_run is None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import html
 
-from commdsl.compare import Comparison
+from commdsl.comparison import Comparison
 from commdsl.dsl.values import format_us
 from commdsl.timeline import SpanRole, Timeline
 

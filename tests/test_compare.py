@@ -12,7 +12,7 @@ import pytest
 from rich.console import Console
 
 from commdsl.commands.compare import print_comparison
-from commdsl.compare import compare_timelines, machine_at_run_rate, rank_breakdowns
+from commdsl.comparison import compare_timelines, machine_at_run_rate, rank_breakdowns
 from commdsl.errors import UsageError
 from commdsl.ir import Dtype
 from commdsl.timeline import FLOP_RATE_META, Span, SpanRole, Timeline

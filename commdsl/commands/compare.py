@@ -9,9 +9,9 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from commdsl.compare import Comparison, combined_trace, compare_timelines
+from commdsl.api import compare_named
+from commdsl.comparison import Comparison, combined_trace
 from commdsl.dsl.values import format_us
-from commdsl.errors import UsageError
 from commdsl.timeline import Timeline
 
 EXIT_OVER_MAX_ERROR = 4
@@ -66,14 +66,7 @@ def print_comparison(cmp: Comparison, console: Console) -> None:
 
 def run(args: argparse.Namespace) -> int:
     predicted, measured = Timeline.read(args.predicted), Timeline.read(args.measured)
-    if predicted.world_size != measured.world_size:
-        raise UsageError(f"the timelines have different world sizes: {predicted.world_size} ({args.predicted}) "
-                         f"vs {measured.world_size} ({args.measured})")  # fmt: skip
-    if predicted.schedule != measured.schedule:
-        raise UsageError(f"the timelines are of different schedules: '{predicted.schedule}' vs '{measured.schedule}'")
-    cmp = compare_timelines(predicted, measured, min_duration_us=args.min_duration)
-    if not cmp.ops:
-        raise UsageError("the timelines have no op in common (are they of the same schedule and params?)")
+    cmp = compare_named(predicted, measured, args.predicted, args.measured, args.min_duration)
     if args.json:
         print(json.dumps(cmp.to_json(), indent=1))
     else:

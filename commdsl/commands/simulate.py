@@ -42,15 +42,7 @@ def add_machine_arguments(parser: argparse.ArgumentParser) -> None:
 
 def machine_from_args(args: argparse.Namespace):
     """--machine, with --nodes applied."""
-    machine = resolve_machine(args.machine)
-    if args.nodes is not None:
-        if args.nodes < 1:
-            raise UsageError(f"--nodes must be at least 1, got {args.nodes}")
-        if machine.topology is None:
-            raise UsageError(f"--nodes needs a machine with a topology; {machine.name} has none",
-                             hint="try --machine dgx-h100 or dgx-a100")  # fmt: skip
-        machine = machine.with_nodes(args.nodes)
-    return machine
+    return resolve_machine(args.machine, nodes=args.nodes)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

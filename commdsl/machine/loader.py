@@ -42,9 +42,21 @@ def preset_names() -> list[str]:
     return sorted(p.stem for p in PRESETS_DIR.glob("*.yaml"))
 
 
-def resolve_machine(arg: str | None) -> Machine:
-    """`--machine NAME|PATH`: a machine file, or the name of a preset (default h100-nvlink)."""
-    arg = arg or DEFAULT_MACHINE
+def resolve_machine(arg: str | Path | None, *, nodes: int | None = None) -> Machine:
+    """`--machine NAME|PATH [--nodes N]`: a machine file, or the name of a preset (default
+    h100-nvlink); `nodes` makes a cluster of N nodes of a machine with a topology."""
+    machine = _find_machine(str(arg) if arg is not None else DEFAULT_MACHINE)
+    if nodes is None:
+        return machine
+    if nodes < 1:
+        raise UsageError(f"--nodes must be at least 1, got {nodes}")
+    if machine.topology is None:
+        raise UsageError(f"--nodes needs a machine with a topology; {machine.name} has none",
+                         hint="try --machine dgx-h100 or dgx-a100")  # fmt: skip
+    return machine.with_nodes(nodes)
+
+
+def _find_machine(arg: str) -> Machine:
     path = Path(arg)
     if path.is_file():
         return load_machine(path)

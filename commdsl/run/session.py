@@ -165,7 +165,7 @@ def _compare(program: Program, config: RunConfig, measured, meta: dict) -> None:
     from rich.console import Console
 
     from commdsl.commands.compare import print_comparison
-    from commdsl.compare import compare_timelines, run_flop_rates
+    from commdsl.comparison import compare_timelines, run_flop_rates
     from commdsl.dsl.values import format_us
     from commdsl.machine import DEFAULT_MACHINE, resolve_machine
     from commdsl.sim import simulate

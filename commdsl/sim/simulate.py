@@ -6,6 +6,7 @@ import random
 import statistics
 from array import array
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from commdsl.errors import MachineError, UsageError
 from commdsl.ir import HOST_STREAM, CopyDir, Op, OpKind, Program, Transport
@@ -16,6 +17,9 @@ from commdsl.sim.entities import ALGOS, RawResult
 from commdsl.sim.models import DEFAULT_NETWORK, NETWORKS
 from commdsl.sim.network import FlowStat, LinkStat, Network
 from commdsl.timeline import COMM_TRACK_PREFIX, CounterSample, Flow, Span, SpanRole, Timeline, comm_span_args, nccl_kernel_name, op_span_args
+
+if TYPE_CHECKING:
+    from commdsl.sim.summary import Summary
 
 _SMALL_MESSAGE_BYTES = 64 * 1024
 """Below this NCCL uses its low-latency (LL) protocol, above it Simple; only the kernel
@@ -31,6 +35,9 @@ _MEMCPY_NAMES = {
 
 @dataclass
 class SimResult:
+    """A simulation's outcome: per-op times (`raw`), the makespan and critical path, the
+    network's per-flow and per-link statistics, and the predicted `timeline`."""
+
     program: Program
     machine: Machine
     network: str
@@ -56,6 +63,17 @@ class SimResult:
 
     def op_at(self, g: int) -> Op:
         return self.raw.ops[g]
+
+    def summary(self) -> Summary:
+        """What `commdsl simulate` prints: makespan, per-rank breakdown, bubble fraction,
+        critical path, transfers, links."""
+        from commdsl.sim.summary import summarize  # it imports this module
+
+        return summarize(self)
+
+    def to_json(self) -> dict:
+        """The summary as JSON, as `commdsl simulate --json` prints it."""
+        return self.summary().to_json()
 
     @property
     def timeline(self) -> Timeline:

@@ -1,0 +1,125 @@
+"""The Python API: what the command line does, as functions.
+
+    import commdsl
+
+    program = commdsl.load("1f1b", stages=8, microbatches=32)   # a path or a bundled name
+    result = commdsl.simulate(program, machine="dgx-h100")
+    print(result.makespan_us, result.summary().bubble_fraction)
+    result.timeline.write("predicted.json")                      # Chrome trace for Perfetto
+
+    measured = commdsl.read_timeline("measured.json")            # from `commdsl run`
+    cmp = commdsl.compare(result, measured)
+    print(f"{cmp.makespan_error_pct:+.1f}%")
+
+Every function raises a `commdsl.CommdslError` (with file, line and column where there
+is one) on bad input, as the command line prints it. Results are dataclasses with
+`to_json()`, the same JSON the command line's `--json` prints. None of this imports
+torch: running a schedule for real is `commdsl run` (or `torchrun -m commdsl.run`).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # the heavy modules load on first use, so `import commdsl` stays light
+    from commdsl.comparison import Comparison
+    from commdsl.ir import Program
+    from commdsl.machine.model import Machine
+    from commdsl.sim.simulate import SimResult
+    from commdsl.timeline import Timeline
+
+PathLike = str | os.PathLike
+
+
+def load(schedule: PathLike, params: Mapping[str, object] | None = None, /, *, max_ops: int | None = None,
+         validate: bool = True, **kw_params: object) -> Program:  # fmt: skip
+    """Load a schedule (a file, or the name of a bundled schedule) and expand it for every
+    rank. Params override the schedule's, as `-p key=value` does: give them as keywords
+    (`stages=8`, `act="64MiB"`) or as a mapping; values are written as in the schedule
+    (numbers, or strings with units). `validate` runs the cross-rank checks (send/recv
+    matching, collective order) that every command runs."""
+    from commdsl.dsl import DEFAULT_MAX_OPS, load_schedule
+
+    merged = {**(params or {}), **kw_params}
+    overrides = {str(k): _param_text(v) for k, v in merged.items()}
+    return load_schedule(os.fspath(schedule), overrides, max_ops=max_ops or DEFAULT_MAX_OPS, validate=validate)
+
+
+def load_machine(name: PathLike | None = None, *, nodes: int | None = None) -> Machine:
+    """A machine: a preset name (`dgx-h100`; None: the default preset) or a machine file
+    (from `commdsl calibrate`); `nodes` makes a cluster of a machine with a topology."""
+    from commdsl.machine import resolve_machine
+
+    return resolve_machine(name, nodes=nodes)
+
+
+def simulate(program: Program | PathLike, machine: Machine | PathLike | None = None, network: str = "flow", *,
+             nodes: int | None = None, samples: int = 1, seed: int = 0) -> SimResult:  # fmt: skip
+    """Predict a program's timeline (`commdsl simulate`). `program` may also be a schedule
+    path or bundled name, loaded with its own params. `machine` is a `Machine`, a preset
+    name or a machine file (None: the default preset); `network` is `flow` (links shared
+    max-min), `analytic` (no contention) or `flow-steps`. `samples` > 1 draws a calibrated
+    CPU machine's noise and reports per-op medians. Raises `DeadlockError` (with every
+    stuck rank's op and source line) if the program cannot finish."""
+    from commdsl.ir import Program
+    from commdsl.machine import resolve_machine
+    from commdsl.machine.model import Machine
+    from commdsl.sim import simulate as run_simulation
+
+    if not isinstance(program, Program):
+        program = load(program)
+    if not isinstance(machine, Machine):
+        machine = resolve_machine(machine, nodes=nodes)
+    elif nodes is not None:
+        machine = machine.with_nodes(nodes)
+    return run_simulation(program, machine, network, samples=samples, seed=seed)
+
+
+def read_timeline(path: PathLike) -> Timeline:
+    """A timeline written by `commdsl simulate --trace` or `commdsl run --out`."""
+    from commdsl.timeline import Timeline
+
+    return Timeline.read(os.fspath(path))
+
+
+def compare(predicted: SimResult | Timeline | PathLike, measured: Timeline | PathLike, *,
+            min_duration_us: float = 10.0) -> Comparison:  # fmt: skip
+    """Compare a prediction with a measurement op by op (`commdsl compare`): makespan
+    error, per-op start and duration errors, per-rank breakdowns. Ops pair by identity
+    (rank and index), never by timestamp. Ops shorter than `min_duration_us` (measured)
+    are left out of the duration-error percentages."""
+    from commdsl.sim.simulate import SimResult
+    from commdsl.timeline import Timeline
+
+    if isinstance(predicted, SimResult):
+        predicted = predicted.timeline
+    pred, pred_name = (predicted, "predicted") if isinstance(predicted, Timeline) else (read_timeline(predicted), os.fspath(predicted))
+    meas, meas_name = (measured, "measured") if isinstance(measured, Timeline) else (read_timeline(measured), os.fspath(measured))
+    return compare_named(pred, meas, pred_name, meas_name, min_duration_us)
+
+
+def compare_named(predicted: Timeline, measured: Timeline, predicted_name: str, measured_name: str,
+                  min_duration_us: float = 10.0) -> Comparison:  # fmt: skip
+    """`compare` of two timelines that messages call by these names (their files)."""
+    from commdsl.comparison import compare_timelines
+    from commdsl.errors import UsageError
+
+    if predicted.world_size != measured.world_size:
+        raise UsageError(f"the timelines have different world sizes: {predicted.world_size} ({predicted_name}) "
+                         f"vs {measured.world_size} ({measured_name})")  # fmt: skip
+    if predicted.schedule != measured.schedule:
+        raise UsageError(f"the timelines are of different schedules: '{predicted.schedule}' ({predicted_name}) "
+                         f"vs '{measured.schedule}' ({measured_name})")  # fmt: skip
+    cmp = compare_timelines(predicted, measured, min_duration_us=min_duration_us)
+    if not cmp.ops:
+        raise UsageError("the timelines have no op in common (are they of the same schedule and params?)")
+    return cmp
+
+
+def _param_text(value: object) -> str:
+    """A param value as the schedule language reads it (`True` -> `true`)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)

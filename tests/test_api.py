@@ -1,0 +1,75 @@
+"""The Python API (`import commdsl`): the command line's work as functions."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+import commdsl
+from commdsl.cli import main
+
+
+def test_importing_commdsl_loads_nothing_heavy():
+    code = "import sys, commdsl; commdsl.__all__; print(sorted(m for m in ('torch', 'simpy', 'lark') if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+
+
+def test_every_exported_name_resolves():
+    for name in commdsl.__all__:
+        assert getattr(commdsl, name) is not None
+    with pytest.raises(AttributeError, match="no attribute 'nope'"):
+        commdsl.nope  # noqa: B018
+
+
+def test_load_takes_params_as_keywords_or_a_mapping():
+    a = commdsl.load("1f1b", stages=2, microbatches=4, act="1MiB")
+    b = commdsl.load("1f1b", {"stages": 2, "microbatches": "4", "act": "1MiB"})
+    assert a == b
+    assert a.world_size == 2 and dict(a.params)["microbatches"] == "4"
+    assert commdsl.load("1f1b").world_size == 4  # the schedule's own params
+
+
+def test_simulate_gives_what_the_cli_prints(capsys):
+    result = commdsl.simulate(commdsl.load("1f1b", stages=2, microbatches=4), machine="dgx-h100")
+    assert main(["simulate", "1f1b", "-p", "stages=2", "-p", "microbatches=4", "--machine", "dgx-h100", "--json"]) == 0
+    cli = json.loads(capsys.readouterr().out)
+    assert cli["makespan_us"] == pytest.approx(result.makespan_us, rel=1e-6)
+    assert json.loads(json.dumps(result.to_json())) == cli
+    # A schedule name, a Machine object and nodes work too.
+    machine = commdsl.load_machine("dgx-h100")
+    again = commdsl.simulate("1f1b", machine, nodes=1)
+    assert again.program.world_size == 4 and again.machine.topology.nodes == 1
+
+
+def test_compare_pairs_ops_by_identity(tmp_path):
+    result = commdsl.simulate(commdsl.load("gpipe", stages=2, microbatches=2))
+    exact = commdsl.compare(result, result.timeline)
+    assert exact.makespan_error_pct == 0.0 and len(exact.ops) == result.program.num_ops
+    path = tmp_path / "predicted.json"
+    result.timeline.write(path)
+    slow = commdsl.simulate(commdsl.load("gpipe", stages=2, microbatches=2), network="analytic", machine="a100-nvlink")
+    cmp = commdsl.compare(path, slow.timeline)
+    assert cmp.makespan_error_pct == pytest.approx((result.makespan_us / slow.makespan_us - 1) * 100, rel=1e-4)  # the file keeps ns
+    assert cmp.to_json()["makespan_error_pct"] == pytest.approx(cmp.makespan_error_pct, abs=0.01)
+
+
+@pytest.mark.parametrize(
+    ("call", "error", "match"),
+    [
+        (lambda: commdsl.load("no-such-schedule"), "UsageError", "no such schedule file or bundled schedule"),
+        (lambda: commdsl.load("1f1b", stages="two"), "ScheduleError", "stages"),
+        (lambda: commdsl.load_machine("no-such-machine"), "UsageError", "no such machine file or preset"),
+        (lambda: commdsl.load_machine("h100-nvlink", nodes=2), "UsageError", "--nodes needs a machine with a topology"),
+        (lambda: commdsl.simulate("1f1b", network="fast"), "UsageError", "unknown network model 'fast'"),
+        (lambda: commdsl.compare(commdsl.simulate("gpipe").timeline, commdsl.simulate("1f1b").timeline), "UsageError",
+         "different schedules: 'gpipe' \\(predicted\\) vs '1f1b' \\(measured\\)"),
+    ],
+)  # fmt: skip
+def test_bad_input_raises_the_commdsl_error(call, error, match):
+    with pytest.raises(getattr(commdsl, error), match=match) as info:
+        call()
+    assert isinstance(info.value, commdsl.CommdslError)
