@@ -240,6 +240,8 @@ CASES = [
     Case("alloc_twice", prog("alloc x 1MiB", "alloc x 1MiB"), "buffer 'x' is already allocated (line 12)", P + 2, 3, cli=True),
     Case("free_unknown", prog("alloc act 1MiB", "free atc"), "free atc: no live buffer of that name on rank 0", P + 2, 3,
          hint="did you mean 'act'?", rank=0),
+    Case("free_on_another_stream", prog("alloc x 1MiB on comm", "free x"),
+         "free x on stream compute, but it was allocated on stream comm (line 12)", P + 2, 3, hint="free it `on comm`"),
     Case("alloc_not_a_size", prog("alloc x t_fwd"), "expected a size such as 32MiB or bf16[1024], got a duration", P + 1, 11),
     Case("alloc_handle", prog("h = alloc x 1MiB"), "alloc returns no handle", P + 1, 7),
     Case("pipeline_options_partial", prog("compute F t_fwd action=forward stage=0"), "missing microbatch", P + 1, 19),

@@ -91,6 +91,7 @@ class StageTransfers:
 @dataclass(frozen=True)
 class _Buffer:
     size_bytes: int
+    stream: str
     loc: SourceLoc
 
 
@@ -284,7 +285,7 @@ class RankExpander:
             raise self.fail(f"buffer '{name}' is already allocated (line {old.loc.line}); free it before allocating it again", loc)
         size = self._size(size, Dtype.UINT8, size_loc or loc, OpKind.ALLOC)
         self._append(dict(kind=OpKind.ALLOC, name=name, stream=stream, size_bytes=size, dtype=Dtype.UINT8), loc)
-        self.live[name] = _Buffer(size, loc)
+        self.live[name] = _Buffer(size, stream, loc)
 
     def free(self, name: str, placement, loc) -> None:
         self._no_batch("free", loc)
@@ -294,6 +295,9 @@ class RankExpander:
             live = sorted(self.live)
             hint = did_you_mean(name, live) or (f"live buffers: {', '.join(live[:8])}" if live else "`alloc` it first")
             raise self.fail(f"free {name}: no live buffer of that name on rank {self.rank}", loc, hint=hint)
+        if buf.stream != stream:
+            raise self.fail(f"free {name} on stream {stream}, but it was allocated on stream {buf.stream} (line {buf.loc.line})",
+                            loc, hint=f"memory is ordered by stream: free it `on {buf.stream}`")  # fmt: skip
         self._append(dict(kind=OpKind.FREE, name=name, stream=stream, size_bytes=buf.size_bytes, dtype=Dtype.UINT8), loc)
 
     def host_work(self, name: str, duration_us: float, loc) -> None:

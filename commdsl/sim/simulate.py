@@ -14,10 +14,10 @@ from commdsl.machine.model import Machine, timeless_machine
 from commdsl.sim.deadlock import deadlock_error
 from commdsl.sim.engine import Engine
 from commdsl.sim.entities import ALGOS, RawResult
-from commdsl.sim.memory import check_memory, memory_counters
+from commdsl.sim.memory import check_memory, memory_counters, memory_profile
 from commdsl.sim.models import DEFAULT_NETWORK, NETWORKS
 from commdsl.sim.network import FlowStat, LinkStat, Network
-from commdsl.timeline import COMM_TRACK_PREFIX, CounterSample, Flow, Span, SpanRole, Timeline, comm_span_args, nccl_kernel_name, op_span_args
+from commdsl.timeline import COMM_TRACK_PREFIX, MEMORY_PEAK_META, CounterSample, Flow, Span, SpanRole, Timeline, comm_span_args, nccl_kernel_name, op_span_args
 
 if TYPE_CHECKING:
     from commdsl.sim.summary import Summary
@@ -90,6 +90,9 @@ class SimResult:
                         track = tracks[name] = f"link {name} util"
                     self._timeline.counters.append(CounterSample(track, -1, t, v))
             self._timeline.counters.extend(memory_counters(self.raw))
+            peaks = memory_profile(self.raw)
+            if peaks:
+                self._timeline.meta[MEMORY_PEAK_META] = {str(m.rank): m.peak_bytes for m in peaks}
         return self._timeline
 
 
