@@ -3,7 +3,7 @@
 Subcommands live in their own modules; each provides `add_arguments(parser)` and
 `run(args) -> int`. This module parses the command line, dispatches, and turns every
 `CommdslError` into its one-screen message and exit code (0 ok, 1 schedule error,
-2 usage error, 3 deadlock, 4 out of device memory). A Python traceback reaching the user is a bug.
+2 usage error, 3 deadlock, 5 out of device memory). A Python traceback reaching the user is a bug.
 """
 
 from __future__ import annotations

@@ -2,7 +2,8 @@
 
 Every error a user can cause is a `CommdslError`. The CLI catches exactly this class,
 prints `format()` and exits with the error's `exit_code`: 1 schedule (and machine, run)
-errors, 2 usage errors, 3 deadlocks, 4 a rank out of device memory. Anything else
+errors, 2 usage errors, 3 deadlocks, 5 a rank out of device memory (`commdsl compare`
+exits 4 when the makespan error exceeds --max-error). Anything else
 escaping is a bug in commdsl. Errors carry source locations (file, line, column, the line's text) so
 the message can show the line with a caret, the way compilers do.
 """
@@ -118,9 +119,9 @@ class DeadlockError(CommdslError):
 
 
 class MemoryExceededError(CommdslError):
-    """A rank's live buffers (`alloc`) exceed its device's memory. Exit code 4."""
+    """A rank's live buffers (`alloc`) exceed its device's memory. Exit code 5."""
 
-    exit_code = 4
+    exit_code = 5
     kind = "out of memory"
 
 

@@ -141,16 +141,16 @@ def test_out_of_memory_names_the_alloc_and_its_line():
     err = info.value
     # 768 MiB static, then the 5th microbatch's activations pass 1 GiB.
     assert "runs out of device memory at `alloc saved[4]`" in err.message and "the test of machine tiny has 1.00 GiB" in err.message
-    assert err.exit_code == 4 and err.loc.file == "schedules/gpipe.yaml" and err.loc.text.strip() == "alloc saved[mb] saved"
+    assert err.exit_code == 5 and err.loc.file == "schedules/gpipe.yaml" and err.loc.text.strip() == "alloc saved[mb] saved"
     assert err.rank == 0
 
 
-def test_out_of_memory_exits_4_from_the_cli(tmp_path):
+def test_out_of_memory_exits_5_from_the_cli(tmp_path):
     machine = tmp_path / "small.yaml"
     machine.write_text(SMALL_GPU)
     proc = subprocess.run([sys.executable, "-m", "commdsl.cli", "simulate", "gpipe", "-p", "microbatches=16", "--machine",
                            str(machine)], capture_output=True, text=True, timeout=60)  # fmt: skip
-    assert proc.returncode == 4, proc.stderr
+    assert proc.returncode == 5, proc.stderr
     assert proc.stderr.startswith("out of memory: rank 0 runs out of device memory at `alloc optimizer`")
     assert "--> schedules/gpipe.yaml:" in proc.stderr and "Traceback" not in proc.stderr
     ok = subprocess.run([sys.executable, "-m", "commdsl.cli", "simulate", "gpipe", "-p", "weights=1MiB", "-p", "optimizer=1MiB",
