@@ -32,7 +32,7 @@ import math
 from dataclasses import dataclass
 
 from commdsl.errors import ScheduleError
-from commdsl.ir import Algo, Op, OpKind
+from commdsl.ir import Algo, Op, OpKind, Protocol
 
 DEFAULT_ALGO = {
     OpKind.ALL_REDUCE: Algo.RING,
@@ -91,6 +91,8 @@ class CommPlan:
     """Sequential latency-bound steps."""
     serial_bytes: float
     """Bytes the busiest rank moves one after another (sets the bandwidth term)."""
+    proto: Protocol | None = None
+    """NCCL's protocol (machines with an `nccl:` model); None: the transport's parameters."""
 
 
 def resolve_algo(op: Op) -> Algo:
@@ -103,8 +105,13 @@ def resolve_algo(op: Op) -> Algo:
     return op.algo
 
 
-def plan(kind: OpKind, algo: Algo, n: int, size_bytes: float, chunk_bytes: int) -> CommPlan:
+def plan(kind: OpKind, algo: Algo, n: int, size_bytes: float, chunk_bytes: int, proto: Protocol | None = None) -> CommPlan:
     """Steps and bytes of one op of `kind` on `n` ranks moving `size_bytes` (see module doc)."""
+    p = _plan(kind, algo, n, size_bytes, chunk_bytes)
+    return p if proto is None else CommPlan(p.algo, p.latency_steps, p.serial_bytes, proto)
+
+
+def _plan(kind: OpKind, algo: Algo, n: int, size_bytes: float, chunk_bytes: int) -> CommPlan:
     if kind is OpKind.SEND or kind is OpKind.RECV:
         return CommPlan(algo, 1, float(size_bytes))
     if n <= 1:
