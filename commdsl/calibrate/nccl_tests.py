@@ -32,7 +32,7 @@ import yaml
 
 from commdsl.calibrate.nccl_logs import NcclTestsLog, read_logs
 from commdsl.dsl import load_schedule_text
-from commdsl.errors import LogError, SourceLoc, UsageError, require_output_folder
+from commdsl.errors import SourceLoc, UsageError, require_output_folder
 from commdsl.ir import Algo, Dtype, Op, OpKind, Protocol, Transport
 from commdsl.machine.loader import load_machine, resolve_machine
 from commdsl.machine.model import NETWORK_VERTEX, LinkKind, Machine
@@ -223,16 +223,17 @@ def _point(li: int, m: Machine, flows: NcclFlows, cls: list[int], run: Run, size
     pairs = [(r, (r + 1) % run.ranks) for r in ranks] if kind is OpKind.SEND else [ranks]
     per = [0.0, 0.0, 0.0]
     serial = 1.0
+    root = 0 if kind in (OpKind.BROADCAST, OpKind.REDUCE) else None
+    undo = m.nccl.p2p_net_efficiency if kind in nccl.P2P_BASED else 1.0  # kept apart: a parameter of its own
     for group in pairs:
-        flows_c = flows.coflow(kind, group, size, 0 if kind in (OpKind.BROADCAST, OpKind.REDUCE) else None, c.algo, c.proto,
-                               run.ranks)  # fmt: skip
-        eff = nccl.efficiency(m.nccl, flows.channels(kind, group, size, c.algo, c.proto, run.ranks))
-        undo = m.nccl.p2p_net_efficiency if kind in nccl.P2P_BASED else 1.0  # kept apart: a parameter of its own
-        for ch, wire in flows_c.channel_bytes:
+        co = flows.coflow(kind, group, size, root, c.algo, c.proto, run.ranks)
+        used = flows.choice_of(kind, group, size, c.algo, c.proto, run.ranks)
+        eff = nccl.efficiency(m.nccl, used)
+        for ch, wire in co.channel_bytes:
             data = wire * eff * (undo if cls[ch] == _NIC else 1.0)
             per[cls[ch]] = max(per[cls[ch]], data / flows.fabric.capacity[ch])
-        if flows_c.cap < math.inf:
-            serial = nccl.channel_cap_gb_per_s(m.nccl, flows.channels(kind, group, size, c.algo, c.proto, run.ranks), kind) * 1e3 / flows_c.cap
+        if co.cap < math.inf:
+            serial = nccl.channel_cap_gb_per_s(m.nccl, used, kind) * 1e3 / co.cap
     # Latency is linear in the four latency parameters: read its coefficients off unit machines.
     coeff = []
     for unit in range(4):
@@ -500,5 +501,3 @@ def _enum(cls, text: str | None, flag: str):
     except ValueError:
         raise UsageError(f"{flag}: unknown name '{text}' (known: {', '.join(e.value for e in cls)})") from None
 
-
-__all__ = ["Run", "LogError", "busbw_gb_per_s", "from_nccl_tests", "simulate_run"]

@@ -683,7 +683,7 @@ class SteppedFlowNetwork(FlowNetwork):
     name = "flow-steps"
 
     def start(self, transfer: Transfer, done: Callable[[], None]) -> None:
-        if transfer.kind is OpKind.SEND or transfer.plan.proto is not None:
+        if transfer.kind is OpKind.SEND or (transfer.plan.proto is not None and self.nccl is not None):
             super().start(transfer, done)
             return
         record = [transfer, self.env.now, 0.0]

@@ -116,10 +116,6 @@ def log2i(n: int) -> int:
     return max(n, 1).bit_length() - 1
 
 
-def _hop_us(cfg: NcclConfig, proto: Protocol, hop: HopKind) -> float:
-    return cfg.protocol(proto).hop_us(hop)
-
-
 # ---- NCCL's table ----------------------------------------------------------------------
 
 
@@ -263,6 +259,8 @@ def select(cfg: NcclConfig, kind: OpKind, layout: Layout, size_bytes: int, algo:
         kind, size_bytes = OpKind.ALL_REDUCE, 4
     if kind in P2P_BASED:
         return p2p_choice(cfg, kind, layout, size_bytes, proto)
+    if layout.n <= 1:
+        return Choice(Algo.RING, Protocol.SIMPLE, 1)  # enqueue.cc: one rank, nothing moves
     table = nccl_table(cfg, kind, layout)
     algos = {algo} if algo is not None else cfg.algos
     protos = {proto} if proto is not None else cfg.protos

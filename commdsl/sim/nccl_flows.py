@@ -130,7 +130,7 @@ class NcclFlows:
             self._choices[key] = c
         return c
 
-    def channels(self, kind: OpKind, ranks: tuple[int, ...], size: int, algo: Algo, proto: Protocol, group_size: int = 0) -> nccl.Choice:
+    def choice_of(self, kind: OpKind, ranks: tuple[int, ...], size: int, algo: Algo, proto: Protocol, group_size: int = 0) -> nccl.Choice:
         """The choice of a transfer whose algorithm and protocol are known, with its channels
         (a send's depend on its communicator's size, `group_size`)."""
         lay = self.layout(ranks)
@@ -147,7 +147,7 @@ class NcclFlows:
         """The loads, cap and latency of one transfer (see the module doc)."""
         if algo is Algo.CHAIN:
             algo = Algo.RING
-        choice = self.channels(kind, ranks, size, algo, proto, group_size)
+        choice = self.choice_of(kind, ranks, size, algo, proto, group_size)
         lay = self.layout(ranks)
         key = (kind, ranks, choice.algo, choice.channels, root)
         shape = self._shapes.get(key)
@@ -210,11 +210,10 @@ class NcclFlows:
                 self._charge(loads, nccl.head_tree_edges(lay, 1.0))
             return loads, 1.0
         if algo in (Algo.COLLNET_DIRECT, Algo.COLLNET_CHAIN):
-            inner = nccl.Layout(lay.ranks, lay.nodes, lay.intra_hop, lay.intra_gb_per_s, lay.inter_gb_per_s, lay.nvswitch)
             for members in lay.nodes:
                 m = len(members)
-                if m > 1:
-                    node = nccl.Layout(members, (members,), inner.intra_hop, inner.intra_gb_per_s, _INF, inner.nvswitch)
+                if m > 1:  # a ring all_reduce inside the node
+                    node = nccl.Layout(members, (members,), lay.intra_hop, lay.intra_gb_per_s, _INF, lay.nvswitch)
                     self._charge(loads, nccl.ring_edges(node, channels, 2 * (m - 1) / m / channels))
                 for r in members:
                     self._network(loads, r, 1.0 / m)

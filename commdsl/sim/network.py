@@ -135,6 +135,11 @@ class Network(abc.ABC):
         if self.nccl is not None and op.transport is Transport.NCCL:
             c = self.nccl.choose(op, ranks)
             return c.algo, c.proto
+        link = self.machine.transport(op.transport)
+        if link is not None and link.latency_us == 0.0 and link.bandwidth_gb_per_s == float("inf"):
+            # A free transport (the deadlock check's timeless machine): nothing depends on the
+            # algorithm, so whatever the op asks for stands.
+            return op.algo or DEFAULT_ALGO[op.kind], op.proto
         if op.proto is not None:
             raise ScheduleError(f"proto={op.proto.value}: machine {self.machine.name} has no NCCL model for {op.transport.value} "
                                 f"transfers, so no protocols", op.loc, rank=op.rank,
