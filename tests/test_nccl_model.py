@@ -278,3 +278,9 @@ def test_proto_takes_a_protocol_name():
     assert "unknown proto 'll64'; expected one of simple, ll, ll128" in info.value.message and info.value.loc.column > 1
     ops = one_op(8, "all_reduce x 1MiB proto=ll128 algo=ring").ops[0]
     assert (ops[0].proto, ops[0].algo) == (Protocol.LL128, Algo.RING) and ops[0].to_json()["proto"] == "ll128"
+
+
+def test_point_to_point_has_no_ll128():
+    with pytest.raises(ScheduleError, match="run LL or Simple, not LL128") as info:
+        simulate(one_op(8, "all_to_all x 8MiB proto=ll128"), H100)
+    assert info.value.loc.line == 5

@@ -24,6 +24,10 @@ Broadcast and reduce are a chain along the ring (NCCL calls it RING) pipelined i
 ceil(S / chunk_bytes) chunks: the last rank receives the first chunk after n-1 steps and
 one more chunk per step, so n-2+k steps each moving S/k. With zero latency the time of a
 ring or direct algorithm is S * factor / bandwidth, i.e. bus bandwidth == link bandwidth.
+
+This is the model of machines without NCCL's (no `nccl:` in the machine file). With it,
+an NCCL transfer's plan carries NCCL's protocol (`CommPlan.proto`) and the networks time
+it by `commdsl.sim.nccl` and `commdsl.sim.nccl_flows` instead.
 """
 
 from __future__ import annotations

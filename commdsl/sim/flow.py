@@ -11,7 +11,10 @@ Every transfer becomes one fluid entity, a *flow*, with a byte demand on each ch
     of a channel is those bytes over the algorithm's serial bytes, the unit the whole
     collective progresses in. All its channels progress together at the one rate
     max-min sharing allows, so a 64-rank ring costs a handful of events, yet contends
-    with every other flow on every link it touches.
+    with every other flow on every link it touches;
+  * on a machine with NCCL's model (`nccl:`), an NCCL transfer is likewise one coflow,
+    its loads, cap and latency from `commdsl.sim.nccl_flows` (NCCL's algorithm, protocol
+    and channels).
 
 A flow first waits its latency (steps x (transport latency + path link latency)), not
 holding bandwidth, then moves its bytes at rate r (progress units per microsecond),

@@ -258,7 +258,7 @@ def select(cfg: NcclConfig, kind: OpKind, layout: Layout, size_bytes: int, algo:
     if kind is OpKind.BARRIER:  # torch's NCCL barrier: an all_reduce of one element
         kind, size_bytes = OpKind.ALL_REDUCE, 4
     if kind in P2P_BASED:
-        return p2p_choice(cfg, kind, layout, size_bytes, proto)
+        return p2p_choice(cfg, kind, layout, size_bytes, proto, op=op)
     if layout.n <= 1:
         return Choice(Algo.RING, Protocol.SIMPLE, 1)  # enqueue.cc: one rank, nothing moves
     table = nccl_table(cfg, kind, layout)
@@ -293,7 +293,7 @@ def collective_channels(cfg: NcclConfig, algo: Algo, proto: Protocol, layout: La
 
 
 def p2p_choice(cfg: NcclConfig, kind: OpKind, layout: Layout, size_bytes: int, proto: Protocol | None = None,
-               comm_ranks: int = 0) -> Choice:  # fmt: skip
+               comm_ranks: int = 0, op: Op | None = None) -> Choice:  # fmt: skip
     """Point-to-point based ops: per peer, NCCL's channels (`p2p_channels_per_transfer`;
     a send's communicator has `comm_ranks` ranks), and LL when the bytes per peer fit in
     channels x NCCL_P2P_LL_THRESHOLD, else Simple."""
@@ -308,7 +308,8 @@ def p2p_choice(cfg: NcclConfig, kind: OpKind, layout: Layout, size_bytes: int, p
         ll = per_peer <= channels * P2P_LL_THRESHOLD_BYTES and (allowed is None or Protocol.LL in allowed)
         proto = Protocol.LL if ll else Protocol.SIMPLE
     elif proto is Protocol.LL128:
-        proto = Protocol.SIMPLE  # NCCL's P2P has no LL128 (enqueue.cc)
+        raise ScheduleError(f"proto=ll128: NCCL's point-to-point transfers ({kind.value} here) run LL or Simple, not LL128",
+                            op.loc if op else None, rank=op.rank if op else None)  # fmt: skip
     total = min(cfg.p2p_channels, channels * peers)
     return Choice(Algo.DIRECT, proto, total)
 

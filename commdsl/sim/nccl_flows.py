@@ -124,7 +124,7 @@ class NcclFlows:
                 algo = None
             if op.kind is OpKind.SEND or op.kind is OpKind.RECV:
                 pair = (op.rank, op.peer) if op.kind is OpKind.SEND else (op.peer, op.rank)
-                c = nccl.p2p_choice(self.cfg, op.kind, self.layout(pair), op.size_bytes, op.proto, len(ranks))
+                c = nccl.p2p_choice(self.cfg, op.kind, self.layout(pair), op.size_bytes, op.proto, len(ranks), op)
             else:
                 c = nccl.select(self.cfg, op.kind, self.layout(ranks), op.size_bytes, algo, op.proto, op)
             self._choices[key] = c
