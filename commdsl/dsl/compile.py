@@ -37,7 +37,7 @@ from commdsl.dsl.values import (
     parse_quantity,
 )
 from commdsl.errors import CommdslError, LimitError, ScheduleError, SourceLoc, did_you_mean
-from commdsl.ir import HOST_STREAM, REDUCING_KINDS, Algo, CopyDir, Dtype, OpKind, ReduceOp, Transport
+from commdsl.ir import HOST_STREAM, REDUCING_KINDS, Algo, CopyDir, Dtype, OpKind, Protocol, ReduceOp, Transport
 
 Env = dict
 Expr = Callable[[Env], object]
@@ -48,18 +48,18 @@ _BUILTIN_NAMES = frozenset({"rank", "world_size"})
 
 _ROOT_OPTION = {OpKind.BROADCAST: "src", OpKind.SCATTER: "src", OpKind.REDUCE: "dst", OpKind.GATHER: "dst"}
 
-_ENUM_OPTIONS: dict[str, type] = {"op": ReduceOp, "transport": Transport, "algo": Algo, "dtype": Dtype}
+_ENUM_OPTIONS: dict[str, type] = {"op": ReduceOp, "transport": Transport, "algo": Algo, "proto": Protocol, "dtype": Dtype}
 
 _OPTIONS_BY_OP: dict[str, frozenset[str]] = {
     "compute": frozenset({"flops", "bytes", "dtype"}),
     "copy": frozenset({"dtype"}),
-    "p2p": frozenset({"group", "transport", "dtype"}),
+    "p2p": frozenset({"group", "transport", "dtype", "proto"}),
     "barrier": frozenset({"group"}),
 }
 
 
 def _collective_options(kind: OpKind) -> frozenset[str]:
-    names = {"group", "algo", "transport", "dtype"}
+    names = {"group", "algo", "proto", "transport", "dtype"}
     if kind in REDUCING_KINDS:
         names.add("op")
     if kind in _ROOT_OPTION:
@@ -501,6 +501,7 @@ class ProgramCompiler(Transformer):
         dtype = self._dtype(opts)
         family = self._family(opts.get("group"))
         transport = self._enum(opts["transport"], Transport) if "transport" in opts else None
+        proto = self._enum(opts["proto"], Protocol) if "proto" in opts else None
         word, target, peer_loc = peer
         expected_word = "to" if kind is OpKind.SEND else "from"
         if word != expected_word:
@@ -514,7 +515,7 @@ class ProgramCompiler(Transformer):
         def run(ctx, env, handle):
             size, dt = _size(ctx, size_expr(env), size_loc)
             ctx.p2p(kind, is_async, ref.text(env), size, peer_expr(env), family, transport, dtype or dt, stream, handle,
-                    loc, peer_loc=target_loc, size_loc=size_loc)  # fmt: skip
+                    loc, peer_loc=target_loc, size_loc=size_loc, proto=proto)  # fmt: skip
 
         return _OpNode(run, kind_word, loc)
 
@@ -540,6 +541,7 @@ class ProgramCompiler(Transformer):
         if kind in REDUCING_KINDS:
             reduce_op = self._enum(opts["op"], ReduceOp) if "op" in opts else ReduceOp.SUM
         algo = self._enum(opts["algo"], Algo) if "algo" in opts else None
+        proto = self._enum(opts["proto"], Protocol) if "proto" in opts else None
         transport = self._enum(opts["transport"], Transport) if "transport" in opts else None
         root_opt = None
         if kind in _ROOT_OPTION:
@@ -559,7 +561,7 @@ class ProgramCompiler(Transformer):
                 name = ref.text(env)
             root = root_expr(env) if root_expr is not None else None
             ctx.collective(kind, name, size, family, root, reduce_op, algo, transport, dtype or dt, stream, handle, loc,
-                           root_loc=root_loc, size_loc=size_loc)  # fmt: skip
+                           root_loc=root_loc, size_loc=size_loc, proto=proto)  # fmt: skip
 
         return _OpNode(run, kind.value, loc)
 

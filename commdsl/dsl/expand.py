@@ -22,6 +22,7 @@ from commdsl.ir import (
     Group,
     Op,
     OpKind,
+    Protocol,
     ReduceOp,
     Transport,
 )
@@ -233,7 +234,7 @@ class RankExpander:
         )  # fmt: skip
 
     def p2p(self, kind: OpKind, is_async: bool, name: str, size, peer, family: str, transport, dtype, placement, handle,
-            loc, *, peer_loc=None, size_loc=None) -> None:  # fmt: skip
+            loc, *, peer_loc=None, size_loc=None, proto: Protocol | None = None) -> None:  # fmt: skip
         word = ("i" if is_async else "") + kind.value
         in_batch = self.batch_start is not None
         if in_batch and not is_async:
@@ -256,7 +257,7 @@ class RankExpander:
         size = self._size(size, dtype, size_loc or loc, kind)
         op = self._append(
             dict(kind=kind, name=name, stream=stream, size_bytes=size, dtype=dtype, peer=peer, group=group.id,
-                 transport=transport or self.layout.default_transport,
+                 transport=transport or self.layout.default_transport, proto=proto,
                  handle=self.batch_handle if in_batch else handle, batch=self.batch_start),
             loc,
         )  # fmt: skip
@@ -265,7 +266,7 @@ class RankExpander:
 
     def collective(self, kind: OpKind, name: str, size, family: str, root, reduce_op: ReduceOp | None,
                    algo: Algo | None, transport, dtype, placement, handle, loc, *, root_loc=None,
-                   size_loc=None) -> None:  # fmt: skip
+                   size_loc=None, proto: Protocol | None = None) -> None:  # fmt: skip
         self._no_batch(kind.value, loc)
         group = self.group(family, loc)
         if kind in ROOTED_KINDS:
@@ -288,7 +289,7 @@ class RankExpander:
             )
         op = self._append(
             dict(kind=kind, name=name, stream=stream, size_bytes=size, dtype=dtype, group=group.id, root=root,
-                 reduce_op=reduce_op, algo=algo, transport=transport or self.layout.default_transport,
+                 reduce_op=reduce_op, algo=algo, proto=proto, transport=transport or self.layout.default_transport,
                  handle=handle),
             loc,
         )  # fmt: skip
