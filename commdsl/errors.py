@@ -111,6 +111,13 @@ class MachineError(CommdslError):
     kind = "machine error"
 
 
+class LogError(CommdslError):
+    """A measurement log (nccl-tests output) that cannot be read: truncated, another
+    tool's output, or runs that do not belong together."""
+
+    kind = "log error"
+
+
 class DeadlockError(CommdslError):
     """Nothing can progress but ops remain. Exit code 3, as the CLI promises."""
 

@@ -128,12 +128,33 @@ class Transport(str, enum.Enum):
 
 
 class Algo(str, enum.Enum):
-    """Collective algorithm override; None in an op means: choose as NCCL would."""
+    """Collective algorithm override; None in an op means: choose as NCCL would.
+    NVLS, NVLS_TREE and the CollNet algorithms need the hardware (NVLink SHARP, an
+    in-network reduction) and the machine must declare it (`nccl:` in the machine file)."""
 
     RING = "ring"
     TREE = "tree"
     CHAIN = "chain"
     DIRECT = "direct"
+    NVLS = "nvls"
+    """NVLink SHARP: the NVSwitch reduces (multimem loads) and multicasts the result."""
+    NVLS_TREE = "nvls_tree"
+    """NVLS inside each node, a double binary tree between the nodes."""
+    COLLNET_DIRECT = "collnet_direct"
+    """In-network reduction (IB SHARP): every GPU of a node talks to the switch directly."""
+    COLLNET_CHAIN = "collnet_chain"
+    """In-network reduction through a chain of the node's GPUs."""
+
+
+class Protocol(str, enum.Enum):
+    """NCCL's wire protocols: how data and the flags that signal it share the wire."""
+
+    SIMPLE = "simple"
+    """Large chunks, then a memory fence and a flag: full bandwidth, the highest latency."""
+    LL = "ll"
+    """Low latency: 4 bytes of data and a 4-byte flag in every 8-byte store."""
+    LL128 = "ll128"
+    """120 bytes of data and 8 of flag in every 128-byte line (needs NVLink-class ordering)."""
 
 
 class CopyDir(str, enum.Enum):
@@ -199,6 +220,8 @@ class Op:
     reduce_op: ReduceOp | None = None
     transport: Transport | None = None
     algo: Algo | None = None
+    proto: Protocol | None = None
+    """NCCL protocol forced by the op (`proto=`); None: NCCL's choice."""
     copy_dir: CopyDir | None = None
     handle: str | None = None
     """Handle bound by an asynchronous op; None for a synchronous op."""
@@ -238,7 +261,7 @@ class Op:
 
 _JSON_FIELDS = (
     "name", "stream", "duration_us", "flops", "size_bytes", "peer", "group", "root",
-    "reduce_op", "transport", "algo", "copy_dir", "handle", "batch", "waits_for", "action", "stage", "microbatch",
+    "reduce_op", "transport", "algo", "proto", "copy_dir", "handle", "batch", "waits_for", "action", "stage", "microbatch",
 )  # fmt: skip
 
 

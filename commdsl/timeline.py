@@ -236,7 +236,7 @@ _PROFILER_COLLECTIVE = {
 }  # fmt: skip
 
 
-def nccl_kernel_name(op: Op, algo: str | None = None, protocol: str = "Simple") -> str:
+def nccl_kernel_name(op: Op, algo: str | None = None, protocol: str = "LL") -> str:
     """The device-kernel name the PyTorch profiler shows for an NCCL op, e.g.
     `ncclDevKernel_AllReduce_Sum_f32_RING_LL`. Tools that pick NCCL kernels out of
     profiler traces by this prefix work on commdsl traces too."""

@@ -1,5 +1,8 @@
 """`torchrun --nproc_per_node=N -m commdsl.calibrate --out machine.yaml`.
 
+(`--from-nccl-tests LOG...` instead fits a GPU cluster's machine file to the nccl-tests
+logs of it, without torch: `commdsl.calibrate.nccl_tests`.)
+
 Measures this machine (compute rate per dtype, memory and host-link bandwidth, host
 issue overheads, P2P latency and bandwidth, every collective over sizes, compute
 slowdown while communication runs), fits the machine model's parameters, prints the fit
@@ -116,6 +119,13 @@ class CalibrateConfig:
     same multiply ran 0.36 TFLOP/s after minutes of idle and 0.43 after minutes of load,
     and the first of three back-to-back calibrations was the slowest in 11 of 16 bench
     batches, while the runs after it, which follow load, ran at the faster speed."""
+    from_nccl_tests: tuple[str, ...] = ()
+    """nccl-tests logs to fit a machine file to (`commdsl.calibrate.nccl_tests`), instead of measuring."""
+    base_machine: str | None = None
+    """With `from_nccl_tests`: the preset or file whose topology the cluster has."""
+    nccl_algo: str | None = None
+    """With `from_nccl_tests`: NCCL_ALGO of the runs whose logs do not say."""
+    nccl_proto: str | None = None
 
 
 def _size(text: str, flag: str) -> int:
@@ -150,7 +160,16 @@ def parse_args(argv: list[str] | None) -> CalibrateConfig:
     p.add_argument("--warm-up", type=float, default=0.0, metavar="SECONDS",
                    help="keep every rank busy with matrix multiplies this long before measuring, so that a machine "
                         "that was idle is measured at the speed it runs under load (default 0)")  # fmt: skip
+    p.add_argument("--from-nccl-tests", nargs="+", metavar="LOG", default=(),
+                   help="fit a GPU cluster's NCCL model to these nccl-tests logs (TOOL=LOG for a log that does not name its "
+                        "tool) instead of measuring; needs no torch")  # fmt: skip
+    p.add_argument("--machine", help="with --from-nccl-tests: base preset or file with the cluster's topology (default: by GPU name)")
+    p.add_argument("--nccl-algo", help="with --from-nccl-tests: NCCL_ALGO of runs whose logs do not report it (ring, tree, nvls, ...)")
+    p.add_argument("--nccl-proto", help="with --from-nccl-tests: NCCL_PROTO of runs whose logs do not report it (ll, ll128, simple)")
     args = p.parse_args(argv)
+    if args.from_nccl_tests:
+        return CalibrateConfig(args.out, None, args.name, 0, 0, 0, 0, 0, "auto", (), from_nccl_tests=tuple(args.from_nccl_tests),
+                               base_machine=args.machine, nccl_algo=args.nccl_algo, nccl_proto=args.nccl_proto)  # fmt: skip
     lo, hi = _size(args.min_size, "--min-size"), _size(args.max_size, "--max-size")
     if lo > hi:
         raise UsageError(f"--min-size {format_bytes(lo)} is larger than --max-size {format_bytes(hi)}")
@@ -180,6 +199,10 @@ def message_sizes(cfg: CalibrateConfig, world_size: int) -> list[int]:
 def main(argv: list[str] | None = None) -> int:
     try:
         cfg = parse_args(argv)
+        if cfg.from_nccl_tests:
+            from commdsl.calibrate.nccl_tests import main_from_nccl_tests
+
+            return main_from_nccl_tests(list(cfg.from_nccl_tests), cfg.out, cfg.base_machine, cfg.nccl_algo, cfg.nccl_proto)
         return _calibrate(cfg)
     except CommdslError as err:
         print(err.format(), file=sys.stderr)

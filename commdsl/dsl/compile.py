@@ -38,7 +38,7 @@ from commdsl.dsl.values import (
     parse_quantity,
 )
 from commdsl.errors import CommdslError, LimitError, ScheduleError, SourceLoc, did_you_mean
-from commdsl.ir import HOST_STREAM, REDUCING_KINDS, Algo, CopyDir, Dtype, OpKind, PipelineAction, ReduceOp, Transport
+from commdsl.ir import HOST_STREAM, REDUCING_KINDS, Algo, CopyDir, Dtype, OpKind, PipelineAction, Protocol, ReduceOp, Transport
 
 Env = dict
 Expr = Callable[[Env], object]
@@ -49,12 +49,12 @@ _BUILTIN_NAMES = frozenset({"rank", "world_size"})
 
 _ROOT_OPTION = {OpKind.BROADCAST: "src", OpKind.SCATTER: "src", OpKind.REDUCE: "dst", OpKind.GATHER: "dst"}
 
-_ENUM_OPTIONS: dict[str, type] = {"op": ReduceOp, "transport": Transport, "algo": Algo, "dtype": Dtype}
+_ENUM_OPTIONS: dict[str, type] = {"op": ReduceOp, "transport": Transport, "algo": Algo, "proto": Protocol, "dtype": Dtype}
 
 _OPTIONS_BY_OP: dict[str, frozenset[str]] = {
     "compute": frozenset({"flops", "bytes", "dtype", "action", "stage", "microbatch"}),
     "copy": frozenset({"dtype"}),
-    "p2p": frozenset({"group", "transport", "dtype", "action", "stage", "microbatch"}),
+    "p2p": frozenset({"group", "transport", "dtype", "proto", "action", "stage", "microbatch"}),
     "barrier": frozenset({"group"}),
 }
 
@@ -78,7 +78,7 @@ _P2P_WORDS: dict[str, tuple[OpKind, P2PMode]] = {
 
 
 def _collective_options(kind: OpKind) -> frozenset[str]:
-    names = {"group", "algo", "transport", "dtype"}
+    names = {"group", "algo", "proto", "transport", "dtype"}
     if kind in REDUCING_KINDS:
         names.add("op")
     if kind in _ROOT_OPTION:
@@ -562,6 +562,7 @@ class ProgramCompiler(Transformer):
         dtype = self._dtype(opts)
         family = self._family(opts.get("group"))
         transport = self._enum(opts["transport"], Transport) if "transport" in opts else None
+        proto = self._enum(opts["proto"], Protocol) if "proto" in opts else None
         word, target, peer_loc = peer
         expected_word = "to" if kind is OpKind.SEND else "from"
         if word != expected_word:
@@ -579,10 +580,10 @@ class ProgramCompiler(Transformer):
                 if handle is not None:
                     raise ctx.fail(f"{kind_word} returns no handle: the pipeline lowering waits for it", loc)
                 ctx.stage_p2p(kind, ref.text(env), size, peer_expr(env), family, transport, dtype or dt, stream, loc,
-                              peer_loc=target_loc, size_loc=size_loc, pipeline=pipeline(ctx, env))  # fmt: skip
+                              peer_loc=target_loc, size_loc=size_loc, proto=proto, pipeline=pipeline(ctx, env))  # fmt: skip
                 return
             ctx.p2p(kind, mode is P2PMode.ASYNC, ref.text(env), size, peer_expr(env), family, transport, dtype or dt,
-                    stream, handle, loc, peer_loc=target_loc, size_loc=size_loc, pipeline=pipeline(ctx, env))  # fmt: skip
+                    stream, handle, loc, peer_loc=target_loc, size_loc=size_loc, proto=proto, pipeline=pipeline(ctx, env))  # fmt: skip
 
         return _OpNode(run, kind_word, loc)
 
@@ -608,6 +609,7 @@ class ProgramCompiler(Transformer):
         if kind in REDUCING_KINDS:
             reduce_op = self._enum(opts["op"], ReduceOp) if "op" in opts else ReduceOp.SUM
         algo = self._enum(opts["algo"], Algo) if "algo" in opts else None
+        proto = self._enum(opts["proto"], Protocol) if "proto" in opts else None
         transport = self._enum(opts["transport"], Transport) if "transport" in opts else None
         root_opt = None
         if kind in _ROOT_OPTION:
@@ -627,7 +629,7 @@ class ProgramCompiler(Transformer):
                 name = ref.text(env)
             root = root_expr(env) if root_expr is not None else None
             ctx.collective(kind, name, size, family, root, reduce_op, algo, transport, dtype or dt, stream, handle, loc,
-                           root_loc=root_loc, size_loc=size_loc)  # fmt: skip
+                           root_loc=root_loc, size_loc=size_loc, proto=proto)  # fmt: skip
 
         return _OpNode(run, kind.value, loc)
 

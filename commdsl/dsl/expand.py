@@ -23,6 +23,7 @@ from commdsl.ir import (
     Op,
     OpKind,
     PipelineAction,
+    Protocol,
     ReduceOp,
     Transport,
 )
@@ -250,7 +251,8 @@ class RankExpander:
             self.unannotated_recvs.clear()
 
     def stage_p2p(self, kind: OpKind, name: str, size, peer, family: str, transport, dtype, placement, loc, *,
-                  peer_loc=None, size_loc=None, pipeline: tuple[PipelineAction, int, int] | None = None) -> None:  # fmt: skip
+                  peer_loc=None, size_loc=None, proto: Protocol | None = None,
+                  pipeline: tuple[PipelineAction, int, int] | None = None) -> None:  # fmt: skip
         """`stage_send`: an isend of the last pipeline compute op's result, waited at the end
         of the program. `stage_recv`: an irecv (moved by the lowering to where its sender
         sends) and, here, the current stream's wait for it. Unless the statement names its
@@ -262,7 +264,7 @@ class RankExpander:
         if pipeline is None and kind is OpKind.SEND:
             pipeline = self.last_action
         self.p2p(kind, True, name, size, peer, family, transport, dtype, placement, f"{word} {name}", loc,
-                 peer_loc=peer_loc, size_loc=size_loc, pipeline=pipeline)  # fmt: skip
+                 peer_loc=peer_loc, size_loc=size_loc, proto=proto, pipeline=pipeline)  # fmt: skip
         index = len(self.ops) - 1
         del self.handles[f"{word} {name}"]  # not a user handle: the program cannot wait on it
         if kind is OpKind.SEND:
@@ -318,7 +320,8 @@ class RankExpander:
         )  # fmt: skip
 
     def p2p(self, kind: OpKind, is_async: bool, name: str, size, peer, family: str, transport, dtype, placement, handle,
-            loc, *, peer_loc=None, size_loc=None, pipeline: tuple[PipelineAction, int, int] | None = None) -> None:  # fmt: skip
+            loc, *, peer_loc=None, size_loc=None, proto: Protocol | None = None,
+            pipeline: tuple[PipelineAction, int, int] | None = None) -> None:  # fmt: skip
         word = ("i" if is_async else "") + kind.value
         in_batch = self.batch_start is not None
         if in_batch and not is_async:
@@ -342,7 +345,7 @@ class RankExpander:
         action, stage, microbatch = pipeline or (None, None, None)
         op = self._append(
             dict(kind=kind, name=name, stream=stream, size_bytes=size, dtype=dtype, peer=peer, group=group.id,
-                 transport=transport or self.layout.default_transport,
+                 transport=transport or self.layout.default_transport, proto=proto,
                  handle=self.batch_handle if in_batch else handle, batch=self.batch_start,
                  action=action, stage=stage, microbatch=microbatch),
             loc,
@@ -352,7 +355,7 @@ class RankExpander:
 
     def collective(self, kind: OpKind, name: str, size, family: str, root, reduce_op: ReduceOp | None,
                    algo: Algo | None, transport, dtype, placement, handle, loc, *, root_loc=None,
-                   size_loc=None) -> None:  # fmt: skip
+                   size_loc=None, proto: Protocol | None = None) -> None:  # fmt: skip
         self._no_batch(kind.value, loc)
         group = self.group(family, loc)
         if kind in ROOTED_KINDS:
@@ -375,7 +378,7 @@ class RankExpander:
             )
         op = self._append(
             dict(kind=kind, name=name, stream=stream, size_bytes=size, dtype=dtype, group=group.id, root=root,
-                 reduce_op=reduce_op, algo=algo, transport=transport or self.layout.default_transport,
+                 reduce_op=reduce_op, algo=algo, proto=proto, transport=transport or self.layout.default_transport,
                  handle=handle),
             loc,
         )  # fmt: skip

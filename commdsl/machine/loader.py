@@ -14,6 +14,7 @@ from yaml.constructor import ConstructorError, SafeConstructor
 
 from commdsl.errors import MachineError, SourceLoc, UsageError, did_you_mean
 from commdsl.ir import COLLECTIVE_KINDS, REDUCING_KINDS, Dtype, OpKind, ReduceOp, Transport
+from commdsl.machine.nccl_loader import read_nccl
 from commdsl.machine.model import (ANY_DTYPE, NETWORK_VERTEX, ComputeNoise, CpuContention, DeviceKind, DeviceSpec,
                                    GpuContention, LinkKind, LinkSpec, Machine, OpInterference, Topology, TopologyLink,
                                    VertexKind)
@@ -25,7 +26,7 @@ DEFAULT_CHUNK_BYTES = 512 * 1024
 _TOP_KEYS = (
     "name", "doc", "devices", "device", "kernel_launch_us", "comm_launch_us", "host_link", "transports", "chunk_bytes",
     "topology", "comm_compute_slowdown", "compute_comm_slowdown", "copy_compute_slowdown", "compute_copy_slowdown", "copy_measured_us",
-    "compute_noise", "interference_by_op",
+    "compute_noise", "interference_by_op", "nccl",
 )  # fmt: skip
 _DEVICE_KEYS = ("name", "peak_tflops", "memory_bandwidth_gb_per_s", "sm_count", "kind", "memory_gib")
 _DEVICE_REQUIRED = _DEVICE_KEYS[:4]
@@ -295,6 +296,7 @@ class _MachineReader:
             for key, (_, vnode) in self.mapping(top["copy_measured_us"][1], "copy_measured_us", ("host", "device")).items():
                 copies[key] = self.profile(vnode, f"copy_measured_us.{key}")
         contention = self.contention(top, device)
+        nccl = read_nccl(self, top["nccl"][1], topology) if "nccl" in top else None
         return Machine(
             name=self.string(top["name"][1], "name") if "name" in top else default_name,
             doc=self.string(top["doc"][1], "doc") if "doc" in top else "",
@@ -314,6 +316,7 @@ class _MachineReader:
             host_copy_profile=copies.get("host", ()),
             device_copy_profile=copies.get("device", ()),
             contention=contention,
+            nccl=nccl,
         )
 
     def contention(self, top: dict, device: DeviceSpec) -> GpuContention | CpuContention:

@@ -31,6 +31,7 @@ import math
 from dataclasses import asdict, dataclass, replace
 
 from commdsl.ir import Dtype, OpKind, ReduceOp, Transport
+from commdsl.machine.nccl import NcclConfig
 
 
 @dataclass(frozen=True)
@@ -300,6 +301,11 @@ class Machine:
     `device.memory_bandwidth_gb_per_s`, every byte read and written."""
     contention: Contention = GpuContention()
     """How work on a device slows other work on it (and, on a CPU, its noise)."""
+    nccl: NcclConfig | None = None
+    """How NCCL runs on the machine's GPUs (`nccl:`, needs a topology): with it, NCCL
+    transfers follow NCCL's algorithms, protocols and channels over the topology's links
+    (`commdsl.sim.nccl`); without it they take the nccl transport's latency per step and
+    bandwidth."""
 
     def host_copy_us(self, size_bytes: float) -> float:
         """Time of a copy of size_bytes between host and device."""
@@ -425,6 +431,7 @@ class Machine:
                                      (("host", self.host_copy_profile), ("device", self.device_copy_profile)) if pts}}
                if self.host_copy_profile or self.device_copy_profile else {}),
             **_contention_json(self.contention),
+            **({"nccl": self.nccl.to_json()} if self.nccl is not None else {}),
         }
 
 

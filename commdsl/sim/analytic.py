@@ -12,6 +12,8 @@ from collections.abc import Callable
 import simpy
 
 from commdsl.machine.model import Machine
+from commdsl.sim.fabric import Fabric
+from commdsl.sim.nccl_flows import NcclFlows
 from commdsl.sim.network import FlowStat, Network, Transfer
 
 
@@ -54,10 +56,17 @@ class AnalyticNetwork(Network):
         """Per device, whether compute runs on it."""
         self._on_device: list[dict[_Timed, None]] = [{} for _ in range(world_size)] if machine.slows_comm() else []
         """Per device, the transfers in flight with an endpoint on it (slowdown only)."""
+        if machine.nccl is not None:
+            self.nccl = NcclFlows(Fabric(machine, world_size), machine.nccl)
 
     def duration_us(self, transfer: Transfer) -> tuple[float, float]:
         """(time, latency part) of a transfer."""
         p = transfer.plan
+        if p.proto is not None and self.nccl is not None:
+            # NCCL's kernel alone on the links: latency + bytes at its solo rate.
+            t = transfer
+            co = self.nccl.coflow(t.kind, t.ranks, t.size_bytes, t.root, p.algo, p.proto, t.group_size)
+            return co.latency_us + t.size_bytes / co.solo_rate(self.nccl.fabric.capacity), co.latency_us
         link = self.machine.sized_link(transfer.transport, transfer.kind, len(transfer.ranks), transfer.size_bytes,
                                        p.latency_steps, p.serial_bytes, transfer.dtype, transfer.reduce_op)  # fmt: skip
         assert link is not None, "the engine checks transports before simulating"

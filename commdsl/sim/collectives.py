@@ -24,6 +24,10 @@ Broadcast and reduce are a chain along the ring (NCCL calls it RING) pipelined i
 ceil(S / chunk_bytes) chunks: the last rank receives the first chunk after n-1 steps and
 one more chunk per step, so n-2+k steps each moving S/k. With zero latency the time of a
 ring or direct algorithm is S * factor / bandwidth, i.e. bus bandwidth == link bandwidth.
+
+This is the model of machines without NCCL's (no `nccl:` in the machine file). With it,
+an NCCL transfer's plan carries NCCL's protocol (`CommPlan.proto`) and the networks time
+it by `commdsl.sim.nccl` and `commdsl.sim.nccl_flows` instead.
 """
 
 from __future__ import annotations
@@ -32,7 +36,7 @@ import math
 from dataclasses import dataclass
 
 from commdsl.errors import ScheduleError
-from commdsl.ir import Algo, Op, OpKind
+from commdsl.ir import Algo, Op, OpKind, Protocol
 
 DEFAULT_ALGO = {
     OpKind.ALL_REDUCE: Algo.RING,
@@ -91,6 +95,8 @@ class CommPlan:
     """Sequential latency-bound steps."""
     serial_bytes: float
     """Bytes the busiest rank moves one after another (sets the bandwidth term)."""
+    proto: Protocol | None = None
+    """NCCL's protocol (machines with an `nccl:` model); None: the transport's parameters."""
 
 
 def resolve_algo(op: Op) -> Algo:
@@ -103,8 +109,13 @@ def resolve_algo(op: Op) -> Algo:
     return op.algo
 
 
-def plan(kind: OpKind, algo: Algo, n: int, size_bytes: float, chunk_bytes: int) -> CommPlan:
+def plan(kind: OpKind, algo: Algo, n: int, size_bytes: float, chunk_bytes: int, proto: Protocol | None = None) -> CommPlan:
     """Steps and bytes of one op of `kind` on `n` ranks moving `size_bytes` (see module doc)."""
+    p = _plan(kind, algo, n, size_bytes, chunk_bytes)
+    return p if proto is None else CommPlan(p.algo, p.latency_steps, p.serial_bytes, proto)
+
+
+def _plan(kind: OpKind, algo: Algo, n: int, size_bytes: float, chunk_bytes: int) -> CommPlan:
     if kind is OpKind.SEND or kind is OpKind.RECV:
         return CommPlan(algo, 1, float(size_bytes))
     if n <= 1:

@@ -48,9 +48,9 @@ import simpy
 
 from commdsl.ir import HOST_STREAM, MEMORY_KINDS, CopyDir, Op, OpKind, Program, Transport
 from commdsl.machine.model import Machine
-from commdsl.sim.collectives import plan, resolve_algo
+from commdsl.sim.collectives import plan
 from commdsl.sim.contention import contention_model
-from commdsl.sim.entities import (ACTIVE, ALGOS, DONE, ELIGIBLE, EXEC, MARK, QUEUE, STREAM, SYNC, Collective, Entity, Host,
+from commdsl.sim.entities import (ACTIVE, ALGOS, DONE, PROTOS, ELIGIBLE, EXEC, MARK, QUEUE, STREAM, SYNC, Collective, Entity, Host,
                                   Queue, RawResult, Stream)
 from commdsl.sim.network import Network, Transfer
 from commdsl.sim.wiring import wire
@@ -96,6 +96,7 @@ class Engine:
         w = wire(program, ops, self.base, machine, self.network)
         self.queues, self.queue_of, self.partner, self.coll_of = w.queues, w.queue_of, w.partner, w.coll_of
         self.collectives, self.batch_ops, self.batch_queues, self.algos = w.collectives, w.batch_ops, w.batch_queues, w.algos
+        self.protos = w.protos
         self.group_ranks = {g.id: g.ranks for g in program.groups}
         self.contention = c = contention_model(machine, self.network, program.world_size, rng)
         self.kernels = c.tracks_kernels
@@ -116,7 +117,8 @@ class Engine:
             self._kick(h)
         self._drain()
         self.env.run()
-        return RawResult(self.ops, self.base, self.issue_start, self.issue_end, self.start, self.end, self.state, self.cause, self.partner, self.algos)
+        return RawResult(self.ops, self.base, self.issue_start, self.issue_end, self.start, self.end, self.state, self.cause, self.partner, self.algos,
+                         self.protos)  # fmt: skip
 
     def unfinished(self) -> bool:
         return any(s != DONE for s in self.state)
@@ -571,16 +573,16 @@ class Engine:
                 self.cause[p] = g
             send, recv = (g, p) if op.kind is _SEND else (p, g)
             so = self.ops[send]
-            algo = resolve_algo(so)
-            transfer = Transfer(_SEND, (so.rank, so.peer), so.size_bytes, so.transport,
-                                plan(_SEND, algo, 2, so.size_bytes, self.machine.chunk_bytes), None, (send, recv))  # fmt: skip
+            p = plan(_SEND, ALGOS[self.algos[send]], 2, so.size_bytes, self.machine.chunk_bytes, PROTOS[self.protos[send]])
+            transfer = Transfer(_SEND, (so.rank, so.peer), so.size_bytes, so.transport, p, None, (send, recv),
+                                group_size=len(self.group_ranks[so.group]))  # fmt: skip
             self.network.start(transfer, lambda: self._transfer_done((send, recv)))
 
     def _start_collective(self, inst: Collective) -> None:
         first = min(inst.ops)
         rep = self.ops[first]  # the lowest rank's op describes the collective
         ranks = self.group_ranks[inst.group]
-        p = plan(rep.kind, ALGOS[self.algos[first]], len(ranks), rep.size_bytes, self.machine.chunk_bytes)
+        p = plan(rep.kind, ALGOS[self.algos[first]], len(ranks), rep.size_bytes, self.machine.chunk_bytes, PROTOS[self.protos[first]])
         members = tuple(inst.arrived)
         transfer = Transfer(rep.kind, ranks, rep.size_bytes, rep.transport, p, rep.root, members, rep.dtype, rep.reduce_op)
         self.network.start(transfer, lambda: self._transfer_done(members))

@@ -11,7 +11,7 @@ from array import array
 from collections import deque
 from dataclasses import dataclass
 
-from commdsl.ir import Algo, Op
+from commdsl.ir import Algo, Op, Protocol
 
 # Op states.
 PENDING, ELIGIBLE, ACTIVE, DONE = 0, 1, 2, 3
@@ -30,6 +30,8 @@ HOST, STREAM, QUEUE = 0, 1, 2
 
 ALGOS = tuple(Algo)
 """`RawResult.algos` holds indices into this tuple (one byte per op)."""
+PROTOS = (None, *Protocol)
+"""`RawResult.protos` holds indices into this tuple (0: no protocol, the op has no NCCL model)."""
 
 
 class Entity:
@@ -146,3 +148,5 @@ class RawResult:
     partner: array
     algos: bytearray
     """Per comm op, the index in `ALGOS` of the algorithm it runs."""
+    protos: bytearray
+    """Per comm op, the index in `PROTOS` of NCCL's protocol it runs with."""

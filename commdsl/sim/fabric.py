@@ -127,6 +127,10 @@ class Fabric:
                 for x, y in ((a, b), (b, a)):
                     c = self._channel(self.vertex_names[x], self.vertex_names[y], link.kind, link.bandwidth_gb_per_s, link.latency_us)
                     self.adj[x].append((y, c))
+        self._per_node = 2 * len(topo.links)
+        """Channels of one node (its links, both directions); node k's come k-th."""
+        self._node_channels = self._per_node * topo.nodes
+        """Channels of all nodes (machine-wide ones follow)."""
         self._widths = sorted(set(self.capacity), reverse=True)
         self._trees: dict[int, dict[int, tuple[int, ...]]] = {}
         self._host: dict[int, int] = {}
@@ -190,12 +194,59 @@ class Fabric:
     # ---- routes ----------------------------------------------------------------------
 
     def route(self, src: int, dst: int, transport: Transport) -> Route:
-        """The path from rank `src` to rank `dst` with `transport` (cached)."""
+        """The path from rank `src` to rank `dst` with `transport` (cached). On a cluster the
+        path is searched once per pair of node-local GPUs (inside node 0, or from node 0 to
+        node 1) and moved to the nodes asked for: nodes are copies of each other, so the
+        search is the same, and thousands of ranks cost a handful of searches."""
         key = (src, dst, transport)
         r = self._routes.get(key)
         if r is None:
-            r = self._routes[key] = self._route(src, dst, transport)
+            topo = self.topology
+            if topo is None or topo.nodes == 1:
+                r = self._route(src, dst, transport)
+            else:
+                r = self._moved(src, dst, transport)
+            self._routes[key] = r
         return r
+
+    def _moved(self, src: int, dst: int, transport: Transport) -> Route:
+        """`route` on a cluster: node 0's (or node 0 to node 1's) route of the same local GPUs,
+        its channels moved to the source's and destination's nodes."""
+        g = self.topology.gpus_per_node
+        k, i = divmod(src, g)
+        m, j = divmod(dst, g)
+        if (k == 0 and m in (0, 1) and (m == 1) == (k != m)) or (transport is Transport.MEMCPY and k != m):
+            return self._route(src, dst, transport)  # a template itself (or memcpy's error, naming these ranks)
+        template = self.route(i, j if k == m else g + j, transport)
+        per, local = self._per_node, self._node_channels
+        dst_shift = (m if k == m else m - 1) * per
+
+        def move(c: int) -> int:
+            if c >= local:
+                return c  # a machine-wide channel (a shared bandwidth)
+            return c + (k * per if c < per else dst_shift)
+
+        legs = tuple(tuple(move(c) for c in leg) for leg in template.legs)
+        return Route(legs, template.staged, template.latency_us, template.spec)
+
+    def cross_up(self, src: int, dst_local: int, transport: Transport) -> tuple[int, ...]:
+        """The channels in `src`'s node (to the network) of a route from rank `src` to the GPU
+        `dst_local` of any other node: the same for every other node."""
+        up, _ = self._cross(src % self.topology.gpus_per_node, dst_local, transport)
+        return tuple(c + (src // self.topology.gpus_per_node) * self._per_node if c < self._per_node else c for c in up)
+
+    def cross_down(self, src_local: int, dst: int, transport: Transport) -> tuple[int, ...]:
+        """The channels in `dst`'s node (from the network) of a route to rank `dst` from the
+        GPU `src_local` of any other node."""
+        _, down = self._cross(src_local, dst % self.topology.gpus_per_node, transport)
+        return tuple(c + (dst // self.topology.gpus_per_node - 1) * self._per_node for c in down)
+
+    def _cross(self, i: int, j: int, transport: Transport) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """Node 0's GPU i to node 1's GPU j: (channels of node 0 and machine-wide ones,
+        channels of node 1)."""
+        chans = self.route(i, self.topology.gpus_per_node + j, transport).channels
+        per = self._per_node
+        return tuple(c for c in chans if c < per or c >= self._node_channels), tuple(c for c in chans if per <= c < 2 * per)
 
     def _route(self, src: int, dst: int, transport: Transport) -> Route:
         route = self._path(src, dst, transport)

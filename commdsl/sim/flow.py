@@ -11,7 +11,10 @@ Every transfer becomes one fluid entity, a *flow*, with a byte demand on each ch
     of a channel is those bytes over the algorithm's serial bytes, the unit the whole
     collective progresses in. All its channels progress together at the one rate
     max-min sharing allows, so a 64-rank ring costs a handful of events, yet contends
-    with every other flow on every link it touches.
+    with every other flow on every link it touches;
+  * on a machine with NCCL's model (`nccl:`), an NCCL transfer is likewise one coflow,
+    its loads, cap and latency from `commdsl.sim.nccl_flows` (NCCL's algorithm, protocol
+    and channels).
 
 A flow first waits its latency (steps x (transport latency + path link latency)), not
 holding bandwidth, then moves its bytes at rate r (progress units per microsecond),
@@ -57,6 +60,7 @@ from commdsl.ir import Dtype, Algo, Op, OpKind, ReduceOp, Transport
 from commdsl.machine.model import LinkSpec, Machine
 from commdsl.sim.collectives import DEFAULT_ALGO, CommPlan, edges, plan
 from commdsl.sim.fabric import Fabric
+from commdsl.sim.nccl_flows import NcclFlows
 from commdsl.sim.network import FlowStat, LinkStat, Network, Transfer
 
 _ACTIVATE, _FINISH = 0, 1
@@ -155,6 +159,8 @@ class FlowNetwork(Network):
         slowed flow costs F times as much of them (`_Leg.slowed_demands`)."""
         self._busy = [False] * world_size
         """Per device, whether compute runs on it."""
+        self.nccl = NcclFlows(self.fabric, machine.nccl) if machine.nccl is not None else None
+        """NCCL's algorithms, protocols and channels on the links (machines with `nccl:`)."""
 
     # ---- algorithm choice ----------------------------------------------------------------
 
@@ -260,10 +266,12 @@ class FlowNetwork(Network):
 
     def legs(self, transfer: Transfer) -> tuple[_Leg, ...]:
         t = transfer
-        key = (t.kind, t.plan.algo, t.ranks, t.size_bytes, t.transport, t.root, t.dtype, t.reduce_op)
+        key = (t.kind, t.plan.algo, t.plan.proto, t.ranks, t.size_bytes, t.transport, t.root, t.dtype, t.reduce_op, t.group_size)
         legs = self._legs.get(key)
         if legs is None:
-            if t.kind is OpKind.SEND:
+            if t.plan.proto is not None and self.nccl is not None:
+                legs = (self._nccl_leg(t),)
+            elif t.kind is OpKind.SEND:
                 legs = self._p2p_legs(t.ranks[0], t.ranks[1], float(t.size_bytes), t.transport)
             else:
                 legs = self._collective_legs(t.kind, t.plan.algo, t.ranks, float(t.size_bytes), t.transport, t.root, t.plan, t.dtype,
@@ -273,6 +281,12 @@ class FlowNetwork(Network):
                 legs = tuple(self._slowed(leg, slow) for leg in legs)
             self._legs[key] = legs
         return legs
+
+    def _nccl_leg(self, t: Transfer) -> _Leg:
+        """An NCCL transfer as NCCL runs it: its coflow's loads, cap and latency."""
+        size = float(t.size_bytes)
+        co = self.nccl.coflow(t.kind, t.ranks, t.size_bytes, t.root, t.plan.algo, t.plan.proto, t.group_size)
+        return self._leg({c: w * size for c, w in co.channel_bytes}, size, co.cap, co.latency_us, tuple(dict.fromkeys(t.ranks)))
 
     # ---- the Network interface -----------------------------------------------------------
 
@@ -666,12 +680,13 @@ class SteppedFlowNetwork(FlowNetwork):
     """Validation mode: a collective runs step by step, one flow per pair of ranks per
     step (each moving its pair's bytes / steps), and the next step starts when the whole
     step is done. Costs one event per flow per step: for checking the coflow model, not
-    for large schedules."""
+    for large schedules. NCCL transfers of a machine with an NCCL model run as coflows
+    (their steps pipeline over channels and chunks; the model has no steps to walk)."""
 
     name = "flow-steps"
 
     def start(self, transfer: Transfer, done: Callable[[], None]) -> None:
-        if transfer.kind is OpKind.SEND:
+        if transfer.kind is OpKind.SEND or (transfer.plan.proto is not None and self.nccl is not None):
             super().start(transfer, done)
             return
         record = [transfer, self.env.now, 0.0]

@@ -30,9 +30,11 @@ from dataclasses import dataclass
 
 import simpy
 
-from commdsl.ir import Dtype, Algo, Op, OpKind, ReduceOp, Transport
+from commdsl.errors import ScheduleError
+from commdsl.ir import Dtype, Algo, Op, OpKind, Protocol, ReduceOp, Transport
 from commdsl.machine.model import LinkKind, Machine
-from commdsl.sim.collectives import DEFAULT_ALGO, CommPlan
+from commdsl.sim.collectives import DEFAULT_ALGO, CommPlan, resolve_algo
+from commdsl.sim.nccl_flows import NcclFlows
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,6 +57,8 @@ class Transfer:
     """Element type: a reduction's cost can depend on it (calibration profiles per dtype)."""
     reduce_op: ReduceOp | None = None
     """A reduction's op: its cost can depend on it too (gloo's avg; calibration profiles per op)."""
+    group_size: int = 0
+    """Ranks of the op's group (NCCL's point-to-point channels depend on the communicator)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,6 +117,8 @@ class Network(abc.ABC):
         self.env = env
         self.machine = machine
         self.world_size = world_size
+        self.nccl: NcclFlows | None = None
+        """NCCL's choices and loads on the machine's links (machines with `nccl:`)."""
 
     @abc.abstractmethod
     def start(self, transfer: Transfer, done: Callable[[], None]) -> None:
@@ -122,8 +128,29 @@ class Network(abc.ABC):
         """Compute started (`computing`) or ended on device `rank`; called only on machines
         where compute slows some comm op (`Machine.slows_comm`; see the module doc)."""
 
+    def choose(self, op: Op, ranks: tuple[int, ...]) -> tuple[Algo, Protocol | None]:
+        """The algorithm and protocol `op` runs with on the group `ranks` (global): NCCL's
+        choice (`commdsl.sim.nccl`) on a machine with an NCCL model, else what the op forces
+        or the model's default, without protocols."""
+        if self.nccl is not None and op.transport is Transport.NCCL:
+            c = self.nccl.choose(op, ranks)
+            return c.algo, c.proto
+        link = self.machine.transport(op.transport)
+        if link is not None and link.latency_us == 0.0 and link.bandwidth_gb_per_s == float("inf"):
+            # A free transport (the deadlock check's timeless machine): nothing depends on the
+            # algorithm, so whatever the op asks for stands.
+            return op.algo or DEFAULT_ALGO[op.kind], op.proto
+        if op.proto is not None:
+            raise ScheduleError(f"proto={op.proto.value}: machine {self.machine.name} has no NCCL model for {op.transport.value} "
+                                f"transfers, so no protocols", op.loc, rank=op.rank,
+                                hint="pick a machine with nccl: in its file (dgx-h100, dgx-a100), or drop proto=")  # fmt: skip
+        algo = resolve_algo(op)  # an explicit algo= the simulator cannot model is an error
+        if op.algo is None and op.kind.is_collective:
+            algo = self.choose_algo(op, ranks)
+        return algo, None
+
     def choose_algo(self, op: Op, ranks: tuple[int, ...]) -> Algo:
-        """The algorithm of a collective whose op names none (ranks: the group, global)."""
+        """The algorithm of a collective whose op names none, without an NCCL model."""
         return DEFAULT_ALGO[op.kind]
 
     def meta(self) -> dict:

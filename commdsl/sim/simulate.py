@@ -9,11 +9,11 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from commdsl.errors import MachineError, UsageError
-from commdsl.ir import HOST_STREAM, CopyDir, Op, OpKind, Program, Transport
+from commdsl.ir import HOST_STREAM, CopyDir, Op, OpKind, Program, Protocol, Transport
 from commdsl.machine.model import Machine, timeless_machine
 from commdsl.sim.deadlock import deadlock_error
 from commdsl.sim.engine import Engine
-from commdsl.sim.entities import ALGOS, RawResult
+from commdsl.sim.entities import ALGOS, PROTOS, RawResult
 from commdsl.sim.memory import check_memory, memory_counters, memory_profile
 from commdsl.sim.models import DEFAULT_NETWORK, NETWORKS
 from commdsl.sim.network import FlowStat, LinkStat, Network
@@ -21,10 +21,6 @@ from commdsl.timeline import COMM_TRACK_PREFIX, MEMORY_PEAK_META, CounterSample,
 
 if TYPE_CHECKING:
     from commdsl.sim.summary import Summary
-
-_SMALL_MESSAGE_BYTES = 64 * 1024
-"""Below this NCCL uses its low-latency (LL) protocol, above it Simple; only the kernel
-name in traces depends on it."""
 
 _MEMCPY_NAMES = {
     CopyDir.H2D: "Memcpy HtoD (Pinned -> Device)",
@@ -143,7 +139,7 @@ def simulate(program: Program, machine: Machine, network: str = DEFAULT_NETWORK,
     median = sorted(range(samples), key=makespans.__getitem__)[(samples - 1) // 2]
     like, engine = _run(program, machine, network, random.Random(seed + median))
     columns = [array("d", map(statistics.median, zip(*(t[k] for t in times)))) for k in range(4)]
-    raw = RawResult(like.ops, like.base, *columns, like.state, like.cause, like.partner, like.algos)
+    raw = RawResult(like.ops, like.base, *columns, like.state, like.cause, like.partner, like.algos, like.protos)
     check_memory(raw, machine)
     sampling = {"samples": samples, "seed": seed, "stat": "median", "sample_makespans_us": [round(m, 3) for m in makespans]}
     return SimResult(program, machine, network, raw, engine.network.meta(), critical_path(like), _makespan(raw), warnings,
@@ -204,7 +200,7 @@ def build_timeline(program: Program, machine: Machine, raw: RawResult, network_m
     )
     group_size = {g.id: len(g.ranks) for g in program.groups}
     spans = tl.spans
-    start, end, istart, iend, algos = raw.start, raw.end, raw.issue_start, raw.issue_end, raw.algos
+    start, end, istart, iend, algos, protos = raw.start, raw.end, raw.issue_start, raw.issue_end, raw.algos, raw.protos
     # Names and annotations repeat across ranks and iterations: build each once (this
     # keeps the timeline within a few hundred bytes per op).
     kind_value = {k: k.value for k in OpKind}
@@ -223,11 +219,13 @@ def build_timeline(program: Program, machine: Machine, raw: RawResult, network_m
             spans.append(Span(op_id, op.rank, HOST_STREAM, issue_role, kind_value[kind], name, istart[g], iend[g]))
         if is_comm:
             algo = ALGOS[algos[g]].value
+            proto = PROTOS[protos[g]]
             # dtype, reduce op, transport and algo are fixed per statement (its loc).
-            key = (id(op.loc), op.name, op.size_bytes, op.group, op.dtype, algo)
+            key = (id(op.loc), op.name, op.size_bytes, op.group, op.dtype, algo, proto)
             cached = args_cache.get(key)
             if cached is None:
-                cached = args_cache[key] = (_comm_name(op, algo), comm_span_args(op, group_size[op.group]) + (("algo", algo),))
+                extra = (("algo", algo),) if proto is None else (("algo", algo), ("proto", proto.value))
+                cached = args_cache[key] = (_comm_name(op, algo, proto), comm_span_args(op, group_size[op.group]) + extra)
             name, args = cached
             track = COMM_TRACK_PREFIX + op.group
         else:
@@ -257,9 +255,11 @@ def build_timeline(program: Program, machine: Machine, raw: RawResult, network_m
 _COMM_KINDS = frozenset(k for k in OpKind if k.is_comm)
 
 
-def _comm_name(op: Op, algo: str) -> str:
+def _comm_name(op: Op, algo: str, proto: Protocol | None) -> str:
     if op.transport is Transport.NCCL:
-        protocol = "LL" if op.size_bytes < _SMALL_MESSAGE_BYTES else "Simple"
+        # The protocol NCCL's model chose; without a model, the LL of the kernels NCCL
+        # (2.19 and later) compiles for every collective and runs every protocol in.
+        protocol = proto.value.upper() if proto is not None else "LL"
         # NCCL calls the pipelined chain of broadcast/reduce RING.
         return nccl_kernel_name(op, "ring" if algo == "chain" else algo if op.kind.is_collective else None, protocol)
     if op.transport is Transport.GLOO:

@@ -3,7 +3,7 @@
 `wire()` walks every op once and fixes the static facts of a program on a machine:
 each comm op's comm queue, send/recv pairs (first in, first out per (src, dst, group)),
 collective instances (the k-th collective of a group on every member), P2P batches,
-and each comm op's algorithm. It also checks what the machine must provide: a transport
+and each comm op's algorithm and protocol (the network's choice, `Network.choose`). It also checks what the machine must provide: a transport
 for every comm op and a compute rate for every FLOP-sized dtype.
 """
 
@@ -14,10 +14,9 @@ from collections import deque
 from dataclasses import dataclass
 
 from commdsl.errors import MachineError
-from commdsl.ir import COLLECTIVE_KINDS, P2P_KINDS, Algo, Op, OpKind, Program
+from commdsl.ir import COLLECTIVE_KINDS, P2P_KINDS, Algo, Op, OpKind, Program, Protocol
 from commdsl.machine.model import Machine
-from commdsl.sim.collectives import resolve_algo
-from commdsl.sim.entities import ALGOS, Collective, Queue
+from commdsl.sim.entities import ALGOS, PROTOS, Collective, Queue
 from commdsl.sim.network import Network
 
 
@@ -40,6 +39,8 @@ class Wiring:
     """P2P batches: first op (g) -> the comm queues it occupies (usually one)."""
     algos: bytearray
     """Per comm op, the index in `ALGOS` of its algorithm."""
+    protos: bytearray
+    """Per comm op, the index in `PROTOS` of its NCCL protocol (0: none)."""
 
 
 _COMM_KINDS = P2P_KINDS | COLLECTIVE_KINDS
@@ -53,12 +54,13 @@ def wire(program: Program, ops: list[Op], base: list[int], machine: Machine, net
     coll_of: list[Collective | None] = [None] * n
     collectives: list[Collective] = []
     algos = bytearray(n)
+    protos = bytearray(n)
     group_ranks = {g.id: g.ranks for g in program.groups}
     sends: dict[tuple, deque[int]] = {}
     recvs: dict[tuple, deque[int]] = {}
     seq: dict[tuple[int, str], int] = {}
     instances: dict[tuple[str, int], Collective] = {}
-    chosen: dict[tuple, Algo] = {}
+    chosen: dict[tuple, tuple[Algo, Protocol | None]] = {}
     checked: set = set()
     for g, op in enumerate(ops):
         kind = op.kind
@@ -71,13 +73,13 @@ def wire(program: Program, ops: list[Op], base: list[int], machine: Machine, net
             if q is None:
                 q = rank_queues[op.group] = Queue(op.rank, op.group)
             queue_of[g] = q
-            algo = resolve_algo(op)  # an explicit algo= the simulator cannot model is an error
-            if op.algo is None and kind in COLLECTIVE_KINDS:
-                key = (op.group, kind, op.size_bytes, op.transport)
-                algo = chosen.get(key)
-                if algo is None:
-                    algo = chosen[key] = network.choose_algo(op, group_ranks[op.group])
-            algos[g] = ALGOS.index(algo)
+            # The op's algorithm and protocol: the network's choice, or what it forces (checked there).
+            key = (op.group, kind, op.size_bytes, op.transport, op.algo, op.proto, op.peer)
+            pick = chosen.get(key)
+            if pick is None:
+                pick = chosen[key] = network.choose(op, group_ranks[op.group])
+            algos[g] = ALGOS.index(pick[0])
+            protos[g] = PROTOS.index(pick[1])
         if kind is OpKind.SEND:
             key = (op.rank, op.peer, op.group)
             r = recvs.get(key)
@@ -111,7 +113,7 @@ def wire(program: Program, ops: list[Op], base: list[int], machine: Machine, net
             batches.setdefault(base[op.rank] + op.batch, []).append(g)
     batch_ops = {first: tuple(members) for first, members in batches.items()}
     batch_queues = {first: tuple(dict.fromkeys(queue_of[m] for m in members)) for first, members in batches.items()}
-    return Wiring(queues, queue_of, partner, coll_of, collectives, batch_ops, batch_queues, algos)
+    return Wiring(queues, queue_of, partner, coll_of, collectives, batch_ops, batch_queues, algos, protos)
 
 
 def _pair(partner: array, send: int, recv: int) -> None:

@@ -1,0 +1,264 @@
+"""What a machine file says about NCCL (`nccl:`), and NCCL's own published constants.
+
+Two kinds of numbers live here:
+
+  * NCCL's tuning constants (`TUNING`): the table NCCL itself uses to predict the time of
+    every algorithm x protocol and pick the fastest (src/graph/tuning.cc of NVIDIA/nccl;
+    the values are those of v2.26.2 and unchanged through v2.30.7 unless noted). They are
+    per GPU generation and not per machine: the simulator uses them only to *choose*, as
+    NCCL does (`commdsl.sim.nccl.select`).
+  * the machine's physics (`NcclConfig`): how long a chosen algorithm x protocol really
+    takes there. Latencies per protocol (a base per collective plus one per step over an
+    NVLink, PCIe or network hop), the fraction of the wire each protocol fills with data,
+    what one channel (one CTA) moves, the number of channels, and the host time of a
+    launch. Defaults come from the same NCCL table (its latencies are NCCL's own estimate
+    of the hardware); a machine file overrides them with measured values and says where
+    they come from.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from dataclasses import dataclass
+
+from commdsl.ir import Algo, Protocol
+
+
+class Generation(str, enum.Enum):
+    """The GPU generation NCCL's tuning tables are indexed by (compute capability)."""
+
+    VOLTA = "volta"
+    AMPERE = "ampere"
+    HOPPER = "hopper"
+    BLACKWELL = "blackwell"
+
+
+class CpuVendor(str, enum.Enum):
+    """The host CPU: NCCL's tuning differs between Intel and AMD hosts across nodes."""
+
+    INTEL = "intel"
+    AMD = "amd"
+    OTHER = "other"
+
+
+class HopKind(str, enum.Enum):
+    """What one step of an algorithm crosses, as NCCL's latency table tells them apart."""
+
+    NVLINK = "nvlink"
+    PCIE = "pcie"
+    NETWORK = "network"
+
+
+NCCL_ALGOS = (Algo.TREE, Algo.RING, Algo.COLLNET_DIRECT, Algo.COLLNET_CHAIN, Algo.NVLS, Algo.NVLS_TREE)
+"""The collective algorithms of NCCL's tuning table, in its order (PAT, for one GPU per
+node, is not modelled)."""
+PROTOCOLS = (Protocol.LL, Protocol.LL128, Protocol.SIMPLE)
+"""NCCL's protocols in its order."""
+
+
+@dataclass(frozen=True)
+class Tuning:
+    """NCCL's tuning constants for one GPU generation (src/graph/tuning.cc)."""
+
+    base_latency_us: dict[Algo, tuple[float, float, float]]
+    """`baseLat`: per algorithm, (LL, LL128, Simple) latency of a collective, us."""
+    hop_latency_us: dict[HopKind, dict[Algo, tuple[float, float, float]]]
+    """`hwLat`: per hop kind and algorithm, (LL, LL128, Simple) latency of one step, us."""
+    ll_max_bus_gb_per_s: tuple[tuple[float, float, float], ...]
+    """`llMaxBws` rows (Volta/Intel, Ampere/AMD, Hopper, Blackwell) x (1, 2, >2 nodes)."""
+    ring_ll128_channel_gb_per_s: tuple[float, float, float]
+    """`perChMaxRingLL128Bws` of this generation, per graph channel, (1, 2, >2 nodes)."""
+    tree_ll128_channel_gb_per_s: tuple[float, float, float]
+    """`perChMaxTreeLL128Bws`."""
+    tree_channel_gb_per_s: tuple[float, float, float]
+    """`perChMaxTreeBws`."""
+    nvls_tree_channel_gb_per_s: tuple[float, float, float]
+    """`perChMaxNVLSTreeBws`."""
+    nvls_efficiency: float
+    """`nvlsEfficiency`: NVLS bus bandwidth per channel over the graph's (v2.30)."""
+    row: int
+    """This generation's row in `ll_max_bus_gb_per_s` (NCCL's compCapIndex)."""
+
+
+_BASE = {
+    Algo.TREE: (6.8, 14.0, 8.4), Algo.RING: (6.6, 14.0, 8.4),
+    Algo.COLLNET_DIRECT: (0.0, 0.0, 0.0), Algo.COLLNET_CHAIN: (0.0, 0.0, 0.0),
+    Algo.NVLS: (0.0, 0.0, 0.0), Algo.NVLS_TREE: (0.0, 0.0, 0.0),
+}  # fmt: skip
+_HW = {
+    HopKind.NVLINK: {Algo.TREE: (0.6, 1.25, 4.0), Algo.RING: (0.6, 1.9, 3.4), Algo.COLLNET_DIRECT: (0.0, 0.0, 3.7),
+                     Algo.COLLNET_CHAIN: (0.0, 0.0, 2.8), Algo.NVLS: (0.0, 0.0, 25.0), Algo.NVLS_TREE: (0.0, 0.0, 25.0)},
+    HopKind.PCIE: {Algo.TREE: (1.0, 1.9, 4.0), Algo.RING: (1.0, 2.5, 5.7), Algo.COLLNET_DIRECT: (0.0, 0.0, 3.7),
+                   Algo.COLLNET_CHAIN: (0.0, 0.0, 2.8), Algo.NVLS: (0.0, 0.0, 0.0), Algo.NVLS_TREE: (0.0, 0.0, 0.0)},
+    HopKind.NETWORK: {Algo.TREE: (5.0, 8.5, 14.0), Algo.RING: (2.7, 4.0, 14.0), Algo.COLLNET_DIRECT: (0.0, 0.0, 31.0),
+                      Algo.COLLNET_CHAIN: (0.0, 0.0, 30.0), Algo.NVLS: (0.0, 0.0, 18.0), Algo.NVLS_TREE: (0.0, 0.0, 20.9)},
+}  # fmt: skip
+_LL_MAX = ((39.0, 39.0, 20.4), (87.7, 22.5, 19.0), (141.0, 45.0, 35.0), (282.0, 90.0, 70.0))
+
+
+def _tuning(row: int, ring_ll128, tree_ll128, tree, nvls_tree, nvls_eff) -> Tuning:
+    return Tuning(_BASE, _HW, _LL_MAX, ring_ll128, tree_ll128, tree, nvls_tree, nvls_eff, row)
+
+
+TUNING: dict[Generation, Tuning] = {
+    Generation.VOLTA: _tuning(0, (20.0,) * 3, (20.0,) * 3, (26.5, 18.5, 10.0), (26.5, 18.5, 10.0), 0.0),
+    Generation.AMPERE: _tuning(1, (20.0,) * 3, (20.0,) * 3, (24.0, 23.6, 17.8), (24.0, 23.6, 17.8), 0.0),
+    Generation.HOPPER: _tuning(2, (36.7,) * 3, (36.7, 36.7, 29.0), (38.7, 41.4, 36.0), (0.0, 57.7, 45.5), 0.85),
+    Generation.BLACKWELL: _tuning(3, (40.0,) * 3, (55.6, 31.67, 20.0), (70.0, 42.8, 24.0), (0.0, 96.0, 80.0), 0.74),
+}
+"""NCCL's tuning constants per generation (tuning.cc: `ncclTunerConstantsDefaults` in
+v2.30, the static tables `baseLat`, `hwLat`, `llMaxBws`, `perChMax*Bws` before)."""
+
+NET_OVERHEAD_US = {CpuVendor.INTEL: 1.0, CpuVendor.AMD: 2.0, CpuVendor.OTHER: 1.0}
+"""tuning.cc `getNetOverhead`: host time to post one network operation, per CPU vendor."""
+
+# Threads per channel and work per thread before NCCL uses fewer channels (device.h,
+# comm.h: NCCL_{SIMPLE,LL,LL128}_MAX_NTHREADS, NCCL_*_THREAD_THRESHOLD).
+MAX_THREADS = {Protocol.SIMPLE: 512, Protocol.LL: 512, Protocol.LL128: 640}
+THREAD_THRESHOLD_BYTES = {Protocol.SIMPLE: 64, Protocol.LL: 8, Protocol.LL128: 8}
+
+P2P_LL_THRESHOLD_BYTES = 16384
+"""NCCL_P2P_LL_THRESHOLD (enqueue.cc): a send of at most channels x this uses LL."""
+P2P_CHUNK_BYTES = {HopKind.NVLINK: 1 << 19, HopKind.PCIE: 1 << 17, HopKind.NETWORK: 1 << 17}
+"""NCCL_P2P_{NVL,PCI,NET}_CHUNKSIZE (init.cc): the step of a P2P transfer by path."""
+
+
+@dataclass(frozen=True)
+class ProtocolSpec:
+    """How one NCCL protocol performs on this machine (the physics the simulator times)."""
+
+    base_latency_us: float
+    """Latency of one collective beyond its steps (kernel start, the first and last step's
+    synchronisation), us."""
+    hop_latency_us: tuple[tuple[HopKind, float], ...]
+    """Latency of one algorithm step over each kind of hop (NVLink, PCIe, the network), us."""
+    efficiency: float
+    """Fraction of the bytes on the wire that are data (LL: 0.5, a 4-byte flag per 4 bytes
+    of data; LL128: 120/128; Simple: 1.0). A link moves data at bandwidth x efficiency."""
+    channel_bandwidth_gb_per_s: float
+    """The most one channel (one CTA of the NCCL kernel) moves with this protocol, GB/s;
+    `inf`: only the links limit it."""
+
+    def hop_us(self, hop: HopKind) -> float:
+        for k, v in self.hop_latency_us:
+            if k is hop:
+                return v
+        raise AssertionError(f"no {hop.value} latency")
+
+
+@dataclass(frozen=True)
+class NcclConfig:
+    """`nccl:` in a machine file: how NCCL runs on the machine's GPUs (see the module doc)."""
+
+    generation: Generation
+    """Which of NCCL's tuning tables applies (the GPUs' compute capability)."""
+    channels: int
+    """Channels of ring and tree collectives (NCCL's `nChannels`, "N coll channels" in an
+    NCCL_DEBUG=INFO log): one ring (or pair of trees) and one CTA each."""
+    protocols: tuple[tuple[Protocol, ProtocolSpec], ...]
+    """Per protocol, its latencies, efficiency and per-channel bandwidth."""
+    cpu: CpuVendor = CpuVendor.INTEL
+    """The hosts' CPU vendor (NCCL's LL bandwidth and network overhead depend on it)."""
+    nvls: bool = False
+    """NVSwitch with NVLink SHARP (H100 and later NVSwitch systems): NVLS and NVLS_TREE."""
+    nvls_channels: int = 16
+    """Channels of NVLS collectives (NCCL_NVLS_NCHANNELS)."""
+    nvls_latency_us: float = 25.0
+    """Latency of one NVLS collective inside a node (the switch's reduce and multicast), us."""
+    nvls_efficiency: float = 0.85
+    """Fraction of an NVLink's bandwidth NVLS reaches (NCCL's `nvlsEfficiency`)."""
+    collnet: bool = False
+    """In-network reduction between nodes (IB SHARP switches): COLLNET_DIRECT and CHAIN."""
+    p2p_channels: int = 32
+    """Channels of point-to-point transfers and all_to_all (NCCL's `p2pnChannels`)."""
+    p2p_channels_per_peer: int = 32
+    """Most channels one send/recv pair uses (`p2pnChannelsPerPeer`)."""
+    p2p_channel_bandwidth_gb_per_s: float = math.inf
+    """The most one P2P channel moves (its CTA copies with half its warps), GB/s."""
+    p2p_net_efficiency: float = 1.0
+    """Fraction of a NIC's bandwidth point-to-point transfers (send/recv, all_to_all) reach
+    over the network: many chunks to many peers use a NIC less well than a ring's streams."""
+    launch_us: float = 0.0
+    """Host time NCCL takes to enqueue and launch one collective's kernel on one GPU, us
+    (what a loop of back-to-back ops costs the thread that issues them)."""
+    launch_per_channel_us: float = 0.0
+    """Host time per channel of the launch (work descriptors are written per channel), us."""
+    algos: frozenset[Algo] | None = None
+    """Algorithms NCCL may use (`algo:`, as NCCL_ALGO); None: all the machine has."""
+    protos: frozenset[Protocol] | None = None
+    """Protocols NCCL may use (`proto:`, as NCCL_PROTO); None: all."""
+
+    def protocol(self, proto: Protocol) -> ProtocolSpec:
+        for p, spec in self.protocols:
+            if p is proto:
+                return spec
+        raise AssertionError(f"no {proto.value} protocol")
+
+    @property
+    def tuning(self) -> Tuning:
+        return TUNING[self.generation]
+
+    @property
+    def net_overhead_us(self) -> float:
+        return NET_OVERHEAD_US[self.cpu]
+
+    def launch_host_us(self, channels: int) -> float:
+        """Host time of one launch using `channels` channels."""
+        return self.launch_us + self.launch_per_channel_us * channels
+
+    def to_json(self) -> dict:
+        return {
+            "generation": self.generation.value,
+            "channels": self.channels,
+            "cpu": self.cpu.value,
+            "nvls": self.nvls,
+            "nvls_channels": self.nvls_channels,
+            "nvls_latency_us": self.nvls_latency_us,
+            "nvls_efficiency": self.nvls_efficiency,
+            "collnet": self.collnet,
+            "p2p_channels": self.p2p_channels,
+            "p2p_channels_per_peer": self.p2p_channels_per_peer,
+            "p2p_channel_bandwidth_gb_per_s": _num(self.p2p_channel_bandwidth_gb_per_s),
+            "p2p_net_efficiency": self.p2p_net_efficiency,
+            "launch_us": self.launch_us,
+            "launch_per_channel_us": self.launch_per_channel_us,
+            **({"algo": sorted(a.value for a in self.algos)} if self.algos is not None else {}),
+            **({"proto": sorted(p.value for p in self.protos)} if self.protos is not None else {}),
+            "protocols": {
+                p.value: {
+                    "base_latency_us": s.base_latency_us,
+                    "hop_latency_us": {h.value: v for h, v in s.hop_latency_us},
+                    "efficiency": s.efficiency,
+                    "channel_bandwidth_gb_per_s": _num(s.channel_bandwidth_gb_per_s),
+                }
+                for p, s in self.protocols
+            },
+        }
+
+
+def _num(v: float) -> float | str:
+    return v if v != math.inf else "inf"
+
+
+PROTOCOL_EFFICIENCY = {Protocol.LL: 0.5, Protocol.LL128: 120 / 128, Protocol.SIMPLE: 1.0}
+"""Data per byte on the wire: LL stores 4 data bytes with a 4-byte flag; LL128 120 data
+bytes with an 8-byte flag per 128-byte line (device.h: NCCL_LL128_DATAELEMS / LINEELEMS)."""
+
+
+def default_protocol(generation: Generation, proto: Protocol, channels: int) -> ProtocolSpec:
+    """A protocol's physics from NCCL's own table where a machine file gives none: the ring
+    column of `baseLat` and `hwLat`, the wire efficiency, and per-channel bandwidths from
+    `llMaxBws` (LL: the single-node row over the ring graph's channels, half the comm
+    channels) and `perChMaxRingLL128Bws` (per graph channel, i.e. two comm channels)."""
+    t = TUNING[generation]
+    i = PROTOCOLS.index(proto)
+    hops = tuple((h, t.hop_latency_us[h][Algo.RING][i]) for h in HopKind)
+    graph_channels = max(1, channels // 2)
+    if proto is Protocol.LL:
+        per_channel = t.ll_max_bus_gb_per_s[t.row][0] / graph_channels / 2
+    elif proto is Protocol.LL128:
+        per_channel = t.ring_ll128_channel_gb_per_s[0] / 2
+    else:
+        per_channel = math.inf
+    return ProtocolSpec(t.base_latency_us[Algo.RING][i], hops, PROTOCOL_EFFICIENCY[proto], per_channel)

@@ -1,0 +1,480 @@
+"""NCCL's cost model: which algorithm x protocol NCCL runs, with how many channels, and
+how long its latency is on a machine (`nccl:` in the machine file, `NcclConfig`).
+
+Selection is NCCL's own (src/graph/tuning.cc `ncclTopoTuneModel`, src/enqueue.cc
+`topoGetAlgoInfo`, v2.26.2): for every enabled algorithm x protocol a predicted time
+`latency + size / bandwidth` from NCCL's tuning constants (`commdsl.machine.nccl.TUNING`)
+and the bandwidth of NCCL's channel graphs; the fastest wins. The graphs are estimated
+from the topology: a GPU's bandwidth to the rest of its node (its NVLink or PCIe links)
+and its node's network bandwidth (all its NICs), split over half the machine's channels
+(NCCL searches rings and duplicates each once when it connects them), and for NVLS over
+one channel per GPU of the node at the fastest of NCCL's channel speeds that fits.
+
+Time is the machine's physics for the chosen pair (`latency_us` here; the bandwidth part
+is the flow network's, over the links the algorithm loads, see `commdsl.sim.flow`):
+
+    ring        base + one hop per step: 2(n-1) steps (all_reduce), n-1 (all_gather,
+                reduce_scatter), n (broadcast, reduce); steps that cross nodes (2(N-1)
+                or N-1 of them) cost a network hop, the rest an NVLink or PCIe hop
+    tree        base + 2 x ((ppn-1) intra hops + log2(N) network hops)
+    nvls        the machine's NVLS latency (+ one network hop across nodes)
+    nvls_tree   NVLS latency + 2 log2(N) network hops
+    collnet     base + 2 intra hops + one network hop (direct); 2(ppn-1) intra (chain)
+    p2p         base + one hop of its path
+
+with n ranks over N nodes, ppn per node. Channels shrink for small messages as NCCL does
+(`collective_channels`): a channel per `threads x threshold` bytes.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from commdsl.errors import ScheduleError
+from commdsl.ir import Algo, Op, OpKind, Protocol
+from commdsl.machine.nccl import (MAX_THREADS, NCCL_ALGOS, P2P_CHUNK_BYTES, P2P_LL_THRESHOLD_BYTES, PROTOCOLS,
+                                  THREAD_THRESHOLD_BYTES, CpuVendor, Generation, HopKind, NcclConfig)  # fmt: skip
+
+NCCL_KINDS = frozenset({OpKind.ALL_REDUCE, OpKind.ALL_GATHER, OpKind.REDUCE_SCATTER, OpKind.BROADCAST, OpKind.REDUCE})
+"""Collectives NCCL runs with its own algorithms (the rest are point-to-point based)."""
+P2P_BASED = frozenset({OpKind.ALL_TO_ALL, OpKind.GATHER, OpKind.SCATTER, OpKind.SEND, OpKind.RECV})
+"""Ops NCCL runs as grouped sends and receives."""
+
+ALGOS_BY_KIND = {
+    OpKind.ALL_REDUCE: (Algo.RING, Algo.TREE, Algo.NVLS, Algo.NVLS_TREE, Algo.COLLNET_DIRECT, Algo.COLLNET_CHAIN),
+    OpKind.ALL_GATHER: (Algo.RING, Algo.NVLS, Algo.COLLNET_DIRECT),
+    OpKind.REDUCE_SCATTER: (Algo.RING, Algo.NVLS, Algo.COLLNET_DIRECT),
+    OpKind.BROADCAST: (Algo.RING,),
+    OpKind.REDUCE: (Algo.RING,),
+}
+"""What NCCL's table considers per collective (tuning.cc; PAT, one GPU per node, is not modelled)."""
+
+_SPEEDS_INTRA = {
+    Generation.VOLTA: (40.0, 30.0, 20.0, 18.0, 15.0, 12.0, 10.0, 9.0, 7.0, 6.0, 5.0, 4.0, 3.0),
+    Generation.AMPERE: (40.0, 30.0, 20.0, 18.0, 15.0, 12.0, 10.0, 9.0, 7.0, 6.0, 5.0, 4.0, 3.0),
+    Generation.HOPPER: (60.0, 50.0, 40.0, 30.0, 24.0, 20.0, 15.0, 12.0, 11.0, 6.0, 3.0),
+    Generation.BLACKWELL: (90.0, 80.0, 70.0, 60.0, 50.0, 40.0, 30.0, 24.0, 20.0, 19.0),
+}
+"""search.cc `speedArrayIntra` / `sm90SpeedArrayIntra` / `sm100SpeedArrayIntra`: the
+per-channel bandwidths NCCL's graph search tries, fastest first."""
+_MAX_NVLS_ARITY = 32  # device.h NCCL_MAX_NVLS_ARITY
+_MAX_DIRECT_ARITY = 7  # device.h NCCL_MAX_DIRECT_ARITY
+
+# tuning.cc treeCorrectionFactor: per protocol (LL, LL128, Simple), by log2(bytes / 64).
+_TREE_CORRECTION = (
+    (1.0, 1.0, 1.0, 1.0, .9, .8, .7, .7, .7, .7, .6, .5, .4, .4, .5, .6, .7, .8, .9, 1.0, 1.0, 1.0, 1.0, 1.0),
+    (1.0, 1.0, 1.0, 1.0, 1.0, .9, .8, .8, .8, .7, .6, .6, .6, .6, .6, .6, .8, .9, .9, .9, .9, 1.0, 1.0, 1.0),
+    (.9, .9, .9, .9, .9, .9, .9, .8, .7, .6, .6, .5, .5, .5, .5, .6, .7, .8, .7, .7, .8, .9, .9, .9),
+)
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Where a group's ranks sit: what NCCL's tuning and its rings depend on."""
+
+    ranks: tuple[int, ...]
+    """The group's members (global ranks) in group order."""
+    nodes: tuple[tuple[int, ...], ...]
+    """The members of each node the group spans, nodes in order of first member."""
+    intra_hop: HopKind
+    """What a step between two GPUs of a node crosses: NVLink, or PCIe (any step of the
+    ring that is not all NVLink makes it PCIe, as NCCL's graph type)."""
+    intra_gb_per_s: float
+    """A GPU's bandwidth to the other GPUs of its node (the slowest member's)."""
+    inter_gb_per_s: float
+    """A node's bandwidth to the network: all its NICs (inf on one node)."""
+    nvswitch: bool
+    """The node's GPUs meet in an NVSwitch (CollNet Direct needs it)."""
+
+    @property
+    def n(self) -> int:
+        return len(self.ranks)
+
+    @property
+    def num_nodes(self) -> int:
+        return len(self.nodes)
+
+    @property
+    def ppn(self) -> int:
+        """Ranks per node (the most on any node)."""
+        return max(len(m) for m in self.nodes)
+
+
+@dataclass(frozen=True)
+class Choice:
+    """What NCCL runs for one collective."""
+
+    algo: Algo
+    proto: Protocol
+    channels: int
+    """Channels (CTAs) the kernel uses at this size."""
+
+
+def log2i(n: int) -> int:
+    """floor(log2(n)) for n >= 1, as NCCL's log2i."""
+    return max(n, 1).bit_length() - 1
+
+
+# ---- NCCL's table ----------------------------------------------------------------------
+
+
+def _graph(cfg: NcclConfig, layout: Layout, algo: Algo) -> tuple[int, float, float]:
+    """(channels, intra GB/s, inter GB/s per channel) of NCCL's graph for `algo`."""
+    if algo in (Algo.NVLS, Algo.NVLS_TREE):
+        nch = min(layout.ppn, _MAX_NVLS_ARITY)
+        speeds = _SPEEDS_INTRA[cfg.generation]
+        speed = next((s for s in speeds if s * nch <= layout.intra_gb_per_s), speeds[-1])
+        inter = layout.inter_gb_per_s / nch if layout.num_nodes > 1 else speed
+        return nch, speed, inter
+    nch = max(1, cfg.channels // 2)
+    intra = layout.intra_gb_per_s / nch
+    inter = layout.inter_gb_per_s / nch if layout.num_nodes > 1 else intra
+    return nch, intra, inter
+
+
+def nccl_table(cfg: NcclConfig, kind: OpKind, layout: Layout) -> dict[tuple[Algo, Protocol], tuple[float, float]]:
+    """NCCL's (latency us, algorithm bandwidth GB/s) of every algorithm x protocol it may
+    use for `kind` on this group (tuning.cc `ncclTopoTuneModel`; disabled ones left out)."""
+    t = cfg.tuning
+    n, nodes = layout.n, layout.num_nodes
+    ppn = n / nodes
+    index2 = nodes - 1 if nodes <= 2 else 2
+    index1 = t.row if nodes == 1 else (1 if cfg.cpu is CpuVendor.AMD else 0)
+    ll_max = t.ll_max_bus_gb_per_s[index1][index2]
+    intra_hw = layout.intra_hop
+    hw = intra_hw if nodes == 1 else HopKind.NETWORK
+    nsteps = 2 * (n - 1) if kind is OpKind.ALL_REDUCE else n - 1 if kind in (OpKind.ALL_GATHER, OpKind.REDUCE_SCATTER) else n
+    ll128 = intra_hw is HopKind.NVLINK  # LL128 needs NVLink-class ordering (tuning.cc pEnable)
+    out: dict[tuple[Algo, Protocol], tuple[float, float]] = {}
+    for algo in ALGOS_BY_KIND[kind]:
+        if not _enabled(cfg, algo, layout):
+            continue
+        nch, bw_intra, bw_inter = _graph(cfg, layout, algo)
+        a = NCCL_ALGOS.index(algo)
+        for p, proto in enumerate(PROTOCOLS):
+            if algo in (Algo.NVLS, Algo.NVLS_TREE, Algo.COLLNET_DIRECT, Algo.COLLNET_CHAIN) and proto is not Protocol.SIMPLE:
+                continue
+            if proto is Protocol.LL128 and not ll128:
+                continue
+            collnet = algo in (Algo.COLLNET_DIRECT, Algo.COLLNET_CHAIN)
+            bw = bw_intra if nodes <= 2 or collnet else bw_inter
+            if algo is Algo.NVLS:
+                bw = min(bw_intra, bw_inter)
+            elif algo is Algo.NVLS_TREE:
+                bw = min(bw_intra, bw_inter if nodes <= 2 else bw_inter / 2)
+            bus = nch * bw
+            if algo is Algo.RING and proto is Protocol.LL:
+                bus = min(ll_max, bus * 0.5)
+            if algo is Algo.RING and proto is Protocol.LL128:
+                bus = min(bus * 0.92, nch * t.ring_ll128_channel_gb_per_s[index2])
+            if algo is Algo.TREE and kind is OpKind.ALL_REDUCE:
+                bus = min(bus * 0.92, nch * t.tree_channel_gb_per_s[index2])
+            if algo is Algo.TREE and proto is Protocol.LL:
+                bus = min(bus / 3.8, ll_max)
+            if algo is Algo.TREE and proto is Protocol.LL128:
+                bus = min(bus * (7.0 / 9.0 if nodes == 1 else 120.0 / 128.0), nch * t.tree_ll128_channel_gb_per_s[index2])
+            if algo is Algo.COLLNET_DIRECT:
+                if kind in (OpKind.ALL_GATHER, OpKind.REDUCE_SCATTER):
+                    bus = 0.0 if nodes > 1 else ppn * bw  # needs the network's allgather/reducescatter
+                else:
+                    factor = ppn / nch
+                    bus /= factor - (factor - 1) / 2
+                    if cfg.generation in (Generation.HOPPER, Generation.BLACKWELL):
+                        bus *= 0.85
+            if algo is Algo.NVLS and kind in (OpKind.ALL_GATHER, OpKind.REDUCE_SCATTER) and nodes > 1:
+                bus = 0.0
+            if not (algo is not Algo.RING and kind in (OpKind.ALL_GATHER, OpKind.REDUCE_SCATTER)):
+                if algo is Algo.RING:
+                    bus *= n / nsteps
+                elif algo in (Algo.NVLS, Algo.NVLS_TREE):
+                    bus *= 5.0 / 6.0
+                else:
+                    bus *= 0.5
+            if bus <= 0.0:
+                continue
+            lat = t.base_latency_us[algo][p]
+            intra_lat = t.hop_latency_us[intra_hw][algo][p]
+            inter_lat = t.hop_latency_us[HopKind.NETWORK][Algo.TREE if ppn == 1 else algo][p]
+            if algo is Algo.RING:
+                if kind in (OpKind.BROADCAST, OpKind.REDUCE):
+                    lat += t.hop_latency_us[hw][algo][p]
+                else:
+                    overhead = 0.0
+                    if nodes > 1:
+                        overhead = cfg.net_overhead_us * (3 if proto is Protocol.SIMPLE else 1)
+                    intra_lat = max(intra_lat, overhead)
+                    inter_steps = 0 if nodes == 1 else 2 * (nodes - 1) if kind is OpKind.ALL_REDUCE else nodes - 1
+                    lat += (nsteps - inter_steps) * intra_lat + inter_steps * inter_lat
+            elif algo is Algo.TREE:
+                lat += 2 * ((n // nodes - 1) * intra_lat + log2i(nodes) * inter_lat)
+            elif algo is Algo.COLLNET_DIRECT:
+                lat += 2 * (min(1, n // nodes - 1) * intra_lat + (n // nodes - 1) * 0.4) + inter_lat
+            elif algo is Algo.COLLNET_CHAIN:
+                lat += 2 * (n // nodes - 1) * intra_lat + inter_lat
+            elif algo is Algo.NVLS:
+                lat = intra_lat + (inter_lat if nodes > 1 else 0.0)
+            elif algo is Algo.NVLS_TREE:
+                lat += intra_lat + 2 * log2i(nodes) * inter_lat
+            out[(algo, proto)] = (lat, bus)
+    return out
+
+
+def _enabled(cfg: NcclConfig, algo: Algo, layout: Layout) -> bool:
+    """Whether the machine has what `algo` needs for this group (tuning.cc, enqueue.cc)."""
+    nodes = layout.num_nodes
+    if algo in (Algo.NVLS, Algo.NVLS_TREE):
+        if not cfg.nvls or layout.intra_hop is not HopKind.NVLINK or layout.ppn < 2:
+            return False
+        if algo is Algo.NVLS_TREE and nodes == 1:
+            return False
+        if algo is Algo.NVLS and nodes > 1 and not cfg.collnet:
+            return False
+    if algo in (Algo.COLLNET_DIRECT, Algo.COLLNET_CHAIN):
+        if not cfg.collnet or nodes == 1 or layout.ppn > _MAX_DIRECT_ARITY + 1:
+            return False
+        if algo is Algo.COLLNET_DIRECT and not layout.nvswitch:
+            return False
+    return True
+
+
+def nccl_time_us(cfg: NcclConfig, kind: OpKind, layout: Layout, algo: Algo, proto: Protocol, lat: float, bw: float,
+                 size_bytes: float) -> float:  # fmt: skip
+    """NCCL's predicted time of one op (enqueue.cc `ncclTopoGetAlgoTime`, one op in flight)."""
+    log_size = log2i(int(size_bytes) >> 6) if size_bytes >= 64 else -1
+    if algo is Algo.TREE and kind is OpKind.ALL_REDUCE and 0 <= log_size < 23:
+        bw *= _TREE_CORRECTION[PROTOCOLS.index(proto)][log_size]
+    if (algo is Algo.RING and proto is Protocol.SIMPLE and layout.num_nodes > 1 and kind is OpKind.ALL_REDUCE
+            and size_bytes / (cfg.channels * layout.n) >= 64):  # fmt: skip
+        lat *= 1.9 if cfg.generation is Generation.VOLTA else 1.4  # "plateau effect of ring"
+    return lat + size_bytes / (1000.0 * bw)
+
+
+def select(cfg: NcclConfig, kind: OpKind, layout: Layout, size_bytes: int, algo: Algo | None = None,
+           proto: Protocol | None = None, op: Op | None = None) -> Choice:  # fmt: skip
+    """What NCCL runs: the fastest enabled algorithm x protocol by NCCL's table, among those
+    the op (`algo=`, `proto=`) and the machine (`nccl.algo`, `nccl.proto`) allow; an op that
+    forces what the machine lacks is an error naming what it has."""
+    if kind is OpKind.BARRIER:  # torch's NCCL barrier: an all_reduce of one element
+        kind, size_bytes = OpKind.ALL_REDUCE, 4
+    if kind in P2P_BASED:
+        return p2p_choice(cfg, kind, layout, size_bytes, proto, op=op)
+    if layout.n <= 1:
+        return Choice(Algo.RING, Protocol.SIMPLE, 1)  # enqueue.cc: one rank, nothing moves
+    table = nccl_table(cfg, kind, layout)
+    algos = {algo} if algo is not None else cfg.algos
+    protos = {proto} if proto is not None else cfg.protos
+    best: tuple[float, Algo, Protocol] | None = None
+    for (a, p), (lat, bw) in table.items():
+        if (algos is not None and a not in algos) or (protos is not None and p not in protos):
+            continue
+        t = nccl_time_us(cfg, kind, layout, a, p, lat, bw, size_bytes)
+        if best is None or t < best[0]:
+            best = (t, a, p)
+    if best is None:
+        has = ", ".join(sorted({f"{a.value}/{p.value}" for a, p in table}))
+        wanted = "/".join(x for x in (algo.value if algo else "", proto.value if proto else "") if x) or "the machine's nccl.algo / nccl.proto"
+        raise ScheduleError(f"NCCL has no {wanted} for {kind.value} on {layout.n} ranks over {layout.num_nodes} node(s) of this "
+                            f"machine (it has: {has or 'nothing'})", op.loc if op else None, rank=op.rank if op else None)  # fmt: skip
+    _, a, p = best
+    return Choice(a, p, collective_channels(cfg, a, p, layout, size_bytes))
+
+
+def collective_channels(cfg: NcclConfig, algo: Algo, proto: Protocol, layout: Layout, size_bytes: int) -> int:
+    """Channels a collective uses (enqueue.cc `topoGetAlgoInfo`): NVLS its own; ring and
+    tree drop channels while a channel would get less than threads x threshold bytes."""
+    if algo in (Algo.NVLS, Algo.NVLS_TREE):
+        return cfg.nvls_channels if layout.num_nodes == 1 or algo is Algo.NVLS_TREE else min(cfg.nvls_channels, cfg.channels)
+    if algo in (Algo.COLLNET_DIRECT, Algo.COLLNET_CHAIN):
+        return cfg.channels
+    threshold = THREAD_THRESHOLD_BYTES[proto] * (layout.n if algo is Algo.RING and proto is Protocol.LL else 1)
+    per_channel = MAX_THREADS[proto] * threshold
+    return max(1, min(cfg.channels, int(size_bytes // per_channel)))
+
+
+def p2p_choice(cfg: NcclConfig, kind: OpKind, layout: Layout, size_bytes: int, proto: Protocol | None = None,
+               comm_ranks: int = 0, op: Op | None = None) -> Choice:  # fmt: skip
+    """Point-to-point based ops: per peer, NCCL's channels (`p2p_channels_per_transfer`;
+    a send's communicator has `comm_ranks` ranks), and LL when the bytes per peer fit in
+    channels x NCCL_P2P_LL_THRESHOLD, else Simple."""
+    p2p = kind in (OpKind.SEND, OpKind.RECV)
+    per_peer = size_bytes if p2p else size_bytes // max(layout.n, 1)
+    peers = 1 if p2p else max(layout.n - 1, 1)
+    hop = HopKind.NETWORK if layout.num_nodes > 1 else layout.intra_hop
+    comm = max(comm_ranks, 2) if p2p else layout.n
+    channels = p2p_channels_per_transfer(cfg, comm, layout.num_nodes, per_peer, hop)
+    if proto is None:
+        allowed = cfg.protos
+        ll = per_peer <= channels * P2P_LL_THRESHOLD_BYTES and (allowed is None or Protocol.LL in allowed)
+        proto = Protocol.LL if ll else Protocol.SIMPLE
+    elif proto is Protocol.LL128:
+        raise ScheduleError(f"proto=ll128: NCCL's point-to-point transfers ({kind.value} here) run LL or Simple, not LL128",
+                            op.loc if op else None, rank=op.rank if op else None)  # fmt: skip
+    total = min(cfg.p2p_channels, channels * peers)
+    return Choice(Algo.DIRECT, proto, total)
+
+
+def p2p_channels_per_transfer(cfg: NcclConfig, comm_ranks: int, nodes: int, nbytes: int, hop: HopKind) -> int:
+    """Channels one send uses (enqueue.cc `addP2pToPlan`): as few as its size needs, in
+    parts of one to 32 P2P steps (one to two across nodes), doubling up to the per-peer
+    maximum; the minimum shrinks so that all peers' channels fit in `p2p_channels`."""
+    if nbytes <= 0:
+        return 1
+    most = cfg.p2p_channels_per_peer
+    least = most
+    while least * comm_ranks > cfg.p2p_channels and least > 1:
+        least //= 2
+    step = P2P_CHUNK_BYTES[hop]
+    min_part = step // 2 if nodes > 1 else step // 8
+    max_part = step if nodes > 1 else step * 32
+    n = max(1, min(least, math.ceil(nbytes / min_part)))
+    part = max(min_part, math.ceil(nbytes / n))
+    while part > max_part and n <= most // 2:
+        n *= 2
+        part = math.ceil(nbytes / n)
+    return n
+
+
+# ---- the physics ------------------------------------------------------------------------
+
+
+def latency_us(cfg: NcclConfig, kind: OpKind, layout: Layout, algo: Algo, proto: Protocol) -> float:
+    """The latency part of a collective's time on this machine (see the module doc)."""
+    spec = cfg.protocol(proto)
+    intra = spec.hop_us(layout.intra_hop)
+    net = spec.hop_us(HopKind.NETWORK)
+    n, nodes = layout.n, layout.num_nodes
+    if n <= 1:
+        return 0.0
+    if kind is OpKind.BARRIER:
+        kind = OpKind.ALL_REDUCE
+    if kind in P2P_BASED:
+        return spec.base_latency_us + (net if nodes > 1 else intra)
+    if algo in (Algo.RING, Algo.CHAIN):
+        if kind is OpKind.ALL_REDUCE:
+            steps, inter = 2 * (n - 1), 2 * (nodes - 1)
+        elif kind in (OpKind.ALL_GATHER, OpKind.REDUCE_SCATTER):
+            steps, inter = n - 1, nodes - 1
+        else:
+            steps, inter = n, nodes - 1
+        return spec.base_latency_us + (steps - inter) * intra + inter * net
+    if algo is Algo.TREE:
+        return spec.base_latency_us + 2 * ((layout.ppn - 1) * intra + log2i(nodes) * net)
+    if algo is Algo.NVLS:
+        return cfg.nvls_latency_us + (net if nodes > 1 else 0.0)
+    if algo is Algo.NVLS_TREE:
+        return cfg.nvls_latency_us + 2 * log2i(nodes) * net
+    if algo is Algo.COLLNET_DIRECT:
+        return spec.base_latency_us + 2 * intra + net
+    if algo is Algo.COLLNET_CHAIN:
+        return spec.base_latency_us + 2 * (layout.ppn - 1) * intra + net
+    raise AssertionError(f"no latency for {algo}")
+
+
+def channel_cap_gb_per_s(cfg: NcclConfig, choice: Choice, kind: OpKind) -> float:
+    """The most the chosen kernel's channels move per rank (GB/s of its busiest rank's
+    bytes): channels x what one channel moves with the protocol (P2P channels for
+    point-to-point based ops)."""
+    if kind in P2P_BASED:
+        return choice.channels * cfg.p2p_channel_bandwidth_gb_per_s
+    if choice.algo in (Algo.NVLS, Algo.NVLS_TREE):
+        return math.inf  # the switch reduces; only the links limit it
+    return choice.channels * cfg.protocol(choice.proto).channel_bandwidth_gb_per_s
+
+
+def efficiency(cfg: NcclConfig, choice: Choice) -> float:
+    """Data per byte on the wire of the chosen kernel (NVLS: the machine's NVLS efficiency)."""
+    if choice.algo in (Algo.NVLS, Algo.NVLS_TREE):
+        return cfg.nvls_efficiency
+    return cfg.protocol(choice.proto).efficiency
+
+
+# ---- where bytes go ------------------------------------------------------------------
+
+
+def ring_orders(layout: Layout, channels: int) -> list[list[int]]:
+    """One ring per channel. Inside a node the ring visits the node's ranks in a rotated
+    order, entering at member c and leaving at member c+1 (mod ppn) of channel c; across
+    nodes it goes from one node's exit to the next node's entry. Every NIC of a node with a
+    GPU per NIC thus carries the rings of channels/ppn channels in each direction: NCCL's
+    rings are rail-aligned in the same sense."""
+    out = []
+    for c in range(channels):
+        ring: list[int] = []
+        for members in layout.nodes:
+            m = len(members)
+            start = c % m
+            # enter at `start`, walk down, leave at start + 1: start, start-1, ..., start+1
+            ring.extend(members[(start - i) % m] for i in range(m))
+        out.append(ring)
+    return out
+
+
+def ring_edges(layout: Layout, channels: int, bytes_per_channel_edge: float) -> dict[tuple[int, int], float]:
+    """(src, dst) -> bytes of `channels` rings, each edge carrying `bytes_per_channel_edge`."""
+    out: dict[tuple[int, int], float] = {}
+    for ring in ring_orders(layout, channels):
+        n = len(ring)
+        for i in range(n):
+            key = (ring[i], ring[(i + 1) % n])
+            out[key] = out.get(key, 0.0) + bytes_per_channel_edge
+    return out
+
+
+def _binary_tree(count: int, mirror: bool) -> list[int]:
+    """Parent of each of `count` positions in a heap-ordered binary tree (-1: the root);
+    `mirror` numbers the positions from the other end, NCCL's second tree."""
+    parent = [-1] * count
+    for i in range(1, count):
+        parent[i] = (i - 1) // 2
+    if not mirror:
+        return parent
+    flip = [count - 1 - i for i in range(count)]
+    out = [-1] * count
+    for i in range(count):
+        p = parent[i]
+        out[flip[i]] = flip[p] if p >= 0 else -1
+    return out
+
+
+def tree_edges(layout: Layout, channels: int, size: float) -> dict[tuple[int, int], float]:
+    """Double binary tree all_reduce: per channel a chain through each node from a head
+    (member c mod ppn, its NIC's GPU) and, across nodes, a binary tree of the heads (odd
+    channels the mirrored tree, so a node that is inner in one tree is a leaf in the other).
+    Each channel reduces size/channels up and broadcasts it down every edge."""
+    out: dict[tuple[int, int], float] = {}
+    share = size / max(channels, 1)
+    for c in range(channels):
+        heads = []
+        for members in layout.nodes:
+            m = len(members)
+            order = [members[(c + i) % m] for i in range(m)]
+            heads.append(order[0])
+            for a, b in zip(order, order[1:]):
+                out[(a, b)] = out.get((a, b), 0.0) + share
+                out[(b, a)] = out.get((b, a), 0.0) + share
+        parents = _binary_tree(len(heads), mirror=c % 2 == 1)
+        for i, p in enumerate(parents):
+            if p >= 0:
+                a, b = heads[i], heads[p]
+                out[(a, b)] = out.get((a, b), 0.0) + share
+                out[(b, a)] = out.get((b, a), 0.0) + share
+    return out
+
+
+def head_tree_edges(layout: Layout, size: float) -> dict[tuple[int, int], float]:
+    """The network part of NVLS_TREE: every member is the head of 1/ppn of the data, and
+    the heads of one rail (same position in their node) reduce and broadcast their share
+    over a double binary tree of the nodes (half on each tree)."""
+    out: dict[tuple[int, int], float] = {}
+    ppn = layout.ppn
+    share = size / ppn / 2
+    for mirror in (False, True):
+        for i in range(ppn):
+            heads = [members[i % len(members)] for members in layout.nodes]
+            for j, p in enumerate(_binary_tree(len(heads), mirror)):
+                if p >= 0:
+                    a, b = heads[j], heads[p]
+                    out[(a, b)] = out.get((a, b), 0.0) + share
+                    out[(b, a)] = out.get((b, a), 0.0) + share
+    return out

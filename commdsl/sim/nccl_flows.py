@@ -1,0 +1,271 @@
+"""NCCL transfers on a machine's links: which channels (link directions) an algorithm x
+protocol loads, by how much, and how fast its kernel can go.
+
+A transfer is one coflow (see `commdsl.sim.flow`): per byte of the op's size, the bytes it
+puts on each channel, a cap (what its CTAs can move) and a latency (`commdsl.sim.nccl`).
+Both network models use this: the flow network shares the channels by max-min, the
+analytic one takes the coflow alone (latency + size / its solo rate), so the two agree
+on any transfer that runs alone.
+
+Where the bytes go, per algorithm (S the op's size, n ranks, C channels):
+
+  ring            one ring per channel (`nccl.ring_orders`, rail-aligned across nodes); each
+                  edge carries 2(n-1)/n S / C (all_reduce), (n-1)/n S / C (all_gather,
+                  reduce_scatter); broadcast and reduce pipeline S / C along each ring from
+                  (to) the root
+  tree            the double binary tree of `nccl.tree_edges`: S / C up and down each edge
+  nvls            each GPU to its NVSwitch and back, (1 + 1/n) S each way for all_reduce
+                  (the switch reads every GPU's data to reduce, then multicasts the result);
+                  all_gather S/n up and S down, reduce_scatter the reverse
+  nvls_tree       NVLS inside each node, and a double binary tree of the nodes per rail over
+                  the network carrying S / ppn (`nccl.head_tree_edges`)
+  collnet         a ring all_reduce inside each node, and every GPU's 1/ppn share to the
+                  network (which reduces it) and back
+  all_to_all      every ordered pair S / n. Across nodes the bytes are summed per node and
+                  NIC rather than per pair: a 4,096-rank all_to_all costs O(nodes x ppn^2)
+  gather/scatter  S / n between the root and every other rank
+  send            S along its route
+
+Each channel is charged the wire bytes: the data over the protocol's efficiency (LL puts a
+4-byte flag beside every 4 bytes of data, so its links carry twice the data).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from commdsl.ir import Algo, Op, OpKind, Protocol, Transport
+from commdsl.machine.model import NETWORK_VERTEX, LinkKind, VertexKind
+from commdsl.machine.nccl import HopKind, NcclConfig
+from commdsl.sim import nccl
+from commdsl.sim.fabric import Fabric
+
+_INF = math.inf
+
+
+@dataclass(frozen=True, slots=True)
+class Coflow:
+    """An NCCL transfer's loads, per byte of its size."""
+
+    channel_bytes: tuple[tuple[int, float], ...]
+    """(channel, wire bytes on it per byte of the op's size)."""
+    cap: float
+    """The most op bytes per microsecond its channels (CTAs) move."""
+    latency_us: float
+
+    def solo_rate(self, capacity: list[float]) -> float:
+        """Op bytes per microsecond alone on the links: its cap, or the channel it fills first."""
+        rate = self.cap
+        for c, w in self.channel_bytes:
+            if w > 0 and capacity[c] / w < rate:
+                rate = capacity[c] / w
+        return rate
+
+
+class NcclFlows:
+    """NCCL's choice and loads for the transfers of one simulation (cached per shape)."""
+
+    def __init__(self, fabric: Fabric, cfg: NcclConfig):
+        self.fabric = fabric
+        self.cfg = cfg
+        topo = fabric.topology
+        assert topo is not None, "the loader requires a topology with nccl:"
+        self.gpus_per_node = topo.gpus_per_node
+        self._node_network_gb_per_s = sum(l.bandwidth_gb_per_s for l in topo.links if NETWORK_VERTEX in (l.a, l.b))
+        self._has_nvswitch = any(k is VertexKind.NVSWITCH for _, k in topo.vertices)
+        self._network_channels = frozenset(c for c, (a, b) in enumerate(fabric.ends) if NETWORK_VERTEX in (a, b))
+        """Channels between a NIC and the network."""
+        self._layouts: dict[tuple[int, ...], nccl.Layout] = {}
+        self._choices: dict[tuple, nccl.Choice] = {}
+        self._shapes: dict[tuple, tuple[dict[int, float], float]] = {}
+
+    # ---- the group ----------------------------------------------------------------------
+
+    def layout(self, ranks: tuple[int, ...]) -> nccl.Layout:
+        """Where the group's ranks sit, and what NCCL's graphs would see between them."""
+        lay = self._layouts.get(ranks)
+        if lay is None:
+            lay = self._layouts[ranks] = self._layout(ranks)
+        return lay
+
+    def _layout(self, ranks: tuple[int, ...]) -> nccl.Layout:
+        g = self.gpus_per_node
+        by_node: dict[int, list[int]] = {}
+        for r in ranks:
+            by_node.setdefault(r // g, []).append(r)
+        nodes = tuple(tuple(m) for m in by_node.values())
+        fabric = self.fabric
+        hop, width = HopKind.NVLINK, _INF
+        for members in nodes:
+            if len(members) < 2:
+                continue
+            for a, b in zip(members, members[1:] + members[:1]):
+                route = fabric.route(a, b, Transport.NCCL)
+                chans = route.channels
+                if route.staged or any(fabric.kinds[c] is not LinkKind.NVLINK for c in chans):
+                    hop = HopKind.PCIE
+                width = min(width, min((fabric.bandwidth_gb_per_s[c] for c in chans), default=_INF))
+        ppn = max(len(m) for m in nodes)
+        inter = self._node_network_gb_per_s * min(1.0, ppn / g) if len(nodes) > 1 else _INF
+        return nccl.Layout(ranks, nodes, hop, width, inter, self._has_nvswitch)
+
+    # ---- the choice ---------------------------------------------------------------------
+
+    def choose(self, op: Op, ranks: tuple[int, ...]) -> nccl.Choice:
+        """NCCL's algorithm x protocol for `op` on the group `ranks` (cached)."""
+        key = (ranks, op.kind, op.size_bytes, op.algo, op.proto, op.rank, op.peer) if op.kind.is_p2p else (ranks, op.kind, op.size_bytes, op.algo, op.proto)
+        c = self._choices.get(key)
+        if c is None:
+            algo = op.algo
+            if algo is Algo.CHAIN and op.kind in (OpKind.BROADCAST, OpKind.REDUCE):
+                algo = Algo.RING  # NCCL calls the pipelined chain of broadcast/reduce RING
+            if algo is Algo.DIRECT and op.kind in nccl.P2P_BASED:
+                algo = None
+            if op.kind is OpKind.SEND or op.kind is OpKind.RECV:
+                pair = (op.rank, op.peer) if op.kind is OpKind.SEND else (op.peer, op.rank)
+                c = nccl.p2p_choice(self.cfg, op.kind, self.layout(pair), op.size_bytes, op.proto, len(ranks), op)
+            else:
+                c = nccl.select(self.cfg, op.kind, self.layout(ranks), op.size_bytes, algo, op.proto, op)
+            self._choices[key] = c
+        return c
+
+    def choice_of(self, kind: OpKind, ranks: tuple[int, ...], size: int, algo: Algo, proto: Protocol, group_size: int = 0) -> nccl.Choice:
+        """The choice of a transfer whose algorithm and protocol are known, with its channels
+        (a send's depend on its communicator's size, `group_size`)."""
+        lay = self.layout(ranks)
+        if kind is OpKind.BARRIER:
+            kind, size = OpKind.ALL_REDUCE, 4
+        if kind in nccl.P2P_BASED:
+            return nccl.p2p_choice(self.cfg, kind, lay, size, proto, group_size)
+        return nccl.Choice(algo, proto, nccl.collective_channels(self.cfg, algo, proto, lay, size))
+
+    # ---- the loads ----------------------------------------------------------------------
+
+    def coflow(self, kind: OpKind, ranks: tuple[int, ...], size: int, root: int | None, algo: Algo, proto: Protocol,
+               group_size: int = 0) -> Coflow:  # fmt: skip
+        """The loads, cap and latency of one transfer (see the module doc)."""
+        if algo is Algo.CHAIN:
+            algo = Algo.RING
+        choice = self.choice_of(kind, ranks, size, algo, proto, group_size)
+        lay = self.layout(ranks)
+        key = (kind, ranks, choice.algo, choice.channels, root)
+        shape = self._shapes.get(key)
+        if shape is None:
+            shape = self._shapes[key] = self._shape(kind, lay, choice, root)
+        loads, serial = shape
+        eff = nccl.efficiency(self.cfg, choice)
+        if kind in nccl.P2P_BASED and self.cfg.p2p_net_efficiency != 1.0:
+            net = self._network_channels
+            loads = {c: (b / self.cfg.p2p_net_efficiency if c in net else b) for c, b in loads.items()}
+        cap_gb = nccl.channel_cap_gb_per_s(self.cfg, choice, kind)
+        cap = cap_gb * 1e3 / serial if serial > 0 else _INF
+        latency = nccl.latency_us(self.cfg, kind, lay, choice.algo, choice.proto)
+        return Coflow(tuple((c, b / eff) for c, b in loads.items()), cap, latency)
+
+    def _shape(self, kind: OpKind, lay: nccl.Layout, choice: nccl.Choice, root: int | None) -> tuple[dict[int, float], float]:
+        """(channel -> data bytes per byte of size, the busiest rank's bytes per byte of size)."""
+        n = lay.n
+        algo, channels = choice.algo, choice.channels
+        loads: dict[int, float] = {}
+        if n <= 1:
+            return loads, 0.0
+        if kind is OpKind.SEND or kind is OpKind.RECV:
+            self._charge(loads, {(lay.ranks[0], lay.ranks[1]): 1.0})
+            return loads, 1.0
+        if kind is OpKind.ALL_TO_ALL:
+            self._all_to_all(loads, lay)
+            return loads, (n - 1) / n
+        if kind is OpKind.GATHER or kind is OpKind.SCATTER:
+            pairs = {((r, root) if kind is OpKind.GATHER else (root, r)): 1.0 / n for r in lay.ranks if r != root}
+            self._charge(loads, pairs)
+            return loads, (n - 1) / n
+        if kind is OpKind.BARRIER:
+            kind = OpKind.ALL_REDUCE
+        if algo is Algo.RING:
+            if kind in (OpKind.BROADCAST, OpKind.REDUCE):
+                pairs: dict[tuple[int, int], float] = {}
+                for ring in nccl.ring_orders(lay, channels):
+                    start = ring.index(root) if root in ring else 0
+                    chain = ring[start:] + ring[:start]
+                    for a, b in zip(chain, chain[1:]):
+                        key = (b, a) if kind is OpKind.REDUCE else (a, b)
+                        pairs[key] = pairs.get(key, 0.0) + 1.0 / channels
+                self._charge(loads, pairs)
+                return loads, 1.0
+            factor = 2 * (n - 1) / n if kind is OpKind.ALL_REDUCE else (n - 1) / n
+            self._charge(loads, nccl.ring_edges(lay, channels, factor / channels))
+            return loads, factor
+        if algo is Algo.TREE:
+            self._charge(loads, nccl.tree_edges(lay, channels, 1.0))
+            return loads, 2.0
+        if algo in (Algo.NVLS, Algo.NVLS_TREE):
+            for members in lay.nodes:
+                m = len(members)
+                up, down = {OpKind.ALL_REDUCE: (1 + 1 / m, 1 + 1 / m), OpKind.ALL_GATHER: (1 / m, 1.0),
+                            OpKind.REDUCE_SCATTER: (1.0, 1 / m)}[kind]  # fmt: skip
+                for r in members:
+                    self._switch(loads, r, up, down)
+            if algo is Algo.NVLS_TREE:
+                self._charge(loads, nccl.head_tree_edges(lay, 1.0))
+            return loads, 1.0
+        if algo in (Algo.COLLNET_DIRECT, Algo.COLLNET_CHAIN):
+            for members in lay.nodes:
+                m = len(members)
+                if m > 1:  # a ring all_reduce inside the node
+                    node = nccl.Layout(members, (members,), lay.intra_hop, lay.intra_gb_per_s, _INF, lay.nvswitch)
+                    self._charge(loads, nccl.ring_edges(node, channels, 2 * (m - 1) / m / channels))
+                for r in members:
+                    self._network(loads, r, 1.0 / m)
+            return loads, 2.0
+        raise AssertionError(f"no loads for {kind.value} with {algo.value}")
+
+    def _charge(self, loads: dict[int, float], pairs: dict[tuple[int, int], float]) -> None:
+        route = self.fabric.route
+        for (a, b), nbytes in pairs.items():
+            for c in route(a, b, Transport.NCCL).channels:
+                loads[c] = loads.get(c, 0.0) + nbytes
+
+    def _switch(self, loads: dict[int, float], rank: int, up: float, down: float) -> None:
+        """`up` bytes from `rank`'s GPU into its NVSwitch(es), `down` back (split evenly)."""
+        fabric = self.fabric
+        v = fabric.device_vertex[rank]
+        outs = [(w, c) for w, c in fabric.adj[v] if fabric.vertex_kinds[w] is VertexKind.NVSWITCH]
+        assert outs, "nvls needs an NVSwitch next to every GPU (checked by the loader)"
+        for w, c in outs:
+            loads[c] = loads.get(c, 0.0) + up / len(outs)
+            back = next(c2 for x, c2 in fabric.adj[w] if x == v)
+            loads[back] = loads.get(back, 0.0) + down / len(outs)
+
+    def _network(self, loads: dict[int, float], rank: int, nbytes: float) -> None:
+        """`nbytes` from `rank` to the network (which reduces) and back: CollNet's share."""
+        fabric, i = self.fabric, rank % self.gpus_per_node
+        for c in fabric.cross_up(rank, i, Transport.NCCL) + fabric.cross_down(i, rank, Transport.NCCL):
+            loads[c] = loads.get(c, 0.0) + nbytes
+
+    def _all_to_all(self, loads: dict[int, float], lay: nccl.Layout) -> None:
+        """Every ordered pair 1/n: pairs inside a node one by one; pairs across nodes summed
+        per (source, destination's local index) on the way to the network and per (source's
+        local index, destination) on the way from it, O(nodes x ppn^2) in all."""
+        share = 1.0 / lay.n
+        g = self.gpus_per_node
+        for members in lay.nodes:
+            self._charge(loads, {(a, b): share for a in members for b in members if a != b})
+        if len(lay.nodes) == 1:
+            return
+        fabric = self.fabric
+        total = [0] * g  # members per local index, over all nodes
+        for members in lay.nodes:
+            for r in members:
+                total[r % g] += 1
+        for members in lay.nodes:
+            here = [0] * g
+            for r in members:
+                here[r % g] += 1
+            away = [(j, (total[j] - here[j]) * share) for j in range(g) if total[j] > here[j]]
+            for r in members:
+                for j, nbytes in away:  # r sends to every rank with local index j on other nodes...
+                    for c in fabric.cross_up(r, j, Transport.NCCL):
+                        loads[c] = loads.get(c, 0.0) + nbytes
+                    for c in fabric.cross_down(j, r, Transport.NCCL):  # ...and receives from each of them
+                        loads[c] = loads.get(c, 0.0) + nbytes

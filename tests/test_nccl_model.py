@@ -1,0 +1,286 @@
+"""NCCL's model on GPU machines (`nccl:`): choice, channels, loads, and both networks."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from commdsl.cli import main
+from commdsl.dsl import load_schedule_text
+from commdsl.errors import MachineError, ScheduleError
+from commdsl.ir import Algo, OpKind, Protocol, Transport
+from commdsl.machine import load_machine_text, resolve_machine
+from commdsl.machine.nccl import HopKind
+from commdsl.sim import nccl, simulate
+from commdsl.sim.fabric import Fabric
+from commdsl.sim.nccl_flows import NcclFlows
+
+H100 = resolve_machine("dgx-h100")
+A100 = resolve_machine("dgx-a100")
+
+
+def one_op(ranks: int, statement: str, extra: str = "", streams: str = "[s]") -> object:
+    text = f"name: t\nworld: {ranks}\nstreams: {streams}\n{extra}program: |\n  {statement}\n"
+    return load_schedule_text(text, "t.yaml")
+
+
+def flows(machine, ranks: int) -> tuple[NcclFlows, nccl.Layout]:
+    m = machine if ranks <= 8 else machine.with_nodes(ranks // 8)
+    f = NcclFlows(Fabric(m, ranks), m.nccl)
+    return f, f.layout(tuple(range(ranks)))
+
+
+def pick(machine, kind: OpKind, ranks: int, size: int, **forced) -> tuple[str, str]:
+    f, lay = flows(machine, ranks)
+    c = nccl.select(f.cfg, kind, lay, size, forced.get("algo"), forced.get("proto"))
+    return c.algo.value, c.proto.value
+
+
+# ---- NCCL's choice ---------------------------------------------------------------------------
+
+
+def test_nccl_picks_by_size_and_machine_as_its_tuning_table_does():
+    # One H100 node: LL rings for small all_reduces, NVLink SHARP for large ones.
+    assert pick(H100, OpKind.ALL_REDUCE, 8, 4096) == ("ring", "ll")
+    assert pick(H100, OpKind.ALL_REDUCE, 8, 1 << 30) == ("nvls", "simple")
+    # all_gather gains nothing from NVLS (it moves as much): rings, LL128 then Simple.
+    assert pick(H100, OpKind.ALL_GATHER, 8, 8 << 20)[0] == "ring"
+    assert pick(H100, OpKind.ALL_REDUCE, 1, 1 << 20) == ("ring", "simple")  # one rank: nothing to choose
+    assert pick(H100, OpKind.ALL_GATHER, 8, 1 << 30) == ("ring", "simple")
+    # A100 has no NVLS; across nodes small all_reduces take the double binary tree.
+    assert pick(A100, OpKind.ALL_REDUCE, 8, 1 << 30) == ("ring", "simple")
+    assert pick(A100, OpKind.ALL_REDUCE, 32, 4096) == ("tree", "ll")
+    assert pick(H100, OpKind.ALL_REDUCE, 32, 1 << 30) == ("ring", "simple")
+
+
+def test_the_op_or_the_machine_can_force_algorithm_and_protocol():
+    assert pick(H100, OpKind.ALL_REDUCE, 8, 1 << 30, algo=Algo.RING) == ("ring", "simple")
+    assert pick(H100, OpKind.ALL_REDUCE, 8, 1 << 30, algo=Algo.RING, proto=Protocol.LL) == ("ring", "ll")
+    # Simple only: NVLS's latency (NCCL's 25 us) beats 14 ring steps of Simple even at 4 KiB.
+    assert pick(H100, OpKind.ALL_REDUCE, 8, 4096, proto=Protocol.SIMPLE) == ("nvls", "simple")
+    text = H100.source and open(H100.source).read() + "  algo: [ring]\n  proto: ll128\n"
+    forced = load_machine_text(text, "forced.yaml")
+    assert pick(forced, OpKind.ALL_REDUCE, 8, 1 << 30) == ("ring", "ll128")
+    with pytest.raises(ScheduleError, match=r"NCCL has no nvls for all_reduce .* \(it has: .*ring/simple"):
+        pick(A100, OpKind.ALL_REDUCE, 8, 1 << 20, algo=Algo.NVLS)
+    with pytest.raises(ScheduleError, match="NCCL has no tree for all_gather"):
+        pick(H100, OpKind.ALL_GATHER, 8, 1 << 20, algo=Algo.TREE)
+
+
+def test_forcing_what_the_machine_lacks_is_an_error_at_the_op():
+    with pytest.raises(ScheduleError) as info:
+        simulate(one_op(8, "all_reduce x 1MiB algo=nvls"), A100)
+    assert info.value.loc is not None and info.value.loc.line == 5
+    with pytest.raises(ScheduleError, match="proto=ll: machine h100-nvlink has no NCCL model"):
+        simulate(one_op(8, "all_reduce x 1MiB proto=ll"), resolve_machine("h100-nvlink"))
+
+
+def test_channels_shrink_for_small_messages_as_ncclS_do():
+    _, lay = flows(H100, 8)
+    cfg = H100.nccl
+    # Ring LL: a channel per 512 threads x 8 bytes x 8 ranks (enqueue.cc topoGetAlgoInfo).
+    assert [nccl.collective_channels(cfg, Algo.RING, Protocol.LL, lay, s) for s in (8, 32768, 65536, 262144, 1 << 20)] == [1, 1, 2, 8, 24]
+    assert nccl.collective_channels(cfg, Algo.RING, Protocol.SIMPLE, lay, 1 << 30) == cfg.channels
+    assert nccl.collective_channels(cfg, Algo.NVLS, Protocol.SIMPLE, lay, 4096) == cfg.nvls_channels
+
+
+def test_p2p_channels_ramp_with_size_so_p2p_bandwidth_does():
+    cfg = H100.nccl
+    per = [nccl.p2p_channels_per_transfer(cfg, 8, 1, s, HopKind.NVLINK) for s in (4096, 1 << 20, 64 << 20, 256 << 20, 1 << 30)]
+    assert per == [1, 4, 4, 16, 32]
+    algbw = []
+    for size in ("64KiB", "16MiB", "1GiB"):
+        r = simulate(one_op(8, f"h = batch:\n      isend x {size} to (rank + 1) % 8\n      irecv x {size} from (rank + 7) % 8\n  wait h"), H100)
+        algbw.append(r.flow_stats()[0].algbw_gb_per_s)
+    assert algbw[0] < algbw[1] < algbw[2]
+
+
+# ---- loads on the links ---------------------------------------------------------------------
+
+
+def test_rings_across_nodes_load_every_nic_equally():
+    m = H100.with_nodes(4)
+    r = simulate(one_op(32, "all_reduce x 1GiB algo=ring"), m)
+    nic = {s.name: s.bytes for s in r.link_stats() if "network" in s.name}
+    assert len(nic) == 2 * 8 * 4  # every NIC, both directions
+    assert max(nic.values()) == pytest.approx(min(nic.values()), rel=1e-9)
+    # ... so a 32-GPU ring all_reduce runs at ~8 NICs' bandwidth, not one's.
+    stat = r.flow_stats()[0]
+    busbw = 2 * 31 / 32 * stat.algbw_gb_per_s
+    assert 300 < busbw < 8 * 47
+
+
+def test_aggregated_all_to_all_loads_equal_the_loads_of_every_pair():
+    m = H100.with_nodes(3)
+    f = NcclFlows(Fabric(m, 24), m.nccl)
+    ranks = tuple(r for r in range(24) if r % 8 != 5)  # not every GPU of a node
+    agg: dict[int, float] = {}
+    f._all_to_all(agg, f.layout(ranks))
+    pairs: dict[int, float] = {}
+    for a in ranks:
+        for b in ranks:
+            if a != b:
+                for c in f.fabric.route(a, b, Transport.NCCL).channels:
+                    pairs[c] = pairs.get(c, 0.0) + 1 / len(ranks)
+    assert agg.keys() == pairs.keys()
+    assert all(agg[c] == pytest.approx(pairs[c], rel=1e-12) for c in pairs)
+
+
+def test_a_large_all_to_all_is_one_coflow_at_the_nics_rate():
+    ranks = 512
+    m = H100.with_nodes(ranks // 8)
+    size = ranks * 2**20
+    r = simulate(one_op(ranks, f"all_to_all x {size}B"), m)
+    assert r.network_model.events == 2
+    cfg = m.nccl
+    nic = 47 * cfg.p2p_net_efficiency * cfg.protocol(Protocol.SIMPLE).efficiency  # what leaves a GPU's NIC, GB/s
+    stat = r.flow_stats()[0]
+    away = (ranks - 8) / ranks * size
+    latency = cfg.protocol(Protocol.SIMPLE).base_latency_us + cfg.protocol(Protocol.SIMPLE).hop_us(HopKind.NETWORK)
+    assert stat.end_us - stat.start_us == pytest.approx(latency + away / (nic * 1e3), rel=1e-6)
+
+
+def test_all_to_alls_contend_on_the_nics_they_share():
+    m = H100.with_nodes(2)
+    groups = "groups:\n  left: [0, 1, 2, 3, 8, 9, 10, 11]\n  right: [4, 5, 6, 7, 12, 13, 14, 15]\n"
+    alone = simulate(one_op(16, "if rank % 8 < 4:\n      all_to_all x 1GiB group=left", groups), m).makespan_us
+    both = simulate(one_op(16, "if rank % 8 < 4:\n      all_to_all x 1GiB group=left\n  else:\n      all_to_all y 1GiB group=right", groups), m)
+    assert both.makespan_us == pytest.approx(alone, rel=1e-9)  # disjoint GPUs and NICs
+    # A ring all_reduce of all 16 ranks on another stream crosses the same NICs at once.
+    shared = "if rank % 8 < 4:\n      h = all_to_all x 1GiB group=left on s\n      wait h\n  g = all_reduce y 1GiB algo=ring on t\n  wait g"
+    with_ring = simulate(one_op(16, shared, groups, streams="[s, t]"), m)
+    a2a_end = max(with_ring.raw.end[g] for g, op in enumerate(with_ring.raw.ops) if op.kind is OpKind.ALL_TO_ALL)
+    assert a2a_end > alone * 1.05
+
+
+# ---- both networks ---------------------------------------------------------------------------
+
+CASES = [
+    (8, "all_reduce x 64MiB"), (8, "all_reduce x 4KiB"), (8, "all_reduce x 64MiB algo=ring proto=ll128"),
+    (8, "all_gather x 256MiB"), (8, "reduce_scatter x 1MiB"), (8, "broadcast x 64MiB src=3"), (8, "reduce x 1MiB dst=0"),
+    (8, "all_to_all x 64MiB"), (8, "gather x 8MiB dst=2"), (8, "scatter x 8MiB src=1"), (8, "barrier"),
+    (32, "all_reduce x 1GiB"), (32, "all_reduce x 64KiB"), (32, "all_reduce x 256MiB algo=tree"), (32, "all_gather x 1GiB"),
+    (32, "all_to_all x 1GiB"),
+]
+
+
+@pytest.mark.parametrize("ranks,statement", CASES)
+def test_analytic_and_flow_agree_within_half_a_percent_uncontended(ranks, statement):
+    for machine in (H100, A100):
+        m = machine if ranks <= 8 else machine.with_nodes(ranks // 8)
+        program = one_op(ranks, statement)
+        flow = simulate(program, m, "flow").makespan_us
+        analytic = simulate(program, m, "analytic").makespan_us
+        assert flow == pytest.approx(analytic, rel=0.005)
+
+
+def test_nvls_tree_and_collnet_run_where_the_machine_has_them():
+    collnet = load_machine_text(open(H100.source).read().replace("  nvls: true\n", "  nvls: true\n  collnet: true\n"), "sharp.yaml")
+    for machine, statement in ((H100, "all_reduce x 1GiB algo=nvls_tree"), (collnet, "all_reduce x 1GiB algo=collnet_direct"),
+                               (collnet, "all_reduce x 1GiB algo=collnet_chain"), (collnet, "all_reduce x 1GiB algo=nvls")):  # fmt: skip
+        program = one_op(16, statement)
+        m = machine.with_nodes(2)
+        flow = simulate(program, m)
+        assert flow.makespan_us == pytest.approx(simulate(program, m, "analytic").makespan_us, rel=0.005)
+        assert {f.algo.value for f in flow.flow_stats()} == {statement.split("algo=")[1]}
+    with pytest.raises(ScheduleError, match="NCCL has no nvls for all_reduce on 16 ranks over 2 node"):
+        simulate(one_op(16, "all_reduce x 1GiB algo=nvls"), H100.with_nodes(2))  # NVLS across nodes needs CollNet
+
+
+def test_a_64_rank_all_reduce_is_a_handful_of_events():
+    r = simulate(one_op(64, "all_reduce x 256MiB algo=ring"), H100.with_nodes(8))
+    assert r.network_model.events == 2
+
+
+# ---- traces --------------------------------------------------------------------------------
+
+
+def test_kernel_names_carry_ncclS_algorithm_and_protocol(tmp_path, capsys):
+    text = "name: t\nworld: 8\nstreams: [s]\nprogram: |\n  all_reduce a 4KiB\n  all_reduce b 1GiB\n  all_gather c 1GiB\n  all_reduce d 4MiB algo=ring proto=ll128\n"
+    path = tmp_path / "t.yaml"
+    path.write_text(text)
+    trace = tmp_path / "trace.json"
+    assert main(["simulate", str(path), "--machine", "dgx-h100", "--trace", str(trace), "--gantt", "never"]) == 0
+    import json
+
+    names = {e["args"]["name"]: (e["name"], e["args"]["proto"]) for e in json.loads(trace.read_text())["traceEvents"]
+             if e.get("ph") == "X" and e["args"].get("role") == "exec" and e["pid"] == 0}  # fmt: skip
+    assert names["a"] == ("ncclDevKernel_AllReduce_Sum_f32_RING_LL", "ll")
+    assert names["b"] == ("ncclDevKernel_AllReduce_Sum_f32_NVLS_SIMPLE", "simple")
+    assert names["c"] == ("ncclDevKernel_AllGather_RING_SIMPLE", "simple")
+    assert names["d"] == ("ncclDevKernel_AllReduce_Sum_f32_RING_LL128", "ll128")
+
+
+# ---- machine files --------------------------------------------------------------------------
+
+BASE = open(H100.source).read()
+NCCL_AT = BASE.index("\nnccl:")
+
+BAD_NCCL = [
+    ("unknown key", "  colour: blue\n", "unknown key 'colour'"),
+    ("generation", None, "unknown kind 'kepler'"),
+    ("no channels", None, "must be at least 1"),
+    ("too many channels", None, "at most 64"),
+    ("algo name", "  algo: [ring, hypercube]\n", "unknown name 'hypercube'"),
+    ("efficiency", "  nvls_efficiency: 1.5\n", "at most 1"),
+    ("per peer", "  p2p_channels: 8\n  p2p_channels_per_peer: 16\n", "more than nccl.p2p_channels"),
+    ("protocol", "  protocols:\n    ll256: {efficiency: 0.5}\n", "unknown key 'll256'"),
+    ("hop", "  protocols:\n    ll: {hop_latency_us: {infiniband: 2}}\n", "unknown key 'infiniband'"),
+]
+
+
+def _variant(name: str, extra: str | None) -> str:
+    head, tail = BASE[:NCCL_AT], BASE[NCCL_AT:]
+    if name == "generation":
+        return head + tail.replace("generation: hopper", "generation: kepler")
+    if name == "no channels":
+        return head + tail.replace("channels: 24", "channels: 0", 1)
+    if name == "too many channels":
+        return head + tail.replace("channels: 24", "channels: 65", 1)
+    tail = tail.replace("  p2p_channels: 32\n  p2p_channels_per_peer: 32\n", "") if name == "per peer" else tail
+    tail = tail.replace("  nvls_efficiency: 0.85\n", "") if name == "efficiency" else tail
+    return head + tail.split("  protocols:")[0] + extra if name in ("protocol", "hop") else head + tail + extra
+
+
+@pytest.mark.parametrize("name,extra,message", BAD_NCCL, ids=[b[0] for b in BAD_NCCL])
+def test_bad_nccl_sections_are_errors_with_their_line(name, extra, message):
+    with pytest.raises(MachineError) as info:
+        load_machine_text(_variant(name, extra), "bad.yaml")
+    assert message in info.value.message and info.value.loc is not None and info.value.loc.line > 1
+
+
+def test_nccl_needs_a_topology_and_nvls_an_nvswitch():
+    star = open(resolve_machine("h100-nvlink").source).read() + "nccl: {generation: hopper, channels: 24}\n"
+    with pytest.raises(MachineError, match="nccl: needs a topology"):
+        load_machine_text(star, "star.yaml")
+    pairs = open(resolve_machine("pcie-nvlink-pairs").source).read() + "nccl: {generation: ampere, channels: 8, nvls: true}\n"
+    with pytest.raises(MachineError, match="no link to an nvswitch"):
+        load_machine_text(pairs, "pairs.yaml")
+    with pytest.raises(MachineError, match="lists nvls but the machine has no nvls"):
+        load_machine_text(open(A100.source).read() + "  algo: [ring, nvls]\n", "a.yaml")
+
+
+def test_machines_without_an_nccl_model_are_unchanged():
+    # The implied star: a ring all_reduce takes 2(n-1) steps of latency and its bytes at
+    # the transport's bandwidth, no protocol.
+    m = resolve_machine("h100-nvlink")
+    r = simulate(one_op(8, "all_reduce x 1GiB"), m)
+    nccl_link = m.transport(Transport.NCCL)
+    expected = m.comm_launch_us + 14 * nccl_link.latency_us + 2 * 7 / 8 * 2**30 / (nccl_link.bandwidth_gb_per_s * 1e3)
+    assert r.makespan_us == pytest.approx(expected, rel=1e-9)
+    assert math.isclose(r.makespan_us, simulate(one_op(8, "all_reduce x 1GiB"), m, "analytic").makespan_us, rel_tol=1e-9)
+
+
+def test_proto_takes_a_protocol_name():
+    with pytest.raises(ScheduleError) as info:
+        one_op(8, "all_reduce x 1MiB proto=ll64")
+    assert "unknown proto 'll64'; expected one of simple, ll, ll128" in info.value.message and info.value.loc.column > 1
+    ops = one_op(8, "all_reduce x 1MiB proto=ll128 algo=ring").ops[0]
+    assert (ops[0].proto, ops[0].algo) == (Protocol.LL128, Algo.RING) and ops[0].to_json()["proto"] == "ll128"
+
+
+def test_point_to_point_has_no_ll128():
+    with pytest.raises(ScheduleError, match="run LL or Simple, not LL128") as info:
+        simulate(one_op(8, "all_to_all x 8MiB proto=ll128"), H100)
+    assert info.value.loc.line == 5
