@@ -15,7 +15,7 @@ import re
 import sys
 from pathlib import Path
 
-from commdsl.errors import CommdslError, ScheduleError, UsageError, require_output_folder
+from commdsl.errors import CommdslError, UsageError, require_output_folder
 
 FORMATS = ("pipelining",)
 
@@ -40,9 +40,7 @@ def run(args: argparse.Namespace) -> int:
     shown = args.out or f"<{name} imported from {args.file}>"
     try:
         load_schedule_text(text, shown)
-    except CommdslError as err:
-        if isinstance(err, ScheduleError) and err.loc is None:
-            raise
+    except CommdslError as err:  # e.g. a cyclic order: the file's, as written
         err.hint = (err.hint + "; " if err.hint else "") + f"the order comes from {args.file} as written"
         raise
     if args.out:
