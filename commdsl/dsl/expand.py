@@ -237,12 +237,12 @@ class RankExpander:
         stream = self.stream(placement, loc)
         self._no_batch("compute", loc)
         dtype = dtype or self.layout.default_dtype
-        action, stage, microbatch = pipeline or (None, None, None)
-        self._append(
-            dict(kind=OpKind.COMPUTE, name=name, stream=stream, duration_us=duration_us, flops=flops,
-                 size_bytes=int(size_bytes or 0), dtype=dtype, action=action, stage=stage, microbatch=microbatch),
-            loc,
-        )  # fmt: skip
+        fields = dict(kind=OpKind.COMPUTE, name=name, stream=stream, duration_us=duration_us, flops=flops,
+                      size_bytes=int(size_bytes or 0), dtype=dtype)  # fmt: skip
+        if pipeline is not None:  # only then: fewer keywords keep the hot path fast
+            action, stage, microbatch = pipeline
+            fields.update(action=action, stage=stage, microbatch=microbatch)
+        self._append(fields, loc)
         if pipeline is not None:
             self.last_action = pipeline
             # The stage_recvs just before this op receive its inputs.
@@ -342,14 +342,13 @@ class RankExpander:
         stream = self.stream(placement, loc)
         dtype = dtype or self.layout.default_dtype
         size = self._size(size, dtype, size_loc or loc, kind)
-        action, stage, microbatch = pipeline or (None, None, None)
-        op = self._append(
-            dict(kind=kind, name=name, stream=stream, size_bytes=size, dtype=dtype, peer=peer, group=group.id,
-                 transport=transport or self.layout.default_transport, proto=proto,
-                 handle=self.batch_handle if in_batch else handle, batch=self.batch_start,
-                 action=action, stage=stage, microbatch=microbatch),
-            loc,
-        )  # fmt: skip
+        fields = dict(kind=kind, name=name, stream=stream, size_bytes=size, dtype=dtype, peer=peer, group=group.id,
+                      transport=transport or self.layout.default_transport, proto=proto,
+                      handle=self.batch_handle if in_batch else handle, batch=self.batch_start)  # fmt: skip
+        if pipeline is not None:
+            action, stage, microbatch = pipeline
+            fields.update(action=action, stage=stage, microbatch=microbatch)
+        op = self._append(fields, loc)
         if not in_batch:
             self._bind(handle, (op.index,), loc)
 
