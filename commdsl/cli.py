@@ -3,7 +3,7 @@
 Subcommands live in their own modules; each provides `add_arguments(parser)` and
 `run(args) -> int`. This module parses the command line, dispatches, and turns every
 `CommdslError` into its one-screen message and exit code (0 ok, 1 schedule error,
-2 usage error, 3 deadlock). A Python traceback reaching the user is a bug.
+2 usage error, 3 deadlock, 5 out of device memory). A Python traceback reaching the user is a bug.
 """
 
 from __future__ import annotations
@@ -24,6 +24,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "list": ("commdsl.commands.listing", "list the bundled schedules"),
     "simulate": ("commdsl.commands.simulate", "predict a schedule's timeline on a machine (summary, Gantt, trace)"),
     "compare": ("commdsl.commands.compare", "compare a predicted and a measured timeline op by op"),
+    "import": ("commdsl.commands.import_", "turn another tool's schedule (torch.distributed.pipelining CSV) into a schedule"),
+    "export": ("commdsl.commands.export", "write a schedule as another tool's schedule (torch.distributed.pipelining CSV)"),
 }
 
 

@@ -13,7 +13,9 @@ Definitions (all errors are predicted minus measured):
     consequence of other ops' timing that both timelines draw but neither predicts
     on its own (their start errors still count). Ops whose measured duration is below
     `min_duration_us` are left out too: a 2 us op with a 1 us error is not a 50% miss;
-  * per-op start error (us) = pred start - meas start, and as % of the measured makespan.
+  * per-op start error (us) = pred start - meas start, and as % of the measured makespan;
+  * memory: each rank's peak of declared buffers (`alloc`/`free`), predicted and
+    measured (`MEMORY_PEAK_META`), where both timelines carry it.
 Statistics use absolute values: median, p90 and worst.
 """
 
@@ -26,9 +28,10 @@ from commdsl.breakdown import Breakdown, breakdown_of
 from commdsl.errors import UsageError
 from commdsl.ir import Dtype, OpKind
 from commdsl.machine.model import Machine
-from commdsl.timeline import FLOP_RATE_META, Span, SpanRole, Timeline
+from commdsl.timeline import FLOP_RATE_META, MEMORY_PEAK_META, Span, SpanRole, Timeline
 
-NON_BUSY_KINDS = frozenset({OpKind.WAIT.value, OpKind.WAIT_EVENT.value, OpKind.RECORD.value, OpKind.SYNCHRONIZE.value})
+NON_BUSY_KINDS = frozenset({OpKind.WAIT.value, OpKind.WAIT_EVENT.value, OpKind.RECORD.value, OpKind.SYNCHRONIZE.value,
+                            OpKind.ALLOC.value, OpKind.FREE.value})  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -147,6 +150,11 @@ class Comparison:
     measured_iterations: int | None = None
     """Iterations the measured per-op medians come from (`commdsl.run --iters`), if known."""
     compute_rates: list[ComputeRate] = field(default_factory=list)
+    memory_peaks: dict[int, tuple[int, int]] = field(default_factory=dict)
+    """rank -> (predicted, measured) peak of declared memory, in bytes; empty unless both
+    timelines carry it."""
+    memory_source: str = ""
+    """What the measured peak counts (`memory_peak_source` of the measured meta)."""
 
     @property
     def makespan_error_pct(self) -> float:
@@ -192,6 +200,8 @@ class Comparison:
                  "machine_error_pct": round(c.error_pct, 3)}
                 for c in self.compute_rates
             ],  # fmt: skip
+            "memory_peak_bytes": {str(r): {"predicted": p, "measured": m} for r, (p, m) in sorted(self.memory_peaks.items())},
+            "memory_source": self.memory_source,
             "ops": [
                 {
                     "op_id": e.op_id, "kind": e.kind, "name": e.name, "source": e.source,
@@ -261,7 +271,22 @@ def compare_timelines(predicted: Timeline, measured: Timeline, *, min_duration_u
         predicted_samples=int(predicted.meta.get("samples", 1)),
         measured_iterations=measured.meta.get("iters"),
         compute_rates=compute_rates(predicted, measured),
+        memory_peaks=memory_peaks(predicted, measured),
+        memory_source=str(measured.meta.get("memory_peak_source", "")),
     )
+
+
+def memory_peaks(predicted: Timeline, measured: Timeline) -> dict[int, tuple[int, int]]:
+    """rank -> (predicted, measured) peak of declared memory, for ranks both report."""
+    peaks = []
+    for tl in (predicted, measured):
+        value = tl.meta.get(MEMORY_PEAK_META, {})
+        try:
+            peaks.append({int(r): int(v) for r, v in value.items()})
+        except (AttributeError, TypeError, ValueError):
+            raise UsageError(f"the {tl.source} timeline's meta.{MEMORY_PEAK_META} is not {{rank: bytes}}: {value!r}") from None
+    pred, meas = peaks
+    return {r: (pred[r], meas[r]) for r in sorted(pred.keys() & meas.keys())}
 
 
 def _op_key(op_id: str) -> tuple[int, int]:

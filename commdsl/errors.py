@@ -1,8 +1,10 @@
 """One error hierarchy for everything a user can get wrong.
 
 Every error a user can cause is a `CommdslError`. The CLI catches exactly this class,
-prints `format()` and exits with the error's `exit_code`; anything else escaping is a
-bug in commdsl. Errors carry source locations (file, line, column, the line's text) so
+prints `format()` and exits with the error's `exit_code`: 1 schedule (and machine, run)
+errors, 2 usage errors, 3 deadlocks, 5 a rank out of device memory (`commdsl compare`
+exits 4 when the makespan error exceeds --max-error). Anything else
+escaping is a bug in commdsl. Errors carry source locations (file, line, column, the line's text) so
 the message can show the line with a caret, the way compilers do.
 """
 
@@ -121,6 +123,13 @@ class DeadlockError(CommdslError):
 
     exit_code = 3
     kind = "deadlock"
+
+
+class MemoryExceededError(CommdslError):
+    """A rank's live buffers (`alloc`) exceed its device's memory. Exit code 5."""
+
+    exit_code = 5
+    kind = "out of memory"
 
 
 class UsageError(CommdslError):

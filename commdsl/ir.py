@@ -45,6 +45,10 @@ class OpKind(str, enum.Enum):
     RECORD = "record"
     WAIT_EVENT = "wait_event"
     SYNCHRONIZE = "synchronize"
+    ALLOC = "alloc"
+    """A named device buffer of `size_bytes` becomes live when its stream reaches the op."""
+    FREE = "free"
+    """The buffer `name` is released when its stream reaches the op (`size_bytes`: its size)."""
 
     @property
     def is_p2p(self) -> bool:
@@ -77,6 +81,36 @@ ROOTED_KINDS = frozenset({OpKind.BROADCAST, OpKind.REDUCE, OpKind.GATHER, OpKind
 REDUCING_KINDS = frozenset({OpKind.REDUCE, OpKind.ALL_REDUCE, OpKind.REDUCE_SCATTER})
 SPLIT_KINDS = frozenset({OpKind.ALL_GATHER, OpKind.REDUCE_SCATTER, OpKind.GATHER, OpKind.SCATTER, OpKind.ALL_TO_ALL})
 """Collectives whose size is split into one chunk per group member."""
+
+
+MEMORY_KINDS = frozenset({OpKind.ALLOC, OpKind.FREE})
+"""Ops that only change a rank's live device memory: no time, no launch cost."""
+
+
+class PipelineAction(str, enum.Enum):
+    """What a compute op is in a pipeline schedule, as torch.distributed.pipelining names
+    it (`_ComputationType`): the letter in its actions (`2F0`, `1I3`)."""
+
+    FORWARD = "forward"
+    BACKWARD = "backward"
+    """The full backward: input and weight gradients together (B)."""
+    BACKWARD_INPUT = "backward_input"
+    """The input (activation) gradient only (I); its weight gradient comes later."""
+    BACKWARD_WEIGHT = "backward_weight"
+    """The weight gradient (W), after the input gradient of the same microbatch."""
+
+    @property
+    def letter(self) -> str:
+        return _ACTION_LETTER[self]
+
+    @classmethod
+    def from_letter(cls, letter: str) -> PipelineAction:
+        return _LETTER_ACTION[letter]
+
+
+_ACTION_LETTER = {PipelineAction.FORWARD: "F", PipelineAction.BACKWARD: "B", PipelineAction.BACKWARD_INPUT: "I",
+                  PipelineAction.BACKWARD_WEIGHT: "W"}  # fmt: skip
+_LETTER_ACTION = {v: k for k, v in _ACTION_LETTER.items()}
 
 
 class ReduceOp(str, enum.Enum):
@@ -195,6 +229,13 @@ class Op:
     """For P2P ops issued as one batch_isend_irecv: index of the batch's first op."""
     waits_for: tuple[int, ...] = ()
     """WAIT: indices of the ops the handle stands for; WAIT_EVENT: index of the RECORD."""
+    action: PipelineAction | None = None
+    """In a pipeline schedule: what the compute op is, or (a `stage_send`/`stage_recv`
+    transfer) the compute op whose output it sends or whose input it receives."""
+    stage: int | None = None
+    """The pipeline stage of `action` (0 = the first stage of the model)."""
+    microbatch: int | None = None
+    """The microbatch of `action`."""
 
     @property
     def id(self) -> str:
@@ -220,7 +261,7 @@ class Op:
 
 _JSON_FIELDS = (
     "name", "stream", "duration_us", "flops", "size_bytes", "peer", "group", "root",
-    "reduce_op", "transport", "algo", "proto", "copy_dir", "handle", "batch", "waits_for",
+    "reduce_op", "transport", "algo", "proto", "copy_dir", "handle", "batch", "waits_for", "action", "stage", "microbatch",
 )  # fmt: skip
 
 

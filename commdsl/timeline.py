@@ -28,6 +28,11 @@ FLOP_RATE_META = "flop_block_tflops"
 (TFLOP/s) of the executor's FLOP block timed at start-up (what `peak_tflops` of a
 calibrated machine is)."""
 
+MEMORY_PEAK_META = "memory_peak_bytes"
+"""Timelines' meta key: per rank, its peak of declared memory (`alloc`/`free`), in bytes:
+predicted by the simulator, measured by the executor (on a GPU,
+torch.cuda.max_memory_allocated over the measured iterations)."""
+
 COMM_TRACK_PREFIX = "comm:"
 """Track of a group's comm queue on a rank: "comm:" + group id."""
 

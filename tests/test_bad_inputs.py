@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import pytest
 
 from commdsl.dsl import load_schedule_text
-from commdsl.errors import CommdslError, LimitError, ScheduleError, UsageError, ValidationError
+from commdsl.errors import CommdslError, DeadlockError, LimitError, ScheduleError, UsageError, ValidationError
 
 # The program of a `prog(...)` case starts on file line P + 1, indented by two spaces:
 # program line k is file line P + k, and program column c is file column c + 2.
@@ -236,6 +236,32 @@ CASES = [
     Case("param_forward_reference", "world: 4\nparams:\n  a: b * 2\n  b: 1\nprogram: |\n  pass\n", "unknown name 'b'", 3, 6),
     Case("param_infinite", "world: 4\nparams:\n  a: .inf\nprogram: |\n  pass\n", "param 'a' must be a finite number", 3, 6),
     Case("param_reserved", "world: 4\nparams:\n  rank: 1\nprogram: |\n  pass\n", "'rank' is reserved", 3, 3),
+    # ---- memory and pipeline statements -------------------------------------------------------------
+    Case("alloc_twice", prog("alloc x 1MiB", "alloc x 1MiB"), "buffer 'x' is already allocated (line 12)", P + 2, 3, cli=True),
+    Case("free_unknown", prog("alloc act 1MiB", "free atc"), "free atc: no live buffer of that name on rank 0", P + 2, 3,
+         hint="did you mean 'act'?", rank=0),
+    Case("free_on_another_stream", prog("alloc x 1MiB on comm", "free x"),
+         "free x on stream compute, but it was allocated on stream comm (line 12)", P + 2, 3, hint="free it `on comm`"),
+    Case("alloc_not_a_size", prog("alloc x t_fwd"), "expected a size such as 32MiB or bf16[1024], got a duration", P + 1, 11),
+    Case("alloc_handle", prog("h = alloc x 1MiB"), "alloc returns no handle", P + 1, 7),
+    Case("pipeline_options_partial", prog("compute F t_fwd action=forward stage=0"), "missing microbatch", P + 1, 19),
+    Case("pipeline_unknown_action", prog("compute F t_fwd action=fwd stage=0 microbatch=0"), "unknown action 'fwd'", P + 1, 19),
+    Case("pipeline_negative_stage", prog("compute F t_fwd action=forward stage=rank - 1 microbatch=0"),
+         "stage= takes a non-negative integer, got -1", P + 1, 34),
+    Case("stage_send_unmatched", prog("if rank == 0:", "    stage_send x 1MiB to 1"),
+         "stage_send x on rank 0 has no stage_recv x on rank 1", P + 2, 7, cli=True),
+    Case("stage_recv_in_batch", prog("batch:", "    stage_recv x 1MiB from (rank + 1) % 4"),
+         "a batch holds isend/irecv only, not stage_recv", P + 2, 7),
+    Case("stage_send_handle", prog("h = stage_send x 1MiB to (rank + 1) % 4"), "stage_send returns no handle", P + 1, 7),
+    Case("stage_duplicate_name", prog("if rank == 0:", "    compute F t_fwd", "    stage_send x 1MiB to 1", "    stage_send x 1MiB to 1",
+                                      "if rank == 1:", "    stage_recv x 1MiB from 0"),
+         "repeats a transfer of that name between ranks 0 and 1", P + 4, 7, related_line=P + 3),
+    Case("stage_cyclic_order", prog("if rank < 2:", "    stage_recv a[rank] 1MiB from 1 - rank", "    compute F t_fwd",
+                                    "    stage_send a[1 - rank] 1MiB to 1 - rank"),
+         "the pipeline's compute order is cyclic", P + 2, 7, error=DeadlockError),
+    Case("stage_mixed_with_plain", prog("if rank == 0:", "    compute F t_fwd", "    stage_send x 1MiB to 1", "    send y 1MiB to 1",
+                                        "if rank == 1:", "    stage_recv x 1MiB from 0", "    recv y 1MiB from 0"),
+         "carries stage transfers and plain sends", P + 4, 7, related_line=P + 3),
     # ---- -p overrides ------------------------------------------------------------------------------
     Case("override_unknown_param", prog("pass"), "-p nn=...: the schedule has no param 'nn'", None, None, error=UsageError,
          overrides={"nn": "3"}, hint="did you mean 'n'?"),

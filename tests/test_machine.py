@@ -25,6 +25,17 @@ transports:
 """
 
 
+def test_device_memory_from_presets_and_files(machine_error):
+    assert resolve_machine("h100-nvlink").device.memory_bytes == int(79.65 * 2**30)
+    assert resolve_machine("a100-nvlink").device.memory_gib == 80
+    assert resolve_machine("pcie-nvlink-pairs").device.memory_gib == 24
+    assert resolve_machine("cpu-loopback").device.memory_gib == 4
+    assert load_machine_text(GOOD, "m.yaml").device.memory_bytes is None  # optional: no limit
+    assert load_machine_text(GOOD.replace("  sm_count: 8\n", "  sm_count: 8\n  memory_gib: 0.5\n"), "m.yaml").device.memory_bytes == 2**29
+    machine_error(GOOD.replace("  sm_count: 8\n", "  sm_count: 8\n  memory_gib: -1\n"), "m.yaml",
+                  "device.memory_gib must be greater than 0", 8, 15)
+
+
 def test_presets_load_and_cover_what_the_issue_asks():
     assert {"h100-nvlink", "a100-nvlink", "cpu-loopback"} <= set(preset_names())
     assert DEFAULT_MACHINE == "h100-nvlink"

@@ -13,7 +13,9 @@ import pytest
 from commdsl.ir import OpKind
 from commdsl.resources import bundled_schedules
 from commdsl.run.compute import MATMUL_DTYPES
-from commdsl.timeline import FLOP_RATE_META, Timeline
+from commdsl.machine import resolve_machine
+from commdsl.sim import simulate
+from commdsl.timeline import FLOP_RATE_META, MEMORY_PEAK_META, Timeline
 
 try:
     from test_run_support import REPO, assert_semantics, load, torchrun
@@ -29,6 +31,10 @@ SMALL = {
     "fsdp": "ranks=2 layers=2 layer_params=16KiB t_fwd=1ms t_bwd=1ms t_opt=1ms",
     "gpipe": "stages=2 microbatches=3 act=16KiB t_fwd=1ms t_bwd=1ms",
     "interleaved_1f1b": "stages=2 chunks=2 microbatches=4 act=16KiB t_fwd=1ms t_bwd=1ms",
+    "looped_bfs": "stages=2 chunks=2 microbatches=2 act=16KiB t_fwd=1ms t_bwd=1ms",
+    "interleaved_zb": "stages=2 chunks=2 microbatches=4 act=16KiB t_fwd=1ms t_bwd_in=1ms t_bwd_w=1ms",
+    "zbv": "stages=2 microbatches=3 act=16KiB t_fwd=1ms t_bwd_in=1ms t_bwd_w=1ms",
+    "dualpipev": "stages=2 microbatches=4 act=16KiB t_fwd=1ms t_bwd_in=1ms t_bwd_w=1ms",
     "memcpy_vs_nccl": "gpus=2 msg=64KiB t_compute=2ms reps=1",
     "p2p": "pairs=1 msg=16KiB t_compute=1ms t_host=1ms",
     "stream_overlap": "ranks=1 batches=2 batch=64KiB t_step=2ms t_prep=1ms",
@@ -74,3 +80,10 @@ def test_bundled_schedule_runs_with_check(tmp_path, name):
     rates = measured.meta.get(FLOP_RATE_META, {})
     assert {r: set(by) for r, by in rates.items()} == (flop_dtypes if any(flop_dtypes.values()) else {})
     assert all(t > 0 for by in rates.values() for t in by.values())
+    # The buffers a schedule declares are allocated for real; on one stream the
+    # executor's accounting peaks where the simulation does.
+    if any(op.kind is OpKind.ALLOC for op in program.all_ops()):
+        predicted = simulate(program, resolve_machine("cpu-loopback")).timeline
+        assert measured.meta[MEMORY_PEAK_META] == predicted.meta[MEMORY_PEAK_META]
+    else:
+        assert MEMORY_PEAK_META not in measured.meta

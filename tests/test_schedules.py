@@ -32,8 +32,8 @@ from commdsl.validate import validate_program
 REPO = Path(__file__).resolve().parents[1]
 
 EXPECTED = {
-    "1f1b", "collectives", "ddp_overlap", "fsdp", "gpipe", "interleaved_1f1b",
-    "memcpy_vs_nccl", "p2p", "stream_overlap", "tp_mlp",
+    "1f1b", "collectives", "ddp_overlap", "dualpipev", "fsdp", "gpipe", "interleaved_1f1b", "interleaved_zb",
+    "looped_bfs", "memcpy_vs_nccl", "p2p", "stream_overlap", "tp_mlp", "zbv",
 }  # fmt: skip
 
 # Several overrides per schedule: world sizes, loop counts, shrunk sizes and times.
@@ -46,7 +46,16 @@ OVERRIDES: dict[str, list[dict[str, str]]] = {
     "interleaved_1f1b": [{"stages": "2", "chunks": "2", "microbatches": "2"},
                          {"stages": "8", "chunks": "4", "microbatches": "32"},
                          {"stages": "3", "chunks": "1", "microbatches": "6"},
-                         {"stages": "4", "chunks": "3", "microbatches": "4", "act": "1KiB"}],
+                         {"stages": "4", "chunks": "3", "microbatches": "4", "act": "1KiB"},
+                         {"stages": "4", "chunks": "2", "microbatches": "10"}, {"stages": "1", "chunks": "3", "microbatches": "2"}],
+    "looped_bfs": [{"stages": "2", "chunks": "1", "microbatches": "1"}, {"stages": "8", "chunks": "4", "microbatches": "16"},
+                   {"stages": "1", "chunks": "3", "microbatches": "2"}, {"stages": "5", "chunks": "2", "microbatches": "3", "act": "1KiB"}],
+    "interleaved_zb": [{"stages": "2", "chunks": "1", "microbatches": "2"}, {"stages": "8", "chunks": "4", "microbatches": "16"},
+                       {"stages": "4", "chunks": "2", "microbatches": "6"}, {"stages": "1", "chunks": "2", "microbatches": "3"}],
+    "zbv": [{"stages": "1", "microbatches": "1"}, {"stages": "8", "microbatches": "16"}, {"stages": "3", "microbatches": "2"},
+            {"stages": "2", "microbatches": "5", "saved_w": "0B"}],
+    "dualpipev": [{"stages": "1", "microbatches": "2"}, {"stages": "8", "microbatches": "16"}, {"stages": "3", "microbatches": "7"},
+                  {"stages": "2", "microbatches": "4", "saved_w": "32MiB"}],
     "collectives": [{"ranks": "2"}, {"ranks": "8", "root": "7"}, {"ranks": "3", "tensor": "fp32[5]"},
                     {"ranks": "1"}],
     "p2p": [{"pairs": "2"}, {"pairs": "4", "msg": "4KiB", "t_compute": "10us"}],
@@ -275,10 +284,12 @@ def test_interleaving_shrinks_the_pipeline_bubble():
 
 
 def test_constraints_fail_with_the_schedules_own_message():
-    with pytest.raises(CommdslError, match="multiple of stages"):
-        load_schedule("interleaved_1f1b", {"stages": "4", "microbatches": "6"})
-    with pytest.raises(CommdslError, match="at least 2 stages"):
-        load_schedule("interleaved_1f1b", {"stages": "1", "microbatches": "2"})
+    # PyTorch's rule: rounds of max(1, microbatches // stages); 9 microbatches on 4 stages
+    # make 2 rounds, which 9 does not split into.
+    with pytest.raises(CommdslError, match=r"multiple of max\(1, microbatches // stages\)"):
+        load_schedule("interleaved_1f1b", {"stages": "4", "microbatches": "9"})
+    with pytest.raises(CommdslError, match="at least as many microbatches as stages"):
+        load_schedule("dualpipev", {"stages": "4", "microbatches": "7"})
     with pytest.raises(CommdslError, match="multiple of tp"):
         load_schedule("tp_mlp", {"tp": "3"})
 

@@ -11,7 +11,7 @@ from rich.table import Table
 
 from commdsl.api import compare_named
 from commdsl.comparison import Comparison, combined_trace
-from commdsl.dsl.values import format_us
+from commdsl.dsl.values import format_bytes, format_us
 from commdsl.timeline import Timeline
 
 EXIT_OVER_MAX_ERROR = 4
@@ -58,10 +58,24 @@ def print_comparison(cmp: Comparison, console: Console) -> None:
         console.print(f"FLOP block in {c.dtype}: the machine file says {c.machine_tflops:.3g} TFLOP/s, this run's start-up timed "
                       f"{ranks_text} (the machine file {c.error_pct:+.1f}%): FLOP-sized compute is predicted off by about as "
                       f"much for the machine's speed alone")  # fmt: skip
+    if cmp.memory_peaks:
+        print_memory_peaks(cmp, console)
     console.print(f"{len(cmp.ops)} ops compared")
     if cmp.only_predicted or cmp.only_measured:
         console.print(f"[yellow]warning[/]: {len(cmp.only_predicted)} ops only predicted, {len(cmp.only_measured)} only measured "
                       f"(e.g. {(cmp.only_predicted + cmp.only_measured)[:3]})")  # fmt: skip
+
+
+def print_memory_peaks(cmp: Comparison, console: Console) -> None:
+    """Each rank's peak of declared memory, predicted against measured."""
+    console.print(f"memory peak per rank (measured: {cmp.memory_source or 'the run'}):")
+    table = Table(box=None, pad_edge=False)
+    for col in ("rank", "predicted", "measured", "error"):
+        table.add_column(col, justify="right")
+    for r, (p, m) in cmp.memory_peaks.items():
+        error = f"{100.0 * (p - m) / m:+.1f}%" if m else "-"
+        table.add_row(str(r), format_bytes(p), format_bytes(m), error)
+    console.print(table)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -33,6 +33,7 @@ def short_label(op: Op) -> str:
         OpKind.REDUCE_SCATTER: "RS", OpKind.ALL_TO_ALL: "A2A", OpKind.BROADCAST: "BC", OpKind.REDUCE: "RD",
         OpKind.GATHER: "GA", OpKind.SCATTER: "SC", OpKind.BARRIER: "BAR", OpKind.WAIT: "W",
         OpKind.RECORD: "rec", OpKind.WAIT_EVENT: "wev", OpKind.SYNCHRONIZE: "sync", OpKind.COPY: "cp",
+        OpKind.ALLOC: "+", OpKind.FREE: "-",
     }[op.kind]  # fmt: skip
     if op.kind is OpKind.BARRIER or op.kind is OpKind.SYNCHRONIZE:
         return abbrev
@@ -70,6 +71,8 @@ def describe(op: Op) -> str:
         parts.append(f"-> {op.handle}")
     if op.waits_for:
         parts.append("for #" + ",".join(str(i) for i in op.waits_for))
+    if op.action is not None:  # the torch.distributed.pipelining action: stage, letter, microbatch
+        parts.append(f"pp:{op.stage}{op.action.letter}{op.microbatch}")
     return " ".join(parts)
 
 

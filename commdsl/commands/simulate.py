@@ -110,6 +110,8 @@ def print_summary(console: Console, s: Summary) -> None:
             format_us(r.idle_us), f"{r.bubble_fraction:.4f}" if r.bubble_fraction is not None else "-",
         )  # fmt: skip
     console.print(table)
+    if s.memory:
+        print_memory(console, s)
     path = s.critical_path
     console.print(f"critical path ({len(path)} ops):")
     shown = path if len(path) <= _PATH_ROWS else path[: _PATH_ROWS // 2] + path[-_PATH_ROWS // 2 :]
@@ -136,6 +138,21 @@ def print_summary(console: Console, s: Summary) -> None:
                           f"{format_us(c.mean_us)} (x{c.mean_us / c.nominal_us:.2f})")  # fmt: skip
     for w in s.warnings[:10]:
         console.print(f"[yellow]warning[/]: {escape(w)}")
+
+
+def print_memory(console: Console, s: Summary) -> None:
+    """Each rank's peak of declared memory and the largest things live at it."""
+    console.print("memory (declared buffers; peak per rank and what is live then):")
+    table = Table(box=None, pad_edge=False)
+    for col, justify in (("rank", "right"), ("peak", "right"), ("at", "right"), ("live at the peak", "left")):
+        table.add_column(col, justify=justify)
+    for m in s.memory:
+        shown = [f"{escape(g.first)}{f' +{g.count - 1}' if g.count > 1 else ''} {format_bytes(g.size_bytes)} ({escape(g.statement)})"
+                 for g in m.live_at_peak[:3]]  # fmt: skip
+        if len(m.live_at_peak) > 3:
+            shown.append(f"+{len(m.live_at_peak) - 3} more statements")
+        table.add_row(str(m.rank), format_bytes(m.peak_bytes), format_us(m.peak_us), "; ".join(shown) or "-")
+    console.print(table)
 
 
 def print_links(console: Console, s: Summary, top: int) -> None:

@@ -11,6 +11,7 @@ unknown options, enum values, group and stream names.
 
 from __future__ import annotations
 
+import enum
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -37,7 +38,7 @@ from commdsl.dsl.values import (
     parse_quantity,
 )
 from commdsl.errors import CommdslError, LimitError, ScheduleError, SourceLoc, did_you_mean
-from commdsl.ir import HOST_STREAM, REDUCING_KINDS, Algo, CopyDir, Dtype, OpKind, Protocol, ReduceOp, Transport
+from commdsl.ir import HOST_STREAM, REDUCING_KINDS, Algo, CopyDir, Dtype, OpKind, PipelineAction, Protocol, ReduceOp, Transport
 
 Env = dict
 Expr = Callable[[Env], object]
@@ -51,11 +52,29 @@ _ROOT_OPTION = {OpKind.BROADCAST: "src", OpKind.SCATTER: "src", OpKind.REDUCE: "
 _ENUM_OPTIONS: dict[str, type] = {"op": ReduceOp, "transport": Transport, "algo": Algo, "proto": Protocol, "dtype": Dtype}
 
 _OPTIONS_BY_OP: dict[str, frozenset[str]] = {
-    "compute": frozenset({"flops", "bytes", "dtype"}),
+    "compute": frozenset({"flops", "bytes", "dtype", "action", "stage", "microbatch"}),
     "copy": frozenset({"dtype"}),
-    "p2p": frozenset({"group", "transport", "dtype", "proto"}),
+    "p2p": frozenset({"group", "transport", "dtype", "proto", "action", "stage", "microbatch"}),
     "barrier": frozenset({"group"}),
 }
+
+
+class P2PMode(enum.Enum):
+    """How a point-to-point statement is issued."""
+
+    BLOCKING = "blocking"
+    """send / recv: synchronous."""
+    ASYNC = "async"
+    """isend / irecv: returns a handle."""
+    STAGE = "stage"
+    """stage_send / stage_recv: placed by the pipeline lowering (commdsl/dsl/lower.py)."""
+
+
+_P2P_WORDS: dict[str, tuple[OpKind, P2PMode]] = {
+    "send": (OpKind.SEND, P2PMode.BLOCKING), "recv": (OpKind.RECV, P2PMode.BLOCKING),
+    "isend": (OpKind.SEND, P2PMode.ASYNC), "irecv": (OpKind.RECV, P2PMode.ASYNC),
+    "stage_send": (OpKind.SEND, P2PMode.STAGE), "stage_recv": (OpKind.RECV, P2PMode.STAGE),
+}  # fmt: skip
 
 
 def _collective_options(kind: OpKind) -> frozenset[str]:
@@ -428,6 +447,7 @@ class ProgramCompiler(Transformer):
         flops_opt, bytes_opt = opts.get("flops"), opts.get("bytes")
         if amount is None and flops_opt is None and bytes_opt is None:
             raise ScheduleError("compute needs a duration (2ms), work (4GFLOP), flops= or bytes=", loc)
+        pipeline = self._pipeline_options(opts, loc)
 
         def run(ctx, env, handle):
             if handle is not None:
@@ -450,9 +470,51 @@ class ProgramCompiler(Transformer):
             for what, x in (("duration", duration_us), ("flops", flops), ("bytes", size)):
                 if x is not None and x < 0:
                     raise ctx.fail(f"compute {what} must not be negative", loc)
-            ctx.compute(ref.text(env), duration_us, flops, size, dtype, stream, loc)
+            ctx.compute(ref.text(env), duration_us, flops, size, dtype, stream, loc, pipeline=pipeline(ctx, env))
 
         return _OpNode(run, "compute", loc)
+
+    def _pipeline_options(self, opts: dict[str, _Option], loc: SourceLoc):
+        """`action= stage= microbatch=` of a compute op (or of a transfer: the action whose
+        output it sends or whose input it receives): all three or none. Returns a
+        function of (ctx, env) giving (action, stage, microbatch) or None."""
+        given = [name for name in ("action", "stage", "microbatch") if name in opts]
+        if not given:
+            return lambda ctx, env: None
+        if len(given) < 3:
+            missing = [n for n in ("action", "stage", "microbatch") if n not in opts]
+            raise ScheduleError(f"a pipeline op names action=, stage= and microbatch= together; missing {', '.join(missing)}",
+                                opts[given[0]].loc)  # fmt: skip
+        action = self._enum(opts["action"], PipelineAction)
+        stage_opt, mb_opt = opts["stage"], opts["microbatch"]
+
+        def pipeline(ctx, env):
+            values = []
+            for opt in (stage_opt, mb_opt):
+                v = opt.value(env)
+                if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+                    raise ctx.fail(f"{opt.name}= takes a non-negative integer, got {format_value(v)}", opt.loc)
+                values.append(v)
+            return action, values[0], values[1]
+
+        return pipeline
+
+    def alloc(self, meta, children) -> _OpNode:
+        ref, size_expr, placement = children
+        loc = self._loc(meta)
+        stream = self._stream_name(placement, loc, allow_host=False)
+        size_loc = _loc_of(size_expr, loc)
+
+        def run(ctx, env, handle):
+            if handle is not None:
+                raise ctx.fail("alloc returns no handle; the buffer's name is what `free` takes", loc)
+            size, _ = _size(ctx, size_expr(env), size_loc)
+            ctx.alloc(ref.text(env), size, stream, loc, size_loc=size_loc)
+
+        return _OpNode(run, "alloc", loc)
+
+    def free(self, meta, children) -> _OpNode:
+        return self._named_op(meta, children, "free", RankExpander.free, "free returns no handle")
 
     def host_work(self, meta, children) -> _OpNode:
         ref, amount = children
@@ -494,8 +556,7 @@ class ProgramCompiler(Transformer):
         kind_word, ref, size_expr, peer, *rest = children
         placement, options = rest[-1], rest[:-1]
         loc = self._loc(meta)
-        is_async = kind_word.startswith("i")
-        kind = OpKind.SEND if kind_word.endswith("send") else OpKind.RECV
+        kind, mode = _P2P_WORDS[kind_word]
         opts = self._options(kind_word, _OPTIONS_BY_OP["p2p"], options)
         stream = self._stream_name(placement, loc, allow_host=False)
         dtype = self._dtype(opts)
@@ -511,11 +572,18 @@ class ProgramCompiler(Transformer):
         peer_expr = target
         target_loc = _loc_of(target, peer_loc)
         size_loc = _loc_of(size_expr, loc)
+        pipeline = self._pipeline_options(opts, loc)
 
         def run(ctx, env, handle):
             size, dt = _size(ctx, size_expr(env), size_loc)
-            ctx.p2p(kind, is_async, ref.text(env), size, peer_expr(env), family, transport, dtype or dt, stream, handle,
-                    loc, peer_loc=target_loc, size_loc=size_loc, proto=proto)  # fmt: skip
+            if mode is P2PMode.STAGE:
+                if handle is not None:
+                    raise ctx.fail(f"{kind_word} returns no handle: the pipeline lowering waits for it", loc)
+                ctx.stage_p2p(kind, ref.text(env), size, peer_expr(env), family, transport, dtype or dt, stream, loc,
+                              peer_loc=target_loc, size_loc=size_loc, proto=proto, pipeline=pipeline(ctx, env))  # fmt: skip
+                return
+            ctx.p2p(kind, mode is P2PMode.ASYNC, ref.text(env), size, peer_expr(env), family, transport, dtype or dt,
+                    stream, handle, loc, peer_loc=target_loc, size_loc=size_loc, proto=proto, pipeline=pipeline(ctx, env))  # fmt: skip
 
         return _OpNode(run, kind_word, loc)
 
@@ -566,28 +634,24 @@ class ProgramCompiler(Transformer):
         return _OpNode(run, kind.value, loc)
 
     def wait(self, meta, children) -> _OpNode:
-        ref, placement = children
-        loc = self._loc(meta)
-        stream = self._stream_name(placement, loc, allow_host=True)
-
-        def run(ctx, env, handle):
-            if handle is not None:
-                raise ctx.fail("wait returns no handle", loc)
-            ctx.wait(ref.text(env), stream, loc)
-
-        return _OpNode(run, "wait", loc)
+        return self._named_op(meta, children, "wait", RankExpander.wait, "wait returns no handle", allow_host=True)
 
     def record(self, meta, children) -> _OpNode:
+        return self._named_op(meta, children, "record", RankExpander.record,
+                              "record returns no handle; the event's name is what you wait on")  # fmt: skip
+
+    def _named_op(self, meta, children, word: str, emit: Callable, no_handle: str, *, allow_host: bool = False) -> _OpNode:
+        """`WORD NAME [on STREAM]` (wait, record, free): `emit(expander, name, stream, loc)`."""
         ref, placement = children
         loc = self._loc(meta)
-        stream = self._stream_name(placement, loc, allow_host=False)
+        stream = self._stream_name(placement, loc, allow_host=allow_host)
 
         def run(ctx, env, handle):
             if handle is not None:
-                raise ctx.fail("record returns no handle; the event's name is what you wait on", loc)
-            ctx.record(ref.text(env), stream, loc)
+                raise ctx.fail(no_handle, loc)
+            emit(ctx, ref.text(env), stream, loc)
 
-        return _OpNode(run, "record", loc)
+        return _OpNode(run, word, loc)
 
     def synchronize(self, meta, children) -> _OpNode:
         (stream_tok,) = children

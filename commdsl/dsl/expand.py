@@ -9,9 +9,9 @@ compare ranks live in commdsl/validate.py.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
-from commdsl.errors import LimitError, ScheduleError, SourceLoc
+from commdsl.errors import LimitError, ScheduleError, SourceLoc, did_you_mean
 from commdsl.ir import (
     HOST_STREAM,
     ROOTED_KINDS,
@@ -22,6 +22,7 @@ from commdsl.ir import (
     Group,
     Op,
     OpKind,
+    PipelineAction,
     Protocol,
     ReduceOp,
     Transport,
@@ -78,6 +79,23 @@ class ExpansionBudget:
             )
 
 
+@dataclass(frozen=True)
+class StageTransfers:
+    """A rank's `stage_send` / `stage_recv` ops, for the pipeline lowering."""
+
+    sends: tuple[int, ...]
+    """Indices of the isends (each issued where it is written)."""
+    recvs: tuple[int, ...]
+    """Indices of the irecvs the lowering moves to where their sender sends."""
+
+
+@dataclass(frozen=True)
+class _Buffer:
+    size_bytes: int
+    stream: str
+    loc: SourceLoc
+
+
 @dataclass
 class _Handle:
     indices: tuple[int, ...]
@@ -107,6 +125,14 @@ class RankExpander:
     """Blocks defined with `def` so far: name -> (parameter names, statements)."""
     globals: dict = field(default_factory=dict)
     """Top-level variables: params, rank, world_size, and top-level assignments."""
+    live: dict[str, _Buffer] = field(default_factory=dict)
+    """Buffers allocated (`alloc`) and not yet freed, by name."""
+    stage_sends: list[int] = field(default_factory=list)
+    stage_recvs: list[int] = field(default_factory=list)
+    last_action: tuple[PipelineAction, int, int] | None = None
+    """(action, stage, microbatch) of the last pipeline compute op: what a stage_send sends."""
+    unannotated_recvs: list[int] = field(default_factory=list)
+    """stage_recvs waiting for the pipeline compute op after them (what they feed)."""
     _group_of: dict[str, Group] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -206,15 +232,75 @@ class RankExpander:
 
     # ---- ops ----------------------------------------------------------------------
 
-    def compute(self, name: str, duration_us, flops, size_bytes, dtype: Dtype | None, placement, loc) -> None:
+    def compute(self, name: str, duration_us, flops, size_bytes, dtype: Dtype | None, placement, loc,
+                pipeline: tuple[PipelineAction, int, int] | None = None) -> None:  # fmt: skip
         stream = self.stream(placement, loc)
         self._no_batch("compute", loc)
         dtype = dtype or self.layout.default_dtype
-        self._append(
-            dict(kind=OpKind.COMPUTE, name=name, stream=stream, duration_us=duration_us, flops=flops,
-                 size_bytes=int(size_bytes or 0), dtype=dtype),
-            loc,
-        )  # fmt: skip
+        fields = dict(kind=OpKind.COMPUTE, name=name, stream=stream, duration_us=duration_us, flops=flops,
+                      size_bytes=int(size_bytes or 0), dtype=dtype)  # fmt: skip
+        if pipeline is not None:  # only then: fewer keywords keep the hot path fast
+            action, stage, microbatch = pipeline
+            fields.update(action=action, stage=stage, microbatch=microbatch)
+        self._append(fields, loc)
+        if pipeline is not None:
+            self.last_action = pipeline
+            # The stage_recvs just before this op receive its inputs.
+            for i in self.unannotated_recvs:
+                self.ops[i] = replace(self.ops[i], action=action, stage=stage, microbatch=microbatch)
+            self.unannotated_recvs.clear()
+
+    def stage_p2p(self, kind: OpKind, name: str, size, peer, family: str, transport, dtype, placement, loc, *,
+                  peer_loc=None, size_loc=None, proto: Protocol | None = None,
+                  pipeline: tuple[PipelineAction, int, int] | None = None) -> None:  # fmt: skip
+        """`stage_send`: an isend of the last pipeline compute op's result, waited at the end
+        of the program. `stage_recv`: an irecv (moved by the lowering to where its sender
+        sends) and, here, the current stream's wait for it. Unless the statement names its
+        action, a send belongs to the pipeline compute op before it, a recv to the one
+        after it."""
+        word = "stage_send" if kind is OpKind.SEND else "stage_recv"
+        if self.batch_start is not None:
+            raise self.fail(f"a batch holds isend/irecv only, not {word}", loc)
+        if pipeline is None and kind is OpKind.SEND:
+            pipeline = self.last_action
+        self.p2p(kind, True, name, size, peer, family, transport, dtype, placement, f"{word} {name}", loc,
+                 peer_loc=peer_loc, size_loc=size_loc, proto=proto, pipeline=pipeline)  # fmt: skip
+        index = len(self.ops) - 1
+        del self.handles[f"{word} {name}"]  # not a user handle: the program cannot wait on it
+        if kind is OpKind.SEND:
+            self.stage_sends.append(index)
+            return
+        self.stage_recvs.append(index)
+        if pipeline is None:
+            self.unannotated_recvs.append(index)
+        stream = self.ops[index].stream
+        self._append(dict(kind=OpKind.WAIT, name=f"{word} {name}", stream=stream, waits_for=(index,)), loc)
+
+    def stage_transfers(self) -> StageTransfers:
+        return StageTransfers(tuple(self.stage_sends), tuple(self.stage_recvs))
+
+    def alloc(self, name: str, size, placement, loc, *, size_loc=None) -> None:
+        self._no_batch("alloc", loc)
+        stream = self.stream(placement, loc)
+        old = self.live.get(name)
+        if old is not None:
+            raise self.fail(f"buffer '{name}' is already allocated (line {old.loc.line}); free it before allocating it again", loc)
+        size = self._size(size, Dtype.UINT8, size_loc or loc, OpKind.ALLOC)
+        self._append(dict(kind=OpKind.ALLOC, name=name, stream=stream, size_bytes=size, dtype=Dtype.UINT8), loc)
+        self.live[name] = _Buffer(size, stream, loc)
+
+    def free(self, name: str, placement, loc) -> None:
+        self._no_batch("free", loc)
+        stream = self.stream(placement, loc)
+        buf = self.live.pop(name, None)
+        if buf is None:
+            live = sorted(self.live)
+            hint = did_you_mean(name, live) or (f"live buffers: {', '.join(live[:8])}" if live else "`alloc` it first")
+            raise self.fail(f"free {name}: no live buffer of that name on rank {self.rank}", loc, hint=hint)
+        if buf.stream != stream:
+            raise self.fail(f"free {name} on stream {stream}, but it was allocated on stream {buf.stream} (line {buf.loc.line})",
+                            loc, hint=f"memory is ordered by stream: free it `on {buf.stream}`")  # fmt: skip
+        self._append(dict(kind=OpKind.FREE, name=name, stream=stream, size_bytes=buf.size_bytes, dtype=Dtype.UINT8), loc)
 
     def host_work(self, name: str, duration_us: float, loc) -> None:
         self._no_batch("host", loc)
@@ -234,7 +320,8 @@ class RankExpander:
         )  # fmt: skip
 
     def p2p(self, kind: OpKind, is_async: bool, name: str, size, peer, family: str, transport, dtype, placement, handle,
-            loc, *, peer_loc=None, size_loc=None, proto: Protocol | None = None) -> None:  # fmt: skip
+            loc, *, peer_loc=None, size_loc=None, proto: Protocol | None = None,
+            pipeline: tuple[PipelineAction, int, int] | None = None) -> None:  # fmt: skip
         word = ("i" if is_async else "") + kind.value
         in_batch = self.batch_start is not None
         if in_batch and not is_async:
@@ -255,12 +342,13 @@ class RankExpander:
         stream = self.stream(placement, loc)
         dtype = dtype or self.layout.default_dtype
         size = self._size(size, dtype, size_loc or loc, kind)
-        op = self._append(
-            dict(kind=kind, name=name, stream=stream, size_bytes=size, dtype=dtype, peer=peer, group=group.id,
-                 transport=transport or self.layout.default_transport, proto=proto,
-                 handle=self.batch_handle if in_batch else handle, batch=self.batch_start),
-            loc,
-        )  # fmt: skip
+        fields = dict(kind=kind, name=name, stream=stream, size_bytes=size, dtype=dtype, peer=peer, group=group.id,
+                      transport=transport or self.layout.default_transport, proto=proto,
+                      handle=self.batch_handle if in_batch else handle, batch=self.batch_start)  # fmt: skip
+        if pipeline is not None:
+            action, stage, microbatch = pipeline
+            fields.update(action=action, stage=stage, microbatch=microbatch)
+        op = self._append(fields, loc)
         if not in_batch:
             self._bind(handle, (op.index,), loc)
 
@@ -332,7 +420,9 @@ class RankExpander:
             raise self.fail(f"a batch holds isend/irecv only, not {what}", loc)
 
     def finish(self) -> None:
-        """End-of-rank checks: waits on names that never became a handle or event."""
+        """End-of-rank checks: waits on names that never became a handle or event. Then
+        the stage_sends are waited, one wait per stream, at the end of the program (as
+        torch.distributed.pipelining waits its sends at the end of a step)."""
         for name, loc in self.pending_waits:
             if name in self.events:
                 raise self.fail(
@@ -353,3 +443,9 @@ class RankExpander:
         for name, h in self.handles.items():
             if not h.waited:
                 self.warnings.append(f"{h.loc}: rank {self.rank}: handle '{name}' is never waited")
+        by_stream: dict[str, list[int]] = {}
+        for i in self.stage_sends:
+            by_stream.setdefault(self.ops[i].stream, []).append(i)
+        for stream, indices in by_stream.items():
+            loc = self.ops[indices[-1]].loc
+            self._append(dict(kind=OpKind.WAIT, name="stage_send", stream=stream, waits_for=tuple(indices)), loc)

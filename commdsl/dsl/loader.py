@@ -17,6 +17,7 @@ import yaml
 
 from commdsl.dsl.compile import ProgramCompiler
 from commdsl.dsl.expand import ExpansionBudget, RankExpander, WorldLayout
+from commdsl.dsl.lower import lower_stage_transfers
 from commdsl.dsl.parser import TextOrigin, parse_expression, parse_program
 from commdsl.dsl.values import INT_LIMIT, format_value
 from commdsl.errors import LimitError, ScheduleError, SourceLoc, UsageError, did_you_mean
@@ -194,6 +195,7 @@ def load_schedule_text(
 
     budget = ExpansionBudget(max_ops=max_ops, max_steps=max(4 * max_ops, 1_000_000))
     per_rank = []
+    transfers = []
     warnings: list[str] = []
     for rank in range(layout.world_size):
         expander = RankExpander(rank, layout, budget)
@@ -209,7 +211,9 @@ def load_schedule_text(
                              rank=rank) from None  # fmt: skip
         expander.finish()
         per_rank.append(tuple(expander.ops))
+        transfers.append(expander.stage_transfers())
         warnings.extend(expander.warnings)
+    per_rank = lower_stage_transfers(per_rank, transfers)
 
     program = Program(
         name=name,

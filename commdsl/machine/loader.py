@@ -28,7 +28,8 @@ _TOP_KEYS = (
     "topology", "comm_compute_slowdown", "compute_comm_slowdown", "copy_compute_slowdown", "compute_copy_slowdown", "copy_measured_us",
     "compute_noise", "interference_by_op", "nccl",
 )  # fmt: skip
-_DEVICE_KEYS = ("name", "peak_tflops", "memory_bandwidth_gb_per_s", "sm_count", "kind")
+_DEVICE_KEYS = ("name", "peak_tflops", "memory_bandwidth_gb_per_s", "sm_count", "kind", "memory_gib")
+_DEVICE_REQUIRED = _DEVICE_KEYS[:4]
 _CPU_ONLY_KEYS = ("copy_compute_slowdown", "compute_copy_slowdown", "compute_noise")
 """Knobs of the CPU-host contention model: a rank's threads sharing the host's cores."""
 _LINK_KEYS = ("latency_us", "bandwidth_gb_per_s")
@@ -229,7 +230,7 @@ class _MachineReader:
         if isinstance(self.root, yaml.MappingNode) and any(isinstance(k, yaml.ScalarNode) and k.value == "topology" for k, _ in self.root.value):
             required = required[1:]  # a topology gives the number of devices
         top = self.mapping(self.root, "the machine", _TOP_KEYS, required)
-        dev = self.mapping(top["device"][1], "device", _DEVICE_KEYS, _DEVICE_KEYS[:-1])
+        dev = self.mapping(top["device"][1], "device", _DEVICE_KEYS, _DEVICE_REQUIRED)
         rates_node = dev["peak_tflops"][1]
         rates = []
         for key, (knode, vnode) in self.mapping(rates_node, "device.peak_tflops", None).items():
@@ -278,6 +279,7 @@ class _MachineReader:
             memory_bandwidth_gb_per_s=self.number(dev["memory_bandwidth_gb_per_s"][1], "device.memory_bandwidth_gb_per_s", positive=True, allow_inf=True),
             sm_count=self.integer(dev["sm_count"][1], "device.sm_count", 1),
             kind=self.enum(dev["kind"][1], DeviceKind, "device.kind") if "kind" in dev else DeviceKind.GPU,
+            memory_gib=self.number(dev["memory_gib"][1], "device.memory_gib", positive=True) if "memory_gib" in dev else None,
         )
         topology = self.topology(top["topology"][1]) if "topology" in top else None
         if topology is None:

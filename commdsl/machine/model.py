@@ -208,6 +208,13 @@ class DeviceSpec:
     SMs NCCL kernels occupy."""
     kind: DeviceKind = DeviceKind.GPU
     """`device.kind` in the machine file (default gpu): which contention model applies."""
+    memory_gib: float | None = None
+    """Device memory a rank may fill, in GiB (`device.memory_gib`): a simulation stops
+    with an out-of-memory error when a rank's live buffers exceed it. None: no limit."""
+
+    @property
+    def memory_bytes(self) -> int | None:
+        return None if self.memory_gib is None else int(self.memory_gib * 2**30)
 
     def tflops(self, dtype: Dtype) -> float | None:
         for d, rate in self.peak_tflops:
@@ -408,6 +415,7 @@ class Machine:
                 "memory_bandwidth_gb_per_s": self.device.memory_bandwidth_gb_per_s,
                 "sm_count": self.device.sm_count,
                 "kind": self.device.kind.value,
+                **({"memory_gib": self.device.memory_gib} if self.device.memory_gib is not None else {}),
             },
             "kernel_launch_us": self.kernel_launch_us,
             "comm_launch_us": self.comm_launch_us,

@@ -17,6 +17,10 @@ Per op kind (DESIGN.md semantics 1-4):
     record/wait_event  stream-ordered events
     synchronize        the host waits for one stream, or (device) for everything
     host               the host sleeps for the duration (it does no device work)
+    alloc / free       a real buffer (torch.empty) made or dropped in stream order (CPU:
+                       on the stream's thread; CUDA: by the host with the stream current,
+                       as the caching allocator orders memory by stream); buffers still
+                       live at the end of an iteration are dropped then
 """
 
 from __future__ import annotations
@@ -29,13 +33,13 @@ import torch
 import torch.distributed as dist
 
 from commdsl.errors import CommdslError, ScheduleError
-from commdsl.ir import HOST_STREAM, Op, OpKind, Program, Transport
+from commdsl.ir import HOST_STREAM, MEMORY_KINDS, Op, OpKind, Program, Transport
 from commdsl.run.check import Checker
 from commdsl.run.comm import CommPlan, launch, make_plan
 from commdsl.run.compute import Kernels, KernelSpec
 from commdsl.run.config import RunConfig
 from commdsl.run.streams import Aborted, RunSignals, WorkQueue
-from commdsl.run.tensors import BufferPool, CopyBuffers, check_supported
+from commdsl.run.tensors import BufferPool, CopyBuffers, DeclaredMemory, check_supported
 from commdsl.run.timing import IterRecord, now_ns
 
 DUMP_MAX_ELEMENTS = 4096
@@ -74,6 +78,8 @@ class Executor:
         self.signals = RunSignals()
         per_op = setup.checker is not None
         self.pool = BufferPool(setup.device, setup.backend, per_op=per_op)
+        self.memory = DeclaredMemory(setup.device)
+        """The buffers of the program's alloc/free ops."""
         self.comm: dict[int, CommPlan] = {}
         """Lead op index -> plan (a batch is planned at its first op)."""
         self.lead_of: dict[int, int] = {}
@@ -149,6 +155,7 @@ class Executor:
             pass
         self.raise_failure()
         self.end_iteration()
+        self.memory.release_all()
         return rec
 
     def raise_failure(self) -> None:
@@ -322,6 +329,10 @@ class CpuExecutor(Executor):
             self._timed(op, lambda: [q.wait_for(t) for q, t in targets])()
         elif kind is OpKind.HOST:
             self.host_work(op)
+        elif kind is OpKind.ALLOC:
+            self.streams[op.stream].submit(self._timed(op, lambda: self.memory.alloc(op)))
+        elif kind is OpKind.FREE:
+            self.streams[op.stream].submit(self._timed(op, lambda: self.memory.free(op)))
         else:  # pragma: no cover
             raise AssertionError(kind)
 
@@ -417,6 +428,12 @@ class CudaExecutor(Executor):
         if kind is OpKind.HOST:
             self.host_work(op)
             return
+        if kind in MEMORY_KINDS:  # the allocator orders memory by the stream current at the call
+            self.rec.exec_start[i] = now_ns()
+            with torch.cuda.stream(self.streams[op.stream]):
+                (self.memory.alloc if kind is OpKind.ALLOC else self.memory.free)(op)
+            self.rec.exec_end[i] = now_ns()
+            return
         if kind is OpKind.SYNCHRONIZE or (kind is OpKind.WAIT and op.stream == HOST_STREAM):
             self.rec.exec_start[i] = now_ns()
             if kind is OpKind.SYNCHRONIZE and op.stream == HOST_STREAM:
@@ -497,6 +514,6 @@ class CudaExecutor(Executor):
 
 def _on_device(op: Op) -> bool:
     """Ops timed with CUDA events (the rest are timed on the host)."""
-    if op.kind in (OpKind.HOST, OpKind.SYNCHRONIZE):
+    if op.kind in (OpKind.HOST, OpKind.SYNCHRONIZE) or op.kind in MEMORY_KINDS:
         return False
     return not (op.kind is OpKind.WAIT and op.stream == HOST_STREAM)

@@ -26,10 +26,10 @@ from commdsl.run.check import Checker, CheckError, Fill, load_values
 from commdsl.run.compute import MATMUL_DTYPES, Kernels, compute_threads
 from commdsl.run.config import DurationMode, RunConfig
 from commdsl.run.executor import Executor, RankSetup, make_executor
-from commdsl.run.tensors import estimate_bytes
+from commdsl.run.tensors import declared_peak_bytes, estimate_bytes
 from commdsl.run.timing import ClockSync, IterRecord, RankResult, build_timeline, iteration_records, measure_clock, now_ns
 from commdsl.run.watchdog import Watchdog
-from commdsl.timeline import FLOP_RATE_META
+from commdsl.timeline import FLOP_RATE_META, MEMORY_PEAK_META
 
 
 def run(config: RunConfig) -> int:
@@ -94,8 +94,14 @@ def run(config: RunConfig) -> int:
     records: list[IterRecord] = []
     failures: list[str] = []
     values_dump: dict = {}
+    cuda_base = 0
     try:
         for it in range(config.warmup + config.iters):
+            if it == config.warmup:  # memory peaks count the measured iterations
+                executor.memory.reset_peak()
+                if device.type == "cuda":
+                    torch.cuda.reset_peak_memory_stats(device)
+                    cuda_base = torch.cuda.memory_allocated(device)
             rec = executor.run_iteration()
             if it >= config.warmup:
                 records.append(rec)
@@ -107,7 +113,12 @@ def run(config: RunConfig) -> int:
         watchdog.abort([f"rank {rank}: " + err.format()], err.exit_code)
 
     watchdog.phase = ("gathering results on rank 0 (waiting for the other ranks)", now_ns())
-    mine = RankResult(rank, clock, records, failures, values_dump, cal_us, flop_tflops)
+    memory = {}
+    if any(op.kind is OpKind.ALLOC for op in program.ops[rank]):
+        memory = {"peak_bytes": executor.memory.peak_bytes, "live_at_peak": executor.memory.live_at_peak}
+        if device.type == "cuda":
+            memory["cuda_peak_bytes"] = torch.cuda.max_memory_allocated(device) - cuda_base
+    mine = RankResult(rank, clock, records, failures, values_dump, cal_us, flop_tflops, memory)
     gathered: list[RankResult] | None = gather_objects(mine, groups.control, env.world_size, rank)
     code = 0
     if rank == 0:
@@ -127,6 +138,13 @@ def _report(program: Program, config: RunConfig, results: list[RankResult], meta
     meta["calibration_us_per_matmul"] = {str(r.rank): round(r.calibration_us, 3) for r in results}
     if any(r.flop_block_tflops for r in results):
         meta[FLOP_RATE_META] = {str(r.rank): r.flop_block_tflops for r in results}
+    if any(r.memory for r in results):
+        # The GPU's own count where there is one (it sees every allocation the run makes),
+        # else the executor's accounting of the declared buffers.
+        cuda = all("cuda_peak_bytes" in r.memory for r in results if r.memory)
+        meta[MEMORY_PEAK_META] = {str(r.rank): r.memory["cuda_peak_bytes" if cuda else "peak_bytes"] for r in results if r.memory}
+        meta["memory_peak_source"] = "torch.cuda.max_memory_allocated" if cuda else "declared buffers (executor accounting)"
+        meta["declared_memory"] = {str(r.rank): r.memory for r in results if r.memory}
     tl = build_timeline(program, results, meta)
     out = Path(config.out)
     tl.write(out, streams=program.streams)
@@ -203,6 +221,7 @@ def _result_from_payload(p: dict) -> RankResult:
 def _check_memory(program: Program, env: DistEnv, device: torch.device, *, per_op: bool) -> None:
     need = estimate_bytes(program, env.rank, per_op)
     if device.type == "cuda":
+        need += declared_peak_bytes(program, env.rank)  # on a CPU `torch.empty` only reserves the pages
         free, _ = torch.cuda.mem_get_info(device)
         limit, where = int(free * 0.8), "of free GPU memory"
     else:

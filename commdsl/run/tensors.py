@@ -20,6 +20,7 @@ host side is pinned memory so the copy is a real asynchronous DMA.
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 
 import torch
@@ -140,6 +141,48 @@ class BufferPool:
         return CopyBuffers(dev_a, dev_b)
 
 
+class DeclaredMemory:
+    """The buffers one rank's `alloc` / `free` ops hold, allocated for real on its device
+    (`torch.empty`: on a GPU the caching allocator hands out device memory; on a CPU the
+    pages are reserved, not touched), and their accounting: live bytes, the peak, and
+    what is live at the peak. Stream threads allocate and free concurrently (CPU), so
+    the accounting takes a lock."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self._lock = threading.Lock()
+        self._live: dict[str, torch.Tensor] = {}
+        self.live_bytes = 0
+        self.peak_bytes = 0
+        self.live_at_peak: list[tuple[str, int]] = []
+        """(name, bytes) of every buffer live when the peak was reached."""
+
+    def alloc(self, op: Op) -> None:
+        tensor = torch.empty(op.size_bytes, dtype=torch.uint8, device=self.device)
+        with self._lock:
+            self._live[op.name] = tensor
+            self.live_bytes += op.size_bytes
+            if self.live_bytes > self.peak_bytes:
+                self.peak_bytes = self.live_bytes
+                self.live_at_peak = [(name, t.numel()) for name, t in self._live.items()]
+
+    def free(self, op: Op) -> None:
+        with self._lock:
+            tensor = self._live.pop(op.name)
+            self.live_bytes -= tensor.numel()
+
+    def release_all(self) -> None:
+        """End of the program: whatever it did not free goes (weights, optimizer state...)."""
+        with self._lock:
+            self._live.clear()
+            self.live_bytes = 0
+
+    def reset_peak(self) -> None:
+        with self._lock:
+            self.peak_bytes = self.live_bytes
+            self.live_at_peak = []
+
+
 def estimate_bytes(program: Program, rank: int, per_op: bool) -> int:
     """Upper bound of the bytes one rank allocates for comm and copy buffers."""
     seen: set[tuple] = set()
@@ -151,3 +194,16 @@ def estimate_bytes(program: Program, rank: int, per_op: bool) -> int:
                 seen.add(key)
                 total += 3 * op.size_bytes if op.kind is OpKind.COPY else 2 * op.size_bytes
     return total
+
+
+def declared_peak_bytes(program: Program, rank: int) -> int:
+    """Peak of one rank's declared buffers (`alloc`/`free`) in program order: what its
+    `DeclaredMemory` holds at most when each stream runs its own ops in order."""
+    live = peak = 0
+    for op in program.ops[rank]:
+        if op.kind is OpKind.ALLOC:
+            live += op.size_bytes
+            peak = max(peak, live)
+        elif op.kind is OpKind.FREE:
+            live -= op.size_bytes
+    return peak

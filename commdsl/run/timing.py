@@ -102,6 +102,10 @@ class RankResult:
     calibration_us: float = 0.0
     flop_block_tflops: dict[str, float] = field(default_factory=dict)
     """Per dtype of the rank's FLOP-sized ops, the FLOP block's rate at start-up."""
+    memory: dict = field(default_factory=dict)
+    """The program's declared buffers over the measured iterations: `peak_bytes` and
+    `live_at_peak` (the executor's accounting), and on a GPU `cuda_peak_bytes`
+    (torch.cuda.max_memory_allocated above what was allocated before them)."""
 
 
 def exec_track(op: Op) -> str:

@@ -46,7 +46,7 @@ from collections import deque
 
 import simpy
 
-from commdsl.ir import HOST_STREAM, CopyDir, Op, OpKind, Program, Transport
+from commdsl.ir import HOST_STREAM, MEMORY_KINDS, CopyDir, Op, OpKind, Program, Transport
 from commdsl.machine.model import Machine
 from commdsl.sim.collectives import plan
 from commdsl.sim.contention import contention_model
@@ -198,6 +198,10 @@ class Engine:
                 self.issue_start[g] = h.t
                 h.t += machine.kernel_launch_us
                 self.issue_end[g] = h.t
+                self.cause[g] = h.cause
+                self._push(self.streams[op.rank][op.stream], g * 4 + EXEC)
+            elif kind in MEMORY_KINDS:  # bookkeeping in stream order: no launch, no time
+                self.issue_start[g] = self.issue_end[g] = h.t
                 self.cause[g] = h.cause
                 self._push(self.streams[op.rank][op.stream], g * 4 + EXEC)
             elif kind in _COMM_KINDS:
@@ -469,7 +473,8 @@ class Engine:
         g, tag = entry >> 2, entry & 3
         if tag == EXEC:
             self._finish(g, t)
-            s.last_g, s.last_end = g, t
+            if self.ops[g].kind not in MEMORY_KINDS:  # bookkeeping is nobody's cause on the critical path
+                s.last_g, s.last_end = g, t
         elif tag == MARK:
             self.state[g] = ELIGIBLE
             self._kick(self.queue_of[g])

@@ -14,9 +14,10 @@ from commdsl.machine.model import Machine, timeless_machine
 from commdsl.sim.deadlock import deadlock_error
 from commdsl.sim.engine import Engine
 from commdsl.sim.entities import ALGOS, PROTOS, RawResult
+from commdsl.sim.memory import check_memory, memory_counters, memory_profile
 from commdsl.sim.models import DEFAULT_NETWORK, NETWORKS
 from commdsl.sim.network import FlowStat, LinkStat, Network
-from commdsl.timeline import COMM_TRACK_PREFIX, CounterSample, Flow, Span, SpanRole, Timeline, comm_span_args, nccl_kernel_name, op_span_args
+from commdsl.timeline import COMM_TRACK_PREFIX, MEMORY_PEAK_META, CounterSample, Flow, Span, SpanRole, Timeline, comm_span_args, nccl_kernel_name, op_span_args
 
 if TYPE_CHECKING:
     from commdsl.sim.summary import Summary
@@ -84,11 +85,16 @@ class SimResult:
                     if track is None:
                         track = tracks[name] = f"link {name} util"
                     self._timeline.counters.append(CounterSample(track, -1, t, v))
+            self._timeline.counters.extend(memory_counters(self.raw))
+            peaks = memory_profile(self.raw)
+            if peaks:
+                self._timeline.meta[MEMORY_PEAK_META] = {str(m.rank): m.peak_bytes for m in peaks}
         return self._timeline
 
 
 def simulate(program: Program, machine: Machine, network: str = DEFAULT_NETWORK, *, samples: int = 1, seed: int = 0) -> SimResult:
-    """Simulate `program` on `machine`. Raises `DeadlockError` if it cannot finish.
+    """Simulate `program` on `machine`. Raises `DeadlockError` if it cannot finish and
+    `MemoryExceededError` if a rank's declared buffers outgrow its device's memory.
     The timeline is built when `SimResult.timeline` is first read.
 
     With `samples` > 1 the machine's random compute stalls (`Machine.compute_noise`) are
@@ -119,6 +125,7 @@ def simulate(program: Program, machine: Machine, network: str = DEFAULT_NETWORK,
         )
     if samples == 1:
         raw, engine = _run(program, machine, network, None)
+        check_memory(raw, machine)
         return SimResult(program, machine, network, raw, engine.network.meta(), critical_path(raw), _makespan(raw), warnings,
                          engine.network, engine.nominal_us)  # fmt: skip
     # Keep only each sample's times (32 bytes per op), not its engine (~800).
@@ -133,6 +140,7 @@ def simulate(program: Program, machine: Machine, network: str = DEFAULT_NETWORK,
     like, engine = _run(program, machine, network, random.Random(seed + median))
     columns = [array("d", map(statistics.median, zip(*(t[k] for t in times)))) for k in range(4)]
     raw = RawResult(like.ops, like.base, *columns, like.state, like.cause, like.partner, like.algos, like.protos)
+    check_memory(raw, machine)
     sampling = {"samples": samples, "seed": seed, "stat": "median", "sample_makespans_us": [round(m, 3) for m in makespans]}
     return SimResult(program, machine, network, raw, engine.network.meta(), critical_path(like), _makespan(raw), warnings,
                      engine.network, engine.nominal_us, sampling)  # fmt: skip

@@ -7,6 +7,7 @@ Definitions (all per rank, over the makespan, i.e. from time 0 to the last op's 
     rank (an early member waits inside its kernel) to its end;
   * exposed comm: comm time not overlapped by compute on that rank;
   * idle: time covered by no compute, comm or copy op;
+  * memory: a rank's peak of declared buffers (`alloc`/`free`, see commdsl.sim.memory);
   * bubble fraction of a rank: (makespan - compute) / makespan, the idle fraction of its
     compute stream(s); the schedule's bubble fraction is the mean over the ranks that
     compute. For GPipe and 1F1B with free communication every stage computes m(t_f + t_b)
@@ -19,6 +20,7 @@ from dataclasses import asdict, dataclass
 
 from commdsl.breakdown import breakdown_of
 from commdsl.ir import OpKind
+from commdsl.sim.memory import RankMemory, memory_profile
 from commdsl.sim.simulate import SimResult
 
 
@@ -109,6 +111,9 @@ class Summary:
     sample_makespans_us: tuple[float, ...] = ()
     """A sampled simulation (`--samples N`): each sample's makespan (`makespan_us` is
     that of the per-op medians); empty otherwise."""
+    memory: tuple[RankMemory, ...] = ()
+    """Per rank, its peak of declared memory (`alloc`/`free`) and what is live then;
+    empty when the schedule declares none."""
 
     def to_json(self) -> dict:
         out = asdict(self)
@@ -159,6 +164,7 @@ def summarize(result: SimResult) -> Summary:
         ranks=tuple(ranks),
         critical_path=tuple(path),
         sample_makespans_us=tuple(result.sampling.get("sample_makespans_us", ())),
+        memory=memory_profile(raw),
         warnings=tuple(result.warnings) + tuple(program.warnings),
     )
 

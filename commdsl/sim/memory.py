@@ -1,0 +1,152 @@
+"""Each rank's device memory over a simulation: the buffers `alloc` and `free` hold.
+
+An `alloc` makes its buffer live when its stream reaches it, a `free` releases it the
+same way (the kernels queued before a free may still use the buffer); two memory ops
+of one rank at the same time count in program order. From the simulated times this
+module gives each rank's peak, when it happens and what is live then, the counter
+track the trace shows, and the out-of-memory check against the machine's device
+memory (`device.memory_gib`).
+
+Only declared buffers count: the schedule says what its ops keep (activations saved
+for the backward, weights, gradients, optimizer state); transfer buffers and kernel
+workspaces are not modelled.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from commdsl.errors import MemoryExceededError
+from commdsl.ir import MEMORY_KINDS, Op, OpKind
+from commdsl.machine.model import Machine
+from commdsl.sim.entities import RawResult
+from commdsl.timeline import CounterSample
+
+MEMORY_TRACK = "device memory MiB"
+"""Counter track of each rank's live declared memory in a trace (MiB)."""
+
+
+@dataclass(frozen=True)
+class LiveGroup:
+    """The buffers one `alloc` statement holds at a rank's peak."""
+
+    statement: str
+    """"file:line" of the alloc statement."""
+    first: str
+    """Name of the first of them (in allocation order)."""
+    count: int
+    size_bytes: int
+    """Their total size."""
+
+
+@dataclass(frozen=True)
+class RankMemory:
+    rank: int
+    peak_bytes: int
+    """Most bytes live at once."""
+    peak_us: float
+    """When the peak is first reached."""
+    live_at_peak: tuple[LiveGroup, ...]
+    """What is live then, largest group first."""
+    end_bytes: int
+    """Still live when the rank's program ends (static memory, such as weights)."""
+
+
+def _events(raw: RawResult) -> list[list[int]]:
+    """Per rank, its memory ops (global numbers) in the order their effect lands."""
+    per_rank: list[list[int]] = [[] for _ in raw.base]
+    for g, op in enumerate(raw.ops):
+        if op.kind in MEMORY_KINDS:
+            per_rank[op.rank].append(g)
+    end = raw.end
+    for events in per_rank:
+        events.sort(key=lambda g: (end[g], g))
+    return per_rank
+
+
+def _delta(op: Op) -> int:
+    return op.size_bytes if op.kind is OpKind.ALLOC else -op.size_bytes
+
+
+def memory_profile(raw: RawResult) -> tuple[RankMemory, ...]:
+    """Per rank (all ranks, in order), its peak and what is live then; () if the
+    schedule declares no memory."""
+    per_rank = _events(raw)
+    if not any(per_rank):
+        return ()
+    out = []
+    for rank, events in enumerate(per_rank):
+        live = peak = 0
+        peak_at = -1
+        for k, g in enumerate(events):
+            live += _delta(raw.ops[g])
+            if live > peak:
+                peak, peak_at = live, k
+        holding: dict[str, Op] = {}
+        for g in events[: peak_at + 1]:
+            op = raw.ops[g]
+            if op.kind is OpKind.ALLOC:
+                holding[op.name] = op
+            else:
+                holding.pop(op.name, None)
+        groups: dict[tuple[str, int, int], list[Op]] = {}
+        for op in holding.values():
+            groups.setdefault((op.loc.file, op.loc.line, op.loc.column), []).append(op)
+        live_groups = sorted(
+            (LiveGroup(f"{ops[0].loc.file}:{ops[0].loc.line}", ops[0].name, len(ops), sum(o.size_bytes for o in ops))
+             for ops in groups.values()),
+            key=lambda lg: (-lg.size_bytes, lg.statement),
+        )  # fmt: skip
+        peak_us = raw.end[events[peak_at]] if peak_at >= 0 else 0.0
+        out.append(RankMemory(rank, peak, peak_us, tuple(live_groups), live))
+    return tuple(out)
+
+
+def memory_counters(raw: RawResult) -> list[CounterSample]:
+    """Each rank's live declared memory over time, one sample per change (MiB)."""
+    samples: list[CounterSample] = []
+    for rank, events in enumerate(_events(raw)):
+        if not events:
+            continue
+        samples.append(CounterSample(MEMORY_TRACK, rank, 0.0, 0.0))
+        live = 0
+        for k, g in enumerate(events):
+            live += _delta(raw.ops[g])
+            t = raw.end[g]
+            if k + 1 < len(events) and raw.end[events[k + 1]] == t:
+                continue  # several changes at one instant: the counter shows where they end
+            samples.append(CounterSample(MEMORY_TRACK, rank, t, live / 2**20))
+    return samples
+
+
+def check_memory(raw: RawResult, machine: Machine) -> None:
+    """Raise `MemoryExceededError` at the first alloc that takes a rank past its
+    device's memory (`device.memory_gib`); nothing if the machine sets no limit."""
+    limit = machine.device.memory_bytes
+    if limit is None:
+        return
+    first: tuple[float, int, int] | None = None  # (time, g, live bytes)
+    for events in _events(raw):
+        live = 0
+        for g in events:
+            live += _delta(raw.ops[g])
+            if live > limit:
+                if first is None or (raw.end[g], g) < first[:2]:
+                    first = (raw.end[g], g, live)
+                break
+    if first is None:
+        return
+    t, g, live = first
+    op = raw.ops[g]
+    raise MemoryExceededError(
+        f"rank {op.rank} runs out of device memory at `alloc {op.name}` ({t / 1e3:.3f} ms): "
+        f"{_gib(live)} live, the {machine.device.name} of machine {machine.name} has {_gib(limit)}",
+        op.loc,
+        rank=op.rank,
+        hint="declare less (smaller params, fewer microbatches in flight) or simulate on a machine with more memory "
+        "(device.memory_gib)",
+    )
+
+
+def _gib(n: int) -> str:
+    return f"{n / 2**30:.2f} GiB"
