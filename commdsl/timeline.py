@@ -253,6 +253,12 @@ def nccl_kernel_name(op: Op, algo: str | None = None, protocol: str = "LL") -> s
     return "_".join(parts)
 
 
+def gloo_span_name(op: Op) -> str:
+    """The span name of a comm op run by gloo, e.g. `gloo:all_reduce` (gloo has no device
+    kernels to name)."""
+    return f"gloo:{op.kind.value}"
+
+
 def _nccl_dtype(op: Op) -> str:
     return {"fp32": "f32", "fp16": "f16", "bf16": "bf16", "fp64": "f64", "int8": "i8", "uint8": "u8",
             "int32": "i32", "int64": "i64", "fp8": "f8e4m3", "int16": "i16", "bool": "u8"}[op.dtype.value]  # fmt: skip

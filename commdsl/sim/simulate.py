@@ -17,7 +17,8 @@ from commdsl.sim.entities import ALGOS, PROTOS, RawResult
 from commdsl.sim.memory import check_memory, memory_counters, memory_profile
 from commdsl.sim.models import DEFAULT_NETWORK, NETWORKS
 from commdsl.sim.network import FlowStat, LinkStat, Network
-from commdsl.timeline import COMM_TRACK_PREFIX, MEMORY_PEAK_META, CounterSample, Flow, Span, SpanRole, Timeline, comm_span_args, nccl_kernel_name, op_span_args
+from commdsl.timeline import (COMM_TRACK_PREFIX, MEMORY_PEAK_META, CounterSample, Flow, Span, SpanRole, Timeline, comm_span_args,
+                              gloo_span_name, nccl_kernel_name, op_span_args)
 
 if TYPE_CHECKING:
     from commdsl.sim.summary import Summary
@@ -263,7 +264,7 @@ def _comm_name(op: Op, algo: str, proto: Protocol | None) -> str:
         # NCCL calls the pipelined chain of broadcast/reduce RING.
         return nccl_kernel_name(op, "ring" if algo == "chain" else algo if op.kind.is_collective else None, protocol)
     if op.transport is Transport.GLOO:
-        return f"gloo:{op.kind.value}"
+        return gloo_span_name(op)
     return "Memcpy PtoP (Device -> Device)"
 
 
