@@ -26,7 +26,6 @@ from typing import TYPE_CHECKING
 
 import yaml
 from rich.console import Console
-from rich.progress import Progress
 from rich.table import Table
 
 from commdsl.calibrate.fit import LinearFit, StepFit, comm_mean_us, expected_us, fit_linear, fit_steps, monotone, pass_ratios
@@ -34,6 +33,7 @@ from commdsl.dsl.values import ValueFault, format_bytes, parse_quantity, Unit
 from commdsl.errors import CommdslError, UsageError, require_output_folder
 from commdsl.ir import Dtype, OpKind, ReduceOp
 from commdsl.machine.model import ANY_DTYPE
+from commdsl.progress import Progress
 from commdsl.sim.collectives import DEFAULT_ALGO, plan
 
 if TYPE_CHECKING:
@@ -391,11 +391,11 @@ def _measure_all(probe, sizes, matmul_sizes, dtypes, measure) -> Results:
     ]  # fmt: skip
     steps = PASSES * sum(len(xs) for _, xs, _ in pass_series) + 2 * len(sizes) + OVERLAP_PIECES * (len(OVERLAP_OPS) + 1) + 2 + NOISE_PIECES
     res = Results({}, [], [], [], [], {}, {}, 0.0, 0.0, 0.0, [])
-    with Progress(disable=probe.rank != 0, transient=True) as progress:
-        task = progress.add_task("calibrating", total=steps)
+    with Progress("commdsl calibrate", enabled=probe.rank == 0) as progress:
+        progress.phase("calibrating", total=steps, unit="steps")
 
         def step(what: str) -> None:
-            progress.update(task, advance=1, description=what)
+            progress.advance(1, description=what)
 
         res.kernel_launch_us, res.comm_launch_us = measure.launch_overheads_us(probe)
         step("launch overheads")
