@@ -144,3 +144,17 @@ def test_flop_sized_compute_runs_in_the_ops_dtype():
     kernels.prepare("compute", spec)
     kernels.run("compute", spec)
     assert kernels._outputs[("compute", 256, torch.bfloat16)].dtype is torch.bfloat16
+
+
+def assert_durations_kept_or_warned(stdout: str, tl: Timeline) -> None:
+    """Every rank's compute with explicit durations ran within the tolerance of its
+    requested durations, or the run's summary warned about that rank (the machine running
+    the tests may be busy: both are right, silence about a miss is not)."""
+    from commdsl.compare import duration_drifts
+
+    drifts = duration_drifts(tl)
+    assert drifts, "no compute op with a requested duration in the measured timeline"
+    for d in drifts:
+        if d.drifted:
+            assert f"warning: rank {d.rank}: its compute ops with an explicit duration ran x{d.median_ratio:.2f}" in stdout
+    assert "of the requested durations (median; 10% is tolerated)" in stdout

@@ -61,8 +61,9 @@ import torch.distributed as dist
 from commdsl.calibrate.measure import Probe
 from commdsl.dsl import load_schedule_text
 from commdsl.ir import Dtype, Op, OpKind
-from commdsl.run.backend import all_gather_objects
+from commdsl.run.backend import all_gather_objects, hostname
 from commdsl.run.compute import Kernels, compute_threads
+from commdsl.run.compute_timing import ComputeTiming
 from commdsl.run.config import DurationMode, RunConfig
 from commdsl.run.executor import RankSetup, make_executor
 from commdsl.run.timing import IterRecord
@@ -171,13 +172,18 @@ def run_probe(probe: Probe, text: str, name: str, params: dict[str, str], iters:
     program = load_schedule_text(text, name, params)
     config = RunConfig(schedule=name, warmup=warmup, iters=iters, duration_mode=DurationMode.BUSY)
     kernels = Kernels(probe.device, DurationMode.BUSY, compute_threads(probe.device))
-    kernels.calibrate()
+    # Durations are timed as commdsl.run times them: agreed per host, re-checked between iterations.
+    hosts = all_gather_objects(hostname(), probe.cpu_group, probe.world_size)
+    timing = ComputeTiming(kernels, probe.cpu_group, probe.rank, probe.world_size, hosts)
+    timing.start()
     setup = RankSetup(program, probe.rank, probe.backend, probe.device, {"world": dist.group.WORLD}, probe.cpu_group, config,
                       kernels, None)  # fmt: skip
     executor = make_executor(setup)
     records = []
     try:
         for it in range(warmup + iters):
+            if it > 0 and timing.recheck(it):
+                executor.size_compute()
             rec = executor.run_iteration()
             if it >= warmup:
                 records.append(rec)

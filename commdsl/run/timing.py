@@ -29,7 +29,7 @@ import torch.distributed as dist
 
 from commdsl.ir import HOST_STREAM, Op, OpKind, Program
 from commdsl.run.check import match_p2p
-from commdsl.timeline import COMM_TRACK_PREFIX, Flow, Span, SpanRole, Timeline, comm_span_args, gloo_span_name, nccl_kernel_name, op_span_args
+from commdsl.timeline import COMM_TRACK_PREFIX, REQUESTED_DURATION_ARG, Flow, Span, SpanRole, Timeline, comm_span_args, gloo_span_name, nccl_kernel_name, op_span_args
 
 now_ns = time.monotonic_ns
 
@@ -189,6 +189,8 @@ def build_timeline(program: Program, results: list[RankResult], meta: dict, *, n
                 name, args = comm_name(op), comm_span_args(op, group_size)
             else:
                 name, args = op.name, op_span_args(op)
+                if op.kind is OpKind.COMPUTE and op.duration_us is not None:
+                    args += ((REQUESTED_DURATION_ARG, op.duration_us),)
             started = [(rec.exec_start[i], rec.exec_end[i], o) for rec, o in recs if rec.exec_start[i]]
             if started:
                 state = ()
