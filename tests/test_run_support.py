@@ -44,16 +44,21 @@ def torchrun(nproc: int, args: list[str], *, timeout_s: float = 120, cwd: Path |
     whole on timeout so no worker outlives the test; `env` adds environment variables."""
     cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}", "--master_addr=127.0.0.1",
            f"--master_port={free_port()}", "-m", module, *args]  # fmt: skip
-    env = dict(os.environ, PYTHONWARNINGS="ignore", **(env or {}))
+    return run_in_group(cmd, timeout_s=timeout_s, cwd=cwd, env={"PYTHONWARNINGS": "ignore", **(env or {})})
+
+
+def run_in_group(cmd: list[str], *, timeout_s: float, cwd: Path | None = None, env: dict[str, str] | None = None) -> Launch:
+    """Run `cmd` in its own process group, killed as a whole on timeout so that no
+    process it started outlives the test; `env` adds environment variables."""
     start = time.monotonic()
     proc = subprocess.Popen(cmd, cwd=cwd or REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True, env=env)  # fmt: skip
+                            start_new_session=True, env=dict(os.environ, **(env or {})))  # fmt: skip
     try:
         out, err = proc.communicate(timeout=timeout_s)
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         out, err = proc.communicate()
-        pytest.fail(f"torchrun did not finish within {timeout_s}s:\n{out}\n{err}")
+        pytest.fail(f"{' '.join(cmd[:6])} ... did not finish within {timeout_s}s:\n{out}\n{err}")
     return Launch(proc.returncode, out, err, time.monotonic() - start)
 
 

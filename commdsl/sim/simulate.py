@@ -137,6 +137,9 @@ def simulate(program: Program, machine: Machine, network: str = DEFAULT_NETWORK,
         """The engine's callback of the i-th simulation of the program."""
         return None if progress is None else lambda done: progress(i * ops + done, runs * ops)
 
+    if progress is not None:
+        progress(0, runs * ops)
+
     if samples == 1:
         raw, engine = _run(program, machine, network, None, run_progress(0))
         check_memory(raw, machine)

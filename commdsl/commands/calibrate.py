@@ -1,0 +1,29 @@
+"""`commdsl calibrate -n N --out machine.yaml`: measure this machine with N local ranks.
+
+    commdsl calibrate -n 2 --out my.yaml            # minutes: every series, three passes
+    commdsl calibrate -n 2 --quick --out rough.yaml # about a minute: a rough first file
+
+The same options as `torchrun -m commdsl.calibrate` (checked here before any rank
+starts); `commdsl.run.launch` starts the ranks through torch's elastic launcher.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from commdsl.calibrate import main as calibrate_main
+from commdsl.errors import UsageError
+from commdsl.run.launch import add_nproc_argument, launch, rank_argv
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    actions = calibrate_main.add_arguments(parser)
+    add_nproc_argument(parser, 2, "default 2, at least 2: calibration measures communication")
+    parser.set_defaults(_rank_actions=actions)
+
+
+def run(args: argparse.Namespace) -> int:
+    calibrate_main.config_from_args(args)  # every option checked as the ranks will check it
+    if args.nproc < 2:
+        raise UsageError(f"calibrate needs at least 2 ranks to measure communication, got -n {args.nproc}")
+    return launch("commdsl.calibrate", rank_argv(args._rank_actions, args), args.nproc, "commdsl calibrate")
