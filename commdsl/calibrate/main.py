@@ -459,7 +459,7 @@ def _measure_all(probe, sizes, matmul_sizes, dtypes, measure, effort: Effort) ->
         progress.phase("calibrating", total=steps, unit="steps")
 
         def step(what: str) -> None:
-            progress.advance(1, description=what)
+            progress.advance(1, description=f"measured {what}")
 
         res.kernel_launch_us, res.comm_launch_us = measure.launch_overheads_us(probe)
         step("launch overheads")

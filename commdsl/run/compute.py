@@ -6,12 +6,13 @@
   so work runs at the rate the machine model lists for that dtype; other dtypes
   (int8, fp8, ...) run in the device's default float type.
 * Explicit duration (`compute F 2ms`, which wins over FLOPs): a matrix multiply
-  repeated as many times as start-up calibration says fits the duration; on CPU, a
-  256 x 256 multiply for the bulk and a 64 x 64 one for the remainder. Calibration
-  times the multiplies on this rank while the other ranks calibrate too, so it sees the
-  contention of a shared CPU; it cannot foresee comm threads competing later, so on
-  an oversubscribed CPU durations stretch (see docs/executor.md). `--duration-mode
-  sleep` makes the (CPU) stream sleep instead: exact, but no real work.
+  repeated as many times as the block's timing says fits the duration; on CPU, a
+  256 x 256 multiply for the bulk and a 64 x 64 one for the remainder. `time_blocks`
+  times the multiplies on this rank while the other ranks time theirs too, so it sees
+  the contention of a shared CPU; `compute_timing` agrees on one time per host and
+  re-checks it between iterations. Comm threads competing later still stretch
+  durations on an oversubscribed CPU, and the run says so (see docs/executor.md).
+  `--duration-mode sleep` makes the (CPU) stream sleep instead: exact, but no real work.
 * Bytes only (`compute C bytes=1GiB`): a device-memory copy that reads and writes
   size/2 bytes each.
 
@@ -118,7 +119,8 @@ class Kernels:
         self.blocks = DURATION_BLOCKS_CPU if device.type == "cpu" else DURATION_BLOCKS_CUDA
         self.flop_block = flop_block(device.type)
         self.cal_us: dict[int, float] = {}
-        """Per duration block side, the measured time of one multiply, microseconds."""
+        """Per duration block side, the time of one multiply the ops are sized with (us):
+        `calibrate`'s own timing, or the host's agreed one (`compute_timing`)."""
 
     def set_thread_count(self) -> None:
         """Apply `threads` to the calling thread: first thing on every compute thread."""
