@@ -66,7 +66,8 @@ def test_the_simulators_callback_counts_every_op_once(monkeypatch):
     assert heard[0] == (0, ops) and heard[-1] == (ops, ops) and len(heard) > 2
     assert all(total == ops for _, total in heard) and [d for d, _ in heard] == sorted(d for d, _ in heard)
     sampled: list[tuple[int, int]] = []
-    noisy = dataclasses.replace(resolve_machine("cpu-loopback"), compute_noise=ComputeNoise(stalls_per_s=1.0, stall_us=100.0))
+    cpu = resolve_machine("cpu-loopback")
+    noisy = dataclasses.replace(cpu, contention=dataclasses.replace(cpu.contention, noise=ComputeNoise(stalls_per_s=1.0, stall_us=100.0)))
     simulate(program, noisy, samples=3, progress=lambda done, total: sampled.append((done, total)))
     assert sampled[-1] == (4 * ops, 4 * ops)  # three samples and the median one again
 
