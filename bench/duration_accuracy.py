@@ -27,7 +27,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from commdsl.compare import DURATION_DRIFT_PCT, duration_drifts
+from commdsl.comparison import DURATION_DRIFT_PCT, duration_drifts
 from commdsl.timeline import Timeline
 
 BUSY1 = "name: busy1\nworld: 1\nstreams: [compute]\nprogram: |\n  for i in range(4):\n      compute c[i] 10ms\n"

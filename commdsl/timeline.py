@@ -35,7 +35,7 @@ torch.cuda.max_memory_allocated over the measured iterations)."""
 
 REQUESTED_DURATION_ARG = "requested_duration_us"
 """Measured timelines' span arg of a compute op with an explicit duration: the duration
-it asked for (`commdsl.compare.duration_drifts` sets the measured one against it)."""
+it asked for (`commdsl.comparison.duration_drifts` sets the measured one against it)."""
 
 COMM_TRACK_PREFIX = "comm:"
 """Track of a group's comm queue on a rank: "comm:" + group id."""

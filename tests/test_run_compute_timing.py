@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from commdsl.compare import DURATION_DRIFT_PCT, duration_drifts
+from commdsl.comparison import DURATION_DRIFT_PCT, duration_drifts
 from commdsl.run.compute_timing import RECHECK_TOLERANCE, SKEW_ENV, agreed_block_us
 from commdsl.timeline import Timeline
 

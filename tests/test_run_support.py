@@ -155,7 +155,7 @@ def assert_durations_kept_or_warned(stdout: str, tl: Timeline) -> None:
     """Every rank's compute with explicit durations ran within the tolerance of its
     requested durations, or the run's summary warned about that rank (the machine running
     the tests may be busy: both are right, silence about a miss is not)."""
-    from commdsl.compare import duration_drifts
+    from commdsl.comparison import duration_drifts
 
     drifts = duration_drifts(tl)
     assert drifts, "no compute op with a requested duration in the measured timeline"

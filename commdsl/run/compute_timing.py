@@ -20,7 +20,7 @@ of load elsewhere on the machine while it timed (seen on a 2-core VM: one rank t
 Every rank makes the same collective calls (all ranks time, whether or not they run
 duration-sized ops). The run's timeline keeps what happened (`meta`), and rank 0 warns
 when duration-sized ops still ended off their requested durations
-(`commdsl.compare.duration_drifts`).
+(`commdsl.comparison.duration_drifts`).
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from commdsl.compare import DURATION_DRIFT_PCT, duration_drifts
+from commdsl.comparison import DURATION_DRIFT_PCT, duration_drifts
 from commdsl.errors import CommdslError, UsageError
 from commdsl.ir import OpKind, Program
 from commdsl.progress import Progress
