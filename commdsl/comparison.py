@@ -206,7 +206,7 @@ def calibration_hint(machine_json: dict, ranks: int) -> str | None:
     name = machine_json.get("name", "?")
     return (f"machine {name} is not calibrated: its numbers are estimates for a kind of machine, not measurements of this one, "
             f"so predictions can be far off. Calibrate this machine: `commdsl calibrate -n {ranks} --out my.yaml` "
-            f"(or `--quick` for a rough file in about a minute), then use `--machine my.yaml`")  # fmt: skip
+            f"(or `--quick`: a rough file in a minute or two), then use `--machine my.yaml`")  # fmt: skip
 
 
 RankBreakdown = Breakdown

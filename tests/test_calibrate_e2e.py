@@ -241,12 +241,3 @@ def test_quick_calibration_is_labelled_rough(tmp_path: Path) -> None:
     assert {(e["kind"], e["dtype"]) for e in data["interference_by_op"]} == {("all_reduce", "fp32"), ("copy", "any")}
     assert all(len(e["pieces"]) == 1 for e in data["interference_by_op"]) and len(data["compute_noise_pieces"]) == 1
     assert "in 1 pass(es)" in text and "at least 10 runs a point" in text
-
-
-def test_run_compare_on_a_preset_says_how_to_calibrate(tmp_path: Path) -> None:
-    run = _commdsl("run", "1f1b", "-n", "2", *SMALL, "--out", str(tmp_path / "m.json"), "--warmup", "0", "--iters", "1",
-                   "--compare", timeout=180)  # fmt: skip
-    assert run.returncode == 0, run.stderr[-3000:]
-    out = " ".join(run.stdout.split())
-    assert "warning: machine cpu-loopback is not calibrated" in out
-    assert "`commdsl calibrate -n 2 --out my.yaml` (or `--quick` for a rough file in about a minute), then use `--machine my.yaml`" in out

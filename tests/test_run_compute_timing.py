@@ -4,11 +4,11 @@ their requested durations says so (real 2-rank gloo runs with a disturbed start-
 
 from __future__ import annotations
 
-import json
+import os
+import subprocess
+import sys
 
-import pytest
-
-from commdsl.comparison import DURATION_DRIFT_PCT, duration_drifts
+from commdsl.comparison import duration_drifts
 from commdsl.run.compute_timing import RECHECK_TOLERANCE, SKEW_ENV, agreed_block_us
 from commdsl.timeline import Timeline
 
@@ -51,6 +51,9 @@ def test_one_ranks_disturbed_start_up_timing_is_outvoted(tmp_path):
     if not timing["adopted"]:
         assert used["1"][bulk] == other
     assert timing["rechecks"] == 2 and timing["test_skew"] == {"1": 4.0}
+    # The measured timeline keeps each op's requested duration beside its measured one.
+    requested = {s.name[0]: dict(s.args)["requested_duration_us"] for s in tl.exec_spans().values() if s.kind == "compute"}
+    assert requested == {"F": 2000.0, "B": 4000.0}
     assert {d.rank: d.ops for d in duration_drifts(tl)} == {0: 6, 1: 6}
     assert_durations_kept_or_warned(run.stdout, tl)
 
@@ -70,25 +73,17 @@ def test_every_ranks_disturbed_start_up_timing_is_corrected_by_the_re_check(tmp_
 
 
 def test_a_bad_skew_is_a_usage_error(tmp_path):
-    run = torchrun(2, ["1f1b", *PARAMS, "--out", str(tmp_path / "m.json")], env={SKEW_ENV: "1=fast"}, timeout_s=60)
-    assert run.returncode != 0
-    assert f"{SKEW_ENV}='1=fast': give RANK=FACTOR" in run.stderr
-    assert not [ln for ln in run.stderr.splitlines() if ln.strip().startswith("File") and "commdsl" in ln]
+    sched = tmp_path / "one.yaml"
+    sched.write_text("name: one\nworld: 1\nstreams: [s]\nprogram: |\n  compute X 1ms\n")
+    run = subprocess.run([sys.executable, "-m", "commdsl.run", str(sched), "--out", str(tmp_path / "m.json")], capture_output=True,
+                         text=True, timeout=60, env=dict(os.environ, **{SKEW_ENV: "1=fast"}))  # fmt: skip
+    assert run.returncode == 2
+    assert f"{SKEW_ENV}='1=fast': give RANK=FACTOR" in run.stderr and "Traceback" not in run.stderr
 
 
-def test_the_measured_timeline_keeps_each_ops_requested_duration(tmp_path):
-    run, tl, _ = _run(tmp_path, "", "--warmup", "0", "--iters", "1", "--records", str(tmp_path / "r.json"))
-    spans = [s for s in tl.exec_spans().values() if s.kind == "compute"]
-    requested = {s.name[0]: dict(s.args)["requested_duration_us"] for s in spans}
-    assert requested == {"F": 2000.0, "B": 4000.0}
-    assert json.loads((tmp_path / "r.json").read_text())["iterations"]  # records unchanged beside it
-    assert DURATION_DRIFT_PCT == 10.0
-
-
-@pytest.mark.parametrize("mode", ["sleep"])
-def test_sleeping_durations_need_no_timing(tmp_path, mode):
+def test_sleeping_durations_need_no_timing(tmp_path):
     out = tmp_path / "m.json"
-    run = torchrun(2, ["1f1b", *PARAMS, "--out", str(out), "--duration-mode", mode, "--warmup", "0", "--iters", "1"])
+    run = torchrun(2, ["1f1b", *PARAMS, "--out", str(out), "--duration-mode", "sleep", "--warmup", "0", "--iters", "1"])
     assert run.returncode == 0, run.stderr[-3000:]
     tl = Timeline.read(out)
     assert "compute_timing" not in tl.meta and "compute timing:" not in run.stdout

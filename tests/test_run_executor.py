@@ -14,9 +14,9 @@ from commdsl.run.check import Checker, Fill
 from commdsl.timeline import Timeline
 
 try:
-    from test_run_support import DATA, REPO, assert_durations_kept_or_warned, assert_semantics, load, torchrun
+    from test_run_support import DATA, REPO, assert_durations_kept_or_warned, assert_semantics, commdsl_frames, load, torchrun
 except ImportError:  # tests/ imported as a package
-    from tests.test_run_support import DATA, REPO, assert_durations_kept_or_warned, assert_semantics, load, torchrun
+    from tests.test_run_support import DATA, REPO, assert_durations_kept_or_warned, assert_semantics, commdsl_frames, load, torchrun
 
 FAST = ["--warmup", "0", "--iters", "1"]
 
@@ -116,7 +116,7 @@ def test_world_size_mismatch_is_a_clear_error(tmp_path):
     assert run.returncode != 0
     assert "the schedule has 3 ranks but torchrun started 2 processes" in run.stderr
     # torchrun prints its own traceback of the failed launch; none comes from commdsl.
-    assert not [ln for ln in run.stderr.splitlines() if ln.strip().startswith("File") and "commdsl" in ln]
+    assert not commdsl_frames(run.stderr)
 
 
 def _python_m(args: list[str]) -> subprocess.CompletedProcess:

@@ -35,11 +35,15 @@ def _no_traceback(stderr: str) -> None:
 
 def test_run_launches_the_ranks_and_shows_progress_when_piped(tmp_path):
     out = tmp_path / "m.json"
-    r = commdsl(["run", "1f1b", "-n", "2", *SMALL, "--check", "--out", str(out), "--warmup", "1", "--iters", "2"],
+    r = commdsl(["run", "1f1b", "-n", "2", *SMALL, "--check", "--out", str(out), "--warmup", "1", "--iters", "2", "--compare"],
                 env={PROGRESS_INTERVAL_ENV: "0.01"})  # fmt: skip
     assert r.returncode == 0, r.stderr
     assert "1f1b: 2 rank(s), gloo (cpu), 1 warm-up + 2 measured iteration(s)" in r.stdout
     assert "check: 12 communication results on 2 rank(s): all correct" in r.stdout
+    # --compare on the default preset says it is no calibration of this machine, and how to make one.
+    said = " ".join(r.stdout.split())
+    assert "warning: machine cpu-loopback is not calibrated" in said
+    assert "`commdsl calibrate -n 2 --out my.yaml` (or `--quick`: a rough file in a minute or two), then use `--machine my.yaml`" in said
     assert "commdsl run: running 1 warm-up + 2 measured iterations, checking every result" in r.stderr
     assert "Failed to initialize NumPy" not in r.stderr  # numpy comes with the run extra
     _no_traceback(r.stderr)

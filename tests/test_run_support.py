@@ -163,3 +163,13 @@ def assert_durations_kept_or_warned(stdout: str, tl: Timeline) -> None:
         if d.drifted:
             assert f"warning: rank {d.rank}: its compute ops with an explicit duration ran x{d.median_ratio:.2f}" in stdout
     assert "of the requested durations (median; 10% is tolerated)" in stdout
+
+
+def commdsl_frames(stderr: str) -> list[str]:
+    """Traceback lines (`File "...", line N`) in commdsl's own code: torchrun prints a
+    traceback of its failed launch, whose frames are torch's (and whose paths may well
+    contain "commdsl", e.g. a venv's folder)."""
+    import commdsl
+
+    package = str(Path(commdsl.__file__).resolve().parent) + "/"
+    return [ln for ln in stderr.splitlines() if ln.strip().startswith("File") and package in ln]

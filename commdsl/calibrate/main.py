@@ -188,7 +188,7 @@ def add_arguments(p: argparse.ArgumentParser) -> list[argparse.Action]:
     add = ArgumentRecorder(p)
     add("--out", required=True, help="machine description to write (YAML)")
     add("--quick", action="store_true",
-        help="a rough machine file for a first try, in about a minute on a small machine: one pass, sizes up to 16MiB, "
+        help="a rough machine file for a first try, in a minute or two on a small machine: one pass, sizes up to 16MiB, "
              "10 runs a point, the interference and stall probes once; the file says it is rough")  # fmt: skip
     add("--name", default="calibrated", help="machine name in the file")
     add("--raw", metavar="OUT.json", help="also write the raw medians (microseconds) as JSON")

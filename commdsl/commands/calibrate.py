@@ -1,7 +1,7 @@
 """`commdsl calibrate -n N --out machine.yaml`: measure this machine with N local ranks.
 
     commdsl calibrate -n 2 --out my.yaml            # minutes: every series, three passes
-    commdsl calibrate -n 2 --quick --out rough.yaml # about a minute: a rough first file
+    commdsl calibrate -n 2 --quick --out rough.yaml # a minute or two: a rough first file
 
 The same options as `torchrun -m commdsl.calibrate` (checked here before any rank
 starts); `commdsl.run.launch` starts the ranks through torch's elastic launcher.
