@@ -192,7 +192,7 @@ def test_runs_without_numpy(tmp_path):
     (blocker / "__init__.py").write_text('raise ModuleNotFoundError("numpy is blocked for this test", name="numpy")\n')
     env = {"PYTHONPATH": os.pathsep.join([str(blocker.parent), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
     out = tmp_path / "m.json"
-    r = torchrun(2, ["1f1b", "-p", "stages=2", "--check", "--out", str(out), *FAST], env=env)
+    r = torchrun(2, ["1f1b", "-p", "stages=2", "-p", "act=1MiB", "--check", "--out", str(out), *FAST], env=env)
     assert r.returncode == 0, r.stderr[-3000:]
     probe = subprocess.run([sys.executable, "-c", "import numpy"], capture_output=True, text=True, env=dict(os.environ, **env))
     assert "numpy is blocked" in probe.stderr  # the blocker is in effect for such processes

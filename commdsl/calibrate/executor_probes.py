@@ -172,18 +172,18 @@ def run_probe(probe: Probe, text: str, name: str, params: dict[str, str], iters:
     program = load_schedule_text(text, name, params)
     config = RunConfig(schedule=name, warmup=warmup, iters=iters, duration_mode=DurationMode.BUSY)
     kernels = Kernels(probe.device, DurationMode.BUSY, compute_threads(probe.device))
-    # Durations are timed as commdsl.run times them: agreed per host, re-checked between iterations.
+    # Durations are timed as commdsl.run times them at start-up: agreed per host. A probe
+    # lasts seconds, and commdsl.run's re-checks between iterations (which follow the
+    # machine's speed over minutes) adopt nothing in a steady machine: the probe leaves
+    # them out (on 3 ranks sharing 2 cores they doubled the calibration's probes).
     hosts = all_gather_objects(hostname(), probe.cpu_group, probe.world_size)
-    timing = ComputeTiming(kernels, probe.cpu_group, probe.rank, probe.world_size, hosts)
-    timing.start()
+    ComputeTiming(kernels, probe.cpu_group, probe.rank, probe.world_size, hosts).start()
     setup = RankSetup(program, probe.rank, probe.backend, probe.device, {"world": dist.group.WORLD}, probe.cpu_group, config,
                       kernels, None)  # fmt: skip
     executor = make_executor(setup)
     records = []
     try:
         for it in range(warmup + iters):
-            if it > 0 and timing.recheck(it):
-                executor.size_compute()
             rec = executor.run_iteration()
             if it >= warmup:
                 records.append(rec)
