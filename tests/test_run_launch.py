@@ -117,6 +117,7 @@ def test_the_ranks_get_the_options_they_were_given(argv):
 def test_calibrates_options_reach_the_ranks():
     _round_trip(calibrate_main.add_arguments, ["--out", "m.yaml", "--quick", "--max-size", "64KiB", "--warm-up", "0.5",
                                                "--matmul-sizes", "32,64", "--repeats", "3"])  # fmt: skip
+    _round_trip(calibrate_main.add_arguments, ["--out", "m.yaml", "--from-nccl-tests", "a.log", "sendrecv=b.log", "--nccl-algo", "ring"])
 
 
 def test_calibrate_usage_errors_stop_before_any_rank_starts(tmp_path):
@@ -125,3 +126,14 @@ def test_calibrate_usage_errors_stop_before_any_rank_starts(tmp_path):
     bad = commdsl(["calibrate", "--out", str(tmp_path / "m.yaml"), "--max-size", "2ms"], timeout_s=60)
     assert bad.returncode == 2 and "--max-size takes a size" in bad.stderr
     _no_traceback(few.stderr + bad.stderr)
+
+
+def test_calibrate_from_nccl_tests_logs_starts_no_ranks(tmp_path):
+    """`commdsl calibrate --from-nccl-tests` fits logs in this process: no ranks, no torch."""
+    log = DATA / "nccl_tests" / "h100_all_reduce_g8_ring.log"
+    out = tmp_path / "cluster.yaml"
+    probe = ("import sys; sys.modules['torch'] = None\nfrom commdsl.cli import main\n"
+             f"raise SystemExit(main(['calibrate', '--from-nccl-tests', {str(log)!r}, '--out', {str(out)!r}, '--machine', 'dgx-h100']))")  # fmt: skip
+    r = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert "base machine dgx-h100" in r.stderr and out.is_file()

@@ -59,7 +59,10 @@ def rank_argv(actions: list[argparse.Action], args: argparse.Namespace) -> list[
         elif action.nargs == 0:  # store_true / store_const
             if value != action.default:
                 options.append(action.option_strings[-1])
-        elif isinstance(value, list):  # append
+        elif action.nargs in ("+", "*"):  # one option, several values
+            if value:
+                options += [action.option_strings[-1], *map(str, value)]
+        elif isinstance(value, list):  # append: the option once per value
             options += [f"{action.option_strings[-1]}={item}" for item in value]
         elif value is not None and value != action.default:
             options.append(f"{action.option_strings[-1]}={value}")
