@@ -11,6 +11,7 @@ import sys
 import pytest
 
 from commdsl.calibrate import main as calibrate_main
+from commdsl.comparison import duration_drifts
 from commdsl.progress import PROGRESS_INTERVAL_ENV
 from commdsl.run import cli as run_cli
 from commdsl.run.launch import rank_argv
@@ -51,11 +52,14 @@ def test_run_launches_the_ranks_and_shows_progress_when_piped(tmp_path):
     assert tl.world_size == 2 and tl.meta["iters"] == 2
 
 
-def test_run_without_n_starts_the_schedules_world(tmp_path):
-    r = commdsl(["run", "1f1b", *SMALL, "--duration-mode", "sleep", "--out", str(tmp_path / "m.json"), "--warmup", "0",
-                 "--iters", "1", "-q"])  # fmt: skip
+def test_run_without_n_starts_the_schedules_world_and_sleeping_durations_need_no_timing(tmp_path):
+    out = tmp_path / "m.json"
+    r = commdsl(["run", "1f1b", *SMALL, "--duration-mode", "sleep", "--out", str(out), "--warmup", "0", "--iters", "1"])
     assert r.returncode == 0, r.stderr
-    assert r.stdout == ""
+    assert "1f1b: 2 rank(s)" in r.stdout
+    tl = Timeline.read(out)
+    assert "compute_timing" not in tl.meta and "compute timing:" not in r.stdout  # sleeping ops time no block
+    assert {d.rank for d in duration_drifts(tl)} == {0, 1}  # and are held to their durations too
 
 
 @pytest.mark.parametrize(
