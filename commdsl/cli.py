@@ -17,7 +17,8 @@ from commdsl.errors import CommdslError, UsageError
 
 # name -> (module, one-line help). Command modules import their heavy parts (the
 # simulator, the HTML report) only when they run; nothing reachable from here imports
-# torch, which only the executor and calibrate need.
+# torch, which only the executor and calibrate need (`run` and `calibrate` import it
+# when they launch ranks).
 COMMANDS: dict[str, tuple[str, str]] = {
     "check": ("commdsl.commands.check", "validate a schedule and print a summary"),
     "show": ("commdsl.commands.show", "print each rank's op order (grid and listing)"),
@@ -26,6 +27,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "compare": ("commdsl.commands.compare", "compare a predicted and a measured timeline op by op"),
     "import": ("commdsl.commands.import_", "turn another tool's schedule (torch.distributed.pipelining CSV) into a schedule"),
     "export": ("commdsl.commands.export", "write a schedule as another tool's schedule (torch.distributed.pipelining CSV)"),
+    "run": ("commdsl.commands.run", "run a schedule for real on N local ranks (torch.distributed) and write the measured timeline"),
+    "calibrate": ("commdsl.commands.calibrate", "measure this machine with N local ranks and write a machine file"),
 }
 
 

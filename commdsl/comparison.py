@@ -28,7 +28,7 @@ from commdsl.breakdown import Breakdown, breakdown_of
 from commdsl.errors import UsageError
 from commdsl.ir import Dtype, OpKind
 from commdsl.machine.model import Machine
-from commdsl.timeline import FLOP_RATE_META, MEMORY_PEAK_META, Span, SpanRole, Timeline
+from commdsl.timeline import FLOP_RATE_META, MEMORY_PEAK_META, REQUESTED_DURATION_ARG, Span, SpanRole, Timeline
 
 NON_BUSY_KINDS = frozenset({OpKind.WAIT.value, OpKind.WAIT_EVENT.value, OpKind.RECORD.value, OpKind.SYNCHRONIZE.value,
                             OpKind.ALLOC.value, OpKind.FREE.value})  # fmt: skip
@@ -130,6 +130,85 @@ def compute_rates(predicted: Timeline, measured: Timeline) -> list[ComputeRate]:
     return [ComputeRate(d, float(machine[d]), by_dtype[d]) for d in sorted(by_dtype) if d in machine]
 
 
+DURATION_DRIFT_PCT = 10.0
+"""A rank whose compute ops with an explicit duration ran, in the median, more than this
+far (percent) from their requested durations is reported (`DurationDrift`)."""
+
+
+@dataclass(frozen=True)
+class DurationDrift:
+    """One rank's compute ops with an explicit duration (`compute F 2ms`), measured
+    against the durations they asked for (`REQUESTED_DURATION_ARG` of measured spans).
+    The executor sizes such ops from its timing of a compute block; when that timing is
+    off (a busy machine), the ops run longer or shorter than the schedule says."""
+
+    rank: int
+    ops: int
+    off: int
+    """Ops more than DURATION_DRIFT_PCT from their requested duration."""
+    median_ratio: float
+    """Median over the ops of measured / requested duration."""
+    worst_op: str
+    """Op id of the op furthest from its request (by ratio)."""
+    worst_name: str
+    worst_ratio: float
+
+    @property
+    def drifted(self) -> bool:
+        """Whether the rank's typical op ran more than DURATION_DRIFT_PCT off."""
+        return abs(self.median_ratio - 1.0) * 100.0 > DURATION_DRIFT_PCT
+
+    def warning(self) -> str:
+        return (f"rank {self.rank}: its compute ops with an explicit duration ran x{self.median_ratio:.2f} their requested "
+                f"durations in the median ({self.off} of {self.ops} more than {DURATION_DRIFT_PCT:g}% off; furthest "
+                f"{self.worst_name} (op {self.worst_op}) x{self.worst_ratio:.2f}): the measured timeline does not run the "
+                "schedule's durations. Causes: the machine's speed changed (other work on it), its timing of the compute "
+                "block was off (see meta.compute_timing), or, on a CPU, the run's own communication threads took cores "
+                "from compute")  # fmt: skip
+
+    def to_json(self) -> dict:
+        return {"rank": self.rank, "ops": self.ops, "off": self.off, "median_ratio": round(self.median_ratio, 4),
+                "worst_op": self.worst_op, "worst_name": self.worst_name, "worst_ratio": round(self.worst_ratio, 4),
+                "drifted": self.drifted}  # fmt: skip
+
+
+def duration_drifts(measured: Timeline) -> list[DurationDrift]:
+    """`DurationDrift` of every rank with compute ops that asked for a duration (none
+    for a predicted timeline, or a measured one without such ops)."""
+    by_rank: dict[int, list[tuple[float, Span]]] = {}
+    for s in measured.spans:
+        if s.role is not SpanRole.EXEC or s.kind != OpKind.COMPUTE.value:
+            continue
+        requested = dict(s.args).get(REQUESTED_DURATION_ARG)
+        if isinstance(requested, (int, float)) and requested > 0:
+            by_rank.setdefault(s.rank, []).append((s.duration_us / requested, s))
+    out = []
+    for rank, ratios in sorted(by_rank.items()):
+        worst_ratio, worst = max(ratios, key=lambda rs: max(rs[0], 1.0 / rs[0]) if rs[0] > 0 else float("inf"))
+        off = sum(1 for r, _ in ratios if abs(r - 1.0) * 100.0 > DURATION_DRIFT_PCT)
+        out.append(DurationDrift(rank, len(ratios), off, statistics.median(r for r, _ in ratios), worst.op_id,
+                                 _arg(worst, "name", worst.name), worst_ratio))  # fmt: skip
+    return out
+
+
+def machine_is_calibrated(machine_json: dict) -> bool:
+    """Whether a machine description (`Machine.to_json`, as predicted timelines keep it)
+    carries measurements of a machine: the measured copy profiles (`copy_measured_us`)
+    that `commdsl calibrate` always writes. Presets hold estimates for a kind of machine."""
+    return bool(machine_json.get("copy_measured_us"))
+
+
+def calibration_hint(machine_json: dict, ranks: int) -> str | None:
+    """The warning that a prediction comes from an uncalibrated machine description, with
+    how to calibrate; None for a calibrated one."""
+    if not machine_json or machine_is_calibrated(machine_json):
+        return None  # no machine recorded (not a simulator's timeline), or a calibrated one
+    name = machine_json.get("name", "?")
+    return (f"machine {name} is not calibrated: its numbers are estimates for a kind of machine, not measurements of this one, "
+            f"so predictions can be far off. Calibrate this machine: `commdsl calibrate -n {ranks} --out my.yaml` "
+            f"(or `--quick`: a rough file in a minute or two), then use `--machine my.yaml`")  # fmt: skip
+
+
 RankBreakdown = Breakdown
 """Per-rank time split, in microseconds (see commdsl.breakdown for the definitions)."""
 
@@ -155,12 +234,21 @@ class Comparison:
     timelines carry it."""
     memory_source: str = ""
     """What the measured peak counts (`memory_peak_source` of the measured meta)."""
+    duration_drifts: list[DurationDrift] = field(default_factory=list)
+    """Per rank with compute ops of explicit duration, how they ran against their requests."""
+    calibration_hint: str | None = None
+    """Set when the prediction's machine is not calibrated (`calibration_hint`)."""
 
     @property
     def makespan_error_pct(self) -> float:
         if self.measured_makespan_us <= 0:
             return 0.0
         return 100.0 * (self.predicted_makespan_us - self.measured_makespan_us) / self.measured_makespan_us
+
+    def warnings(self) -> list[str]:
+        """What a reader must know before trusting the numbers: ranks whose explicit
+        durations ran off (`DurationDrift.drifted`), an uncalibrated machine."""
+        return [d.warning() for d in self.duration_drifts if d.drifted] + ([self.calibration_hint] if self.calibration_hint else [])
 
     def duration_stats(self) -> ErrorStats:
         return ErrorStats.of([
@@ -202,6 +290,8 @@ class Comparison:
             ],  # fmt: skip
             "memory_peak_bytes": {str(r): {"predicted": p, "measured": m} for r, (p, m) in sorted(self.memory_peaks.items())},
             "memory_source": self.memory_source,
+            "compute_duration_drift": [d.to_json() for d in self.duration_drifts],
+            "machine_calibrated": self.calibration_hint is None,
             "ops": [
                 {
                     "op_id": e.op_id, "kind": e.kind, "name": e.name, "source": e.source,
@@ -273,6 +363,8 @@ def compare_timelines(predicted: Timeline, measured: Timeline, *, min_duration_u
         compute_rates=compute_rates(predicted, measured),
         memory_peaks=memory_peaks(predicted, measured),
         memory_source=str(measured.meta.get("memory_peak_source", "")),
+        duration_drifts=duration_drifts(measured),
+        calibration_hint=calibration_hint(predicted.meta.get("machine", {}), measured.world_size),
     )
 
 

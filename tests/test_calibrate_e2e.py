@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import re
 import socket
 import subprocess
 import sys
@@ -16,6 +18,7 @@ from commdsl.dsl import load_schedule
 from commdsl.ir import Dtype, OpKind, ReduceOp, Transport
 from commdsl.machine import load_machine
 from commdsl.machine.model import CpuContention, DeviceKind
+from commdsl.progress import PROGRESS_INTERVAL_ENV
 from commdsl.run.compute import FLOP_BLOCK_CPU
 from commdsl.timeline import FLOP_RATE_META, Timeline
 
@@ -33,18 +36,22 @@ def _torchrun(*args: str, timeout: float = 240) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
 
 
-def _commdsl(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "commdsl.cli", *args], capture_output=True, text=True, timeout=120)
+def _commdsl(*args: str, timeout: float = 120, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "commdsl.cli", *args], capture_output=True, text=True, timeout=timeout,
+                          env=dict(os.environ, **(env or {})))  # fmt: skip
 
 
 @pytest.fixture(scope="module")
 def machine_file(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("cal") / "machine.yaml"
     raw = out.with_name("raw.json")
-    proc = _torchrun("-m", "commdsl.calibrate", "--out", str(out), "--raw", str(raw), "--max-size", "256KiB",
-                     "--repeats", "2", "--warmup", "1", "--matmul-sizes", "32,64,96", "--warm-up", "0.5")  # fmt: skip
+    proc = _commdsl("calibrate", "-n", "2", "--out", str(out), "--raw", str(raw), "--max-size", "256KiB", "--repeats", "2",
+                    "--warmup", "1", "--matmul-sizes", "32,64,96", "--warm-up", "0.5", timeout=300,
+                    env={PROGRESS_INTERVAL_ENV: "0.5"})  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "fit quality" in proc.stdout and "R²" in proc.stdout and "p2p" in proc.stdout
+    # Piped output gets a progress line every interval (0.5 s here), on stderr.
+    assert re.search(r"^commdsl calibrate: .*: \d+ of \d+ steps \(\d+%\), ", proc.stderr, re.M), proc.stderr[-3000:]
     assert "warming up: 0.5 s of matrix multiplies on every rank" in proc.stdout
     data = json.loads(raw.read_text())
     assert len(data["p2p_us"]) == 5  # 1, 4, 16, 64, 256 KiB
@@ -150,6 +157,7 @@ def test_simulate_run_compare_loop(machine_file: Path, tmp_path: Path) -> None:
     # The calibrated machine has compute stalls: --compare draws them once per measured iteration.
     assert "median of 2 samples" in run.stdout
     assert "FLOP rate" not in run.stdout  # 1f1b's compute is duration-sized: nothing timed
+    assert "is not calibrated" not in run.stdout  # a file from calibrate
     cmp = _commdsl("compare", str(pred), str(meas), "--json", "--html", str(tmp_path / "r.html"))
     assert cmp.returncode == 0, cmp.stderr
     data = json.loads(cmp.stdout)
@@ -216,3 +224,20 @@ def test_three_ranks_keep_in_step(tmp_path: Path) -> None:
     assert r.returncode == 0, r.stderr[-3000:]
     m = load_machine(out)
     assert m.num_devices == 3 and m.has_override(Transport.NCCL, OpKind.ALL_REDUCE)
+
+
+def test_quick_calibration_is_labelled_rough(tmp_path: Path) -> None:
+    out, raw = tmp_path / "quick.yaml", tmp_path / "quick.json"
+    proc = _commdsl("calibrate", "-n", "2", "--quick", "--out", str(out), "--raw", str(raw), "--max-size", "64KiB",
+                    "--matmul-sizes", "32,64", "--repeats", "2", "--warmup", "1", timeout=300)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    text = out.read_text()
+    assert text.splitlines()[1].startswith("# ROUGH (quick calibration")
+    machine = load_machine(out)
+    assert machine.doc.startswith("ROUGH (quick calibration: one pass, small sizes, few runs): calibrated on ")
+    assert "rough: ROUGH" in proc.stdout and "calibrate without --quick before trusting predictions" in " ".join(proc.stdout.split())
+    data = json.loads(raw.read_text())
+    assert data["pass_ratios"] == {} and data["reductions_us_by_op"] == {}  # one pass, no avg reductions
+    assert {(e["kind"], e["dtype"]) for e in data["interference_by_op"]} == {("all_reduce", "fp32"), ("copy", "any")}
+    assert all(len(e["pieces"]) == 1 for e in data["interference_by_op"]) and len(data["compute_noise_pieces"]) == 1
+    assert "in 1 pass(es)" in text and "at least 2 runs a point" in text

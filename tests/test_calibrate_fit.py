@@ -215,3 +215,42 @@ def test_calibrate_warns_when_its_passes_ran_at_different_speeds() -> None:
     (warning,) = drift_warnings({"communication": (1.0, 1.0, 1.0), "matmul": (1.0, slow, 1.0)})
     assert warning.startswith(f"matmul ran {100 * (slow - 1):.0f}% slower in one pass than in another (x1.00 to x{slow:.2f}")
     assert drift_warnings({"matmul": ()}) == []
+
+
+# A gloo broadcast and reduce on 2 ranks, as one calibration of the CI VM measured them
+# (us): no per-chunk latency at large sizes, so the pipelined chain's law cannot fit them.
+GLOO_CHAIN_US = {
+    "broadcast": [(1024, 315.4), (4096, 315.4), (16384, 406.8), (65536, 497.3), (262144, 640.6), (1048576, 640.6),
+                  (4194304, 1537.5), (16777216, 4300.2)],
+    "reduce": [(1024, 945.6), (4096, 945.6), (16384, 945.6), (65536, 945.6), (262144, 952.0), (1048576, 952.0),
+               (4194304, 3139.3), (16777216, 11576.7)],
+}  # fmt: skip
+
+
+def test_the_fit_report_says_what_a_flat_collective_law_means(capsys, tmp_path, monkeypatch) -> None:
+    """The report printed `inf GB/s` for broadcast and reduce with worst residuals of
+    30-150% and no word on what the simulator does with them."""
+    import torch
+
+    monkeypatch.setenv("COLUMNS", "300")  # table cells unwrapped
+    from commdsl.calibrate.main import FULL, Results, _header, _print_report, build_machine, parse_args
+    from commdsl.ir import Dtype, OpKind
+
+    sizes = [s for s, _ in GLOO_CHAIN_US["broadcast"]]
+    line = [(s, 50.0 + s / 2000.0) for s in sizes]  # 50 us + 2 GB/s
+    res = Results({Dtype.FP32: [(128, 60.0), (256, 400.0), (512, 3000.0)]}, line, line, line, line,
+                  {OpKind(k): pts for k, pts in GLOO_CHAIN_US.items()} | {OpKind.ALL_GATHER: line}, {}, 0.0, 5.0, 20.0, [])  # fmt: skip
+    cfg = parse_args(["--out", str(tmp_path / "m.yaml")])
+    machine, report = build_machine(cfg, res, 2, "gloo", torch.device("cpu"), "test")
+    assert report.collectives[OpKind.BROADCAST].bandwidth_gb_per_s == float("inf")  # the best the law can do
+    assert report.collectives[OpKind.ALL_GATHER].bandwidth_gb_per_s == pytest.approx(1.0, rel=1e-6)  # 2 GB/s of S, S/2 serial
+    _print_report(report, res, FULL)
+    out = " ".join(capsys.readouterr().out.split())
+    assert "inf GB/s" not in out
+    assert "us/step, no bandwidth term (*)" in out and "us/step + 1.000 GB/s" in out
+    assert "groups of 2 ranks (the size measured) are simulated from the measured times, interpolated" in out
+    assert "(*) broadcast, reduce: the law cannot fit the measured times" in out
+    header = _header(cfg, 2, "gloo", "test", report, res)
+    assert "inf GB/s" not in header and "# (*) broadcast, reduce: the law cannot fit" in header
+    # The machine file keeps the measured profile the simulator interpolates at 2 ranks.
+    assert machine["transports"]["gloo"]["collectives"]["broadcast"]["measured_us"][-1] == [16777216, 4300.2]

@@ -15,7 +15,7 @@ from commdsl.commands.compare import print_comparison
 from commdsl.comparison import compare_timelines, machine_at_run_rate, rank_breakdowns
 from commdsl.errors import UsageError
 from commdsl.ir import Dtype
-from commdsl.timeline import FLOP_RATE_META, Span, SpanRole, Timeline
+from commdsl.timeline import FLOP_RATE_META, REQUESTED_DURATION_ARG, Span, SpanRole, Timeline
 
 try:
     from test_sim_engine import machine
@@ -182,3 +182,54 @@ def test_cli_bad_inputs(tmp_path: Path) -> None:
     other = tmp_path / "other.json"
     other.write_text(json.dumps({"traceEvents": []}))
     assert "not a commdsl timeline" in _cli("compare", str(p), str(other)).stderr
+
+
+def _with_requested(tl: Timeline, requested: dict[str, float]) -> Timeline:
+    """`tl` with the requested duration on the named compute spans, as commdsl.run writes it."""
+    spans = []
+    for s in tl.spans:
+        if s.op_id in requested:
+            s = Span(s.op_id, s.rank, s.track, s.role, s.kind, s.name, s.start_us, s.end_us,
+                     s.args + ((REQUESTED_DURATION_ARG, requested[s.op_id]),))  # fmt: skip
+        spans.append(s)
+    tl.spans = spans
+    return tl
+
+
+def test_compute_that_ran_off_its_requested_duration_is_reported(tmp_path: Path) -> None:
+    """Rank 0's compute asked for 100 us and ran 100; rank 1's asked for 400 and ran 200
+    (its start-up timing of the compute block was off): compare says so, in its text, its
+    JSON and on stderr beside the JSON."""
+    measured = _with_requested(_timeline("measured", MEASURED), {"0:0": 100.0, "1:0": 400.0})
+    cmp = compare_timelines(_timeline("predicted", PREDICTED), measured)
+    drifts = {d.rank: d for d in cmp.duration_drifts}
+    assert drifts[0].median_ratio == 1.0 and not drifts[0].drifted and drifts[0].off == 0
+    assert drifts[1].median_ratio == 0.5 and drifts[1].drifted and drifts[1].off == 1 and drifts[1].worst_op == "1:0"
+    assert [w.startswith("rank 1: its compute ops with an explicit duration ran x0.50") for w in cmp.warnings()] == [True]
+
+    p, m = tmp_path / "pred.json", tmp_path / "meas.json"
+    _timeline("predicted", PREDICTED).write(p)
+    measured.write(m)
+    text = _cli("compare", str(p), str(m))
+    assert text.returncode == 0, text.stderr
+    assert "warning: rank 1: its compute ops with an explicit duration ran x0.50" in " ".join(text.stdout.split())
+    assert "rank 0: its compute" not in text.stdout
+    as_json = _cli("compare", str(p), str(m), "--json")
+    data = json.loads(as_json.stdout)
+    assert [(d["rank"], d["drifted"]) for d in data["compute_duration_drift"]] == [(0, False), (1, True)]
+    assert "rank 1: its compute ops with an explicit duration ran x0.50" in " ".join(as_json.stderr.split())
+    # Within 10%: no warning.
+    close = _with_requested(_timeline("measured", MEASURED), {"0:0": 95.0, "1:0": 190.0})
+    assert compare_timelines(_timeline("predicted", PREDICTED), close).warnings() == []
+
+
+def test_an_uncalibrated_machine_says_how_to_calibrate() -> None:
+    preset = _timeline("predicted", PREDICTED)
+    preset.meta["machine"] = machine().to_json()  # a hand-written description: no measured profiles
+    cmp = compare_timelines(preset, _timeline("measured", MEASURED))
+    (hint,) = cmp.warnings()
+    assert "is not calibrated" in hint and "commdsl calibrate -n 2 --out my.yaml" in hint and "--machine my.yaml" in hint
+    assert cmp.to_json()["machine_calibrated"] is False
+    calibrated = _timeline("predicted", PREDICTED)
+    calibrated.meta["machine"] = dict(machine().to_json(), copy_measured_us={"host": [[1024, 2.0], [2048, 3.0]]})
+    assert compare_timelines(calibrated, _timeline("measured", MEASURED)).warnings() == []

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import site
 import subprocess
 import sys
 import zipfile
@@ -38,16 +40,47 @@ def test_wheel_ships_grammar_and_schedules(wheel: Path) -> None:
     assert "commdsl/cli.py" in names
 
 
+def _dependency_dirs() -> list[str]:
+    """Where this interpreter finds commdsl's dependencies: its site-packages (a venv's
+    or the system's) and the user site, never the checkout."""
+    dirs = [*site.getsitepackages(), *([site.getusersitepackages()] if site.ENABLE_USER_SITE else [])]
+    return [d for d in dict.fromkeys(dirs) if Path(d).is_dir() and Path(d).resolve() != ROOT]
+
+
 def test_installed_wheel_runs_outside_the_checkout(wheel: Path, tmp_path: Path) -> None:
-    # A venv that sees this interpreter's dependencies but not the source tree.
+    # A fresh venv (no --system-site-packages: from inside a user's venv that would show
+    # the base interpreter's packages, not the user's) that holds the wheel, and sees
+    # this interpreter's dependencies through a .pth file listing their folders. A .pth
+    # line adds the folder alone: the .pth files inside it (this checkout's editable
+    # install among them) are not read, so the checkout stays invisible.
     venv = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], check=True, timeout=120)
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
     py = venv / "bin" / "python"
-    subprocess.run([str(py), "-m", "pip", "install", "-q", "--no-deps", "--force-reinstall", str(wheel)], check=True, timeout=300)
+    purelib = subprocess.run([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                             capture_output=True, text=True, check=True, timeout=60).stdout.strip()  # fmt: skip
+    (Path(purelib) / "outer_dependencies.pth").write_text("".join(f"{d}\n" for d in _dependency_dirs()))
+    subprocess.run([str(py), "-m", "pip", "install", "-q", "--no-deps", "--no-index", str(wheel)], check=True, timeout=300)
     proc = subprocess.run(
-        [str(py), "-c", "import commdsl.resources as r, commdsl.cli as c; print(r.grammar_path()); raise SystemExit(c.main(['check', '1f1b']))"],
-        capture_output=True, text=True, cwd=tmp_path, timeout=120,
+        [str(py), "-c", "import commdsl, commdsl.resources as r, commdsl.cli as c; print(commdsl.__file__); print(r.grammar_path()); "
+                        "raise SystemExit(c.main(['check', '1f1b']))"],
+        capture_output=True, text=True, cwd=tmp_path, timeout=120, env={**os.environ, "PYTHONPATH": ""},
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
-    assert str(venv) in proc.stdout.splitlines()[0], "grammar must come from the installed package"
+    package, grammar = proc.stdout.splitlines()[:2]
+    assert package.startswith(purelib), f"commdsl must come from the installed wheel, not {package}"
+    assert grammar.startswith(purelib), "grammar must come from the installed package"
     assert "1f1b: ok" in proc.stdout
+
+
+def test_ci_runs_the_readmes_test_command_in_a_fresh_venv() -> None:
+    """`.ci/run` is what a newcomer does: a fresh venv (no --system-site-packages),
+    activated, then the README's test command word for word."""
+    readme = (ROOT / "README.md").read_text()
+    block = readme.split("Set up and run the tests", 1)[1].split("```bash\n", 1)[1].split("\n```", 1)[0]
+    (command,) = [ln for ln in block.splitlines() if ln.strip()]
+    ci = (ROOT / ".ci" / "run").read_text().splitlines()
+    assert command in ci, f".ci/run must run the README's test command: {command}"
+    lines = [ln for ln in ci if ln.strip() and not ln.lstrip().startswith("#")]
+    venv = next(i for i, ln in enumerate(lines) if " -m venv " in ln)
+    assert "--system-site-packages" not in lines[venv]
+    assert any("bin/activate" in ln for ln in lines[venv:lines.index(command)])

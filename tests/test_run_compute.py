@@ -62,3 +62,48 @@ def test_flop_block_rate_at_start_up():
 def test_sleep_mode_sleeps():
     k = Kernels(torch.device("cpu"), DurationMode.SLEEP)
     assert k.spec(_op("compute F 2ms")).sleep_s == pytest.approx(0.002)
+
+
+def test_every_compute_thread_runs_one_intra_op_thread(monkeypatch):
+    """Without OMP_NUM_THREADS (torchrun sets none for one rank), each stream thread's
+    intra-op team once took every core: concurrent teams fought over the cores (10 ms
+    ops took 27-40 ms) and calibration, on another thread, misjudged their speed. Every
+    thread that runs compute, the stream threads and calibration's, runs one intra-op
+    thread; the main thread keeps torch's default. (How long ops take is a figure:
+    bench/duration_accuracy.py.)"""
+    import threading
+
+    from commdsl.run.compute import compute_threads
+    from commdsl.run.config import RunConfig
+    from commdsl.run.executor import RankSetup, make_executor
+
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    cpu = torch.device("cpu")
+    assert compute_threads(cpu) == 1
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")
+    assert compute_threads(cpu) is None  # the user's (or torchrun's) setting stands
+    monkeypatch.delenv("OMP_NUM_THREADS")
+
+    program = load_schedule_text("name: t\nworld: 1\nstreams: [a, b]\nprogram: |\n  compute X 1ms\n  compute Y 1ms on b\n", "t.yaml")
+    kernels = Kernels(cpu, DurationMode.BUSY, compute_threads(cpu))
+    executor = make_executor(RankSetup(program, 0, "gloo", cpu, {}, None, RunConfig("t.yaml"), kernels, None))
+    seen: dict[str, int] = {}
+    lock = threading.Lock()
+
+    def probe(name: str):
+        def task() -> None:
+            with lock:
+                seen[name] = torch.get_num_threads()
+
+        return task
+
+    main_threads = torch.get_num_threads()
+    try:
+        for name, stream in executor.streams.items():
+            stream.submit(probe(name))
+            stream.drain()
+        kernels._on_compute_thread(probe("calibration"))
+    finally:
+        executor.close()
+    assert seen == {"a": 1, "b": 1, "calibration": 1}
+    assert torch.get_num_threads() == main_threads

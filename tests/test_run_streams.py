@@ -42,12 +42,16 @@ def test_a_wait_whose_event_fired_does_not_hold_back_work_ordered_after_it(signa
     """As a GPU stream resolves a fired event at once: no waiting for the worker to get
     there (here the wait task is made slow to run, to tell the two apart)."""
     q = WorkQueue("s", signals)
-    fired = threading.Event()
+    fired, release = threading.Event(), threading.Event()
     fired.set()
-    ticket = q.submit(lambda: time.sleep(1.0), only_waits_for=fired)
-    start = time.monotonic()
-    q.wait_for(ticket)
-    assert time.monotonic() - start < 0.5
+    ticket = q.submit(lambda: release.wait(30), only_waits_for=fired)
+    waiter = threading.Thread(target=q.wait_for, args=(ticket,))
+    waiter.start()
+    waiter.join(10)  # returns at once; the bound only keeps a broken queue from hanging the test
+    try:
+        assert not waiter.is_alive(), "wait_for waited for the worker to run the wait task"
+    finally:
+        release.set()
 
 
 def test_real_work_before_a_fired_wait_still_holds_back(signals):

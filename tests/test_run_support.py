@@ -44,16 +44,21 @@ def torchrun(nproc: int, args: list[str], *, timeout_s: float = 120, cwd: Path |
     whole on timeout so no worker outlives the test; `env` adds environment variables."""
     cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}", "--master_addr=127.0.0.1",
            f"--master_port={free_port()}", "-m", module, *args]  # fmt: skip
-    env = dict(os.environ, PYTHONWARNINGS="ignore", **(env or {}))
+    return run_in_group(cmd, timeout_s=timeout_s, cwd=cwd, env={"PYTHONWARNINGS": "ignore", **(env or {})})
+
+
+def run_in_group(cmd: list[str], *, timeout_s: float, cwd: Path | None = None, env: dict[str, str] | None = None) -> Launch:
+    """Run `cmd` in its own process group, killed as a whole on timeout so that no
+    process it started outlives the test; `env` adds environment variables."""
     start = time.monotonic()
     proc = subprocess.Popen(cmd, cwd=cwd or REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True, env=env)  # fmt: skip
+                            start_new_session=True, env=dict(os.environ, **(env or {})))  # fmt: skip
     try:
         out, err = proc.communicate(timeout=timeout_s)
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         out, err = proc.communicate()
-        pytest.fail(f"torchrun did not finish within {timeout_s}s:\n{out}\n{err}")
+        pytest.fail(f"{' '.join(cmd[:6])} ... did not finish within {timeout_s}s:\n{out}\n{err}")
     return Launch(proc.returncode, out, err, time.monotonic() - start)
 
 
@@ -144,3 +149,27 @@ def test_flop_sized_compute_runs_in_the_ops_dtype():
     kernels.prepare("compute", spec)
     kernels.run("compute", spec)
     assert kernels._outputs[("compute", 256, torch.bfloat16)].dtype is torch.bfloat16
+
+
+def assert_durations_kept_or_warned(stdout: str, tl: Timeline) -> None:
+    """Every rank's compute with explicit durations ran within the tolerance of its
+    requested durations, or the run's summary warned about that rank (the machine running
+    the tests may be busy: both are right, silence about a miss is not)."""
+    from commdsl.comparison import duration_drifts
+
+    drifts = duration_drifts(tl)
+    assert drifts, "no compute op with a requested duration in the measured timeline"
+    for d in drifts:
+        if d.drifted:
+            assert f"warning: rank {d.rank}: its compute ops with an explicit duration ran x{d.median_ratio:.2f}" in stdout
+    assert "of the requested durations (median; 10% is tolerated)" in stdout
+
+
+def commdsl_frames(stderr: str) -> list[str]:
+    """Traceback lines (`File "...", line N`) in commdsl's own code: torchrun prints a
+    traceback of its failed launch, whose frames are torch's (and whose paths may well
+    contain "commdsl", e.g. a venv's folder)."""
+    import commdsl
+
+    package = str(Path(commdsl.__file__).resolve().parent) + "/"
+    return [ln for ln in stderr.splitlines() if ln.strip().startswith("File") and package in ln]

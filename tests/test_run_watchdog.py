@@ -4,6 +4,7 @@ exit, no orphan processes."""
 from __future__ import annotations
 
 import json
+import re
 import time
 
 import pytest
@@ -14,8 +15,8 @@ except ImportError:
     from tests.test_run_support import DATA, processes_mentioning, torchrun
 
 TIMEOUT_S = 3
-STARTUP_ALLOWANCE_S = 12
-"""torchrun start-up (python, torch import, rendezvous) on a loaded 2-core machine."""
+FIRE_ALLOWANCE_S = 5
+"""The watchdog polls every quarter second; a loaded 2-core machine delays it a little."""
 
 
 @pytest.mark.parametrize(
@@ -30,8 +31,11 @@ def test_a_hang_ends_with_reports_a_partial_timeline_and_nonzero_exit(tmp_path, 
     run = torchrun(2, [str(DATA / schedule), *extra, "--timeout", str(TIMEOUT_S), "--out", str(out),
                        "--warmup", "0", "--iters", "1"], timeout_s=60)  # fmt: skip
     assert run.returncode != 0
-    assert run.elapsed_s < TIMEOUT_S + STARTUP_ALLOWANCE_S
     err = run.stderr
+    # The watchdog fires within the timeout plus a few seconds of the stuck op's issue,
+    # as its own report says (torchrun's start-up on a busy machine is no part of it).
+    waited = [float(s) for s in re.findall(r"issued ([0-9.]+)s ago", err)]
+    assert waited and TIMEOUT_S <= min(waited) < TIMEOUT_S + FIRE_ALLOWANCE_S, err
     assert stuck in err
     assert f"{schedule}:" in err  # the source line of the op
     assert "rank 0:" in err and "rank 1:" in err  # every rank reports

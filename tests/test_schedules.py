@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import re
 import shlex
-import shutil
 import subprocess
 import sys
 from collections import defaultdict, deque
@@ -153,8 +152,10 @@ def _header(name: str) -> str:
 
 
 def _cli() -> list[str]:
-    exe = shutil.which("commdsl")
-    return [exe] if exe else [sys.executable, "-m", "commdsl.cli"]
+    """The console script of the environment running the tests (not whichever `commdsl`
+    comes first on PATH), else the module."""
+    exe = Path(sys.executable).with_name("commdsl")
+    return [str(exe)] if exe.is_file() else [sys.executable, "-m", "commdsl.cli"]
 
 
 def _run_cli(args: list[str], cwd: Path) -> subprocess.CompletedProcess:

@@ -61,8 +61,9 @@ import torch.distributed as dist
 from commdsl.calibrate.measure import Probe
 from commdsl.dsl import load_schedule_text
 from commdsl.ir import Dtype, Op, OpKind
-from commdsl.run.backend import all_gather_objects
+from commdsl.run.backend import all_gather_objects, hostname
 from commdsl.run.compute import Kernels, compute_threads
+from commdsl.run.compute_timing import ComputeTiming
 from commdsl.run.config import DurationMode, RunConfig
 from commdsl.run.executor import RankSetup, make_executor
 from commdsl.run.timing import IterRecord
@@ -171,7 +172,12 @@ def run_probe(probe: Probe, text: str, name: str, params: dict[str, str], iters:
     program = load_schedule_text(text, name, params)
     config = RunConfig(schedule=name, warmup=warmup, iters=iters, duration_mode=DurationMode.BUSY)
     kernels = Kernels(probe.device, DurationMode.BUSY, compute_threads(probe.device))
-    kernels.calibrate()
+    # Durations are timed as commdsl.run times them at start-up: agreed per host. A probe
+    # lasts seconds, and commdsl.run's re-checks between iterations (which follow the
+    # machine's speed over minutes) adopt nothing in a steady machine: the probe leaves
+    # them out (on 3 ranks sharing 2 cores they doubled the calibration's probes).
+    hosts = all_gather_objects(hostname(), probe.cpu_group, probe.world_size)
+    ComputeTiming(kernels, probe.cpu_group, probe.rank, probe.world_size, hosts).start()
     setup = RankSetup(program, probe.rank, probe.backend, probe.device, {"world": dist.group.WORLD}, probe.cpu_group, config,
                       kernels, None)  # fmt: skip
     executor = make_executor(setup)

@@ -26,7 +26,6 @@ from typing import TYPE_CHECKING
 
 import yaml
 from rich.console import Console
-from rich.progress import Progress
 from rich.table import Table
 
 from commdsl.calibrate.fit import LinearFit, StepFit, comm_mean_us, expected_us, fit_linear, fit_steps, monotone, pass_ratios
@@ -34,6 +33,9 @@ from commdsl.dsl.values import ValueFault, format_bytes, parse_quantity, Unit
 from commdsl.errors import CommdslError, UsageError, require_output_folder
 from commdsl.ir import Dtype, OpKind, ReduceOp
 from commdsl.machine.model import ANY_DTYPE
+from commdsl.progress import Progress
+from commdsl.run.cli import UsageParser
+from commdsl.run.launch import ArgumentRecorder
 from commdsl.sim.collectives import DEFAULT_ALGO, plan
 
 if TYPE_CHECKING:
@@ -97,6 +99,40 @@ largest calibrated size below it."""
 
 
 @dataclass(frozen=True)
+class Effort:
+    """How much calibrate measures beyond the sizes and repeats of its options."""
+
+    passes: int
+    """Passes over every series and size (`PASSES`)."""
+    averaging: tuple[OpKind, ...]
+    """Reductions also timed with op=avg (`AVERAGING`)."""
+    overlap_ops: tuple[tuple[OpKind, Dtype | None], ...]
+    """Comm ops whose interference with compute is probed (`OVERLAP_OPS`)."""
+    overlap_pieces: int
+    noise_pieces: int
+    max_size: str
+    """--max-size where the command line gives none."""
+    repeats: int
+    """--repeats where the command line gives none."""
+    matmul_sizes_cpu: tuple[int, ...]
+    """Matmul sides on a CPU where --matmul-sizes gives none (on GPUs: 1024..8192)."""
+    rough: bool
+    """The file is a first try, and says so (`--quick`)."""
+
+
+FULL = Effort(PASSES, AVERAGING, OVERLAP_OPS, OVERLAP_PIECES, NOISE_PIECES, "256MiB", REPEATS, (64, 128, 256, 384, 512), rough=False)
+QUICK = Effort(1, (), ((OpKind.ALL_REDUCE, Dtype.FP32),), 1, 1, "16MiB", 10, (128, 256, 512), rough=True)
+"""`--quick`: one pass, sizes up to 16 MiB, 10 runs a point, no avg reductions, one piece
+of the interference probe (the fp32 all_reduce's machine-wide factors and copies') and of
+the compute-stall probe. A rough machine file for a first comparison (see docs/executor.md
+for how long each takes); it says so in its `doc`."""
+
+
+ROUGH_DOC = "ROUGH (quick calibration: one pass, small sizes, few runs): "
+"""Starts the `doc` of a machine file written with --quick, and a line of its header."""
+
+
+@dataclass(frozen=True)
 class CalibrateConfig:
     out: str
     """Machine file to write."""
@@ -126,6 +162,8 @@ class CalibrateConfig:
     nccl_algo: str | None = None
     """With `from_nccl_tests`: NCCL_ALGO of the runs whose logs do not say."""
     nccl_proto: str | None = None
+    effort: Effort = FULL
+    """`FULL`, or `QUICK` with --quick."""
 
 
 def _size(text: str, flag: str) -> int:
@@ -138,52 +176,73 @@ def _size(text: str, flag: str) -> int:
     return int(q.value)
 
 
-def parse_args(argv: list[str] | None) -> CalibrateConfig:
-    p = argparse.ArgumentParser(prog="torchrun --nproc_per_node=N -m commdsl.calibrate", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
-    p.add_argument("--out", required=True, help="machine description to write (YAML)")
-    p.add_argument("--name", default="calibrated", help="machine name in the file")
-    p.add_argument("--raw", metavar="OUT.json", help="also write the raw medians (microseconds) as JSON")
-    p.add_argument("--min-size", default="1KiB", help="smallest message (default 1KiB)")
-    p.add_argument("--max-size", default="256MiB", help="largest message (default 256MiB)")
-    p.add_argument("--size-factor", type=int, default=4, help="ratio between consecutive sizes (default 4)")
+def build_parser() -> argparse.ArgumentParser:
+    p = UsageParser(prog="torchrun --nproc_per_node=N -m commdsl.calibrate", description=__doc__,
+                    formatter_class=argparse.RawDescriptionHelpFormatter, help_command="python -m commdsl.calibrate --help")  # fmt: skip
+    add_arguments(p)
+    return p
+
+
+def add_arguments(p: argparse.ArgumentParser) -> list[argparse.Action]:
+    """Calibrate's options (also `commdsl calibrate`'s); returns the actions added, in order."""
+    add = ArgumentRecorder(p)
+    add("--out", required=True, help="machine description to write (YAML)")
+    add("--quick", action="store_true",
+        help="a rough machine file for a first try, in a minute or two on a small machine: one pass, sizes up to 16MiB, "
+             "10 runs a point, the interference and stall probes once; the file says it is rough")  # fmt: skip
+    add("--name", default="calibrated", help="machine name in the file")
+    add("--raw", metavar="OUT.json", help="also write the raw medians (microseconds) as JSON")
+    add("--min-size", default="1KiB", help="smallest message (default 1KiB)")
+    add("--max-size", default=None, help=f"largest message (default {FULL.max_size}; {QUICK.max_size} with --quick)")
+    add("--size-factor", type=int, default=4, help="ratio between consecutive sizes (default 4)")
     # gloo on a small shared CPU stalls for a scheduler slice (milliseconds) in a good
     # fraction of calls; the expected time keeps that share, and needs enough runs to
     # estimate it. At 15 (5 per pass) a point's estimate stopped as soon as a few runs
     # happened to agree: the same point moved 11-26% between calibrations (CI VM, 15
     # calibrations), and the bench met both accuracy targets in 8 of 15 runs; at 30,
     # 8-17% and 10 of 12 runs. Communication also takes 0.1 s of runs (`fit.precise`).
-    p.add_argument("--repeats", type=int, default=REPEATS, help="timed runs per point at least, over its passes (communication: more, for at least 0.1 s and while the estimate is loose, their mean kept; matmuls: this many per pass, their trimmed mean kept) (default %(default)s)")
-    p.add_argument("--warmup", type=int, default=2, help="untimed runs per point (default 2)")
-    p.add_argument("--backend", choices=("auto", "gloo", "nccl"), default="auto")
-    p.add_argument("--matmul-sizes", default="", help="comma-separated n for n x n matmuls (default by device)")
-    p.add_argument("--warm-up", type=float, default=0.0, metavar="SECONDS",
-                   help="keep every rank busy with matrix multiplies this long before measuring, so that a machine "
-                        "that was idle is measured at the speed it runs under load (default 0)")  # fmt: skip
-    p.add_argument("--from-nccl-tests", nargs="+", metavar="LOG", default=(),
-                   help="fit a GPU cluster's NCCL model to these nccl-tests logs (TOOL=LOG for a log that does not name its "
-                        "tool) instead of measuring; needs no torch")  # fmt: skip
-    p.add_argument("--machine", help="with --from-nccl-tests: base preset or file with the cluster's topology (default: by GPU name)")
-    p.add_argument("--nccl-algo", help="with --from-nccl-tests: NCCL_ALGO of runs whose logs do not report it (ring, tree, nvls, ...)")
-    p.add_argument("--nccl-proto", help="with --from-nccl-tests: NCCL_PROTO of runs whose logs do not report it (ll, ll128, simple)")
-    args = p.parse_args(argv)
+    add("--repeats", type=int, default=None, help="timed runs per point at least, over its passes (communication: more, for at least 0.1 s and while the estimate is loose, their mean kept; matmuls: this many per pass, their trimmed mean kept) "
+        f"(default {FULL.repeats}; {QUICK.repeats} with --quick)")  # fmt: skip
+    add("--warmup", type=int, default=2, help="untimed runs per point (default 2)")
+    add("--backend", choices=("auto", "gloo", "nccl"), default="auto")
+    add("--matmul-sizes", default="", help="comma-separated n for n x n matmuls (default by device)")
+    add("--warm-up", type=float, default=0.0, metavar="SECONDS",
+        help="keep every rank busy with matrix multiplies this long before measuring, so that a machine "
+             "that was idle is measured at the speed it runs under load (default 0)")  # fmt: skip
+    add("--from-nccl-tests", nargs="+", metavar="LOG", default=(),
+        help="fit a GPU cluster's NCCL model to these nccl-tests logs (TOOL=LOG for a log that does not name its "
+             "tool) instead of measuring; needs no torch")  # fmt: skip
+    add("--machine", help="with --from-nccl-tests: base preset or file with the cluster's topology (default: by GPU name)")
+    add("--nccl-algo", help="with --from-nccl-tests: NCCL_ALGO of runs whose logs do not report it (ring, tree, nvls, ...)")
+    add("--nccl-proto", help="with --from-nccl-tests: NCCL_PROTO of runs whose logs do not report it (ll, ll128, simple)")
+    return add.actions
+
+
+def parse_args(argv: list[str] | None) -> CalibrateConfig:
+    return config_from_args(build_parser().parse_args(argv))
+
+
+def config_from_args(args: argparse.Namespace) -> CalibrateConfig:
+    """Calibrate's settings from parsed options (`add_arguments`), every value checked."""
     if args.from_nccl_tests:
         return CalibrateConfig(args.out, None, args.name, 0, 0, 0, 0, 0, "auto", (), from_nccl_tests=tuple(args.from_nccl_tests),
                                base_machine=args.machine, nccl_algo=args.nccl_algo, nccl_proto=args.nccl_proto)  # fmt: skip
-    lo, hi = _size(args.min_size, "--min-size"), _size(args.max_size, "--max-size")
+    effort = QUICK if args.quick else FULL
+    repeats = effort.repeats if args.repeats is None else args.repeats
+    lo, hi = _size(args.min_size, "--min-size"), _size(args.max_size or effort.max_size, "--max-size")
     if lo > hi:
         raise UsageError(f"--min-size {format_bytes(lo)} is larger than --max-size {format_bytes(hi)}")
-    if args.size_factor < 2 or args.repeats < 1 or args.warmup < 0 or not 0 <= args.warm_up < math.inf:
+    if args.size_factor < 2 or repeats < 1 or args.warmup < 0 or not 0 <= args.warm_up < math.inf:
         raise UsageError(f"--size-factor must be >= 2, --repeats >= 1, --warmup >= 0 and --warm-up a finite number of "
-                         f"seconds >= 0; got {args.size_factor}, {args.repeats}, {args.warmup} and {args.warm_up:g}")  # fmt: skip
+                         f"seconds >= 0; got {args.size_factor}, {repeats}, {args.warmup} and {args.warm_up:g}")  # fmt: skip
     try:
         mm = tuple(int(x) for x in args.matmul_sizes.split(",") if x.strip())
     except ValueError:
         raise UsageError(f"--matmul-sizes takes integers like 128,256,512, got {args.matmul_sizes!r}") from None
     require_output_folder("--out", args.out)
     require_output_folder("--raw", args.raw)
-    return CalibrateConfig(args.out, args.raw, args.name, lo, hi, args.size_factor, args.repeats, args.warmup, args.backend, mm,
-                           args.warm_up)  # fmt: skip
+    return CalibrateConfig(args.out, args.raw, args.name, lo, hi, args.size_factor, repeats, args.warmup, args.backend, mm,
+                           warm_up_s=args.warm_up, effort=effort)  # fmt: skip
 
 
 def message_sizes(cfg: CalibrateConfig, world_size: int) -> list[int]:
@@ -240,7 +299,7 @@ def _calibrate(cfg: CalibrateConfig) -> int:
         clock = measure_clock(cpu_group, rank, world, hosts)
         probe = measure.Probe(rank, world, backend, device, cfg.repeats, cfg.warmup, cpu_group, clock.applied_offset_ns)
         sizes = message_sizes(cfg, world)
-        matmul_sizes = cfg.matmul_sizes or ((1024, 2048, 4096, 8192) if device.type == "cuda" else (64, 128, 256, 384, 512))
+        matmul_sizes = cfg.matmul_sizes or ((1024, 2048, 4096, 8192) if device.type == "cuda" else cfg.effort.matmul_sizes_cpu)
         from commdsl.run.compute import flop_block
 
         # The compute rate is taken at the executor's FLOP block: always measure it.
@@ -250,17 +309,20 @@ def _calibrate(cfg: CalibrateConfig) -> int:
             if rank == 0:
                 print(f"warming up: {cfg.warm_up_s:g} s of matrix multiplies on every rank", flush=True)
             measure.warm_up(probe, flop_block(device.type), cfg.warm_up_s)
-        results = _measure_all(probe, sizes, matmul_sizes, dtypes, measure)
+        results = _measure_all(probe, sizes, matmul_sizes, dtypes, measure, cfg.effort)
         if rank == 0:
             machine, report = build_machine(cfg, results, world, backend, device, torch.__version__)
-            _print_report(report, results)
+            _print_report(report, results, cfg.effort)
             header = _header(cfg, world, backend, torch.__version__, report, results)
             with open(cfg.out, "w") as f:
                 f.write(header + yaml.safe_dump(machine, sort_keys=False))
             if cfg.raw:
                 with open(cfg.raw, "w") as f:
                     json.dump(results.to_json(), f, indent=1)
-            Console(highlight=False).print(f"wrote {cfg.out}: use it with `commdsl simulate SCHEDULE --machine {cfg.out}`")
+            console = Console(highlight=False)
+            console.print(f"wrote {cfg.out}: use it with `commdsl simulate SCHEDULE --machine {cfg.out}`")
+            if cfg.effort.rough:
+                console.print(f"[yellow]rough[/]: {ROUGH_DOC}calibrate without --quick before trusting predictions from it")
         dist.barrier(group=cpu_group)
     finally:
         dist.destroy_process_group()
@@ -371,7 +433,7 @@ def _measured_at(res: Results, kind: OpKind, dtype: Dtype | None, size: int) -> 
     return dict(points).get(size)
 
 
-def _measure_all(probe, sizes, matmul_sizes, dtypes, measure) -> Results:
+def _measure_all(probe, sizes, matmul_sizes, dtypes, measure, effort: Effort) -> Results:
     from commdsl.calibrate.executor_probes import OverlapPieces, barrier_us, combine_pieces, compute_noise, interference
 
     # Every series measured in passes (label, its sizes, time of one pass at a size), in
@@ -387,15 +449,17 @@ def _measure_all(probe, sizes, matmul_sizes, dtypes, measure) -> Results:
           for dtype in REDUCED_DTYPES for kind in REDUCING),
         *((f"{kind.value} {dtype.value} avg", sizes,
            lambda s, pooled, kind=kind, dtype=dtype: measure.collective_us(probe, kind, s, dtype, ReduceOp.AVG, pooled=pooled))
-          for dtype in (Dtype.FP32, *REDUCED_DTYPES) for kind in AVERAGING),
+          for dtype in (Dtype.FP32, *REDUCED_DTYPES) for kind in effort.averaging),
     ]  # fmt: skip
-    steps = PASSES * sum(len(xs) for _, xs, _ in pass_series) + 2 * len(sizes) + OVERLAP_PIECES * (len(OVERLAP_OPS) + 1) + 2 + NOISE_PIECES
+    passes = effort.passes
+    steps = (passes * sum(len(xs) for _, xs, _ in pass_series) + 2 * len(sizes) + effort.overlap_pieces * (len(effort.overlap_ops) + 1)
+             + 2 + effort.noise_pieces)  # fmt: skip
     res = Results({}, [], [], [], [], {}, {}, 0.0, 0.0, 0.0, [])
-    with Progress(disable=probe.rank != 0, transient=True) as progress:
-        task = progress.add_task("calibrating", total=steps)
+    with Progress("commdsl calibrate", enabled=probe.rank == 0) as progress:
+        progress.phase("calibrating", total=steps, unit="steps")
 
         def step(what: str) -> None:
-            progress.update(task, advance=1, description=what)
+            progress.advance(1, description=f"measured {what}")
 
         res.kernel_launch_us, res.comm_launch_us = measure.launch_overheads_us(probe)
         step("launch overheads")
@@ -417,22 +481,23 @@ def _measure_all(probe, sizes, matmul_sizes, dtypes, measure) -> Results:
             res.host_copy.append((s, measure.copy_us(probe, s, host_to_device=True)))
             step(f"copies {format_bytes(s)}")
             step(f"copies {format_bytes(s)}")
-        # PASSES passes over every series and size, each point's runs pooled over the
+        # `passes` passes over every series and size, each point's runs pooled over the
         # passes (`measure.Pooled`).
-        pools = {label: {x: measure.Pooled(PASSES) for x in xs} for label, xs, _ in pass_series}
+        pools = {label: {x: measure.Pooled(passes) for x in xs} for label, xs, _ in pass_series}
         points: dict[str, list[tuple[int, float]] | None] = {}
-        for n in range(PASSES):
+        for n in range(passes):
             for label, xs, time_us in pass_series:
                 if n == 0 or points[label] is not None:
-                    points[label] = series(f"{label} (pass {n + 1}/{PASSES})", xs,
+                    points[label] = series(f"{label} (pass {n + 1}/{passes})", xs,
                                            lambda x, label=label, time_us=time_us: time_us(x, pools[label][x]))  # fmt: skip
         matmul_labels = {f"matmul {dtype.value}" for dtype in dtypes}
-        complete = {label: [pool.by_pass for pool in by_x.values() if len(pool.pass_counts) == PASSES] for label, by_x in pools.items()}
+        complete = {label: [pool.by_pass for pool in by_x.values() if len(pool.pass_counts) == passes] for label, by_x in pools.items()}
         ratios = {
             "communication": pass_ratios([p for label, ps in complete.items() if label not in matmul_labels for p in ps], comm_mean_us),
             "matmul": pass_ratios([p for label in matmul_labels for p in complete[label]], expected_us),
         }
-        res.pass_ratios = {family: r for family, r in ratios.items() if r}  # a family whose every series was skipped has none
+        # A family whose every series was skipped has none; one pass has nothing to compare.
+        res.pass_ratios = {family: r for family, r in ratios.items() if r} if passes > 1 else {}
         for dtype in dtypes:
             if points[f"matmul {dtype.value}"]:
                 res.matmul[dtype] = points[f"matmul {dtype.value}"]
@@ -447,7 +512,7 @@ def _measure_all(probe, sizes, matmul_sizes, dtypes, measure) -> Results:
                 if points[f"{kind.value} {dtype.value}"]:
                     res.reductions_by_dtype.setdefault(dtype, {})[kind] = points[f"{kind.value} {dtype.value}"]
         for dtype in (Dtype.FP32, *REDUCED_DTYPES):
-            for kind in AVERAGING:
+            for kind in effort.averaging:
                 if points[f"{kind.value} {dtype.value} avg"]:
                     res.reductions_by_op.setdefault(ReduceOp.AVG, {}).setdefault(dtype, {})[kind] = points[f"{kind.value} {dtype.value} avg"]
         # The barrier and interference are timed inside the executor, with its own threads
@@ -458,28 +523,28 @@ def _measure_all(probe, sizes, matmul_sizes, dtypes, measure) -> Results:
 
         # (op, dtype, bytes, its loop time alone: it sizes the probe's compute ops and, for
         # comm ops, is the denominator of the op's slowdown), the copy from host last.
-        overlap_ops = [(kind, dtype, size, _measured_at(res, kind, dtype, size)) for kind, dtype in OVERLAP_OPS
+        overlap_ops = [(kind, dtype, size, _measured_at(res, kind, dtype, size)) for kind, dtype in effort.overlap_ops
                        if not (kind.is_p2p and probe.world_size % 2)]  # the probe pairs ranks  # fmt: skip
         copy_bytes = min(sizes[-1], SLOWDOWN_SIZE_BYTES)
         overlap_ops.append((OpKind.COPY, None, copy_bytes, dict(res.host_copy)[copy_bytes]))
         # Round robin, so that each op's pieces lie a minute apart and one slow spell of
         # the machine falls on one piece of each op at most.
         pieces: dict[tuple[OpKind, Dtype | None], list[Overlap]] = {}
-        for n in range(OVERLAP_PIECES):
+        for n in range(effort.overlap_pieces):
             for kind, dtype, nbytes, alone_us in overlap_ops:
                 if alone_us is not None:
                     piece = interference(probe, kind, dtype, nbytes, max(OVERLAP_MIN_COMPUTE_US, 4 * alone_us))
                     pieces.setdefault((kind, dtype), []).append(piece)
-                step(f"{kind.value} {dtype.value if dtype else ''} beside compute ({n + 1}/{OVERLAP_PIECES})")
+                step(f"{kind.value} {dtype.value if dtype else ''} beside compute ({n + 1}/{effort.overlap_pieces})")
         loop_us = {(kind, dtype): alone_us for kind, dtype, _, alone_us in overlap_ops if kind is not OpKind.COPY}
         res.overlaps = {key: OverlapPieces(tuple(ps), loop_us.get(key)) for key, ps in pieces.items()}
         # Compute stalls last, after minutes of load, as a schedule run after calibration
         # meets them: pieces placed after each pass instead counted 2-9 a second against
         # 3-11 at the end, and predicted 28 of 30 schedules short. In pieces, so that one
         # stall episode is outvoted.
-        for n in range(NOISE_PIECES):
+        for n in range(effort.noise_pieces):
             res.noise_pieces.append(compute_noise(probe, min(sizes[-1], NOISE_MSG_BYTES)))
-            step(f"compute stalls inside the executor ({n + 1}/{NOISE_PIECES})")
+            step(f"compute stalls inside the executor ({n + 1}/{effort.noise_pieces})")
         res.noise = combine_pieces(res.noise_pieces)
     return res
 
@@ -494,6 +559,8 @@ class FitReport:
     collectives: dict[OpKind, StepFit]
     p2p_model_residuals: dict[OpKind, tuple[float, ...]]
     """Per collective, residuals (%) of the analytic model with the P2P-fitted link."""
+    ranks: int
+    """The group size the collectives were measured on (the calibration's world)."""
 
 
 def build_machine(cfg: CalibrateConfig, res: Results, world: int, backend: str, device, torch_version: str) -> tuple[dict, FitReport]:
@@ -539,7 +606,7 @@ def build_machine(cfg: CalibrateConfig, res: Results, world: int, backend: str, 
             by_op.setdefault(k.value, {})[dtype.value if dtype else ANY_DTYPE] = factors
     machine = {
         "name": cfg.name,
-        "doc": f"calibrated on {socket.gethostname()} with {world} {backend} ranks, torch {torch_version}",
+        "doc": (ROUGH_DOC if cfg.effort.rough else "") + f"calibrated on {socket.gethostname()} with {world} {backend} ranks, torch {torch_version}",
         "devices": world,
         "device": {
             "name": dev_name,
@@ -579,7 +646,7 @@ def build_machine(cfg: CalibrateConfig, res: Results, world: int, backend: str, 
         machine["compute_copy_slowdown"] = round(max(res.copy_slowed, 1.0), 3)
         if res.noise is not None:  # compute ops' stalls inside the executor (drawn by `simulate --samples N`)
             machine["compute_noise"] = res.noise.machine_json()
-    return machine, FitReport(compute, memory, host_link, p2p, exchange, collectives, p2p_resid)
+    return machine, FitReport(compute, memory, host_link, p2p, exchange, collectives, p2p_resid, world)
 
 
 def _table(points: list[tuple[int, float]]) -> list[list]:
@@ -618,17 +685,42 @@ def _header(cfg: CalibrateConfig, world: int, backend: str, torch_version: str, 
     now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     lines = [
         f"# Machine description written by commdsl.calibrate on {socket.gethostname()}, {now}.",
+        *([f"# {ROUGH_DOC}made by `commdsl calibrate --quick`."] if cfg.effort.rough else []),
         f"# {world} ranks, backend {backend}, torch {torch_version}, sizes {format_bytes(cfg.min_size_bytes)}"
-        f"..{format_bytes(cfg.max_size_bytes)}, at least {cfg.repeats} runs a point (in {PASSES} passes).",
+        f"..{format_bytes(cfg.max_size_bytes)}, at least {cfg.repeats} runs a point (in {cfg.effort.passes} pass(es)).",
         f"# P2P fit: latency {report.p2p.intercept:.2f} us, {report.p2p.rate / 1e3:.3f} GB/s, R^2 {report.p2p.r2:.4f}, "
         f"worst residual {report.p2p.max_abs_residual_pct:.1f}%.",
     ]
     if res.pass_ratios:
         lines.append(f"# Passes, time over the pooled time (median over points): {_pass_speeds(res.pass_ratios)}.")
     for kind, fit in report.collectives.items():
-        lines.append(f"# {kind.value}: per-step latency {fit.latency_us:.2f} us, {fit.bandwidth_gb_per_s:.3f} GB/s, "
-                     f"R^2 {fit.r2:.4f}, worst residual {fit.max_abs_residual_pct:.1f}%.")  # fmt: skip
+        lines.append(f"# {kind.value}: {_step_law(fit, 2)}, R^2 {fit.r2:.4f}, worst residual {fit.max_abs_residual_pct:.1f}%.")
+    lines += [f"# {line}" for line in _collective_notes(report)]
     return "\n".join(lines) + "\n"
+
+
+def _step_law(fit: StepFit, digits: int = 1) -> str:
+    """A collective's fitted law in words; `*` marks one without a bandwidth term."""
+    if math.isinf(fit.bandwidth_gb_per_s):
+        return f"{fit.latency_us:.{digits}f} us/step, no bandwidth term (*)"
+    return f"{fit.latency_us:.{digits}f} us/step + {fit.bandwidth_gb_per_s:.3f} GB/s"
+
+
+def _collective_notes(report: FitReport) -> list[str]:
+    """What the collectives' fits mean, and which law the simulator uses."""
+    notes = [
+        f"Collectives: groups of {report.ranks} ranks (the size measured) are simulated from the measured times, "
+        "interpolated between sizes; the fitted law (steps x latency + bytes / bandwidth, over the steps and bytes "
+        "of the collective's plan in commdsl.sim.collectives) times other group sizes only, and its residuals are "
+        "what those carry.",
+    ]
+    flat = [kind.value for kind, fit in report.collectives.items() if math.isinf(fit.bandwidth_gb_per_s)]
+    if flat:
+        notes.append(f"(*) {', '.join(flat)}: the law cannot fit the measured times: its plan pipelines large messages in "
+                     f"{format_bytes(CHUNK_BYTES)} steps that each pay the latency, and at large sizes a step took less "
+                     "than the latency small messages took. The best fit puts all the time in latency per step (no bytes "
+                     "term); other group sizes are timed by that.")  # fmt: skip
+    return notes
 
 
 def _pass_speeds(ratios_by_family: dict[str, tuple[float, ...]]) -> str:
@@ -649,7 +741,7 @@ def drift_warnings(ratios_by_family: dict[str, tuple[float, ...]]) -> list[str]:
     return out
 
 
-def _print_report(report: FitReport, res: Results) -> None:
+def _print_report(report: FitReport, res: Results, effort: Effort) -> None:
     console = Console(highlight=False)
     table = Table(title="fit quality (residual = model - measured, % of measured)", box=None, pad_edge=False)
     for col in ("series", "parameters", "R²", "worst |residual|", "residuals by size"):
@@ -665,13 +757,15 @@ def _print_report(report: FitReport, res: Results) -> None:
     row("p2p", f"{report.p2p.intercept:.1f} us + {report.p2p.rate / 1e3:.3f} GB/s", report.p2p.r2, report.p2p.residuals_pct)
     row("exchange", f"{report.exchange.intercept:.1f} us + {report.exchange.rate / 1e3:.3f} GB/s each way", report.exchange.r2, report.exchange.residuals_pct)
     for kind, f in report.collectives.items():
-        row(kind.value, f"{f.latency_us:.1f} us/step + {f.bandwidth_gb_per_s:.3f} GB/s", f.r2, f.residuals_pct)
+        row(kind.value, _step_law(f), f.r2, f.residuals_pct)
         resid = report.p2p_model_residuals[kind]
         table.add_row("  (p2p link)", "analytic model with the p2p link", "", f"{max(abs(r) for r in resid):.1f}%", " ".join(f"{r:+.0f}" for r in resid))
     console.print(table)
+    for note in _collective_notes(report):
+        console.print(note)
     console.print(f"host issue: kernel {res.kernel_launch_us:.1f} us, comm {res.comm_launch_us:.1f} us; barrier {res.barrier_us:.1f} us")
     if res.overlaps:
-        table = Table(title=f"interference inside the executor (ms, medians of {OVERLAP_PIECES} pieces)", box=None, pad_edge=False)
+        table = Table(title=f"interference inside the executor (ms, medians of {effort.overlap_pieces} piece(s))", box=None, pad_edge=False)
         for col in ("op", "loop", "alone", "beside", "op slowed", "compute slowed"):
             table.add_column(col, no_wrap=True)
         for (kind, dtype), o in res.overlaps.items():
@@ -691,7 +785,7 @@ def _print_report(report: FitReport, res: Results) -> None:
             stretches = ", ".join(f"x{p.duration_stretch:.3f}" for p in res.noise_pieces)
             console.print(f"  the median of {len(res.noise_pieces)} pieces (stalls per second: {rates}; median op: {stretches})")
     if res.pass_ratios:
-        console.print(f"speed of the {PASSES} passes (each point's time in a pass over its pooled time, median over points): "
+        console.print(f"speed of the {effort.passes} passes (each point's time in a pass over its pooled time, median over points): "
                       f"{_pass_speeds(res.pass_ratios)}")
         for warning in drift_warnings(res.pass_ratios):
             console.print(f"[yellow]warning[/] {warning}")

@@ -12,6 +12,7 @@ from rich.table import Table
 from commdsl.cli import add_schedule_arguments, load_from_args
 from commdsl.dsl.values import format_bytes
 from commdsl.ir import Program
+from commdsl.progress import Progress
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -44,10 +45,13 @@ def summarize(program: Program) -> dict:
 
 
 def run(args: argparse.Namespace) -> int:
-    program = load_from_args(args)
     from commdsl.sim import check_deadlock  # deadlock and ordering check by simulation (exit code 3)
 
-    check_deadlock(program)
+    with Progress("commdsl check") as progress:
+        progress.phase(f"expanding {args.schedule}")
+        program = load_from_args(args)
+        progress.phase("checking that every rank finishes", unit="ops")
+        check_deadlock(program, progress.update)
     summary = summarize(program)
     if args.json:
         print(json.dumps(summary, indent=2))

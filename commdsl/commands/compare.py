@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from commdsl.api import compare_named
@@ -61,6 +62,8 @@ def print_comparison(cmp: Comparison, console: Console) -> None:
     if cmp.memory_peaks:
         print_memory_peaks(cmp, console)
     console.print(f"{len(cmp.ops)} ops compared")
+    for warning in cmp.warnings():
+        console.print(f"[yellow]warning[/]: {escape(warning)}")
     if cmp.only_predicted or cmp.only_measured:
         console.print(f"[yellow]warning[/]: {len(cmp.only_predicted)} ops only predicted, {len(cmp.only_measured)} only measured "
                       f"(e.g. {(cmp.only_predicted + cmp.only_measured)[:3]})")  # fmt: skip
@@ -83,6 +86,8 @@ def run(args: argparse.Namespace) -> int:
     cmp = compare_named(predicted, measured, args.predicted, args.measured, args.min_duration)
     if args.json:
         print(json.dumps(cmp.to_json(), indent=1))
+        for warning in cmp.warnings():  # on stderr, so that stdout stays JSON
+            Console(stderr=True, highlight=False).print(f"[yellow]warning[/]: {escape(warning)}")
     else:
         print_comparison(cmp, Console(highlight=False))
     if args.html:

@@ -10,6 +10,7 @@ from commdsl.cli import add_schedule_arguments, load_from_args
 from commdsl.dsl.values import format_bytes, format_flops, format_us
 from commdsl.errors import UsageError
 from commdsl.ir import HOST_STREAM, Op, OpKind, Program
+from commdsl.progress import Progress
 
 _INDEX_RE = re.compile(r"\[([^\]]*)\]")
 
@@ -109,7 +110,9 @@ def listing_lines(program: Program, rank: int) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    program = load_from_args(args)
+    with Progress("commdsl show") as progress:
+        progress.phase(f"expanding {args.schedule}")
+        program = load_from_args(args)
     if args.rank is not None and not 0 <= args.rank < program.world_size:
         raise UsageError(f"--rank {args.rank} is out of range: the schedule has ranks 0..{program.world_size - 1}")
     ranks = [args.rank] if args.rank is not None else list(range(program.world_size))

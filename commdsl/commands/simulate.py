@@ -21,6 +21,7 @@ from rich.table import Table
 from commdsl.cli import add_schedule_arguments, load_from_args
 from commdsl.errors import UsageError
 from commdsl.machine import DEFAULT_MACHINE, resolve_machine
+from commdsl.progress import Progress
 from commdsl.sim import NETWORKS, simulate
 from commdsl.sim.gantt import fits, gantt_lines
 from commdsl.sim.models import DEFAULT_NETWORK
@@ -67,15 +68,20 @@ def add_sampling_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    program = load_from_args(args)
-    machine = machine_from_args(args)
-    result = simulate(program, machine, args.network, samples=args.samples, seed=args.seed)
-    if args.trace:
-        try:
-            result.timeline.write(args.trace, program.streams)
-        except OSError as e:
-            raise UsageError(f"cannot write trace {args.trace}: {e}") from None
-    summary = summarize(result)
+    with Progress("commdsl simulate") as progress:
+        progress.phase(f"expanding {args.schedule}")
+        program = load_from_args(args)
+        machine = machine_from_args(args)
+        progress.phase(f"simulating on {machine.name}", unit="ops")
+        result = simulate(program, machine, args.network, samples=args.samples, seed=args.seed, progress=progress.update)
+        if args.trace:
+            progress.phase(f"writing the trace {args.trace}")
+            try:
+                result.timeline.write(args.trace, program.streams)
+            except OSError as e:
+                raise UsageError(f"cannot write trace {args.trace}: {e}") from None
+        progress.phase("summarising")
+        summary = summarize(result)
     if args.json:
         print(json.dumps(summary.to_json(), indent=1))
         return 0

@@ -14,54 +14,72 @@ import sys
 
 from commdsl.errors import CommdslError, UsageError, require_output_folder
 from commdsl.run.config import BackendChoice, DurationMode, RunConfig
+from commdsl.run.launch import ArgumentRecorder
 
 PROG = "torchrun --nproc_per_node=N -m commdsl.run"
 
 
-class _ArgumentParser(argparse.ArgumentParser):
+class UsageParser(argparse.ArgumentParser):
+    """argparse whose errors are commdsl usage errors (exit code 2) pointing at `help_command`."""
+
+    def __init__(self, *args, help_command: str, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.help_command = help_command
+
     def error(self, message: str):  # type: ignore[override]
-        raise UsageError(message, hint="see `python -m commdsl.run --help`")
+        raise UsageError(message, hint=f"see `{self.help_command}`")
+
+
+DESCRIPTION = ("Run a commdsl schedule for real with torch.distributed and write the measured timeline "
+               "(Chrome-trace JSON with the simulator's op ids). See docs/executor.md.")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = _ArgumentParser(
-        prog=PROG,
-        description="Run a commdsl schedule for real with torch.distributed and write the measured timeline "
-        "(Chrome-trace JSON with the simulator's op ids). See docs/executor.md.",
-    )
-    p.add_argument("schedule", help="schedule file, or the name of a bundled schedule")
-    p.add_argument("-p", "--param", action="append", default=[], metavar="KEY=VALUE", help="override a param (repeatable)")
-    p.add_argument("--out", default="measured.json", help="measured timeline, written by rank 0 (default: measured.json)")
-    p.add_argument("--warmup", type=int, default=2, metavar="K", help="warm-up iterations (default 2)")
-    p.add_argument("--iters", type=int, default=5, metavar="N", help="measured iterations; spans are per-op medians (default 5)")
-    p.add_argument("--check", action="store_true", help="fill rank-dependent values and verify every communication result")
-    p.add_argument("--timeout", type=float, default=60.0, metavar="S",
-                   help="watchdog: an op unfinished S seconds after it was issued stops every rank (default 60)")  # fmt: skip
-    p.add_argument("--backend", choices=[b.value for b in BackendChoice], default="auto",
-                   help="auto: NCCL with one GPU per rank where CUDA is available, else gloo")  # fmt: skip
-    p.add_argument("--duration-mode", choices=[m.value for m in DurationMode], default="busy",
-                   help="compute with an explicit duration: calibrated matmuls (busy) or, on CPU, sleep")  # fmt: skip
-    p.add_argument("--values", metavar="FILE", help="YAML: explicit input values per tensor name and rank (implies per-op buffers)")
-    p.add_argument("--dump-values", metavar="FILE", help="rank 0 writes every comm op's input and output values (JSON)")
-    p.add_argument("--records", metavar="FILE",
-                   help="rank 0 also writes every measured iteration's op start and end times (JSON), behind the per-op medians")  # fmt: skip
-    p.add_argument("--no-validate", action="store_true",
-                   help="skip the static matching checks (to reproduce a hang on purpose)")  # fmt: skip
-    p.add_argument("--max-ops", type=int, default=None, metavar="N", help="fail if the schedule expands to more than N ops")
-    p.add_argument("-q", "--quiet", action="store_true", help="print nothing on success")
-    p.add_argument("--compare", action="store_true",
-                   help="after the run, simulate the same schedule and print predicted vs measured")  # fmt: skip
-    p.add_argument("--machine", metavar="NAME|PATH", default=None,
-                   help="machine for --compare (default: cpu-loopback on gloo, the simulator's default on NCCL; "
-                   "best: a file from `torchrun -m commdsl.calibrate`)")  # fmt: skip
-    p.add_argument("--network", default="analytic", help="network model for --compare (default analytic)")
+    p = UsageParser(prog=PROG, description=DESCRIPTION, help_command="python -m commdsl.run --help")
+    add_arguments(p)
     return p
 
 
+def add_arguments(p: argparse.ArgumentParser) -> list[argparse.Action]:
+    """The run's options (also `commdsl run`'s); returns the actions added, in order."""
+    add = ArgumentRecorder(p)
+    add("schedule", help="schedule file, or the name of a bundled schedule")
+    add("-p", "--param", action="append", default=[], metavar="KEY=VALUE", help="override a param (repeatable)")
+    add("--out", default="measured.json", help="measured timeline, written by rank 0 (default: measured.json)")
+    add("--warmup", type=int, default=2, metavar="K", help="warm-up iterations (default 2)")
+    add("--iters", type=int, default=5, metavar="N", help="measured iterations; spans are per-op medians (default 5)")
+    add("--check", action="store_true", help="fill rank-dependent values and verify every communication result")
+    add("--timeout", type=float, default=60.0, metavar="S",
+        help="watchdog: an op unfinished S seconds after it was issued stops every rank (default 60)")  # fmt: skip
+    add("--backend", choices=[b.value for b in BackendChoice], default="auto",
+        help="auto: NCCL with one GPU per rank where CUDA is available, else gloo")  # fmt: skip
+    add("--duration-mode", choices=[m.value for m in DurationMode], default="busy",
+        help="compute with an explicit duration: calibrated matmuls (busy) or, on CPU, sleep")  # fmt: skip
+    add("--values", metavar="FILE", help="YAML: explicit input values per tensor name and rank (implies per-op buffers)")
+    add("--dump-values", metavar="FILE", help="rank 0 writes every comm op's input and output values (JSON)")
+    add("--records", metavar="FILE",
+        help="rank 0 also writes every measured iteration's op start and end times (JSON), behind the per-op medians")  # fmt: skip
+    add("--no-validate", action="store_true",
+        help="skip the static matching checks (to reproduce a hang on purpose)")  # fmt: skip
+    add("--max-ops", type=int, default=None, metavar="N", help="fail if the schedule expands to more than N ops")
+    add("-q", "--quiet", action="store_true", help="print nothing on success")
+    add("--compare", action="store_true",
+        help="after the run, simulate the same schedule and print predicted vs measured")  # fmt: skip
+    add("--machine", metavar="NAME|PATH", default=None,
+        help="machine for --compare (default: cpu-loopback on gloo, the simulator's default on NCCL; "
+        "best: a file from `commdsl calibrate -n N --out FILE`)")  # fmt: skip
+    add("--network", default="analytic", help="network model for --compare (default analytic)")
+    return add.actions
+
+
 def parse_config(argv: list[str] | None) -> RunConfig:
+    return config_from_args(build_parser().parse_args(argv))
+
+
+def config_from_args(a: argparse.Namespace) -> RunConfig:
+    """The run's settings from parsed options (`add_arguments`), every value checked."""
     from commdsl.cli import parse_overrides
 
-    a = build_parser().parse_args(argv)
     if a.warmup < 0:
         raise UsageError(f"--warmup must be >= 0, got {a.warmup}")
     if a.iters < 1:

@@ -6,12 +6,13 @@
   so work runs at the rate the machine model lists for that dtype; other dtypes
   (int8, fp8, ...) run in the device's default float type.
 * Explicit duration (`compute F 2ms`, which wins over FLOPs): a matrix multiply
-  repeated as many times as start-up calibration says fits the duration; on CPU, a
-  256 x 256 multiply for the bulk and a 64 x 64 one for the remainder. Calibration
-  times the multiplies on this rank while the other ranks calibrate too, so it sees the
-  contention of a shared CPU; it cannot foresee comm threads competing later, so on
-  an oversubscribed CPU durations stretch (see docs/executor.md). `--duration-mode
-  sleep` makes the (CPU) stream sleep instead: exact, but no real work.
+  repeated as many times as the block's timing says fits the duration; on CPU, a
+  256 x 256 multiply for the bulk and a 64 x 64 one for the remainder. `time_blocks`
+  times the multiplies on this rank while the other ranks time theirs too, so it sees
+  the contention of a shared CPU; `compute_timing` agrees on one time per host and
+  re-checks it between iterations. Comm threads competing later still stretch
+  durations on an oversubscribed CPU, and the run says so (see docs/executor.md).
+  `--duration-mode sleep` makes the (CPU) stream sleep instead: exact, but no real work.
 * Bytes only (`compute C bytes=1GiB`): a device-memory copy that reads and writes
   size/2 bytes each.
 
@@ -67,6 +68,17 @@ def compute_threads(device: torch.device) -> int | None:
     return 1 if device.type == "cpu" and "OMP_NUM_THREADS" not in os.environ else None
 
 
+STABLE_WITHIN = 0.05
+STABLE_ATTEMPTS = 5
+"""Start-up timing of a duration block is repeated until two timings in a row agree
+within STABLE_WITHIN (relative), at most STABLE_ATTEMPTS times (`Kernels.time_blocks`)."""
+
+
+def _agree(timings: list[float], within: float) -> bool:
+    """Whether the (two) timings agree within `within` of the smaller."""
+    return len(timings) == 2 and abs(timings[0] - timings[1]) <= within * min(timings)
+
+
 MATMUL_DTYPES = {Dtype.FP32: torch.float32, Dtype.BF16: torch.bfloat16, Dtype.FP16: torch.float16, Dtype.FP64: torch.float64}
 """Op dtypes whose FLOP-sized work runs as matmuls of that very dtype."""
 
@@ -107,7 +119,8 @@ class Kernels:
         self.blocks = DURATION_BLOCKS_CPU if device.type == "cpu" else DURATION_BLOCKS_CUDA
         self.flop_block = flop_block(device.type)
         self.cal_us: dict[int, float] = {}
-        """Per duration block side, the measured time of one multiply, microseconds."""
+        """Per duration block side, the time of one multiply the ops are sized with (us):
+        `calibrate`'s own timing, or the host's agreed one (`compute_timing`)."""
 
     def set_thread_count(self) -> None:
         """Apply `threads` to the calling thread: first thing on every compute thread."""
@@ -171,16 +184,30 @@ class Kernels:
             dst[: spec.copy_bytes].copy_(src[: spec.copy_bytes])
 
     def calibrate(self, rounds: int = 7, round_us: float = 2000.0) -> float:
-        """Time one multiply of each duration block (median of `rounds` rounds of about
-        `round_us` each); returns the bulk block's microseconds per multiply."""
+        """Time the duration blocks (`time_blocks`) and size duration work from them;
+        returns the bulk block's microseconds per multiply."""
+        self.cal_us = self.time_blocks(rounds, round_us)
+        return self.cal_us[self.blocks[0]]
+
+    def time_blocks(self, rounds: int = 7, round_us: float = 2000.0, *, stable_within: float = STABLE_WITHIN,
+                    attempts: int = STABLE_ATTEMPTS) -> dict[int, float]:  # fmt: skip
+        """Microseconds of one multiply of each duration block, timed on a compute
+        thread: each timing is the median of `rounds` rounds of about `round_us`, and is
+        repeated until two in a row agree within `stable_within` (relative), at most
+        `attempts` times; the block's time is the median of its timings. A timing
+        disturbed by a burst of load elsewhere on the machine is then outvoted."""
+        out: dict[int, float] = {}
 
         def measure() -> None:
             for side in self.blocks:
-                us = self._time_block(side, self.dtype, rounds, round_us)
-                self.cal_us[side] = us if math.isfinite(us) and us > 0 else 1.0
+                timings = [self._time_block(side, self.dtype, rounds, round_us)]
+                while len(timings) < attempts and not _agree(timings[-2:], stable_within):
+                    timings.append(self._time_block(side, self.dtype, rounds, round_us))
+                us = statistics.median(timings)
+                out[side] = us if math.isfinite(us) and us > 0 else 1.0
 
         self._on_compute_thread(measure)
-        return self.cal_us.get(self.blocks[0], 0.0)
+        return out
 
     def flop_block_tflops(self, dtypes: list[Dtype], rounds: int = 7, round_us: float = 2000.0) -> dict[Dtype, float]:
         """The FLOP block's rate (TFLOP/s) in each of `dtypes` at start-up, as calibration

@@ -108,10 +108,7 @@ class Executor:
                     self.lead_of[op.index] = op.index
             elif op.kind is OpKind.COPY:
                 self.copies[op.index] = self.pool.copy(op)
-            elif op.kind is OpKind.COMPUTE:
-                spec = setup.kernels.spec(op)
-                setup.kernels.prepare(op.stream, spec)
-                self.kernel[op.index] = spec
+        self.size_compute()
         for op in self.ops:
             if not op.kind.is_comm or self.lead_of[op.index] != op.index:
                 continue
@@ -123,6 +120,16 @@ class Executor:
             size = len(self.program.group(op.group).ranks)
             bufs = tuple(self.pool.comm(m, size) for m in members)
             self.comm[op.index] = make_plan(members, setup.groups[op.group], size, bufs, setup.backend, setup.device)
+
+    def size_compute(self) -> None:
+        """Size every compute op from the kernels' current timing (`Kernels.spec`): at
+        planning, and again between iterations when the timing was re-checked."""
+        kernels = self.setup.kernels
+        for op in self.ops:
+            if op.kind is OpKind.COMPUTE:
+                spec = kernels.spec(op)
+                kernels.prepare(op.stream, spec)
+                self.kernel[op.index] = spec
 
     def leads(self, indices: tuple[int, ...]) -> list[int]:
         """The distinct issuing ops behind a handle's op indices."""

@@ -12,24 +12,28 @@ from __future__ import annotations
 import json
 import os
 import statistics
+import sys
 from dataclasses import asdict
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
+from commdsl.comparison import DURATION_DRIFT_PCT, duration_drifts
 from commdsl.errors import CommdslError, UsageError
 from commdsl.ir import OpKind, Program
+from commdsl.progress import Progress
 from commdsl.run.backend import (DistEnv, all_gather_objects, broadcast_object, connect_store, gather_objects, hostname,
                                  init_distributed, resolve_backend)
 from commdsl.run.check import Checker, CheckError, Fill, load_values
 from commdsl.run.compute import MATMUL_DTYPES, Kernels, compute_threads
+from commdsl.run.compute_timing import ComputeTiming, skew_from_environ
 from commdsl.run.config import DurationMode, RunConfig
 from commdsl.run.executor import Executor, RankSetup, make_executor
 from commdsl.run.tensors import declared_peak_bytes, estimate_bytes
 from commdsl.run.timing import ClockSync, IterRecord, RankResult, build_timeline, iteration_records, measure_clock, now_ns
 from commdsl.run.watchdog import Watchdog
-from commdsl.timeline import FLOP_RATE_META, MEMORY_PEAK_META
+from commdsl.timeline import FLOP_RATE_META, MEMORY_PEAK_META, Timeline
 
 
 def run(config: RunConfig) -> int:
@@ -42,6 +46,7 @@ def run(config: RunConfig) -> int:
     device = torch.device("cuda", env.local_rank) if backend == "nccl" else torch.device("cpu")
     if config.duration_mode is DurationMode.SLEEP and backend == "nccl":
         raise UsageError("--duration-mode sleep is for CPU runs; on GPUs compute runs calibrated matmuls")
+    skew = skew_from_environ()
     values = load_values(config.values_file) if config.values_file else None
     filled = config.check or values is not None or config.dump_values is not None
     _check_memory(program, env, device, per_op=filled)
@@ -64,62 +69,82 @@ def run(config: RunConfig) -> int:
 
     watchdog = Watchdog(wd_store, rank, env.world_size, config.timeout_s, prefix, write_partial)
     watchdog.start()
-    watchdog.phase = ("set-up (clock alignment, calibration)", now_ns())
-    hosts: list[str] = all_gather_objects(hostname(), groups.control, env.world_size)
-    clock = measure_clock(groups.control, rank, env.world_size, hosts)
-    kernels = Kernels(device, config.duration_mode, compute_threads(device))
-    needs_cal = any(op.kind is OpKind.COMPUTE and op.duration_us is not None for op in program.ops[rank])
-    cal_us = kernels.calibrate() if needs_cal and config.duration_mode is DurationMode.BUSY else 0.0
-    flop_dtypes = sorted({op.dtype for op in program.ops[rank] if op.kind is OpKind.COMPUTE and op.duration_us is None
-                          and op.flops and op.dtype in MATMUL_DTYPES}, key=lambda d: d.value)  # fmt: skip
-    flop_tflops = {d.value: round(r, 6) for d, r in kernels.flop_block_tflops(flop_dtypes).items()}
-    fill = Fill(values, config.values_file or "")
-    try:
-        checker = Checker(program, rank, fill) if filled else None
-        setup = RankSetup(program, rank, backend, device, groups.by_id, groups.control, config, kernels, checker)
-        executor: Executor = make_executor(setup)
-    except CommdslError as err:
-        watchdog.abort([err.format()], err.exit_code)
-        raise
-    meta = {
-        "params": dict(program.params), "backend": backend, "device": device.type, "torch": torch.__version__,
-        "warmup": config.warmup, "iters": config.iters, "stat": "median", "check": config.check,
-        "duration_mode": config.duration_mode.value, "hosts": hosts,
-    }  # fmt: skip
-    results_holder["meta"] = meta
-    watchdog.partial_payload = lambda: {"rank": rank, "clock": asdict(clock), "record": asdict(executor.rec)}
-    watchdog.executor = executor
-    watchdog.phase = None
+    with Progress("commdsl run", enabled=rank == 0 and not config.quiet) as progress:
+        progress.phase("setting up: clock alignment, compute timing, buffers")
+        watchdog.phase = ("set-up (clock alignment, calibration)", now_ns())
+        hosts: list[str] = all_gather_objects(hostname(), groups.control, env.world_size)
+        clock = measure_clock(groups.control, rank, env.world_size, hosts)
+        kernels = Kernels(device, config.duration_mode, compute_threads(device))
+        # Every rank times the duration blocks if any rank runs duration-sized compute: the
+        # timings are shared (collectives), and every rank's timing helps its host agree.
+        timing = None
+        if config.duration_mode is DurationMode.BUSY and any(
+            op.kind is OpKind.COMPUTE and op.duration_us is not None for op in program.all_ops()
+        ):
+            timing = ComputeTiming(kernels, groups.control, rank, env.world_size, hosts, skew)
+            timing.start()
+        flop_dtypes = sorted({op.dtype for op in program.ops[rank] if op.kind is OpKind.COMPUTE and op.duration_us is None
+                              and op.flops and op.dtype in MATMUL_DTYPES}, key=lambda d: d.value)  # fmt: skip
+        flop_tflops = {d.value: round(r, 6) for d, r in kernels.flop_block_tflops(flop_dtypes).items()}
+        fill = Fill(values, config.values_file or "")
+        try:
+            checker = Checker(program, rank, fill) if filled else None
+            setup = RankSetup(program, rank, backend, device, groups.by_id, groups.control, config, kernels, checker)
+            executor: Executor = make_executor(setup)
+        except CommdslError as err:
+            watchdog.abort([err.format()], err.exit_code)
+            raise
+        meta = {
+            "params": dict(program.params), "backend": backend, "device": device.type, "torch": torch.__version__,
+            "warmup": config.warmup, "iters": config.iters, "stat": "median", "check": config.check,
+            "duration_mode": config.duration_mode.value, "hosts": hosts,
+        }  # fmt: skip
+        results_holder["meta"] = meta
+        watchdog.partial_payload = lambda: {"rank": rank, "clock": asdict(clock), "record": asdict(executor.rec)}
+        watchdog.executor = executor
+        watchdog.phase = None
 
-    records: list[IterRecord] = []
-    failures: list[str] = []
-    values_dump: dict = {}
-    cuda_base = 0
-    try:
-        for it in range(config.warmup + config.iters):
-            if it == config.warmup:  # memory peaks count the measured iterations
-                executor.memory.reset_peak()
-                if device.type == "cuda":
-                    torch.cuda.reset_peak_memory_stats(device)
-                    cuda_base = torch.cuda.memory_allocated(device)
-            rec = executor.run_iteration()
-            if it >= config.warmup:
-                records.append(rec)
-            if not failures:
-                failures = executor.verify()
-        if config.dump_values:
-            values_dump = executor.dump_values()
-    except CommdslError as err:
-        watchdog.abort([f"rank {rank}: " + err.format()], err.exit_code)
+        records: list[IterRecord] = []
+        failures: list[str] = []
+        values_dump: dict = {}
+        cuda_base = 0
+        total = config.warmup + config.iters
+        checking = ", checking every result" if filled else ""
+        progress.phase(f"running {config.warmup} warm-up + {config.iters} measured iterations{checking}", total=total, unit="iterations")
+        try:
+            for it in range(total):
+                if timing is not None and it > 0:
+                    watchdog.phase = ("re-checking the compute timing (waiting for the other ranks)", now_ns())
+                    if timing.recheck(it):
+                        executor.size_compute()
+                    watchdog.phase = None
+                if it == config.warmup:  # memory peaks count the measured iterations
+                    executor.memory.reset_peak()
+                    if device.type == "cuda":
+                        torch.cuda.reset_peak_memory_stats(device)
+                        cuda_base = torch.cuda.memory_allocated(device)
+                rec = executor.run_iteration()
+                if it >= config.warmup:
+                    records.append(rec)
+                if not failures:
+                    failures = executor.verify()
+                progress.advance(1)
+            if config.dump_values:
+                values_dump = executor.dump_values()
+        except CommdslError as err:
+            watchdog.abort([f"rank {rank}: " + err.format()], err.exit_code)
 
-    watchdog.phase = ("gathering results on rank 0 (waiting for the other ranks)", now_ns())
-    memory = {}
-    if any(op.kind is OpKind.ALLOC for op in program.ops[rank]):
-        memory = {"peak_bytes": executor.memory.peak_bytes, "live_at_peak": executor.memory.live_at_peak}
-        if device.type == "cuda":
-            memory["cuda_peak_bytes"] = torch.cuda.max_memory_allocated(device) - cuda_base
-    mine = RankResult(rank, clock, records, failures, values_dump, cal_us, flop_tflops, memory)
-    gathered: list[RankResult] | None = gather_objects(mine, groups.control, env.world_size, rank)
+        progress.phase("gathering results on rank 0")
+        watchdog.phase = ("gathering results on rank 0 (waiting for the other ranks)", now_ns())
+        if timing is not None:
+            meta["compute_timing"] = timing.meta()
+        memory = {}
+        if any(op.kind is OpKind.ALLOC for op in program.ops[rank]):
+            memory = {"peak_bytes": executor.memory.peak_bytes, "live_at_peak": executor.memory.live_at_peak}
+            if device.type == "cuda":
+                memory["cuda_peak_bytes"] = torch.cuda.max_memory_allocated(device) - cuda_base
+        mine = RankResult(rank, clock, records, failures, values_dump, kernels.cal_us.get(kernels.blocks[0], 0.0), flop_tflops, memory)
+        gathered: list[RankResult] | None = gather_objects(mine, groups.control, env.world_size, rank)
     code = 0
     if rank == 0:
         code = _report(program, config, gathered, meta)
@@ -171,11 +196,39 @@ def _report(program: Program, config: RunConfig, results: list[RankResult], meta
             n = sum(1 for op in program.all_ops() if op.kind.is_comm)
             lines.append(f"check: {n} communication results on {len(results)} rank(s): "
                          + ("all correct" if not failures else f"{len(failures)} wrong"))  # fmt: skip
+        lines += _duration_lines(tl, warn=not config.compare)  # --compare's comparison warns itself
         lines.append(f"measured timeline: {out} ({len(tl.exec_spans())} ops); open it in Perfetto or `commdsl compare`")
         print("\n".join(lines), flush=True)
+    else:  # quiet: still say that the run did not run the schedule's durations
+        for d in duration_drifts(tl):
+            if d.drifted:
+                print(f"warning: {d.warning()}", file=sys.stderr, flush=True)
     if config.compare:
         _compare(program, config, tl, meta)
     return 1 if failures else 0
+
+
+def _duration_lines(tl: Timeline, *, warn: bool) -> list[str]:
+    """The summary's lines on compute with explicit durations: the compute block's timing
+    (`ComputeTiming.meta`), how the ops ran against their requested durations, and (with
+    `warn`) a warning for every rank whose ops ran more than DURATION_DRIFT_PCT off."""
+    timing = tl.meta.get("compute_timing")
+    drifts = duration_drifts(tl)
+    lines = []
+    if timing:
+        bulk = str(timing["blocks"][0])
+        used = sorted({t[bulk] for t in timing["used_us"].values()})
+        startup = ", ".join(f"{t[bulk]:.1f}" for _, t in sorted(timing["startup_us"].items(), key=lambda rt: int(rt[0])))
+        resized = len(timing["adopted"])
+        lines.append(f"compute timing: a {bulk}x{bulk} matmul takes {', '.join(f'{u:.1f}' for u in used)} us (ranks timed "
+                     f"{startup} us at start-up; each host takes its ranks' lower median), re-checked {timing['rechecks']} "
+                     f"time(s) between iterations, ops re-sized {resized} time(s)")  # fmt: skip
+    if drifts:
+        lines.append("compute with explicit durations ran " + ", ".join(f"x{d.median_ratio:.2f} on rank {d.rank}" for d in drifts)
+                     + f" of the requested durations (median; {DURATION_DRIFT_PCT:g}% is tolerated)")  # fmt: skip
+    if warn:
+        lines += [f"warning: {d.warning()}" for d in drifts if d.drifted]
+    return lines
 
 
 def _compare(program: Program, config: RunConfig, measured, meta: dict) -> None:
@@ -193,7 +246,9 @@ def _compare(program: Program, config: RunConfig, measured, meta: dict) -> None:
     # A machine with random compute stalls is sampled as often as the run iterated: both
     # sides are then per-op medians over as many draws.
     samples = config.iters if machine.compute_noise is not None else 1
-    predicted = simulate(program, machine, config.network, samples=samples).timeline
+    with Progress("commdsl run --compare") as progress:
+        progress.phase(f"simulating on {machine_name}", unit="ops")
+        predicted = simulate(program, machine, config.network, samples=samples, progress=progress.update).timeline
     console = Console(highlight=False)
     drawn = f", median of {samples} samples" if samples > 1 else ""
     console.print(f"\npredicted on {machine_name} ({config.network} network{drawn}) vs measured:")

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -28,7 +29,7 @@ import torch.distributed as dist
 
 from commdsl.ir import HOST_STREAM, Op, OpKind, Program
 from commdsl.run.check import match_p2p
-from commdsl.timeline import COMM_TRACK_PREFIX, Flow, Span, SpanRole, Timeline, comm_span_args, nccl_kernel_name, op_span_args
+from commdsl.timeline import COMM_TRACK_PREFIX, REQUESTED_DURATION_ARG, Flow, Span, SpanRole, Timeline, comm_span_args, gloo_span_name, nccl_kernel_name, op_span_args
 
 now_ns = time.monotonic_ns
 
@@ -147,12 +148,25 @@ def iteration_records(program: Program, results: list[RankResult]) -> dict:
     return {"schedule": program.name, "world_size": program.world_size, "iterations": iterations}
 
 
+def measured_comm_name(backend: str) -> Callable[[Op], str]:
+    """How a run names its comm ops' spans: by the backend that ran them (every comm op
+    runs on the run's backend, whatever transport it declares). NCCL ops take the kernel
+    name the PyTorch profiler shows (`ncclDevKernel_...`), gloo ops `gloo:<kind>`, as
+    the simulator names them."""
+    if backend == "nccl":
+        return nccl_kernel_name
+    if backend == "gloo":
+        return gloo_span_name
+    raise ValueError(f"no span names for backend {backend!r} (known: nccl, gloo)")
+
+
 def build_timeline(program: Program, results: list[RankResult], meta: dict, *, now: int | None = None) -> Timeline:
     """Merge the ranks' records into one measured Timeline (rank 0).
 
     With `now` (a partial timeline after a hang), unfinished ops that started end at
     `now` and are marked `state: running`; ops never started get no EXEC span."""
     tl = Timeline("measured", program.name, program.world_size, meta=meta)
+    comm_name = measured_comm_name(meta["backend"])
     by_rank = {r.rank: r for r in results}
     origins = iteration_origins(results)
     iters = len(origins)
@@ -172,9 +186,11 @@ def build_timeline(program: Program, results: list[RankResult], meta: dict, *, n
             track = exec_track(op)
             group_size = len(program.group(op.group).ranks) if op.group else 0
             if op.kind.is_comm:
-                name, args = nccl_kernel_name(op), comm_span_args(op, group_size)
+                name, args = comm_name(op), comm_span_args(op, group_size)
             else:
                 name, args = op.name, op_span_args(op)
+                if op.kind is OpKind.COMPUTE and op.duration_us is not None:
+                    args += ((REQUESTED_DURATION_ARG, op.duration_us),)
             started = [(rec.exec_start[i], rec.exec_end[i], o) for rec, o in recs if rec.exec_start[i]]
             if started:
                 state = ()

@@ -43,6 +43,7 @@ from __future__ import annotations
 import random
 from array import array
 from collections import deque
+from collections.abc import Callable
 
 import simpy
 
@@ -64,6 +65,8 @@ _COMPUTE, _COPY, _SEND, _RECV, _WAIT, _WAIT_EVENT, _HOST_OP, _SYNCHRONIZE = (
 )  # fmt: skip
 _GLOO = Transport.GLOO
 _NCCL = Transport.NCCL
+PROGRESS_EVENTS = 20_000
+"""`Engine.run` with a progress callback reports after every this many SimPy events."""
 
 
 class Engine:
@@ -112,11 +115,24 @@ class Engine:
 
     # ---- running --------------------------------------------------------------------
 
-    def run(self) -> RawResult:
+    def run(self, progress: Callable[[int], None] | None = None) -> RawResult:
+        """Simulate to the end. `progress`, if given, hears the number of ops done every
+        PROGRESS_EVENTS events and at the end; without it the simulation runs at full
+        speed, as `env.run()`."""
         for h in self.hosts:
             self._kick(h)
         self._drain()
-        self.env.run()
+        if progress is None:
+            self.env.run()
+        else:
+            step, state = self.env.step, self.state
+            try:
+                while True:
+                    for _ in range(PROGRESS_EVENTS):
+                        step()
+                    progress(state.count(DONE))
+            except simpy.core.EmptySchedule:
+                progress(state.count(DONE))
         return RawResult(self.ops, self.base, self.issue_start, self.issue_end, self.start, self.end, self.state, self.cause, self.partner, self.algos,
                          self.protos)  # fmt: skip
 

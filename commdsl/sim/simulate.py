@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 import statistics
 from array import array
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -17,7 +18,8 @@ from commdsl.sim.entities import ALGOS, PROTOS, RawResult
 from commdsl.sim.memory import check_memory, memory_counters, memory_profile
 from commdsl.sim.models import DEFAULT_NETWORK, NETWORKS
 from commdsl.sim.network import FlowStat, LinkStat, Network
-from commdsl.timeline import COMM_TRACK_PREFIX, MEMORY_PEAK_META, CounterSample, Flow, Span, SpanRole, Timeline, comm_span_args, nccl_kernel_name, op_span_args
+from commdsl.timeline import (COMM_TRACK_PREFIX, MEMORY_PEAK_META, CounterSample, Flow, Span, SpanRole, Timeline, comm_span_args,
+                              gloo_span_name, nccl_kernel_name, op_span_args)
 
 if TYPE_CHECKING:
     from commdsl.sim.summary import Summary
@@ -92,10 +94,15 @@ class SimResult:
         return self._timeline
 
 
-def simulate(program: Program, machine: Machine, network: str = DEFAULT_NETWORK, *, samples: int = 1, seed: int = 0) -> SimResult:
+def simulate(program: Program, machine: Machine, network: str = DEFAULT_NETWORK, *, samples: int = 1, seed: int = 0,
+             progress: Callable[[int, int], None] | None = None) -> SimResult:  # fmt: skip
     """Simulate `program` on `machine`. Raises `DeadlockError` if it cannot finish and
     `MemoryExceededError` if a rank's declared buffers outgrow its device's memory.
     The timeline is built when `SimResult.timeline` is first read.
+
+    `progress`, if given, hears (ops simulated so far, ops to simulate in all) every few
+    thousand events (`Engine.run`); a sampled simulation simulates the program
+    `samples` + 1 times.
 
     With `samples` > 1 the machine's random compute stalls (`Machine.compute_noise`) are
     drawn, one independent run per sample (seeds seed, seed + 1, ...), and the result
@@ -123,21 +130,31 @@ def simulate(program: Program, machine: Machine, network: str = DEFAULT_NETWORK,
             f"machine {machine.name} has {machine.num_devices} devices but the schedule has {program.world_size} ranks; "
             f"the {network} network connects every pair of ranks like the machine's own devices"
         )
+    runs = 1 if samples == 1 else samples + 1
+    ops = sum(len(rank_ops) for rank_ops in program.ops)
+
+    def run_progress(i: int) -> Callable[[int], None] | None:
+        """The engine's callback of the i-th simulation of the program."""
+        return None if progress is None else lambda done: progress(i * ops + done, runs * ops)
+
+    if progress is not None:
+        progress(0, runs * ops)
+
     if samples == 1:
-        raw, engine = _run(program, machine, network, None)
+        raw, engine = _run(program, machine, network, None, run_progress(0))
         check_memory(raw, machine)
         return SimResult(program, machine, network, raw, engine.network.meta(), critical_path(raw), _makespan(raw), warnings,
                          engine.network, engine.nominal_us)  # fmt: skip
     # Keep only each sample's times (32 bytes per op), not its engine (~800).
     makespans, times = [], []
     for i in range(samples):
-        raw, _ = _run(program, machine, network, random.Random(seed + i))
+        raw, _ = _run(program, machine, network, random.Random(seed + i), run_progress(i))
         makespans.append(_makespan(raw))
         times.append((raw.issue_start, raw.issue_end, raw.start, raw.end))
     # The median sample stands for the run (its causes, flows and links): run again from
     # its seed, which draws the same stalls.
     median = sorted(range(samples), key=makespans.__getitem__)[(samples - 1) // 2]
-    like, engine = _run(program, machine, network, random.Random(seed + median))
+    like, engine = _run(program, machine, network, random.Random(seed + median), run_progress(samples))
     columns = [array("d", map(statistics.median, zip(*(t[k] for t in times)))) for k in range(4)]
     raw = RawResult(like.ops, like.base, *columns, like.state, like.cause, like.partner, like.algos, like.protos)
     check_memory(raw, machine)
@@ -146,9 +163,10 @@ def simulate(program: Program, machine: Machine, network: str = DEFAULT_NETWORK,
                      engine.network, engine.nominal_us, sampling)  # fmt: skip
 
 
-def _run(program: Program, machine: Machine, network: str, rng: random.Random | None) -> tuple[RawResult, Engine]:
+def _run(program: Program, machine: Machine, network: str, rng: random.Random | None,
+         progress: Callable[[int], None] | None = None) -> tuple[RawResult, Engine]:  # fmt: skip
     engine = Engine(program, machine, NETWORKS[network], rng)
-    raw = engine.run()
+    raw = engine.run(progress)
     if engine.unfinished():
         raise deadlock_error(engine)
     return raw, engine
@@ -161,11 +179,12 @@ def _makespan(raw: RawResult) -> float:
     return makespan
 
 
-def check_deadlock(program: Program) -> None:
+def check_deadlock(program: Program, progress: Callable[[int, int], None] | None = None) -> None:
     """Raise `DeadlockError` if `program` cannot finish. Whether it finishes does not
     depend on durations, so this simulates on a timeless machine with the analytic
-    network: fast, and independent of machine rates (a missing rate cannot fail a check)."""
-    simulate(program, timeless_machine(), "analytic")
+    network: fast, and independent of machine rates (a missing rate cannot fail a check).
+    `progress` as `simulate`'s."""
+    simulate(program, timeless_machine(), "analytic", progress=progress)
 
 
 def critical_path(raw: RawResult) -> list[int]:
@@ -263,7 +282,7 @@ def _comm_name(op: Op, algo: str, proto: Protocol | None) -> str:
         # NCCL calls the pipelined chain of broadcast/reduce RING.
         return nccl_kernel_name(op, "ring" if algo == "chain" else algo if op.kind.is_collective else None, protocol)
     if op.transport is Transport.GLOO:
-        return f"gloo:{op.kind.value}"
+        return gloo_span_name(op)
     return "Memcpy PtoP (Device -> Device)"
 
 

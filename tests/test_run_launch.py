@@ -1,0 +1,143 @@
+"""`commdsl run FILE -n N` and `commdsl calibrate -n N`: the ranks start through torch's
+elastic launcher; errors end in one commdsl message and the rank's exit code, with no
+launcher traceback."""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+
+import pytest
+
+from commdsl.calibrate import main as calibrate_main
+from commdsl.comparison import duration_drifts
+from commdsl.progress import PROGRESS_INTERVAL_ENV
+from commdsl.run import cli as run_cli
+from commdsl.run.launch import rank_argv
+from commdsl.timeline import Timeline
+
+try:
+    from test_run_support import DATA, Launch, processes_mentioning, run_in_group
+except ImportError:  # tests/ imported as a package
+    from tests.test_run_support import DATA, Launch, processes_mentioning, run_in_group
+
+SMALL = ["-p", "stages=2", "-p", "microbatches=3", "-p", "act=64KiB"]
+
+
+def commdsl(args: list[str], *, timeout_s: float = 180, env: dict[str, str] | None = None) -> Launch:
+    """The commdsl CLI in its own process group (killed as a whole on timeout)."""
+    return run_in_group([sys.executable, "-m", "commdsl.cli", *args], timeout_s=timeout_s, env=env)
+
+
+def _no_traceback(stderr: str) -> None:
+    assert "Traceback" not in stderr and "ChildFailedError" not in stderr, stderr
+
+
+def test_run_launches_the_ranks_and_shows_progress_when_piped(tmp_path):
+    out = tmp_path / "m.json"
+    r = commdsl(["run", "1f1b", "-n", "2", *SMALL, "--check", "--out", str(out), "--warmup", "1", "--iters", "2", "--compare"],
+                env={PROGRESS_INTERVAL_ENV: "0.01"})  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert "1f1b: 2 rank(s), gloo (cpu), 1 warm-up + 2 measured iteration(s)" in r.stdout
+    assert "check: 12 communication results on 2 rank(s): all correct" in r.stdout
+    # --compare on the default preset says it is no calibration of this machine, and how to make one.
+    said = " ".join(r.stdout.split())
+    assert "warning: machine cpu-loopback is not calibrated" in said
+    assert "`commdsl calibrate -n 2 --out my.yaml` (or `--quick`: a rough file in a minute or two), then use `--machine my.yaml`" in said
+    assert "commdsl run: running 1 warm-up + 2 measured iterations, checking every result" in r.stderr
+    assert "Failed to initialize NumPy" not in r.stderr  # numpy comes with the run extra
+    _no_traceback(r.stderr)
+    tl = Timeline.read(out)
+    assert tl.world_size == 2 and tl.meta["iters"] == 2
+
+
+def test_run_without_n_starts_the_schedules_world_and_sleeping_durations_need_no_timing(tmp_path):
+    out = tmp_path / "m.json"
+    r = commdsl(["run", "1f1b", *SMALL, "--duration-mode", "sleep", "--out", str(out), "--warmup", "0", "--iters", "1"])
+    assert r.returncode == 0, r.stderr
+    assert "1f1b: 2 rank(s)" in r.stdout
+    tl = Timeline.read(out)
+    assert "compute_timing" not in tl.meta and "compute timing:" not in r.stdout  # sleeping ops time no block
+    assert {d.rank for d in duration_drifts(tl)} == {0, 1}  # and are held to their durations too
+
+
+@pytest.mark.parametrize(
+    "args, code, message",
+    [
+        # Caught before any rank starts.
+        (["1f1b", "-n", "2"], 2, "usage error: the schedule has 4 ranks, -n asks for 2"),
+        (["1f1b", "-n", "2", *SMALL, "--iters", "0"], 2, "--iters must be >= 1, got 0"),
+        ([str(DATA / "seed000_hang.yaml"), "-n", "2"], 1, "seed000_hang.yaml:9"),
+        # Caught by the ranks: the launcher passes their exit code on, and nothing else.
+        (["1f1b", "-n", "2", *SMALL, "--backend", "nccl"], 2, "--backend nccl needs a CUDA build of torch and a GPU"),
+    ],
+)
+def test_errors_are_one_message_and_the_right_exit_code(args, code, message, tmp_path):
+    r = commdsl(["run", *args, "--out", str(tmp_path / "m.json")], timeout_s=120)
+    assert r.returncode == code, r.stderr
+    assert message in r.stderr
+    _no_traceback(r.stderr)
+    assert r.stderr.count("error") == 1, r.stderr  # one message, said once (by rank 0)
+
+
+def test_a_hang_exits_with_the_watchdogs_code(tmp_path):
+    out = tmp_path / "partial.json"
+    r = commdsl(["run", str(DATA / "seed000_hang.yaml"), "-n", "2", "--no-validate", "--timeout", "3", "--out", str(out),
+                 "--warmup", "0", "--iters", "1"], timeout_s=120)  # fmt: skip
+    assert r.returncode == 3, r.stderr
+    assert "rank 1: stuck on op 1:1 recv t from rank 0" in r.stderr and "partial timeline written" in r.stderr
+    _no_traceback(r.stderr)
+    assert processes_mentioning(str(out)) == [], "orphan processes remain"
+
+
+def test_run_without_torch_says_how_to_install_it():
+    probe = ("import sys; sys.modules['torch'] = None\nfrom commdsl.cli import main\n"
+             "raise SystemExit(main(['run', '1f1b', '-p', 'stages=2']))")  # fmt: skip
+    r = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2
+    assert "`commdsl run` runs ranks with torch.distributed, and torch is not installed here" in r.stderr
+    assert 'pip install "commdsl[run]"' in r.stderr
+    _no_traceback(r.stderr)
+
+
+def _round_trip(add_arguments, argv: list[str]) -> None:
+    parser = argparse.ArgumentParser()
+    actions = add_arguments(parser)
+    args = parser.parse_args(argv)
+    again = parser.parse_args(rank_argv(actions, args))
+    assert vars(again) == vars(args)
+
+
+@pytest.mark.parametrize("argv", [
+    ["1f1b"],
+    ["my schedule.yaml", "-p", "stages=2", "-p", "act=-1MiB", "--check", "--timeout", "2.5", "--iters", "3", "-q",
+     "--compare", "--machine", "m.yaml", "--network", "flow", "--max-ops", "10"],
+])  # fmt: skip
+def test_the_ranks_get_the_options_they_were_given(argv):
+    _round_trip(run_cli.add_arguments, argv)
+
+
+def test_calibrates_options_reach_the_ranks():
+    _round_trip(calibrate_main.add_arguments, ["--out", "m.yaml", "--quick", "--max-size", "64KiB", "--warm-up", "0.5",
+                                               "--matmul-sizes", "32,64", "--repeats", "3"])  # fmt: skip
+    _round_trip(calibrate_main.add_arguments, ["--out", "m.yaml", "--from-nccl-tests", "a.log", "sendrecv=b.log", "--nccl-algo", "ring"])
+
+
+def test_calibrate_usage_errors_stop_before_any_rank_starts(tmp_path):
+    few = commdsl(["calibrate", "-n", "1", "--out", str(tmp_path / "m.yaml")], timeout_s=60)
+    assert few.returncode == 2 and "calibrate needs at least 2 ranks to measure communication, got -n 1" in few.stderr
+    bad = commdsl(["calibrate", "--out", str(tmp_path / "m.yaml"), "--max-size", "2ms"], timeout_s=60)
+    assert bad.returncode == 2 and "--max-size takes a size" in bad.stderr
+    _no_traceback(few.stderr + bad.stderr)
+
+
+def test_calibrate_from_nccl_tests_logs_starts_no_ranks(tmp_path):
+    """`commdsl calibrate --from-nccl-tests` fits logs in this process: no ranks, no torch."""
+    log = DATA / "nccl_tests" / "h100_all_reduce_g8_ring.log"
+    out = tmp_path / "cluster.yaml"
+    probe = ("import sys; sys.modules['torch'] = None\nfrom commdsl.cli import main\n"
+             f"raise SystemExit(main(['calibrate', '--from-nccl-tests', {str(log)!r}, '--out', {str(out)!r}, '--machine', 'dgx-h100']))")  # fmt: skip
+    r = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert "base machine dgx-h100" in r.stderr and out.is_file()
