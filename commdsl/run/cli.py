@@ -36,7 +36,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--iters", type=int, default=5, metavar="N", help="measured iterations; spans are per-op medians (default 5)")
     p.add_argument("--check", action="store_true", help="fill rank-dependent values and verify every communication result")
     p.add_argument("--timeout", type=float, default=60.0, metavar="S",
-                   help="watchdog: an op unfinished S seconds after it was issued stops every rank (default 60)")  # fmt: skip
+                   help="watchdog: with ops unfinished, no op of a rank finishing for S seconds stops every rank (default 60)")  # fmt: skip
     p.add_argument("--backend", choices=[b.value for b in BackendChoice], default="auto",
                    help="auto: NCCL with one GPU per rank where CUDA is available, else gloo")  # fmt: skip
     p.add_argument("--duration-mode", choices=[m.value for m in DurationMode], default="busy",
