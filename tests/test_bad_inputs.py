@@ -608,6 +608,7 @@ MACHINE = """\
 name: tiny
 device:
   name: test
+  kind: cpu
   peak_tflops: {fp32: 10}
   memory_bandwidth_gb_per_s: 100
   sm_count: 8
@@ -630,43 +631,43 @@ topology:
 
 MACHINE_CASES = [
     # YAML the safe constructor cannot build
-    ("int_empty", "sm_count: 8", 'sm_count: !!int ""', 'invalid YAML value: "" is not a valid !!int', 6, 13),
-    ("bool_maybe", "sm_count: 8", "sm_count: !!bool maybe", "maybe is not a valid !!bool", 6, 13),
-    ("float_empty", "kernel_launch_us: 4", 'kernel_launch_us: !!float ""', 'is not a valid !!float', 7, 19),
+    ("int_empty", "sm_count: 8", 'sm_count: !!int ""', 'invalid YAML value: "" is not a valid !!int', 7, 13),
+    ("bool_maybe", "sm_count: 8", "sm_count: !!bool maybe", "maybe is not a valid !!bool", 7, 13),
+    ("float_empty", "kernel_launch_us: 4", 'kernel_launch_us: !!float ""', 'is not a valid !!float', 8, 19),
     ("bad_timestamp", "name: tiny", "name: !!timestamp 2020-99-99", "is not a valid !!timestamp", 1, 7),
     ("unknown_tag", "name: tiny", "name: !foo bar", "could not determine a constructor for the tag '!foo'", 1, 7),
     ("too_deep", "name: tiny", "name: " + "[" * 3000 + "]" * 3000, "nests lists and mappings more than 64 deep", 1, 70),
     ("too_deep_mapping", "name: tiny", "name: " + "{a: " * 3000 + "1" + "}" * 3000, "more than 64 deep", 1, 259),
     # overflow, infinity, NaN
-    ("int_past_float", "kernel_launch_us: 4", "kernel_launch_us: 1" + "0" * 400, "kernel_launch_us must be a finite number, got 1000", 7, 19),
-    ("nan_latency", "latency_us: 5", "latency_us: .nan", "transports.nccl.latency_us must be a finite number, got .nan", 11, 22),
-    ("inf_noise", "stall_us: 300", "stall_us: .inf", "compute_noise.stall_us must be a finite number, got .inf", 13, 44),
-    ("inf_rate_where_finite", "stalls_per_s: 2", "stalls_per_s: .inf", "compute_noise.stalls_per_s must be a finite number", 13, 31),
+    ("int_past_float", "kernel_launch_us: 4", "kernel_launch_us: 1" + "0" * 400, "kernel_launch_us must be a finite number, got 1000", 8, 19),
+    ("nan_latency", "latency_us: 5", "latency_us: .nan", "transports.nccl.latency_us must be a finite number, got .nan", 12, 22),
+    ("inf_noise", "stall_us: 300", "stall_us: .inf", "compute_noise.stall_us must be a finite number, got .inf", 14, 44),
+    ("inf_rate_where_finite", "stalls_per_s: 2", "stalls_per_s: .inf", "compute_noise.stalls_per_s must be a finite number", 14, 31),
     # what a machine may give (docs/limits.md)
-    ("noise_stall_limit", "stall_us: 300", "stall_us: 1.0e+300", "compute_noise.stall_us is 1.0e+300, above the limit of 1e+09", 13, 44),
+    ("noise_stall_limit", "stall_us: 300", "stall_us: 1.0e+300", "compute_noise.stall_us is 1.0e+300, above the limit of 1e+09", 14, 44),
     ("noise_rate_limit", "stalls_per_s: 2", "stalls_per_s: 1.0e+300", "compute_noise.stalls_per_s is 1.0e+300, above the limit of 1e+06",
-     13, 31),
+     14, 31),
     ("stretch_limit", "stall_us: 300}", "stall_us: 300, duration_stretch: 1.0e+9}", "duration_stretch is 1.0e+9, above the limit of 1000",
-     13, 67),
-    ("latency_limit", "latency_us: 5", "latency_us: 1.0e+300", "transports.nccl.latency_us is 1.0e+300, above the limit of 1e+09", 11, 22),
-    ("launch_limit", "kernel_launch_us: 4", "kernel_launch_us: 1.0e+12", "kernel_launch_us is 1.0e+12, above the limit", 7, 19),
+     14, 67),
+    ("latency_limit", "latency_us: 5", "latency_us: 1.0e+300", "transports.nccl.latency_us is 1.0e+300, above the limit of 1e+09", 12, 22),
+    ("launch_limit", "kernel_launch_us: 4", "kernel_launch_us: 1.0e+12", "kernel_launch_us is 1.0e+12, above the limit", 8, 19),
     ("bandwidth_floor", "bandwidth_gb_per_s: 200", "bandwidth_gb_per_s: 1.0e-300", "bandwidth_gb_per_s is 1.0e-300, below the limit of 0.001",
-     11, 45),
-    ("tflops_floor", "fp32: 10", "fp32: 1.0e-300", "device.peak_tflops.fp32 is 1.0e-300, below the limit of 1e-06", 4, 23),
+     12, 45),
+    ("tflops_floor", "fp32: 10", "fp32: 1.0e-300", "device.peak_tflops.fp32 is 1.0e-300, below the limit of 1e-06", 5, 23),
     ("memory_bandwidth_floor", "memory_bandwidth_gb_per_s: 100", "memory_bandwidth_gb_per_s: 0.0000001",
-     "device.memory_bandwidth_gb_per_s is 0.0000001, below the limit", 5, 30),
+     "device.memory_bandwidth_gb_per_s is 0.0000001, below the limit", 6, 30),
     ("link_bandwidth_floor", "bandwidth_gb_per_s: 25, latency_us: 1, between: [[gpu0, cpu0]",
-     "bandwidth_gb_per_s: 1.0e-9, latency_us: 1, between: [[gpu0, cpu0]", "topology.links[1].bandwidth_gb_per_s is 1.0e-9", 20, 40),
-    ("chunk_limit", "chunk_bytes: 524288", "chunk_bytes: 1" + "0" * 30, "chunk_bytes is 1,000,000,000,000,000,000,000,000,000,000, above the limit", 12, 14),
+     "bandwidth_gb_per_s: 1.0e-9, latency_us: 1, between: [[gpu0, cpu0]", "topology.links[1].bandwidth_gb_per_s is 1.0e-9", 21, 40),
+    ("chunk_limit", "chunk_bytes: 524288", "chunk_bytes: 1" + "0" * 30, "chunk_bytes is 1,000,000,000,000,000,000,000,000,000,000, above the limit", 13, 14),
     # scale: refused up front
     ("gpus_per_node_1e9", "gpus_per_node: 2", "gpus_per_node: 1000000000", "topology.gpus_per_node is 1,000,000,000, above the limit of 65,536",
-     16, 18),
-    ("nodes_times_gpus", "nodes: 1", "nodes: 40000", "topology: 40,000 nodes x 2 GPUs = 80,000 devices, above the limit of 65,536", 15, 3),
+     17, 18),
+    ("nodes_times_gpus", "nodes: 1", "nodes: 40000", "topology: 40,000 nodes x 2 GPUs = 80,000 devices, above the limit of 65,536", 16, 3),
     ("devices_1e9", "name: tiny", "name: tiny\ndevices: 1000000000", "devices is 1,000,000,000, above the limit", 2, 10),
-    ("sm_count_huge", "sm_count: 8", "sm_count: 1" + "0" * 20, "device.sm_count is 100,000,000,000,000,000,000, above the limit of 1,048,576", 6, 13),
+    ("sm_count_huge", "sm_count: 8", "sm_count: 1" + "0" * 20, "device.sm_count is 100,000,000,000,000,000,000, above the limit of 1,048,576", 7, 13),
     # the user's text, not Python's reprs
-    ("text_number", "kernel_launch_us: 4", "kernel_launch_us: 4e0", "kernel_launch_us must be a number, got '4e0'", 7, 19),
-    ("mapping_for_number", "kernel_launch_us: 4", "kernel_launch_us: {a: 1}", "kernel_launch_us must be a number, got a mapping", 7, 19),
+    ("text_number", "kernel_launch_us: 4", "kernel_launch_us: 4e0", "kernel_launch_us must be a number, got '4e0'", 8, 19),
+    ("mapping_for_number", "kernel_launch_us: 4", "kernel_launch_us: {a: 1}", "kernel_launch_us must be a number, got a mapping", 8, 19),
 ]  # fmt: skip
 
 

@@ -159,7 +159,7 @@ def _run(program: Program, machine: Machine, network: str, rng: random.Random | 
 
 def check_horizon(raw: RawResult, machine: Machine) -> None:
     """Refuse a simulation whose ops end past `HORIZON_US`, naming the first op that does
-    (every value is bounded where it is given, so times stay finite, but a 1 PiB transfer
+    (every value is bounded where it is given, so times stay finite, but a 1024TiB transfer
     over a 1 MB/s link still ends decades later, where times lose their nanoseconds)."""
     if max(raw.end, default=0.0) <= HORIZON_US and max(raw.issue_end, default=0.0) <= HORIZON_US:
         return
