@@ -150,6 +150,8 @@ def _run(argv: list[str] | None) -> int:
     try:
         return int(args._module.run(args) or 0)
     except SystemExit as e:  # rich, on a closed pipe: it pointed stdout at /dev/null first
+        if isinstance(e.code, str):
+            _print_error(e.code)
         return e.code if isinstance(e.code, int) else 1
 
 

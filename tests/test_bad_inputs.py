@@ -762,6 +762,28 @@ def test_cli_override_error_points_at_the_override(tmp_path):
     assert "t_fwd=3ms" in ok.stdout
 
 
+# Schedules within the limits that a loop's bound must not refuse (each would, if the bound
+# took what the first iteration makes, or the values at the loop's start, for every
+# iteration): (id, program lines, ops over the 4 ranks). Loaded with --max-ops 5000.
+WITHIN_LIMITS = [
+    ("bound_changed_in_the_body", ["m = 1000", "for i in range(100):", "    for j in range(m):", "        compute F 1us", "    m = 0"],
+     4000),
+    ("bound_from_the_loop_variable", ["for i in range(100):", "    for j in range(1000 - 1000 * i):", "        compute F 1us"],
+     4000),
+    ("first_iteration_only", ["for i in range(100):", "    if i == 0:", "        for j in range(1000):", "            compute F 1us"],
+     4000),
+    ("block_redefined_by_a_block", ["def g():", "    for j in range(1000):", "        compute F 1us", "def f():",
+                                    "    def g():", "        pass", "for i in range(100):", "    g()", "    f()"], 4000),
+    ("block_redefined_in_the_loop", ["def g():", "    for j in range(1000):", "        compute F 1us", "for i in range(100):",
+                                     "    g()", "    def g():", "        pass"], 4000),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("case_id, lines, ops", WITHIN_LIMITS, ids=[c[0] for c in WITHIN_LIMITS])
+def test_loop_bounds_never_refuse_a_schedule_within_the_limits(case_id, lines, ops):
+    assert load_schedule_text(prog(*lines), "ok.yaml", max_ops=5000).num_ops == ops
+
+
 def test_giant_loop_fails_fast():
     start = time.perf_counter()
     with pytest.raises(LimitError):

@@ -11,7 +11,7 @@ what is left of the budget, the loop fails at once, before its first iteration.
 The bound is certain (never more than the expansion will really make), so no schedule
 within the limits is refused: a trip count the loop body may change (it depends on the
 loop variable or on a name the body assigns) counts as unknown (zero), and so does a
-block that the loop may redefine. Estimating is itself bounded (`MAX_VISITS` statements
+block call while the loop, or any block, may redefine blocks. Estimating is itself bounded (`MAX_VISITS` statements
 per loop start); what it has not visited counts as zero.
 
 The compiler (commdsl/dsl/compile.py) sets a `shape` on each statement closure.
@@ -154,8 +154,10 @@ def check_loop(ctx, env: dict, shape: ForShape, trips: int, loc: SourceLoc) -> N
     pass what is left of the expansion budget (`ctx.budget`)."""
     if trips <= 0:
         return
-    bound = _Bound(ctx)
-    ops, steps = bound.of(shape.body, env, shape.body_assigned, 0)
+    unknown = shape.body_assigned
+    if any(defines_blocks(body) for _, body in ctx.functions.values()):
+        unknown = unknown | {_DEFINES}  # a call may redefine the blocks the loop calls
+    ops, steps = _Bound(ctx).of(shape.body, env, unknown, 0)
     budget = ctx.budget
     if ops and budget.ops + trips * ops > budget.max_ops:
         raise budget.too_many_ops(f"this loop would add at least {trips * ops:,} ({trips:,} iterations of at least {ops:,} each) "
