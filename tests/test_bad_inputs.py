@@ -330,9 +330,9 @@ CASES = [
     Case("nested_empty_loops", prog("for i in range(10000):", "    for j in range(10000):", "        pass"),
          "limited to 20,000,000 loop iterations and block calls over all ranks: this loop would add at least 100,000,000", P + 1, 3,
          error=LimitError),
-    Case("loop_counts_every_rank", prog("for i in range(2000000):", "    compute F 1us"),
-         "this loop would add at least 2,000,000 (2,000,000 iterations of at least 1 each) to the 4,000,000 made so far", P + 1, 3,
-         error=LimitError),
+    Case("loop_counts_every_rank", prog("for i in range(200):", "    compute F 1us"),
+         "this loop would add at least 200 (200 iterations of at least 1 each) to the 400 made so far", P + 1, 3,
+         error=LimitError, max_ops=500, rank=2),
     # ---- accepted though invalid: keys no expression can name, digits of other scripts -----------------
     Case("param_key_number", "world: 4\nparams: {1: 2}\nprogram: |\n  pass\n", "params: keys must be names", 2, 10, cli=True),
     Case("param_key_non_ascii", "world: 4\nparams:\n  \u00e9: 2\nprogram: |\n  pass\n", "params: keys must be names", 3, 3),
