@@ -81,15 +81,20 @@ class CommdslError(Exception):
 
 SNIPPET_WIDTH = 100
 """Most characters of a source line an error shows; a longer line is clipped around the caret."""
-MAX_MESSAGE_CHARS = 600
-"""Most characters of a message or hint an error shows; the middle of a longer one is left out."""
+MAX_LINE_CHARS = 600
+"""Most characters of a line of a message or hint an error shows; the middle of a longer
+line is left out (a name or value the user wrote may be that long)."""
 
 
 def _clip(text: str) -> str:
-    if len(text) <= MAX_MESSAGE_CHARS:
-        return text
-    keep = MAX_MESSAGE_CHARS // 2
-    return f"{text[:keep]} ... ({len(text) - 2 * keep:,} characters left out) ... {text[-keep:]}"
+    return "\n".join(_clip_line(line) for line in text.split("\n"))
+
+
+def _clip_line(line: str) -> str:
+    if len(line) <= MAX_LINE_CHARS:
+        return line
+    keep = MAX_LINE_CHARS // 2
+    return f"{line[:keep]} ... ({len(line) - 2 * keep:,} characters left out) ... {line[-keep:]}"
 
 
 def _snippet(loc: SourceLoc, label: str, rank: int | None) -> list[str]:
