@@ -180,4 +180,4 @@ def _tag_name(tag: str) -> str:
 
 
 def _char_text(code: int) -> str:
-    return f"U+{code:04X}" if isinstance(code, int) else repr(code)
+    return f"U+{code:04X}" if isinstance(code, int) else f"'{code}'"
