@@ -9,11 +9,14 @@ Subcommands live in their own modules; each provides `add_arguments(parser)` and
 from __future__ import annotations
 
 import argparse
+import errno
 import importlib
+import math
+import os
 import sys
 
 from commdsl import __version__
-from commdsl.errors import CommdslError, UsageError
+from commdsl.errors import CommdslError, OutputError, UsageError
 
 # name -> (module, one-line help). Command modules import their heavy parts (the
 # simulator, the HTML report) only when they run; nothing reachable from here imports
@@ -47,18 +50,46 @@ def add_schedule_arguments(parser: argparse.ArgumentParser) -> None:
         help="override a param, e.g. -p stages=8 -p act=64MiB (repeatable)",
     )  # fmt: skip
     parser.add_argument(
-        "--max-ops", type=int, default=None, metavar="N",
+        "--max-ops", type=count_at_least(1), default=None, metavar="N",
         help="fail if the schedule expands to more than N ops (default 5,000,000)",
     )  # fmt: skip
 
 
+def count_at_least(minimum: int):
+    """An argparse `type`: a whole number >= `minimum` (a bad one is a usage error naming it)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text.strip())
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a whole number, got '{text}'") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be at least {minimum}, got {value}")
+        return value
+
+    return parse
+
+
+def non_negative_number(text: str) -> float:
+    """An argparse `type`: a finite number >= 0."""
+    try:
+        value = float(text.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got '{text}'") from None
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got '{text}'")
+    return value
+
+
 def parse_overrides(items: list[str]) -> dict[str, str]:
+    from commdsl.dsl.parser import is_name
+
     out: dict[str, str] = {}
     for item in items:
         key, sep, value = item.partition("=")
         key, value = key.strip(), value.strip()
-        if not sep or not key.isidentifier() or not value:
-            raise UsageError(f"-p takes KEY=VALUE, got {item!r}", hint="e.g. -p stages=8 or -p act=64MiB")
+        if not sep or not is_name(key) or not value:
+            raise UsageError(f"-p takes KEY=VALUE with KEY a param's name, got '{item}'", hint="e.g. -p stages=8 or -p act=64MiB")
         if key in out:
             raise UsageError(f"-p {key} is given twice")
         out[key] = value
@@ -70,8 +101,6 @@ def load_from_args(args: argparse.Namespace, *, validate: bool = True):
     from commdsl.dsl import DEFAULT_MAX_OPS, load_schedule
 
     max_ops = args.max_ops if args.max_ops is not None else DEFAULT_MAX_OPS
-    if max_ops < 1:
-        raise UsageError(f"--max-ops must be at least 1, got {max_ops}")
     return load_schedule(args.schedule, parse_overrides(args.param), max_ops=max_ops, validate=validate)
 
 
@@ -93,20 +122,75 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     try:
-        parser = build_parser()
-        args = parser.parse_args(argv)
-        if args.command is None:
-            parser.print_help()
-            return 2
-        return int(args._module.run(args) or 0)
+        code = _run(argv)
+        sys.stdout.flush()  # a full disk or a closed pipe shows here, not in Python's exit
+        return code
     except CommdslError as err:
-        print(err.format(), file=sys.stderr)
-        return err.exit_code
+        return _fail(err)
     except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
+        _print_error("interrupted")
         return 130
     except BrokenPipeError:
-        return 0
+        # The reader went away (`| head`): nobody reads a message; leave quietly, exit 1
+        # as rich does (`_run`).
+        _detach_stdout()
+        return 1
+    except OSError as e:
+        if not _stdout_failed(e):
+            raise
+        return _fail(OutputError(f"cannot write the output: {e.strerror or e}", hint="is the disk full?"))
+
+
+def _run(argv: list[str] | None) -> int:
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as e:  # --help, --version: argparse printed and exits
+        return e.code if isinstance(e.code, int) else 0
+    if args.command is None:
+        parser.print_help()
+        return 2
+    try:
+        return int(args._module.run(args) or 0)
+    except SystemExit as e:  # rich, on a closed pipe: it pointed stdout at /dev/null first
+        if isinstance(e.code, str):
+            _print_error(e.code)
+        return e.code if isinstance(e.code, int) else 1
+
+
+def _fail(err: CommdslError) -> int:
+    if isinstance(err, OutputError):
+        _detach_stdout()
+    _print_error(err.format())
+    return err.exit_code
+
+
+def _print_error(text: str) -> None:
+    try:
+        print(text, file=sys.stderr)
+    except OSError:  # stderr is gone too: the exit code says it
+        pass
+
+
+_OUTPUT_ERRNOS = frozenset({errno.ENOSPC, errno.EIO, errno.EDQUOT, errno.EFBIG, errno.EPIPE})
+
+
+def _stdout_failed(e: OSError) -> bool:
+    """Whether `e` came from writing standard output: commdsl's own files fail as usage
+    errors naming them (commdsl/files.py), so an OSError that names no file and is of a
+    kind a write raises (a full disk, an I/O error) is the output's."""
+    return e.filename is None and e.errno in _OUTPUT_ERRNOS
+
+
+def _detach_stdout() -> None:
+    """Point stdout at /dev/null, so Python's final flush of what is still buffered does
+    not fail again (and print a traceback) at exit."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):  # no file descriptor (stdout replaced): nothing buffered to lose
+        pass
 
 
 if __name__ == "__main__":

@@ -21,6 +21,8 @@ Statistics use absolute values: median, p90 and worst.
 
 from __future__ import annotations
 
+import json
+
 import statistics
 from dataclasses import dataclass, field
 
@@ -106,7 +108,9 @@ def measured_flop_rates(measured: Timeline) -> dict[str, dict[int, float]]:
                 Dtype(dtype)
                 by_dtype.setdefault(dtype, {})[int(rank)] = float(tflops)
     except (AttributeError, TypeError, ValueError):
-        raise UsageError(f"the measured timeline's meta.{FLOP_RATE_META} is not {{rank: {{dtype: TFLOP/s}}}}: {value!r}") from None
+        shown = json.dumps(value)
+        shown = shown if len(shown) <= 80 else shown[:77] + "..."
+        raise UsageError(f"the measured timeline's meta.{FLOP_RATE_META} is not {{rank: {{dtype: TFLOP/s}}}}: {shown}") from None
     return by_dtype
 
 

@@ -67,28 +67,57 @@ class CommdslError(Exception):
         return f"{where}{self.message}"
 
     def format(self) -> str:
-        """The one-screen message the CLI prints."""
-        lines = [f"{self.kind}: {self.message}"]
+        """The one-screen message the CLI prints: every line of it short, however long
+        the user's line or names (source lines are clipped around the caret)."""
+        lines = [f"{self.kind}: {_clip(self.message)}"]
         if self.loc is not None:
             lines += _snippet(self.loc, "", self.rank)
         for label, loc in self.related:
             lines += _snippet(loc, label, None)
         if self.hint:
-            lines.append(f"hint: {self.hint}")
+            lines.append(f"hint: {_clip(self.hint)}")
         return "\n".join(lines)
+
+
+SNIPPET_WIDTH = 100
+"""Most characters of a source line an error shows; a longer line is clipped around the caret."""
+MAX_LINE_CHARS = 600
+"""Most characters of a line of a message or hint an error shows; the middle of a longer
+line is left out (a name or value the user wrote may be that long)."""
+
+
+def _clip(text: str) -> str:
+    return "\n".join(_clip_line(line) for line in text.split("\n"))
+
+
+def _clip_line(line: str) -> str:
+    if len(line) <= MAX_LINE_CHARS:
+        return line
+    keep = MAX_LINE_CHARS // 2
+    return f"{line[:keep]} ... ({len(line) - 2 * keep:,} characters left out) ... {line[-keep:]}"
 
 
 def _snippet(loc: SourceLoc, label: str, rank: int | None) -> list[str]:
     suffix = f" (rank {rank})" if rank is not None else ""
-    head = f"  --> {loc}{suffix}" + (f"  {label}" if label else "")
+    head = f"  --> {_clip(str(loc))}{suffix}" + (f"  {label}" if label else "")
     if not loc.text:
         return [head]
     number = str(loc.line)
     pad = " " * len(number)
     caret_col = max(loc.column - 1, 0)
+    # One character shown per character of the line (so the caret stays under its own),
+    # none that a terminal would act on: a line separator would break the display.
+    text = "".join(c if c.isprintable() or c == "\t" else "\ufffd" for c in loc.text)
+    if len(text) > SNIPPET_WIDTH:
+        # A window of the line around the caret, with "..." where it was cut.
+        start = min(max(caret_col - SNIPPET_WIDTH // 2, 0), max(len(text) - SNIPPET_WIDTH, 0))
+        end = start + SNIPPET_WIDTH
+        left, right = ("..." if start > 0 else ""), ("..." if end < len(text) else "")
+        caret_col = caret_col - start + len(left)
+        text = left + text[start:end] + right
     # Keep tabs in the gutter so the caret lines up under the same character.
-    lead = "".join(c if c == "\t" else " " for c in loc.text[:caret_col])
-    return [head, f"{pad} |", f"{number} | {loc.text}", f"{pad} | {lead}^"]
+    lead = "".join(c if c == "\t" else " " for c in text[:caret_col])
+    return [head, f"{pad} |", f"{number} | {text}", f"{pad} | {lead}^"]
 
 
 class ScheduleError(CommdslError):
@@ -130,6 +159,12 @@ class MemoryExceededError(CommdslError):
 
     exit_code = 5
     kind = "out of memory"
+
+
+class OutputError(CommdslError):
+    """Standard output cannot be written (a full disk): exit code 1."""
+
+    kind = "output error"
 
 
 class UsageError(CommdslError):

@@ -33,12 +33,13 @@ def bundled_schedules() -> list[str]:
 
 def resolve_schedule(arg: str) -> Path | None:
     """A schedule argument is a path, or the name of a bundled schedule ("1f1b")."""
-    path = Path(arg)
-    if path.is_file():
-        return path
+    from commdsl.files import is_file
+
+    if is_file(arg):
+        return Path(arg)
     if "/" not in arg and "\\" not in arg:
         stem = arg[:-5] if arg.endswith(".yaml") else arg
         bundled = schedules_dir() / f"{stem}.yaml"
-        if bundled.is_file():
+        if is_file(bundled):
             return bundled
     return None

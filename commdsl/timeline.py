@@ -18,7 +18,8 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from commdsl.errors import UsageError
+from commdsl.errors import SourceLoc, UsageError
+from commdsl.files import is_file, read_text, source_lines, write_text
 from commdsl.ir import HOST_STREAM, Op, OpKind
 
 FORMAT_VERSION = 1
@@ -179,23 +180,28 @@ class Timeline:
             },
         }
 
-    def write(self, path: str | Path, streams: tuple[str, ...] = ()) -> None:
+    def write(self, path: str | Path, streams: tuple[str, ...] = (), *, flag: str = "timeline") -> None:
+        """Write the Chrome trace; `flag` names the file in a usage error (e.g. "--trace")."""
         text = json.dumps(self.to_chrome_trace(streams), sort_keys=True, separators=(",", ":"))
-        Path(path).write_text(text + "\n")
+        write_text(path, text + "\n", flag)
 
     @classmethod
     def read(cls, path: str | Path) -> Timeline:
         """Read a timeline written by `write` (predicted or measured)."""
+        if not is_file(path):
+            raise UsageError(f"no such timeline file: {path}")
+        text = read_text(path, str(path), UsageError, "timeline")
         try:
-            data = json.loads(Path(path).read_text())
-        except FileNotFoundError:
-            raise UsageError(f"no such timeline file: {path}") from None
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-            raise UsageError(f"{path} is not a timeline JSON file: {e}") from None
+            data = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise UsageError(f"{path} is not a timeline JSON file: {e.msg}", SourceLoc(str(path), e.lineno, e.colno, _line(text, e.lineno))) from None
+        except RecursionError:
+            raise UsageError(f"{path} is not a commdsl timeline: its JSON nests too deeply") from None
         try:
             return cls.from_chrome_trace(data, str(path))
         except (KeyError, ValueError, TypeError, IndexError, AttributeError) as e:
-            raise UsageError(f"{path} is a malformed commdsl timeline ({type(e).__name__}: {e})",
+            why = f"no field '{e.args[0]}'" if isinstance(e, KeyError) and e.args else str(e) or "a field of the wrong type"
+            raise UsageError(f"{path} is a malformed commdsl timeline ({why})",
                              hint="timelines come from `commdsl simulate --trace` or `commdsl.run --out`") from None
 
     @classmethod
@@ -218,6 +224,12 @@ class Timeline:
         # Flow arrows are stored by op id too: Chrome's s/f events only bind to positions.
         tl.flows = [Flow(src, dst, name) for src, dst, name in meta.get("flows", [])]
         return tl
+
+
+def _line(text: str, number: int) -> str:
+    """Line `number` (1-based) of `text`, or "" past its end."""
+    lines = source_lines(text)
+    return lines[number - 1] if 0 < number <= len(lines) else ""
 
 
 def _ts(us: float) -> float:

@@ -14,11 +14,13 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import pytest
 
 from commdsl.dsl import load_schedule_text
-from commdsl.errors import CommdslError, DeadlockError, LimitError, ScheduleError, UsageError, ValidationError
+from commdsl.errors import SNIPPET_WIDTH, CommdslError, DeadlockError, LimitError, ScheduleError, UsageError, ValidationError
+from commdsl.files import source_lines
 
 # The program of a `prog(...)` case starts on file line P + 1, indented by two spaces:
 # program line k is file line P + k, and program column c is file column c + 2.
@@ -41,6 +43,11 @@ assert HEAD.count("\n") == P
 
 def prog(*lines: str) -> str:
     return HEAD + "".join(f"  {line}\n" if line else "\n" for line in lines)
+
+
+def param(value: str) -> str:
+    """A schedule whose param `a` (line 3, column 6) is `value`."""
+    return f"world: 4\nparams:\n  a: {value}\nprogram: |\n  pass\n"
 
 
 @dataclass(frozen=True)
@@ -163,12 +170,14 @@ CASES = [
     Case("range_float", prog("for i in range(1.5):", "    pass"), "range() takes integers, got a number", P + 1, 3),
     Case("range_step_zero", prog("for i in range(0, 4, 0):", "    pass"), "range() step must not be zero", P + 1, 3),
     Case("range_arity", prog("for i in range(1, 2, 3, 4):", "    pass"), "range() takes 1 to 3 integers", P + 1, 3),
-    Case("past_max_ops", prog("for i in range(1000):", "    compute F[i] 1ms"), "expands to more than 100 ops", P + 2, 7,
+    Case("past_max_ops", prog("for i in range(1000):", "    compute F[i] 1ms"), "expands to more than 100 ops", P + 1, 3,
          error=LimitError, max_ops=100, cli=True),
+    Case("past_max_ops_by_one", prog("for i in range(25):", "    compute F[i] 1ms", "if rank == 3:", "    compute G 1ms"),
+         "expands to more than 100 ops", P + 4, 7, error=LimitError, max_ops=100),
     Case("giant_loop", prog("for i in range(10**12):", "    compute F 1ms"),
          "this loop would run 1,000,000,000,000 iterations", P + 1, 3, error=LimitError),
     Case("giant_loop_past_ssize", prog("for i in range(2**62 * 3):", "    compute F 1ms"), "integer result out of range", P + 1, 18),
-    Case("giant_loop_huge", prog("for i in range(-(2**62), 2**62):", "    compute F 1ms"), "iterations; expansion is limited",
+    Case("giant_loop_huge", prog("for i in range(-(2**62), 2**62):", "    compute F 1ms"), "expansion is limited to 20,000,000 loop iterations and block calls over all ranks: this loop would run",
          P + 1, 3, error=LimitError),
     # ---- cross-rank validation -------------------------------------------------------------
     Case("send_recv_count", prog("if rank == 0:", "    send x 4MiB to 1"),
@@ -268,7 +277,88 @@ CASES = [
     Case("override_syntax", prog("pass"), "unexpected end of program; expected an expression", 1, 3, overrides={"n": "4+"}),
     Case("override_wrong_unit", prog("compute F t_fwd"), "compute takes a duration (2ms) or work (4GFLOP), got a size",
          P + 1, 13, overrides={"t_fwd": "4MiB"}),
+    # ---- YAML the safe constructor cannot build: an error at the value, never a traceback -------------
+    Case("yaml_bool_maybe", param("!!bool maybe"), "invalid YAML value: maybe is not a valid !!bool", 3, 6, cli=True),
+    Case("yaml_int_empty", param('!!int ""'), 'invalid YAML value: "" is not a valid !!int', 3, 6, cli=True),
+    Case("yaml_float_empty", param('!!float ""'), 'invalid YAML value: "" is not a valid !!float', 3, 6),
+    Case("yaml_bad_timestamp", param("!!timestamp 2020-13-45"), "2020-13-45 is not a valid !!timestamp (month must be in 1..12)",
+         3, 6),
+    Case("yaml_implicit_bad_date", param("2020-02-30"), "2020-02-30 is not a valid !!timestamp", 3, 6),
+    Case("yaml_huge_int", param("1" + "0" * 5000), "is not a valid !!int", 3, 6),
+    Case("yaml_unknown_tag", param("!python/object:os.system ls"), "could not determine a constructor for the tag", 3, 6),
+    Case("yaml_set_of_list", param("!!set [1]"), "expected a mapping node, but found sequence", 3, 6),
+    Case("yaml_bad_tag_in_groups", "world: 4\ngroups:\n  pairs: [[0, !!int x]]\nprogram: |\n  pass\n", "x is not a valid !!int",
+         3, 15),
+    Case("yaml_too_deep", param("[" * 100 + "]" * 100), "nests lists and mappings more than 64 deep", 3, 68),
+    # ---- values that overflow or are not finite: an error at the expression that made them ----------
+    Case("size_overflow", prog("x = 1e308B * 2"), "arithmetic overflow", P + 1, 7, cli=True),
+    Case("size_sum_overflow", prog("x = 1e308B + 1e308B"), "arithmetic overflow", P + 1, 7),
+    Case("size_difference_overflow", prog("x = -(1e308B) - 1e308B"), "arithmetic overflow", P + 1, 7),
+    Case("size_quotient_overflow", prog("x = 1e308B / 1e-10"), "arithmetic overflow", P + 1, 7),
+    Case("duration_overflow", prog("x = 1e300s * 1e10"), "arithmetic overflow", P + 1, 7),
+    Case("work_literal_overflow", prog("compute F 1e300PFLOP"), "quantity 1e300PFLOP is too large", P + 1, 13),
+    Case("size_doubling_overflow", prog("x = 1MiB", "for i in range(2000):", "    x = x + x"), "arithmetic overflow", P + 3, 11),
+    Case("param_nan", param(".nan"), "param 'a' must be a finite number, got .nan", 3, 6),
+    # ---- what a schedule may ask for: sizes, durations and work per op (docs/limits.md) --------------
+    Case("compute_duration_limit", prog("compute F[3] 1e300s"), "compute F[3]: duration 1e+300s is more than the limit of 1e+06s per op",
+         P + 1, 16, cli=True, hint="docs/limits.md"),
+    Case("host_duration_limit", prog("host H 1e300s"), "host H: duration 1e+300s is more than the limit", P + 1, 10),
+    Case("compute_work_limit", prog("compute F 1e30PFLOP"), "compute F: flops 1e+30PFLOP is more than the limit of 1e+06PFLOP",
+         P + 1, 13),
+    Case("compute_flops_option_limit", prog("compute F flops=1e30PFLOP"), "compute F: flops", P + 1, 13),
+    Case("compute_bytes_limit", prog("compute F 1ms bytes=2000TiB"), "compute F: bytes 2000TiB is more than the limit of 1024TiB",
+         P + 1, 17),
+    Case("collective_size_limit", prog("all_reduce g 1e296TiB"), "all_reduce g: size 1.1e+308B is more than the limit of 1024TiB",
+         P + 1, 16),
+    Case("p2p_size_limit", prog("send x 2000TiB to (rank + 1) % 4"), "send x: size 2000TiB is more than the limit", P + 1, 10),
+    Case("copy_size_limit", prog("copy c 2000TiB"), "copy c: size 2000TiB is more than the limit", P + 1, 10),
+    Case("compute_negative_duration", prog("compute F 0ms - 1ms"), "compute F: duration must not be negative, got -1ms", P + 1, 13),
+    Case("host_negative_duration", prog("host H 0ms - 1ms"), "host H: duration must not be negative", P + 1, 10),
+    # ---- scale: refused up front, and expansion limits that trip before the work ----------------------
+    Case("mesh_too_big", "world: {a: 1024, b: 1024}\nprogram: |\n  pass\n", "world of 1,048,576 ranks exceeds the limit of 65,536",
+         1, 8, error=LimitError),
+    Case("nested_loops_1e15", prog("for i in range(100000):", "    for j in range(100000):", "        for k in range(100000):",
+                                   "            compute F 1us"),
+         "this loop would add at least 1,000,000,000,000,000 (100,000 iterations of at least 10,000,000,000 each)", P + 1, 3,
+         error=LimitError, cli=True),
+    Case("nested_blocks_1e12", prog("def a():", "    for i in range(1000):", "        compute F 1us", "def b():",
+                                    "    for i in range(1000):", "        a()", "def c():", "    for i in range(1000):",
+                                    "        b()", "c()"),
+         "this loop would add at least 1,000,000,000 (1,000 iterations of at least 1,000,000 each)", P + 8, 7, error=LimitError),
+    Case("block_args_bound_the_loop", prog("def f(k):", "    for i in range(k):", "        compute F 1us", "for i in range(10000):",
+                                           "    f(10000)"), "this loop would add at least 100,000,000", P + 4, 3, error=LimitError),
+    Case("nested_empty_loops", prog("for i in range(10000):", "    for j in range(10000):", "        pass"),
+         "limited to 20,000,000 loop iterations and block calls over all ranks: this loop would add at least 100,000,000", P + 1, 3,
+         error=LimitError),
+    Case("loop_counts_every_rank", prog("for i in range(200):", "    compute F 1us"),
+         "this loop would add at least 200 (200 iterations of at least 1 each) to the 400 made so far", P + 1, 3,
+         error=LimitError, max_ops=500, rank=2),
+    # ---- accepted though invalid: keys no expression can name, digits of other scripts -----------------
+    Case("param_key_number", "world: 4\nparams: {1: 2}\nprogram: |\n  pass\n", "params: keys must be names", 2, 10, cli=True),
+    Case("param_key_non_ascii", "world: 4\nparams:\n  \u00e9: 2\nprogram: |\n  pass\n", "params: keys must be names", 3, 3),
+    Case("param_key_quoted_spaces", 'world: 4\nparams:\n  "a b": 2\nprogram: |\n  pass\n', "got 'a b'", 3, 3),
+    Case("group_key_number", "world: 4\ngroups:\n  7: [0, 1]\nprogram: |\n  pass\n", "groups: keys must be names", 3, 3),
+    Case("mesh_axis_key_number", "world: {1: 4}\nprogram: |\n  pass\n", "world: keys must be names", 1, 9),
+    Case("fullwidth_digit", prog("x = \uff11"), "unexpected character '\uff11'", P + 1, 7, hint="digits 0-9", cli=True),
+    Case("fullwidth_digit_quantity", prog("compute F \uff11ms"), "unexpected character '\uff11'", P + 1, 13, hint="digits 0-9"),
+    Case("arabic_indic_digit", prog("x = \u0663"), "unexpected character '\u0663'", P + 1, 7, hint="digits 0-9"),
+    Case("fullwidth_world", "world: \uff14\nprogram: |\n  pass\n", "unexpected character '\uff14'", 1, 8),
+    Case("non_ascii_name", prog("\u00e9 = 1"), "unexpected character '\u00e9'", P + 1, 3, hint="ASCII"),
+    Case("control_character_in_yaml", prog("x = 1 \x01"), "invalid YAML: unacceptable character U+0001", P + 1, 9),
+    Case("invisible_character_shown_by_code", prog("x = 1 \u200b"), "unexpected character U+200B", P + 1, 9),
+    Case("unicode_line_separator", prog("x = 1 \u2028 y = 2"), "character U+2028 is not allowed: end lines with a newline",
+         P + 1, 9),
+    Case("lone_carriage_return", "world: 4\rprogram: |\n  pass\n", "character U+000D is not allowed", 1, 9),
+    # ---- messages show the user's text, never Python reprs -------------------------------------------
+    Case("dtype_mapping", "world: 4\ndtype: {a: 1}\nprogram: |\n  pass\n", "unknown dtype a mapping; expected one of", 2, 8),
+    Case("transport_list", "world: 4\ntransport: [nccl]\nprogram: |\n  pass\n", "unknown transport a list; expected one of", 2, 12),
+    Case("transport_number", "world: 4\ntransport: 3\nprogram: |\n  pass\n", "unknown transport 3; expected one of", 2, 12),
+    Case("peer_boolean", prog("send x 4MiB to true"), "peer must be an integer rank, got true", P + 1, 18),
+    Case("peer_size", prog("send x 4MiB to 1MiB"), "peer must be an integer rank, got 1MiB", P + 1, 18),
 ]  # fmt: skip
+
+PYTHON_REPRS = re.compile(r"Node\(|<class |object at 0x|\\x[0-9a-f]{2}|\bTrue\b|\bFalse\b|\bNone\b")
+"""What a message must never show: Python's reprs of YAML nodes, objects, escaped text, constants."""
 
 
 def _run_case(case: Case) -> CommdslError:
@@ -292,6 +382,7 @@ def test_bad_input(case: Case):
     formatted = err.format()
     assert len(formatted.splitlines()) <= 25, "the message must fit on one screen"
     assert "Traceback" not in formatted
+    assert not PYTHON_REPRS.search(formatted), formatted
     if case.hint is not None:
         assert err.hint is not None and case.hint in err.hint, formatted
     if case.rank is not None:
@@ -305,16 +396,25 @@ def test_bad_input(case: Case):
         expected_text = next(iter(case.overrides.values()))
     else:
         assert err.loc.file == "bad.yaml"
-        expected_text = case.text.splitlines()[case.line - 1]
+        expected_text = source_lines(case.text)[case.line - 1]
     # The caret display: the file's real line, then a caret under the column.
     assert err.loc.text == expected_text
     assert f"--> {err.loc.file}:{case.line}:{case.column}" in formatted
     lines = formatted.splitlines()
     shown = next(i for i, line in enumerate(lines) if line.startswith(f"{case.line} | "))
-    assert lines[shown] == f"{case.line} | {expected_text}"
+    shown_text = lines[shown][len(f"{case.line} | "):]
     caret = lines[shown + 1]
     assert caret.rstrip().endswith("^")
-    assert caret.index("^") - caret.index("|") - 2 == case.column - 1
+    at = caret.index("^") - caret.index("|") - 2
+    # What a terminal must not act on is shown as U+FFFD, one character for one.
+    expected_text = "".join(c if c.isprintable() or c == "\t" else "\ufffd" for c in expected_text)
+    if len(expected_text) <= SNIPPET_WIDTH:
+        assert shown_text == expected_text
+        assert at == case.column - 1
+    else:  # a long line is shown clipped around the caret, which stays under its character
+        assert len(shown_text) <= SNIPPET_WIDTH + 6
+        assert shown_text.removeprefix("...").removesuffix("...") in expected_text
+        assert shown_text[at] == expected_text[case.column - 1]
     if case.related_line is not None:
         assert any(r.line == case.related_line for _, r in err.related), formatted
         assert re.search(rf"--> bad\.yaml:{case.related_line}:\d+ ", formatted), formatted
@@ -346,26 +446,307 @@ def test_bad_input_through_cli(case: Case, tmp_path):
     assert len(proc.stderr.splitlines()) <= 25
 
 
-def test_cli_usage_errors_exit_2(tmp_path):
-    path = tmp_path / "ok.yaml"
-    path.write_text(prog("compute F t_fwd"))
-    cases = [
-        (["check", str(path), "-p", "n"], "-p takes KEY=VALUE"),
-        (["check", str(path), "-p", "=3"], "-p takes KEY=VALUE"),
-        (["check", str(path), "-p", "nn=3"], "the schedule has no param 'nn'"),
-        (["check", str(path), "-p", "n=3", "-p", "n=4"], "-p n is given twice"),
-        (["check", str(tmp_path / "missing.yaml")], "no such schedule file or bundled schedule"),
-        (["check", "no_such_bundled_schedule"], "no such schedule file or bundled schedule"),
-        (["check", str(path), "--max-ops", "0"], "--max-ops must be at least 1"),
-        (["check", str(path), "--max-ops", "many"], "invalid int value"),
-        (["check"], "the following arguments are required"),
-        (["frobnicate"], "invalid choice"),
-    ]
-    for args, message in cases:
-        proc = _cli(args)
-        assert proc.returncode == 2, (args, proc.stderr)
-        assert message in proc.stderr, (args, proc.stderr)
-        assert "Traceback" not in proc.stderr
+LONG_NAME = "a" * 300
+"""A file name longer than any file system allows (255 bytes)."""
+
+# Command lines that are wrong: exit 2 with the message, in-process through `commdsl.cli.main`
+# ({ok}: a valid schedule, {dir}: a folder, {deep}: JSON nested 100,000 deep, {trace}: a
+# predicted timeline of {ok}).
+USAGE_CASES = [
+    (["check", "{ok}", "-p", "n"], "-p takes KEY=VALUE"),
+    (["check", "{ok}", "-p", "=3"], "-p takes KEY=VALUE"),
+    (["check", "{ok}", "-p", "\uff4e=3"], "-p takes KEY=VALUE with KEY a param's name, got '\uff4e=3'"),
+    (["check", "{ok}", "-p", "nn=3"], "the schedule has no param 'nn'"),
+    (["check", "{ok}", "-p", "n=3", "-p", "n=4"], "-p n is given twice"),
+    (["check", "{dir}/missing.yaml"], "no such schedule file or bundled schedule"),
+    (["check", "no_such_bundled_schedule"], "no such schedule file or bundled schedule"),
+    (["check", "{dir}"], "no such schedule file or bundled schedule"),
+    (["check", "{dir}/" + LONG_NAME + ".yaml"], "no such schedule file or bundled schedule"),
+    (["check", "{ok}", "--max-ops", "0"], "argument --max-ops: must be at least 1, got 0"),
+    (["check", "{ok}", "--max-ops", "many"], "argument --max-ops: expected a whole number, got 'many'"),
+    (["check"], "the following arguments are required"),
+    (["frobnicate"], "invalid choice"),
+    (["show", "{ok}", "--rank", "-1"], "argument --rank: must be at least 0, got -1"),
+    (["show", "{ok}", "--rank", "4"], "--rank 4 is out of range"),
+    (["simulate", "{ok}", "--links", "-1"], "argument --links: must be at least 1, got -1"),
+    (["simulate", "{ok}", "--links", "0"], "argument --links: must be at least 1, got 0"),
+    (["simulate", "{ok}", "--samples", "0"], "argument --samples: must be at least 1, got 0"),
+    (["simulate", "{ok}", "--machine", "dgx-h100", "--nodes", "0"], "argument --nodes: must be at least 1, got 0"),
+    (["simulate", "{ok}", "--machine", "dgx-h100", "--nodes", "100000000"],
+     "--nodes 100,000,000: 100,000,000 x 8 GPUs = 800,000,000 devices, more than the limit of 65,536"),
+    (["simulate", "{ok}", "--machine", "{dir}/" + LONG_NAME + ".yaml"], "no such machine file or preset"),
+    (["simulate", "{ok}", "--trace", "{dir}/" + LONG_NAME + ".json"], "cannot write --trace {dir}/" + LONG_NAME + ".json: File name too long"),
+    (["simulate", "{ok}", "--trace", "{dir}"], "cannot write --trace {dir}: Is a directory"),
+    (["compare", "{dir}/" + LONG_NAME + ".json", "{trace}"], "no such timeline file"),
+    (["compare", "{deep}", "{deep}"], "its JSON nests too deeply"),
+    (["compare", "{ok}", "{trace}"], "is not a timeline JSON file: Expecting value"),
+    (["compare", "{trace}", "{trace}", "--min-duration", "nan"], "argument --min-duration: must be a finite number >= 0, got 'nan'"),
+    (["compare", "{trace}", "{trace}", "--max-error", "-1"], "argument --max-error: must be a finite number >= 0, got '-1'"),
+    (["compare", "{trace}", "{trace}", "--html", "{dir}/" + LONG_NAME + ".html"], "cannot write --html"),
+]  # fmt: skip
+
+
+@pytest.fixture
+def cli_files(tmp_path) -> dict[str, str]:
+    """The files USAGE_CASES and OUTPUT_CASES name."""
+    from commdsl.cli import main
+
+    ok = tmp_path / "ok.yaml"
+    ok.write_text(prog("compute F t_fwd"))
+    deep = tmp_path / "deep.json"
+    deep.write_text("[" * 100_000 + "]" * 100_000)
+    trace = tmp_path / "predicted.json"
+    assert main(["simulate", str(ok), "--trace", str(trace), "--json"]) == 0
+    return {"ok": str(ok), "dir": str(tmp_path), "deep": str(deep), "trace": str(trace)}
+
+
+def test_cli_usage_errors_exit_2(cli_files, capsys):
+    from commdsl.cli import main
+
+    capsys.readouterr()
+    assert len(USAGE_CASES) >= 25
+    for args, message in USAGE_CASES:
+        args = [a.format(**cli_files) for a in args]
+        code = main(args)
+        err = capsys.readouterr().err
+        assert code == 2, (args, err)
+        assert message.format(**cli_files) in err, (args, err)
+        assert "Traceback" not in err and not PYTHON_REPRS.search(err), err
+        assert len(err) < 2000, "the message must fit on one screen"
+
+
+# Every command's output to a full disk (/dev/full) and to a reader that has gone (a closed
+# pipe): an "output error" (exit 1) for the first, a quiet exit 1 for the second; never a traceback.
+OUTPUT_CASES = [
+    ["list"],
+    ["check", "{ok}"],
+    ["check", "{ok}", "--json"],
+    ["show", "{ok}"],
+    ["show", "{ok}", "--json"],
+    ["simulate", "{ok}"],
+    ["simulate", "{ok}", "--json"],
+    ["compare", "{trace}", "{trace}"],
+    ["compare", "{trace}", "{trace}", "--json"],
+]
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full")
+@pytest.mark.parametrize("args", OUTPUT_CASES, ids=[" ".join(a) for a in OUTPUT_CASES])
+def test_output_to_a_full_disk_or_a_closed_pipe(args, cli_files):
+    args = [a.format(**cli_files) for a in args]
+    cmd = [sys.executable, "-m", "commdsl.cli", *args]
+    with open("/dev/full", "w") as full:
+        proc = subprocess.run(cmd, stdout=full, stderr=subprocess.PIPE, text=True, timeout=60)
+    assert proc.returncode == 1, proc.stderr
+    assert proc.stderr.startswith("output error: cannot write the output: No space left on device"), proc.stderr
+    assert "Traceback" not in proc.stderr
+    # A reader that closed its end before the first byte: `commdsl ... | head -0`.
+    piped = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    piped.stdout.close()
+    err = piped.stderr.read()
+    assert piped.wait(timeout=60) == 1, err
+    assert err == "", err
+
+
+# Files that are not UTF-8 text: a schedule or machine error at the first bad byte's line
+# and column (in characters), with the line shown (the bad byte as U+FFFD).
+FILE_CASES = [
+    ("schedule", b"name: t\nworld: 2\nprogram: |\n  compute F 1ms # caf\xe9\n", 4, 22),
+    ("schedule", b"\xff\xfeworld: 2\n", 1, 1),
+    ("schedule", "name: t\ndoc: \u00e9t\u00e9\nworld: 2\nprogram: |\n  pass \u00e9".encode() + b"\x80\n", 5, 9),
+    ("machine", b"name: m\ndevice: {name: caf\xe9}\n", 2, 19),
+]
+
+
+@pytest.mark.parametrize("kind, data, line, column", FILE_CASES)
+def test_file_not_utf8_points_at_the_byte(kind, data, line, column, tmp_path):
+    from commdsl.dsl import load_schedule
+    from commdsl.errors import MachineError
+    from commdsl.machine import load_machine
+
+    path = tmp_path / "bad.yaml"
+    path.write_bytes(data)
+    error, load = (ScheduleError, load_schedule) if kind == "schedule" else (MachineError, load_machine)
+    with pytest.raises(error) as info:
+        load(str(path))
+    err = info.value
+    assert f"the {kind}" in err.message and "is not UTF-8 text: byte 0x" in err.message
+    assert (err.loc.line, err.loc.column) == (line, column), err.format()
+    assert err.loc.text[column - 1] == "\ufffd"
+    assert "cannot be decoded" in err.format() and "codec" not in err.format()
+
+
+# An error on a very long line: the message stays short, the caret under the culprit (the
+# first character of the case's marker, which names where the error is).
+CLIP_CASES = [
+    ("end_of_long_program_line", prog("compute F 1ms" + " " * 400_000 + "$"), "$"),
+    ("start_of_long_program_line", prog("compute F 1ms $" + " " * 400_000 + "# end"), "$"),
+    ("middle_of_long_program_line", prog("x = 1" + " + 1" * 5_000 + " + zz" + " + 1" * 5_000), "zz"),
+    ("long_yaml_value", "world: 4\nparams:\n  a: !!int " + "9" * 400_000 + "x\nprogram: |\n  pass\n", "!!int"),
+    ("long_unknown_name", prog("compute F " + "q" * 400_000), "q"),
+]
+
+
+@pytest.mark.parametrize("case_id, text, marker", CLIP_CASES, ids=[c[0] for c in CLIP_CASES])
+def test_errors_on_long_lines_fit_a_screen(case_id, text, marker):
+    line = next(n for n, x in enumerate(text.splitlines(), 1) if marker in x)
+    column = text.splitlines()[line - 1].index(marker) + 1
+    with pytest.raises(CommdslError) as info:
+        load_schedule_text(text, "bad.yaml")
+    err = info.value
+    assert (err.loc.line, err.loc.column) == (line, column), err.message[:200]
+    formatted = err.format()
+    assert len(formatted) < 2000 and all(len(x) <= 700 for x in formatted.splitlines()), len(formatted)
+    lines = formatted.splitlines()
+    shown = next(i for i, x in enumerate(lines) if x.startswith(f"{line} | "))
+    at = lines[shown + 1].index("^") - lines[shown + 1].index("|") - 2
+    assert lines[shown][len(f"{line} | "):][at] == marker[0]
+
+
+# ---- machine files: the same classes, in the machine loader ------------------------------------------
+MACHINE = """\
+name: tiny
+device:
+  name: test
+  kind: cpu
+  peak_tflops: {fp32: 10}
+  memory_bandwidth_gb_per_s: 100
+  sm_count: 8
+kernel_launch_us: 4
+comm_launch_us: 10
+host_link: {latency_us: 1, bandwidth_gb_per_s: 25}
+transports:
+  nccl: {latency_us: 5, bandwidth_gb_per_s: 200}
+chunk_bytes: 524288
+compute_noise: {stalls_per_s: 2, stall_us: 300}
+topology:
+  nodes: 1
+  gpus_per_node: 2
+  vertices: {sw: nvswitch, cpu0: cpu}
+  links:
+    - {kind: nvlink, bandwidth_gb_per_s: 300, latency_us: 1, between: [[gpu0, sw], [gpu1, sw]]}
+    - {kind: pcie, bandwidth_gb_per_s: 25, latency_us: 1, between: [[gpu0, cpu0], [gpu1, cpu0]]}
+"""
+"""A valid machine; each row of MACHINE_CASES replaces one text in it."""
+
+MACHINE_CASES = [
+    # YAML the safe constructor cannot build
+    ("int_empty", "sm_count: 8", 'sm_count: !!int ""', 'invalid YAML value: "" is not a valid !!int', 7, 13),
+    ("bool_maybe", "sm_count: 8", "sm_count: !!bool maybe", "maybe is not a valid !!bool", 7, 13),
+    ("float_empty", "kernel_launch_us: 4", 'kernel_launch_us: !!float ""', 'is not a valid !!float', 8, 19),
+    ("bad_timestamp", "name: tiny", "name: !!timestamp 2020-99-99", "is not a valid !!timestamp", 1, 7),
+    ("unknown_tag", "name: tiny", "name: !foo bar", "could not determine a constructor for the tag '!foo'", 1, 7),
+    ("too_deep", "name: tiny", "name: " + "[" * 3000 + "]" * 3000, "nests lists and mappings more than 64 deep", 1, 70),
+    ("too_deep_mapping", "name: tiny", "name: " + "{a: " * 3000 + "1" + "}" * 3000, "more than 64 deep", 1, 259),
+    # overflow, infinity, NaN
+    ("int_past_float", "kernel_launch_us: 4", "kernel_launch_us: 1" + "0" * 400, "kernel_launch_us must be a finite number, got 1000", 8, 19),
+    ("nan_latency", "latency_us: 5", "latency_us: .nan", "transports.nccl.latency_us must be a finite number, got .nan", 12, 22),
+    ("inf_noise", "stall_us: 300", "stall_us: .inf", "compute_noise.stall_us must be a finite number, got .inf", 14, 44),
+    ("inf_rate_where_finite", "stalls_per_s: 2", "stalls_per_s: .inf", "compute_noise.stalls_per_s must be a finite number", 14, 31),
+    # what a machine may give (docs/limits.md)
+    ("noise_stall_limit", "stall_us: 300", "stall_us: 1.0e+300", "compute_noise.stall_us is 1.0e+300, above the limit of 1e+09", 14, 44),
+    ("noise_rate_limit", "stalls_per_s: 2", "stalls_per_s: 1.0e+300", "compute_noise.stalls_per_s is 1.0e+300, above the limit of 1e+06",
+     14, 31),
+    ("stretch_limit", "stall_us: 300}", "stall_us: 300, duration_stretch: 1.0e+9}", "duration_stretch is 1.0e+9, above the limit of 1000",
+     14, 67),
+    ("latency_limit", "latency_us: 5", "latency_us: 1.0e+300", "transports.nccl.latency_us is 1.0e+300, above the limit of 1e+09", 12, 22),
+    ("launch_limit", "kernel_launch_us: 4", "kernel_launch_us: 1.0e+12", "kernel_launch_us is 1.0e+12, above the limit", 8, 19),
+    ("bandwidth_floor", "bandwidth_gb_per_s: 200", "bandwidth_gb_per_s: 1.0e-300", "bandwidth_gb_per_s is 1.0e-300, below the limit of 0.001",
+     12, 45),
+    ("tflops_floor", "fp32: 10", "fp32: 1.0e-300", "device.peak_tflops.fp32 is 1.0e-300, below the limit of 1e-06", 5, 23),
+    ("memory_bandwidth_floor", "memory_bandwidth_gb_per_s: 100", "memory_bandwidth_gb_per_s: 0.0000001",
+     "device.memory_bandwidth_gb_per_s is 0.0000001, below the limit", 6, 30),
+    ("link_bandwidth_floor", "bandwidth_gb_per_s: 25, latency_us: 1, between: [[gpu0, cpu0]",
+     "bandwidth_gb_per_s: 1.0e-9, latency_us: 1, between: [[gpu0, cpu0]", "topology.links[1].bandwidth_gb_per_s is 1.0e-9", 21, 40),
+    ("chunk_limit", "chunk_bytes: 524288", "chunk_bytes: 1" + "0" * 30, "chunk_bytes is 1,000,000,000,000,000,000,000,000,000,000, above the limit", 13, 14),
+    # scale: refused up front
+    ("gpus_per_node_1e9", "gpus_per_node: 2", "gpus_per_node: 1000000000", "topology.gpus_per_node is 1,000,000,000, above the limit of 65,536",
+     17, 18),
+    ("nodes_times_gpus", "nodes: 1", "nodes: 40000", "topology: 40,000 nodes x 2 GPUs = 80,000 devices, above the limit of 65,536", 16, 3),
+    ("devices_1e9", "name: tiny", "name: tiny\ndevices: 1000000000", "devices is 1,000,000,000, above the limit", 2, 10),
+    ("sm_count_huge", "sm_count: 8", "sm_count: 1" + "0" * 20, "device.sm_count is 100,000,000,000,000,000,000, above the limit of 1,048,576", 7, 13),
+    # the user's text, not Python's reprs
+    ("text_number", "kernel_launch_us: 4", "kernel_launch_us: 4e0", "kernel_launch_us must be a number, got '4e0'", 8, 19),
+    ("mapping_for_number", "kernel_launch_us: 4", "kernel_launch_us: {a: 1}", "kernel_launch_us must be a number, got a mapping", 8, 19),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("case_id, old, new, message, line, column", MACHINE_CASES, ids=[c[0] for c in MACHINE_CASES])
+def test_bad_machine(case_id, old, new, message, line, column):
+    from commdsl.errors import MachineError
+    from commdsl.machine import load_machine_text
+
+    assert MACHINE.count(old) == 1
+    text = MACHINE.replace(old, new)
+    with pytest.raises(MachineError) as info:
+        load_machine_text(text, "bad_machine.yaml")
+    err = info.value
+    formatted = err.format()
+    assert message in err.message, formatted
+    assert (err.loc.file, err.loc.line, err.loc.column) == ("bad_machine.yaml", line, column), formatted
+    assert len(formatted) < 2000 and not PYTHON_REPRS.search(formatted), formatted
+
+
+def test_the_machine_table_starts_from_a_valid_machine():
+    from commdsl.machine import load_machine_text
+
+    assert load_machine_text(MACHINE, "tiny.yaml").num_devices == 2
+
+
+# `torchrun -m commdsl.run --values FILE`: the same YAML reader, so the same errors.
+VALUES_CASES = [
+    ('x: !!int ""\n', 'invalid YAML value: "" is not a valid !!int', 1, 4),
+    ("x: {0: [1, !!float x]}\n", "x is not a valid !!float", 1, 12),
+    ("x: " + "[" * 100 + "]" * 100 + "\n", "nests lists and mappings more than 64 deep", 1, 67),
+    (b"x: {0: [1, 2]} # caf\xe9\n", "the values file is not UTF-8 text", 1, 21),
+]
+
+
+@pytest.mark.parametrize("text, message, line, column", VALUES_CASES)
+def test_bad_values_file(text, message, line, column, tmp_path):
+    from commdsl.run.check import load_values
+
+    path = tmp_path / "values.yaml"
+    path.write_bytes(text if isinstance(text, bytes) else text.encode())
+    with pytest.raises(UsageError) as info:
+        load_values(str(path))
+    err = info.value
+    assert message in err.message and (err.loc.line, err.loc.column) == (line, column), err.format()
+
+
+# A simulation whose ops end past the horizon (docs/limits.md): every value is within its
+# limit, but the machine is so slow that an op ends decades later; the error names it.
+SLOW_MACHINE = """\
+name: slow
+devices: 2
+device: {name: x, peak_tflops: {fp32: 0.000001}, memory_bandwidth_gb_per_s: 0.001, sm_count: 1}
+kernel_launch_us: 4
+comm_launch_us: 10
+host_link: {latency_us: 2, bandwidth_gb_per_s: 0.001}
+transports:
+  nccl: {latency_us: 4, bandwidth_gb_per_s: 0.001}
+"""
+HORIZON_CASES = [
+    ("collective", ["compute F 1ms", "all_reduce g 1000TiB", "compute G 1ms"], "all_reduce g (op 0:1) ends at", 2),
+    ("flops", ["compute F 1ms", "compute G 1e20FLOP"], "compute G (op 0:1) ends at", 2),
+    ("copy", ["copy c 1000TiB to host"], "copy c (op 0:0) ends at", 1),
+    ("p2p", ["if rank == 0:", "    send x 1000TiB to 1", "else:", "    recv x 1000TiB from 0"], "send x (op 0:0) ends at", 2),
+]
+
+
+@pytest.mark.parametrize("network", ["flow", "analytic"])
+@pytest.mark.parametrize("case_id, lines, message, line", HORIZON_CASES, ids=[c[0] for c in HORIZON_CASES])
+def test_simulated_time_past_the_horizon_names_the_op(case_id, lines, message, line, network):
+    from commdsl.machine import load_machine_text
+    from commdsl.sim import simulate
+
+    text = "world: 2\nprogram: |\n" + "".join(f"  {x}\n" for x in lines)
+    program = load_schedule_text(text, "slow.yaml")
+    with pytest.raises(LimitError) as info:
+        simulate(program, load_machine_text(SLOW_MACHINE, "slow.yaml"), network)
+    err = info.value
+    assert message in err.message and "past the simulator's horizon of 1e+06s" in err.message, err.format()
+    assert err.loc.line == 2 + line
 
 
 def test_cli_override_error_points_at_the_override(tmp_path):
@@ -379,6 +760,28 @@ def test_cli_override_error_points_at_the_override(tmp_path):
     ok = _cli(["check", str(path), "-p", "t_fwd=3ms", "-p", "n=2"])
     assert ok.returncode == 0, ok.stderr
     assert "t_fwd=3ms" in ok.stdout
+
+
+# Schedules within the limits that a loop's bound must not refuse (each would, if the bound
+# took what the first iteration makes, or the values at the loop's start, for every
+# iteration): (id, program lines, ops over the 4 ranks). Loaded with --max-ops 5000.
+WITHIN_LIMITS = [
+    ("bound_changed_in_the_body", ["m = 1000", "for i in range(100):", "    for j in range(m):", "        compute F 1us", "    m = 0"],
+     4000),
+    ("bound_from_the_loop_variable", ["for i in range(100):", "    for j in range(1000 - 1000 * i):", "        compute F 1us"],
+     4000),
+    ("first_iteration_only", ["for i in range(100):", "    if i == 0:", "        for j in range(1000):", "            compute F 1us"],
+     4000),
+    ("block_redefined_by_a_block", ["def g():", "    for j in range(1000):", "        compute F 1us", "def f():",
+                                    "    def g():", "        pass", "for i in range(100):", "    g()", "    f()"], 4000),
+    ("block_redefined_in_the_loop", ["def g():", "    for j in range(1000):", "        compute F 1us", "for i in range(100):",
+                                     "    g()", "    def g():", "        pass"], 4000),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("case_id, lines, ops", WITHIN_LIMITS, ids=[c[0] for c in WITHIN_LIMITS])
+def test_loop_bounds_never_refuse_a_schedule_within_the_limits(case_id, lines, ops):
+    assert load_schedule_text(prog(*lines), "ok.yaml", max_ops=5000).num_ops == ops
 
 
 def test_giant_loop_fails_fast():

@@ -8,6 +8,9 @@ reach the user as a traceback.
 
 from __future__ import annotations
 
+import concurrent.futures
+import multiprocessing
+import os
 import re
 import subprocess
 import sys
@@ -18,13 +21,11 @@ from hypothesis import strategies as st
 
 from commdsl.dsl import load_schedule_text
 from commdsl.errors import CommdslError
-from commdsl.resources import bundled_schedules, schedules_dir
 
-SCHEDULES = {name: (schedules_dir() / f"{name}.yaml").read_text() for name in bundled_schedules()}
-NAMES = sorted(SCHEDULES)
-
-# Small params keep every load fast, so many examples fit in the time budget.
-_SMALL = {"stages": "2", "microbatches": "4", "chunks": "2", "world": "2", "ranks": "2", "dp": "2", "tp": "2", "pp": "2"}
+try:
+    from fuzz_mutations import _INTERESTING, _TOKEN_RE, NAMES, SCHEDULES, _small_overrides, run_cases
+except ImportError:
+    from tests.fuzz_mutations import _INTERESTING, _TOKEN_RE, NAMES, SCHEDULES, _small_overrides, run_cases
 
 FUZZ = settings(
     max_examples=200,
@@ -32,18 +33,6 @@ FUZZ = settings(
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
     derandomize=True,
 )
-
-_TOKEN_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*|\d+(?:\.\d+)?[A-Za-z]*|\*\*|//|[=<>!]=|\S")
-_INTERESTING = [
-    "\t", " ", "  ", "\n", ":", "(", ")", "[", "]", "=", "==", "**", ",", "#", '"', "'", "\\", "-", "{", "}",
-    "\x00", "\x7f", "\u2028", "\ufeff", "é", "1e999", "10**99", "0", "-1", "if", "for", "def", "batch", "on",
-    "rank", "wait", "record", "host", "MiB", "ms", "bf16[", "group=", "op=", "%", "!!int", "&a", "*a", "---",
-]  # fmt: skip
-
-
-def _small_overrides(text: str) -> dict[str, str]:
-    """Override only params the schedule declares, with small values."""
-    return {k: v for k, v in _SMALL.items() if re.search(rf"^\s+{k}\s*:", text, re.M)}
 
 
 def _load(text: str, *, max_ops: int = 20_000) -> None:
@@ -175,3 +164,49 @@ def test_cli_on_mutated_schedule_never_prints_a_traceback(tmp_path, seed):
     assert "Traceback" not in proc.stderr
     if proc.returncode:
         assert "error" in proc.stderr
+
+
+# ---- a seeded run of many mutations ------------------------------------------------------------------
+#
+# Hypothesis above shrinks what it finds; this run covers ground: FUZZ_CASES mutated bundled
+# schedules and FUZZ_MACHINE_CASES mutated machine presets (tests/fuzz_mutations.py says how),
+# from one seed, printed so that a failure replays with COMMDSL_FUZZ_SEED=<seed>. The cases are
+# loaded with the library in this process's workers (one per core, each running a share of the
+# cases), never one command per case.
+
+FUZZ_SEED = int(os.environ.get("COMMDSL_FUZZ_SEED", "23"))
+FUZZ_CASES = 10_000
+FUZZ_MACHINE_CASES = 2_000
+
+
+def _run_seeded(kind: str, count: int) -> dict:
+    workers = max(1, min(os.cpu_count() or 1, 4))
+    print(f"\nfuzz seed {FUZZ_SEED} (replay: COMMDSL_FUZZ_SEED={FUZZ_SEED}), {count:,} mutated {kind}, {workers} worker(s)")
+    shares = [(FUZZ_SEED, kind, range(w, count, workers)) for w in range(workers)]
+    if workers == 1:
+        results = [run_cases(*shares[0])]
+    else:
+        # spawn: the workers start clean, whatever this test process holds (threads, torch).
+        with concurrent.futures.ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+            results = list(pool.map(run_cases, *zip(*shares)))
+    total = {"failures": [], "cases": 0, "loaded": 0, "simulated": 0, "errors": 0}
+    for r in results:
+        total["failures"] += r["failures"]
+        for key in ("cases", "loaded", "simulated", "errors"):
+            total[key] += r[key]
+    print({k: v for k, v in total.items() if k != "failures"})
+    failures = sorted(total["failures"])
+    assert not failures, f"seed {FUZZ_SEED}: {len(failures)} failures, e.g.\n" + "\n".join(failures[:10])
+    return total
+
+
+def test_seeded_fuzz_of_bundled_schedules():
+    total = _run_seeded("schedules", FUZZ_CASES)
+    assert total["cases"] == FUZZ_CASES
+    assert total["loaded"] > FUZZ_CASES // 20 and total["simulated"] > FUZZ_CASES // 25 and total["errors"] > FUZZ_CASES // 4, total
+
+
+def test_seeded_fuzz_of_machine_presets():
+    total = _run_seeded("machines", FUZZ_MACHINE_CASES)
+    assert total["cases"] == total["loaded"] + total["errors"] == FUZZ_MACHINE_CASES
+    assert total["errors"] > FUZZ_MACHINE_CASES // 4, total

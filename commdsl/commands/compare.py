@@ -4,15 +4,16 @@ from __future__ import annotations
 
 import argparse
 import json
-from pathlib import Path
 
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
 from commdsl.api import compare_named
+from commdsl.cli import non_negative_number
 from commdsl.comparison import Comparison, combined_trace
 from commdsl.dsl.values import format_bytes, format_us
+from commdsl.files import write_text
 from commdsl.timeline import Timeline
 
 EXIT_OVER_MAX_ERROR = 4
@@ -25,9 +26,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print the comparison as JSON")
     parser.add_argument("--html", metavar="OUT", help="write a self-contained HTML report")
     parser.add_argument("--trace", metavar="OUT", help="write one Chrome trace holding both timelines")
-    parser.add_argument("--max-error", type=float, metavar="PCT",
+    parser.add_argument("--max-error", type=non_negative_number, metavar="PCT",
                         help=f"exit {EXIT_OVER_MAX_ERROR} when |makespan error| exceeds PCT percent")  # fmt: skip
-    parser.add_argument("--min-duration", type=float, default=10.0, metavar="US",
+    parser.add_argument("--min-duration", type=non_negative_number, default=10.0, metavar="US",
                         help="leave ops shorter than this (measured, us) out of the duration-error percentages")  # fmt: skip
 
 
@@ -93,9 +94,9 @@ def run(args: argparse.Namespace) -> int:
     if args.html:
         from commdsl.report import render_html
 
-        Path(args.html).write_text(render_html(cmp, predicted, measured))
+        write_text(args.html, render_html(cmp, predicted, measured), "--html")
     if args.trace:
-        Path(args.trace).write_text(json.dumps(combined_trace(predicted, measured), sort_keys=True, separators=(",", ":")) + "\n")
+        write_text(args.trace, json.dumps(combined_trace(predicted, measured), sort_keys=True, separators=(",", ":")) + "\n", "--trace")
     if args.max_error is not None and abs(cmp.makespan_error_pct) > args.max_error:
         Console(stderr=True, highlight=False).print(
             f"makespan error {cmp.makespan_error_pct:+.2f}% exceeds --max-error {args.max_error:g}%"

@@ -6,7 +6,7 @@ import argparse
 import json
 import re
 
-from commdsl.cli import add_schedule_arguments, load_from_args
+from commdsl.cli import add_schedule_arguments, count_at_least, load_from_args
 from commdsl.dsl.values import format_bytes, format_flops, format_us
 from commdsl.errors import UsageError
 from commdsl.ir import HOST_STREAM, Op, OpKind, Program
@@ -17,7 +17,7 @@ _INDEX_RE = re.compile(r"\[([^\]]*)\]")
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_schedule_arguments(parser)
-    parser.add_argument("--rank", type=int, default=None, metavar="R", help="only this rank")
+    parser.add_argument("--rank", type=count_at_least(0), default=None, metavar="R", help="only this rank")
     parser.add_argument("--json", action="store_true", help="dump the expanded IR as JSON")
     parser.add_argument("--grid", choices=("compute", "all"), default=None,
                         help="ops in the grid: compute only (default when the schedule computes) or all")  # fmt: skip

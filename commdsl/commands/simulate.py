@@ -18,8 +18,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from commdsl.cli import add_schedule_arguments, load_from_args
-from commdsl.errors import UsageError
+from commdsl.cli import add_schedule_arguments, count_at_least, load_from_args
 from commdsl.machine import DEFAULT_MACHINE, resolve_machine
 from commdsl.progress import Progress
 from commdsl.sim import NETWORKS, simulate
@@ -37,7 +36,7 @@ def add_machine_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--network", default=DEFAULT_NETWORK, choices=sorted(NETWORKS),
                         help=f"network model: flow (links shared max-min), analytic (no contention), flow-steps "
                              f"(collectives step by step, for validation); default {DEFAULT_NETWORK}")  # fmt: skip
-    parser.add_argument("--nodes", type=int, default=None, metavar="N",
+    parser.add_argument("--nodes", type=count_at_least(1), default=None, metavar="N",
                         help="number of nodes of a machine with a topology (e.g. --machine dgx-h100 --nodes 8)")  # fmt: skip
 
 
@@ -54,14 +53,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print the summary as JSON")
     parser.add_argument("--gantt", choices=("auto", "always", "never"), default="auto",
                         help="terminal Gantt chart (auto: for small schedules)")  # fmt: skip
-    parser.add_argument("--links", type=int, nargs="?", const=10, default=None, metavar="N",
+    parser.add_argument("--links", type=count_at_least(1), nargs="?", const=10, default=None, metavar="N",
                         help="print the N busiest links (default 10) with bytes, busy time and utilisation")  # fmt: skip
     add_sampling_arguments(parser)
 
 
 def add_sampling_arguments(parser: argparse.ArgumentParser) -> None:
     """--samples and --seed (simulate, and run --compare)."""
-    parser.add_argument("--samples", type=int, default=1, metavar="N",
+    parser.add_argument("--samples", type=count_at_least(1), default=1, metavar="N",
                         help="draw the machine's random compute stalls (compute_noise, from calibration) in N runs "
                              "and report each op's median, as commdsl.run does over its iterations (default 1: no noise)")  # fmt: skip
     parser.add_argument("--seed", type=int, default=0, help="first random seed of --samples (default 0)")
@@ -76,10 +75,7 @@ def run(args: argparse.Namespace) -> int:
         result = simulate(program, machine, args.network, samples=args.samples, seed=args.seed, progress=progress.update)
         if args.trace:
             progress.phase(f"writing the trace {args.trace}")
-            try:
-                result.timeline.write(args.trace, program.streams)
-            except OSError as e:
-                raise UsageError(f"cannot write trace {args.trace}: {e}") from None
+            result.timeline.write(args.trace, program.streams, flag="--trace")
         progress.phase("summarising")
         summary = summarize(result)
     if args.json:

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from lark import Token, Transformer, Tree, v_args
 from lark.exceptions import VisitError
 
+from commdsl.dsl.estimate import AssignShape, BodyShape, CallShape, DefShape, ForShape, IfShape, OpShape, check_loop, expression_names
 from commdsl.dsl.expand import RankExpander, WorldLayout
 from commdsl.dsl.parser import TextOrigin
 from commdsl.dsl.values import (
@@ -95,6 +96,8 @@ def _expression(method):
         fn = method(self, meta, children)
         if not hasattr(fn, "loc"):
             fn.loc = self._loc(meta)
+        if not hasattr(fn, "names"):
+            fn.names = expression_names(children)  # what it reads: see commdsl/dsl/estimate.py
         return fn
 
     return located
@@ -148,6 +151,8 @@ class _OpNode:
         self.run = run
         self.kind_word = kind_word
         self.loc = loc
+
+    shape = OpShape()
 
     def __call__(self, ctx: RankExpander, env: Env) -> None:
         """As a statement of its own: not bound to a handle."""
@@ -279,7 +284,12 @@ class ProgramCompiler(Transformer):
         loc = self._loc(meta)
         if isinstance(rhs, _OpNode):
             run = rhs.run
-            return lambda ctx, env: run(ctx, env, ref.text(env))
+
+            def bind(ctx, env):
+                run(ctx, env, ref.text(env))
+
+            bind.shape = OpShape()
+            return bind
         if ref.indices:
             raise ScheduleError(f"only an op can be bound to an indexed name like {ref.base}[...]", loc,
                                 hint="values are assigned to plain names: `x = ...`")  # fmt: skip
@@ -290,6 +300,7 @@ class ProgramCompiler(Transformer):
         def assign(ctx, env):
             env[name] = value(env)
 
+        assign.shape = AssignShape(name)
         return assign
 
     def call_stmt(self, meta, children) -> Stmt:
@@ -326,6 +337,7 @@ class ProgramCompiler(Transformer):
             finally:
                 ctx.call_depth -= 1
 
+        call.shape = CallShape(name, tuple(positional), tuple(keywords))
         return call
 
     def def_stmt(self, meta, children) -> Stmt:
@@ -343,6 +355,7 @@ class ProgramCompiler(Transformer):
         def define(ctx, env):
             ctx.functions[name] = (params, body)
 
+        define.shape = DefShape(name)
         return define
 
     def parameters(self, meta, children) -> list[str]:
@@ -372,6 +385,7 @@ class ProgramCompiler(Transformer):
                 for s in otherwise:
                     s(ctx, env)
 
+        run_if.shape = IfShape(tuple(tuple(b) for _, b, _ in branches) + ((tuple(otherwise),) if otherwise else ()), otherwise is not None)
         return run_if
 
     def elif_clause(self, meta, children):
@@ -402,11 +416,13 @@ class ProgramCompiler(Transformer):
             except OverflowError:  # more than sys.maxsize iterations
                 count = ctx.budget.max_steps + 1
             ctx.budget.charge_steps(count, loc, ctx.rank)
+            check_loop(ctx, env, shape, count, loc)
             for i in iterations:
                 env[var] = i
                 for s in body:
                     s(ctx, env)
 
+        shape = run_for.shape = ForShape(var, tuple(positional), expression_names(positional), tuple(body))
         return run_for
 
     def batch_stmt(self, meta, children) -> Stmt:
@@ -419,6 +435,7 @@ class ProgramCompiler(Transformer):
                 s(ctx, env)
             ctx.end_batch(loc)
 
+        run_batch.shape = BodyShape(tuple(body))
         return run_batch
 
     def on_stmt(self, meta, children) -> Stmt:
@@ -433,6 +450,7 @@ class ProgramCompiler(Transformer):
             finally:
                 ctx.stream_stack.pop()
 
+        run_on.shape = BodyShape(tuple(body))
         return run_on
 
     # ---- ops ------------------------------------------------------------------------------
@@ -448,11 +466,13 @@ class ProgramCompiler(Transformer):
         if amount is None and flops_opt is None and bytes_opt is None:
             raise ScheduleError("compute needs a duration (2ms), work (4GFLOP), flops= or bytes=", loc)
         pipeline = self._pipeline_options(opts, loc)
+        amount_loc = _loc_of(amount, loc)
 
         def run(ctx, env, handle):
             if handle is not None:
                 raise ctx.fail("compute returns no handle; record an event to wait on it from another stream", loc)
             duration_us = flops = size = None
+            name = ref.text(env)
             if amount is not None:
                 v = amount(env)
                 if isinstance(v, Quantity) and v.unit is Unit.DURATION:
@@ -461,16 +481,18 @@ class ProgramCompiler(Transformer):
                     flops = v.value
                 else:
                     raise ctx.fail(f"compute takes a duration (2ms) or work (4GFLOP), got {type_name(v)}", _loc_of(amount, loc))
+            flops_loc = amount_loc
             if flops_opt is not None:
                 if flops is not None:
                     raise ctx.fail("work given twice (positional and flops=)", flops_opt.loc)
-                flops = _quantity(ctx, flops_opt.value(env), Unit.WORK, "flops=", flops_opt.loc)
+                flops, flops_loc = _quantity(ctx, flops_opt.value(env), Unit.WORK, "flops=", flops_opt.loc), flops_opt.loc
             if bytes_opt is not None:
                 size = _quantity(ctx, bytes_opt.value(env), Unit.SIZE, "bytes=", bytes_opt.loc)
-            for what, x in (("duration", duration_us), ("flops", flops), ("bytes", size)):
-                if x is not None and x < 0:
-                    raise ctx.fail(f"compute {what} must not be negative", loc)
-            ctx.compute(ref.text(env), duration_us, flops, size, dtype, stream, loc, pipeline=pipeline(ctx, env))
+            for what, x, unit, where in (("duration", duration_us, Unit.DURATION, amount_loc), ("flops", flops, Unit.WORK, flops_loc),
+                                         ("bytes", size, Unit.SIZE, bytes_opt.loc if bytes_opt else loc)):  # fmt: skip
+                if x is not None:
+                    ctx.check_amount(f"compute {name}", what, x, unit, where)
+            ctx.compute(name, duration_us, flops, size, dtype, stream, loc, pipeline=pipeline(ctx, env))
 
         return _OpNode(run, "compute", loc)
 
@@ -523,7 +545,8 @@ class ProgramCompiler(Transformer):
         def run(ctx, env, handle):
             if handle is not None:
                 raise ctx.fail("host work blocks the host and returns no handle", loc)
-            ctx.host_work(ref.text(env), _quantity(ctx, amount(env), Unit.DURATION, "host work", _loc_of(amount, loc)), loc)
+            amount_loc = _loc_of(amount, loc)
+            ctx.host_work(ref.text(env), _quantity(ctx, amount(env), Unit.DURATION, "host work", amount_loc), loc, amount_loc=amount_loc)
 
         return _OpNode(run, "host", loc)
 
@@ -863,6 +886,7 @@ class ProgramCompiler(Transformer):
                 raise _unknown_name(name, env, loc) from None
 
         var.var_name = name  # lets options read `op=sum` as a bare name
+        var.names = frozenset((name,))
         return var
 
     @_expression
@@ -877,7 +901,7 @@ class ProgramCompiler(Transformer):
         # Groups are known per rank only at run time; env["__ctx__"] is the rank's expander.
         if field_name == "size":
             return lambda env: len(env["__ctx__"].group(family, loc).ranks)
-        return lambda env: env["__ctx__"].group(family, loc).group_rank(env["rank"])
+        return lambda env: env["__ctx__"].group_rank(family, loc)
 
     @_expression
     def func_call(self, meta, children) -> Expr:

@@ -9,6 +9,7 @@ compare ranks live in commdsl/validate.py.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field, replace
 
 from commdsl.errors import LimitError, ScheduleError, SourceLoc, did_you_mean
@@ -27,7 +28,18 @@ from commdsl.ir import (
     ReduceOp,
     Transport,
 )
-from commdsl.dsl.values import format_bytes
+from commdsl.dsl.values import Unit, format_bytes, format_flops, format_us, format_value
+from commdsl.limits import MAX_DURATION_US, MAX_FLOPS, MAX_SIZE_BYTES
+
+_LIMITS_HINT = "the limits keep simulated times finite; see docs/limits.md"
+
+
+_AMOUNT_LIMITS = {
+    Unit.DURATION: (MAX_DURATION_US, format_us),
+    Unit.WORK: (MAX_FLOPS, format_flops),
+    Unit.SIZE: (MAX_SIZE_BYTES, format_bytes),
+}
+"""`RankExpander.check_amount`: per unit, the limit of one op and how to show it."""
 
 
 @dataclass(frozen=True)
@@ -56,6 +68,12 @@ class WorldLayout:
             rank = rank * size + coords[axis]
         return rank
 
+    @functools.cached_property
+    def membership(self) -> dict[str, dict[int, tuple[Group, int]]]:
+        """Per group family, rank -> (its group, its rank in the group); built once for
+        all ranks (a rank belongs to at most one group of a family)."""
+        return {family: {r: (g, i) for g in groups for i, r in enumerate(g.ranks)} for family, groups in self.families.items()}
+
 
 @dataclass
 class ExpansionBudget:
@@ -70,13 +88,18 @@ class ExpansionBudget:
         """Count `n` loop iterations or block calls about to run; fail before running them."""
         self.steps += n
         if self.steps > self.max_steps:
-            what = f"this loop would run {n:,} iterations; " if n > 1 else ""
-            raise LimitError(
-                f"{what}expansion is limited to {self.max_steps:,} loop iterations and block calls over all ranks",
-                loc,
-                rank=rank,
-                hint="reduce the loop bounds or params, or raise the limit with --max-ops (it scales with it)",
-            )
+            raise self.too_many_steps(f"this loop would run {n:,} iterations" if n > 1 else "", loc, rank)
+
+    def too_many_ops(self, detail: str, loc: SourceLoc, rank: int | None) -> LimitError:
+        """The error of a schedule past `max_ops`; `detail` says how (may be empty)."""
+        return LimitError(f"the schedule expands to more than {self.max_ops:,} ops" + (f": {detail}" if detail else ""),
+                          loc, rank=rank, hint="use smaller params, or raise the limit with --max-ops")  # fmt: skip
+
+    def too_many_steps(self, detail: str, loc: SourceLoc, rank: int | None) -> LimitError:
+        """The error of a schedule past `max_steps`; `detail` says how (may be empty)."""
+        return LimitError(f"expansion is limited to {self.max_steps:,} loop iterations and block calls over all ranks"
+                          + (f": {detail}" if detail else ""), loc, rank=rank,
+                          hint="reduce the loop bounds or params, or raise the limit with --max-ops (it scales with it)")  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -133,14 +156,11 @@ class RankExpander:
     """(action, stage, microbatch) of the last pipeline compute op: what a stage_send sends."""
     unannotated_recvs: list[int] = field(default_factory=list)
     """stage_recvs waiting for the pipeline compute op after them (what they feed)."""
-    _group_of: dict[str, Group] = field(default_factory=dict)
+    _group_of: dict[str, tuple[Group, int]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        for family, groups in self.layout.families.items():
-            for g in groups:
-                if self.rank in g.ranks:
-                    self._group_of[family] = g
-                    break
+        rank = self.rank
+        self._group_of = {family: members[rank] for family, members in self.layout.membership.items() if rank in members}
 
     # ---- helpers --------------------------------------------------------------
 
@@ -148,11 +168,18 @@ class RankExpander:
         return ScheduleError(message, loc, hint=hint, rank=self.rank)
 
     def group(self, family: str, loc: SourceLoc) -> Group:
-        g = self._group_of.get(family)
-        if g is None:
+        return self._membership(family, loc)[0]
+
+    def group_rank(self, family: str, loc: SourceLoc) -> int:
+        """This rank's rank in its group of `family` (`pp.rank`)."""
+        return self._membership(family, loc)[1]
+
+    def _membership(self, family: str, loc: SourceLoc) -> tuple[Group, int]:
+        found = self._group_of.get(family)
+        if found is None:
             members = ", ".join(str(list(x.ranks)) for x in self.layout.families[family])
             raise self.fail(f"rank {self.rank} is not a member of group '{family}' ({members})", loc)
-        return g
+        return found
 
     def stream(self, placement: str | None, loc: SourceLoc, *, allow_host: bool = False) -> str:
         name = placement if placement is not None else (self.stream_stack[-1] if self.stream_stack else self.layout.streams[0])
@@ -174,7 +201,7 @@ class RankExpander:
 
     def _check_rank(self, what: str, value: object, loc: SourceLoc) -> int:
         if not isinstance(value, int) or isinstance(value, bool):
-            raise self.fail(f"{what} must be an integer rank, got {value!r}", loc)
+            raise self.fail(f"{what} must be an integer rank, got {format_value(value)}", loc)
         if not 0 <= value < self.layout.world_size:
             raise self.fail(f"{what} {value} is out of range: the world has ranks 0..{self.layout.world_size - 1}", loc)
         return value
@@ -183,19 +210,17 @@ class RankExpander:
         budget = self.budget
         budget.ops += 1
         if budget.ops > budget.max_ops:
-            raise LimitError(
-                f"the schedule expands to more than {budget.max_ops:,} ops",
-                loc,
-                rank=self.rank,
-                hint="use smaller params, or raise the limit with --max-ops",
-            )
+            raise budget.too_many_ops("", loc, self.rank)
         op = Op(rank=self.rank, index=len(self.ops), loc=loc, **op_kwargs)
         self.ops.append(op)
         return op
 
-    def _size(self, size: int | float, dtype: Dtype, loc: SourceLoc, kind: OpKind) -> int:
+    def _size(self, name: str, size: int | float, dtype: Dtype, loc: SourceLoc, kind: OpKind) -> int:
         if size < 0:
             raise self.fail(f"{kind.value} size must not be negative, got {size:g}B", loc)
+        if size > MAX_SIZE_BYTES:
+            raise self.fail(f"{kind.value} {name}: size {format_bytes(size)} is more than the limit of {format_bytes(MAX_SIZE_BYTES)} "
+                            "per op", loc, hint=_LIMITS_HINT)  # fmt: skip
         if not float(size).is_integer():
             raise self.fail(f"size {size:g}B is not a whole number of bytes", loc)
         size = int(size)
@@ -231,6 +256,16 @@ class RankExpander:
         self._bind(handle, tuple(range(start, len(self.ops))), loc)
 
     # ---- ops ----------------------------------------------------------------------
+
+    def check_amount(self, op_text: str, what: str, value: float, unit: Unit, loc: SourceLoc) -> None:
+        """A compute or host op's duration (us), work (FLOP) or bytes: not negative, and
+        within its limit (docs/limits.md). `op_text` names the op ("compute F[3]")."""
+        limit, shown = _AMOUNT_LIMITS[unit]
+        if value < 0:
+            raise self.fail(f"{op_text}: {what} must not be negative, got {shown(value)}", loc)
+        if value > limit:
+            raise self.fail(f"{op_text}: {what} {shown(value)} is more than the limit of {shown(limit)} per op", loc,
+                            hint=_LIMITS_HINT)  # fmt: skip
 
     def compute(self, name: str, duration_us, flops, size_bytes, dtype: Dtype | None, placement, loc,
                 pipeline: tuple[PipelineAction, int, int] | None = None) -> None:  # fmt: skip
@@ -285,7 +320,7 @@ class RankExpander:
         old = self.live.get(name)
         if old is not None:
             raise self.fail(f"buffer '{name}' is already allocated (line {old.loc.line}); free it before allocating it again", loc)
-        size = self._size(size, Dtype.UINT8, size_loc or loc, OpKind.ALLOC)
+        size = self._size(name, size, Dtype.UINT8, size_loc or loc, OpKind.ALLOC)
         self._append(dict(kind=OpKind.ALLOC, name=name, stream=stream, size_bytes=size, dtype=Dtype.UINT8), loc)
         self.live[name] = _Buffer(size, stream, loc)
 
@@ -302,17 +337,16 @@ class RankExpander:
                             loc, hint=f"memory is ordered by stream: free it `on {buf.stream}`")  # fmt: skip
         self._append(dict(kind=OpKind.FREE, name=name, stream=stream, size_bytes=buf.size_bytes, dtype=Dtype.UINT8), loc)
 
-    def host_work(self, name: str, duration_us: float, loc) -> None:
+    def host_work(self, name: str, duration_us: float, loc, *, amount_loc=None) -> None:
         self._no_batch("host", loc)
-        if duration_us < 0:
-            raise self.fail(f"host work duration must not be negative, got {duration_us:g}us", loc)
+        self.check_amount(f"host {name}", "duration", duration_us, Unit.DURATION, amount_loc or loc)
         self._append(dict(kind=OpKind.HOST, name=name, stream=HOST_STREAM, duration_us=duration_us), loc)
 
     def copy(self, name: str, size, dtype: Dtype | None, copy_dir: CopyDir, placement, loc, *, size_loc=None) -> None:
         self._no_batch("copy", loc)
         stream = self.stream(placement, loc)
         dtype = dtype or self.layout.default_dtype
-        size = self._size(size, dtype, size_loc or loc, OpKind.COPY)
+        size = self._size(name, size, dtype, size_loc or loc, OpKind.COPY)
         self._append(
             dict(kind=OpKind.COPY, name=name, stream=stream, size_bytes=size, dtype=dtype,
                  copy_dir=copy_dir, transport=Transport.MEMCPY),
@@ -341,7 +375,7 @@ class RankExpander:
             raise self.fail(f"peer {peer} is not in group {group.id} (ranks {list(group.ranks)})", peer_loc)
         stream = self.stream(placement, loc)
         dtype = dtype or self.layout.default_dtype
-        size = self._size(size, dtype, size_loc or loc, kind)
+        size = self._size(name, size, dtype, size_loc or loc, kind)
         fields = dict(kind=kind, name=name, stream=stream, size_bytes=size, dtype=dtype, peer=peer, group=group.id,
                       transport=transport or self.layout.default_transport, proto=proto,
                       handle=self.batch_handle if in_batch else handle, batch=self.batch_start)  # fmt: skip
@@ -366,7 +400,7 @@ class RankExpander:
         stream = self.stream(placement, loc)
         dtype = dtype or self.layout.default_dtype
         size_loc = size_loc or loc
-        size = self._size(size, dtype, size_loc, kind)
+        size = self._size(name, size, dtype, size_loc, kind)
         n = len(group.ranks)
         if kind in SPLIT_KINDS and size % (n * dtype.itemsize):
             raise self.fail(

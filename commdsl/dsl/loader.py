@@ -10,7 +10,6 @@ from __future__ import annotations
 import itertools
 import math
 import re
-from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
@@ -18,82 +17,25 @@ import yaml
 from commdsl.dsl.compile import ProgramCompiler
 from commdsl.dsl.expand import ExpansionBudget, RankExpander, WorldLayout
 from commdsl.dsl.lower import lower_stage_transfers
-from commdsl.dsl.parser import TextOrigin, parse_expression, parse_program
-from commdsl.dsl.values import INT_LIMIT, format_value
-from commdsl.errors import LimitError, ScheduleError, SourceLoc, UsageError, did_you_mean
+from commdsl.dsl.parser import TextOrigin, is_name, parse_expression, parse_program
+from commdsl.dsl.values import INT_LIMIT, QUANTITY_LITERAL, ValueFault, format_value, parse_quantity
+from commdsl.errors import LimitError, ScheduleError, UsageError, did_you_mean
+from commdsl.files import is_file, read_text
 from commdsl.ir import Dtype, Group, Program, Transport
+from commdsl.limits import DEFAULT_MAX_OPS, MAX_WORLD_SIZE
 from commdsl.resources import bundled_schedules, resolve_schedule
-
-DEFAULT_MAX_OPS = 5_000_000
-"""Default limit on the total number of ops a schedule may expand to."""
-MAX_WORLD_SIZE = 65_536
+from commdsl.yamldoc import YamlDocument
 
 _STR_TAG = "tag:yaml.org,2002:str"
 _BLOCK_HEADER = re.compile(r"[|>]([1-9]?)[+-]?([1-9]?)")
 _TOP_LEVEL_KEYS = ("name", "doc", "params", "world", "streams", "groups", "transport", "dtype", "program")
 
 
-@dataclass(frozen=True)
-class _Node:
-    """A YAML value with its position."""
+class _YamlFile(YamlDocument):
+    """The schedule's node tree with the schedule's own helpers."""
 
-    value: object
-    node: yaml.Node
-
-
-class _YamlFile:
     def __init__(self, text: str, file: str):
-        self.file = file
-        self.lines = tuple(text.splitlines())
-        try:
-            self.root = yaml.compose(text, Loader=yaml.SafeLoader)
-            yaml.safe_load(text)  # constructs nothing unsafe; rejects unknown tags with a position
-        except yaml.MarkedYAMLError as e:
-            mark = e.problem_mark or e.context_mark
-            loc = self.loc_of_mark(mark) if mark else None
-            problem = e.problem or e.context or "invalid YAML"
-            raise ScheduleError(f"invalid YAML: {problem}", loc) from None
-        except yaml.reader.ReaderError as e:
-            line = text.count("\n", 0, e.position) + 1
-            column = e.position - (text.rfind("\n", 0, e.position) + 1) + 1
-            text_line = self.lines[line - 1] if 0 < line <= len(self.lines) else ""
-            raise ScheduleError(
-                f"invalid YAML: unacceptable character {chr(e.character)!r} (code {e.character:#x})",
-                SourceLoc(file, line, column, text_line),
-            ) from None
-        except yaml.YAMLError as e:
-            raise ScheduleError(f"invalid YAML: {e}", self.file_start()) from None
-        except (ValueError, TypeError, OverflowError) as e:  # a tagged scalar its constructor rejects (!!int "x")
-            raise ScheduleError(f"invalid YAML value: {e}", self._unconstructible(self.root)) from None
-        except RecursionError:
-            raise LimitError("invalid YAML: the document nests too deeply", self.file_start()) from None
-
-    def _unconstructible(self, node: yaml.Node | None) -> SourceLoc:
-        """Where the first scalar that the safe constructor rejects is (start of file if none)."""
-        stack = [node] if node is not None else []
-        while stack:
-            n = stack.pop()
-            if isinstance(n, yaml.ScalarNode):
-                try:
-                    yaml.SafeLoader("").construct_object(n)
-                except Exception:  # any failure of the constructor marks the culprit
-                    return self.loc(n)
-            elif isinstance(n, yaml.SequenceNode):
-                stack.extend(reversed(n.value))
-            elif isinstance(n, yaml.MappingNode):
-                stack.extend(x for pair in reversed(n.value) for x in reversed(pair))
-        return self.file_start()
-
-    def file_start(self) -> SourceLoc:
-        return SourceLoc(self.file, 1, 1, self.lines[0] if self.lines else "")
-
-    def loc_of_mark(self, mark: yaml.Mark) -> SourceLoc:
-        line = mark.line + 1
-        text = self.lines[line - 1] if 0 < line <= len(self.lines) else ""
-        return SourceLoc(self.file, line, mark.column + 1, text)
-
-    def loc(self, node: yaml.Node) -> SourceLoc:
-        return self.loc_of_mark(node.start_mark)
+        super().__init__(text, file, ScheduleError)
 
     def mapping(self, node: yaml.Node, what: str) -> dict[str, tuple[yaml.Node, yaml.Node]]:
         """Keys of a mapping node with (key node, value node); rejects duplicates."""
@@ -102,8 +44,9 @@ class _YamlFile:
         out: dict[str, tuple[yaml.Node, yaml.Node]] = {}
         for k, v in node.value:
             key = k.value if isinstance(k, yaml.ScalarNode) else None
-            if not isinstance(key, str) or not key:
-                raise ScheduleError(f"{what}: keys must be names", self.loc(k))
+            if not isinstance(key, str) or not is_name(key):
+                raise ScheduleError(f"{what}: keys must be names (letters, digits and _, not starting with a digit), got "
+                                    f"{self.scalar_text(k)}", self.loc(k))  # fmt: skip
             if key in out:
                 raise ScheduleError(f"{what}: key '{key}' appears twice (first at line {out[key][0].start_mark.line + 1})", self.loc(k))
             out[key] = (k, v)
@@ -145,13 +88,10 @@ def load_schedule(
             f"no such schedule file or bundled schedule: {arg}",
             hint="bundled schedules: " + ", ".join(bundled_schedules()),
         )
-    try:
-        text = path.read_text()
-    except (OSError, UnicodeDecodeError) as e:
-        raise UsageError(f"cannot read {arg}: {e}") from None
     # A bundled schedule is named the same in every checkout and install, so traces and
     # messages do not depend on where commdsl lives.
-    display = arg if Path(arg).is_file() else f"schedules/{path.name}"
+    display = arg if is_file(arg) else f"schedules/{path.name}"
+    text = read_text(path, display, ScheduleError, "schedule")
     return load_schedule_text(text, display, overrides, max_ops=max_ops, validate=validate)
 
 
@@ -245,6 +185,11 @@ def _string(doc: _YamlFile, top, key: str, default: str) -> str:
 
 def _eval_text(text: str, origin: TextOrigin, env: dict) -> object:
     """Evaluate a one-expression text (param value, world size, a group rank)."""
+    if QUANTITY_LITERAL.fullmatch(text):  # the usual param, 32MiB or 2ms: no parser needed
+        try:
+            return parse_quantity(text)
+        except ValueFault as e:
+            raise ScheduleError(str(e), origin.loc(1, 1)) from None
     tree = parse_expression(text, origin)
     layout = WorldLayout(1, (), ("compute",), {}, Transport.NCCL, Dtype.FP32)
     expr = ProgramCompiler(origin, layout, tuple(env)).compile(tree)
@@ -256,14 +201,11 @@ def _scalar_value(doc: _YamlFile, node: yaml.Node, env: dict, what: str) -> obje
     if not isinstance(node, yaml.ScalarNode):
         raise ScheduleError(f"{what} must be a single value", doc.loc(node))
     # Plain scalars resolve as YAML would (int, float, bool); quoted ones stay text.
-    try:
-        value = node.value if node.tag == _STR_TAG else yaml.SafeLoader("").construct_object(node)
-    except (yaml.YAMLError, ValueError, TypeError, OverflowError):
-        raise ScheduleError(f"{what}: cannot read the value {node.value!r} as {node.tag}", doc.loc(node)) from None
+    value = node.value if node.tag == _STR_TAG else doc.construct(node)
     if isinstance(value, float) and not math.isfinite(value):
-        raise ScheduleError(f"{what} must be a finite number, got {node.value}", doc.loc(node))
+        raise ScheduleError(f"{what} must be a finite number, got {doc.scalar_text(node)}", doc.loc(node))
     if isinstance(value, int) and not isinstance(value, bool) and not -INT_LIMIT < value < INT_LIMIT:
-        raise ScheduleError(f"{what} is too large (the limit is 2**63)", doc.loc(node))
+        raise ScheduleError(f"{what} is too large: {doc.scalar_text(node)} (the limit is 2**63)", doc.loc(node))
     if isinstance(value, bool) or isinstance(value, (int, float)):
         return value
     if isinstance(value, str):
@@ -346,7 +288,9 @@ def _enum_value(doc, top, key: str, enum_type, default):
     try:
         return enum_type(node.value if isinstance(node, yaml.ScalarNode) else None)
     except ValueError:
-        raise ScheduleError(f"unknown {key} '{node.value}'; expected one of {', '.join(e.value for e in enum_type)}", doc.loc(node)) from None
+        choices = [e.value for e in enum_type]
+        raise ScheduleError(f"unknown {key} {doc.scalar_text(node)}; expected one of {', '.join(choices)}", doc.loc(node),
+                            hint=did_you_mean(str(node.value), choices) if isinstance(node, yaml.ScalarNode) else None) from None  # fmt: skip
 
 
 def _streams(doc: _YamlFile, top) -> tuple[str, ...]:

@@ -49,6 +49,15 @@ class TextOrigin:
         return SourceLoc(self.file, file_line, col, text)
 
 
+_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def is_name(text: str) -> bool:
+    """Whether `text` is a name of the op language (the grammar's NAME: ASCII letters,
+    digits and _, not starting with a digit), so a program can refer to it."""
+    return _NAME_RE.fullmatch(text) is not None
+
+
 class _ProgramIndenter(Indenter):
     NL_type = "_NL"
     OPEN_PAREN_types = ["LPAR", "LSQB"]
@@ -138,6 +147,11 @@ def _describe_expected(parser: Lark, names: set[str]) -> str:
     return ", ".join(items)
 
 
+def _char_text(char: str) -> str:
+    """A character for a message: itself in quotes if printable, else its code point."""
+    return f"'{char}'" if char.isprintable() and char else f"U+{ord(char):04X}" if char else "end of text"
+
+
 def _token_text(token: Token) -> str:
     if token.type == "_NL":
         return "end of line"
@@ -147,7 +161,8 @@ def _token_text(token: Token) -> str:
         return "end of block"
     if token.type == "$END":
         return "end of program"
-    return repr(str(token))
+    text = str(token)
+    return f"'{text}'" if len(text) <= 40 else f"'{text[:37]}...'"
 
 
 def _hint_for(token: Token | None, text_line: str) -> str | None:
@@ -162,9 +177,9 @@ def _hint_for(token: Token | None, text_line: str) -> str | None:
     return None
 
 
-_GLUED_RE = re.compile(r"(?<![\w.])(\d+\.?\d*(?:[eE][+-]?\d+)?)([A-Za-z_]\w*)")
-_SPACED_RE = re.compile(r"(?<![\w.])\d+\.?\d*(?:[eE][+-]?\d+)?([ \t]+)([A-Za-z]+)\b")
-_FLOAT_RE = re.compile(r"(\d+\.\d*|\.\d+)([eE][+-]?\d+)?|\d+[eE][+-]?\d+")
+_GLUED_RE = re.compile(r"(?<![\w.])(\d+(?:\.\d*)?(?:[eE][+-]?\d+)?)([A-Za-z_]\w*)", re.ASCII)
+_SPACED_RE = re.compile(r"(?<![\w.])\d+(?:\.\d*)?(?:[eE][+-]?\d+)?([ \t]+)([A-Za-z]+)\b", re.ASCII)
+_FLOAT_RE = re.compile(r"(\d+\.\d*|\.\d+)([eE][+-]?\d+)?|\d+[eE][+-]?\d+", re.ASCII)
 
 
 def _unit_problem(line_text: str) -> tuple[int, str, str] | None:
@@ -200,8 +215,12 @@ def _raise_parse_error(err: LarkError, parser: Lark, origin: TextOrigin, text: s
         if char == "\t":
             raise ScheduleError("tab character in program; indent with spaces", loc) from None
         expected = _describe_expected(parser, set(err.allowed or ()))
-        msg = f"unexpected character {char!r}"
-        raise ScheduleError(msg + (f"; expected {expected}" if expected else ""), loc) from None
+        msg = f"unexpected character {_char_text(char)}"
+        hint = None
+        if char and not char.isascii():
+            hint = ("write numbers with the digits 0-9" if char.isdigit() or char.isnumeric()
+                    else "names and numbers are ASCII: letters, digits 0-9 and _")  # fmt: skip
+        raise ScheduleError(msg + (f"; expected {expected}" if expected else ""), loc, hint=hint) from None
     if isinstance(err, UnexpectedToken):
         token = err.token
         if token.type == "$END":
@@ -218,6 +237,9 @@ def _raise_parse_error(err: LarkError, parser: Lark, origin: TextOrigin, text: s
             # The indenter places these at the newline; point at the indented line instead.
             line = token.end_line or line
             column = len(str(token).rsplit("\n", 1)[-1]) + 1
+            if line > len(lines):  # the end of the text: point just after its last code
+                line = max((n for n, x in enumerate(lines, 1) if x.strip()), default=1)
+                column = len(lines[line - 1].rstrip()) + 1 if lines else 1
         loc = origin.loc(line, column)
         expected = _describe_expected(parser, set(err.expected))
         text_line = lines[line - 1] if 0 < line <= len(lines) else ""
@@ -303,13 +325,25 @@ def _dedent_line_of(text: str) -> int:
     return 1
 
 
+@functools.lru_cache(maxsize=64)
+def _program_tree(source: str) -> Tree:
+    # A pure function of the text (nothing downstream changes a tree): a process that
+    # loads one schedule many times (calibration's probes, tests, benches) parses it once.
+    return _lark().parse(source)
+
+
+@functools.lru_cache(maxsize=256)
+def _expression_tree(text: str) -> Tree:
+    return _expression_lark().parse(text)
+
+
 def parse_program(text: str, origin: TextOrigin) -> Tree:
     """Parse a program block into a Lark tree; errors become `ScheduleError`s."""
     parser = _lark()
     source = text if text.endswith("\n") else text + "\n"
     _check_indentation(source, origin)
     try:
-        return parser.parse(source)
+        return _program_tree(source)
     except DedentError:
         line = _dedent_line_of(source)
         indent = _indent_of(source.splitlines()[line - 1]) if line <= len(source.splitlines()) else 0
@@ -328,7 +362,7 @@ def parse_expression(text: str, origin: TextOrigin) -> Tree:
     """Parse one expression (a param value, a world size)."""
     parser = _expression_lark()
     try:
-        return parser.parse(text)
+        return _expression_tree(text)
     except LarkError as err:
         _raise_parse_error(err, parser, origin, text)
         raise

@@ -33,7 +33,9 @@ UNIT_SUFFIXES: dict[str, tuple[Unit, float]] = {
     "PFLOP": (Unit.WORK, 1e15),
 }  # fmt: skip
 
-_QUANTITY_RE = re.compile(r"^\s*((?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?)\s*([A-Za-z]+)\s*$")
+QUANTITY_LITERAL = re.compile(r"([0-9]+(?:\.[0-9]*)?|\.[0-9]+)([eE][+-]?[0-9]+)?(" + "|".join(sorted(UNIT_SUFFIXES, key=len, reverse=True)) + ")")
+"""A quantity literal as the grammar's QUANTITY token reads it (to be used with fullmatch)."""
+_QUANTITY_RE = re.compile(r"^\s*((?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?)\s*([A-Za-z]+)\s*$", re.ASCII)
 
 
 INT_LIMIT = 2**63
@@ -67,6 +69,23 @@ def _checked(v):
     return v
 
 
+def quantity_value(v: float, unit: Unit) -> float:
+    """A quantity's value, normalised: finite (else a `ValueFault`); a whole size that
+    fits in 64 bits is an int (bytes are counted exactly), anything larger a float, so
+    no arithmetic on sizes builds integers beyond float range."""
+    if type(v) is int:
+        if -INT_LIMIT < v < INT_LIMIT:
+            return v
+        try:
+            v = float(v)
+        except OverflowError:
+            raise ValueFault("arithmetic overflow: the result is not a finite number") from None
+    checked_float(v)
+    if unit is Unit.SIZE and v.is_integer() and -INT_LIMIT < v < INT_LIMIT:
+        return int(v)
+    return v
+
+
 class Quantity:
     """A number with a unit. `dtype` is kept only for sizes written as `bf16[n]`."""
 
@@ -96,9 +115,7 @@ def parse_quantity(text: str) -> Quantity:
     value = float(m.group(1)) * mult
     if not math.isfinite(value):
         raise ValueFault(f"quantity {text.strip()} is too large")
-    if unit is Unit.SIZE and value == int(value):
-        value = int(value)
-    return Quantity(value, unit)
+    return Quantity(quantity_value(value, unit), unit)
 
 
 def type_name(v: object) -> str:
@@ -118,10 +135,7 @@ def is_number(v: object) -> bool:
 
 
 def _scale(q: Quantity, k: float) -> Quantity:
-    value = q.value * k
-    if q.unit is Unit.SIZE and isinstance(value, float) and value.is_integer():
-        value = int(value)
-    return Quantity(value, q.unit, q.dtype)
+    return Quantity(q.value * k, q.unit, q.dtype)
 
 
 def _same_dtype(a: Quantity, b: Quantity) -> Dtype | None:
@@ -133,7 +147,7 @@ def binary(op: str, a: object, b: object) -> object:
     """Arithmetic `a op b` with units checked. op is one of + - * / // % **."""
     result = _binary(op, a, b)
     if isinstance(result, Quantity):
-        checked_float(float(result.value))
+        result.value = quantity_value(result.value, result.unit)
         return result
     return _checked(result)
 
@@ -195,10 +209,7 @@ def _binary(op: str, a: object, b: object) -> object:
     if op in ("/", "//") and qa and is_number(b):
         if b == 0:
             raise ValueFault("division by zero")
-        value = a.value // b if op == "//" else a.value / b
-        if a.unit is Unit.SIZE and isinstance(value, float) and value.is_integer():
-            value = int(value)
-        return Quantity(value, a.unit, a.dtype)
+        return Quantity(a.value // b if op == "//" else a.value / b, a.unit, a.dtype)
     raise ValueFault(f"cannot compute {type_name(a)} {op} {type_name(b)}")
 
 
@@ -318,10 +329,12 @@ def format_value(v: object) -> str:
 
 
 def format_bytes(n: float) -> str:
-    for suffix, mult in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+    if n >= 2**60:  # far past any buffer (the limit is 1024TiB): no unit makes it readable
+        return f"{n:.3g}B"
+    for suffix, mult in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
         if n >= mult and (n / mult).is_integer():
             return f"{int(n // mult)}{suffix}"
-    for suffix, mult in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+    for suffix, mult in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
         if n >= mult:
             return f"{n / mult:.3g}{suffix}"
     return f"{n:g}B"

@@ -10,14 +10,17 @@ import math
 from pathlib import Path
 
 import yaml
-from yaml.constructor import ConstructorError, SafeConstructor
 
 from commdsl.errors import MachineError, SourceLoc, UsageError, did_you_mean
+from commdsl.files import is_file, read_text
 from commdsl.ir import COLLECTIVE_KINDS, REDUCING_KINDS, Dtype, OpKind, ReduceOp, Transport
+from commdsl.limits import (MAX_FACTOR, MAX_MACHINE_COUNT, MAX_MACHINE_TIME_US, MAX_SIZE_BYTES, MAX_STALLS_PER_S, MAX_WORLD_SIZE,
+                            MIN_BANDWIDTH_GB_PER_S, MIN_TFLOPS)
 from commdsl.machine.nccl_loader import read_nccl
 from commdsl.machine.model import (ANY_DTYPE, NETWORK_VERTEX, ComputeNoise, CpuContention, DeviceKind, DeviceSpec,
                                    GpuContention, LinkKind, LinkSpec, Machine, OpInterference, Topology, TopologyLink,
                                    VertexKind)
+from commdsl.yamldoc import YamlDocument
 
 PRESETS_DIR = Path(__file__).resolve().parent / "presets"
 DEFAULT_MACHINE = "h100-nvlink"
@@ -38,6 +41,7 @@ _PROFILE_KEYS = ("measured_us", "measured_ranks", "measured_us_by_dtype", "measu
 _TRANSPORT_KEYS = (*_LINK_KEYS, "staged", "collectives", "shared_bandwidth_gb_per_s")
 _TOPOLOGY_KEYS = ("nodes", "gpus_per_node", "vertices", "links", "peer_access", "copy_engines", "nccl_sms")
 _TOPOLOGY_LINK_KEYS = ("kind", "bandwidth_gb_per_s", "latency_us", "between")
+_LIMITS_HINT = "the limits keep simulated times finite; see docs/limits.md"
 
 
 def preset_names() -> list[str]:
@@ -55,25 +59,25 @@ def resolve_machine(arg: str | Path | None, *, nodes: int | None = None) -> Mach
     if machine.topology is None:
         raise UsageError(f"--nodes needs a machine with a topology; {machine.name} has none",
                          hint="try --machine dgx-h100 or dgx-a100")  # fmt: skip
+    devices = nodes * machine.topology.gpus_per_node
+    if devices > MAX_WORLD_SIZE:
+        raise UsageError(f"--nodes {nodes:,}: {nodes:,} x {machine.topology.gpus_per_node} GPUs = {devices:,} devices, "
+                         f"more than the limit of {MAX_WORLD_SIZE:,}", hint="see docs/limits.md")  # fmt: skip
     return machine.with_nodes(nodes)
 
 
 def _find_machine(arg: str) -> Machine:
-    path = Path(arg)
-    if path.is_file():
-        return load_machine(path)
+    if is_file(arg):
+        return load_machine(arg)
     if "/" not in arg and "\\" not in arg:
         preset = PRESETS_DIR / f"{arg[:-5] if arg.endswith('.yaml') else arg}.yaml"
-        if preset.is_file():
+        if is_file(preset):
             return load_machine(preset, display=preset.stem)
     raise UsageError(f"no such machine file or preset: {arg}", hint="presets: " + ", ".join(preset_names()))
 
 
 def load_machine(path: str | Path, display: str | None = None) -> Machine:
-    try:
-        text = Path(path).read_text()
-    except (OSError, UnicodeDecodeError) as e:
-        raise UsageError(f"cannot read machine file {path}: {e}") from None
+    text = read_text(path, str(path), MachineError, "machine file")
     return load_machine_text(text, str(path), default_name=display or Path(path).stem)
 
 
@@ -84,25 +88,13 @@ def load_machine_text(text: str, file: str = "<machine>", default_name: str | No
 class _MachineReader:
     def __init__(self, text: str, file: str):
         self.file = file
-        self.lines = text.splitlines()
-        try:
-            self.root = yaml.compose(text, Loader=yaml.SafeLoader)
-        except yaml.MarkedYAMLError as e:
-            mark = e.problem_mark or e.context_mark
-            raise MachineError(f"invalid YAML: {e.problem or e.context}", self._mark_loc(mark) if mark else None) from None
-        except yaml.YAMLError as e:
-            raise MachineError(f"invalid YAML in {file}: {e}") from None
-        self._constructor = SafeConstructor()
+        self.doc = YamlDocument(text, file, MachineError)
+        self.root = self.doc.root
 
     # ---- helpers ------------------------------------------------------------------
 
-    def _mark_loc(self, mark) -> SourceLoc:
-        line = mark.line + 1
-        text = self.lines[line - 1] if 0 < line <= len(self.lines) else ""
-        return SourceLoc(self.file, line, mark.column + 1, text)
-
     def loc(self, node: yaml.Node) -> SourceLoc:
-        return self._mark_loc(node.start_mark)
+        return self.doc.loc(node)
 
     def fail(self, message: str, node: yaml.Node, hint: str | None = None) -> MachineError:
         return MachineError(message, self.loc(node), hint=hint)
@@ -126,38 +118,53 @@ class _MachineReader:
         return out
 
     def text(self, node: yaml.Node) -> str:
-        if isinstance(node, yaml.ScalarNode):
-            return repr(node.value) if node.tag.endswith(":str") else node.value
-        return "a list" if isinstance(node, yaml.SequenceNode) else "a mapping"
+        return self.doc.scalar_text(node)
 
     def value(self, node: yaml.Node) -> object:
-        try:
-            return self._constructor.construct_object(node, deep=True)
-        except ConstructorError as e:
-            raise self.fail(f"invalid value: {e.problem}", node) from None
+        return self.doc.construct(node)
 
-    def number(self, node: yaml.Node, what: str, *, positive: bool = False, allow_inf: bool = False) -> float:
+    def number(self, node: yaml.Node, what: str, *, positive: bool = False, allow_inf: bool = False,
+               minimum: float | None = None, maximum: float | None = None) -> float:  # fmt: skip
+        """A number of the file; `minimum` and `maximum` are the limits of docs/limits.md
+        (an allowed .inf is above any maximum)."""
         v = self.value(node)
         if isinstance(v, bool) or not isinstance(v, (int, float)):
             hint = None
             if isinstance(v, str):
                 hint = "YAML reads 1e12 as text; write 1.0e+12, or use the unit in the key (TFLOP/s, GB/s, us)"
             raise self.fail(f"{what} must be a number, got {self.text(node)}", node, hint=hint)
-        v = float(v)
+        try:
+            v = float(v)
+        except OverflowError:
+            v = math.inf
         if math.isnan(v) or (math.isinf(v) and not (allow_inf and v > 0)):
-            raise self.fail(f"{what} must be a finite number{' or .inf' if allow_inf else ''}, got {node.value}", node)
+            raise self.fail(f"{what} must be a finite number{' or .inf' if allow_inf else ''}, got {self.text(node)}", node)
         if positive and v <= 0:
-            raise self.fail(f"{what} must be greater than 0, got {node.value}", node)
+            raise self.fail(f"{what} must be greater than 0, got {self.text(node)}", node)
         if v < 0:
-            raise self.fail(f"{what} must not be negative, got {node.value}", node)
+            raise self.fail(f"{what} must not be negative, got {self.text(node)}", node)
+        if minimum is not None and v < minimum:
+            raise self.fail(f"{what} is {self.text(node)}, below the limit of {minimum:g}", node, hint=_LIMITS_HINT)
+        if maximum is not None and maximum < v < math.inf:
+            raise self.fail(f"{what} is {self.text(node)}, above the limit of {maximum:g}", node, hint=_LIMITS_HINT)
         return v
 
-    def integer(self, node: yaml.Node, what: str, minimum: int) -> int:
+    def rate(self, node: yaml.Node, what: str, minimum: float) -> float:
+        """A bandwidth or compute rate: at least `minimum`, or .inf (takes no time)."""
+        return self.number(node, what, positive=True, allow_inf=True, minimum=minimum)
+
+    def time_us(self, node: yaml.Node, what: str, *, positive: bool = False) -> float:
+        """A latency, overhead or measured time of the machine, in microseconds."""
+        return self.number(node, what, positive=positive, maximum=MAX_MACHINE_TIME_US)
+
+    def integer(self, node: yaml.Node, what: str, minimum: int, maximum: int = MAX_MACHINE_COUNT) -> int:
         v = self.value(node)
         if isinstance(v, bool) or not isinstance(v, int):
             raise self.fail(f"{what} must be a whole number, got {self.text(node)}", node)
         if v < minimum:
             raise self.fail(f"{what} must be at least {minimum}, got {v}", node)
+        if v > maximum:
+            raise self.fail(f"{what} is {v:,}, above the limit of {maximum:,}", node, hint=_LIMITS_HINT)
         return v
 
     def string(self, node: yaml.Node, what: str) -> str:
@@ -171,8 +178,8 @@ class _MachineReader:
 
     def link_from(self, keys: dict[str, tuple[yaml.Node, yaml.Node]], what: str) -> LinkSpec:
         return LinkSpec(
-            latency_us=self.number(keys["latency_us"][1], f"{what}.latency_us"),
-            bandwidth_gb_per_s=self.number(keys["bandwidth_gb_per_s"][1], f"{what}.bandwidth_gb_per_s", positive=True, allow_inf=True),
+            latency_us=self.time_us(keys["latency_us"][1], f"{what}.latency_us"),
+            bandwidth_gb_per_s=self.rate(keys["bandwidth_gb_per_s"][1], f"{what}.bandwidth_gb_per_s", MIN_BANDWIDTH_GB_PER_S),
         )
 
     def dtype(self, key: str, node: yaml.Node, what: str) -> Dtype:
@@ -214,8 +221,8 @@ class _MachineReader:
         for item in node.value:
             if not isinstance(item, yaml.SequenceNode) or len(item.value) != 2:
                 raise self.fail(f"{what}: each entry is a pair [size_bytes, time_us]", item)
-            size = self.number(item.value[0], f"{what} size", positive=True)
-            time_us = self.number(item.value[1], f"{what} time", positive=True)
+            size = self.number(item.value[0], f"{what} size", positive=True, maximum=MAX_SIZE_BYTES)
+            time_us = self.time_us(item.value[1], f"{what} time", positive=True)
             if points and size <= points[-1][0]:
                 raise self.fail(f"{what}: sizes must increase ({size:g} after {points[-1][0]:g})", item)
             points.append((size, time_us))
@@ -234,7 +241,7 @@ class _MachineReader:
         rates_node = dev["peak_tflops"][1]
         rates = []
         for key, (knode, vnode) in self.mapping(rates_node, "device.peak_tflops", None).items():
-            rates.append((self.dtype(key, knode, "device.peak_tflops"), self.number(vnode, f"device.peak_tflops.{key}", positive=True, allow_inf=True)))
+            rates.append((self.dtype(key, knode, "device.peak_tflops"), self.rate(vnode, f"device.peak_tflops.{key}", MIN_TFLOPS)))
         if not rates:
             raise self.fail("device.peak_tflops lists no dtype", rates_node)
         transports, staged, overrides, shared, profiles = [], [], [], [], []
@@ -250,7 +257,7 @@ class _MachineReader:
                 staged.append((transport, self.link(keys["staged"][1], f"{what}.staged")))
             if "shared_bandwidth_gb_per_s" in keys:
                 node = keys["shared_bandwidth_gb_per_s"][1]
-                shared.append((transport, self.number(node, f"{what}.shared_bandwidth_gb_per_s", positive=True, allow_inf=True)))
+                shared.append((transport, self.rate(node, f"{what}.shared_bandwidth_gb_per_s", MIN_BANDWIDTH_GB_PER_S)))
             if "collectives" in keys:
                 for ckey, (cknode, cvnode) in self.mapping(keys["collectives"][1], f"{what}.collectives", None).items():
                     try:
@@ -269,23 +276,23 @@ class _MachineReader:
                         if extra in ckeys and "measured_us" not in ckeys:
                             raise self.fail(f"{cwhat}: {extra} needs measured_us (the fp32 table) and measured_ranks", cknode)
                     if "measured_us" in ckeys:
-                        ranks = self.integer(ckeys["measured_ranks"][1], f"{cwhat}.measured_ranks", 2)
+                        ranks = self.integer(ckeys["measured_ranks"][1], f"{cwhat}.measured_ranks", 2, MAX_WORLD_SIZE)
                         profiles += [(transport, kind, ranks, dtype, op, points) for dtype, op, points in self.profiles(ckeys, cwhat, kind)]
         if not transports:
             raise self.fail("transports lists no transport", top["transports"][1])
         device = DeviceSpec(
             name=self.string(dev["name"][1], "device.name"),
             peak_tflops=tuple(rates),
-            memory_bandwidth_gb_per_s=self.number(dev["memory_bandwidth_gb_per_s"][1], "device.memory_bandwidth_gb_per_s", positive=True, allow_inf=True),
+            memory_bandwidth_gb_per_s=self.rate(dev["memory_bandwidth_gb_per_s"][1], "device.memory_bandwidth_gb_per_s", MIN_BANDWIDTH_GB_PER_S),
             sm_count=self.integer(dev["sm_count"][1], "device.sm_count", 1),
             kind=self.enum(dev["kind"][1], DeviceKind, "device.kind") if "kind" in dev else DeviceKind.GPU,
             memory_gib=self.number(dev["memory_gib"][1], "device.memory_gib", positive=True) if "memory_gib" in dev else None,
         )
         topology = self.topology(top["topology"][1]) if "topology" in top else None
         if topology is None:
-            num_devices = self.integer(top["devices"][1], "devices", 1)
+            num_devices = self.integer(top["devices"][1], "devices", 1, MAX_WORLD_SIZE)
         elif "devices" in top:
-            num_devices = self.integer(top["devices"][1], "devices", 1)
+            num_devices = self.integer(top["devices"][1], "devices", 1, MAX_WORLD_SIZE)
             if num_devices != topology.num_devices:
                 raise self.fail(f"devices is {num_devices} but the topology has {topology.nodes} x {topology.gpus_per_node} = "
                                 f"{topology.num_devices}", top["devices"][1], hint="leave `devices` out: the topology gives it")  # fmt: skip
@@ -303,11 +310,11 @@ class _MachineReader:
             source=self.file,
             num_devices=num_devices,
             device=device,
-            kernel_launch_us=self.number(top["kernel_launch_us"][1], "kernel_launch_us"),
-            comm_launch_us=self.number(top["comm_launch_us"][1], "comm_launch_us"),
+            kernel_launch_us=self.time_us(top["kernel_launch_us"][1], "kernel_launch_us"),
+            comm_launch_us=self.time_us(top["comm_launch_us"][1], "comm_launch_us"),
             host_link=self.link(top["host_link"][1], "host_link"),
             transports=tuple(transports),
-            chunk_bytes=self.integer(top["chunk_bytes"][1], "chunk_bytes", 1) if "chunk_bytes" in top else DEFAULT_CHUNK_BYTES,
+            chunk_bytes=self.integer(top["chunk_bytes"][1], "chunk_bytes", 1, MAX_SIZE_BYTES) if "chunk_bytes" in top else DEFAULT_CHUNK_BYTES,
             topology=topology,
             staged=tuple(staged),
             shared=tuple(shared),
@@ -342,7 +349,7 @@ class _MachineReader:
         if "compute_noise" in top:
             fields = ("stalls_per_s", "stall_us", "wake_stall_probability", "wake_stall_us", "duration_stretch")
             nkeys = self.mapping(top["compute_noise"][1], "compute_noise", fields, fields[:2])
-            values = {k: self.number(v, f"compute_noise.{k}", positive=k == "duration_stretch") for k, (_, v) in nkeys.items()}
+            values = {k: self.noise_field(k, v) for k, (_, v) in nkeys.items()}
             if values.get("wake_stall_probability", 0.0) >= 1.0:
                 raise self.fail(f"compute_noise.wake_stall_probability must be below 1, got {values['wake_stall_probability']:g}",
                                 nkeys["wake_stall_probability"][1])  # fmt: skip
@@ -359,7 +366,7 @@ class _MachineReader:
             return default
         node = top[key][1]
         what = what or key
-        value = self.number(node, what)
+        value = self.number(node, what, maximum=MAX_FACTOR)
         if value < 1.0:
             raise self.fail(f"{what} must be at least 1.0 (1.0: no interference), got {node.value}", node)
         return value
@@ -384,8 +391,11 @@ class _MachineReader:
     def topology(self, node: yaml.Node) -> Topology:
         """`topology:` (see `commdsl.machine.model.Topology`); every name is checked here."""
         top = self.mapping(node, "topology", _TOPOLOGY_KEYS, ("gpus_per_node", "links"))
-        nodes = self.integer(top["nodes"][1], "topology.nodes", 1) if "nodes" in top else 1
-        gpus = self.integer(top["gpus_per_node"][1], "topology.gpus_per_node", 1)
+        nodes = self.integer(top["nodes"][1], "topology.nodes", 1, MAX_WORLD_SIZE) if "nodes" in top else 1
+        gpus = self.integer(top["gpus_per_node"][1], "topology.gpus_per_node", 1, MAX_WORLD_SIZE)
+        if nodes * gpus > MAX_WORLD_SIZE:
+            raise self.fail(f"topology: {nodes:,} nodes x {gpus:,} GPUs = {nodes * gpus:,} devices, above the limit of {MAX_WORLD_SIZE:,}",
+                            node, hint=_LIMITS_HINT)  # fmt: skip
         gpu_names = {f"gpu{i}": i for i in range(gpus)}
         vertices: dict[str, VertexKind] = {}
         if "vertices" in top:
@@ -408,8 +418,8 @@ class _MachineReader:
             what = f"topology.links[{i}]"
             keys = self.mapping(entry, what, _TOPOLOGY_LINK_KEYS, _TOPOLOGY_LINK_KEYS)
             kind = self.enum(keys["kind"][1], LinkKind, f"{what}.kind")
-            bw = self.number(keys["bandwidth_gb_per_s"][1], f"{what}.bandwidth_gb_per_s", positive=True, allow_inf=True)
-            lat = self.number(keys["latency_us"][1], f"{what}.latency_us")
+            bw = self.rate(keys["bandwidth_gb_per_s"][1], f"{what}.bandwidth_gb_per_s", MIN_BANDWIDTH_GB_PER_S)
+            lat = self.time_us(keys["latency_us"][1], f"{what}.latency_us")
             between = keys["between"][1]
             if not isinstance(between, yaml.SequenceNode) or not between.value:
                 raise self.fail(f"{what}.between must be a list of [end, end] pairs", between)
@@ -491,6 +501,17 @@ class _MachineReader:
         if nodes > 1 and NETWORK_VERTEX not in reach("gpu0", through_network=True):
             raise self.fail(f"topology: {nodes} nodes but no link reaches '{NETWORK_VERTEX}', so the nodes are disconnected", node,
                             hint=f"link each NIC to '{NETWORK_VERTEX}'")  # fmt: skip
+
+    def noise_field(self, key: str, node: yaml.Node) -> float:
+        """One field of `compute_noise` (see `ComputeNoise`), within its limit."""
+        what = f"compute_noise.{key}"
+        if key == "stalls_per_s":
+            return self.number(node, what, maximum=MAX_STALLS_PER_S)
+        if key == "duration_stretch":
+            return self.number(node, what, positive=True, maximum=MAX_FACTOR)
+        if key == "wake_stall_probability":
+            return self.number(node, what)
+        return self.time_us(node, what)
 
     def enum(self, node: yaml.Node, enum_cls, what: str):
         value = self.string(node, what)

@@ -31,6 +31,7 @@ import yaml
 
 from commdsl.errors import did_you_mean
 from commdsl.ir import Algo, Protocol
+from commdsl.limits import MIN_BANDWIDTH_GB_PER_S
 from commdsl.machine.model import Topology, VertexKind
 from commdsl.machine.nccl import (NCCL_ALGOS, PROTOCOLS, CpuVendor, Generation, HopKind, NcclConfig, ProtocolSpec,
                                   default_protocol)  # fmt: skip
@@ -65,10 +66,10 @@ def read_nccl(r: _MachineReader, node: yaml.Node, topology: Topology | None) -> 
     numbers = {}
     for name in ("nvls_latency_us", "launch_us", "launch_per_channel_us"):
         if name in keys:
-            numbers[name] = r.number(keys[name][1], f"nccl.{name}")
+            numbers[name] = r.time_us(keys[name][1], f"nccl.{name}")
     if "p2p_channel_bandwidth_gb_per_s" in keys:
-        numbers["p2p_channel_bandwidth_gb_per_s"] = r.number(keys["p2p_channel_bandwidth_gb_per_s"][1], "nccl.p2p_channel_bandwidth_gb_per_s",
-                                                             positive=True, allow_inf=True)  # fmt: skip
+        numbers["p2p_channel_bandwidth_gb_per_s"] = r.rate(keys["p2p_channel_bandwidth_gb_per_s"][1], "nccl.p2p_channel_bandwidth_gb_per_s",
+                                                           MIN_BANDWIDTH_GB_PER_S)  # fmt: skip
     for name in ("nvls_efficiency", "p2p_net_efficiency"):
         if name in keys:
             numbers[name] = _fraction(r, keys[name][1], f"nccl.{name}")
@@ -149,17 +150,17 @@ def _protocols(r: _MachineReader, node: yaml.Node, cfg: NcclConfig) -> tuple[tup
             keys = r.mapping(given[proto.value][1], what, _PROTOCOL_KEYS)
             changes: dict = {}
             if "base_latency_us" in keys:
-                changes["base_latency_us"] = r.number(keys["base_latency_us"][1], f"{what}.base_latency_us")
+                changes["base_latency_us"] = r.time_us(keys["base_latency_us"][1], f"{what}.base_latency_us")
             if "efficiency" in keys:
                 changes["efficiency"] = _fraction(r, keys["efficiency"][1], f"{what}.efficiency")
             if "channel_bandwidth_gb_per_s" in keys:
-                changes["channel_bandwidth_gb_per_s"] = r.number(keys["channel_bandwidth_gb_per_s"][1], f"{what}.channel_bandwidth_gb_per_s",
-                                                                 positive=True, allow_inf=True)  # fmt: skip
+                changes["channel_bandwidth_gb_per_s"] = r.rate(keys["channel_bandwidth_gb_per_s"][1], f"{what}.channel_bandwidth_gb_per_s",
+                                                               MIN_BANDWIDTH_GB_PER_S)  # fmt: skip
             if "hop_latency_us" in keys:
                 hops = dict(spec.hop_latency_us)
                 hwhat = f"{what}.hop_latency_us"
                 for name, (_, vnode) in r.mapping(keys["hop_latency_us"][1], hwhat, tuple(h.value for h in HopKind)).items():
-                    hops[HopKind(name)] = r.number(vnode, f"{hwhat}.{name}")
+                    hops[HopKind(name)] = r.time_us(vnode, f"{hwhat}.{name}")
                 changes["hop_latency_us"] = tuple(hops.items())
             spec = replace(spec, **changes)
         out.append((proto, spec))

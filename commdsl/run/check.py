@@ -24,14 +24,13 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass
-from pathlib import Path
-
 import torch
-import yaml
 
 from commdsl.errors import CommdslError, UsageError
+from commdsl.files import is_file, read_text
 from commdsl.ir import Dtype, Op, OpKind, Program, ReduceOp
 from commdsl.run.tensors import TORCH_DTYPE, layout
+from commdsl.yamldoc import YamlDocument
 
 _RTOL = {Dtype.FP64: 1e-12, Dtype.FP32: 1e-5, Dtype.FP16: 2e-3, Dtype.BF16: 2e-2, Dtype.FP8: 0.13}
 
@@ -44,12 +43,10 @@ class CheckError(CommdslError):
 
 def load_values(path: str) -> dict[str, dict[int, list]]:
     """A `--values` file: tensor name -> rank -> list of numbers (that rank's input)."""
-    try:
-        data = yaml.safe_load(Path(path).read_text())
-    except FileNotFoundError:
-        raise UsageError(f"no such values file: {path}") from None
-    except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
-        raise UsageError(f"cannot read values file {path}: {e}") from None
+    if not is_file(path):
+        raise UsageError(f"no such values file: {path}")
+    doc = YamlDocument(read_text(path, path, UsageError, "values file"), path, UsageError)
+    data = doc.construct(doc.root) if doc.root is not None else None
     if not isinstance(data, dict):
         raise UsageError(f"{path}: expected a mapping of tensor name -> rank -> list of values")
     out: dict[str, dict[int, list]] = {}
@@ -60,7 +57,7 @@ def load_values(path: str) -> dict[str, dict[int, list]]:
         for rank, values in per_rank.items():
             ok = isinstance(rank, int) and isinstance(values, list)
             if not ok or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
-                raise UsageError(f"{path}: '{name}' rank {rank!r} must be a list of numbers")
+                raise UsageError(f"{path}: '{name}' rank {rank} must be a list of numbers")
             out[str(name)][rank] = values
     return out
 

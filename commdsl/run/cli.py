@@ -34,6 +34,10 @@ DESCRIPTION = ("Run a commdsl schedule for real with torch.distributed and write
                "(Chrome-trace JSON with the simulator's op ids). See docs/executor.md.")
 
 
+MAX_TIMEOUT_S = 86_400.0 * 365
+"""A year: longer than any run, short enough for the watchdog's clock arithmetic."""
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = UsageParser(prog=PROG, description=DESCRIPTION, help_command="python -m commdsl.run --help")
     add_arguments(p)
@@ -50,7 +54,7 @@ def add_arguments(p: argparse.ArgumentParser) -> list[argparse.Action]:
     add("--iters", type=int, default=5, metavar="N", help="measured iterations; spans are per-op medians (default 5)")
     add("--check", action="store_true", help="fill rank-dependent values and verify every communication result")
     add("--timeout", type=float, default=60.0, metavar="S",
-        help="watchdog: an op unfinished S seconds after it was issued stops every rank (default 60)")  # fmt: skip
+        help="watchdog: with ops unfinished, no op of a rank finishing for S seconds stops every rank (default 60)")  # fmt: skip
     add("--backend", choices=[b.value for b in BackendChoice], default="auto",
         help="auto: NCCL with one GPU per rank where CUDA is available, else gloo")  # fmt: skip
     add("--duration-mode", choices=[m.value for m in DurationMode], default="busy",
@@ -84,8 +88,8 @@ def config_from_args(a: argparse.Namespace) -> RunConfig:
         raise UsageError(f"--warmup must be >= 0, got {a.warmup}")
     if a.iters < 1:
         raise UsageError(f"--iters must be >= 1, got {a.iters}")
-    if not a.timeout > 0:
-        raise UsageError(f"--timeout must be > 0 seconds, got {a.timeout}")
+    if not 0 < a.timeout < MAX_TIMEOUT_S:  # also refuses nan and inf
+        raise UsageError(f"--timeout must be a number of seconds above 0 and below {MAX_TIMEOUT_S:g}, got {a.timeout}")
     if a.max_ops is not None and a.max_ops < 1:
         raise UsageError(f"--max-ops must be at least 1, got {a.max_ops}")
     for flag, path in (("--out", a.out), ("--records", a.records), ("--dump-values", a.dump_values)):

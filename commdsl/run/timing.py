@@ -123,9 +123,11 @@ def _median(xs: list[float]) -> float:
 
 
 def iteration_origins(results: list[RankResult]) -> list[int]:
-    """Per measured iteration, its time zero (ns, rank 0's clock): the earliest begin over the ranks."""
+    """Per measured iteration, its time zero (ns, rank 0's clock): the earliest begin over
+    the ranks that began it (a partial record after a hang may be of a rank that never did)."""
     iters = max((len(r.records) for r in results), default=0)
-    return [min(r.records[i].begin_ns + r.clock.applied_offset_ns for r in results if i < len(r.records)) for i in range(iters)]
+    return [min((r.records[i].begin_ns + r.clock.applied_offset_ns for r in results if i < len(r.records) and r.records[i].begin_ns),
+                default=0) for i in range(iters)]  # fmt: skip
 
 
 def iteration_records(program: Program, results: list[RankResult]) -> dict:
@@ -173,7 +175,7 @@ def build_timeline(program: Program, results: list[RankResult], meta: dict, *, n
     iter_makespans = []
     for i in range(iters):
         ends = [max(rec.exec_end + rec.issue_end) + r.clock.applied_offset_ns
-                for r in results if i < len(r.records) for rec in [r.records[i]]]  # fmt: skip
+                for r in results if i < len(r.records) for rec in [r.records[i]] if rec.begin_ns and rec.exec_end]  # fmt: skip
         iter_makespans.append((max(ends) - origins[i]) / 1e3 if ends else 0.0)
     tl.meta["iteration_makespans_us"] = [round(x, 3) for x in iter_makespans]
 

@@ -1,9 +1,11 @@
 """The watchdog: a hang ends with a report from every rank, a partial timeline, and a
 non-zero exit, within the timeout plus a few seconds.
 
-Each rank runs a watchdog thread. Every `POLL_S` it looks at its executor: an op issued
-more than `--timeout` seconds ago and still unfinished, or the host stuck that long in
-one of the executor's own phases (an iteration barrier, gathering results), fires it.
+Each rank runs a watchdog thread. Every `POLL_S` it looks at its executor and judges
+progress, not age: with ops unfinished, no op of the rank finishing for `--timeout`
+seconds fires it (a long schedule whose ops keep finishing runs as long as it needs,
+however long ago its last op was issued), and so does the host stuck that long in one
+of the executor's own phases (an iteration barrier, gathering results).
 It also fires when another rank has fired (or failed): ranks tell each other through
 the rendezvous store, which works while process groups are stuck, never through a
 process group.
@@ -52,6 +54,10 @@ class Watchdog:
         self.phase: tuple[str, int] | None = None
         """A phase outside any executor (gathering results), and since when (ns)."""
         self.partial_payload: Callable[[], dict] = dict
+        self._seen: tuple[object, int] | None = None
+        """The executor's progress at the last poll: (its iteration record, ops finished in it)."""
+        self._progress_ns = 0
+        """When `_seen` last changed: the rank's last sign of progress."""
         self._stop = threading.Event()
         self._lock = threading.Lock()
         self._fired = False
@@ -86,10 +92,15 @@ class Watchdog:
                 return [f"rank {self.rank}: stuck for {(now - phase[1]) / 1e9:.1f}s in {phase[0]}"]
         if ex is None:
             return []
+        rec = ex.rec
         unfinished = ex.unfinished()
-        if not any(now - since > self.timeout_ns for _, _, since in unfinished):
+        finished = sum(1 for t in rec.issue_start if t) - len(unfinished)
+        if self._seen is None or self._seen[0] is not rec or self._seen[1] != finished:
+            self._seen, self._progress_ns = (rec, finished), now  # an op finished, or a new iteration began
             return []
-        return self.describe(now)
+        if not unfinished or now - self._progress_ns <= self.timeout_ns:
+            return []
+        return [f"rank {self.rank}: no op finished for {(now - self._progress_ns) / 1e9:.1f}s"] + self.describe(now)
 
     def describe(self, now: int) -> list[str]:
         """One line per unfinished op (running ones first), with its source line."""

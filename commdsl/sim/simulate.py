@@ -9,8 +9,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from commdsl.errors import MachineError, UsageError
+from commdsl.dsl.values import format_us
+from commdsl.errors import LimitError, MachineError, UsageError
 from commdsl.ir import HOST_STREAM, CopyDir, Op, OpKind, Program, Protocol, Transport
+from commdsl.limits import HORIZON_US
 from commdsl.machine.model import Machine, timeless_machine
 from commdsl.sim.deadlock import deadlock_error
 from commdsl.sim.engine import Engine
@@ -169,7 +171,25 @@ def _run(program: Program, machine: Machine, network: str, rng: random.Random | 
     raw = engine.run(progress)
     if engine.unfinished():
         raise deadlock_error(engine)
+    check_horizon(raw, machine)
     return raw, engine
+
+
+def check_horizon(raw: RawResult, machine: Machine) -> None:
+    """Refuse a simulation whose ops end past `HORIZON_US`, naming the first op that does
+    (every value is bounded where it is given, so times stay finite, but a 1024TiB transfer
+    over a 1 MB/s link still ends decades later, where times lose their nanoseconds)."""
+    if max(raw.end, default=0.0) <= HORIZON_US and max(raw.issue_end, default=0.0) <= HORIZON_US:
+        return
+    late = min((g for g in range(len(raw.ops)) if max(raw.end[g], raw.issue_end[g]) > HORIZON_US),
+               key=lambda g: max(raw.end[g], raw.issue_end[g]))  # fmt: skip
+    op, start, end = raw.ops[late], raw.start[late], max(raw.end[late], raw.issue_end[late])
+    raise LimitError(
+        f"{op.kind.value} {op.name} (op {op.id}) ends at {format_us(end)} on machine {machine.name}, past the simulator's "
+        f"horizon of {format_us(HORIZON_US)} (it runs {format_us(end - start)} from its start)",
+        op.loc, rank=op.rank,
+        hint="use smaller sizes or durations, or a machine with faster rates; see docs/limits.md",
+    )  # fmt: skip
 
 
 def _makespan(raw: RawResult) -> float:

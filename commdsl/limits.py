@@ -1,0 +1,49 @@
+"""What a schedule and a machine may ask for: the documented bounds (docs/limits.md).
+
+Each bound is checked where the value is made (the expression of a size or duration,
+the machine file's field, the world's size) so the message points at that place; the
+simulator never sees a value outside them. Together they keep every simulated time
+finite and every op's own time within `HORIZON_US`, so no schedule can stall the
+simulator's clock at infinity (a false deadlock) or make it lose its nanoseconds.
+"""
+
+from __future__ import annotations
+
+HORIZON_US = 1e12
+"""The simulated time the simulator answers for: 10^12 us (10^6 s, about 11.6 days).
+Below it a float64 time keeps better than nanosecond resolution (the traces' unit). No
+op may last longer on its own (a duration, a transfer, a stall), and a simulation whose
+ops end past it is refused, naming the first op that does."""
+
+MAX_DURATION_US = HORIZON_US
+"""Longest duration a compute or host op may give."""
+
+MAX_SIZE_BYTES = 2**50
+"""Largest size of one op's buffer: 1 PiB."""
+
+MAX_FLOPS = 1e21
+"""Most work one compute op may give: 10^21 FLOP (a zettaFLOP)."""
+
+MAX_WORLD_SIZE = 65_536
+"""Most ranks a schedule may have, and most devices a machine (nodes x gpus_per_node)."""
+
+DEFAULT_MAX_OPS = 5_000_000
+"""Default limit on the ops a schedule may expand to, over all ranks (`--max-ops`)."""
+
+MIN_BANDWIDTH_GB_PER_S = 1e-3
+"""Slowest bandwidth a machine may give (a link, a transport, memory): 1 MB/s."""
+
+MIN_TFLOPS = 1e-6
+"""Slowest compute rate a machine may give: 1 MFLOP/s."""
+
+MAX_MACHINE_TIME_US = 1e9
+"""Longest time a machine may give for one latency, launch, stall or measured op: 1000 s."""
+
+MAX_STALLS_PER_S = 1e6
+"""Most compute stalls per second a machine's noise may give (one per microsecond)."""
+
+MAX_FACTOR = 1e3
+"""Largest slowdown or stretch factor a machine may give."""
+
+MAX_MACHINE_COUNT = 1 << 20
+"""Largest count a machine may give that is not a number of devices (SMs, copy engines)."""
