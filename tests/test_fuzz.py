@@ -11,7 +11,6 @@ from __future__ import annotations
 import concurrent.futures
 import multiprocessing
 import os
-import re
 import subprocess
 import sys
 

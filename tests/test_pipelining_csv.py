@@ -17,7 +17,7 @@ from commdsl.ir import OpKind
 from commdsl.pipelining import csv_rows, format_csv, parse_csv, schedule_text
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from test_pytorch_orders import FAMILIES, actions, params  # noqa: E402
+from test_pytorch_orders import FAMILIES, actions  # noqa: E402
 from test_run_support import torchrun  # noqa: E402
 from test_schedules import rendezvous_deadlock  # noqa: E402
 

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 from commdsl.errors import ScheduleError
 from commdsl.ir import Algo, Op, OpKind, Protocol
-from commdsl.machine.nccl import (MAX_THREADS, NCCL_ALGOS, P2P_CHUNK_BYTES, P2P_LL_THRESHOLD_BYTES, PROTOCOLS,
+from commdsl.machine.nccl import (MAX_THREADS, P2P_CHUNK_BYTES, P2P_LL_THRESHOLD_BYTES, PROTOCOLS,
                                   THREAD_THRESHOLD_BYTES, CpuVendor, Generation, HopKind, NcclConfig)  # fmt: skip
 
 NCCL_KINDS = frozenset({OpKind.ALL_REDUCE, OpKind.ALL_GATHER, OpKind.REDUCE_SCATTER, OpKind.BROADCAST, OpKind.REDUCE})
@@ -151,7 +151,6 @@ def nccl_table(cfg: NcclConfig, kind: OpKind, layout: Layout) -> dict[tuple[Algo
         if not _enabled(cfg, algo, layout):
             continue
         nch, bw_intra, bw_inter = _graph(cfg, layout, algo)
-        a = NCCL_ALGOS.index(algo)
         for p, proto in enumerate(PROTOCOLS):
             if algo in (Algo.NVLS, Algo.NVLS_TREE, Algo.COLLNET_DIRECT, Algo.COLLNET_CHAIN) and proto is not Protocol.SIMPLE:
                 continue
