@@ -197,17 +197,21 @@ def duration_drifts(measured: Timeline) -> list[DurationDrift]:
 
 def machine_is_calibrated(machine_json: dict) -> bool:
     """Whether a machine description (`Machine.to_json`, as predicted timelines keep it)
-    carries measurements of a machine: the measured copy profiles (`copy_measured_us`)
-    that `commdsl calibrate` always writes. Presets hold estimates for a kind of machine."""
-    return bool(machine_json.get("copy_measured_us"))
+    says where it was measured (`calibration:`, which `commdsl calibrate` writes). Presets
+    hold estimates for a kind of machine."""
+    return machine_json.get("calibration") is not None
 
 
 def calibration_hint(machine_json: dict, ranks: int) -> str | None:
     """The warning that a prediction comes from an uncalibrated machine description, with
     how to calibrate; None for a calibrated one."""
-    if not machine_json or machine_is_calibrated(machine_json):
-        return None  # no machine recorded (not a simulator's timeline), or a calibrated one
+    if not machine_json:
+        return None  # no machine recorded: not a simulator's timeline
     name = machine_json.get("name", "?")
+    if machine_is_calibrated(machine_json):
+        if machine_json["calibration"].get("quick"):
+            return f"machine {name} is a rough calibration (--quick): calibrate without --quick before trusting the figures"
+        return None
     return (f"machine {name} is not calibrated: its numbers are estimates for a kind of machine, not measurements of this one, "
             f"so predictions can be far off. Calibrate this machine: `commdsl calibrate -n {ranks} --out my.yaml` "
             f"(or `--quick`: a rough file in a minute or two), then use `--machine my.yaml`")  # fmt: skip

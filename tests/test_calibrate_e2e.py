@@ -110,6 +110,7 @@ def machine_file(tmp_path_factory) -> Path:
 
 def test_calibrated_machine_is_a_valid_machine(machine_file: Path) -> None:
     m = load_machine(machine_file)
+    assert m.calibration is not None and m.calibration.by == "commdsl calibrate" and not m.calibration.quick
     rates = dict(m.device.peak_tflops)
     assert all(r > 0 for r in rates.values()) and rates
     for _, link in m.transports:
@@ -235,6 +236,7 @@ def test_quick_calibration_is_labelled_rough(tmp_path: Path) -> None:
     assert text.splitlines()[1].startswith("# ROUGH (quick calibration")
     machine = load_machine(out)
     assert machine.doc.startswith("ROUGH (quick calibration: one pass, small sizes, few runs): calibrated on ")
+    assert machine.calibration is not None and machine.calibration.quick
     assert "rough: ROUGH" in proc.stdout and "calibrate without --quick before trusting predictions" in " ".join(proc.stdout.split())
     data = json.loads(raw.read_text())
     assert data["pass_ratios"] == {} and data["reductions_us_by_op"] == {}  # one pass, no avg reductions

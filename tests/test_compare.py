@@ -231,5 +231,14 @@ def test_an_uncalibrated_machine_says_how_to_calibrate() -> None:
     assert "is not calibrated" in hint and "commdsl calibrate -n 2 --out my.yaml" in hint and "--machine my.yaml" in hint
     assert cmp.to_json()["machine_calibrated"] is False
     calibrated = _timeline("predicted", PREDICTED)
-    calibrated.meta["machine"] = dict(machine().to_json(), copy_measured_us={"host": [[1024, 2.0], [2048, 3.0]]})
+    record = {"by": "commdsl calibrate", "date": "2026-11-24T00:00:00Z", "source": "test", "quick": False}
+    calibrated.meta["machine"] = dict(machine().to_json(), calibration=record)
     assert compare_timelines(calibrated, _timeline("measured", MEASURED)).warnings() == []
+    # Measured profiles alone do not make a description calibrated; a quick calibration warns.
+    profiled = _timeline("predicted", PREDICTED)
+    profiled.meta["machine"] = dict(machine().to_json(), copy_measured_us={"host": [[1024, 2.0], [2048, 3.0]]})
+    assert "is not calibrated" in compare_timelines(profiled, _timeline("measured", MEASURED)).warnings()[0]
+    rough = _timeline("predicted", PREDICTED)
+    rough.meta["machine"] = dict(machine().to_json(), calibration=dict(record, quick=True))
+    (hint,) = compare_timelines(rough, _timeline("measured", MEASURED)).warnings()
+    assert "rough calibration (--quick)" in hint

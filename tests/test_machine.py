@@ -210,3 +210,14 @@ def test_interference_by_op_reads_and_wins_over_the_machine_wide_factors():
     # Per-op factors alone switch interference on.
     only = load_machine_text(GOOD + BY_OP, "tiny.yaml")
     assert only.contention.slows_compute() and only.slows_comm() and only.contention.comm_compute_slowdown is None
+
+
+def test_a_calibration_record_reads_and_round_trips():
+    m = load_machine_text(GOOD + "calibration: {by: commdsl calibrate, date: '2026-11-24T00:00:00Z', source: host1, quick: true}\n", "m.yaml")
+    assert m.calibration is not None and m.calibration.quick and m.calibration.source == "host1"
+    assert m.to_json()["calibration"]["by"] == "commdsl calibrate"
+    assert load_machine_text(GOOD, "m.yaml").calibration is None
+    with pytest.raises(MachineError, match="calibration is missing 'source'"):
+        load_machine_text(GOOD + "calibration: {by: me, date: today}\n", "m.yaml")
+    with pytest.raises(MachineError, match="calibration.quick must be true or false, got 'maybe'"):
+        load_machine_text(GOOD + "calibration: {by: me, date: today, source: x, quick: maybe}\n", "m.yaml")

@@ -104,6 +104,7 @@ def test_calibrating_from_the_logs_reproduces_them(tmp_path):
     out = tmp_path / "cluster.yaml"
     machine = from_nccl_tests([str(AR), str(AG), str(A2A)], str(out), "dgx-h100", echo=lambda _: None)
     assert load_machine(out).nccl == machine.nccl
+    assert machine.calibration.by == "commdsl calibrate --from-nccl-tests" and AR.name in machine.calibration.source
     errors = []
     for log in read_logs([str(AR), str(AG), str(A2A)]):
         run = Run.of(log)

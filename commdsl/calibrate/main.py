@@ -32,7 +32,7 @@ from commdsl.calibrate.fit import LinearFit, StepFit, comm_mean_us, expected_us,
 from commdsl.dsl.values import ValueFault, format_bytes, parse_quantity, Unit
 from commdsl.errors import CommdslError, UsageError, require_output_folder
 from commdsl.ir import Dtype, OpKind, ReduceOp
-from commdsl.machine.model import ANY_DTYPE
+from commdsl.machine.model import ANY_DTYPE, Calibration
 from commdsl.progress import Progress
 from commdsl.run.cli import UsageParser
 from commdsl.run.launch import ArgumentRecorder
@@ -607,6 +607,8 @@ def build_machine(cfg: CalibrateConfig, res: Results, world: int, backend: str, 
     machine = {
         "name": cfg.name,
         "doc": (ROUGH_DOC if cfg.effort.rough else "") + f"calibrated on {socket.gethostname()} with {world} {backend} ranks, torch {torch_version}",
+        "calibration": dataclasses.asdict(Calibration.now("commdsl calibrate", f"{socket.gethostname()}, {world} {backend} ranks, "
+                                                          f"torch {torch_version}", quick=cfg.effort.rough)),  # fmt: skip
         "devices": world,
         "device": {
             "name": dev_name,

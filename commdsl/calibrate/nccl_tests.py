@@ -25,7 +25,7 @@ import math
 import statistics
 import sys
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import yaml
@@ -35,7 +35,7 @@ from commdsl.dsl import load_schedule_text
 from commdsl.errors import SourceLoc, UsageError, require_output_folder
 from commdsl.ir import Algo, Dtype, Op, OpKind, Protocol, Transport
 from commdsl.machine.loader import load_machine, resolve_machine
-from commdsl.machine.model import NETWORK_VERTEX, LinkKind, Machine
+from commdsl.machine.model import NETWORK_VERTEX, Calibration, LinkKind, Machine
 from commdsl.machine.nccl import HopKind, NcclConfig
 from commdsl.sim import nccl
 from commdsl.sim.fabric import Fabric
@@ -455,6 +455,7 @@ def from_nccl_tests(paths: list[str], out: str, base: str | None = None, algo: A
     fitted, points = fit(machine, logs, runs, lambda msg: echo(f"calibrate: {msg}"))
     doc = fitted_machine_dict(Path(machine.source).read_text(), fitted, paths)
     doc["name"] = Path(out).stem
+    doc["calibration"] = asdict(Calibration.now("commdsl calibrate --from-nccl-tests", ", ".join(Path(p).name for p in paths)))
     header = (f"# Written by `commdsl calibrate --from-nccl-tests` from {len(logs)} nccl-tests log(s):\n"
               + "".join(f"#   {p}\n" for p in paths) + f"# base machine: {machine.name} ({machine.source})\n")  # fmt: skip
     Path(out).write_text(header + yaml.safe_dump(doc, sort_keys=False))

@@ -17,9 +17,9 @@ from commdsl.ir import COLLECTIVE_KINDS, REDUCING_KINDS, Dtype, OpKind, ReduceOp
 from commdsl.limits import (MAX_FACTOR, MAX_MACHINE_COUNT, MAX_MACHINE_TIME_US, MAX_SIZE_BYTES, MAX_STALLS_PER_S, MAX_WORLD_SIZE,
                             MIN_BANDWIDTH_GB_PER_S, MIN_TFLOPS)
 from commdsl.machine.nccl_loader import read_nccl
-from commdsl.machine.model import (ANY_DTYPE, NETWORK_VERTEX, ComputeNoise, CpuContention, DeviceKind, DeviceSpec,
-                                   GpuContention, LinkKind, LinkSpec, Machine, OpInterference, Topology, TopologyLink,
-                                   VertexKind)
+from commdsl.machine.model import (ANY_DTYPE, NETWORK_VERTEX, Calibration, ComputeNoise, CpuContention, DeviceKind,
+                                   DeviceSpec, GpuContention, LinkKind, LinkSpec, Machine, OpInterference, Topology,
+                                   TopologyLink, VertexKind)
 from commdsl.yamldoc import YamlDocument
 
 PRESETS_DIR = Path(__file__).resolve().parent / "presets"
@@ -29,8 +29,9 @@ DEFAULT_CHUNK_BYTES = 512 * 1024
 _TOP_KEYS = (
     "name", "doc", "devices", "device", "kernel_launch_us", "comm_launch_us", "host_link", "transports", "chunk_bytes",
     "topology", "comm_compute_slowdown", "compute_comm_slowdown", "copy_compute_slowdown", "compute_copy_slowdown", "copy_measured_us",
-    "compute_noise", "interference_by_op", "nccl",
+    "compute_noise", "interference_by_op", "nccl", "calibration",
 )  # fmt: skip
+_CALIBRATION_KEYS = ("by", "date", "source", "quick")
 _DEVICE_KEYS = ("name", "peak_tflops", "memory_bandwidth_gb_per_s", "sm_count", "kind", "memory_gib")
 _DEVICE_REQUIRED = _DEVICE_KEYS[:4]
 _CPU_ONLY_KEYS = ("copy_compute_slowdown", "compute_copy_slowdown", "compute_noise")
@@ -324,7 +325,18 @@ class _MachineReader:
             device_copy_profile=copies.get("device", ()),
             contention=contention,
             nccl=nccl,
+            calibration=self.calibration(top["calibration"][1]) if "calibration" in top else None,
         )
+
+    def calibration(self, node: yaml.Node) -> Calibration:
+        keys = self.mapping(node, "calibration", _CALIBRATION_KEYS, _CALIBRATION_KEYS[:3])
+        quick = False
+        if "quick" in keys:
+            qnode = keys["quick"][1]
+            quick = self.value(qnode)
+            if not isinstance(quick, bool):
+                raise self.fail(f"calibration.quick must be true or false, got {self.text(qnode)}", qnode)
+        return Calibration(*(self.string(keys[k][1], f"calibration.{k}") for k in _CALIBRATION_KEYS[:3]), quick=quick)
 
     def contention(self, top: dict, device: DeviceSpec) -> GpuContention | CpuContention:
         """The contention model of the device's kind, with its factors (see the model's docs)."""

@@ -26,6 +26,7 @@ floating-point operations per second.
 
 from __future__ import annotations
 
+import datetime
 import enum
 import math
 from dataclasses import asdict, dataclass, replace
@@ -192,6 +193,27 @@ class DeviceKind(str, enum.Enum):
 
 
 @dataclass(frozen=True)
+class Calibration:
+    """Where a machine file's numbers were measured (`calibration:`), written by
+    `commdsl calibrate`; a file without it describes a kind of machine from datasheets and
+    published measurements, not this one."""
+
+    by: str
+    """The command that measured it (`commdsl calibrate`, `commdsl calibrate --from-nccl-tests`)."""
+    date: str
+    """When, as an ISO 8601 UTC time."""
+    source: str
+    """What was measured: the host and ranks, or the nccl-tests logs."""
+    quick: bool = False
+    """A rough calibration (`--quick`: few sizes and runs)."""
+
+    @classmethod
+    def now(cls, by: str, source: str, quick: bool = False) -> Calibration:
+        """A record of a calibration made now."""
+        return cls(by, datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"), source, quick)
+
+
+@dataclass(frozen=True)
 class DeviceSpec:
     """One accelerator (or one CPU socket share for CPU machines)."""
 
@@ -301,6 +323,8 @@ class Machine:
     `device.memory_bandwidth_gb_per_s`, every byte read and written."""
     contention: Contention = GpuContention()
     """How work on a device slows other work on it (and, on a CPU, its noise)."""
+    calibration: Calibration | None = None
+    """Where the numbers were measured; None: an uncalibrated description (a preset)."""
     nccl: NcclConfig | None = None
     """How NCCL runs on the machine's GPUs (`nccl:`, needs a topology): with it, NCCL
     transfers follow NCCL's algorithms, protocols and channels over the topology's links
@@ -432,6 +456,7 @@ class Machine:
                if self.host_copy_profile or self.device_copy_profile else {}),
             **_contention_json(self.contention),
             **({"nccl": self.nccl.to_json()} if self.nccl is not None else {}),
+            **({"calibration": asdict(self.calibration)} if self.calibration is not None else {}),
         }
 
 
