@@ -148,27 +148,27 @@ class LogError(CommdslError):
 
 
 class DeadlockError(CommdslError):
-    """Nothing can progress but ops remain. Exit code 3, as the CLI promises."""
+    """Nothing can progress but ops remain."""
 
     exit_code = 3
     kind = "deadlock"
 
 
 class MemoryExceededError(CommdslError):
-    """A rank's live buffers (`alloc`) exceed its device's memory. Exit code 5."""
+    """A rank's live buffers (`alloc`) exceed its device's memory."""
 
     exit_code = 5
     kind = "out of memory"
 
 
 class OutputError(CommdslError):
-    """Standard output cannot be written (a full disk): exit code 1."""
+    """Standard output cannot be written (a full disk)."""
 
     kind = "output error"
 
 
 class UsageError(CommdslError):
-    """The command line is wrong (unknown file, bad -p syntax). Exit code 2."""
+    """The command line is wrong: an unknown file, bad -p syntax, a bad option value."""
 
     exit_code = 2
     kind = "usage error"

@@ -139,3 +139,13 @@ def _parses(argv: list[str], block: Block) -> None:
     from commdsl.cli import build_parser
 
     build_parser().parse_args(argv)
+
+
+def test_the_error_reference_is_what_its_script_writes():
+    """docs/errors.md is generated from the tables of bad inputs (tools/error_reference.py)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("error_reference", ROOT / "tools" / "error_reference.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert (ROOT / "docs" / "errors.md").read_text() == module.render(), "run `python tools/error_reference.py`"
