@@ -30,8 +30,9 @@ The engine's side of the interface (`Contention`):
     noisy                   draw stalls (stall_us) and late wake-ups (woken, wake_us)
 
 `kernel()` and `work()` return True when the factors on that rank changed, and
-`transfer()` the ranks where they may have, so the engine re-times what runs there. The model also tells the network when a device starts
-or stops computing (`Network.compute_changed`) where compute slows transfers.
+`transfer()` the ranks where they may have, so the engine re-times what runs there. The
+model also tells the network when a device starts or stops computing
+(`Network.compute_changed`) where compute slows transfers.
 """
 
 from __future__ import annotations
@@ -101,8 +102,12 @@ class _KernelFactors(Contention):
         """Compute's slowdown while comm op `op` runs on its device."""
         return self.machine.interference(op.kind, op.dtype).comm_compute_slowdown
 
+    def kernel_key(self, op: Op) -> tuple:
+        """What `kernel_factor` depends on (its cache key)."""
+        return op.kind, op.dtype
+
     def kernel(self, op: Op, started: bool) -> bool:
-        key = (op.kind, op.dtype, op.group, op.size_bytes, op.algo, op.proto, op.rank, op.peer)
+        key = self.kernel_key(op)
         factor = self._factor_of.get(key)
         if factor is None:
             factor = self._factor_of[key] = self.kernel_factor(op)
@@ -153,6 +158,11 @@ class GpuModel(_KernelFactors):
             sms = spec.nccl_sms or 0
         sms = min(sms, self.sm_count - 1)
         return self.sm_count / (self.sm_count - sms)
+
+    def kernel_key(self, op: Op) -> tuple:
+        # NCCL's channels depend on the op's group, size and choices (a send's on its peer too).
+        key = (op.kind, op.dtype, op.group, op.size_bytes, op.algo, op.proto)
+        return key + (op.rank, op.peer) if op.kind.is_p2p else key
 
     def work(self, rank: int, is_copy: bool, delta: int) -> bool:
         if self.slows_comm and not is_copy:

@@ -113,9 +113,9 @@ class Engine:
         topo = machine.topology
         self.copy_engines = CopyEngines(topo.copy_engines, program.world_size) if topo is not None and topo.copy_engines else None
         """The GPUs' copy engines (None: not limited)."""
-        self.pair_fifo: dict[tuple[str, int, int], deque] = {}
-        """NCCL transfers of a group from one rank to another: the running one's key maps to
-        the pairs (send, recv) waiting behind it, in order."""
+        self.pair_fifo: dict[tuple[str, int, int], deque[Transfer]] = {}
+        """(group, source, destination) of an NCCL transfer moving now -> the transfers
+        between the same ranks in the same group waiting behind it, in order."""
         self.contention = c = contention_model(machine, self.network, program.world_size, rng, self.group_ranks)
         self.kernels = c.tracks_kernels
         """NCCL ops becoming active and finishing are reported to the contention model."""

@@ -1,11 +1,12 @@
 """What the engine knows before the clock starts: who talks to whom.
 
 `wire()` walks every op once and fixes the static facts of a program on a machine:
-each comm op's comm queue (none for memcpy, which runs on its stream), send/recv pairs (first in, first out per (src, dst, group)),
-collective instances (the k-th collective of a group on every member), P2P batches,
-and each comm op's algorithm and protocol (the network's choice, `Network.choose`). It also checks what the machine must provide: a transport
-for every comm op and peer copy, a route for every memcpy transfer (not between nodes),
-and a compute rate for every FLOP-sized dtype.
+each comm op's comm queue (none for memcpy, which runs on its stream), send/recv pairs
+(first in, first out per (src, dst, group)), collective instances (the k-th collective
+of a group on every member), P2P batches, and each comm op's algorithm and protocol (the
+network's choice, `Network.choose`). It also checks what the machine must provide: a
+transport for every comm op and peer copy, a route for every memcpy transfer (not
+between nodes), and a compute rate for every FLOP-sized dtype.
 """
 
 from __future__ import annotations
