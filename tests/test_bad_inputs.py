@@ -681,6 +681,12 @@ MACHINE_CASES = [
     ("nodes_times_gpus", "nodes: 1", "nodes: 40000", "topology: 40,000 nodes x 2 GPUs = 80,000 devices, above the limit of 65,536", 16, 3),
     ("devices_1e9", "name: tiny", "name: tiny\ndevices: 1000000000", "devices is 1,000,000,000, above the limit", 2, 10),
     ("sm_count_huge", "sm_count: 8", "sm_count: 1" + "0" * 20, "device.sm_count is 100,000,000,000,000,000,000, above the limit of 1,048,576", 7, 13),
+    # what the simulator adds to a topology
+    ("implied_link_kind", "{kind: pcie, bandwidth_gb_per_s: 25", "{kind: shm, bandwidth_gb_per_s: 25",
+     "topology.links[1].kind: 'shm' is implied by the topology, not a link to declare", 21, 14),
+    ("host_memory_floor", "nodes: 1", "nodes: 1\n  host_memory_bandwidth_gb_per_s: 1.0e-9",
+     "topology.host_memory_bandwidth_gb_per_s is 1.0e-9, below the limit of 0.001", 17, 35),
+    ("copy_engines_zero", "nodes: 1", "nodes: 1\n  copy_engines: 0", "topology.copy_engines must be at least 1, got 0", 17, 17),
     # the user's text, not Python's reprs
     ("text_number", "kernel_launch_us: 4", "kernel_launch_us: 4e0", "kernel_launch_us must be a number, got '4e0'", 8, 19),
     ("mapping_for_number", "kernel_launch_us: 4", "kernel_launch_us: {a: 1}", "kernel_launch_us must be a number, got a mapping", 8, 19),
