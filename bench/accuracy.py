@@ -43,7 +43,7 @@ SMALL_PARAMS: dict[str, dict[str, str]] = {
     "collectives": {"ranks": "2", "tensor": "8MiB", "skew": "5ms"},
     "ddp_overlap": {"ranks": "2", "layers": "4", "bucket_layers": "2", "layer_grad": "8MiB", "t_fwd": "5ms", "t_bwd": "10ms", "t_opt": "5ms"},
     "fsdp": {"ranks": "2", "layers": "4", "layer_params": "8MiB", "t_fwd": "5ms", "t_bwd": "10ms", "t_opt": "5ms"},
-    "memcpy_vs_nccl": {"gpus": "2", "msg": "8MiB", "t_compute": "20ms", "reps": "2"},
+    "memcpy_vs_nccl": {"gpus": "2", "copies": "4", "msg": "8MiB", "t_compute": "20ms"},
     "p2p": {"pairs": "1", "msg": "8MiB", "t_compute": "10ms", "t_host": "5ms"},
     "stream_overlap": {"ranks": "2", "batch": "16MiB", "t_step": "10ms", "t_prep": "5ms"},
     # 1024 tokens x 1024 hidden: 10 ms matmuls and 2 MiB all_reduces (at 512 x 512, 1.4 ms

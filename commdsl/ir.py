@@ -161,6 +161,9 @@ class CopyDir(str, enum.Enum):
     H2D = "h2d"
     D2H = "d2h"
     D2D = "d2d"
+    PEER = "peer"
+    """One-sided copy into another rank's device memory (`copy x 64MiB to 2`): no op on
+    the destination; `Op.peer` is the destination, `Op.dest` the buffer it writes."""
 
 
 class Dtype(str, enum.Enum):
@@ -212,7 +215,10 @@ class Op:
     """Payload of a transfer/collective; memory traffic of a compute op."""
     dtype: Dtype = Dtype.FP32
     peer: int | None = None
-    """SEND: destination rank; RECV: source rank (global ranks)."""
+    """SEND and peer COPY: destination rank; RECV: source rank (global ranks)."""
+    dest: str | None = None
+    """Peer COPY: the name of the buffer it writes on `peer` (`into NAME`; else the op's
+    own name)."""
     group: str | None = None
     """Group id (see `Group.id`) of a communication op."""
     root: int | None = None
@@ -246,6 +252,18 @@ class Op:
     def is_async(self) -> bool:
         return self.handle is not None
 
+    @property
+    def is_peer_copy(self) -> bool:
+        """A one-sided copy into another rank's buffer (`copy x SIZE to PEER`)."""
+        return self.kind is OpKind.COPY and self.copy_dir is CopyDir.PEER
+
+    @property
+    def is_memcpy_transfer(self) -> bool:
+        """Bytes moved to or from another rank by memcpy: a peer copy, or a send/recv with
+        transport=memcpy. It runs on its stream and the GPUs' copy engines, ordered only
+        by its stream, events and waits: no communicator, no comm queue."""
+        return self.transport is Transport.MEMCPY and (self.kind in P2P_KINDS or self.copy_dir is CopyDir.PEER)
+
     def to_json(self) -> dict:
         out: dict = {"id": self.id, "rank": self.rank, "index": self.index, "kind": self.kind.value}
         for name in _JSON_FIELDS:
@@ -260,7 +278,7 @@ class Op:
 
 
 _JSON_FIELDS = (
-    "name", "stream", "duration_us", "flops", "size_bytes", "peer", "group", "root",
+    "name", "stream", "duration_us", "flops", "size_bytes", "peer", "dest", "group", "root",
     "reduce_op", "transport", "algo", "proto", "copy_dir", "handle", "batch", "waits_for", "action", "stage", "microbatch",
 )  # fmt: skip
 

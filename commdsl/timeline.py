@@ -310,6 +310,9 @@ def op_span_args(op: Op) -> tuple[tuple[str, object], ...]:
         out.append(("bytes", op.size_bytes))
     if op.flops is not None:
         out.append(("flops", op.flops))
+    if op.dest is not None:  # a peer copy
+        out.append(("dst rank", op.peer))
+        out.append(("dest", op.dest))
     out.append(("name", op.name))
     out.append(("source", f"{op.loc.file}:{op.loc.line}"))
     return tuple(out)

@@ -17,6 +17,7 @@ from commdsl.ir import Op, OpKind, Program
 def validate_program(program: Program) -> None:
     check_p2p_matching(program)
     check_collective_sequences(program)
+    check_peer_copies(program)
 
 
 def _describe(op: Op) -> str:
@@ -74,6 +75,26 @@ def check_p2p_matching(program: Program) -> None:
                 rank=extra.rank,
                 related=related,
                 hint=hint,
+            )
+
+
+def check_peer_copies(program: Program) -> None:
+    """Copies into one buffer of a rank (`copy x SIZE to RANK into NAME`, from any rank)
+    agree on its size and dtype: the destination holds one buffer per name."""
+    first: dict[tuple[int, str], Op] = {}
+    for op in program.all_ops():
+        if not op.is_peer_copy:
+            continue
+        key = (op.peer, op.dest)
+        seen = first.setdefault(key, op)
+        if (seen.size_bytes, seen.dtype) != (op.size_bytes, op.dtype):
+            raise ValidationError(
+                f"rank {op.rank} copies {format_bytes(op.size_bytes)} of {op.dtype.value} into {op.dest} on rank {op.peer}, "
+                f"but rank {seen.rank} copies {format_bytes(seen.size_bytes)} of {seen.dtype.value} into the same buffer",
+                op.loc,
+                rank=op.rank,
+                related=((f"the first copy into {op.dest} (rank {seen.rank})", seen.loc),),
+                hint="a rank holds one buffer per name: copy the same size and dtype into it, or name another with `into NAME`",
             )
 
 

@@ -23,8 +23,8 @@ UPDATE = os.environ.get("COMMDSL_UPDATE_GOLDEN") == "1"
 TRACES = {
     "1f1b_trace.json": ["simulate", "1f1b", "-p", "stages=2", "-p", "microbatches=2"],
     "collectives_trace.json": ["simulate", "collectives", "-p", "tensor=fp32[6]"],
-    "memcpy_vs_nccl_pcie_trace.json": ["simulate", "memcpy_vs_nccl", "-p", "gpus=4", "-p", "msg=4MiB", "-p", "t_compute=1ms",
-                                       "-p", "reps=1", "--machine", "pcie-nvlink-pairs"],
+    "memcpy_vs_nccl_pcie_trace.json": ["simulate", "memcpy_vs_nccl", "-p", "gpus=4", "-p", "copies=4", "-p", "msg=4MiB",
+                                       "-p", "t_compute=1ms", "--machine", "pcie-nvlink-pairs"],
 }  # fmt: skip
 
 

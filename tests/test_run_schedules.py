@@ -35,7 +35,7 @@ SMALL = {
     "interleaved_zb": "stages=2 chunks=2 microbatches=4 act=16KiB t_fwd=1ms t_bwd_in=1ms t_bwd_w=1ms",
     "zbv": "stages=2 microbatches=3 act=16KiB t_fwd=1ms t_bwd_in=1ms t_bwd_w=1ms",
     "dualpipev": "stages=2 microbatches=4 act=16KiB t_fwd=1ms t_bwd_in=1ms t_bwd_w=1ms",
-    "memcpy_vs_nccl": "gpus=2 msg=64KiB t_compute=2ms reps=1",
+    "memcpy_vs_nccl": "gpus=2 copies=4 msg=64KiB t_compute=2ms",
     "p2p": "pairs=1 msg=16KiB t_compute=1ms t_host=1ms",
     "stream_overlap": "ranks=1 batches=2 batch=64KiB t_step=2ms t_prep=1ms",
     "tp_mlp": "dp=2 tp=2 blocks=1 tokens=64 hidden=64",

@@ -64,7 +64,7 @@ OVERRIDES: dict[str, list[dict[str, str]]] = {
     "tp_mlp": [{"dp": "1", "tp": "8"}, {"dp": "4", "tp": "2", "blocks": "4"}, {"dp": "1", "tp": "1"},
                {"tokens": "128", "hidden": "256"}],
     "stream_overlap": [{"batches": "1"}, {"batches": "6", "overlap": "false"}, {"ranks": "4"}],
-    "memcpy_vs_nccl": [{"gpus": "3"}, {"gpus": "8", "reps": "1"}, {"msg": "4KiB", "t_compute": "10us"}],
+    "memcpy_vs_nccl": [{"gpus": "2"}, {"gpus": "3"}, {"gpus": "8", "copies": "3"}, {"msg": "4KiB", "t_compute": "10us"}],
 }  # fmt: skip
 
 
@@ -214,7 +214,7 @@ def test_header_documents_the_schedule(name):
     header = _header(name)
     assert len(header.splitlines()) >= 10, "the file must start with a comment block describing it"
     assert "What it shows" in header
-    assert re.search(r"^Seeds?: \d{3}", header, re.M), "name the seed it comes from"
+    assert re.search(r"^(Seeds?: \d{3}|Source: \w)", header, re.M), "name the source it comes from"
     assert re.search(rf"^\s*commdsl \w+ {re.escape(name)}\b", header, re.M), "show how to run it by name"
     params_section = header.split("Params:", 1)
     assert len(params_section) == 2, "a Params: section"

@@ -10,6 +10,7 @@ from commdsl.dsl import load_schedule_text
 from commdsl.errors import MachineError
 from commdsl.ir import OpKind, Transport
 from commdsl.machine import load_machine_text, preset_names, resolve_machine
+from commdsl.machine.model import LinkKind
 from commdsl.sim import simulate
 from commdsl.sim.fabric import Fabric
 
@@ -130,7 +131,12 @@ def test_routes_prefer_nvlink_stage_without_peer_access_and_use_the_gpus_own_nic
     assert f.describe(f.route(0, 1, Transport.MEMCPY)) == "gpu0 -> gpu1"
     r = f.route(0, 5, Transport.MEMCPY)
     assert r.staged and len(r.legs) == 2 and f.describe(r) == "gpu0 -> cpu0 -> cpu1 -> gpu5"
-    assert f.route(0, 2, Transport.NCCL).spec.bandwidth_gb_per_s == 1.3  # NCCL's staged (SHM) cap
+    nccl = f.route(0, 2, Transport.NCCL)
+    assert nccl.spec.bandwidth_gb_per_s == 1.47  # NCCL's staged (SHM) cap
+    # ... and it crosses the GPUs' SHM channels, which every staged NCCL transfer of a GPU shares.
+    assert [f.names[c] for c in nccl.channels] == ["gpu0 shm out", "gpu0->cpu0", "cpu0->gpu2", "gpu2 shm in"]
+    assert f.describe(nccl) == "gpu0 -> cpu0 -> gpu2"
+    assert not any(f.kinds[c] is LinkKind.SHM for c in f.route(0, 2, Transport.MEMCPY).channels)  # copies have no proxy
     assert f.route(0, 1, Transport.GLOO).staged  # gloo always goes through host memory
     dgx = Fabric(resolve_machine("dgx-h100").with_nodes(2), 16)
     assert dgx.describe(dgx.route(0, 3, Transport.NCCL)) == "n0.gpu0 -> n0.nvswitch -> n0.gpu3"

@@ -54,6 +54,8 @@ def describe(op: Op) -> str:
         parts.append(f"to {op.peer}")
     elif op.kind is OpKind.RECV:
         parts.append(f"from {op.peer}")
+    elif op.is_peer_copy:
+        parts.append(f"to {op.peer}" + (f" into {op.dest}" if op.dest != op.name else ""))
     elif op.kind is OpKind.COPY:
         parts.append(op.copy_dir.value)
     if op.group is not None:

@@ -133,8 +133,12 @@ def print_summary(console: Console, s: Summary) -> None:
             table.add_row(t.transport, t.kind, str(t.count), format_bytes(t.bytes), format_us(t.mean_us), f"{t.mean_algbw_gb_per_s:.2f} GB/s")
         console.print(table)
     if s.slowed:
-        own = ", or the op's own factor where the machine lists it (interference_by_op)" if s.per_op_interference else ""
-        console.print(f"compute slowed by comm kernels (interference x{s.compute_slowdown:g} while an NCCL kernel of the device runs{own}):")
+        if s.sm_share:
+            why = "NCCL kernels hold SMs, one per channel, and their transfers share the device's memory bandwidth"
+        else:
+            own = ", or the op's own factor where the machine lists it (interference_by_op)" if s.per_op_interference else ""
+            why = f"interference x{s.compute_slowdown:g} while an NCCL kernel of the device runs{own}"
+        console.print(f"compute slowed by comm kernels ({why}):")
         for c in s.slowed:
             console.print(f"  {escape(c.name)}: {c.slowed_ops} of {c.ops} ops slowed, mean {format_us(c.nominal_us)} -> "
                           f"{format_us(c.mean_us)} (x{c.mean_us / c.nominal_us:.2f})")  # fmt: skip

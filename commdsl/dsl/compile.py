@@ -551,29 +551,46 @@ class ProgramCompiler(Transformer):
         return _OpNode(run, "host", loc)
 
     def copy(self, meta, children) -> _OpNode:
-        ref, size_expr, peer, *rest = children
+        ref, size_expr, peer, into, *rest = children
         placement, options = rest[-1], rest[:-1]
         loc = self._loc(meta)
         opts = self._options("copy", _OPTIONS_BY_OP["copy"], options)
         size_loc = _loc_of(size_expr, loc)
         stream = self._stream_name(placement, loc, allow_host=False)
         dtype = self._dtype(opts)
+        peer_expr = peer_loc = None
         if peer is None:
             direction = CopyDir.D2D
         else:
             word, target, peer_loc = peer
-            if target != HOST_STREAM:
-                raise ScheduleError("copy moves data within a rank: `from host`, `to host`, or no peer (device to device)",
-                                    peer_loc, hint="to move data to another rank use send/recv (transport=memcpy)")  # fmt: skip
-            direction = CopyDir.H2D if word == "from" else CopyDir.D2H
+            if target == HOST_STREAM:
+                direction = CopyDir.H2D if word == "from" else CopyDir.D2H
+            elif word == "from":
+                raise ScheduleError("a copy writes another rank's buffer (`to RANK`), it does not read one", peer_loc,
+                                    hint="copy on the rank that holds the data: `copy x SIZE to RANK`")  # fmt: skip
+            else:
+                direction = CopyDir.PEER
+                peer_expr, peer_loc = target, _loc_of(target, peer_loc)
+        if into is not None and direction is not CopyDir.PEER:
+            raise ScheduleError("`into NAME` names the destination buffer of a copy to another rank (`copy x SIZE to RANK into NAME`)",
+                                into.loc)  # fmt: skip
 
         def run(ctx, env, handle):
             if handle is not None:
                 raise ctx.fail("copy returns no handle; record an event to wait on it from another stream", loc)
             size, dt = _size(ctx, size_expr(env), size_loc)
-            ctx.copy(ref.text(env), size, dtype or dt, direction, stream, loc, size_loc=size_loc)
+            name = ref.text(env)
+            if peer_expr is None:
+                ctx.copy(name, size, dtype or dt, direction, stream, loc, size_loc=size_loc)
+            else:
+                dest = into.text(env) if into is not None else name
+                ctx.peer_copy(name, size, dtype or dt, peer_expr(env), dest, stream, loc, peer_loc=peer_loc, size_loc=size_loc)
 
         return _OpNode(run, "copy", loc)
+
+    def into(self, meta, children) -> _Ref:
+        ref = children[0]
+        return _Ref(ref.base, ref.indices, self._loc(meta))  # errors about it point at `into`
 
     def p2p(self, meta, children) -> _OpNode:
         kind_word, ref, size_expr, peer, *rest = children

@@ -353,6 +353,24 @@ class RankExpander:
             loc,
         )  # fmt: skip
 
+    def peer_copy(self, name: str, size, dtype: Dtype | None, peer, dest: str, placement, loc, *, peer_loc=None,
+                  size_loc=None) -> None:  # fmt: skip
+        """`copy NAME SIZE to PEER [into DEST]`: a one-sided copy into `peer`'s buffer DEST."""
+        self._no_batch("copy", loc)
+        peer_loc = peer_loc or loc
+        peer = self._check_rank("the copy's destination", peer, peer_loc)
+        if peer == self.rank:
+            raise self.fail(f"rank {self.rank} cannot copy to itself with `to {peer}`", peer_loc,
+                            hint="a copy within the rank's own device memory has no peer: `copy x SIZE`")  # fmt: skip
+        stream = self.stream(placement, loc)
+        dtype = dtype or self.layout.default_dtype
+        size = self._size(name, size, dtype, size_loc or loc, OpKind.COPY)
+        self._append(
+            dict(kind=OpKind.COPY, name=name, stream=stream, size_bytes=size, dtype=dtype, copy_dir=CopyDir.PEER,
+                 peer=peer, dest=dest, transport=Transport.MEMCPY),
+            loc,
+        )  # fmt: skip
+
     def p2p(self, kind: OpKind, is_async: bool, name: str, size, peer, family: str, transport, dtype, placement, handle,
             loc, *, peer_loc=None, size_loc=None, proto: Protocol | None = None,
             pipeline: tuple[PipelineAction, int, int] | None = None) -> None:  # fmt: skip
@@ -376,9 +394,14 @@ class RankExpander:
         stream = self.stream(placement, loc)
         dtype = dtype or self.layout.default_dtype
         size = self._size(name, size, dtype, size_loc or loc, kind)
+        transport = transport or self.layout.default_transport
+        if in_batch and transport is Transport.MEMCPY:
+            raise self.fail(f"{word} {name} uses transport memcpy, which a batch cannot hold: a batch is one NCCL or gloo "
+                            "launch (batch_isend_irecv), and a memcpy runs on its stream",
+                            loc, hint="put memcpy transfers on streams of their own to overlap them")  # fmt: skip
         fields = dict(kind=kind, name=name, stream=stream, size_bytes=size, dtype=dtype, peer=peer, group=group.id,
-                      transport=transport or self.layout.default_transport, proto=proto,
-                      handle=self.batch_handle if in_batch else handle, batch=self.batch_start)  # fmt: skip
+                      transport=transport, proto=proto, handle=self.batch_handle if in_batch else handle,
+                      batch=self.batch_start)  # fmt: skip
         if pipeline is not None:
             action, stage, microbatch = pipeline
             fields.update(action=action, stage=stage, microbatch=microbatch)

@@ -17,8 +17,8 @@ from commdsl.ir import COLLECTIVE_KINDS, REDUCING_KINDS, Dtype, OpKind, ReduceOp
 from commdsl.limits import (MAX_FACTOR, MAX_MACHINE_COUNT, MAX_MACHINE_TIME_US, MAX_SIZE_BYTES, MAX_STALLS_PER_S, MAX_WORLD_SIZE,
                             MIN_BANDWIDTH_GB_PER_S, MIN_TFLOPS)
 from commdsl.machine.nccl_loader import read_nccl
-from commdsl.machine.model import (ANY_DTYPE, NETWORK_VERTEX, Calibration, ComputeNoise, CpuContention, DeviceKind,
-                                   DeviceSpec, GpuContention, LinkKind, LinkSpec, Machine, OpInterference, Topology,
+from commdsl.machine.model import (ANY_DTYPE, IMPLIED_LINK_KINDS, NETWORK_VERTEX, Calibration, ComputeNoise, CpuContention,
+                                   DeviceKind, DeviceSpec, GpuContention, LinkKind, LinkSpec, Machine, OpInterference, Topology,
                                    TopologyLink, VertexKind)
 from commdsl.yamldoc import YamlDocument
 
@@ -40,7 +40,8 @@ _LINK_KEYS = ("latency_us", "bandwidth_gb_per_s")
 _PROFILE_KEYS = ("measured_us", "measured_ranks", "measured_us_by_dtype", "measured_us_by_op")
 """A collective's measured tables (see `Machine.collective_profiles`)."""
 _TRANSPORT_KEYS = (*_LINK_KEYS, "staged", "collectives", "shared_bandwidth_gb_per_s")
-_TOPOLOGY_KEYS = ("nodes", "gpus_per_node", "vertices", "links", "peer_access", "copy_engines", "nccl_sms")
+_TOPOLOGY_KEYS = ("nodes", "gpus_per_node", "vertices", "links", "peer_access", "copy_engines", "nccl_sms",
+                  "host_memory_bandwidth_gb_per_s")
 _TOPOLOGY_LINK_KEYS = ("kind", "bandwidth_gb_per_s", "latency_us", "between")
 _LIMITS_HINT = "the limits keep simulated times finite; see docs/limits.md"
 
@@ -430,6 +431,10 @@ class _MachineReader:
             what = f"topology.links[{i}]"
             keys = self.mapping(entry, what, _TOPOLOGY_LINK_KEYS, _TOPOLOGY_LINK_KEYS)
             kind = self.enum(keys["kind"][1], LinkKind, f"{what}.kind")
+            if kind in IMPLIED_LINK_KINDS:
+                raise self.fail(f"{what}.kind: '{kind.value}' is implied by the topology, not a link to declare",
+                                keys["kind"][1], hint="host memory: topology.host_memory_bandwidth_gb_per_s; NCCL's SHM path: "
+                                "transports.nccl.staged")  # fmt: skip
             bw = self.rate(keys["bandwidth_gb_per_s"][1], f"{what}.bandwidth_gb_per_s", MIN_BANDWIDTH_GB_PER_S)
             lat = self.time_us(keys["latency_us"][1], f"{what}.latency_us")
             between = keys["between"][1]
@@ -481,8 +486,11 @@ class _MachineReader:
             vertices=tuple(vertices.items()),
             links=tuple(links),
             peer_access=peer_access,
-            copy_engines=self.integer(top["copy_engines"][1], "topology.copy_engines", 1) if "copy_engines" in top else 1,
-        )
+            copy_engines=self.integer(top["copy_engines"][1], "topology.copy_engines", 1) if "copy_engines" in top else None,
+            host_memory_bandwidth_gb_per_s=(self.rate(top["host_memory_bandwidth_gb_per_s"][1], "topology.host_memory_bandwidth_gb_per_s",
+                                                      MIN_BANDWIDTH_GB_PER_S)
+                                            if "host_memory_bandwidth_gb_per_s" in top else None),
+        )  # fmt: skip
 
     def _check_connected(self, node: yaml.Node, gpus: int, nodes: int, known: dict[str, VertexKind], links: list[TopologyLink]) -> None:
         """Every device reaches gpu0 and host memory (a cpu vertex) inside its node, and the

@@ -107,11 +107,16 @@ class _PerOpFactors:
     def interference(self, kind: OpKind, dtype: Dtype) -> OpInterference:
         """The factors of a comm op: its `interference_by_op` entry for its dtype, else for
         any dtype, else the machine-wide factors."""
+        own = self.own_interference(kind, dtype)
+        return own if own is not None else OpInterference(self.compute_slowdown(), self.compute_comm_slowdown)
+
+    def own_interference(self, kind: OpKind, dtype: Dtype) -> OpInterference | None:
+        """The `interference_by_op` entry of a comm op (its dtype's, else any dtype's), if any."""
         for want in (dtype, None):
             for k, d, f in self.interference_by_op:
                 if k is kind and d is want:
                     return f
-        return OpInterference(self.compute_slowdown(), self.compute_comm_slowdown)
+        return None
 
     def slows_compute(self) -> bool:
         """Whether any comm op slows compute (else the simulator skips the bookkeeping)."""
@@ -124,20 +129,28 @@ class _PerOpFactors:
 
 @dataclass(frozen=True)
 class GpuContention(_PerOpFactors):
-    """How work on a GPU slows other work on it. An NCCL kernel occupies SMs (one block
-    per channel) from the moment it is active, even while it waits for its peers; compute,
-    assumed SM-bound, keeps the other SMs. Copies run on copy engines and take no SMs, so
-    they slow nothing. Compute slows a transfer only where the machine says so
-    (`compute_comm_slowdown`, a measured factor)."""
+    """How work on a GPU slows other work on it. An NCCL kernel occupies SMs (one CTA per
+    channel) from the moment it is active, even while it waits for its peers, and while
+    it moves data it reads and writes device memory. Compute bound by its FLOPs (or given
+    as a duration) keeps the other SMs: it runs sm_count / (sm_count - SMs held) times
+    longer. Compute bound by its bytes (`bytes=`) shares memory bandwidth with the NCCL
+    traffic of its device: it runs bandwidth / (bandwidth - traffic) times longer. The SMs
+    an NCCL kernel holds are its channels where the machine has NCCL's model (`nccl:`,
+    which chooses channels per op), else `nccl_sms`; with neither, compute is not slowed.
+    A measured factor (`comm_compute_slowdown`, `interference_by_op`) replaces all this.
+    Copies run on copy engines and take no SMs, so they slow nothing. Compute slows a
+    transfer only where the machine says so (`compute_comm_slowdown`, a measured factor)."""
 
     sm_count: int = 1
     """SMs of the device (`device.sm_count`)."""
     nccl_sms: int | None = None
-    """SMs one NCCL kernel occupies (`topology.nccl_sms`); None: not modelled."""
+    """SMs one NCCL kernel occupies on a machine without NCCL's model (`topology.nccl_sms`:
+    its channels); None: not modelled."""
     comm_compute_slowdown: float | None = None
-    """Compute runs this many times longer while an NCCL kernel of its device runs; None:
-    sm_count / (sm_count - nccl_sms) when `nccl_sms` is given, else 1.0. A measured factor
-    (calibration on the GPUs) also covers memory bandwidth contention and wins."""
+    """Compute runs this many times longer while an NCCL kernel of its device runs, a
+    measured factor (calibration on the GPUs) that covers SMs and memory bandwidth alike;
+    None: from the SMs and memory traffic (see the class doc). `compute_slowdown()` is
+    sm_count / (sm_count - nccl_sms) then, the SM share of one kernel."""
     compute_comm_slowdown: float = 1.0
     """A transfer with an endpoint on a device that computes moves its bytes this many
     times slower (1.0: none, the usual case on GPUs)."""
@@ -427,6 +440,14 @@ class Machine:
         """Whether compute slows any comm op (the networks then track compute per device)."""
         return self.contention.slows_comm()
 
+    def nccl_sm_share(self) -> bool:
+        """Whether NCCL slows compute by the SMs its kernels hold and the memory its transfers
+        use (`GpuContention`): a GPU machine with no measured factor that says how many SMs
+        a kernel holds (its NCCL model's channels, or `nccl_sms`)."""
+        c = self.contention
+        return (isinstance(c, GpuContention) and c.comm_compute_slowdown is None and not c.interference_by_op
+                and (c.nccl_sms is not None or self.nccl is not None))  # fmt: skip
+
     def to_json(self) -> dict:
         """The description as it goes into a timeline's metadata (stable key order)."""
         return {
@@ -507,6 +528,16 @@ class LinkKind(str, enum.Enum):
     """NIC to the fabric (InfiniBand, RoCE, Ethernet)."""
     LOOPBACK = "loopback"
     """A process to its host's TCP loopback stack (CPU machines)."""
+    MEMORY = "memory"
+    """A CPU socket's memory as a staged transfer sees it (`topology.host_memory_bandwidth_gb_per_s`):
+    each byte is written into it and read back. Implied by the topology, never written in a file."""
+    SHM = "shm"
+    """NCCL's host-memory (SHM) path of one GPU in one direction, with its proxy: every
+    staged NCCL transfer of the GPU shares it. Implied by the topology, never written in a file."""
+
+
+IMPLIED_LINK_KINDS = frozenset({LinkKind.MEMORY, LinkKind.SHM})
+"""Link kinds the simulator adds to a topology; a machine file cannot declare them."""
 
 
 NETWORK_VERTEX = "network"
@@ -549,9 +580,17 @@ class Topology:
     """Sets of node-local GPU indices that can copy between each other directly (CUDA
     peer access); None: every pair in a node. Transfers between GPUs without peer access
     stage through host memory; transfers between nodes go through the NICs."""
-    copy_engines: int
-    """Copy engines per GPU (concurrent memcpy transfers it runs; recorded, not yet
-    enforced by the flow network)."""
+    copy_engines: int | None = None
+    """Copy engines per GPU, as CUDA counts them (deviceQuery's "Concurrent copy and
+    kernel execution: Yes with N copy engine(s)"): the memcpy transfers between GPUs one
+    GPU runs at once, in either direction. A direct copy holds one engine of its source
+    GPU; a copy staged through host memory holds one of its source (the device->host leg)
+    and one of its destination (the host->device leg) for its whole time. A transfer that
+    finds no free engine waits for one, in the order transfers became ready on that GPU.
+    None: not limited."""
+    host_memory_bandwidth_gb_per_s: float | None = None
+    """Per CPU socket, the memory bandwidth transfers staged through it share (each byte
+    written once and read once); None: not limited."""
 
     @property
     def num_devices(self) -> int:
@@ -575,6 +614,8 @@ class Topology:
             ],  # fmt: skip
             "peer_access": "all" if self.peer_access is None else [sorted(s) for s in self.peer_access],
             "copy_engines": self.copy_engines,
+            **({"host_memory_bandwidth_gb_per_s": self.host_memory_bandwidth_gb_per_s}
+               if self.host_memory_bandwidth_gb_per_s is not None else {}),
         }
 
 

@@ -16,6 +16,10 @@ group's ranks ascending); scatter hands member g chunk g of the root's input;
 reduce_scatter hands member g chunk g of the reduction; all_to_all hands member g
 chunk g of every member's input, in member order.
 
+A copy to another rank (`copy x SIZE to RANK`) carries its source's pattern (salt: its
+op index) into the destination's buffer: the destination checks what landed, after every
+rank has ended the iteration (`arrivals`).
+
 Every rank holds the whole Program, so it computes its expectations on its own,
 before the run; a wrong result names the op, its source line, and the ranks involved.
 """
@@ -128,6 +132,15 @@ class Checker:
         for op in program.ops[rank]:
             if op.kind.is_comm:
                 self.expect[op.index] = self._expectation(op)
+            elif op.is_peer_copy:
+                self.expect[op.index] = Expectation(op, self._copied(op), None, "")
+        self.arrivals = [Expectation(op, None, self._copied(op), f"rank {op.rank} op {op.id}")
+                         for op in program.all_ops() if op.is_peer_copy and op.peer == rank]  # fmt: skip
+        """Copies other ranks make into this rank's buffers, with what they write."""
+
+    def _copied(self, op: Op) -> torch.Tensor:
+        """What peer copy `op` reads on its rank, and so writes on its destination."""
+        return self.fill.values(op.name, op.rank, op.index, op.size_bytes // op.dtype.itemsize, op.dtype)
 
     def _member_order(self, op: Op) -> list[int]:
         return sorted(self.program.group(op.group).ranks)
@@ -182,7 +195,16 @@ class Checker:
 
     def verify(self, op: Op, got: torch.Tensor) -> str | None:
         """None if `got` (the op's output buffer) holds the expected values, else why not."""
-        exp = self.expect[op.index]
+        return self.verify_values(self.expect[op.index], got, f"rank {op.rank}: op {op.id} {op.kind.value} {op.name}{_who(op)}")
+
+    def verify_arrival(self, exp: Expectation, got: torch.Tensor) -> str | None:
+        """None if `got` (this rank's buffer a peer copy writes) holds what the copy wrote."""
+        op = exp.op
+        return self.verify_values(exp, got, f"rank {self.rank}: {op.dest}, written by copy {op.name} (op {op.id}) of rank {op.rank}")
+
+    def verify_values(self, exp: Expectation, got: torch.Tensor, what: str) -> str | None:
+        """None if `got` holds `exp.out`, else a message that starts with `what`."""
+        op = exp.op
         if exp.out is None:
             return None
         got = got.detach().cpu()
@@ -198,9 +220,8 @@ class Checker:
             return None
         idx = int(bad.nonzero()[0].item())
         nbad = int(bad.sum().item())
-        return (f"rank {op.rank}: op {op.id} {op.kind.value} {op.name}{_who(op)} at {op.loc}: {nbad} of "
-                f"{got.numel()} elements wrong; element {idx} is {_num(got[idx])}, expected "
-                f"{_num(exp.out[idx])} (from {exp.source})")  # fmt: skip
+        return (f"{what} at {op.loc}: {nbad} of {got.numel()} elements wrong; element {idx} is {_num(got[idx])}, "
+                f"expected {_num(exp.out[idx])} (from {exp.source})")  # fmt: skip
 
 
 def _who(op: Op) -> str:

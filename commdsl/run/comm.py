@@ -40,6 +40,9 @@ class CommPlan:
     """gather output / scatter input at the root, as views of one chunk per member."""
     barrier_tensor: torch.Tensor | None = None
     """On NCCL a barrier is a one-element all_reduce, so it stays stream-ordered."""
+    tag: int = 0
+    """Tag of a send or recv: memcpy transfers on CPU are matched by tag, since their stream
+    threads may post them in any order (NCCL ignores tags)."""
 
     @property
     def lead(self) -> Op:
@@ -71,9 +74,9 @@ def launch(plan: CommPlan) -> list:
         ]  # fmt: skip
         return list(dist.batch_isend_irecv(p2p))
     if kind is OpKind.SEND:
-        work = dist.isend(buf.inp, dst=op.peer, group=pg)
+        work = dist.isend(buf.inp, dst=op.peer, group=pg, tag=plan.tag)
     elif kind is OpKind.RECV:
-        work = dist.irecv(buf.out, src=op.peer, group=pg)
+        work = dist.irecv(buf.out, src=op.peer, group=pg, tag=plan.tag)
     elif kind is OpKind.BROADCAST:
         work = dist.broadcast(buf.inp, src=op.root, group=pg, async_op=True)
     elif kind is OpKind.REDUCE:

@@ -8,9 +8,12 @@ threads (see `streams.py`); `CudaExecutor` uses CUDA streams, CUDA events and NC
 Per op kind (DESIGN.md semantics 1-4):
 
     compute / copy     queued on its stream
+    copy to a rank     queued on its stream: a copy into the destination's buffer, opened
+                       at start-up (`commdsl.run.peer`); nothing runs on the destination
     comm op            async: waits for the work queued on its stream, then joins its
                        group's comm queue; sync (no handle): the stream then waits for
-                       it; a gloo-transport sync op also blocks the host, as gloo does
+                       it; a gloo-transport sync op also blocks the host, as gloo does;
+                       on CPU a memcpy send/recv runs on its stream instead, as a copy
     batch of P2P       one batch_isend_irecv, issued at its first op
     wait on a stream   the stream waits for the handle's ops
     wait on host       the host blocks until the handle's ops finish
@@ -38,12 +41,17 @@ from commdsl.run.check import Checker
 from commdsl.run.comm import CommPlan, launch, make_plan
 from commdsl.run.compute import Kernels, KernelSpec
 from commdsl.run.config import RunConfig
+from commdsl.run.peer import PeerBuffers
 from commdsl.run.streams import Aborted, RunSignals, WorkQueue
 from commdsl.run.tensors import BufferPool, CopyBuffers, DeclaredMemory, check_supported
 from commdsl.run.timing import IterRecord, now_ns
 
 DUMP_MAX_ELEMENTS = 4096
 """--dump-values keeps tensors up to this many elements."""
+MEMCPY_TAG_BASE = 1 << 24
+"""Tags of memcpy sends and recvs (plus their position among the messages from one rank
+to another in their group), clear of the default tag 0 the other sends use."""
+PEER_STORE_PREFIX = "commdsl/peer"
 
 
 class OpFailed(CommdslError):
@@ -65,6 +73,8 @@ class RankSetup:
     config: RunConfig
     kernels: Kernels
     checker: Checker | None
+    store: dist.Store | None = None
+    """The rendezvous store: copies to other ranks exchange their buffers' handles there."""
 
 
 class Executor:
@@ -85,6 +95,10 @@ class Executor:
         self.lead_of: dict[int, int] = {}
         """Comm op index -> index of the op that issues it (itself, or its batch's first op)."""
         self.copies: dict[int, CopyBuffers] = {}
+        self.peers = PeerBuffers(setup.program, setup.rank, setup.device, per_op)
+        """Buffers other ranks copy into, and those this rank's copies write."""
+        self.peer_source: dict[int, torch.Tensor] = {}
+        """Copy to another rank -> the buffer it reads."""
         self.kernel: dict[int, KernelSpec] = {}
         self.rec = IterRecord.empty(len(self.ops))
         self.phase: tuple[str, int] | None = None
@@ -106,6 +120,8 @@ class Executor:
                     self.lead_of[op.index] = op.batch
                 else:
                     self.lead_of[op.index] = op.index
+            elif op.is_peer_copy:
+                self.peer_source[op.index] = self.pool.peer_source(op)
             elif op.kind is OpKind.COPY:
                 self.copies[op.index] = self.pool.copy(op)
         self.size_compute()
@@ -120,6 +136,15 @@ class Executor:
             size = len(self.program.group(op.group).ranks)
             bufs = tuple(self.pool.comm(m, size) for m in members)
             self.comm[op.index] = make_plan(members, setup.groups[op.group], size, bufs, setup.backend, setup.device)
+        sent: dict[tuple[int, int, str], int] = {}
+        for op in self.ops:
+            if op.kind.is_p2p:  # the k-th message from one rank to another in a group matches the k-th recv
+                channel = (op.rank, op.peer, op.group) if op.kind is OpKind.SEND else (op.peer, op.rank, op.group)
+                k = sent[channel] = sent.get(channel, -1) + 1
+                if op.transport is Transport.MEMCPY:
+                    self.comm[op.index].tag = MEMCPY_TAG_BASE + k
+        if self.peers.used:
+            self.peers.open(setup.store, setup.control, PEER_STORE_PREFIX)
 
     def size_compute(self) -> None:
         """Size every compute op from the kernels' current timing (`Kernels.spec`): at
@@ -158,6 +183,10 @@ class Executor:
                 rec.issue_end[i] = now_ns()
             self.host_op = None
             self.drain()
+            if self.peers.used:  # every copy of the iteration has landed before anyone looks
+                self.phase = ("the iteration-end barrier (copies to other ranks landing)", now_ns())
+                dist.barrier(group=self.setup.control)
+                self.phase = None
         except Aborted:
             pass
         self.raise_failure()
@@ -180,8 +209,10 @@ class Executor:
         for op in self.ops:
             exp = checker.expect.get(op.index)
             if exp is not None and exp.inp is not None:
-                buf = self.buffers_of(op).inp
+                buf = self.peer_source[op.index] if op.is_peer_copy else self.buffers_of(op).inp
                 buf.copy_(exp.inp.view(buf.dtype) if buf.dtype != exp.inp.dtype else exp.inp)
+        for exp in checker.arrivals:  # a copy that does not land must not find last iteration's values
+            self.peers.landing(exp.op).zero_()
 
     def verify(self) -> list[str]:
         checker = self.setup.checker
@@ -195,6 +226,10 @@ class Executor:
                     why = checker.verify(op, out)
                     if why:
                         failures.append(why)
+        for exp in checker.arrivals:
+            why = checker.verify_arrival(exp, self.peers.landing(exp.op))
+            if why:
+                failures.append(why)
         return failures
 
     def dump_values(self) -> dict:
@@ -254,8 +289,9 @@ class Executor:
         """Read device timestamps into `self.rec`."""
 
     def close(self) -> None:
-        """Stop worker threads (after the last iteration)."""
+        """Stop worker threads (after the last iteration) and release other ranks' buffers."""
         self.signals.stop.set()
+        self.peers.close()
 
     def host_work(self, op: Op) -> None:
         rec = self.rec
@@ -276,7 +312,8 @@ class CpuExecutor(Executor):
         super().__init__(setup)
         on_start = setup.kernels.set_thread_count
         self.streams = {name: WorkQueue(f"stream-{name}", self.signals, on_start) for name in self.program.streams}
-        self.queues = {gid: WorkQueue(f"comm-{gid}", self.signals) for gid in sorted({self.ops[i].group for i in self.comm})}
+        queued = {self.ops[i].group for i in self.comm if self.ops[i].transport is not Transport.MEMCPY}
+        self.queues = {gid: WorkQueue(f"comm-{gid}", self.signals) for gid in sorted(queued)}
         self.done: dict[int, threading.Event] = {}
         self.events: dict[int, threading.Event] = {}
 
@@ -307,12 +344,18 @@ class CpuExecutor(Executor):
 
     def issue(self, op: Op) -> None:
         kind = op.kind
-        if kind.is_comm:
+        if kind.is_comm and op.transport is Transport.MEMCPY:  # no communicator: it runs on its stream
+            plan, done = self.comm[op.index], self.done[op.index]
+            self.streams[op.stream].submit(self._timed(op, lambda: self._transfer(plan, done)))
+        elif kind.is_comm:
             if self.lead_of[op.index] == op.index:
                 self._issue_comm(self.comm[op.index])
         elif kind is OpKind.COMPUTE:
             spec, kernels, stream = self.kernel[op.index], self.setup.kernels, op.stream
             self.streams[stream].submit(self._timed(op, lambda: kernels.run(stream, spec)))
+        elif op.is_peer_copy:  # a memcpy into the destination's shared pages, by this stream's thread
+            target, source = self.peers.target(op), self.peer_source[op.index]
+            self.streams[op.stream].submit(self._timed(op, lambda: target.copy_(source)))
         elif kind is OpKind.COPY:
             bufs = self.copies[op.index]
             self.streams[op.stream].submit(self._timed(op, lambda: bufs.dst.copy_(bufs.src)))
@@ -372,6 +415,12 @@ class CpuExecutor(Executor):
             stream.submit(lambda: self.signals.wait_event(done), only_waits_for=done)
             if lead.transport is Transport.GLOO:  # a blocking gloo call blocks its caller
                 self.signals.wait_event(done)
+
+    def _transfer(self, plan: CommPlan, done: threading.Event) -> None:
+        """A memcpy send or recv on its stream's thread: the stream holds it to its end."""
+        for work in launch(plan):
+            work.wait()
+        done.set()
 
     def drain(self) -> None:
         for q in (*self.streams.values(), *self.queues.values()):
@@ -460,6 +509,8 @@ class CudaExecutor(Executor):
             self.start_ev[i].record(stream)
             if kind is OpKind.COMPUTE:
                 self.setup.kernels.run(op.stream, self.kernel[i])
+            elif op.is_peer_copy:  # cudaMemcpyAsync into the destination's memory, opened by CUDA IPC
+                self.peers.target(op).copy_(self.peer_source[i], non_blocking=True)
             elif kind is OpKind.COPY:
                 bufs = self.copies[i]
                 bufs.dst.copy_(bufs.src, non_blocking=True)

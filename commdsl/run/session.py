@@ -89,7 +89,7 @@ def run(config: RunConfig) -> int:
         fill = Fill(values, config.values_file or "")
         try:
             checker = Checker(program, rank, fill) if filled else None
-            setup = RankSetup(program, rank, backend, device, groups.by_id, groups.control, config, kernels, checker)
+            setup = RankSetup(program, rank, backend, device, groups.by_id, groups.control, config, kernels, checker, store)
             executor: Executor = make_executor(setup)
         except CommdslError as err:
             watchdog.abort([err.format()], err.exit_code)
@@ -193,7 +193,7 @@ def _report(program: Program, config: RunConfig, results: list[RankResult], meta
             f"clock alignment: error bound {max(bounds) / 1e3:.1f} us (ping-pong self-check: |offset| {self_check:.1f} us)",
         ]  # fmt: skip
         if config.check:
-            n = sum(1 for op in program.all_ops() if op.kind.is_comm)
+            n = sum(1 for op in program.all_ops() if op.kind.is_comm or op.is_peer_copy)
             lines.append(f"check: {n} communication results on {len(results)} rank(s): "
                          + ("all correct" if not failures else f"{len(failures)} wrong"))  # fmt: skip
         lines += _duration_lines(tl, warn=not config.compare)  # --compare's comparison warns itself

@@ -15,7 +15,9 @@ With `--check` (or `--values`/`--dump-values`) every op gets buffers of its own,
 values of each op can be filled before the iteration and verified after it.
 
 Copies (`copy x 1MiB from host`) get a host buffer and a device buffer; on CUDA the
-host side is pinned memory so the copy is a real asynchronous DMA.
+host side is pinned memory so the copy is a real asynchronous DMA. A copy to another
+rank (`copy x 1MiB to 2`) gets its source buffer here; the buffer it writes is the
+destination's, opened at start-up (`commdsl.run.peer`).
 """
 
 from __future__ import annotations
@@ -128,6 +130,11 @@ class BufferPool:
         out = None if n_out is None else self._tensor(self._key(op, "out", n_out) + ("out",), n_out * scale, dtype)
         return CommBuffers(inp, out)
 
+    def peer_source(self, op: Op) -> torch.Tensor:
+        """The device buffer a copy to another rank reads."""
+        numel = op.size_bytes // op.dtype.itemsize
+        return self._tensor(self._key(op, "dev", numel) + ("dev",), numel, TORCH_DTYPE[op.dtype])
+
     def copy(self, op: Op) -> CopyBuffers:
         numel = op.size_bytes // op.dtype.itemsize
         dtype = TORCH_DTYPE[op.dtype]
@@ -184,7 +191,10 @@ class DeclaredMemory:
 
 
 def estimate_bytes(program: Program, rank: int, per_op: bool) -> int:
-    """Upper bound of the bytes one rank allocates for comm and copy buffers."""
+    """Upper bound of the bytes one rank allocates for comm and copy buffers, and for the
+    buffers other ranks copy into."""
+    from commdsl.run.peer import landings  # it builds on this module
+
     seen: set[tuple] = set()
     total = 0
     for op in program.ops[rank]:
@@ -192,8 +202,8 @@ def estimate_bytes(program: Program, rank: int, per_op: bool) -> int:
             key = (op.index,) if per_op else (op.kind, op.name, op.dtype, op.size_bytes)
             if key not in seen:
                 seen.add(key)
-                total += 3 * op.size_bytes if op.kind is OpKind.COPY else 2 * op.size_bytes
-    return total
+                total += op.size_bytes if op.is_peer_copy else 3 * op.size_bytes if op.kind is OpKind.COPY else 2 * op.size_bytes
+    return total + sum(land.numel * land.dtype.itemsize for land in landings(program, per_op).get(rank, []))
 
 
 def declared_peak_bytes(program: Program, rank: int) -> int:

@@ -1,5 +1,9 @@
 """The analytic network: latency + bytes / bandwidth per transfer, no contention.
 
+On a machine with a topology a point-to-point transfer takes the time it takes alone on
+its route (its links and, staged through host memory, the transport's `staged` cap), so
+the analytic and flow networks agree on any transfer that runs alone.
+
 With a `compute_comm_slowdown` (see `commdsl.sim.network`), the bandwidth part of a
 transfer progresses at 1 / factor while slowed: its one timeout is rescheduled when that
 changes (exact for its formula, no contention).
@@ -11,6 +15,7 @@ from collections.abc import Callable
 
 import simpy
 
+from commdsl.ir import OpKind
 from commdsl.machine.model import Machine
 from commdsl.sim.fabric import Fabric
 from commdsl.sim.nccl_flows import NcclFlows
@@ -56,8 +61,10 @@ class AnalyticNetwork(Network):
         """Per device, whether compute runs on it."""
         self._on_device: list[dict[_Timed, None]] = [{} for _ in range(world_size)] if machine.slows_comm() else []
         """Per device, the transfers in flight with an endpoint on it (slowdown only)."""
+        if machine.topology is not None:  # routes of point-to-point transfers
+            self.fabric = Fabric(machine, world_size)
         if machine.nccl is not None:
-            self.nccl = NcclFlows(Fabric(machine, world_size), machine.nccl)
+            self.nccl = NcclFlows(self.fabric, machine.nccl)
 
     def duration_us(self, transfer: Transfer) -> tuple[float, float]:
         """(time, latency part) of a transfer."""
@@ -67,11 +74,18 @@ class AnalyticNetwork(Network):
             t = transfer
             co = self.nccl.coflow(t.kind, t.ranks, t.size_bytes, t.root, p.algo, p.proto, t.group_size)
             return co.latency_us + t.size_bytes / co.solo_rate(self.nccl.fabric.capacity), co.latency_us
+        if self.fabric is not None and transfer.kind in (OpKind.SEND, OpKind.COPY):
+            # Alone on its route, as the flow network times it uncontended.
+            return self.fabric.p2p_time_us(transfer.ranks[0], transfer.ranks[1], transfer.transport, transfer.size_bytes)
         link = self.machine.sized_link(transfer.transport, transfer.kind, len(transfer.ranks), transfer.size_bytes,
                                        p.latency_steps, p.serial_bytes, transfer.dtype, transfer.reduce_op)  # fmt: skip
         assert link is not None, "the engine checks transports before simulating"
         latency = p.latency_steps * link.latency_us
         return latency + p.serial_bytes / (link.bandwidth_gb_per_s * 1e3), latency
+
+    def solo_rate(self, transfer: Transfer) -> float:
+        duration, latency = self.duration_us(transfer)
+        return transfer.size_bytes / (duration - latency) if duration > latency else float("inf")
 
     def start(self, transfer: Transfer, done: Callable[[], None]) -> None:
         duration, latency = self.duration_us(transfer)

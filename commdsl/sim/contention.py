@@ -7,10 +7,12 @@ host) how long a compute op stalls and how late a woken stream goes on. The mach
 contention spec picks the model (`contention_model`):
 
   * `Exact`: nothing slows anything, no noise. The engine then keeps no bookkeeping at all.
-  * `GpuModel` (`GpuContention`): an NCCL kernel holds SMs from the moment it is active,
-    even while it waits for its peers, so compute on that GPU runs at the largest factor
-    of the kernels active there. Copies run on copy engines: they slow nothing and nothing
-    slows them. Compute slows transfers only where the machine says so.
+  * `GpuModel` (`GpuContention`): an NCCL kernel holds SMs (its channels) from the moment
+    it is active, even while it waits for its peers, so compute on that GPU runs at the
+    largest factor of the kernels active there; compute bound by its bytes instead shares
+    the device's memory bandwidth with the NCCL transfers moving there. Copies (and memcpy
+    transfers) run on copy engines: they slow nothing and nothing slows them. Compute
+    slows transfers only where the machine says so.
   * `CpuHostModel` (`CpuContention`): a rank is a process whose streams, comm queues and
     copies are threads sharing the host's cores. Comm ops and compute slow each other
     (per-op factors), copies and compute slow each other, explicit durations stretch,
@@ -21,14 +23,16 @@ The engine's side of the interface (`Contention`):
     timed / timed_copies    compute ops (and copies) run on timers that are re-timed
                             when their factor changes; False: fixed durations
     tracks_kernels          report NCCL ops becoming active and finishing: kernel()
-    factor(rank, is_copy)   the current slowdown of a compute op or a copy on `rank`
+    tracks_traffic          report transfers starting and ending: transfer()
+    factor(rank, op)        the current slowdown of a compute op or a copy on `rank`
     work(rank, is_copy, +1/-1)  a compute op or copy started / ended on `rank`
     duration_stretch        explicit compute durations run this many times long
     noisy                   draw stalls (stall_us) and late wake-ups (woken, wake_us)
 
-`kernel()` and `work()` return True when the factors on that rank changed, so the
-engine re-times what runs there. The model also tells the network when a device starts
-or stops computing (`Network.compute_changed`) where compute slows transfers.
+`kernel()` and `work()` return True when the factors on that rank changed, and
+`transfer()` the ranks where they may have, so the engine re-times what runs there. The
+model also tells the network when a device starts or stops computing
+(`Network.compute_changed`) where compute slows transfers.
 """
 
 from __future__ import annotations
@@ -36,9 +40,9 @@ from __future__ import annotations
 import math
 import random
 
-from commdsl.ir import Dtype, Op, OpKind
+from commdsl.ir import Op, OpKind, Transport
 from commdsl.machine.model import CpuContention, GpuContention, Machine
-from commdsl.sim.network import Network
+from commdsl.sim.network import Network, Transfer
 
 
 class Contention:
@@ -47,6 +51,7 @@ class Contention:
     timed = False
     timed_copies = False
     tracks_kernels = False
+    tracks_traffic = False
     noisy = False
     duration_stretch = 1.0
 
@@ -58,7 +63,13 @@ class Contention:
         """A compute op (or a copy) started (+1) or ended (-1) on `rank`."""
         return False
 
-    def factor(self, rank: int, is_copy: bool) -> float:
+    def transfer(self, transfer: Transfer, started: bool) -> tuple[int, ...]:
+        """A transfer started or ended moving bytes: the ranks whose factors changed
+        (called only with `tracks_traffic`)."""
+        return ()
+
+    def factor(self, rank: int, op: Op) -> float:
+        """The current slowdown of compute op or copy `op` on `rank`."""
         return 1.0
 
     def stall_us(self, g: int, duration_us: float) -> float:
@@ -85,13 +96,21 @@ class _KernelFactors(Contention):
         self.tracks_kernels = machine.contention.slows_compute()
         self.kernels: list[list[float]] = [[] for _ in range(world_size)]
         """Per rank, the compute slowdowns of its active comm kernels."""
-        self._factor_of: dict[tuple[OpKind, Dtype], float] = {}
+        self._factor_of: dict[tuple, float] = {}
+
+    def kernel_factor(self, op: Op) -> float:
+        """Compute's slowdown while comm op `op` runs on its device."""
+        return self.machine.interference(op.kind, op.dtype).comm_compute_slowdown
+
+    def kernel_key(self, op: Op) -> tuple:
+        """What `kernel_factor` depends on (its cache key)."""
+        return op.kind, op.dtype
 
     def kernel(self, op: Op, started: bool) -> bool:
-        key = (op.kind, op.dtype)
+        key = self.kernel_key(op)
         factor = self._factor_of.get(key)
         if factor is None:
-            factor = self._factor_of[key] = self.machine.interference(op.kind, op.dtype).comm_compute_slowdown
+            factor = self._factor_of[key] = self.kernel_factor(op)
         kernels = self.kernels[op.rank]
         before = max(kernels, default=1.0)
         if started:
@@ -105,21 +124,74 @@ class _KernelFactors(Contention):
 
 
 class GpuModel(_KernelFactors):
-    """NCCL kernels hold SMs; copy engines leave compute alone (see the module doc)."""
+    """NCCL kernels hold SMs and memory bandwidth; copy engines leave compute alone (see
+    the module doc and `GpuContention`)."""
 
-    def __init__(self, machine: Machine, network: Network, world_size: int):
+    def __init__(self, machine: Machine, network: Network, world_size: int, group_ranks: dict[str, tuple[int, ...]]):
         super().__init__(machine, world_size)
+        spec: GpuContention = machine.contention
         self.network = network
-        self.slows_comm = machine.contention.slows_comm()
-        self.timed = self.tracks_kernels or self.slows_comm
+        self.group_ranks = group_ranks
+        self.sm_count = spec.sm_count
+        sm_share = machine.nccl_sm_share()
+        self.tracks_kernels = spec.slows_compute() or sm_share
+        self.memory_bytes_per_us = machine.device.memory_bandwidth_gb_per_s * 1e3
+        self.tracks_traffic = sm_share and self.memory_bytes_per_us < math.inf
+        self.traffic = [0.0] * world_size
+        """Per rank, the device memory traffic (bytes/us) of the NCCL transfers moving there."""
+        self._traffic_of: dict[Transfer, float] = {}
+        self.slows_comm = spec.slows_comm()
+        self.timed = self.tracks_kernels or self.slows_comm or self.tracks_traffic
+
+    def kernel_factor(self, op: Op) -> float:
+        """Compute's slowdown while NCCL op `op` runs on its device: a measured factor, else
+        the SM share of its channels."""
+        spec: GpuContention = self.machine.contention
+        own = spec.own_interference(op.kind, op.dtype)
+        if own is not None:
+            return own.comm_compute_slowdown
+        if spec.comm_compute_slowdown is not None:
+            return spec.comm_compute_slowdown
+        if self.network.nccl is not None and op.transport is Transport.NCCL:
+            sms = self.network.nccl.choose(op, self.group_ranks[op.group]).channels
+        else:
+            sms = spec.nccl_sms or 0
+        sms = min(sms, self.sm_count - 1)
+        return self.sm_count / (self.sm_count - sms)
+
+    def kernel_key(self, op: Op) -> tuple:
+        # NCCL's channels depend on the op's group, size and choices (a send's on its peer too).
+        key = (op.kind, op.dtype, op.group, op.size_bytes, op.algo, op.proto)
+        return key + (op.rank, op.peer) if op.kind.is_p2p else key
 
     def work(self, rank: int, is_copy: bool, delta: int) -> bool:
         if self.slows_comm and not is_copy:
             self.network.compute_changed(rank, delta > 0)
         return False
 
-    def factor(self, rank: int, is_copy: bool) -> float:
-        return 1.0 if is_copy else self._kernel_factor(rank)
+    def transfer(self, transfer: Transfer, started: bool) -> tuple[int, ...]:
+        """An NCCL transfer reads and writes device memory on every member while it moves:
+        about twice its bytes over its uncontended time (what it sends it reads, what it
+        receives it writes)."""
+        if transfer.transport is not Transport.NCCL or not transfer.size_bytes:
+            return ()
+        rate = self._traffic_of.get(transfer)
+        if rate is None:
+            rate = self._traffic_of[transfer] = 2.0 * self.network.solo_rate(transfer)
+        sign = 1.0 if started else -1.0
+        ranks = tuple(dict.fromkeys(transfer.ranks))
+        for r in ranks:
+            self.traffic[r] = max(0.0, self.traffic[r] + sign * rate)
+        return ranks
+
+    def factor(self, rank: int, op: Op) -> float:
+        if op.kind is OpKind.COPY:
+            return 1.0
+        if self.tracks_traffic and memory_bound(self.machine, op):
+            # Its bytes share the memory with NCCL's traffic (at most 90% of it is taken).
+            traffic = min(self.traffic[rank], 0.9 * self.memory_bytes_per_us)
+            return self.memory_bytes_per_us / (self.memory_bytes_per_us - traffic)
+        return self._kernel_factor(rank)
 
 
 class CpuHostModel(_KernelFactors):
@@ -165,9 +237,9 @@ class CpuHostModel(_KernelFactors):
             self.network.compute_changed(rank, before == 0)
         return self.spec.compute_copy_slowdown != 1.0
 
-    def factor(self, rank: int, is_copy: bool) -> float:
+    def factor(self, rank: int, op: Op) -> float:
         spec = self.spec
-        if is_copy:
+        if op.kind is OpKind.COPY:
             return spec.compute_copy_slowdown if self.computing[rank] else 1.0
         factor = self._kernel_factor(rank)
         if self.copying[rank]:
@@ -204,18 +276,36 @@ class CpuHostModel(_KernelFactors):
         return wake
 
 
-def contention_model(machine: Machine, network: Network, world_size: int, rng: random.Random | None) -> Contention:
+def contention_model(machine: Machine, network: Network, world_size: int, rng: random.Random | None,
+                     group_ranks: dict[str, tuple[int, ...]]) -> Contention:  # fmt: skip
     """The model for `machine`'s contention spec (`Exact` where nothing would change)."""
     spec = machine.contention
     if isinstance(spec, CpuContention):
         model: Contention = CpuHostModel(machine, network, world_size, rng)
     elif isinstance(spec, GpuContention):
-        model = GpuModel(machine, network, world_size)
+        model = GpuModel(machine, network, world_size, group_ranks)
     else:
         raise AssertionError(f"unknown contention spec {type(spec).__name__}")
     if not (model.timed or model.noisy or model.duration_stretch != 1.0):
         return Exact()
     return model
+
+
+def compute_us(machine: Machine, op: Op) -> tuple[float, float]:
+    """(FLOP time, memory time) of a compute op's work at the device's rates (it takes the
+    larger): its FLOPs at the dtype's rate; its bytes read half and written half, as a
+    device copy of size/2."""
+    flops_us = op.flops / (machine.device.tflops(op.dtype) * 1e6) if op.flops else 0.0
+    bytes_us = machine.device_copy_us(op.size_bytes / 2) if op.size_bytes else 0.0
+    return flops_us, bytes_us
+
+
+def memory_bound(machine: Machine, op: Op) -> bool:
+    """A compute op whose time is its bytes' (`bytes=`, no explicit duration)."""
+    if op.kind is not OpKind.COMPUTE or op.duration_us is not None or not op.size_bytes:
+        return False
+    flops_us, bytes_us = compute_us(machine, op)
+    return bytes_us >= flops_us
 
 
 def poisson(rng: random.Random, mean: float) -> int:

@@ -38,12 +38,18 @@ class _Reporter:
     def why_inactive(self, g: int) -> str:
         """Why comm op g (on its own rank) has not become active."""
         e, op = self.e, self.op(g)
+        if e.on_stream[g]:  # a memcpy transfer: only its stream can hold it back
+            return self._stream_not_there(g)
         q = e.queues[op.rank][op.group]
         if q.fifo and q.fifo[0] != self._item_of(g):
             head = q.fifo[0]
             return f"it is queued behind {describe_op(self.op(head))} in rank {op.rank}'s comm queue for group {op.group}"
         if e.state[g] == ELIGIBLE:
             return "its batch waits for the head of another group's comm queue"
+        return self._stream_not_there(g)
+
+    def _stream_not_there(self, g: int) -> str:
+        e, op = self.e, self.op(g)
         stream = e.streams[op.rank][op.stream]
         if stream.fifo:
             head = stream.fifo[0] >> 2
@@ -89,6 +95,19 @@ class _Reporter:
         if e.state[p] == ACTIVE:  # both active yet not finished: cannot happen with a network that finishes
             return f"its transfer with {describe_op(po)} never finished", None
         reason = f"waits for rank {po.rank}'s matching {describe_op(po)}, which is {self.state_name(p)}: {self.why_inactive(p)}"
+        if e.on_stream[p]:  # memcpy: the peer's stream is held by a transfer towards us of the same direction
+            peer_stream = e.streams[po.rank][po.stream]
+            h = peer_stream.fifo[0] >> 2 if peer_stream.fifo else -1
+            ho = self.op(h) if h >= 0 else None
+            if ho is not None and e.on_stream[h] and ho.kind is op.kind and ho.peer == op.rank and e.state[h] == ACTIVE:
+                verb = "sending to" if op.kind is OpKind.SEND else "receiving from"
+                return (
+                    reason + f". Ranks {min(op.rank, po.rank)} and {max(op.rank, po.rank)} are both blocked {verb} each other "
+                    "on their streams (head to head)",
+                    "put each rank's memcpy send and recv on different streams, or order them send-then-recv on one rank "
+                    "and recv-then-send on the other",
+                )
+            return reason, None
         # Head to head: the peer's queue is blocked by an active op towards us of the same direction.
         q = e.queues[po.rank][po.group]
         if q.fifo and q.active:
@@ -133,6 +152,11 @@ class _Reporter:
                 continue
             g, tag = s.fifo[0] >> 2, s.fifo[0] & 3
             op = self.op(g)
+            if e.on_stream[g]:  # a memcpy send or recv holding its stream
+                if e.state[g] == ACTIVE:
+                    reason, hint = self.why_active_blocked(g)
+                    found.append((0, g, f"{describe_op(op)} is active on stream {s.name} and {reason}", hint))
+                continue
             deps = list(e._deps(g, tag))
             pending = [d for d in deps if e.state[d] != DONE]
             if tag == SYNC:

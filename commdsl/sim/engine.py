@@ -19,9 +19,14 @@ The semantics, in the order an op meets them:
      handles order streams without blocking the host.
   3. The host blocks in `synchronize`, a wait on the host, and a blocking gloo call.
   4. A comm queue runs its items (an op, or a P2P batch as one unit) in issue order:
-     NCCL's one order per communicator.
+     NCCL's one order per communicator. NCCL also runs a communicator's transfers from
+     one rank to another one at a time, in order, even those of one batch.
   5. A collective moves data once every member is active; a send and its recv once both
      are. The network times the transfer.
+  6. memcpy transfers (a one-sided peer copy, a send/recv with transport=memcpy) have no
+     communicator: they run on their stream like a copy, ordered only by it, events and
+     waits; a send/recv pair moves once both ends are at the head of their streams. They
+     hold the GPUs' copy engines while they move (`commdsl.sim.copy_engines`).
 
 How fast work runs while other work shares its device (NCCL kernels holding SMs, a CPU
 host's threads sharing cores) and a CPU host's random noise are the contention model's
@@ -47,10 +52,11 @@ from collections.abc import Callable
 
 import simpy
 
-from commdsl.ir import HOST_STREAM, MEMORY_KINDS, CopyDir, Op, OpKind, Program, Transport
+from commdsl.ir import HOST_STREAM, MEMORY_KINDS, Algo, CopyDir, Op, OpKind, Program, Transport
 from commdsl.machine.model import Machine
 from commdsl.sim.collectives import plan
-from commdsl.sim.contention import contention_model
+from commdsl.sim.contention import compute_us, contention_model
+from commdsl.sim.copy_engines import CopyEngines
 from commdsl.sim.entities import (ACTIVE, ALGOS, DONE, PROTOS, ELIGIBLE, EXEC, MARK, QUEUE, STREAM, SYNC, Collective, Entity, Host,
                                   Queue, RawResult, Stream)
 from commdsl.sim.network import Network, Transfer
@@ -65,6 +71,7 @@ _COMPUTE, _COPY, _SEND, _RECV, _WAIT, _WAIT_EVENT, _HOST_OP, _SYNCHRONIZE = (
 )  # fmt: skip
 _GLOO = Transport.GLOO
 _NCCL = Transport.NCCL
+_MEMCPY = Transport.MEMCPY
 PROGRESS_EVENTS = 20_000
 """`Engine.run` with a progress callback reports after every this many SimPy events."""
 
@@ -101,9 +108,19 @@ class Engine:
         self.collectives, self.batch_ops, self.batch_queues, self.algos = w.collectives, w.batch_ops, w.batch_queues, w.algos
         self.protos = w.protos
         self.group_ranks = {g.id: g.ranks for g in program.groups}
-        self.contention = c = contention_model(machine, self.network, program.world_size, rng)
+        self.on_stream = bytearray(op.is_memcpy_transfer for op in ops)
+        """Per op, 1 for a memcpy transfer: it runs on its stream (no comm queue)."""
+        topo = machine.topology
+        self.copy_engines = CopyEngines(topo.copy_engines, program.world_size) if topo is not None and topo.copy_engines else None
+        """The GPUs' copy engines (None: not limited)."""
+        self.pair_fifo: dict[tuple[str, int, int], deque[Transfer]] = {}
+        """(group, source, destination) of an NCCL transfer moving now -> the transfers
+        between the same ranks in the same group waiting behind it, in order."""
+        self.contention = c = contention_model(machine, self.network, program.world_size, rng, self.group_ranks)
         self.kernels = c.tracks_kernels
         """NCCL ops becoming active and finishing are reported to the contention model."""
+        self.traffic = c.tracks_traffic
+        """Transfers starting and ending are reported to the contention model."""
         self.timed = c.timed
         """Compute ops (and, with `contention.timed_copies`, copies) start at their true
         time and end through `_on_timer`, re-timed when their factor changes."""
@@ -210,7 +227,7 @@ class Engine:
             g = h.pc
             op = ops[g]
             kind = op.kind
-            if kind in _DEVICE_KINDS or (kind is _WAIT and op.stream != HOST_STREAM and not self._gloo_wait(op)):
+            if kind in _DEVICE_KINDS or self.on_stream[g] or (kind is _WAIT and op.stream != HOST_STREAM and not self._gloo_wait(op)):
                 self.issue_start[g] = h.t
                 h.t += machine.kernel_launch_us
                 self.issue_end[g] = h.t
@@ -375,6 +392,10 @@ class Engine:
                         t = end[d]
                         if self.noisy:
                             t, woke = self.contention.woken(entry, t)
+                elif self.on_stream[g]:  # a memcpy transfer: the stream holds it until its last byte
+                    s.woke = False
+                    self._start_stream_transfer(s, entry, t, c)
+                    return
                 else:
                     duration = self._duration(op)
                     if s.woke and c == s.last_g and (op.kind is _COMPUTE or op.kind is _COPY):
@@ -409,26 +430,45 @@ class Engine:
         self._kick(s)
         self._drain()
 
-    # ---- work whose speed changes while it runs (the contention model's factors) -----
-
-    def _start_timed(self, s: Stream, entry: int, t: float, c: int, duration: float) -> None:
-        """Run a compute op or a copy whose speed follows the other work on its device."""
+    def _hold(self, s: Stream, entry: int, t: float, c: int) -> bool:
+        """Stream `s` holds `entry` (an op whose end is not known yet) from its start `t`:
+        True once it starts now; False if it starts later (the stream wakes up then and
+        calls again)."""
         now = self.env.now
         s.busy = True
         s.cur = entry
         s.cur_cause = c
-        if t > now:  # wait until it really starts: the work running then decides its speed
+        if t > now:  # wait until it really starts: what runs then decides its speed
             s.delay = True
             self.env.timeout(t - now, s).callbacks.append(self._on_delay)
-            return
+            return False
         g = entry >> 2
         self.start[g] = now
         self.cause[g] = c
+        return True
+
+    def _start_stream_transfer(self, s: Stream, entry: int, t: float, c: int) -> None:
+        """A memcpy transfer at the head of its stream: active from its start (a send or
+        recv then waits for its partner), done when its transfer is (`_transfer_done`)."""
+        if self._hold(s, entry, t, c):
+            g = entry >> 2
+            self.state[g] = ACTIVE
+            self._activated(g, self.env.now)
+
+    # ---- work whose speed changes while it runs (the contention model's factors) -----
+
+    def _start_timed(self, s: Stream, entry: int, t: float, c: int, duration: float) -> None:
+        """Run a compute op or a copy whose speed follows the other work on its device."""
+        if not self._hold(s, entry, t, c):
+            return
+        now = self.env.now
+        g = entry >> 2
         s.work_left = duration
         s.t_run = now
-        is_copy = self.ops[g].kind is _COPY
+        op = self.ops[g]
+        is_copy = op.kind is _COPY
         contention = self.contention
-        s.factor = contention.factor(s.rank, is_copy)
+        s.factor = contention.factor(s.rank, op)
         s.slowed = not is_copy and s.factor != 1.0  # `nominal_us` reports slowed compute only
         if contention.work(s.rank, is_copy, 1):
             self._retime(s.rank)
@@ -469,12 +509,13 @@ class Engine:
         contention = self.contention
         timed_copies = contention.timed_copies
         for s in self.streams[rank].values():
-            if not s.busy or s.delay or s.cur < 0 or s.cur & 3 != EXEC:
+            if not s.busy or s.delay or s.cur < 0 or s.cur & 3 != EXEC or self.on_stream[s.cur >> 2]:
                 continue
-            kind = self.ops[s.cur >> 2].kind
+            op = self.ops[s.cur >> 2]
+            kind = op.kind
             if kind is not _COMPUTE and not (kind is _COPY and timed_copies):
                 continue
-            factor = contention.factor(rank, kind is _COPY)
+            factor = contention.factor(rank, op)
             if s.factor == factor or s.t_run > now:
                 continue
             s.work_left = max(0.0, s.work_left - (now - s.t_run) / s.factor)
@@ -513,13 +554,7 @@ class Engine:
         if op.kind is _COMPUTE:
             if op.duration_us is not None:
                 return op.duration_us * self.stretch  # an explicit duration wins
-            dev = self.machine.device
-            t = 0.0
-            if op.flops:
-                t = op.flops / (dev.tflops(op.dtype) * 1e6)
-            if op.size_bytes:  # bytes moved: read size/2 and write size/2, a copy of size/2
-                t = max(t, self.machine.device_copy_us(op.size_bytes / 2))
-            return t
+            return max(compute_us(self.machine, op))  # the slower of its FLOPs and its bytes
         if op.kind is _COPY:
             if op.copy_dir is CopyDir.D2D:
                 return self.machine.device_copy_us(op.size_bytes)
@@ -583,16 +618,55 @@ class Engine:
                         self.cause[m] = g  # it waited for the last member
                 self._start_collective(inst)
             return
+        if op.kind is _COPY:  # a peer copy: one-sided, nothing to wait for
+            self._start_p2p(g, -1)
+            return
         p = self.partner[g]
         if p >= 0 and self.state[p] == ACTIVE:
             if self.start[p] < now:
                 self.cause[p] = g
             send, recv = (g, p) if op.kind is _SEND else (p, g)
-            so = self.ops[send]
+            self._start_p2p(send, recv)
+
+    def _start_p2p(self, send: int, recv: int) -> None:
+        """Move the bytes of a send and its recv (or of a peer copy, `recv` -1): memcpy once
+        it holds its copy engines; NCCL once the group's earlier transfers from the same
+        rank to the same rank are done (NCCL runs them in order); others at once."""
+        so = self.ops[send]
+        members = (send, recv) if recv >= 0 else (send,)
+        if so.kind is _COPY:
+            p = plan(_SEND, Algo.DIRECT, 2, so.size_bytes, self.machine.chunk_bytes)
+            transfer = Transfer(_COPY, (so.rank, so.peer), so.size_bytes, _MEMCPY, p, None, members, group_size=2)
+        else:
             p = plan(_SEND, ALGOS[self.algos[send]], 2, so.size_bytes, self.machine.chunk_bytes, PROTOS[self.protos[send]])
-            transfer = Transfer(_SEND, (so.rank, so.peer), so.size_bytes, so.transport, p, None, (send, recv),
+            transfer = Transfer(_SEND, (so.rank, so.peer), so.size_bytes, so.transport, p, None, members,
                                 group_size=len(self.group_ranks[so.group]))  # fmt: skip
-            self.network.start(transfer, lambda: self._transfer_done((send, recv)))
+        if so.transport is _MEMCPY and self.copy_engines is not None:
+            gpus = self._engine_gpus(so.rank, so.peer)
+            self.copy_engines.acquire(gpus, lambda: self._start_transfer(transfer, gpus))
+        elif so.transport is _NCCL:
+            key = (so.group, so.rank, so.peer)
+            waiting = self.pair_fifo.get(key)
+            if waiting is None:
+                self.pair_fifo[key] = deque()
+                self._start_transfer(transfer, ())
+            else:
+                waiting.append(transfer)
+        else:
+            self._start_transfer(transfer, ())
+
+    def _engine_gpus(self, src: int, dst: int) -> tuple[int, ...]:
+        """The GPUs whose copy engines a memcpy from `src` to `dst` holds (see
+        `commdsl.sim.copy_engines`): the source's, and the destination's when staged."""
+        topo = self.machine.topology
+        g = topo.gpus_per_node
+        return (src,) if topo.peers(src % g, dst % g) else (src, dst)
+
+    def _start_transfer(self, transfer: Transfer, engines: tuple[int, ...]) -> None:
+        self.network.start(transfer, lambda: self._transfer_done(transfer.ops, transfer, engines))
+        if self.traffic:
+            for rank in self.contention.transfer(transfer, True):
+                self._retime(rank)
 
     def _start_collective(self, inst: Collective) -> None:
         first = min(inst.ops)
@@ -601,12 +675,22 @@ class Engine:
         p = plan(rep.kind, ALGOS[self.algos[first]], len(ranks), rep.size_bytes, self.machine.chunk_bytes, PROTOS[self.protos[first]])
         members = tuple(inst.arrived)
         transfer = Transfer(rep.kind, ranks, rep.size_bytes, rep.transport, p, rep.root, members, rep.dtype, rep.reduce_op)
-        self.network.start(transfer, lambda: self._transfer_done(members))
+        self._start_transfer(transfer, ())
 
-    def _transfer_done(self, members: tuple[int, ...]) -> None:
+    def _transfer_done(self, members: tuple[int, ...], transfer: Transfer, engines: tuple[int, ...]) -> None:
         now = self.env.now
         kernels = self.kernels
+        if self.traffic:
+            for rank in self.contention.transfer(transfer, False):
+                self._retime(rank)
         for g in members:
+            if self.on_stream[g]:  # a memcpy transfer: its stream goes on
+                op = self.ops[g]
+                s = self.streams[op.rank][op.stream]
+                s.busy = False
+                self._complete_entry(s, s.cur, now, s.cur_cause)
+                self._kick(s)
+                continue
             self._finish(g, now)
             if kernels and self.ops[g].transport is _NCCL:
                 self._kernel_changed(g, False)
@@ -620,4 +704,14 @@ class Engine:
                 if q.drain_waiters:
                     self._wake_drained(q)
                 self._kick(q)
+        if engines:
+            self.copy_engines.release(engines)
+        elif transfer.transport is _NCCL and (transfer.kind is _SEND):
+            key = (self.ops[members[0]].group, *transfer.ranks)
+            waiting = self.pair_fifo[key]
+            if waiting:
+                nxt = waiting.popleft()
+                self._start_transfer(nxt, ())
+            else:
+                del self.pair_fifo[key]
         self._drain()

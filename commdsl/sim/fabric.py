@@ -10,7 +10,12 @@ Routing (DESIGN.md semantics 6): for a pair of devices and a transport,
     between nodes (GPU -> PCIe -> NIC -> network -> NIC -> PCIe -> GPU, GPUDirect RDMA);
   * staged through host memory: between GPUs of one node without peer access, and
     always for gloo (a CPU library): device -> the source's nearest CPU socket, then
-    that socket -> destination (crossing the link between sockets if needed).
+    that socket -> destination (crossing the link between sockets if needed). With
+    `topology.host_memory_bandwidth_gb_per_s`, the socket's memory is a channel the route
+    crosses twice (each byte written, then read back); an NCCL route also crosses the
+    source GPU's and the destination GPU's SHM channels (NCCL's host-memory path with its
+    proxy, at the nccl transport's `staged` bandwidth per GPU and direction), which every
+    staged NCCL transfer of that GPU shares.
 
 A path is the widest one (largest bottleneck bandwidth), then the one with fewest hops;
 ties go to the order links are written in the machine file. Paths never pass through
@@ -32,7 +37,7 @@ from dataclasses import dataclass
 
 from commdsl.errors import MachineError
 from commdsl.ir import Transport
-from commdsl.machine.model import NETWORK_VERTEX, LinkKind, LinkSpec, Machine, VertexKind
+from commdsl.machine.model import IMPLIED_LINK_KINDS, NETWORK_VERTEX, LinkKind, LinkSpec, Machine, VertexKind
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,8 +82,8 @@ class Fabric:
         }
         """Per transport with a shared bandwidth, the channel all its routes cross."""
 
-    def _channel(self, a: str, b: str, kind: LinkKind, bw: float, latency_us: float) -> int:
-        self.names.append(f"{a}->{b}")
+    def _channel(self, a: str, b: str, kind: LinkKind, bw: float, latency_us: float, name: str | None = None) -> int:
+        self.names.append(name or f"{a}->{b}")
         self.ends.append((a, b))
         self.kinds.append(kind)
         self.bandwidth_gb_per_s.append(bw)
@@ -120,6 +125,13 @@ class Fabric:
                 names[name] = self._vertex(prefix + name, kind, k)
             names[NETWORK_VERTEX] = network
             local.append(names)
+        self._memory: dict[int, int] = {}
+        """CPU vertex -> the channel of its memory (with host_memory_bandwidth_gb_per_s)."""
+        self._shm: dict[int, tuple[int, int]] = {}
+        """Device vertex -> its NCCL SHM channels (out, in), on machines where some GPUs
+        lack peer access."""
+        memory_bw = topo.host_memory_bandwidth_gb_per_s
+        nccl_staged = self.machine.staged_transport(Transport.NCCL) if topo.peer_access is not None else None
         for k in range(topo.nodes):
             names = local[k]
             for link in topo.links:
@@ -127,8 +139,22 @@ class Fabric:
                 for x, y in ((a, b), (b, a)):
                     c = self._channel(self.vertex_names[x], self.vertex_names[y], link.kind, link.bandwidth_gb_per_s, link.latency_us)
                     self.adj[x].append((y, c))
-        self._per_node = 2 * len(topo.links)
-        """Channels of one node (its links, both directions); node k's come k-th."""
+            # Implied channels, inside the node's block so that moving routes between nodes moves them too.
+            if memory_bw is not None:
+                for name, kind in topo.vertices:
+                    if kind is VertexKind.CPU:
+                        v = names[name]
+                        cpu = self.vertex_names[v]
+                        self._memory[v] = self._channel(cpu, cpu, LinkKind.MEMORY, memory_bw, 0.0, f"{cpu} memory")
+            if nccl_staged is not None:
+                for i in range(topo.gpus_per_node):
+                    v = names[f"gpu{i}"]
+                    gpu, bw = self.vertex_names[v], nccl_staged.bandwidth_gb_per_s
+                    self._shm[v] = (self._channel(gpu, gpu, LinkKind.SHM, bw, 0.0, f"{gpu} shm out"),
+                                    self._channel(gpu, gpu, LinkKind.SHM, bw, 0.0, f"{gpu} shm in"))  # fmt: skip
+        self._per_node = len(self.names) // topo.nodes
+        """Channels of one node (its links, both directions, and its implied channels);
+        node k's come k-th."""
         self._node_channels = self._per_node * topo.nodes
         """Channels of all nodes (machine-wide ones follow)."""
         self._widths = sorted(set(self.capacity), reverse=True)
@@ -276,16 +302,36 @@ class Fabric:
             spec = machine.transport(transport)
         else:
             host = self._host_of(a)
-            legs = (self._paths_from(a)[host], self._paths_from(host)[b])
+            first, second = self._paths_from(a)[host], self._paths_from(host)[b]
+            memory = self._memory.get(host)
+            if memory is not None:  # written into host memory, then read back
+                first, second = (*first, memory), (memory, *second)
+            if transport is Transport.NCCL and self._shm:
+                first, second = (self._shm[a][0], *first), (*second, self._shm[b][1])
+            legs = (first, second)
             spec = machine.staged_transport(transport)
         latency = sum(self.latency_us[c] for leg in legs for c in leg)
         return Route(legs, not direct, latency, spec)
+
+    def p2p_time_us(self, src: int, dst: int, transport: Transport, size_bytes: float) -> tuple[float, float]:
+        """(time, latency part) of a point-to-point transfer alone on its route: latency +
+        size at the rate of the channel it fills first, or the transport's cap (the flow
+        network's time for it when nothing else moves)."""
+        route = self.route(src, dst, transport)
+        crossings: dict[int, int] = {}
+        for c in route.channels:
+            crossings[c] = crossings.get(c, 0) + 1
+        rate = min([route.spec.bandwidth_gb_per_s * 1e3] + [self.capacity[c] / n for c, n in crossings.items()])
+        latency = route.spec.latency_us + route.latency_us
+        return latency + (size_bytes / rate if size_bytes else 0.0), latency
 
     def describe(self, route: Route) -> str:
         """"gpu0 -> cpu0 -> gpu2" style text of a route (tests, errors)."""
         parts = []
         for leg in route.legs:
             for c in leg:
+                if self.kinds[c] in IMPLIED_LINK_KINDS:
+                    continue  # a socket's memory, a GPU's SHM path: not a hop
                 a, b = self.ends[c]
                 if not parts or parts[-1] != a:
                     parts.append(a)

@@ -3,9 +3,12 @@
 Every transfer becomes one fluid entity, a *flow*, with a byte demand on each channel
 (link direction) it touches, expressed as a weight per unit of progress:
 
-  * a P2P transfer moves S bytes along its route: weight 1 on every channel of the path
-    (host-staged memcpy: two flows one after the other, device->host then host->device;
-    staged NCCL and gloo: one pipelined flow over both legs);
+  * a P2P transfer (a send/recv pair, or a one-sided peer copy) moves S bytes along its
+    route: weight 1 on every channel of the path; staged through host memory it is one
+    pipelined flow over both legs (chunks move device->host and host->device at once, at
+    the slower leg's pace), weight 2 on the socket's memory where the machine gives its
+    bandwidth (each byte written, then read), capped at the transport's `staged`
+    bandwidth (what one staged copy's pipeline, or NCCL's SHM path, reaches);
   * a collective is one *coflow*: its algorithm (`collectives.edges`) fixes the bytes
     between each pair of ranks; routing them gives the bytes per channel, and the weight
     of a channel is those bytes over the algorithm's serial bytes, the unit the whole
@@ -210,18 +213,11 @@ class FlowNetwork(Network):
         return replace(leg, slowed_demands=slowed, slow=slow, cpu_latency=any(c in cpu for c, _ in leg.demands))
 
     def _p2p_legs(self, src: int, dst: int, size: float, transport: Transport) -> tuple[_Leg, ...]:
+        # Staged or not, one flow over every channel of the route: a staged copy moves in
+        # chunks with both legs in flight, at the pace of the slower leg (and of host memory).
         route = self.fabric.route(src, dst, transport)
-        spec = route.spec
-        cap = spec.bandwidth_gb_per_s * 1e3
-        lat = self.fabric.latency_us
-        if route.staged and transport is Transport.MEMCPY:
-            # Store and forward: device->host, then host->device; the call's latency once.
-            first, second = route.legs
-            return (
-                self._leg(_count(first, size), size, cap, spec.latency_us + sum(lat[c] for c in first), (src, dst)),
-                self._leg(_count(second, size), size, cap, sum(lat[c] for c in second), (src, dst)),
-            )
-        return (self._leg(_count(route.channels, size), size, cap, spec.latency_us + route.latency_us, (src, dst)),)
+        cap = route.spec.bandwidth_gb_per_s * 1e3
+        return (self._leg(_count(route.channels, size), size, cap, route.spec.latency_us + route.latency_us, (src, dst)),)
 
     def _collective_legs(self, kind: OpKind, algo: Algo, ranks: tuple[int, ...], size: float, transport: Transport,
                          root: int | None, p: CommPlan, dtype: Dtype = Dtype.FP32,
@@ -271,7 +267,7 @@ class FlowNetwork(Network):
         if legs is None:
             if t.plan.proto is not None and self.nccl is not None:
                 legs = (self._nccl_leg(t),)
-            elif t.kind is OpKind.SEND:
+            elif t.kind is OpKind.SEND or t.kind is OpKind.COPY:
                 legs = self._p2p_legs(t.ranks[0], t.ranks[1], float(t.size_bytes), t.transport)
             else:
                 legs = self._collective_legs(t.kind, t.plan.algo, t.ranks, float(t.size_bytes), t.transport, t.root, t.plan, t.dtype,
@@ -289,6 +285,11 @@ class FlowNetwork(Network):
         return self._leg({c: w * size for c, w in co.channel_bytes}, size, co.cap, co.latency_us, tuple(dict.fromkeys(t.ranks)))
 
     # ---- the Network interface -----------------------------------------------------------
+
+    def solo_rate(self, transfer: Transfer) -> float:
+        legs = self.legs(transfer)
+        move_us = sum(leg.total / leg.solo for leg in legs if leg.total)
+        return transfer.size_bytes / move_us if move_us > 0 else _INF
 
     def start(self, transfer: Transfer, done: Callable[[], None]) -> None:
         record = [transfer, self.env.now, 0.0]
@@ -686,7 +687,7 @@ class SteppedFlowNetwork(FlowNetwork):
     name = "flow-steps"
 
     def start(self, transfer: Transfer, done: Callable[[], None]) -> None:
-        if transfer.kind is OpKind.SEND or (transfer.plan.proto is not None and self.nccl is not None):
+        if transfer.kind is OpKind.SEND or transfer.kind is OpKind.COPY or (transfer.plan.proto is not None and self.nccl is not None):
             super().start(transfer, done)
             return
         record = [transfer, self.env.now, 0.0]

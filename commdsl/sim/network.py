@@ -30,10 +30,11 @@ from dataclasses import dataclass
 
 import simpy
 
-from commdsl.errors import ScheduleError
+from commdsl.errors import MachineError, ScheduleError
 from commdsl.ir import Dtype, Algo, Op, OpKind, Protocol, ReduceOp, Transport
 from commdsl.machine.model import LinkKind, Machine
 from commdsl.sim.collectives import DEFAULT_ALGO, CommPlan, resolve_algo
+from commdsl.sim.fabric import Fabric
 from commdsl.sim.nccl_flows import NcclFlows
 
 
@@ -119,14 +120,31 @@ class Network(abc.ABC):
         self.world_size = world_size
         self.nccl: NcclFlows | None = None
         """NCCL's choices and loads on the machine's links (machines with `nccl:`)."""
+        self.fabric: Fabric | None = None
+        """The machine's links and routes (machines with a topology; the flow network's always)."""
 
     @abc.abstractmethod
     def start(self, transfer: Transfer, done: Callable[[], None]) -> None:
         """Begin `transfer` now (env.now); call `done()` when its last byte arrives."""
 
+    @abc.abstractmethod
+    def solo_rate(self, transfer: Transfer) -> float:
+        """Bytes of the op's size per microsecond the transfer moves alone, latency aside."""
+
     def compute_changed(self, rank: int, computing: bool) -> None:
         """Compute started (`computing`) or ended on device `rank`; called only on machines
         where compute slows some comm op (`Machine.slows_comm`; see the module doc)."""
+
+    def check_copy(self, op: Op) -> None:
+        """Raise `MachineError` at a memcpy transfer (peer copy, memcpy send or recv) that
+        the machine cannot route (memcpy never crosses nodes)."""
+        if self.fabric is None:
+            return
+        src, dst = (op.peer, op.rank) if op.kind is OpKind.RECV else (op.rank, op.peer)
+        try:
+            self.fabric.route(src, dst, Transport.MEMCPY)
+        except MachineError as e:
+            raise MachineError(f"{op.kind.value} {op.name}: {e.message}", op.loc, rank=op.rank, hint=e.hint) from None
 
     def choose(self, op: Op, ranks: tuple[int, ...]) -> tuple[Algo, Protocol | None]:
         """The algorithm and protocol `op` runs with on the group `ranks` (global): NCCL's

@@ -30,8 +30,10 @@ _MEMCPY_NAMES = {
     CopyDir.H2D: "Memcpy HtoD (Pinned -> Device)",
     CopyDir.D2H: "Memcpy DtoH (Device -> Pinned)",
     CopyDir.D2D: "Memcpy DtoD (Device -> Device)",
+    CopyDir.PEER: "Memcpy PtoP (Device -> Device)",
 }
 """Copy span names as the PyTorch profiler (CUPTI) writes them."""
+_PEER_MEMCPY = _MEMCPY_NAMES[CopyDir.PEER]
 
 
 @dataclass
@@ -249,9 +251,9 @@ def build_timeline(program: Program, machine: Machine, raw: RawResult, network_m
     for g, op in enumerate(raw.ops):
         op_id = op.id
         kind = op.kind
-        is_comm = kind in _COMM_KINDS
+        is_comm = kind in _COMM_KINDS and op.transport is not Transport.MEMCPY  # memcpy runs on its stream
         if iend[g] > istart[g]:
-            key = (kind, op.transport)
+            key = (kind, op.transport, op.copy_dir)
             name = issue_names.get(key)
             if name is None:
                 name = issue_names[key] = _issue_name(op)
@@ -272,8 +274,13 @@ def build_timeline(program: Program, machine: Machine, raw: RawResult, network_m
             key = (id(op.loc), op.name, op.size_bytes, op.flops, kind)
             cached = args_cache.get(key)
             if cached is None:
-                name = _MEMCPY_NAMES[op.copy_dir] if kind is OpKind.COPY else op.name
-                cached = args_cache[key] = (name, op_span_args(op))
+                if kind is OpKind.COPY:
+                    cached = (_MEMCPY_NAMES[op.copy_dir], op_span_args(op))
+                elif kind in _COMM_KINDS:  # a memcpy send or recv
+                    cached = (_PEER_MEMCPY, comm_span_args(op, group_size[op.group]))
+                else:
+                    cached = (op.name, op_span_args(op))
+                args_cache[key] = cached
             name, args = cached
         spans.append(Span(op_id, op.rank, track, exec_role, kind_value[kind], name, start[g], end[g], args))
     partner = raw.partner
@@ -283,7 +290,7 @@ def build_timeline(program: Program, machine: Machine, raw: RawResult, network_m
     # Every rank shows its host, every declared stream (even if idle) and its comm queues.
     comm_tracks: dict[int, set[str]] = {}
     for op in raw.ops:
-        if op.kind in _COMM_KINDS:
+        if op.kind in _COMM_KINDS and op.transport is not Transport.MEMCPY:
             comm_tracks.setdefault(op.rank, set()).add(COMM_TRACK_PREFIX + op.group)
     tl.tracks = {
         r: [HOST_STREAM, *program.streams, *sorted(comm_tracks.get(r, ()))] for r in range(program.world_size) if program.ops[r]
@@ -303,7 +310,7 @@ def _comm_name(op: Op, algo: str, proto: Protocol | None) -> str:
         return nccl_kernel_name(op, "ring" if algo == "chain" else algo if op.kind.is_collective else None, protocol)
     if op.transport is Transport.GLOO:
         return gloo_span_name(op)
-    return "Memcpy PtoP (Device -> Device)"
+    return _PEER_MEMCPY
 
 
 def _issue_name(op: Op) -> str:
@@ -312,7 +319,7 @@ def _issue_name(op: Op) -> str:
     if op.kind is OpKind.COMPUTE:
         return "cudaLaunchKernel"
     if op.kind is OpKind.COPY:
-        return "cudaMemcpyAsync"
+        return "cudaMemcpyPeerAsync" if op.copy_dir is CopyDir.PEER else "cudaMemcpyAsync"
     if op.kind is OpKind.RECORD:
         return "cudaEventRecord"
     return "cudaStreamWaitEvent"

@@ -102,6 +102,9 @@ class Summary:
     compute_slowdown: float = 1.0
     per_op_interference: bool = False
     """The machine lists comm ops with their own factors (`interference_by_op`)."""
+    sm_share: bool = False
+    """Compute is slowed by the SMs NCCL kernels hold and their memory traffic (a GPU
+    machine with no measured factor, `GpuContention`), not by a machine-wide factor."""
     slowed: tuple[SlowedCompute, ...] = ()
     links: tuple[LinkSummary, ...] = ()
     """Links that carried bytes, busiest (most bytes) first."""
@@ -141,6 +144,7 @@ def summarize(result: SimResult) -> Summary:
         transfers=_transfers(result),
         compute_slowdown=result.machine.contention.compute_slowdown(),
         per_op_interference=bool(result.machine.contention.interference_by_op),
+        sm_share=result.machine.nccl_sm_share(),
         slowed=_slowed(result),
         links=tuple(
             LinkSummary(l.name, l.kind.value, l.bandwidth_gb_per_s, l.bytes, l.busy_us, l.utilization, l.peak_utilization)

@@ -1,10 +1,12 @@
 """What the engine knows before the clock starts: who talks to whom.
 
 `wire()` walks every op once and fixes the static facts of a program on a machine:
-each comm op's comm queue, send/recv pairs (first in, first out per (src, dst, group)),
-collective instances (the k-th collective of a group on every member), P2P batches,
-and each comm op's algorithm and protocol (the network's choice, `Network.choose`). It also checks what the machine must provide: a transport
-for every comm op and a compute rate for every FLOP-sized dtype.
+each comm op's comm queue (none for memcpy, which runs on its stream), send/recv pairs
+(first in, first out per (src, dst, group)), collective instances (the k-th collective
+of a group on every member), P2P batches, and each comm op's algorithm and protocol (the
+network's choice, `Network.choose`). It also checks what the machine must provide: a
+transport for every comm op and peer copy, a route for every memcpy transfer (not
+between nodes), and a compute rate for every FLOP-sized dtype.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from collections import deque
 from dataclasses import dataclass
 
 from commdsl.errors import MachineError
-from commdsl.ir import COLLECTIVE_KINDS, P2P_KINDS, Algo, Op, OpKind, Program, Protocol
+from commdsl.ir import COLLECTIVE_KINDS, P2P_KINDS, Algo, Op, OpKind, Program, Protocol, Transport
 from commdsl.machine.model import Machine
 from commdsl.sim.entities import ALGOS, PROTOS, Collective, Queue
 from commdsl.sim.network import Network
@@ -64,15 +66,22 @@ def wire(program: Program, ops: list[Op], base: list[int], machine: Machine, net
     checked: set = set()
     for g, op in enumerate(ops):
         kind = op.kind
-        if kind in _COMM_KINDS:
+        if kind in _COMM_KINDS or op.is_peer_copy:
             if op.transport not in checked:
                 _check_transport(machine, op)
                 checked.add(op.transport)
-            rank_queues = queues[op.rank]
-            q = rank_queues.get(op.group)
-            if q is None:
-                q = rank_queues[op.group] = Queue(op.rank, op.group)
-            queue_of[g] = q
+        if op.is_peer_copy:
+            network.check_copy(op)
+            continue
+        if kind in _COMM_KINDS:
+            if op.transport is not Transport.MEMCPY:  # memcpy has no communicator: it runs on its stream
+                rank_queues = queues[op.rank]
+                q = rank_queues.get(op.group)
+                if q is None:
+                    q = rank_queues[op.group] = Queue(op.rank, op.group)
+                queue_of[g] = q
+            else:
+                network.check_copy(op)
             # The op's algorithm and protocol: the network's choice, or what it forces (checked there).
             key = (op.group, kind, op.size_bytes, op.transport, op.algo, op.proto, op.peer)
             pick = chosen.get(key)
