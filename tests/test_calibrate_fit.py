@@ -6,6 +6,7 @@ import random
 import statistics
 
 import pytest
+import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -254,3 +255,29 @@ def test_the_fit_report_says_what_a_flat_collective_law_means(capsys, tmp_path, 
     assert "inf GB/s" not in header and "# (*) broadcast, reduce: the law cannot fit" in header
     # The machine file keeps the measured profile the simulator interpolates at 2 ranks.
     assert machine["transports"]["gloo"]["collectives"]["broadcast"]["measured_us"][-1] == [16777216, 4300.2]
+
+
+def test_a_bandwidth_too_small_to_tell_is_written_within_the_machine_limits(capsys, tmp_path, monkeypatch) -> None:
+    """Three ranks calibrated up to 4 KiB fitted a reduce_scatter at 0.0008 GB/s, which the
+    machine loader refuses: calibrate wrote a file commdsl could not read."""
+    import torch
+
+    monkeypatch.setenv("COLUMNS", "300")
+    from commdsl.calibrate.main import FULL, Results, _print_report, build_machine, parse_args
+    from commdsl.ir import Dtype, OpKind
+    from commdsl.limits import MIN_BANDWIDTH_GB_PER_S
+    from commdsl.machine import load_machine_text
+
+    line = [(s, 50.0 + s / 2000.0) for s in (1024, 2048, 4096)]
+    steep = [(1024, 1500.0), (2048, 3000.0), (4096, 6000.0)]  # slow and tiny: a fit below 0.001 GB/s
+    res = Results({Dtype.FP32: [(128, 60.0), (256, 400.0), (512, 3000.0)]}, line, line, line, line,
+                  {OpKind.REDUCE_SCATTER: steep, OpKind.ALL_GATHER: line}, {}, 0.0, 5.0, 20.0, [])  # fmt: skip
+    cfg = parse_args(["--out", str(tmp_path / "m.yaml")])
+    machine, report = build_machine(cfg, res, 3, "gloo", torch.device("cpu"), "test")
+    assert report.collectives[OpKind.REDUCE_SCATTER].bandwidth_gb_per_s < MIN_BANDWIDTH_GB_PER_S
+    written = machine["transports"]["gloo"]["collectives"]["reduce_scatter"]["bandwidth_gb_per_s"]
+    assert written == MIN_BANDWIDTH_GB_PER_S
+    load_machine_text(yaml.safe_dump(machine, sort_keys=False), "m.yaml")  # the file reads back
+    _print_report(report, res, FULL)
+    out = " ".join(capsys.readouterr().out.split())
+    assert "(**) reduce_scatter: the sizes measured are too small to show a bandwidth" in out

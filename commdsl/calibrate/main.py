@@ -32,6 +32,7 @@ from commdsl.calibrate.fit import LinearFit, StepFit, comm_mean_us, expected_us,
 from commdsl.dsl.values import ValueFault, format_bytes, parse_quantity, Unit
 from commdsl.errors import CommdslError, UsageError, require_output_folder
 from commdsl.ir import Dtype, OpKind, ReduceOp
+from commdsl.limits import MIN_BANDWIDTH_GB_PER_S
 from commdsl.machine.model import ANY_DTYPE, Calibration
 from commdsl.progress import Progress
 from commdsl.run.cli import UsageParser
@@ -585,11 +586,11 @@ def build_machine(cfg: CalibrateConfig, res: Results, world: int, backend: str, 
         collectives[kind] = fit_steps([float(p.latency_steps) for p in plans], [p.serial_bytes for p in plans], ts)
         predicted = [p.latency_steps * p2p.intercept + p.serial_bytes * p2p.slope for p in plans]
         p2p_resid[kind] = tuple(100.0 * (q - t) / t for q, t in zip(predicted, ts))
-    link = {"latency_us": round(p2p.intercept, 3), "bandwidth_gb_per_s": round(p2p.rate / 1e3, 4)}
+    link = {"latency_us": round(p2p.intercept, 3), "bandwidth_gb_per_s": _gb_per_s(p2p.rate / 1e3)}
     if backend == "gloo":
         # Over loopback TCP the host's CPUs copy every byte: an exchange moves 2 S in the
         # time measured, and that total is what all of gloo's transfers share.
-        link["shared_bandwidth_gb_per_s"] = round(2 * exchange.rate / 1e3, 4)
+        link["shared_bandwidth_gb_per_s"] = _gb_per_s(2 * exchange.rate / 1e3)
     if device.type == "cuda":
         import torch
 
@@ -613,13 +614,13 @@ def build_machine(cfg: CalibrateConfig, res: Results, world: int, backend: str, 
         "device": {
             "name": dev_name,
             "peak_tflops": {d.value: float(f"{tflops:.6g}") for d, tflops in block_tflops.items()},  # 6 significant digits
-            "memory_bandwidth_gb_per_s": round(memory.rate / 1e3, 3),
+            "memory_bandwidth_gb_per_s": _gb_per_s(memory.rate / 1e3),
             "sm_count": sms,
             "kind": "gpu" if device.type == "cuda" else "cpu",
         },
         "kernel_launch_us": round(res.kernel_launch_us, 3),
         "comm_launch_us": round(res.comm_launch_us, 3),
-        "host_link": {"latency_us": round(host_link.intercept, 3), "bandwidth_gb_per_s": round(host_link.rate / 1e3, 4)},
+        "host_link": {"latency_us": round(host_link.intercept, 3), "bandwidth_gb_per_s": _gb_per_s(host_link.rate / 1e3)},
         # On gloo every transport runs over gloo (the executor maps nccl and memcpy ops onto
         # the active backend), so all three get the measured P2P link. Each collective keeps
         # its own fitted latency per step and bandwidth: real implementations (gloo's above
@@ -656,6 +657,13 @@ def _table(points: list[tuple[int, float]]) -> list[list]:
     return [[int(size), round(t, 3)] for size, t in monotone(points)]
 
 
+def _gb_per_s(rate: float) -> float:
+    """A fitted rate as the machine file holds it: rounded, and never below what a machine
+    file may give (`MIN_BANDWIDTH_GB_PER_S`): a fit over sizes too small to show a
+    bandwidth can come out near zero (the report says which, `_collective_notes`)."""
+    return rate if math.isinf(rate) else max(round(rate, 4), MIN_BANDWIDTH_GB_PER_S)
+
+
 def _collective_overrides(fits: dict[OpKind, StepFit], res: Results, ranks: int) -> dict:
     """Per collective: the fitted line, and the measured points as its profile (the
     simulator interpolates them: real collectives are not linear in size), in fp32 and,
@@ -664,7 +672,7 @@ def _collective_overrides(fits: dict[OpKind, StepFit], res: Results, ranks: int)
     for kind, f in fits.items():
         entry = {
             "latency_us": round(f.latency_us, 3),
-            "bandwidth_gb_per_s": round(f.bandwidth_gb_per_s, 4),
+            "bandwidth_gb_per_s": _gb_per_s(f.bandwidth_gb_per_s),
             "measured_ranks": ranks,
             "measured_us": _table(res.collectives[kind]),
         }
@@ -705,6 +713,8 @@ def _step_law(fit: StepFit, digits: int = 1) -> str:
     """A collective's fitted law in words; `*` marks one without a bandwidth term."""
     if math.isinf(fit.bandwidth_gb_per_s):
         return f"{fit.latency_us:.{digits}f} us/step, no bandwidth term (*)"
+    if fit.bandwidth_gb_per_s < MIN_BANDWIDTH_GB_PER_S:
+        return f"{fit.latency_us:.{digits}f} us/step + {fit.bandwidth_gb_per_s:.2g} GB/s (**)"
     return f"{fit.latency_us:.{digits}f} us/step + {fit.bandwidth_gb_per_s:.3f} GB/s"
 
 
@@ -722,6 +732,11 @@ def _collective_notes(report: FitReport) -> list[str]:
                      f"{format_bytes(CHUNK_BYTES)} steps that each pay the latency, and at large sizes a step took less "
                      "than the latency small messages took. The best fit puts all the time in latency per step (no bytes "
                      "term); other group sizes are timed by that.")  # fmt: skip
+    tiny = [kind.value for kind, fit in report.collectives.items() if fit.bandwidth_gb_per_s < MIN_BANDWIDTH_GB_PER_S]
+    if tiny:
+        notes.append(f"(**) {', '.join(tiny)}: the sizes measured are too small to show a bandwidth (the fit's comes out near "
+                     f"zero); the file holds the least a machine may give, {MIN_BANDWIDTH_GB_PER_S:g} GB/s, for other group "
+                     "sizes: calibrate up to larger sizes (--max-size) to fit one.")  # fmt: skip
     return notes
 
 
