@@ -21,11 +21,11 @@ except ImportError:  # tests/ imported as a package
 FAST = ["--warmup", "0", "--iters", "1"]
 
 
-def test_seed002_collectives_produce_the_documents_values(tmp_path):
+def test_tutorial_collectives_produce_the_documents_values(tmp_path):
     """broadcast, reduce, all_reduce, gather, all_gather, scatter, reduce_scatter on 3
-    ranks with seed 002's inputs give the outputs the document prints."""
+    ranks with the tutorial's inputs give the outputs the document prints."""
     out, values = tmp_path / "m.json", tmp_path / "values.json"
-    run = torchrun(3, [str(DATA / "seed002_collectives.yaml"), "--values", str(DATA / "seed002_values.yaml"),
+    run = torchrun(3, [str(DATA / "tutorial_collectives.yaml"), "--values", str(DATA / "tutorial_values.yaml"),
                        "--check", "--dump-values", str(values), "--out", str(out), *FAST])  # fmt: skip
     assert run.returncode == 0, run.stderr
     assert "all correct" in run.stdout
@@ -43,7 +43,7 @@ def test_seed002_collectives_produce_the_documents_values(tmp_path):
     assert out_of(0, 3) == [1] * 5 + [2] * 5 + [3] * 5  # gather to rank 0
     assert "out" not in got["1:3"] and "out" not in got["2:3"]  # gather: only the root has an output
     assert [out_of(r, 6) for r in range(3)] == [[6, 12], [14, 56], [36, 288]]  # reduce_scatter
-    program = load(DATA / "seed002_collectives.yaml")
+    program = load(DATA / "tutorial_collectives.yaml")
     assert_semantics(program, Timeline.read(out))
 
 
@@ -112,7 +112,7 @@ def test_1f1b_runs_checks_and_writes_a_trace_with_the_simulators_ids(tmp_path):
 
 
 def test_world_size_mismatch_is_a_clear_error(tmp_path):
-    run = torchrun(2, [str(DATA / "seed002_collectives.yaml"), "--out", str(tmp_path / "m.json"), *FAST], timeout_s=60)
+    run = torchrun(2, [str(DATA / "tutorial_collectives.yaml"), "--out", str(tmp_path / "m.json"), *FAST], timeout_s=60)
     assert run.returncode != 0
     assert "the schedule has 3 ranks but torchrun started 2 processes" in run.stderr
     # torchrun prints its own traceback of the failed launch; none comes from commdsl.
@@ -124,7 +124,7 @@ def _python_m(args: list[str]) -> subprocess.CompletedProcess:
 
 
 def test_without_torchrun_a_multi_rank_schedule_asks_for_torchrun():
-    r = _python_m([str(DATA / "seed002_collectives.yaml")])
+    r = _python_m([str(DATA / "tutorial_collectives.yaml")])
     assert r.returncode == 2
     assert "needs 3 ranks" in r.stderr and "torchrun --nproc_per_node=3" in r.stderr
     assert "Traceback" not in r.stderr
@@ -149,9 +149,9 @@ def test_usage_errors_exit_2_without_traceback(args, message):
 
 
 def test_schedule_errors_exit_1():
-    r = _python_m([str(DATA / "seed000_hang.yaml")])  # fails the static matching check
+    r = _python_m([str(DATA / "recv_without_send.yaml")])  # fails the static matching check
     assert r.returncode == 1
-    assert "schedule error" in r.stderr and "seed000_hang.yaml:9" in r.stderr
+    assert "schedule error" in r.stderr and "recv_without_send.yaml:9" in r.stderr
 
 
 def test_a_one_rank_schedule_runs_without_torchrun(tmp_path):
@@ -167,7 +167,7 @@ def test_a_one_rank_schedule_runs_without_torchrun(tmp_path):
 
 def test_check_names_the_op_and_ranks_of_a_wrong_result():
     """The verification itself (a real run never produces a wrong value on purpose)."""
-    program = load(DATA / "seed002_collectives.yaml")
+    program = load(DATA / "tutorial_collectives.yaml")
     checker = Checker(program, 1, Fill())
     all_reduce = program.ops[1][2]
     right = checker.expect[all_reduce.index].out
@@ -177,7 +177,7 @@ def test_check_names_the_op_and_ranks_of_a_wrong_result():
     why = checker.verify(all_reduce, wrong)
     assert why is not None
     assert "op 1:2 all_reduce ar" in why and "ranks [0, 1, 2]" in why and "element 3" in why
-    assert "seed002_collectives.yaml:" in why
+    assert "tutorial_collectives.yaml:" in why
     recv_program = load(DATA / "head_to_head.yaml")
     recv = recv_program.ops[0][0]
     recv_checker = Checker(recv_program, 0, Fill())

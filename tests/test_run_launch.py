@@ -68,7 +68,7 @@ def test_run_without_n_starts_the_schedules_world_and_sleeping_durations_need_no
         # Caught before any rank starts.
         (["1f1b", "-n", "2"], 2, "usage error: the schedule has 4 ranks, -n asks for 2"),
         (["1f1b", "-n", "2", *SMALL, "--iters", "0"], 2, "--iters must be >= 1, got 0"),
-        ([str(DATA / "seed000_hang.yaml"), "-n", "2"], 1, "seed000_hang.yaml:9"),
+        ([str(DATA / "recv_without_send.yaml"), "-n", "2"], 1, "recv_without_send.yaml:9"),
         # Caught by the ranks: the launcher passes their exit code on, and nothing else.
         (["1f1b", "-n", "2", *SMALL, "--backend", "nccl"], 2, "--backend nccl needs a CUDA build of torch and a GPU"),
     ],
@@ -83,7 +83,7 @@ def test_errors_are_one_message_and_the_right_exit_code(args, code, message, tmp
 
 def test_a_hang_exits_with_the_watchdogs_code(tmp_path):
     out = tmp_path / "partial.json"
-    r = commdsl(["run", str(DATA / "seed000_hang.yaml"), "-n", "2", "--no-validate", "--timeout", "3", "--out", str(out),
+    r = commdsl(["run", str(DATA / "recv_without_send.yaml"), "-n", "2", "--no-validate", "--timeout", "3", "--out", str(out),
                  "--warmup", "0", "--iters", "1"], timeout_s=120)  # fmt: skip
     assert r.returncode == 3, r.stderr
     assert "rank 1: stuck on op 1:1 recv t from rank 0" in r.stderr and "partial timeline written" in r.stderr

@@ -22,7 +22,7 @@ FIRE_ALLOWANCE_S = 5
 @pytest.mark.parametrize(
     "schedule, extra, stuck",
     [
-        ("seed000_hang.yaml", ["--no-validate"], "rank 1: stuck on op 1:1 recv t from rank 0"),
+        ("recv_without_send.yaml", ["--no-validate"], "rank 1: stuck on op 1:1 recv t from rank 0"),
         ("head_to_head.yaml", [], "stuck on op 0:0 recv a from rank 1"),
         # Rank 0 has no op: its partial timeline holds none of its spans (it used to fail).
         ("rank0_idle_hang.yaml", ["--no-validate"], "rank 1: stuck on op 1:0 recv t from rank 0"),

@@ -214,7 +214,8 @@ def test_header_documents_the_schedule(name):
     header = _header(name)
     assert len(header.splitlines()) >= 10, "the file must start with a comment block describing it"
     assert "What it shows" in header
-    assert re.search(r"^(Seeds?: \d{3}|Source: \w)", header, re.M), "name the source it comes from"
+    assert re.search(r"^Sources?: \w", header, re.M), "name the source it comes from"
+    assert not re.search(r"\bseeds?\b", header, re.I), "sources by their subject, not by an internal number"
     assert re.search(rf"^\s*commdsl \w+ {re.escape(name)}\b", header, re.M), "show how to run it by name"
     params_section = header.split("Params:", 1)
     assert len(params_section) == 2, "a Params: section"
