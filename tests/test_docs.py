@@ -1,7 +1,7 @@
 """The examples in README.md and docs/*.md run, so they cannot rot.
 
   * a `yaml` block with a `program:` is a whole schedule: it loads, validates and can
-    finish (the deadlock check);
+    finish (the deadlock check); one with a `device:` is a whole machine file: it loads;
   * a `commdsl` block is a program: it runs as the `program:` of the file's schedule
     named `snippet` (a `yaml` block) and must load, validate and finish the same way;
   * a `python` block runs (each file's blocks in order, in one namespace, in a temporary
@@ -65,6 +65,13 @@ def _schedule(block: Block, text: str) -> None:
 @pytest.mark.parametrize("block", [b for b in _all("yaml") if re.search(r"^program:", b.text, re.M)], ids=lambda b: b.id)
 def test_yaml_schedules_load_and_finish(block: Block):
     _schedule(block, block.text)
+
+
+@pytest.mark.parametrize("block", [b for b in _all("yaml") if re.search(r"^device:", b.text, re.M)], ids=lambda b: b.id)
+def test_yaml_machine_files_load(block: Block):
+    from commdsl.machine import load_machine_text
+
+    load_machine_text(block.text, block.id)
 
 
 @pytest.mark.parametrize("block", _all("commdsl"), ids=lambda b: b.id)
