@@ -154,7 +154,8 @@ def test_cli_json_html_trace_and_max_error(tmp_path: Path) -> None:
     assert data["makespan_error_pct"] == -10.0 and data["ops_compared"] == 4
     page = html.read_text()
     assert page.startswith("<!doctype html>") and "<svg" in page and "<script" not in page and "http" not in page.replace('xmlns="http://www.w3.org/2000/svg"', "")
-    assert page.count("<rect") == 8  # 4 ops predicted + 4 measured
+    assert page.count("</title></rect>") == 8  # 4 ops predicted + 4 measured, each with its tooltip
+    assert "class=\"svg-key\">compute</text>" in page  # the legend names the kinds shown
     events = json.loads(trace.read_text())["traceEvents"]
     names = {e["args"]["name"] for e in events if e.get("name") == "process_name"}
     assert names == {"predicted rank 0", "predicted rank 1", "measured rank 0", "measured rank 1"}
