@@ -92,6 +92,11 @@ def main() -> None:
         print(f"{op:15} {name:10} {len(errs):6d} {100 * med:6.1f}% {100 * worst:6.1f}%  {'met' if ok else 'MISSED'}")
     print(f"{'all':15} {'':10} {len(everything):6d} {100 * statistics.median(everything):6.1f}% {100 * max(everything):6.1f}%  "
           f"{'met' if met else 'MISSED'} (median <= {100 * TARGET_MEDIAN:.0f}%, worst <= {100 * TARGET_WORST:.0f}% in every op and band)")  # fmt: skip
+    print()
+    print(f"{'op':15} {'points':>6} {'median':>7} {'worst':>7}  (all sizes)")
+    for op in sorted({op for op, _ in errors}):
+        errs = [e for (o, _), es in errors.items() if o == op for e in es]
+        print(f"{op:15} {len(errs):6d} {100 * statistics.median(errs):6.1f}% {100 * max(errs):6.1f}%")
     print(f"{len(rows)} points simulated in {wall:.2f} s")
 
     if not args.quick:

@@ -10,7 +10,8 @@
     in one temporary folder: each must exit 0 (or the code a trailing `# exit N` names),
     and every output line shown under a command (but `...`) must appear in its output.
     Commands that start processes (`commdsl run`, `commdsl calibrate`, `torchrun`) have
-    their own end-to-end tests; here their arguments are only parsed.
+    their own end-to-end tests; here their arguments are only parsed (and a run's `--out`
+    file is its schedule simulated, for the examples that read it).
 """
 
 from __future__ import annotations
@@ -128,6 +129,7 @@ def test_console_examples_run(path: Path, tmp_path, monkeypatch):
                 argv = argv[: argv.index(">")]
             if argv and argv[0] in _NOT_RUN:
                 _parses(argv, block)
+                _stand_in_for_a_run(argv)
                 continue
             buf = io.StringIO()
             with contextlib.redirect_stdout(buf), contextlib.redirect_stderr(buf):
@@ -139,6 +141,25 @@ def test_console_examples_run(path: Path, tmp_path, monkeypatch):
             flat = " ".join(output.split())
             for line in shown:
                 assert " ".join(line.split()) in flat, f"{block.id}: `{command}` did not print {line!r}:\n{output}"
+
+
+def _stand_in_for_a_run(argv: list[str]) -> None:
+    """A command that starts ranks is not run here, but the file it writes is made so that
+    the examples after it have it: `run --out FILE` is its schedule simulated (a timeline
+    with the same op ids), `calibrate --out FILE` the cpu-loopback preset."""
+    from commdsl.cli import build_parser
+
+    if "--out" not in argv:
+        return
+    args = build_parser().parse_args(argv)
+    if argv[0] == "calibrate":
+        import commdsl.machine
+
+        Path(args.out).write_text((Path(commdsl.machine.__file__).parent / "presets" / "cpu-loopback.yaml").read_text())
+        return
+    params = [x for p in args.param for x in ("-p", p)]
+    with contextlib.redirect_stdout(io.StringIO()):
+        assert main(["simulate", args.schedule, *params, "--machine", "cpu-loopback", "--trace", args.out, "--gantt", "never"]) == 0
 
 
 def _parses(argv: list[str], block: Block) -> None:
