@@ -1,5 +1,5 @@
 """The flow network: max-min sharing by hand, coflow collectives against the analytic
-model and the step-by-step mode, host staging, interference (DESIGN.md semantics 6-7)."""
+model and the step-by-step mode, host staging, interference (docs/simulator.md)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""memcpy between GPUs and NCCL through host memory (DESIGN semantics 4 and 6).
+"""memcpy between GPUs and NCCL through host memory (docs/simulator.md, "memcpy").
 
 memcpy runs on its stream and the GPUs' copy engines, never in a comm queue; a copy
 staged through host memory is one pipelined flow over both legs, at its pipeline's rate

@@ -1,5 +1,5 @@
 """Helpers for the executor tests (no tests here): launch real torchrun, read timelines,
-and check a measured timeline against the execution semantics of DESIGN.md."""
+and check a measured timeline against the execution semantics of docs/simulator.md."""
 
 from __future__ import annotations
 

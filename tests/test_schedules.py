@@ -2,7 +2,7 @@
 itself, cannot deadlock under rendezvous P2P semantics, and works by name from the CLI.
 
 `rendezvous_deadlock` (also used by test_pipeline_orders.py) is a deliberately strict
-model of the execution contract (DESIGN.md, semantics 4-5): each rank's communication
+model of the execution contract (docs/simulator.md, "Execution semantics"): each rank's communication
 ops run one at a time in program order (a batch_isend_irecv as one unit); a send and
 its first-in-first-out matching recv complete once both are at the head of their
 ranks' queues; a collective completes once every member has it at the head. A schedule

@@ -40,13 +40,11 @@ round, iteration (and rank, for compute):
                            C's work, o of its time at 1/slowdown and the rest at full
                            speed; the largest over the ranks (the slowest paces them all)
 
-On the 2-core VM, loops (a matmul loop beside an all_reduce loop) gave factors that moved
-by 0.4-1.0 between calibrations minutes apart; inside the executor they move by about
-0.1. The ranks differ: beside an fp32 all_reduce one rank's compute ran 1.58x slower and
-the other's 1.19x, the next time the other way round. Copies likewise: loops had a
-16 MiB copy slowed 1.0-2.1x by matmuls and slowing them 2.0x, where inside the executor
-the copy ran at full speed (0.81 ms beside compute, 0.83 ms alone) and compute stopped
-while it ran (a 10 ms op lost 0.8-0.9 ms to it): the factors are 1.0 and MAX_SLOWDOWN.
+Why inside the executor rather than with loops of their own: loops (a matmul loop beside
+an all_reduce loop) run differently from a schedule's ops, and their factors move far
+more between calibrations. The ranks differ too, so the largest factor over the ranks is
+kept. A copy on CPU can stop compute while it runs; its factors are then 1.0 and
+MAX_SLOWDOWN.
 """
 
 from __future__ import annotations

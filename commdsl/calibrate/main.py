@@ -79,8 +79,7 @@ CHUNK_BYTES = 512 * 1024
 SLOWDOWN_SIZE_BYTES = 16 * 2**20
 """Compute's slowdown under communication, and communication's under compute, are
 measured over an all_reduce of this size (or the largest calibrated size below it): the
-bucket and activation sizes of typical schedules. On the 2-core VM: 1.6-2.0x at 16 MiB,
-1.1-1.35x at 64 MiB. Copies' mutual slowdowns with compute are measured on copies from
+bucket and activation sizes of typical schedules (the slowdowns shrink as sizes grow). Copies' mutual slowdowns with compute are measured on copies from
 host of this size (or the largest calibrated)."""
 OVERLAP_OPS: tuple[tuple[OpKind, Dtype | None], ...] = (
     (OpKind.ALL_REDUCE, Dtype.FP32), (OpKind.ALL_REDUCE, Dtype.BF16), (OpKind.REDUCE_SCATTER, Dtype.FP32),
@@ -152,10 +151,9 @@ class CalibrateConfig:
     matmul_sizes: tuple[int, ...]
     """Square matmul sizes n (2 n^3 FLOPs) used to fit the compute rate."""
     warm_up_s: float = 0.0
-    """Seconds of load before measuring (`measure.warm_up`). On the 2-core CI VM the
-    same multiply ran 0.36 TFLOP/s after minutes of idle and 0.43 after minutes of load,
-    and the first of three back-to-back calibrations was the slowest in 11 of 16 bench
-    batches, while the runs after it, which follow load, ran at the faster speed."""
+    """Seconds of load before measuring (`measure.warm_up`): a CPU that has idled
+    can run the same multiply slower than one that has been busy (clocks, caches), so a
+    warm-up makes the first calibration measure what the runs after it see."""
     from_nccl_tests: tuple[str, ...] = ()
     """nccl-tests logs to fit a machine file to (`commdsl.calibrate.nccl_tests`), instead of measuring."""
     base_machine: str | None = None

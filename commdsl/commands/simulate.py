@@ -156,7 +156,8 @@ def print_memory(console: Console, s: Summary) -> None:
         shown = [f"{escape(g.first)}{f' +{g.count - 1}' if g.count > 1 else ''} {format_bytes(g.size_bytes)} ({escape(g.statement)})"
                  for g in m.live_at_peak[:3]]  # fmt: skip
         if len(m.live_at_peak) > 3:
-            shown.append(f"+{len(m.live_at_peak) - 3} more statements")
+            more = len(m.live_at_peak) - 3
+            shown.append(f"+{more} more statement{'' if more == 1 else 's'}")
         table.add_row(str(m.rank), format_bytes(m.peak_bytes), format_us(m.peak_us), "; ".join(shown) or "-")
     console.print(table)
 

@@ -329,8 +329,7 @@ class Machine:
     """Measured time of one host <-> device copy by size, [[size_bytes, time_us], ...]
     (`copy_measured_us: {host: ...}`, written by calibration), interpolated per op like
     a collective's profile; empty: `host_link`. A line fits copies badly where small
-    ones run from the caches and large ones from memory (a 16 MiB copy: 0.68 ms on the
-    fitted line, 0.9 ms measured)."""
+    ones run from the caches and large ones from memory."""
     device_copy_profile: tuple[tuple[float, float], ...] = ()
     """The same for a device-memory copy (`copy_measured_us: {device: ...}`); empty:
     `device.memory_bandwidth_gb_per_s`, every byte read and written."""

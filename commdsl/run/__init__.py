@@ -4,7 +4,7 @@
 
 Every rank loads the same schedule, expands it to the same `Program` the simulator
 sees, creates one process group per group the schedule uses, and executes its own op
-list with the semantics of DESIGN.md ("Execution semantics"). On CUDA the streams are
+list with the execution semantics of docs/simulator.md. On CUDA the streams are
 CUDA streams; on CPU (gloo) they are emulated with worker threads (`streams.py`).
 Rank 0 writes the measured timeline in the simulator's Chrome-trace format, so
 `commdsl compare predicted.json measured.json` pairs ops by id ("rank:index").

@@ -11,7 +11,7 @@ Process groups: torch's `new_group` must be called by every rank, in the same or
 Every rank holds the whole Program, so every rank walks `Program.groups` in order and
 creates exactly the groups some op uses. The schedule's "world" group is the default
 process group; every other group gets its own process group, i.e. its own
-communicator and comm queue, as DESIGN.md semantics 4 requires. A separate gloo group
+communicator and comm queue, as the execution semantics require (docs/simulator.md). A separate gloo group
 ("control") carries the executor's own traffic (iteration barriers, clock alignment,
 gathering timelines), so it never queues behind the schedule's communication.
 """

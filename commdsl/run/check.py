@@ -7,7 +7,7 @@ different per rank, per element and per op). The salt is the sender's op index f
 P2P and the collective's position in its group's sequence for collectives, so an op
 matched with the wrong partner shows up as a wrong value.
 
-Expected values follow torch.distributed's semantics (see seed 002): recv gets the
+Expected values follow torch.distributed's semantics (as the PyTorch distributed tutorial describes them): recv gets the
 matched send's values (sends and recvs match first-in-first-out per (src, dst,
 group)); broadcast copies the root's; reduce/all_reduce combine all members' (reduce:
 at the root only: gloo uses the other members' buffers as scratch); all_gather and

@@ -38,9 +38,8 @@ FLOP_BLOCK_CPU = 256
 FLOP_BLOCK_CUDA = 2048
 """Side of the square matmul repeated for FLOP-sized work. Calibration takes the
 machine's compute rate (`peak_tflops`) at exactly this side, so a simulated op runs at
-the rate the executor's op does: on this project's CPU a bf16 256 x 256 multiply runs at
-0.405 TFLOP/s, 15% below the slope of a line fitted over 64..512 (which predicted
-tp_mlp's matmuls 15-20% too fast). On a GPU a 256 x 256 multiply is launch-bound (a few
+the rate the executor's op does (a line fitted over several sizes misses the rate at
+any one size, and predicts such ops too fast or too slow). On a GPU a 256 x 256 multiply is launch-bound (a few
 microseconds for 34 MFLOP); 2048 x 2048 ones (17 GFLOP) run near the device's rate."""
 
 

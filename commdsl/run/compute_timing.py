@@ -3,8 +3,8 @@
 A compute op with an explicit duration (`compute F 2ms`) runs a duration block (a
 matmul) as many times as fit the duration (`Kernels.spec`), so the block's timing
 decides how long every such op runs. One rank's timing can come out wrong: a burst
-of load elsewhere on the machine while it timed (seen on a 2-core VM: one rank timed
-722-1116 us where the other timed 217 us, and its 2 ms ops ran 1.1 ms). So:
+of load elsewhere on the machine while it timed makes its blocks look slow, and then
+every op it runs falls short of its duration by the same factor. So:
 
 * start-up: every rank times its blocks until its timings are stable
   (`Kernels.time_blocks`); the ranks share their timings over the control group, and

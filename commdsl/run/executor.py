@@ -5,7 +5,7 @@ batches), the iteration loop with its records, fills and checks, and the descrip
 of unfinished ops the watchdog prints. `CpuExecutor` runs streams and comm queues as
 threads (see `streams.py`); `CudaExecutor` uses CUDA streams, CUDA events and NCCL.
 
-Per op kind (DESIGN.md semantics 1-4):
+Per op kind (docs/simulator.md, "Execution semantics", rules 1-4):
 
     compute / copy     queued on its stream
     copy to a rank     queued on its stream: a copy into the destination's buffer, opened

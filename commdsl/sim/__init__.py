@@ -1,4 +1,4 @@
-"""The simulator: execution semantics of DESIGN.md in SimPy (no torch).
+"""The simulator: execution semantics of docs/simulator.md in SimPy (no torch).
 
     from commdsl.sim import simulate
     result = simulate(program, machine)        # raises DeadlockError if it cannot finish

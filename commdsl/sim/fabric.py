@@ -4,7 +4,7 @@ A full-duplex link of the topology becomes two channels (one per direction), eac
 its bandwidth and latency. Devices are vertices too: rank r runs on device r (device i
 of node k is rank k * gpus_per_node + i).
 
-Routing (DESIGN.md semantics 6): for a pair of devices and a transport,
+Routing (docs/simulator.md, "Topologies and routes"): for a pair of devices and a transport,
 
   * direct: between GPUs with peer access (NVLink, NVSwitch, PCIe P2P), and for NCCL
     between nodes (GPU -> PCIe -> NIC -> network -> NIC -> PCIe -> GPU, GPUDirect RDMA);

@@ -1,4 +1,4 @@
-"""The flow network: transfers share links by max-min fairness (DESIGN.md semantics 6).
+"""The flow network: transfers share links by max-min fairness (docs/simulator.md, "Network models").
 
 Every transfer becomes one fluid entity, a *flow*, with a byte demand on each channel
 (link direction) it touches, expressed as a weight per unit of progress:
@@ -206,8 +206,7 @@ class FlowNetwork(Network):
             return leg
         # While compute holds the CPUs, a byte on a channel that is the host's CPUs copying
         # bytes costs F times as much of them, so concurrent transfers share what compute
-        # leaves (an 8 MiB exchange under compute on 2 cores: 7.6 ms measured, 3.1 ms when
-        # only each flow's own rate was capped).
+        # leaves (capping only each flow's own rate predicts such exchanges far too fast).
         cpu = self._cpu_channels
         slowed = tuple((c, w * slow if c in cpu else w) for c, w in leg.demands) if cpu else leg.demands
         return replace(leg, slowed_demands=slowed, slow=slow, cpu_latency=any(c in cpu for c, _ in leg.demands))
