@@ -14,6 +14,7 @@ import importlib
 import math
 import os
 import sys
+from collections.abc import Iterable
 
 from commdsl import __version__
 from commdsl.errors import CommdslError, OutputError, UsageError
@@ -104,7 +105,10 @@ def load_from_args(args: argparse.Namespace, *, validate: bool = True):
     return load_schedule(args.schedule, parse_overrides(args.param), max_ops=max_ops, validate=validate)
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(commands: Iterable[str] | None = None) -> argparse.ArgumentParser:
+    """The command line's parser. Every command is listed, but only those in `commands`
+    (None: all) get their arguments: adding them imports the command's module, which
+    costs start-up time a command that is not run should not pay."""
     parser = _ArgumentParser(
         prog="commdsl",
         description="Write a distributed-training communication schedule once; check it, show it, "
@@ -114,10 +118,17 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_ArgumentParser)
     for name, (module_name, help_text) in COMMANDS.items():
         cmd = sub.add_parser(name, help=help_text, description=help_text)
-        module = importlib.import_module(module_name)
-        module.add_arguments(cmd)
-        cmd.set_defaults(_module=module)
+        if commands is None or name in commands:
+            module = importlib.import_module(module_name)
+            module.add_arguments(cmd)
+            cmd.set_defaults(_module=module)
     return parser
+
+
+def _command_in(argv: list[str]) -> tuple[str, ...]:
+    """The command `argv` names: its first word that is not an option (the top-level
+    options, --help and --version, take no value); () if there is none."""
+    return next(((arg,) for arg in argv if not arg.startswith("-")), ())
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -142,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _run(argv: list[str] | None) -> int:
-    parser = build_parser()
+    parser = build_parser(_command_in(sys.argv[1:] if argv is None else argv))
     try:
         args = parser.parse_args(argv)
     except SystemExit as e:  # --help, --version: argparse printed and exits

@@ -332,7 +332,7 @@ def test_slowdown_factor_defaults_to_the_sm_share_nccl_takes():
 def test_memcpy_vs_nccl_on_pcie_nvlink_pairs_reports_transfers_links_and_slowed_compute(capsys, tmp_path):
     trace = tmp_path / "t.json"
     args = ["simulate", "memcpy_vs_nccl", "-p", "copies=4", "-p", "msg=16MB", "-p", "t_compute=10ms", "--machine", "pcie-nvlink-pairs"]
-    assert main([*args, "--json", "--trace", str(trace)]) == 0
+    assert main([*args, "--json", "--flows", "--trace", str(trace)]) == 0
     data = json.loads(capsys.readouterr().out)
     by = {(t["transport"], t["kind"]): t for t in data["transfers"]}
     assert by[("memcpy", "copy")]["mean_us"] * 2 < by[("nccl", "send")]["mean_us"]  # memcpy well ahead

@@ -60,3 +60,30 @@ def test_outputs_are_byte_identical_across_processes(tmp_path):
 def test_bad_network_flag_is_a_usage_error(capsys):
     assert main(["simulate", "1f1b", "--network", "flow-of-fantasy"]) == 2
     assert "usage error" in capsys.readouterr().err
+
+
+def test_json_aggregates_transfers_and_lists_flows_only_with_flows(capsys):
+    args = ["simulate", "1f1b", "-p", "stages=3", "-p", "microbatches=4", "--json"]
+    assert main(args) == 0
+    brief = json.loads(capsys.readouterr().out)
+    assert brief["flows"] == [] and brief["transfers"] and brief["links"]
+    assert main([*args, "--flows"]) == 0
+    full = json.loads(capsys.readouterr().out)
+    # One flow per send/recv pair: 2 boundaries x 4 microbatches x (activation + gradient).
+    assert len(full["flows"]) == sum(t["count"] for t in full["transfers"]) == 16
+    assert {"ops", "kind", "transport", "algo", "bytes", "start_us", "end_us", "latency_us", "bottleneck"} <= set(full["flows"][0])
+    assert {k: v for k, v in full.items() if k != "flows"} == {k: v for k, v in brief.items() if k != "flows"}
+    assert main(["simulate", "1f1b", "--flows"]) == 2
+    assert "--flows" in capsys.readouterr().err
+
+
+def test_simulate_json_imports_neither_rich_nor_other_commands():
+    # Start-up time: what --json does not print with (rich) and what other commands need
+    # (the executor, calibration) stays unimported.
+    code = ("import sys; from commdsl.cli import main; main(['simulate', '1f1b', '-p', 'stages=2', '-p', 'microbatches=2', '--json']); "
+            "print(sorted(m for m in sys.modules if m.split('.')[0] == 'rich' or m.startswith(('commdsl.run', 'commdsl.calibrate', "
+            "'commdsl.comparison', 'torch'))), file=sys.stderr)")  # fmt: skip
+    env = dict(os.environ, COMMDSL_PROGRESS_INTERVAL_S="0")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120, check=True)
+    assert json.loads(proc.stdout)["world_size"] == 2
+    assert proc.stderr.strip() == "[]"

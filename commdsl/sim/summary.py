@@ -16,9 +16,13 @@ Definitions (all per rank, over the makespan, i.e. from time 0 to the last op's 
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+import json
+from array import array
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, fields, is_dataclass
+from typing import TextIO
 
-from commdsl.breakdown import breakdown_of
+from commdsl.breakdown import breakdown, category
 from commdsl.ir import OpKind
 from commdsl.sim.memory import RankMemory, memory_profile
 from commdsl.sim.simulate import SimResult
@@ -119,22 +123,40 @@ class Summary:
     empty when the schedule declares none."""
 
     def to_json(self) -> dict:
-        out = asdict(self)
-        out["ranks"] = [asdict(r) for r in self.ranks]
-        out["critical_path"] = [asdict(s) for s in self.critical_path]
-        out["warnings"] = list(self.warnings)
-        return _rounded(out)
+        """The summary as JSON-able values (what `write_json` prints)."""
+        return {f.name: _rounded(_plain(getattr(self, f.name))) for f in fields(self)}
+
+    def write_json(self, out: TextIO, flows: Iterable[dict] | None = None) -> None:
+        """Write `to_json()` to `out`, one line per key and per entry of a list (so that
+        thousands of entries cost one short line each); `flows` (e.g. `flow_entries`),
+        if given, is written as the "flows" list entry by entry, never held in memory."""
+        doc = self.to_json()
+        if flows is not None:
+            doc["flows"] = (_rounded(f) for f in flows)
+        out.write("{")
+        for i, (key, value) in enumerate(doc.items()):
+            out.write(f'{"," if i else ""}\n {json.dumps(key)}: ')
+            if isinstance(value, dict) or (isinstance(value, list) and not any(isinstance(v, dict) for v in value)):
+                out.write(json.dumps(value))  # a mapping, or a list of numbers and strings: one line
+            elif isinstance(value, list | Iterator):
+                out.write("[")
+                last = -1
+                for k, entry in enumerate(value):
+                    out.write(f'{"," if k else ""}\n  {json.dumps(entry)}')
+                    last = k
+                out.write("\n ]" if last >= 0 else "]")
+            else:
+                out.write(json.dumps(value))
+        out.write("\n}\n")
 
 
-def summarize(result: SimResult) -> Summary:
+def summarize(result: SimResult, *, flows: bool = False) -> Summary:
+    """The summary of `result`, in one pass over its per-op arrays; `flows` True lists
+    every transfer in `Summary.flows` (`flow_entries`; a P2P-heavy schedule has one per
+    send, so it is left out unless asked for)."""
     raw, program = result.raw, result.program
     makespan = result.makespan_us
-    ranks = []
-    for rank in range(program.world_size):
-        b = raw.base[rank]
-        split = breakdown_of(((op.kind, raw.start[b + i], raw.end[b + i]) for i, op in enumerate(program.ops[rank])), makespan)
-        bubble = (makespan - split.compute_us) / makespan if split.compute_us > 0 and makespan > 0 else None
-        ranks.append(RankSummary(rank, split.compute_us, split.comm_us, split.exposed_comm_us, split.idle_us, bubble))
+    ranks = _rank_summaries(result)
     bubbles = [r.bubble_fraction for r in ranks if r.bubble_fraction is not None]
     path = []
     for g in result.critical_path:
@@ -150,14 +172,7 @@ def summarize(result: SimResult) -> Summary:
             LinkSummary(l.name, l.kind.value, l.bandwidth_gb_per_s, l.bytes, l.busy_us, l.utilization, l.peak_utilization)
             for l in sorted(result.link_stats(), key=lambda l: (-l.bytes, l.name))
         ),
-        flows=tuple(
-            {
-                "ops": [raw.ops[g].id for g in f.ops], "kind": f.kind.value, "transport": f.transport.value, "algo": f.algo.value,
-                "bytes": f.size_bytes, "start_us": f.start_us, "end_us": f.end_us, "latency_us": f.latency_us,
-                "algbw_gb_per_s": f.algbw_gb_per_s, "bottleneck": f.bottleneck, "links": f.links,
-            }
-            for f in result.flow_stats()
-        ),  # fmt: skip
+        flows=tuple(flow_entries(result)) if flows else (),
         schedule=program.name,
         machine=result.machine.name,
         network=result.network,
@@ -173,16 +188,56 @@ def summarize(result: SimResult) -> Summary:
     )
 
 
+def flow_entries(result: SimResult) -> Iterator[dict]:
+    """Per transfer, in start order: op ids, kind, transport, algo, bytes, start/end,
+    latency, algbw, bottleneck link and number of links (`--json --flows`)."""
+    ops = result.raw.ops
+    for f in result.flow_stats():
+        yield {
+            "ops": [ops[g].id for g in f.ops], "kind": f.kind.value, "transport": f.transport.value, "algo": f.algo.value,
+            "bytes": f.size_bytes, "start_us": f.start_us, "end_us": f.end_us, "latency_us": f.latency_us,
+            "algbw_gb_per_s": f.algbw_gb_per_s, "bottleneck": f.bottleneck, "links": f.links,
+        }  # fmt: skip
+
+
+def _rank_summaries(result: SimResult) -> list[RankSummary]:
+    """Each rank's breakdown (`commdsl.breakdown`): its ops' intervals by category, read
+    straight from the flat start/end arrays."""
+    raw, program, makespan = result.raw, result.program, result.makespan_us
+    start, end = raw.start, raw.end
+    out = []
+    for rank, rank_ops in enumerate(program.ops):
+        b, n = raw.base[rank], len(rank_ops)
+        spans: dict[str | None, list[tuple[float, float]]] = {"compute": [], "comm": [], "copy": [], None: []}
+        add = {kind: spans[cat].append for kind, cat in _CATEGORY.items()}
+        for op, s, e in zip(rank_ops, start[b : b + n], end[b : b + n]):
+            if e > s:
+                add[op.kind]((s, e))
+        split = breakdown(spans["compute"], spans["comm"], spans["copy"], makespan)
+        bubble = (makespan - split.compute_us) / makespan if split.compute_us > 0 and makespan > 0 else None
+        out.append(RankSummary(rank, split.compute_us, split.comm_us, split.exposed_comm_us, split.idle_us, bubble))
+    return out
+
+
+_CATEGORY = {kind: category(kind) for kind in OpKind}
+
+
 def _transfers(result: SimResult) -> tuple[TransferSummary, ...]:
+    # Per group: count, bytes, and each transfer's time and algbw (summed as sum() sums a list).
     groups: dict[tuple[str, str], list] = {}
     for f in result.flow_stats():
-        groups.setdefault((f.transport.value, f.kind.value), []).append(f)
-    out = []
-    for (transport, kind), flows in sorted(groups.items()):
-        times = [f.end_us - f.start_us for f in flows]
-        out.append(TransferSummary(transport, kind, len(flows), sum(f.size_bytes for f in flows), sum(times) / len(flows),
-                                   sum(f.algbw_gb_per_s for f in flows) / len(flows)))  # fmt: skip
-    return tuple(out)
+        key = (f.transport.value, f.kind.value)
+        group = groups.get(key)
+        if group is None:
+            group = groups[key] = [0, 0, array("d"), array("d")]
+        group[0] += 1
+        group[1] += f.size_bytes
+        group[2].append(f.end_us - f.start_us)
+        group[3].append(f.algbw_gb_per_s)
+    return tuple(
+        TransferSummary(transport, kind, count, nbytes, sum(times) / count, sum(algbw) / count)
+        for (transport, kind), (count, nbytes, times, algbw) in sorted(groups.items())
+    )
 
 
 def _slowed(result: SimResult) -> tuple[SlowedCompute, ...]:
@@ -211,6 +266,16 @@ def format_bytes(n: float) -> str:
         if n >= scale:
             return f"{n / scale:.1f} {unit}"
     return f"{n:.0f} B"
+
+
+def _plain(value):
+    """A summary's value as JSON-able values: dataclasses as dicts, tuples as lists
+    (`dataclasses.asdict` without its deep copies)."""
+    if is_dataclass(value):
+        return {f.name: _plain(getattr(value, f.name)) for f in fields(value)}
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    return value
 
 
 def _rounded(value):
