@@ -7,7 +7,10 @@ file's kind (schedule, machine) with the line and column of the first bad byte.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import TextIO
 
 from commdsl.errors import CommdslError, SourceLoc, UsageError
 
@@ -57,9 +60,22 @@ def decode_error_loc(data: bytes, offset: int, display: str) -> SourceLoc:
 
 def write_text(path: str | Path, text: str, flag: str) -> None:
     """Write an output file a command's `flag` named; failures are usage errors."""
+    with output_file(path, flag) as out:
+        out.write(text)
+
+
+@contextmanager
+def output_file(path: str | Path, flag: str) -> Iterator[TextIO]:
+    """An output file a command's `flag` named, open for writing piece by piece; failing
+    to open, write or close it is a usage error."""
     try:
-        Path(path).write_text(text)
+        out = open(path, "w")  # noqa: SIM115 -- closed below, its errors reported
     except (OSError, ValueError) as e:
+        raise UsageError(f"cannot write {flag} {path}: {_reason(e)}") from None
+    try:
+        with out:
+            yield out
+    except OSError as e:
         raise UsageError(f"cannot write {flag} {path}: {_reason(e)}") from None
 
 

@@ -15,11 +15,14 @@ from __future__ import annotations
 
 import enum
 import json
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
+from itertools import islice
 from pathlib import Path
+from typing import TextIO
 
 from commdsl.errors import SourceLoc, UsageError
-from commdsl.files import is_file, read_text, source_lines, write_text
+from commdsl.files import is_file, output_file, read_text, source_lines
 from commdsl.ir import HOST_STREAM, Op, OpKind
 
 FORMAT_VERSION = 1
@@ -122,25 +125,13 @@ class Timeline:
         seen: dict[int, set[str]] = {}
         for s in self.spans:
             seen.setdefault(s.rank, set()).add(s.track)
-        out = {}
-        for rank, names in seen.items():
-            known = self.tracks.get(rank, [])
-            rest = sorted(names - set(known) - {HOST_STREAM} - set(streams), key=lambda t: (t.startswith(COMM_TRACK_PREFIX), t))
-            order = [HOST_STREAM] + [s for s in streams if s in names] + rest
-            out[rank] = known + [t for t in order if t not in known and (t in names or t == HOST_STREAM)]
-        return out
+        return ordered_tracks(seen, self.tracks, streams)
 
     def to_chrome_trace(self, streams: tuple[str, ...] = ()) -> dict:
+        """The Chrome trace as a dict (what `write` writes, key order aside)."""
         tracks = self.order_tracks(streams)
         tid_of = {(r, t): i for r, names in tracks.items() for i, t in enumerate(names)}
-        events: list[dict] = []
-        for rank in sorted(tracks):
-            events.append({"ph": "M", "name": "process_name", "pid": rank, "tid": 0, "args": {"name": f"rank {rank}"}})
-            events.append({"ph": "M", "name": "process_sort_index", "pid": rank, "tid": 0, "args": {"sort_index": rank}})
-            for t, name in enumerate(tracks[rank]):
-                label = name if name == HOST_STREAM or name.startswith(COMM_TRACK_PREFIX) else f"stream {name}"
-                events.append({"ph": "M", "name": "thread_name", "pid": rank, "tid": t, "args": {"name": label}})
-                events.append({"ph": "M", "name": "thread_sort_index", "pid": rank, "tid": t, "args": {"sort_index": t}})
+        events: list[dict] = metadata_events(tracks)
         exec_by_op: dict[str, Span] = {}
         for s in sorted(self.spans, key=lambda s: (s.start_us, s.rank, tid_of[(s.rank, s.track)], s.op_id, s.role.value)):
             if s.role is SpanRole.EXEC:
@@ -159,31 +150,31 @@ class Timeline:
             events.append({"ph": "f", "bp": "e", "id": i, "name": f.name, "cat": "flow", "pid": b.rank, "tid": tid_of[(b.rank, b.track)], "ts": _ts(max(b.start_us, a.start_us))})
         links_pid = max(tracks, default=-1) + 1
         if self.counters:
-            events.append({"ph": "M", "name": "process_name", "pid": links_pid, "tid": 0, "args": {"name": "links"}})
+            events.append(_links_process(links_pid))
         for c in self.counters:
             pid = c.rank if c.rank >= 0 else links_pid
             events.append({"ph": "C", "name": c.track, "pid": pid, "tid": 0, "ts": _ts(c.ts_us), "args": {"value": round(c.value, 6)}})
-        return {
-            "traceEvents": events,
-            "displayTimeUnit": "ms",
-            "otherData": {
-                "commdsl": {
-                    "version": FORMAT_VERSION,
-                    "source": self.source,
-                    "schedule": self.schedule,
-                    "world_size": self.world_size,
-                    "makespan_us": _ts(self.makespan_us),
-                    "tracks": {str(r): t for r, t in sorted(tracks.items())},
-                    "flows": [[f.src_op, f.dst_op, f.name] for f in self.flows],
-                    "meta": self.meta,
-                }
-            },
-        }
+        data = other_data(self.source, self.schedule, self.world_size, self.makespan_us, tracks, self.meta)
+        data["flows"] = [[f.src_op, f.dst_op, f.name] for f in self.flows]
+        return {"traceEvents": events, "displayTimeUnit": "ms", "otherData": {"commdsl": data}}
 
     def write(self, path: str | Path, streams: tuple[str, ...] = (), *, flag: str = "timeline") -> None:
         """Write the Chrome trace; `flag` names the file in a usage error (e.g. "--trace")."""
-        text = json.dumps(self.to_chrome_trace(streams), sort_keys=True, separators=(",", ":"))
-        write_text(path, text + "\n", flag)
+        tracks = self.order_tracks(streams)
+        tid_of = {(r, t): i for r, names in tracks.items() for i, t in enumerate(names)}
+        exec_by_op: dict[str, tuple[int, int, float]] = {}
+        encoder = SpanEncoder()
+
+        def spans() -> Iterator[str]:
+            for s in sorted(self.spans, key=lambda s: (s.start_us, s.rank, tid_of[(s.rank, s.track)], s.op_id, s.role.value)):
+                tid = tid_of[(s.rank, s.track)]
+                if s.role is SpanRole.EXEC:
+                    exec_by_op[s.op_id] = (s.rank, tid, s.start_us)
+                yield encoder.event(s.kind, s.role.value, s.name, s.args, s.op_id, s.rank, tid, s.start_us, s.end_us)
+
+        flows = [(f.src_op, f.dst_op, f.name) for f in self.flows]
+        write_chrome_trace(path, flag, tracks=tracks, other=other_data(self.source, self.schedule, self.world_size, self.makespan_us, tracks, self.meta),
+                           flows=flows, spans=spans(), exec_of=exec_by_op.get, counters=self.counters)  # fmt: skip
 
     @classmethod
     def read(cls, path: str | Path) -> Timeline:
@@ -224,6 +215,163 @@ class Timeline:
         # Flow arrows are stored by op id too: Chrome's s/f events only bind to positions.
         tl.flows = [Flow(src, dst, name) for src, dst, name in meta.get("flows", [])]
         return tl
+
+
+def ordered_tracks(seen: dict[int, set[str]], known: dict[int, list[str]], streams: tuple[str, ...]) -> dict[int, list[str]]:
+    """Per rank that has spans (`seen`: the tracks they are on), its tracks in display
+    order: the `known` order first, then the host, declared streams, comm queues, others."""
+    out = {}
+    for rank, names in seen.items():
+        first = known.get(rank, [])
+        rest = sorted(names - set(first) - {HOST_STREAM} - set(streams), key=lambda t: (t.startswith(COMM_TRACK_PREFIX), t))
+        order = [HOST_STREAM] + [s for s in streams if s in names] + rest
+        out[rank] = first + [t for t in order if t not in first and (t in names or t == HOST_STREAM)]
+    return out
+
+
+def metadata_events(tracks: dict[int, list[str]]) -> list[dict]:
+    """The trace's process and thread names and sort order (`ph: "M"`)."""
+    events = []
+    for rank in sorted(tracks):
+        events.append({"ph": "M", "name": "process_name", "pid": rank, "tid": 0, "args": {"name": f"rank {rank}"}})
+        events.append({"ph": "M", "name": "process_sort_index", "pid": rank, "tid": 0, "args": {"sort_index": rank}})
+        for t, name in enumerate(tracks[rank]):
+            label = name if name == HOST_STREAM or name.startswith(COMM_TRACK_PREFIX) else f"stream {name}"
+            events.append({"ph": "M", "name": "thread_name", "pid": rank, "tid": t, "args": {"name": label}})
+            events.append({"ph": "M", "name": "thread_sort_index", "pid": rank, "tid": t, "args": {"sort_index": t}})
+    return events
+
+
+def _links_process(pid: int) -> dict:
+    return {"ph": "M", "name": "process_name", "pid": pid, "tid": 0, "args": {"name": "links"}}
+
+
+def other_data(source: str, schedule: str, world_size: int, makespan_us: float, tracks: dict[int, list[str]], meta: dict) -> dict:
+    """A trace's `otherData.commdsl` but its "flows"."""
+    return {
+        "version": FORMAT_VERSION,
+        "source": source,
+        "schedule": schedule,
+        "world_size": world_size,
+        "makespan_us": _ts(makespan_us),
+        "tracks": {str(r): t for r, t in sorted(tracks.items())},
+        "meta": meta,
+    }
+
+
+def _dumps(value: object) -> str:
+    """JSON as trace files hold it: sorted keys, no spaces."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"))
+
+
+class SpanEncoder:
+    """Encodes spans as complete events (`ph: "X"`), byte for byte as `_dumps` encodes
+    `to_chrome_trace`'s, from a template built once per (kind, role, name, args): a
+    million spans of a few hundred statements cost a string format each."""
+
+    def __init__(self) -> None:
+        self._templates: dict[tuple, tuple[str, str, str]] = {}
+
+    def template(self, kind: str, role: str, name: str, args: tuple[tuple[str, object], ...]) -> tuple[str, str, str] | None:
+        """(before the op id, between it and the duration, between the duration and the
+        pid) of the event, or None where no template can stand for it (an annotation
+        named op_id, or one that cannot be a dict key's value in a template's key)."""
+        try:
+            key = (kind, role, name, args)
+            found = self._templates.get(key)
+        except TypeError:  # unhashable annotations (a measured trace's lists)
+            return None
+        if found is not None:
+            return found
+        fields = {"kind": kind, "role": role}
+        fields.update(args)
+        if "op_id" in fields:
+            return None
+        before = [f"{_dumps(k)}:{_dumps(v)}" for k, v in sorted(fields.items()) if k < "op_id"]
+        after = [f"{_dumps(k)}:{_dumps(v)}" for k, v in sorted(fields.items()) if k > "op_id"]
+        head = '{"args":{' + "".join(f"{item}," for item in before) + '"op_id":"'
+        middle = '"' + "".join(f",{item}" for item in after) + '},"cat":' + _dumps(kind) + ',"dur":'
+        tail = ',"name":' + _dumps(name) + ',"ph":"X","pid":'
+        found = self._templates[key] = (head, middle, tail)
+        return found
+
+    def event(self, kind: str, role: str, name: str, args: tuple, op_id: str, pid: int, tid: int, start_us: float, end_us: float) -> str:
+        """One span's event."""
+        t = self.template(kind, role, name, args)
+        if t is None or not _plain_id(op_id):
+            fields = {"op_id": op_id, "kind": kind, "role": role}
+            fields.update(args)
+            return _dumps({"ph": "X", "name": name, "cat": kind, "pid": pid, "tid": tid, "ts": _ts(start_us),
+                           "dur": _ts(end_us - start_us), "args": fields})  # fmt: skip
+        return span_event(t, op_id, pid, tid, start_us, end_us)
+
+
+def span_event(template: tuple[str, str, str], op_id: str, pid: int, tid: int, start_us: float, end_us: float) -> str:
+    """A span's event from its `SpanEncoder.template` (`op_id` of the form "rank:index")."""
+    head, middle, tail = template
+    return f'{head}{op_id}{middle}{round(end_us - start_us, 3)!r}{tail}{pid},"tid":{tid},"ts":{round(start_us, 3)!r}}}'
+
+
+def _plain_id(op_id: object) -> bool:
+    """An op id that JSON writes as it is (no character to escape)."""
+    return isinstance(op_id, str) and op_id.isascii() and op_id.isprintable() and '"' not in op_id and "\\" not in op_id
+
+
+def write_chrome_trace(path: str | Path, flag: str, *, tracks: dict[int, list[str]], other: dict, flows: Sequence[tuple[str, str, str]] | Callable[[], Iterable[tuple[str, str, str]]],
+                       spans: Iterable[str], exec_of: Callable[[str], tuple[int, int, float] | None], counters: Iterable[CounterSample]) -> None:  # fmt: skip
+    """Write a Chrome trace piece by piece, as `_dumps(Timeline.to_chrome_trace())`
+    writes it whole: `other` is `otherData.commdsl` but its "flows", which `flows` gives
+    as (send op id, recv op id, name) (a sequence, or a function that gives them afresh:
+    they are read twice); `spans` are the encoded complete events in trace order, and
+    `exec_of` gives, once they are all read, an op's (pid, tid, start) for flow arrows.
+    A failure to write is a usage error naming `flag` and the file."""
+    with output_file(path, flag) as out:
+        _write_trace(out, tracks, other, flows, spans, exec_of, counters)
+
+
+_CHUNK = 4096
+"""Events joined into one write."""
+
+
+def _write_trace(out: TextIO, tracks, other, flows, spans, exec_of, counters) -> None:
+    each_flow = flows if callable(flows) else lambda: flows
+    out.write('{"displayTimeUnit":"ms","otherData":{"commdsl":{"flows":[')
+    _write_joined(out, (f"[{_dumps(src)},{_dumps(dst)},{_dumps(name)}]" for src, dst, name in each_flow()))
+    out.write("]," + _dumps(other)[1:] + '},"traceEvents":[')
+    _write_joined(out, _events(tracks, each_flow, spans, exec_of, counters))
+    out.write("]}\n")
+
+
+def _write_joined(out: TextIO, items: Iterable[str]) -> None:
+    """Write `items` separated by commas, a chunk of them per write."""
+    first = True
+    it = iter(items)
+    while chunk := list(islice(it, _CHUNK)):
+        out.write(("" if first else ",") + ",".join(chunk))
+        first = False
+
+
+def _events(tracks, each_flow, spans, exec_of, counters) -> Iterator[str]:
+    for ev in metadata_events(tracks):
+        yield _dumps(ev)
+    yield from spans
+    for i, (src, dst, name) in enumerate(each_flow()):
+        a, b = exec_of(src), exec_of(dst)
+        if a is None or b is None:
+            continue
+        kind = _dumps(name)
+        yield f'{{"cat":"flow","id":{i},"name":{kind},"ph":"s","pid":{a[0]},"tid":{a[1]},"ts":{_ts(a[2])!r}}}'
+        yield f'{{"bp":"e","cat":"flow","id":{i},"name":{kind},"ph":"f","pid":{b[0]},"tid":{b[1]},"ts":{_ts(max(b[2], a[2]))!r}}}'
+    links_pid = max(tracks, default=-1) + 1
+    names: dict[str, str] = {}
+    for k, c in enumerate(counters):
+        if k == 0:
+            yield _dumps(_links_process(links_pid))
+        name = names.get(c.track)
+        if name is None:
+            name = names[c.track] = _dumps(c.track)
+        pid = c.rank if c.rank >= 0 else links_pid
+        yield f'{{"args":{{"value":{round(c.value, 6)!r}}},"name":{name},"ph":"C","pid":{pid},"tid":0,"ts":{_ts(c.ts_us)!r}}}'
 
 
 def _line(text: str, number: int) -> str:

@@ -76,7 +76,7 @@ def run(args: argparse.Namespace) -> int:
         result = simulate(program, machine, args.network, samples=args.samples, seed=args.seed, progress=progress.update)
         if args.trace:
             progress.phase(f"writing the trace {args.trace}")
-            result.timeline.write(args.trace, program.streams, flag="--trace")
+            result.write_trace(args.trace, flag="--trace")
         progress.phase("summarising")
         summary = summarize(result)
     if args.json:

@@ -7,33 +7,24 @@ import statistics
 from array import array
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from commdsl.dsl.values import format_us
 from commdsl.errors import LimitError, MachineError, UsageError
-from commdsl.ir import HOST_STREAM, CopyDir, Op, OpKind, Program, Protocol, Transport
+from commdsl.ir import Op, Program
 from commdsl.limits import HORIZON_US
 from commdsl.machine.model import Machine, timeless_machine
 from commdsl.sim.deadlock import deadlock_error
 from commdsl.sim.engine import Engine
-from commdsl.sim.entities import ALGOS, PROTOS, RawResult
-from commdsl.sim.memory import check_memory, memory_counters, memory_profile
+from commdsl.sim.entities import RawResult
+from commdsl.sim.memory import check_memory
 from commdsl.sim.models import DEFAULT_NETWORK, NETWORKS
 from commdsl.sim.network import FlowStat, LinkStat, Network
-from commdsl.timeline import (COMM_TRACK_PREFIX, MEMORY_PEAK_META, CounterSample, Flow, Span, SpanRole, Timeline, comm_span_args,
-                              gloo_span_name, nccl_kernel_name, op_span_args)
+from commdsl.timeline import Timeline
 
 if TYPE_CHECKING:
     from commdsl.sim.summary import Summary
-
-_MEMCPY_NAMES = {
-    CopyDir.H2D: "Memcpy HtoD (Pinned -> Device)",
-    CopyDir.D2H: "Memcpy DtoH (Device -> Pinned)",
-    CopyDir.D2D: "Memcpy DtoD (Device -> Device)",
-    CopyDir.PEER: "Memcpy PtoP (Device -> Device)",
-}
-"""Copy span names as the PyTorch profiler (CUPTI) writes them."""
-_PEER_MEMCPY = _MEMCPY_NAMES[CopyDir.PEER]
 
 
 @dataclass
@@ -82,20 +73,18 @@ class SimResult:
     def timeline(self) -> Timeline:
         """The predicted `Timeline`, built on first use (summaries need only `raw`)."""
         if self._timeline is None:
-            self._timeline = build_timeline(self.program, self.machine, self.raw, self.network_meta, self.sampling)
-            if self.network_model is not None:
-                # Link utilisation as counters in a separate "links" process of the trace.
-                tracks: dict[str, str] = {}
-                for t, name, v in self.network_model.counter_samples():
-                    track = tracks.get(name)
-                    if track is None:
-                        track = tracks[name] = f"link {name} util"
-                    self._timeline.counters.append(CounterSample(track, -1, t, v))
-            self._timeline.counters.extend(memory_counters(self.raw))
-            peaks = memory_profile(self.raw)
-            if peaks:
-                self._timeline.meta[MEMORY_PEAK_META] = {str(m.rank): m.peak_bytes for m in peaks}
+            from commdsl.sim.trace import predicted_timeline  # it imports this module's types
+
+            self._timeline = predicted_timeline(self)
         return self._timeline
+
+    def write_trace(self, path: str | Path, flag: str = "--trace") -> None:
+        """Write the predicted timeline as a Chrome trace, streamed from the per-op arrays
+        (the same bytes as `timeline.write(path, program.streams)`, without the timeline
+        in memory); `flag` names the file in a usage error."""
+        from commdsl.sim.trace import write_trace
+
+        write_trace(self, path, flag)
 
 
 def simulate(program: Program, machine: Machine, network: str = DEFAULT_NETWORK, *, samples: int = 1, seed: int = 0,
@@ -224,103 +213,3 @@ def critical_path(raw: RawResult) -> list[int]:
         g = raw.cause[g]
     path.reverse()
     return path
-
-
-def build_timeline(program: Program, machine: Machine, raw: RawResult, network_meta: dict, sampling: dict | None = None) -> Timeline:
-    tl = Timeline(
-        "predicted",
-        program.name,
-        program.world_size,
-        meta={
-            "params": dict(program.params),
-            "machine": machine.to_json(),
-            "network": network_meta,
-            "streams": list(program.streams),
-            **(sampling or {}),
-        },
-    )
-    group_size = {g.id: len(g.ranks) for g in program.groups}
-    spans = tl.spans
-    start, end, istart, iend, algos, protos = raw.start, raw.end, raw.issue_start, raw.issue_end, raw.algos, raw.protos
-    # Names and annotations repeat across ranks and iterations: build each once (this
-    # keeps the timeline within a few hundred bytes per op).
-    kind_value = {k: k.value for k in OpKind}
-    issue_names: dict[tuple, str] = {}
-    args_cache: dict[tuple, tuple] = {}
-    exec_role, issue_role = SpanRole.EXEC, SpanRole.ISSUE
-    for g, op in enumerate(raw.ops):
-        op_id = op.id
-        kind = op.kind
-        is_comm = kind in _COMM_KINDS and op.transport is not Transport.MEMCPY  # memcpy runs on its stream
-        if iend[g] > istart[g]:
-            key = (kind, op.transport, op.copy_dir)
-            name = issue_names.get(key)
-            if name is None:
-                name = issue_names[key] = _issue_name(op)
-            spans.append(Span(op_id, op.rank, HOST_STREAM, issue_role, kind_value[kind], name, istart[g], iend[g]))
-        if is_comm:
-            algo = ALGOS[algos[g]].value
-            proto = PROTOS[protos[g]]
-            # dtype, reduce op, transport and algo are fixed per statement (its loc).
-            key = (id(op.loc), op.name, op.size_bytes, op.group, op.dtype, algo, proto)
-            cached = args_cache.get(key)
-            if cached is None:
-                extra = (("algo", algo),) if proto is None else (("algo", algo), ("proto", proto.value))
-                cached = args_cache[key] = (_comm_name(op, algo, proto), comm_span_args(op, group_size[op.group]) + extra)
-            name, args = cached
-            track = COMM_TRACK_PREFIX + op.group
-        else:
-            track = HOST_STREAM if kind is OpKind.WAIT and op.stream == HOST_STREAM else op.stream
-            key = (id(op.loc), op.name, op.size_bytes, op.flops, kind)
-            cached = args_cache.get(key)
-            if cached is None:
-                if kind is OpKind.COPY:
-                    cached = (_MEMCPY_NAMES[op.copy_dir], op_span_args(op))
-                elif kind in _COMM_KINDS:  # a memcpy send or recv
-                    cached = (_PEER_MEMCPY, comm_span_args(op, group_size[op.group]))
-                else:
-                    cached = (op.name, op_span_args(op))
-                args_cache[key] = cached
-            name, args = cached
-        spans.append(Span(op_id, op.rank, track, exec_role, kind_value[kind], name, start[g], end[g], args))
-    partner = raw.partner
-    for g, op in enumerate(raw.ops):
-        if op.kind is OpKind.SEND and partner[g] >= 0:
-            tl.flows.append(Flow(op.id, raw.ops[partner[g]].id, "p2p"))
-    # Every rank shows its host, every declared stream (even if idle) and its comm queues.
-    comm_tracks: dict[int, set[str]] = {}
-    for op in raw.ops:
-        if op.kind in _COMM_KINDS and op.transport is not Transport.MEMCPY:
-            comm_tracks.setdefault(op.rank, set()).add(COMM_TRACK_PREFIX + op.group)
-    tl.tracks = {
-        r: [HOST_STREAM, *program.streams, *sorted(comm_tracks.get(r, ()))] for r in range(program.world_size) if program.ops[r]
-    }
-    return tl
-
-
-_COMM_KINDS = frozenset(k for k in OpKind if k.is_comm)
-
-
-def _comm_name(op: Op, algo: str, proto: Protocol | None) -> str:
-    if op.transport is Transport.NCCL:
-        # The protocol NCCL's model chose; without a model, the LL of the kernels NCCL
-        # (2.19 and later) compiles for every collective and runs every protocol in.
-        protocol = proto.value.upper() if proto is not None else "LL"
-        # NCCL calls the pipelined chain of broadcast/reduce RING.
-        return nccl_kernel_name(op, "ring" if algo == "chain" else algo if op.kind.is_collective else None, protocol)
-    if op.transport is Transport.GLOO:
-        return gloo_span_name(op)
-    return _PEER_MEMCPY
-
-
-def _issue_name(op: Op) -> str:
-    if op.kind.is_comm:
-        return f"{op.transport.value}:{op.kind.value}"
-    if op.kind is OpKind.COMPUTE:
-        return "cudaLaunchKernel"
-    if op.kind is OpKind.COPY:
-        return "cudaMemcpyPeerAsync" if op.copy_dir is CopyDir.PEER else "cudaMemcpyAsync"
-    if op.kind is OpKind.RECORD:
-        return "cudaEventRecord"
-    return "cudaStreamWaitEvent"
-
