@@ -15,9 +15,11 @@ from __future__ import annotations
 
 import enum
 import json
+import math
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from itertools import islice
+from itertools import islice, repeat
+from operator import mod, sub
 from pathlib import Path
 from typing import TextIO
 
@@ -174,7 +176,8 @@ class Timeline:
 
         flows = [(f.src_op, f.dst_op, f.name) for f in self.flows]
         write_chrome_trace(path, flag, tracks=tracks, other=other_data(self.source, self.schedule, self.world_size, self.makespan_us, tracks, self.meta),
-                           flows=flows, spans=spans(), exec_of=exec_by_op.get, counters=self.counters)  # fmt: skip
+                           flows=flows, spans=spans(), exec_of=exec_by_op.get,
+                           counters=((c.track, c.rank, c.ts_us, c.value) for c in self.counters))  # fmt: skip
 
     @classmethod
     def read(cls, path: str | Path) -> Timeline:
@@ -266,50 +269,98 @@ def _dumps(value: object) -> str:
 
 class SpanEncoder:
     """Encodes spans as complete events (`ph: "X"`), byte for byte as `_dumps` encodes
-    `to_chrome_trace`'s, from a template built once per (kind, role, name, args): a
-    million spans of a few hundred statements cost a string format each."""
+    `to_chrome_trace`'s, from a %-format built once per (kind, role, name, args): a
+    million spans of a few hundred statements cost a string format each, and a batch
+    of them can be formatted in one `map` (`format_spans`)."""
 
     def __init__(self) -> None:
-        self._templates: dict[tuple, tuple[str, str, str]] = {}
+        self._formats: dict[tuple, str | None] = {}
 
-    def template(self, kind: str, role: str, name: str, args: tuple[tuple[str, object], ...]) -> tuple[str, str, str] | None:
-        """(before the op id, between it and the duration, between the duration and the
-        pid) of the event, or None where no template can stand for it (an annotation
-        named op_id, or one that cannot be a dict key's value in a template's key)."""
+    def span_format(self, kind: str, role: str, name: str, args: tuple[tuple[str, object], ...]) -> str | None:
+        """The event as a %-format of (pid, op index, duration, pid, tid, start), the
+        times rounded (`_ts`); None where no format can stand for it (an annotation named
+        op_id, or unhashable annotations: a measured trace's lists)."""
         try:
             key = (kind, role, name, args)
-            found = self._templates.get(key)
-        except TypeError:  # unhashable annotations (a measured trace's lists)
+            found = self._formats.get(key, False)
+        except TypeError:
             return None
-        if found is not None:
+        if found is not False:
             return found
         fields = {"kind": kind, "role": role}
         fields.update(args)
         if "op_id" in fields:
+            found = self._formats[key] = None
             return None
-        before = [f"{_dumps(k)}:{_dumps(v)}" for k, v in sorted(fields.items()) if k < "op_id"]
-        after = [f"{_dumps(k)}:{_dumps(v)}" for k, v in sorted(fields.items()) if k > "op_id"]
-        head = '{"args":{' + "".join(f"{item}," for item in before) + '"op_id":"'
-        middle = '"' + "".join(f",{item}" for item in after) + '},"cat":' + _dumps(kind) + ',"dur":'
-        tail = ',"name":' + _dumps(name) + ',"ph":"X","pid":'
-        found = self._templates[key] = (head, middle, tail)
+        items = [f"{_dumps(k)}:{_dumps(v)}" for k, v in sorted(fields.items())]
+        before = [item for (k, _), item in zip(sorted(fields.items()), items) if k < "op_id"]
+        after = [item for (k, _), item in zip(sorted(fields.items()), items) if k > "op_id"]
+        text = ('{"args":{' + "".join(f"{item}," for item in before) + '"op_id":"\0"' + "".join(f",{item}" for item in after)
+                + '},"cat":' + _dumps(kind) + ',"dur":\0,"name":' + _dumps(name) + ',"ph":"X","pid":\0,"tid":\0,"ts":\0}')  # fmt: skip
+        # JSON text never holds a raw NUL (it writes \u0000), so NULs mark the fields.
+        found = self._formats[key] = "%d:%d".join(text.replace("%", "%%").split("\0", 1)).replace("\0", "%r", 1).replace("\0", "%d", 2).replace("\0", "%r")
         return found
 
     def event(self, kind: str, role: str, name: str, args: tuple, op_id: str, pid: int, tid: int, start_us: float, end_us: float) -> str:
         """One span's event."""
-        t = self.template(kind, role, name, args)
-        if t is None or not _plain_id(op_id):
+        fmt = self.span_format(kind, role, name, args)
+        rank, sep, index = op_id.partition(":") if isinstance(op_id, str) else ("", "", "")
+        dur, ts = _ts(end_us - start_us), _ts(start_us)
+        # The format writes the op id as "%d:%d" % (pid, index): only an id of that form.
+        plain = sep and type(pid) is int and rank == str(pid) and index.isascii() and index.isdigit() and str(int(index)) == index
+        if fmt is None or not plain or not (_is_number(dur) and _is_number(ts)):
             fields = {"op_id": op_id, "kind": kind, "role": role}
             fields.update(args)
-            return _dumps({"ph": "X", "name": name, "cat": kind, "pid": pid, "tid": tid, "ts": _ts(start_us),
-                           "dur": _ts(end_us - start_us), "args": fields})  # fmt: skip
-        return span_event(t, op_id, pid, tid, start_us, end_us)
+            return _dumps({"ph": "X", "name": name, "cat": kind, "pid": pid, "tid": tid, "ts": ts, "dur": dur, "args": fields})
+        return fmt % (pid, int(index), dur, pid, tid, ts)
 
 
-def span_event(template: tuple[str, str, str], op_id: str, pid: int, tid: int, start_us: float, end_us: float) -> str:
-    """A span's event from its `SpanEncoder.template` (`op_id` of the form "rank:index")."""
-    head, middle, tail = template
-    return f'{head}{op_id}{middle}{round(end_us - start_us, 3)!r}{tail}{pid},"tid":{tid},"ts":{round(start_us, 3)!r}}}'
+def _is_number(x: object) -> bool:
+    """A number that `%r` writes as JSON does (finite; not a bool)."""
+    return (type(x) is float or type(x) is int) and math.isfinite(x)
+
+
+def format_spans(formats: Iterable[str], pids: Iterable[int], indexes: Iterable[int], tids: Iterable[int],
+                 starts: Sequence[float], ends: Sequence[float]) -> str:  # fmt: skip
+    """Spans' events from their `SpanEncoder.span_format`s, comma-separated, in one
+    pass of C-level maps (finite times)."""
+    pids = list(pids)
+    durations = map(round, map(sub, ends, starts), repeat(3))
+    return ",".join(map(mod, formats, zip(pids, indexes, durations, pids, tids, map(round, starts, repeat(3)))))
+
+
+def write_chrome_trace(path: str | Path, flag: str, *, tracks: dict[int, list[str]], other: dict, flows: Sequence[tuple[str, str, str]] | Callable[[], Iterable[tuple[str, str, str]]],
+                       spans: Iterable[str], exec_of: Callable[[str], tuple[int, int, float] | None],
+                       counters: Iterable[tuple[str, int, float, float]]) -> None:  # fmt: skip
+    """Write a Chrome trace piece by piece, as `_dumps(Timeline.to_chrome_trace())`
+    writes it whole: `other` is `otherData.commdsl` but its "flows", which `flows` gives
+    as (send op id, recv op id, name) (a sequence, or a function that gives them afresh:
+    they are read twice); `spans` are the encoded complete events in trace order (each
+    item one or more, comma-separated), and `exec_of` gives, once they are all read, an
+    op's (pid, tid, start) for flow arrows; `counters` are (track, rank or -1 for the
+    links process, time, value). A failure to write is a usage error naming `flag` and
+    the file."""
+    with output_file(path, flag) as out:
+        _write_trace(out, tracks, other, flows, spans, exec_of, counters)
+
+
+_CHUNK = 4096
+"""Counter samples formatted at once."""
+_WRITE_CHARS = 1 << 20
+"""Characters of events joined into one write."""
+
+_COUNTER = '{"args":{"value":%r},"name":%s,"ph":"C","pid":%d,"tid":0,"ts":%r}'
+
+
+def _write_trace(out: TextIO, tracks, other, flows, spans, exec_of, counters) -> None:
+    each_flow = flows if callable(flows) else lambda: flows
+    out.write('{"displayTimeUnit":"ms","otherData":{"commdsl":{"flows":[')
+    names = _Names()
+    _write_joined(out, (f'["{src}","{dst}",{names[name]}]' if _plain_id(src) and _plain_id(dst) else _dumps([src, dst, name])
+                        for src, dst, name in each_flow()))  # fmt: skip
+    out.write("]," + _dumps(other)[1:] + '},"traceEvents":[')
+    _write_joined(out, _events(tracks, each_flow, spans, exec_of, counters, names))
+    out.write("]}\n")
 
 
 def _plain_id(op_id: object) -> bool:
@@ -317,41 +368,31 @@ def _plain_id(op_id: object) -> bool:
     return isinstance(op_id, str) and op_id.isascii() and op_id.isprintable() and '"' not in op_id and "\\" not in op_id
 
 
-def write_chrome_trace(path: str | Path, flag: str, *, tracks: dict[int, list[str]], other: dict, flows: Sequence[tuple[str, str, str]] | Callable[[], Iterable[tuple[str, str, str]]],
-                       spans: Iterable[str], exec_of: Callable[[str], tuple[int, int, float] | None], counters: Iterable[CounterSample]) -> None:  # fmt: skip
-    """Write a Chrome trace piece by piece, as `_dumps(Timeline.to_chrome_trace())`
-    writes it whole: `other` is `otherData.commdsl` but its "flows", which `flows` gives
-    as (send op id, recv op id, name) (a sequence, or a function that gives them afresh:
-    they are read twice); `spans` are the encoded complete events in trace order, and
-    `exec_of` gives, once they are all read, an op's (pid, tid, start) for flow arrows.
-    A failure to write is a usage error naming `flag` and the file."""
-    with output_file(path, flag) as out:
-        _write_trace(out, tracks, other, flows, spans, exec_of, counters)
+class _Names(dict):
+    """A name -> its JSON text, each encoded once."""
 
-
-_CHUNK = 4096
-"""Events joined into one write."""
-
-
-def _write_trace(out: TextIO, tracks, other, flows, spans, exec_of, counters) -> None:
-    each_flow = flows if callable(flows) else lambda: flows
-    out.write('{"displayTimeUnit":"ms","otherData":{"commdsl":{"flows":[')
-    _write_joined(out, (f"[{_dumps(src)},{_dumps(dst)},{_dumps(name)}]" for src, dst, name in each_flow()))
-    out.write("]," + _dumps(other)[1:] + '},"traceEvents":[')
-    _write_joined(out, _events(tracks, each_flow, spans, exec_of, counters))
-    out.write("]}\n")
+    def __missing__(self, name: str) -> str:
+        text = self[name] = _dumps(name)
+        return text
 
 
 def _write_joined(out: TextIO, items: Iterable[str]) -> None:
-    """Write `items` separated by commas, a chunk of them per write."""
-    first = True
-    it = iter(items)
-    while chunk := list(islice(it, _CHUNK)):
-        out.write(("" if first else ",") + ",".join(chunk))
-        first = False
+    """Write `items` (each one or more comma-separated events) separated by commas,
+    about `_WRITE_CHARS` at a time."""
+    pending: list[str] = []
+    size = 0
+    sep = ""
+    for item in items:
+        pending.append(item)
+        size += len(item)
+        if size >= _WRITE_CHARS:
+            out.write(sep + ",".join(pending))
+            pending, size, sep = [], 0, ","
+    if pending:
+        out.write(sep + ",".join(pending))
 
 
-def _events(tracks, each_flow, spans, exec_of, counters) -> Iterator[str]:
+def _events(tracks, each_flow, spans, exec_of, counters, names: _Names) -> Iterator[str]:
     for ev in metadata_events(tracks):
         yield _dumps(ev)
     yield from spans
@@ -359,19 +400,28 @@ def _events(tracks, each_flow, spans, exec_of, counters) -> Iterator[str]:
         a, b = exec_of(src), exec_of(dst)
         if a is None or b is None:
             continue
-        kind = _dumps(name)
-        yield f'{{"cat":"flow","id":{i},"name":{kind},"ph":"s","pid":{a[0]},"tid":{a[1]},"ts":{_ts(a[2])!r}}}'
-        yield f'{{"bp":"e","cat":"flow","id":{i},"name":{kind},"ph":"f","pid":{b[0]},"tid":{b[1]},"ts":{_ts(max(b[2], a[2]))!r}}}'
+        ts_a, ts_b = _ts(a[2]), _ts(max(b[2], a[2]))
+        if _is_number(ts_a) and _is_number(ts_b) and type(a[0]) is type(a[1]) is type(b[0]) is type(b[1]) is int:
+            yield (f'{{"cat":"flow","id":{i},"name":{names[name]},"ph":"s","pid":{a[0]},"tid":{a[1]},"ts":{ts_a!r}}},'
+                   f'{{"bp":"e","cat":"flow","id":{i},"name":{names[name]},"ph":"f","pid":{b[0]},"tid":{b[1]},"ts":{ts_b!r}}}')  # fmt: skip
+        else:
+            yield _dumps({"ph": "s", "id": i, "name": name, "cat": "flow", "pid": a[0], "tid": a[1], "ts": ts_a})
+            yield _dumps({"ph": "f", "bp": "e", "id": i, "name": name, "cat": "flow", "pid": b[0], "tid": b[1], "ts": ts_b})
     links_pid = max(tracks, default=-1) + 1
-    names: dict[str, str] = {}
-    for k, c in enumerate(counters):
-        if k == 0:
+    it = iter(counters)
+    first = True
+    while chunk := list(islice(it, _CHUNK)):
+        if first:
             yield _dumps(_links_process(links_pid))
-        name = names.get(c.track)
-        if name is None:
-            name = names[c.track] = _dumps(c.track)
-        pid = c.rank if c.rank >= 0 else links_pid
-        yield f'{{"args":{{"value":{round(c.value, 6)!r}}},"name":{name},"ph":"C","pid":{pid},"tid":0,"ts":{_ts(c.ts_us)!r}}}'
+            first = False
+        track_names, ranks, times, values = zip(*chunk)
+        pids = [r if r >= 0 else links_pid for r in ranks]
+        times, values = list(map(round, times, repeat(3))), list(map(round, values, repeat(6)))
+        if all(map(_is_number, times)) and all(map(_is_number, values)):
+            yield ",".join(map(_COUNTER.__mod__, zip(values, map(names.__getitem__, track_names), pids, times)))
+        else:
+            yield ",".join(_dumps({"ph": "C", "name": t, "pid": p, "tid": 0, "ts": ts, "args": {"value": v}})
+                           for t, p, ts, v in zip(track_names, pids, times, values))  # fmt: skip
 
 
 def _line(text: str, number: int) -> str:

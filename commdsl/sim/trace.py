@@ -9,9 +9,13 @@ sorted window by window and written as they are encoded (`commdsl.timeline.SpanE
 
 from __future__ import annotations
 
+import gc
 from array import array
 from bisect import bisect_left
 from collections.abc import Iterator
+from contextlib import contextmanager
+from itertools import repeat
+from operator import rshift, sub
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -19,8 +23,8 @@ from commdsl.ir import HOST_STREAM, CopyDir, Op, OpKind, Program, Protocol, Tran
 from commdsl.sim.entities import ALGOS, PROTOS, RawResult
 from commdsl.sim.memory import memory_counters, memory_profile
 from commdsl.timeline import (COMM_TRACK_PREFIX, MEMORY_PEAK_META, CounterSample, Flow, Span, SpanEncoder, SpanRole, Timeline,
-                              comm_span_args, gloo_span_name, nccl_kernel_name, op_span_args, ordered_tracks, other_data,
-                              span_event, write_chrome_trace)  # fmt: skip
+                              comm_span_args, format_spans, gloo_span_name, nccl_kernel_name, op_span_args, ordered_tracks,
+                              other_data, write_chrome_trace)  # fmt: skip
 
 if TYPE_CHECKING:
     from commdsl.sim.simulate import SimResult
@@ -36,7 +40,7 @@ _PEER_MEMCPY = _MEMCPY_NAMES[CopyDir.PEER]
 _COMM_KINDS = frozenset(k for k in OpKind if k.is_comm)
 _KIND_VALUE = {k: k.value for k in OpKind}
 
-_WINDOW_SPANS = 1 << 16
+_WINDOW_SPANS = 1 << 14
 """Spans sorted at once by `write_trace` (about): its memory beyond the arrays."""
 
 
@@ -57,6 +61,13 @@ class SpanNames:
         if name is None:
             name = self._issue[key] = _issue_name(op)
         return name
+
+    @staticmethod
+    def exec_track(op: Op) -> str:
+        """The track of the op's EXEC span: its group's comm queue, or its stream."""
+        if op.kind in _COMM_KINDS and op.transport is not Transport.MEMCPY:  # memcpy runs on its stream
+            return COMM_TRACK_PREFIX + op.group
+        return HOST_STREAM if op.kind is OpKind.WAIT and op.stream == HOST_STREAM else op.stream
 
     def exec_span(self, op: Op, algo_index: int, proto_index: int) -> tuple[str, tuple[str, tuple]]:
         """(track, (name, args)) of the op's EXEC span, given its `RawResult.algos` and
@@ -90,7 +101,7 @@ def predicted_timeline(result: SimResult) -> Timeline:
     """The predicted `Timeline` of `result` (spans, send->recv flows, link and memory
     counters, metadata)."""
     tl = build_timeline(result.program, result.machine, result.raw, result.network_meta, result.sampling)
-    tl.counters.extend(_counters(result))
+    tl.counters.extend(CounterSample(*c) for c in _counters(result))
     tl.meta = _meta(result)
     return tl
 
@@ -117,123 +128,163 @@ def build_timeline(program: Program, machine, raw: RawResult, network_meta: dict
 def write_trace(result: SimResult, path: str | Path, flag: str = "--trace") -> None:
     """Write `result`'s predicted timeline as a Chrome trace to `path`, as
     `predicted_timeline(result).write(path, streams)` would, without building it: spans
-    are grouped per track (8-byte entries), sorted a window of time at a time and
-    encoded from one template per statement. `flag` names the file in a usage error."""
-    program, raw = result.program, result.raw
-    ops, base = raw.ops, raw.base
-    start, end, istart, iend, algos, protos = raw.start, raw.end, raw.issue_start, raw.issue_end, raw.algos, raw.protos
-    names = SpanNames(program)
-    encoder = SpanEncoder()
-    # Index of each op within its rank -> the rank of its decimal string among them: spans
-    # tied in time on one track are ordered by op id ("0:10" before "0:9"), then role.
-    width = max((len(r) for r in program.ops), default=0)
-    unlex = sorted(range(width), key=str)
-    lex = array("q", bytes(8 * width))
-    for position, index in enumerate(unlex):
-        lex[index] = position
-    # Pass 1: per track, each span's start and its key within the track, lex * 2 + role;
-    # per op, the template of its EXEC span.
-    runs: dict[tuple[int, str], tuple[array, array]] = {}
-    templates: list[tuple[str, str, str] | None] = []
-    template_of: dict[tuple[int, str], int] = {}
-    entry_of = array("q", bytes(8 * len(ops)))
-    first = min(start, default=0.0)
-    last = max(end, default=0.0)
-    for g, op in enumerate(ops):
-        rank = op.rank
-        sub = lex[g - base[rank]] * 2
-        s = istart[g]
-        if iend[g] > s:
-            run = runs.get((rank, HOST_STREAM))
-            if run is None:
-                run = runs[(rank, HOST_STREAM)] = (array("d"), array("q"))
-            run[0].append(s)
-            run[1].append(sub + 1)
-            first = min(first, s)
-            last = max(last, iend[g])
-        track, entry = names.exec_span(op, algos[g], protos[g])
-        kind = _KIND_VALUE[op.kind]
-        key = (id(entry), kind)
-        t = template_of.get(key)
-        if t is None:
-            t = template_of[key] = len(templates)
-            templates.append(encoder.template(kind, "exec", entry[0], entry[1]))
-        entry_of[g] = t
-        run = runs.get((rank, track))
-        if run is None:
-            run = runs[(rank, track)] = (array("d"), array("q"))
-        run[0].append(start[g])
-        run[1].append(sub)
-    seen: dict[int, set[str]] = {}
-    for rank, track in runs:
-        seen.setdefault(rank, set()).add(track)
-    tracks = ordered_tracks(seen, _known_tracks(program, raw), program.streams)
-    tid_of = {(r, t): i for r, t_names in tracks.items() for i, t in enumerate(t_names)}
-    # Each track's spans by start (they mostly are: a stream runs in order).
-    order = sorted(runs, key=lambda rt: (rt[0], tid_of[rt]))
-    info = []
-    for rank, track in order:
-        starts, subs = runs.pop((rank, track))
-        if any(map(float.__gt__, starts, starts[1:])):
-            by_start = sorted(range(len(starts)), key=starts.__getitem__)
-            starts, subs = array("d", (starts[i] for i in by_start)), array("q", (subs[i] for i in by_start))
-        info.append((rank, tid_of[(rank, track)], base[rank], starts, subs))
-    span2 = 2 * max(width, 1)
+    are grouped per track in arrays, sorted a window of time at a time and formatted in
+    batches from one format per statement. `flag` names the file in a usage error."""
+    with _without_cyclic_gc():
+        _write_trace(result, path, flag)
 
-    def spans() -> Iterator[str]:
-        issue_templates: dict[tuple, tuple[str, str, str] | None] = {}
-        pos = [0] * len(info)
-        for bound in _windows(info):
-            batch = []
-            for k, (_, _, _, starts, subs) in enumerate(info):
-                p = pos[k]
-                if p == len(starts):
-                    continue
-                j = bisect_left(starts, bound, p)
-                kbase = k * span2
-                batch.extend(zip(starts[p:j], [kbase + sub for sub in subs[p:j]]))
-                pos[k] = j
-            batch.sort()
-            for s, ck in batch:
-                k, sub = divmod(ck, span2)
-                rank, tid, b, _, _ = info[k]
-                index = unlex[sub >> 1]
-                g = b + index
-                op_id = f"{rank}:{index}"
-                if sub & 1:
-                    op = ops[g]
-                    key = (op.kind, op.transport, op.copy_dir)
-                    t = issue_templates.get(key, False)
-                    if t is False:
-                        t = issue_templates[key] = encoder.template(_KIND_VALUE[op.kind], "issue", names.issue_name(op), ())
-                    yield span_event(t, op_id, rank, tid, s, iend[g])
-                else:
-                    t = templates[entry_of[g]]
-                    if t is None:
-                        op = ops[g]
-                        _, (name, args) = names.exec_span(op, algos[g], protos[g])
-                        yield encoder.event(_KIND_VALUE[op.kind], "exec", name, args, op_id, rank, tid, s, end[g])
-                    else:
-                        yield span_event(t, op_id, rank, tid, s, end[g])
+
+@contextmanager
+def _without_cyclic_gc() -> Iterator[None]:
+    """Python's cyclic collector off: writing a trace makes no reference cycles, but it
+    allocates millions of tuples, and each full collection would walk every op of the
+    program again."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def _write_trace(result: SimResult, path: str | Path, flag: str) -> None:
+    program, raw = result.program, result.raw
+    names = SpanNames(program)
+    spans = _SpanRuns(result, names)
+    tracks = ordered_tracks(spans.seen(), _known_tracks(program, raw), program.streams)
+    tid_of = {(r, t): i for r, t_names in tracks.items() for i, t in enumerate(t_names)}
+    ops, base, start = raw.ops, raw.base, raw.start
 
     def exec_of(op_id: str) -> tuple[int, int, float]:
         rank, _, index = op_id.partition(":")
         g = base[int(rank)] + int(index)
-        op = ops[g]
-        track, _ = names.exec_span(op, algos[g], protos[g])
-        return op.rank, tid_of[(op.rank, track)], start[g]
+        return int(rank), tid_of[(int(rank), names.exec_track(ops[g]))], start[g]
 
-    makespan_us = last - first if ops else 0.0
-    write_chrome_trace(path, flag, tracks=tracks,
-                       other=other_data("predicted", program.name, program.world_size, makespan_us, tracks, _meta(result)),
-                       flows=lambda: _flows(raw), spans=spans(), exec_of=exec_of, counters=_counters(result))  # fmt: skip
+    other = other_data("predicted", program.name, program.world_size, spans.makespan_us, tracks, _meta(result))
+    write_chrome_trace(path, flag, tracks=tracks, other=other, flows=lambda: _flows(raw), spans=spans.events(tid_of),
+                       exec_of=exec_of, counters=_counters(result))  # fmt: skip
 
 
-def _windows(info: list) -> list[float]:
+class _SpanRuns:
+    """Every span of a simulation, grouped per track ("run") in arrays: its start, end,
+    key within the track and code (g * 2 + role: 0 EXEC, 1 ISSUE); per code, its event's
+    format (`SpanEncoder.span_format`)."""
+
+    def __init__(self, result: SimResult, names: SpanNames):
+        program, raw = result.program, result.raw
+        ops, base = raw.ops, raw.base
+        start, end, istart, iend, algos, protos = raw.start, raw.end, raw.issue_start, raw.issue_end, raw.algos, raw.protos
+        encoder = SpanEncoder()
+        self._base = base
+        # Spans tied in time on one track are ordered by op id, as text ("0:10" before
+        # "0:9"), then role: an op's key is the rank of its index's decimal text.
+        self.width = width = max((len(r) for r in program.ops), default=0)
+        lex = array("i", bytes(4 * width))
+        for position, index in enumerate(sorted(range(width), key=str)):
+            lex[index] = position
+        self.formats: list[str] = []
+        self.format_of = array("i", bytes(8 * len(ops)))
+        """Per code, the index of its format in `formats`."""
+        self.runs: dict[tuple[int, str], tuple[array, array, array, array]] = {}
+        exec_format: dict[int, int] = {}
+        issue_format: dict[tuple, int] = {}
+        format_of = self.format_of
+        first, last = min(start, default=0.0), max(end, default=0.0)
+        for rank, rank_ops in enumerate(program.ops):
+            b = base[rank]
+            host = None
+            tracks: dict[str, tuple[array, array, array, array]] = {}
+            for i, op in enumerate(rank_ops):
+                g = b + i
+                key = lex[i] * 2
+                s = istart[g]
+                if iend[g] > s:
+                    k = (op.kind, op.transport, op.copy_dir)
+                    f = issue_format.get(k)
+                    if f is None:
+                        f = issue_format[k] = self._add(encoder.span_format(_KIND_VALUE[op.kind], "issue", names.issue_name(op), ()))
+                    format_of[2 * g + 1] = f
+                    if host is None:
+                        host = tracks[HOST_STREAM] = tracks.get(HOST_STREAM) or _run()
+                    host[0].append(s)
+                    host[1].append(iend[g])
+                    host[2].append(key + 1)
+                    host[3].append(2 * g + 1)
+                    first, last = min(first, s), max(last, iend[g])
+                track, entry = names.exec_span(op, algos[g], protos[g])
+                # An entry is one statement's (so one kind's), and lives in `names`: its id stays its.
+                f = exec_format.get(id(entry))
+                if f is None:
+                    f = exec_format[id(entry)] = self._add(encoder.span_format(_KIND_VALUE[op.kind], "exec", *entry))
+                format_of[2 * g] = f
+                run = tracks.get(track)
+                if run is None:
+                    run = tracks[track] = _run()
+                    if track == HOST_STREAM:
+                        host = run
+                run[0].append(start[g])
+                run[1].append(end[g])
+                run[2].append(key)
+                run[3].append(2 * g)
+            for track, run in tracks.items():
+                self.runs[(rank, track)] = run
+        self.makespan_us = last - first if ops else 0.0
+
+    def _add(self, fmt: str | None) -> int:
+        # Predicted annotations never name op_id, nor hold lists: every span has a format.
+        assert fmt is not None
+        self.formats.append(fmt)
+        return len(self.formats) - 1
+
+    def seen(self) -> dict[int, set[str]]:
+        """Per rank, the tracks its spans are on."""
+        out: dict[int, set[str]] = {}
+        for rank, track in self.runs:
+            out.setdefault(rank, set()).add(track)
+        return out
+
+    def events(self, tid_of: dict[tuple[int, str], int]) -> Iterator[str]:
+        """The spans' events in trace order, (start, rank, tid, op id, role), a window of
+        about `_WINDOW_SPANS` at a time, each window's comma-separated; the runs are
+        consumed."""
+        runs = []
+        for rank, track in sorted(self.runs, key=lambda rt: (rt[0], tid_of[rt])):
+            starts, ends, keys, codes = self.runs.pop((rank, track))
+            if any(map(float.__gt__, starts, starts[1:])):  # a track's spans mostly come in order
+                by_start = sorted(range(len(starts)), key=starts.__getitem__)
+                starts, ends, keys, codes = (array(a.typecode, map(a.__getitem__, by_start)) for a in (starts, ends, keys, codes))
+            runs.append((rank, tid_of[(rank, track)], starts, ends, keys, codes))
+        formats, format_of = self.formats, self.format_of
+        pos = [0] * len(runs)
+        for bound in _windows([r[2] for r in runs]):
+            batch: list[tuple] = []
+            for k, (rank, tid, starts, ends, keys, codes) in enumerate(runs):
+                p = pos[k]
+                j = bisect_left(starts, bound, p)
+                if j > p:
+                    batch.extend(zip(starts[p:j], repeat(k), keys[p:j], codes[p:j], ends[p:j], repeat(rank), repeat(tid)))
+                    pos[k] = j
+            if not batch:
+                continue
+            batch.sort()
+            starts, _, _, codes, ends, pids, tids = zip(*batch)
+            del batch
+            # g - base of the rank: the op's index, for its id "rank:index".
+            indexes = map(sub, map(rshift, codes, repeat(1)), map(self._base.__getitem__, pids))
+            yield format_spans(map(formats.__getitem__, map(format_of.__getitem__, codes)), pids, indexes, tids, starts, ends)
+
+
+def _run() -> tuple[array, array, array, array]:
+    """A track's spans: starts, ends, keys within the track, codes."""
+    return array("d"), array("d"), array("i"), array("q")
+
+
+def _windows(runs: list[array]) -> list[float]:
     """Start times that cut the spans (each track's sorted starts) into windows of about
     `_WINDOW_SPANS`, the last bound past every start."""
     step = min(64, _WINDOW_SPANS)  # every step-th start of each track, sorted: about where the windows end
-    sample = sorted(s for *_, starts, _ in info for s in starts[::step])
+    sample = sorted(s for starts in runs for s in starts[::step])
     every = max(_WINDOW_SPANS // step, 1)
     bounds = sample[every::every]
     return [*bounds, float("inf")]
@@ -277,16 +328,18 @@ def _meta(result: SimResult) -> dict:
     return meta
 
 
-def _counters(result: SimResult) -> Iterator[CounterSample]:
-    """Link utilisation (a separate "links" process, rank -1) then each rank's declared memory."""
+def _counters(result: SimResult) -> Iterator[tuple[str, int, float, float]]:
+    """(track, rank, time, value): link utilisation (a separate "links" process, rank
+    -1), then each rank's declared memory."""
     if result.network_model is not None:
         tracks: dict[str, str] = {}
         for t, name, v in result.network_model.counter_samples():
             track = tracks.get(name)
             if track is None:
                 track = tracks[name] = f"link {name} util"
-            yield CounterSample(track, -1, t, v)
-    yield from memory_counters(result.raw)
+            yield track, -1, t, v
+    for c in memory_counters(result.raw):
+        yield c.track, c.rank, c.ts_us, c.value
 
 
 def _comm_name(op: Op, algo: str, proto: Protocol | None) -> str:
