@@ -321,7 +321,7 @@ def _is_number(x: object) -> bool:
 
 
 def format_spans(formats: Iterable[str], pids: Iterable[int], indexes: Iterable[int], tids: Iterable[int],
-                 starts: Sequence[float], ends: Sequence[float]) -> str:  # fmt: skip
+                 starts: Sequence[float], ends: Iterable[float]) -> str:  # fmt: skip
     """Spans' events from their `SpanEncoder.span_format`s, comma-separated, in one
     pass of C-level maps (finite times)."""
     pids = list(pids)

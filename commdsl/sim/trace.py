@@ -14,8 +14,8 @@ from array import array
 from bisect import bisect_left
 from collections.abc import Iterator
 from contextlib import contextmanager
-from itertools import repeat
-from operator import rshift, sub
+from itertools import compress, repeat
+from operator import gt, rshift, sub
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -167,69 +167,71 @@ def _write_trace(result: SimResult, path: str | Path, flag: str) -> None:
 
 
 class _SpanRuns:
-    """Every span of a simulation, grouped per track ("run") in arrays: its start, end,
-    key within the track and code (g * 2 + role: 0 EXEC, 1 ISSUE); per code, its event's
-    format (`SpanEncoder.span_format`)."""
+    """Every span of a simulation as a code, g * 2 + role (0 EXEC, 1 ISSUE), grouped per
+    track ("run") in arrays of codes, starts and keys within the track; per code, its
+    end and its event's format (`SpanEncoder.span_format`)."""
 
     def __init__(self, result: SimResult, names: SpanNames):
         program, raw = result.program, result.raw
-        ops, base = raw.ops, raw.base
-        start, end, istart, iend, algos, protos = raw.start, raw.end, raw.issue_start, raw.issue_end, raw.algos, raw.protos
+        base, n = raw.base, len(raw.ops)
+        algos, protos = raw.algos, raw.protos
         encoder = SpanEncoder()
-        self._base = base
+        # Per code: start, end (the op's, or its issue span's).
+        self.start = array("d", bytes(16 * n))
+        self.start[0::2], self.start[1::2] = raw.start, raw.issue_start
+        self.end = array("d", bytes(16 * n))
+        self.end[0::2], self.end[1::2] = raw.end, raw.issue_end
         # Spans tied in time on one track are ordered by op id, as text ("0:10" before
-        # "0:9"), then role: an op's key is the rank of its index's decimal text.
-        self.width = width = max((len(r) for r in program.ops), default=0)
-        lex = array("i", bytes(4 * width))
+        # "0:9"), then role: a code's key is the rank of its op index's decimal text x 2 + role.
+        width = max((len(r) for r in program.ops), default=0)
+        lex = array("i", bytes(8 * width))
         for position, index in enumerate(sorted(range(width), key=str)):
-            lex[index] = position
+            lex[2 * index], lex[2 * index + 1] = 2 * position, 2 * position + 1
+        # Pass over the ops: each EXEC span's track and format (one per statement and name),
+        # and which ops the host issues with a span of their own (C-level).
         self.formats: list[str] = []
-        self.format_of = array("i", bytes(8 * len(ops)))
-        """Per code, the index of its format in `formats`."""
-        self.runs: dict[tuple[int, str], tuple[array, array, array, array]] = {}
+        exec_format_of = array("i", bytes(4 * n))
         exec_format: dict[int, int] = {}
         issue_format: dict[tuple, int] = {}
-        format_of = self.format_of
-        first, last = min(start, default=0.0), max(end, default=0.0)
+        issue_of: dict[int, int] = {}
+        """EXEC format -> the format of its ops' ISSUE spans (its statement's kind and transport)."""
+        self.runs: dict[tuple[int, str], tuple[array, array, array]] = {}
         for rank, rank_ops in enumerate(program.ops):
-            b = base[rank]
-            host = None
-            tracks: dict[str, tuple[array, array, array, array]] = {}
-            for i, op in enumerate(rank_ops):
-                g = b + i
-                key = lex[i] * 2
-                s = istart[g]
-                if iend[g] > s:
-                    k = (op.kind, op.transport, op.copy_dir)
-                    f = issue_format.get(k)
-                    if f is None:
-                        f = issue_format[k] = self._add(encoder.span_format(_KIND_VALUE[op.kind], "issue", names.issue_name(op), ()))
-                    format_of[2 * g + 1] = f
-                    if host is None:
-                        host = tracks[HOST_STREAM] = tracks.get(HOST_STREAM) or _run()
-                    host[0].append(s)
-                    host[1].append(iend[g])
-                    host[2].append(key + 1)
-                    host[3].append(2 * g + 1)
-                    first, last = min(first, s), max(last, iend[g])
+            b, m = base[rank], len(rank_ops)
+            codes: dict[str, array] = {}
+            issued = array("q", compress(range(2 * b + 1, 2 * (b + m) + 1, 2), map(gt, raw.issue_end[b : b + m], raw.issue_start[b : b + m])))
+            if issued:
+                codes[HOST_STREAM] = issued
+            for g, op in enumerate(rank_ops, b):
                 track, entry = names.exec_span(op, algos[g], protos[g])
                 # An entry is one statement's (so one kind's), and lives in `names`: its id stays its.
                 f = exec_format.get(id(entry))
                 if f is None:
-                    f = exec_format[id(entry)] = self._add(encoder.span_format(_KIND_VALUE[op.kind], "exec", *entry))
-                format_of[2 * g] = f
-                run = tracks.get(track)
+                    kind = _KIND_VALUE[op.kind]
+                    f = exec_format[id(entry)] = self._add(encoder.span_format(kind, "exec", *entry))
+                    k = (op.kind, op.transport, op.copy_dir)
+                    if k not in issue_format:
+                        issue_format[k] = self._add(encoder.span_format(kind, "issue", names.issue_name(op), ()))
+                    issue_of[f] = issue_format[k]
+                exec_format_of[g] = f
+                run = codes.get(track)
                 if run is None:
-                    run = tracks[track] = _run()
-                    if track == HOST_STREAM:
-                        host = run
-                run[0].append(start[g])
-                run[1].append(end[g])
-                run[2].append(key)
-                run[3].append(2 * g)
-            for track, run in tracks.items():
-                self.runs[(rank, track)] = run
-        self.makespan_us = last - first if ops else 0.0
+                    run = codes[track] = array("q")
+                run.append(2 * g)
+            for track, run in codes.items():
+                starts = array("d", map(self.start.__getitem__, run))
+                self.runs[(rank, track)] = (run, starts, array("i", map(lex.__getitem__, map(sub, run, repeat(2 * b)))))
+        self.format_of = array("i", bytes(8 * n))
+        """Per code, the index of its format in `formats`."""
+        self.format_of[0::2] = exec_format_of
+        self.format_of[1::2] = array("i", map(issue_of.__getitem__, exec_format_of))
+        self.base = base
+        if self.runs:
+            first = min(min(starts) for _, starts, _ in self.runs.values())
+            last = max(max(map(self.end.__getitem__, codes)) for codes, _, _ in self.runs.values())
+            self.makespan_us = last - first
+        else:
+            self.makespan_us = 0.0
 
     def _add(self, fmt: str | None) -> int:
         # Predicted annotations never name op_id, nor hold lists: every span has a format.
@@ -250,34 +252,30 @@ class _SpanRuns:
         consumed."""
         runs = []
         for rank, track in sorted(self.runs, key=lambda rt: (rt[0], tid_of[rt])):
-            starts, ends, keys, codes = self.runs.pop((rank, track))
+            codes, starts, keys = self.runs.pop((rank, track))
             if any(map(float.__gt__, starts, starts[1:])):  # a track's spans mostly come in order
                 by_start = sorted(range(len(starts)), key=starts.__getitem__)
-                starts, ends, keys, codes = (array(a.typecode, map(a.__getitem__, by_start)) for a in (starts, ends, keys, codes))
-            runs.append((rank, tid_of[(rank, track)], starts, ends, keys, codes))
-        formats, format_of = self.formats, self.format_of
+                codes, starts, keys = (array(a.typecode, map(a.__getitem__, by_start)) for a in (codes, starts, keys))
+            runs.append((rank, tid_of[(rank, track)], codes, starts, keys))
+        formats, format_of, end = self.formats, self.format_of, self.end
         pos = [0] * len(runs)
-        for bound in _windows([r[2] for r in runs]):
+        for bound in _windows([r[3] for r in runs]):
             batch: list[tuple] = []
-            for k, (rank, tid, starts, ends, keys, codes) in enumerate(runs):
+            for k, (rank, tid, codes, starts, keys) in enumerate(runs):
                 p = pos[k]
                 j = bisect_left(starts, bound, p)
                 if j > p:
-                    batch.extend(zip(starts[p:j], repeat(k), keys[p:j], codes[p:j], ends[p:j], repeat(rank), repeat(tid)))
+                    batch.extend(zip(starts[p:j], repeat(k), keys[p:j], codes[p:j], repeat(rank), repeat(tid)))
                     pos[k] = j
             if not batch:
                 continue
             batch.sort()
-            starts, _, _, codes, ends, pids, tids = zip(*batch)
+            starts, _, _, codes, pids, tids = zip(*batch)
             del batch
             # g - base of the rank: the op's index, for its id "rank:index".
-            indexes = map(sub, map(rshift, codes, repeat(1)), map(self._base.__getitem__, pids))
-            yield format_spans(map(formats.__getitem__, map(format_of.__getitem__, codes)), pids, indexes, tids, starts, ends)
-
-
-def _run() -> tuple[array, array, array, array]:
-    """A track's spans: starts, ends, keys within the track, codes."""
-    return array("d"), array("d"), array("i"), array("q")
+            indexes = map(sub, map(rshift, codes, repeat(1)), map(self.base.__getitem__, pids))
+            formatted = map(formats.__getitem__, map(format_of.__getitem__, codes))
+            yield format_spans(formatted, pids, indexes, tids, starts, map(end.__getitem__, codes))
 
 
 def _windows(runs: list[array]) -> list[float]:
