@@ -87,3 +87,11 @@ def test_simulate_json_imports_neither_rich_nor_other_commands():
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120, check=True)
     assert json.loads(proc.stdout)["world_size"] == 2
     assert proc.stderr.strip() == "[]"
+
+
+def test_terminal_tables_show_the_first_and_last_ranks_of_a_large_world(capsys):
+    assert main(["simulate", "ddp_overlap", "-p", "ranks=80", "-p", "steps=1", "--gantt", "never"]) == 0
+    out = capsys.readouterr().out
+    rows = [line.split()[0] for line in out.splitlines() if line.strip() and line.split()[0].isdigit() and "ms" in line]
+    assert rows[:2] == ["0", "1"] and "79" in rows and "40" not in rows
+    assert "16 more ranks" in out

@@ -85,3 +85,14 @@ def test_trace_to_an_unwritable_path_is_a_usage_error(tmp_path: Path, capsys):
 
     assert main(["simulate", "p2p", "--trace", str(tmp_path / "no" / "such" / "t.json")]) == 2
     assert "cannot write --trace" in capsys.readouterr().err
+
+
+def test_write_trace_reports_its_progress_window_by_window(tmp_path: Path, monkeypatch):
+    monkeypatch.setattr(trace, "_WINDOW_SPANS", 16)
+    program = load("1f1b", stages=4, microbatches=8)
+    result = simulate(program, resolve_machine("h100-nvlink"))
+    heard: list[tuple[int, int]] = []
+    result.write_trace(tmp_path / "t.json", progress=lambda done, total: heard.append((done, total)))
+    spans = sum(1 for e in json.loads((tmp_path / "t.json").read_text())["traceEvents"] if e["ph"] == "X")
+    assert len(heard) > 3 and heard[-1] == (spans, spans)
+    assert [d for d, _ in heard] == sorted(d for d, _ in heard) and {t for _, t in heard} == {spans}

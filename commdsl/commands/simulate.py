@@ -75,8 +75,8 @@ def run(args: argparse.Namespace) -> int:
         progress.phase(f"simulating on {machine.name}", unit="ops")
         result = simulate(program, machine, args.network, samples=args.samples, seed=args.seed, progress=progress.update)
         if args.trace:
-            progress.phase(f"writing the trace {args.trace}")
-            result.write_trace(args.trace, flag="--trace")
+            progress.phase(f"writing the trace {args.trace}", unit="spans")
+            result.write_trace(args.trace, flag="--trace", progress=progress.update)
         progress.phase("summarising")
         summary = summarize(result)
     if args.json:

@@ -3,6 +3,9 @@ command imports this module only when it prints to the terminal, not for `--json
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import TypeVar
+
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
@@ -13,6 +16,19 @@ from commdsl.sim.summary import Summary, format_bytes, format_us
 
 _PATH_ROWS = 24
 """Critical-path steps shown: the first and last half of them, however long the path."""
+_RANK_ROWS = 64
+"""Ranks shown in the per-rank tables: the first and last half of them (--json has all)."""
+
+T = TypeVar("T")
+
+
+def _bounded(rows: Sequence[T], limit: int) -> tuple[Sequence[T], int, Sequence[T]]:
+    """The first and the last `limit // 2` of `rows` and how many lie between them (all
+    of `rows`, none between, if they fit in `limit`)."""
+    if len(rows) <= limit:
+        return rows, 0, ()
+    half = limit // 2
+    return rows[:half], len(rows) - 2 * half, rows[-half:]
 
 
 def print_terminal(result: SimResult, summary: Summary, *, links: int | None, gantt: str, trace: str | None) -> None:
@@ -43,7 +59,10 @@ def print_summary(console: Console, s: Summary) -> None:
     table = Table(box=None, pad_edge=False)
     for col in ("rank", "compute", "comm", "exposed comm", "idle", "bubble"):
         table.add_column(col, justify="right")
-    for r in s.ranks:
+    head, skipped, tail = _bounded(s.ranks, _RANK_ROWS)
+    for i, r in enumerate((*head, *tail)):
+        if skipped and i == len(head):
+            table.add_row("...", f"{skipped} more ranks", "", "", "", "")
         table.add_row(
             str(r.rank), format_us(r.compute_us), format_us(r.comm_us), format_us(r.exposed_comm_us),
             format_us(r.idle_us), f"{r.bubble_fraction:.4f}" if r.bubble_fraction is not None else "-",
@@ -53,10 +72,10 @@ def print_summary(console: Console, s: Summary) -> None:
         print_memory(console, s)
     path = s.critical_path
     console.print(f"critical path ({len(path)} ops):")
-    shown = path if len(path) <= _PATH_ROWS else path[: _PATH_ROWS // 2] + path[-_PATH_ROWS // 2 :]
-    for i, step in enumerate(shown):
-        if len(path) > _PATH_ROWS and i == _PATH_ROWS // 2:
-            console.print(f"  ... {len(path) - _PATH_ROWS} more ...")
+    head, skipped, tail = _bounded(path, _PATH_ROWS)
+    for i, step in enumerate((*head, *tail)):
+        if skipped and i == len(head):
+            console.print(f"  ... {skipped} more ...")
         console.print(
             f"  {step.op_id:>9} {step.kind:<14} {escape(step.name):<16} {format_us(step.start_us):>12} -> "
             f"{format_us(step.end_us):>12}  {escape(step.source)}"
@@ -89,7 +108,10 @@ def print_memory(console: Console, s: Summary) -> None:
     table = Table(box=None, pad_edge=False)
     for col, justify in (("rank", "right"), ("peak", "right"), ("at", "right"), ("live at the peak", "left")):
         table.add_column(col, justify=justify)
-    for m in s.memory:
+    head, skipped, tail = _bounded(s.memory, _RANK_ROWS)
+    for i, m in enumerate((*head, *tail)):
+        if skipped and i == len(head):
+            table.add_row("...", "", "", f"{skipped} more ranks")
         shown = [f"{escape(g.first)}{f' +{g.count - 1}' if g.count > 1 else ''} {format_bytes(g.size_bytes)} ({escape(g.statement)})"
                  for g in m.live_at_peak[:3]]  # fmt: skip
         if len(m.live_at_peak) > 3:

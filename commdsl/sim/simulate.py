@@ -78,13 +78,14 @@ class SimResult:
             self._timeline = predicted_timeline(self)
         return self._timeline
 
-    def write_trace(self, path: str | Path, flag: str = "--trace") -> None:
+    def write_trace(self, path: str | Path, flag: str = "--trace", progress: Callable[[int, int], None] | None = None) -> None:
         """Write the predicted timeline as a Chrome trace, streamed from the per-op arrays
         (the same bytes as `timeline.write(path, program.streams)`, without the timeline
-        in memory); `flag` names the file in a usage error."""
+        in memory); `flag` names the file in a usage error; `progress` hears (spans
+        written, spans in all) as it goes."""
         from commdsl.sim.trace import write_trace
 
-        write_trace(self, path, flag)
+        write_trace(self, path, flag, progress)
 
 
 def simulate(program: Program, machine: Machine, network: str = DEFAULT_NETWORK, *, samples: int = 1, seed: int = 0,

@@ -12,7 +12,7 @@ from __future__ import annotations
 import gc
 from array import array
 from bisect import bisect_left
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from itertools import compress, repeat
 from operator import gt, rshift, sub
@@ -125,13 +125,14 @@ def build_timeline(program: Program, machine, raw: RawResult, network_meta: dict
     return tl
 
 
-def write_trace(result: SimResult, path: str | Path, flag: str = "--trace") -> None:
+def write_trace(result: SimResult, path: str | Path, flag: str = "--trace", progress: Callable[[int, int], None] | None = None) -> None:
     """Write `result`'s predicted timeline as a Chrome trace to `path`, as
     `predicted_timeline(result).write(path, streams)` would, without building it: spans
     are grouped per track in arrays, sorted a window of time at a time and formatted in
-    batches from one format per statement. `flag` names the file in a usage error."""
+    batches from one format per statement. `flag` names the file in a usage error;
+    `progress`, if given, hears (spans written, spans in all) after each window."""
     with _without_cyclic_gc():
-        _write_trace(result, path, flag)
+        _write_trace(result, path, flag, progress)
 
 
 @contextmanager
@@ -148,7 +149,7 @@ def _without_cyclic_gc() -> Iterator[None]:
             gc.enable()
 
 
-def _write_trace(result: SimResult, path: str | Path, flag: str) -> None:
+def _write_trace(result: SimResult, path: str | Path, flag: str, progress: Callable[[int, int], None] | None) -> None:
     program, raw = result.program, result.raw
     names = SpanNames(program)
     spans = _SpanRuns(result, names)
@@ -162,7 +163,7 @@ def _write_trace(result: SimResult, path: str | Path, flag: str) -> None:
         return int(rank), tid_of[(int(rank), names.exec_track(ops[g]))], start[g]
 
     other = other_data("predicted", program.name, program.world_size, spans.makespan_us, tracks, _meta(result))
-    write_chrome_trace(path, flag, tracks=tracks, other=other, flows=lambda: _flows(raw), spans=spans.events(tid_of),
+    write_chrome_trace(path, flag, tracks=tracks, other=other, flows=lambda: _flows(raw), spans=spans.events(tid_of, progress),
                        exec_of=exec_of, counters=_counters(result))  # fmt: skip
 
 
@@ -246,10 +247,10 @@ class _SpanRuns:
             out.setdefault(rank, set()).add(track)
         return out
 
-    def events(self, tid_of: dict[tuple[int, str], int]) -> Iterator[str]:
+    def events(self, tid_of: dict[tuple[int, str], int], progress: Callable[[int, int], None] | None = None) -> Iterator[str]:
         """The spans' events in trace order, (start, rank, tid, op id, role), a window of
         about `_WINDOW_SPANS` at a time, each window's comma-separated; the runs are
-        consumed."""
+        consumed. `progress` hears (spans formatted, spans in all) after each window."""
         runs = []
         for rank, track in sorted(self.runs, key=lambda rt: (rt[0], tid_of[rt])):
             codes, starts, keys = self.runs.pop((rank, track))
@@ -259,6 +260,7 @@ class _SpanRuns:
             runs.append((rank, tid_of[(rank, track)], codes, starts, keys))
         formats, format_of, end = self.formats, self.format_of, self.end
         pos = [0] * len(runs)
+        total, done = sum(len(r[2]) for r in runs), 0
         for bound in _windows([r[3] for r in runs]):
             batch: list[tuple] = []
             for k, (rank, tid, codes, starts, keys) in enumerate(runs):
@@ -270,12 +272,15 @@ class _SpanRuns:
             if not batch:
                 continue
             batch.sort()
+            done += len(batch)
             starts, _, _, codes, pids, tids = zip(*batch)
             del batch
             # g - base of the rank: the op's index, for its id "rank:index".
             indexes = map(sub, map(rshift, codes, repeat(1)), map(self.base.__getitem__, pids))
             formatted = map(formats.__getitem__, map(format_of.__getitem__, codes))
             yield format_spans(formatted, pids, indexes, tids, starts, map(end.__getitem__, codes))
+            if progress is not None:
+                progress(done, total)
 
 
 def _windows(runs: list[array]) -> list[float]:
