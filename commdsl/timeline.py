@@ -292,13 +292,13 @@ class SpanEncoder:
         if "op_id" in fields:
             found = self._formats[key] = None
             return None
-        items = [f"{_dumps(k)}:{_dumps(v)}" for k, v in sorted(fields.items())]
-        before = [item for (k, _), item in zip(sorted(fields.items()), items) if k < "op_id"]
-        after = [item for (k, _), item in zip(sorted(fields.items()), items) if k > "op_id"]
-        text = ('{"args":{' + "".join(f"{item}," for item in before) + '"op_id":"\0"' + "".join(f",{item}" for item in after)
-                + '},"cat":' + _dumps(kind) + ',"dur":\0,"name":' + _dumps(name) + ',"ph":"X","pid":\0,"tid":\0,"ts":\0}')  # fmt: skip
-        # JSON text never holds a raw NUL (it writes \u0000), so NULs mark the fields.
-        found = self._formats[key] = "%d:%d".join(text.replace("%", "%%").split("\0", 1)).replace("\0", "%r", 1).replace("\0", "%d", 2).replace("\0", "%r")
+        items = sorted(fields.items())  # the keys sort around "op_id", which the format fills in
+        before = "".join(f"{_dumps(k)}:{_dumps(v)}," for k, v in items if k < "op_id")
+        after = "".join(f",{_dumps(k)}:{_dumps(v)}" for k, v in items if k > "op_id")
+        head = _percent('{"args":{' + before + '"op_id":"')
+        middle = _percent('"' + after + '},"cat":' + _dumps(kind) + ',"dur":')
+        tail = _percent(',"name":' + _dumps(name) + ',"ph":"X","pid":')
+        found = self._formats[key] = head + "%d:%d" + middle + "%r" + tail + '%d,"tid":%d,"ts":%r}'
         return found
 
     def event(self, kind: str, role: str, name: str, args: tuple, op_id: str, pid: int, tid: int, start_us: float, end_us: float) -> str:
@@ -313,6 +313,11 @@ class SpanEncoder:
             fields.update(args)
             return _dumps({"ph": "X", "name": name, "cat": kind, "pid": pid, "tid": tid, "ts": ts, "dur": dur, "args": fields})
         return fmt % (pid, int(index), dur, pid, tid, ts)
+
+
+def _percent(text: str) -> str:
+    """`text` as the literal part of a %-format."""
+    return text.replace("%", "%%")
 
 
 def _is_number(x: object) -> bool:

@@ -54,3 +54,19 @@ def test_gantt_has_a_row_per_rank_and_stream_plus_comm():
     a_row = rows[0].split("|")[1]
     assert a_row.count("[green]A[/]") == 10 and a_row.count("[green]C[/]") == 10 and a_row.count("[dim].[/]") == 10
     assert rows[1].split("|")[1].count("[magenta]=[/]") == 20
+
+
+@pytest.mark.parametrize("name", ["1f1b", "ddp_overlap", "memcpy_vs_nccl", "zbv", "tp_mlp"])
+def test_the_one_pass_summary_is_each_ranks_breakdown(name):
+    # summarize() reads the flat arrays; commdsl.breakdown.breakdown_of is the definition.
+    from commdsl.api import load
+    from commdsl.breakdown import breakdown_of
+    from commdsl.machine import resolve_machine
+
+    result = simulate(load(name), resolve_machine("pcie-nvlink-pairs" if name == "memcpy_vs_nccl" else "dgx-h100"))
+    raw, s = result.raw, summarize(result)
+    for rank, r in enumerate(s.ranks):
+        b = raw.base[rank]
+        ops = result.program.ops[rank]
+        split = breakdown_of(((op.kind, raw.start[b + i], raw.end[b + i]) for i, op in enumerate(ops)), result.makespan_us)
+        assert (r.compute_us, r.comm_us, r.exposed_comm_us, r.idle_us) == (split.compute_us, split.comm_us, split.exposed_comm_us, split.idle_us)

@@ -3,8 +3,9 @@ or the same Chrome trace streamed to a file from the per-op arrays (`write_trace
 
 Both name and annotate each op's spans alike (`SpanNames`), so the file `write_trace`
 writes is byte for byte what `predicted_timeline(result).write(...)` writes; but
-`write_trace` holds no span objects: a few arrays of 8-byte entries per span, the events
-sorted window by window and written as they are encoded (`commdsl.timeline.SpanEncoder`).
+`write_trace` holds no span objects: a few arrays of 4- and 8-byte entries per span and
+per op, the events sorted a window of time at a time and formatted in batches from one
+%-format per statement (`commdsl.timeline.SpanEncoder`), written as they are formatted.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from commdsl.timeline import (COMM_TRACK_PREFIX, MEMORY_PEAK_META, CounterSample
                               other_data, write_chrome_trace)  # fmt: skip
 
 if TYPE_CHECKING:
+    from commdsl.machine.model import Machine
     from commdsl.sim.simulate import SimResult
 
 _MEMCPY_NAMES = {
@@ -106,7 +108,7 @@ def predicted_timeline(result: SimResult) -> Timeline:
     return tl
 
 
-def build_timeline(program: Program, machine, raw: RawResult, network_meta: dict, sampling: dict | None = None) -> Timeline:
+def build_timeline(program: Program, machine: Machine, raw: RawResult, network_meta: dict, sampling: dict | None = None) -> Timeline:
     """The spans, flows and tracks of a simulation's timeline (no counters)."""
     tl = Timeline("predicted", program.name, program.world_size, meta=_base_meta(program, machine, network_meta, sampling))
     names = SpanNames(program)
@@ -311,7 +313,7 @@ def _known_tracks(program: Program, raw: RawResult) -> dict[int, list[str]]:
     return {r: [HOST_STREAM, *program.streams, *sorted(comm_tracks.get(r, ()))] for r in range(program.world_size) if program.ops[r]}
 
 
-def _base_meta(program: Program, machine, network_meta: dict, sampling: dict | None) -> dict:
+def _base_meta(program: Program, machine: Machine, network_meta: dict, sampling: dict | None) -> dict:
     return {
         "params": dict(program.params),
         "machine": machine.to_json(),
