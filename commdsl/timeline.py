@@ -325,6 +325,11 @@ def _is_number(x: object) -> bool:
     return (type(x) is float or type(x) is int) and math.isfinite(x)
 
 
+def _all_numbers(xs: Sequence[object]) -> bool:
+    """`_is_number` of each of `xs`, in C-level passes."""
+    return set(map(type, xs)) <= {float, int} and all(map(math.isfinite, xs))
+
+
 def format_spans(formats: Iterable[str], pids: Iterable[int], indexes: Iterable[int], tids: Iterable[int],
                  starts: Sequence[float], ends: Iterable[float]) -> str:  # fmt: skip
     """Spans' events from their `SpanEncoder.span_format`s, comma-separated, in one
@@ -355,6 +360,8 @@ _WRITE_CHARS = 1 << 20
 """Characters of events joined into one write."""
 
 _COUNTER = '{"args":{"value":%r},"name":%s,"ph":"C","pid":%d,"tid":0,"ts":%r}'
+_ARROWS = '{"cat":"flow","id":%d,"name":%s,"ph":"s","pid":%d,"tid":%d,"ts":%r},{"bp":"e","cat":"flow","id":%d,"name":%s,"ph":"f","pid":%d,"tid":%d,"ts":%r}'
+"""A flow arrow: its start (at the send) and its end (at the recv)."""
 
 
 def _write_trace(out: TextIO, tracks, other, flows, spans, exec_of, counters) -> None:
@@ -401,17 +408,21 @@ def _events(tracks, each_flow, spans, exec_of, counters, names: _Names) -> Itera
     for ev in metadata_events(tracks):
         yield _dumps(ev)
     yield from spans
-    for i, (src, dst, name) in enumerate(each_flow()):
-        a, b = exec_of(src), exec_of(dst)
-        if a is None or b is None:
+    flows = enumerate(each_flow())
+    while chunk := list(islice(flows, _CHUNK)):
+        arrows = [(i, name, exec_of(src), exec_of(dst)) for i, (src, dst, name) in chunk]
+        arrows = [(i, name, *a, *b) for i, name, a, b in arrows if a is not None and b is not None]
+        if not arrows:
             continue
-        ts_a, ts_b = _ts(a[2]), _ts(max(b[2], a[2]))
-        if _is_number(ts_a) and _is_number(ts_b) and type(a[0]) is type(a[1]) is type(b[0]) is type(b[1]) is int:
-            yield (f'{{"cat":"flow","id":{i},"name":{names[name]},"ph":"s","pid":{a[0]},"tid":{a[1]},"ts":{ts_a!r}}},'
-                   f'{{"bp":"e","cat":"flow","id":{i},"name":{names[name]},"ph":"f","pid":{b[0]},"tid":{b[1]},"ts":{ts_b!r}}}')  # fmt: skip
-        else:
-            yield _dumps({"ph": "s", "id": i, "name": name, "cat": "flow", "pid": a[0], "tid": a[1], "ts": ts_a})
-            yield _dumps({"ph": "f", "bp": "e", "id": i, "name": name, "cat": "flow", "pid": b[0], "tid": b[1], "ts": ts_b})
+        ids, flow_names, a_pids, a_tids, a_starts, b_pids, b_tids, b_starts = zip(*arrows)
+        a_ts, b_ts = list(map(round, a_starts, repeat(3))), list(map(round, map(max, b_starts, a_starts), repeat(3)))
+        if _all_numbers(a_ts) and _all_numbers(b_ts) and set(map(type, a_pids + a_tids + b_pids + b_tids)) <= {int}:
+            kinds = list(map(names.__getitem__, flow_names))
+            yield ",".join(map(mod, repeat(_ARROWS), zip(ids, kinds, a_pids, a_tids, a_ts, ids, kinds, b_pids, b_tids, b_ts)))
+            continue
+        for i, name, a_pid, a_tid, a, b_pid, b_tid, b in zip(ids, flow_names, a_pids, a_tids, a_ts, b_pids, b_tids, b_ts):
+            yield _dumps({"ph": "s", "id": i, "name": name, "cat": "flow", "pid": a_pid, "tid": a_tid, "ts": a})
+            yield _dumps({"ph": "f", "bp": "e", "id": i, "name": name, "cat": "flow", "pid": b_pid, "tid": b_tid, "ts": b})
     links_pid = max(tracks, default=-1) + 1
     it = iter(counters)
     first = True
@@ -422,7 +433,7 @@ def _events(tracks, each_flow, spans, exec_of, counters, names: _Names) -> Itera
         track_names, ranks, times, values = zip(*chunk)
         pids = [r if r >= 0 else links_pid for r in ranks]
         times, values = list(map(round, times, repeat(3))), list(map(round, values, repeat(6)))
-        if all(map(_is_number, times)) and all(map(_is_number, values)):
+        if _all_numbers(times) and _all_numbers(values):
             yield ",".join(map(_COUNTER.__mod__, zip(values, map(names.__getitem__, track_names), pids, times)))
         else:
             yield ",".join(_dumps({"ph": "C", "name": t, "pid": p, "tid": 0, "ts": ts, "args": {"value": v}})

@@ -71,8 +71,9 @@ def test_timeline_write_encodes_any_name_and_annotation_as_json_does(tmp_path: P
         Span("0:1", 0, "host", SpanRole.ISSUE, "send", "gloo:send", 1.25, 2.5),
         Span("0:1", 0, "comm:pp", SpanRole.EXEC, "send", "gloo:send", 2.5, 7.0004, (("op_id", "x"), ("cat", 3))),
         Span("1:0", 1, "comm:pp", SpanRole.EXEC, "recv", "gloo:recv", 2.0, 7.0, (("ratio", 1e-7), ("ok", True), ("none", None))),
+        Span("1:1", 1, "comm:pp", SpanRole.EXEC, "recv", "gloo:recv", float("inf"), float("inf")),  # JSON's Infinity and NaN
     ]
-    tl.flows = [Flow("0:1", "1:0"), Flow("0:9", "1:0", "lost")]
+    tl.flows = [Flow("0:1", "1:0"), Flow("0:9", "1:0", "lost"), Flow("0:1", "1:1", "late")]
     tl.counters = [CounterSample("link a->b util", -1, 0.0, 0.5), CounterSample("mem", 1, 3, 2)]
     out = tmp_path / "m.json"
     tl.write(out, ("s",))
