@@ -224,9 +224,9 @@ _CATEGORY = {kind: category(kind) for kind in OpKind}
 
 def _transfers(result: SimResult) -> tuple[TransferSummary, ...]:
     # Per group: count, bytes, and each transfer's time and algbw (summed as sum() sums a list).
-    groups: dict[tuple[str, str], list] = {}
+    groups: dict[tuple, list] = {}
     for f in result.flow_stats():
-        key = (f.transport.value, f.kind.value)
+        key = (f.transport, f.kind)
         group = groups.get(key)
         if group is None:
             group = groups[key] = [0, 0, array("d"), array("d")]
@@ -234,9 +234,10 @@ def _transfers(result: SimResult) -> tuple[TransferSummary, ...]:
         group[1] += f.size_bytes
         group[2].append(f.end_us - f.start_us)
         group[3].append(f.algbw_gb_per_s)
+    named = sorted(((transport.value, kind.value), group) for (transport, kind), group in groups.items())
     return tuple(
         TransferSummary(transport, kind, count, nbytes, sum(times) / count, sum(algbw) / count)
-        for (transport, kind), (count, nbytes, times, algbw) in sorted(groups.items())
+        for (transport, kind), (count, nbytes, times, algbw) in named
     )
 
 
