@@ -97,3 +97,18 @@ def test_write_trace_reports_its_progress_window_by_window(tmp_path: Path, monke
     spans = sum(1 for e in json.loads((tmp_path / "t.json").read_text())["traceEvents"] if e["ph"] == "X")
     assert len(heard) > 3 and heard[-1] == (spans, spans)
     assert [d for d, _ in heard] == sorted(d for d, _ in heard) and {t for _, t in heard} == {spans}
+
+
+def test_a_sampled_simulation_streams_its_medians_and_sampling_metadata(tmp_path: Path):
+    import dataclasses
+
+    from commdsl.machine.model import ComputeNoise
+
+    cpu = resolve_machine("cpu-loopback")
+    noisy = dataclasses.replace(cpu, contention=dataclasses.replace(cpu.contention, noise=ComputeNoise(stalls_per_s=50.0, stall_us=300.0)))
+    program = load("1f1b", stages=2, microbatches=4)
+    result = simulate(program, noisy, samples=3, seed=7)
+    out = tmp_path / "s.json"
+    result.write_trace(out)
+    assert out.read_text() == _whole(result.timeline, program.streams)
+    assert json.loads(out.read_text())["otherData"]["commdsl"]["meta"]["samples"] == 3
