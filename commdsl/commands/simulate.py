@@ -25,6 +25,7 @@ from commdsl.sim.summary import flow_entries, summarize
 # rich (the terminal tables) and the Gantt chart are imported where they are printed:
 # `--json` needs neither, and start-up time is part of every command's time.
 
+
 def add_machine_arguments(parser: argparse.ArgumentParser) -> None:
     """Arguments of every command that simulates."""
     parser.add_argument("--machine", default=DEFAULT_MACHINE, metavar="NAME|PATH",

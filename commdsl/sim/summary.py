@@ -114,7 +114,8 @@ class Summary:
     """Links that carried bytes, busiest (most bytes) first."""
     flows: tuple[dict, ...] = ()
     """Per transfer: op ids, kind, transport, algo, bytes, start/end, latency, algbw,
-    bottleneck link (the `--json` per-flow statistics)."""
+    bottleneck link (`flow_entries`); empty unless `summarize(..., flows=True)` (what
+    `--json --flows` prints)."""
     sample_makespans_us: tuple[float, ...] = ()
     """A sampled simulation (`--samples N`): each sample's makespan (`makespan_us` is
     that of the per-op medians); empty otherwise."""
