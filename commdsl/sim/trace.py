@@ -180,8 +180,8 @@ class _SpanRuns:
         algos, protos = raw.algos, raw.protos
         encoder = SpanEncoder()
         # Per code: start, end (the op's, or its issue span's).
-        self.start = array("d", bytes(16 * n))
-        self.start[0::2], self.start[1::2] = raw.start, raw.issue_start
+        start = array("d", bytes(16 * n))  # only to fill each run's starts
+        start[0::2], start[1::2] = raw.start, raw.issue_start
         self.end = array("d", bytes(16 * n))
         self.end[0::2], self.end[1::2] = raw.end, raw.issue_end
         # Spans tied in time on one track are ordered by op id, as text ("0:10" before
@@ -222,7 +222,7 @@ class _SpanRuns:
                     run = codes[track] = array("q")
                 run.append(2 * g)
             for track, run in codes.items():
-                starts = array("d", map(self.start.__getitem__, run))
+                starts = array("d", map(start.__getitem__, run))
                 self.runs[(rank, track)] = (run, starts, array("i", map(lex.__getitem__, map(sub, run, repeat(2 * b)))))
         self.format_of = array("i", bytes(8 * n))
         """Per code, the index of its format in `formats`."""
