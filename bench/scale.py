@@ -76,7 +76,7 @@ def run_command(argv: list[str], stdout) -> tuple[float, int, str]:
     return usage.ru_utime + usage.ru_stime, usage.ru_maxrss * 1024, stderr
 
 
-def commdsl(*args: str) -> list[str]:
+def simulate_argv(*args: str) -> list[str]:
     return [sys.executable, "-m", "commdsl.cli", "simulate", *args]
 
 
@@ -93,7 +93,7 @@ def measure(argv: list[str], repeats: int, out: Path | None = None) -> dict:
 
 def count_ops(schedule: str, params: list[str]) -> int:
     """The number of ops the command reports (its summary's first line)."""
-    text = subprocess.run(commdsl(schedule, *params, "--network", "analytic", "--gantt", "never"), capture_output=True,
+    text = subprocess.run(simulate_argv(schedule, *params, "--network", "analytic", "--gantt", "never"), capture_output=True,
                           text=True, check=True).stdout  # fmt: skip
     m = re.search(r"([\d,]+) ops", text)
     if not m:
@@ -105,7 +105,7 @@ def chained(tmp: Path, repeats: int, astra: str | None) -> None:
     schedule, machine, out = tmp / "chained.yaml", tmp / "ring-50.yaml", tmp / "chained.json"
     schedule.write_text(CHAINED)
     machine.write_text(RING_MACHINE)
-    r = measure(commdsl(str(schedule), "--machine", str(machine), "--network", "flow", "--json"), repeats, out)
+    r = measure(simulate_argv(str(schedule), "--machine", str(machine), "--network", "flow", "--json"), repeats, out)
     predicted_ms = json.loads(out.read_text())["makespan_us"] / 1e3
     print(f"1. chained all_reduce, 64 ranks x 1000 x 64 MiB (flow, --json): {r['cpu_s']:.2f} s CPU, "
           f"{r['rss_bytes'] / 2**20:.0f} MiB peak, predicted {predicted_ms:.2f} ms")  # fmt: skip
@@ -168,7 +168,7 @@ def one_f_one_b(tmp: Path, repeats: int, target_ops: int) -> None:
     print(f"2. 1f1b, 64 stages x {microbatches} microbatches = {ops:,} ops (flow network); budget 10 s, 300 B/op:")
     for label, extra, out in (("plain", [], None), ("--json", ["--json"], tmp / "1f1b.json"),
                               ("--trace", ["--trace", str(tmp / "trace.json"), "--gantt", "never"], None)):  # fmt: skip
-        r = measure(commdsl("1f1b", *params, "--network", "flow", *extra), repeats, out)
+        r = measure(simulate_argv("1f1b", *params, "--network", "flow", *extra), repeats, out)
         print(f"   {label:8} {r['cpu_s']:6.2f} s CPU  {r['rss_bytes'] / 2**20:6.0f} MiB peak  {r['rss_bytes'] / ops:5.0f} B/op")
 
 
@@ -178,16 +178,21 @@ def cost_per_op(repeats: int, sizes: tuple[int, ...]) -> None:
         microbatches = max(2, round(target / OPS_PER_MICROBATCH_64))
         params = ["-p", "stages=64", "-p", f"microbatches={microbatches}"]
         ops = count_ops("1f1b", params)
-        r = measure(commdsl("1f1b", *params, "--network", "flow", "--gantt", "never"), repeats)
+        r = measure(simulate_argv("1f1b", *params, "--network", "flow", "--gantt", "never"), repeats)
         print(f"   {ops:>10,} ops  {r['cpu_s']:6.2f} s CPU  {r['cpu_s'] / ops * 1e6:6.2f} us/op")
 
 
-def samples(repeats: int, microbatches: int) -> None:
-    params = ["1f1b", "-p", "stages=64", "-p", f"microbatches={microbatches}", "--machine", "cpu-loopback",
+def samples(tmp: Path, repeats: int, microbatches: int) -> None:
+    import commdsl.machine
+
+    machine = tmp / "cpu-noisy.yaml"  # cpu-loopback with compute stalls: samples differ
+    preset = Path(commdsl.machine.__file__).parent / "presets" / "cpu-loopback.yaml"
+    machine.write_text(preset.read_text() + "compute_noise: {stalls_per_s: 200, stall_us: 300}\n")
+    params = ["1f1b", "-p", "stages=64", "-p", f"microbatches={microbatches}", "--machine", str(machine),
               "--network", "flow", "--gantt", "never"]  # fmt: skip
-    one = measure(commdsl(*params), repeats)
-    eight = measure(commdsl(*params, "--samples", "8"), repeats)
-    print(f"4. --samples 8 vs 1 (1f1b 64 x {microbatches} on cpu-loopback): {eight['cpu_s']:.2f} s vs {one['cpu_s']:.2f} s "
+    one = measure(simulate_argv(*params), repeats)
+    eight = measure(simulate_argv(*params, "--samples", "8"), repeats)
+    print(f"4. --samples 8 vs 1 (1f1b 64 x {microbatches}, compute stalls): {eight['cpu_s']:.2f} s vs {one['cpu_s']:.2f} s "
           f"= {eight['cpu_s'] / one['cpu_s']:.2f}x (budget 8x)")  # fmt: skip
 
 
@@ -206,7 +211,7 @@ def main() -> None:
         chained(Path(tmp), repeats, args.astra)
         one_f_one_b(Path(tmp), repeats, 100_000 if args.quick else 1_000_000)
         cost_per_op(repeats, (1_000, 10_000, 100_000) if args.quick else (1_000, 10_000, 100_000, 1_000_000))
-        samples(repeats, 16 if args.quick else 64)
+        samples(Path(tmp), repeats, 16 if args.quick else 64)
 
 
 if __name__ == "__main__":
