@@ -108,7 +108,7 @@ class Engine:
         self.collectives, self.batch_ops, self.batch_queues, self.algos = w.collectives, w.batch_ops, w.batch_queues, w.algos
         self.protos = w.protos
         self.group_ranks = {g.id: g.ranks for g in program.groups}
-        self.on_stream = bytearray(op.is_memcpy_transfer for op in ops)
+        self.on_stream = w.on_stream
         """Per op, 1 for a memcpy transfer: it runs on its stream (no comm queue)."""
         topo = machine.topology
         self.copy_engines = CopyEngines(topo.copy_engines, program.world_size) if topo is not None and topo.copy_engines else None

@@ -43,6 +43,9 @@ class Wiring:
     """Per comm op, the index in `ALGOS` of its algorithm."""
     protos: bytearray
     """Per comm op, the index in `PROTOS` of its NCCL protocol (0: none)."""
+    on_stream: bytearray
+    """Per op, 1 for a memcpy transfer (a peer copy, a memcpy send or recv): it runs on its
+    stream, with no comm queue."""
 
 
 _COMM_KINDS = P2P_KINDS | COLLECTIVE_KINDS
@@ -57,53 +60,74 @@ def wire(program: Program, ops: list[Op], base: list[int], machine: Machine, net
     collectives: list[Collective] = []
     algos = bytearray(n)
     protos = bytearray(n)
+    on_stream = bytearray(n)
     group_ranks = {g.id: g.ranks for g in program.groups}
     sends: dict[tuple, deque[int]] = {}
     recvs: dict[tuple, deque[int]] = {}
     seq: dict[tuple[int, str], int] = {}
     instances: dict[tuple[str, int], Collective] = {}
-    chosen: dict[tuple, tuple[Algo, Protocol | None]] = {}
+    # Most programs repeat a few shapes of comm op: the network's choice is made once per
+    # shape, and kept as the (algo, proto) indices the arrays hold.
+    chosen: dict[tuple, tuple[int, int]] = {}
     checked: set = set()
+    batches: dict[int, list[int]] = {}
+    send, recv, compute, memcpy = OpKind.SEND, OpKind.RECV, OpKind.COMPUTE, Transport.MEMCPY
     for g, op in enumerate(ops):
         kind = op.kind
-        if kind in _COMM_KINDS or op.is_peer_copy:
-            if op.transport not in checked:
-                _check_transport(machine, op)
-                checked.add(op.transport)
-        if op.is_peer_copy:
-            network.check_copy(op)
-            continue
-        if kind in _COMM_KINDS:
-            if op.transport is not Transport.MEMCPY:  # memcpy has no communicator: it runs on its stream
-                rank_queues = queues[op.rank]
-                q = rank_queues.get(op.group)
-                if q is None:
-                    q = rank_queues[op.group] = Queue(op.rank, op.group)
-                queue_of[g] = q
-            else:
+        if kind not in _COMM_KINDS:
+            if kind is compute:
+                if op.duration_us is None and op.flops is not None and (op.dtype, "flops") not in checked:
+                    _check_rate(machine, op)
+                    checked.add((op.dtype, "flops"))
+            elif op.is_peer_copy:
+                if op.transport not in checked:
+                    _check_transport(machine, op)
+                    checked.add(op.transport)
                 network.check_copy(op)
-            # The op's algorithm and protocol: the network's choice, or what it forces (checked there).
-            key = (op.group, kind, op.size_bytes, op.transport, op.algo, op.proto, op.peer)
-            pick = chosen.get(key)
-            if pick is None:
-                pick = chosen[key] = network.choose(op, group_ranks[op.group])
-            algos[g] = ALGOS.index(pick[0])
-            protos[g] = PROTOS.index(pick[1])
-        if kind is OpKind.SEND:
+                on_stream[g] = op.transport is memcpy
+            continue
+        transport = op.transport
+        if transport not in checked:
+            _check_transport(machine, op)
+            checked.add(transport)
+        if op.batch is not None:
+            first = base[op.rank] + op.batch
+            members = batches.get(first)
+            if members is None:
+                batches[first] = [g]
+            else:
+                members.append(g)
+        if transport is not memcpy:  # memcpy has no communicator: it runs on its stream
+            rank_queues = queues[op.rank]
+            q = rank_queues.get(op.group)
+            if q is None:
+                q = rank_queues[op.group] = Queue(op.rank, op.group)
+            queue_of[g] = q
+        else:
+            network.check_copy(op)
+            on_stream[g] = 1
+        # The op's algorithm and protocol: the network's choice, or what it forces (checked there).
+        key = (op.group, kind, op.size_bytes, transport, op.algo, op.proto, op.peer)
+        pick = chosen.get(key)
+        if pick is None:
+            algo, proto = network.choose(op, group_ranks[op.group])
+            pick = chosen[key] = (ALGOS.index(algo), PROTOS.index(proto))
+        algos[g], protos[g] = pick
+        if kind is send:
             key = (op.rank, op.peer, op.group)
             r = recvs.get(key)
             if r:
                 _pair(partner, g, r.popleft())
             else:
                 sends.setdefault(key, deque()).append(g)
-        elif kind is OpKind.RECV:
+        elif kind is recv:
             key = (op.peer, op.rank, op.group)
             s = sends.get(key)
             if s:
                 _pair(partner, s.popleft(), g)
             else:
                 recvs.setdefault(key, deque()).append(g)
-        elif kind in COLLECTIVE_KINDS:
+        else:
             k = seq.get((op.rank, op.group), 0)
             seq[(op.rank, op.group)] = k + 1
             inst = instances.get((op.group, k))
@@ -112,17 +136,10 @@ def wire(program: Program, ops: list[Op], base: list[int], machine: Machine, net
                 collectives.append(inst)
             inst.ops.append(g)
             coll_of[g] = inst
-        elif kind is OpKind.COMPUTE and op.duration_us is None and op.flops is not None and (op.dtype, "flops") not in checked:
-            _check_rate(machine, op)
-            checked.add((op.dtype, "flops"))
 
-    batches: dict[int, list[int]] = {}
-    for g, op in enumerate(ops):
-        if op.batch is not None:
-            batches.setdefault(base[op.rank] + op.batch, []).append(g)
     batch_ops = {first: tuple(members) for first, members in batches.items()}
     batch_queues = {first: tuple(dict.fromkeys(queue_of[m] for m in members)) for first, members in batches.items()}
-    return Wiring(queues, queue_of, partner, coll_of, collectives, batch_ops, batch_queues, algos, protos)
+    return Wiring(queues, queue_of, partner, coll_of, collectives, batch_ops, batch_queues, algos, protos, on_stream)
 
 
 def _pair(partner: array, send: int, recv: int) -> None:
