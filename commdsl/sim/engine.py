@@ -113,9 +113,13 @@ class Engine:
         topo = machine.topology
         self.copy_engines = CopyEngines(topo.copy_engines, program.world_size) if topo is not None and topo.copy_engines else None
         """The GPUs' copy engines (None: not limited)."""
-        self.pair_fifo: dict[tuple[str, int, int], deque[Transfer]] = {}
+        self.pair_fifo: dict[tuple[str, int, int], deque[tuple[Transfer, tuple[int, ...]]]] = {}
         """(group, source, destination) of an NCCL transfer moving now -> the transfers
-        between the same ranks in the same group waiting behind it, in order."""
+        between the same ranks in the same group waiting behind it, in order (with their ops)."""
+        self._transfers: dict[tuple, Transfer] = {}
+        """One `Transfer` per distinct shape (what it moves, between whom, how), by the
+        op fields it is built from: built once, started with each occurrence's ops."""
+        self._on_transfer_done = self._transfer_done
         self.contention = c = contention_model(machine, self.network, program.world_size, rng, self.group_ranks)
         self.kernels = c.tracks_kernels
         """NCCL ops becoming active and finishing are reported to the contention model."""
@@ -634,26 +638,31 @@ class Engine:
         rank to the same rank are done (NCCL runs them in order); others at once."""
         so = self.ops[send]
         members = (send, recv) if recv >= 0 else (send,)
-        if so.kind is _COPY:
-            p = plan(_SEND, Algo.DIRECT, 2, so.size_bytes, self.machine.chunk_bytes)
-            transfer = Transfer(_COPY, (so.rank, so.peer), so.size_bytes, _MEMCPY, p, None, members, group_size=2)
-        else:
-            p = plan(_SEND, ALGOS[self.algos[send]], 2, so.size_bytes, self.machine.chunk_bytes, PROTOS[self.protos[send]])
-            transfer = Transfer(_SEND, (so.rank, so.peer), so.size_bytes, so.transport, p, None, members,
-                                group_size=len(self.group_ranks[so.group]))  # fmt: skip
+        key = (so.kind, so.rank, so.peer, so.size_bytes, so.transport, self.algos[send], self.protos[send], so.group)
+        transfer = self._transfers.get(key)
+        if transfer is None:
+            transfer = self._transfers[key] = self._p2p_transfer(so, send)
         if so.transport is _MEMCPY and self.copy_engines is not None:
             gpus = self._engine_gpus(so.rank, so.peer)
-            self.copy_engines.acquire(gpus, lambda: self._start_transfer(transfer, gpus))
+            self.copy_engines.acquire(gpus, lambda: self._start_transfer(transfer, members, gpus))
         elif so.transport is _NCCL:
             key = (so.group, so.rank, so.peer)
             waiting = self.pair_fifo.get(key)
             if waiting is None:
                 self.pair_fifo[key] = deque()
-                self._start_transfer(transfer, ())
+                self._start_transfer(transfer, members)
             else:
-                waiting.append(transfer)
+                waiting.append((transfer, members))
         else:
-            self._start_transfer(transfer, ())
+            self._start_transfer(transfer, members)
+
+    def _p2p_transfer(self, so: Op, send: int) -> Transfer:
+        """The transfer of send (or peer copy) `so`, op `send`."""
+        if so.kind is _COPY:
+            p = plan(_SEND, Algo.DIRECT, 2, so.size_bytes, self.machine.chunk_bytes)
+            return Transfer(_COPY, (so.rank, so.peer), so.size_bytes, _MEMCPY, p, None, group_size=2)
+        p = plan(_SEND, ALGOS[self.algos[send]], 2, so.size_bytes, self.machine.chunk_bytes, PROTOS[self.protos[send]])
+        return Transfer(_SEND, (so.rank, so.peer), so.size_bytes, so.transport, p, None, group_size=len(self.group_ranks[so.group]))
 
     def _engine_gpus(self, src: int, dst: int) -> tuple[int, ...]:
         """The GPUs whose copy engines a memcpy from `src` to `dst` holds (see
@@ -662,8 +671,11 @@ class Engine:
         g = topo.gpus_per_node
         return (src,) if topo.peers(src % g, dst % g) else (src, dst)
 
-    def _start_transfer(self, transfer: Transfer, engines: tuple[int, ...]) -> None:
-        self.network.start(transfer, lambda: self._transfer_done(transfer.ops, transfer, engines))
+    def _start_transfer(self, transfer: Transfer, members: tuple[int, ...], engines: tuple[int, ...] = ()) -> None:
+        if engines:
+            self.network.start(transfer, members, lambda t, ops: self._transfer_done(t, ops, engines))
+        else:
+            self.network.start(transfer, members, self._on_transfer_done)
         if self.traffic:
             for rank in self.contention.transfer(transfer, True):
                 self._retime(rank)
@@ -671,13 +683,16 @@ class Engine:
     def _start_collective(self, inst: Collective) -> None:
         first = min(inst.ops)
         rep = self.ops[first]  # the lowest rank's op describes the collective
-        ranks = self.group_ranks[inst.group]
-        p = plan(rep.kind, ALGOS[self.algos[first]], len(ranks), rep.size_bytes, self.machine.chunk_bytes, PROTOS[self.protos[first]])
-        members = tuple(inst.arrived)
-        transfer = Transfer(rep.kind, ranks, rep.size_bytes, rep.transport, p, rep.root, members, rep.dtype, rep.reduce_op)
-        self._start_transfer(transfer, ())
+        key = (rep.kind, inst.group, rep.size_bytes, rep.transport, self.algos[first], self.protos[first], rep.root, rep.dtype,
+               rep.reduce_op)  # fmt: skip
+        transfer = self._transfers.get(key)
+        if transfer is None:
+            ranks = self.group_ranks[inst.group]
+            p = plan(rep.kind, ALGOS[self.algos[first]], len(ranks), rep.size_bytes, self.machine.chunk_bytes, PROTOS[self.protos[first]])
+            transfer = self._transfers[key] = Transfer(rep.kind, ranks, rep.size_bytes, rep.transport, p, rep.root, rep.dtype, rep.reduce_op)
+        self._start_transfer(transfer, tuple(inst.arrived))
 
-    def _transfer_done(self, members: tuple[int, ...], transfer: Transfer, engines: tuple[int, ...]) -> None:
+    def _transfer_done(self, transfer: Transfer, members: tuple[int, ...], engines: tuple[int, ...] = ()) -> None:
         now = self.env.now
         kernels = self.kernels
         if self.traffic:
@@ -710,8 +725,7 @@ class Engine:
             key = (self.ops[members[0]].group, *transfer.ranks)
             waiting = self.pair_fifo[key]
             if waiting:
-                nxt = waiting.popleft()
-                self._start_transfer(nxt, ())
+                self._start_transfer(*waiting.popleft())
             else:
                 del self.pair_fifo[key]
         self._drain()
