@@ -57,8 +57,8 @@ from commdsl.machine.model import Machine
 from commdsl.sim.collectives import plan
 from commdsl.sim.contention import compute_us, contention_model
 from commdsl.sim.copy_engines import CopyEngines
-from commdsl.sim.entities import (ACTIVE, ALGOS, DONE, PROTOS, ELIGIBLE, EXEC, MARK, QUEUE, STREAM, SYNC, Collective, Entity, Host,
-                                  Queue, RawResult, Stream)
+from commdsl.sim.entities import (ACTIVE, ALGOS, DONE, KIND_CODE, KINDS, PROTOS, ELIGIBLE, EXEC, MARK, QUEUE, STREAM, SYNC, Collective,
+                                  Entity, Host, Queue, RawResult, Stream)
 from commdsl.sim.network import Network, Transfer
 from commdsl.sim.wiring import wire
 
@@ -69,6 +69,10 @@ _COLLECTIVE_KINDS = frozenset(k for k in OpKind if k.is_collective)
 _COMPUTE, _COPY, _SEND, _RECV, _WAIT, _WAIT_EVENT, _HOST_OP, _SYNCHRONIZE = (
     OpKind.COMPUTE, OpKind.COPY, OpKind.SEND, OpKind.RECV, OpKind.WAIT, OpKind.WAIT_EVENT, OpKind.HOST, OpKind.SYNCHRONIZE,
 )  # fmt: skip
+# The same as kind codes (`Wiring.kinds`), and per code whether it is in a set.
+_K_COMPUTE, _K_COPY, _K_WAIT, _K_WAIT_EVENT = (KIND_CODE[k] for k in (_COMPUTE, _COPY, _WAIT, _WAIT_EVENT))
+_IS_DEVICE = bytes(k in _DEVICE_KINDS for k in KINDS)
+_IS_MEMORY = bytes(k in MEMORY_KINDS for k in KINDS)
 _GLOO = Transport.GLOO
 _NCCL = Transport.NCCL
 _MEMCPY = Transport.MEMCPY
@@ -110,6 +114,8 @@ class Engine:
         self.group_ranks = {g.id: g.ranks for g in program.groups}
         self.on_stream = w.on_stream
         """Per op, 1 for a memcpy transfer: it runs on its stream (no comm queue)."""
+        self.kind = w.kinds
+        """Per op, its kind code (`KIND_CODE`)."""
         topo = machine.topology
         self.copy_engines = CopyEngines(topo.copy_engines, program.world_size) if topo is not None and topo.copy_engines else None
         """The GPUs' copy engines (None: not limited)."""
@@ -191,8 +197,11 @@ class Engine:
         self.state[g] = DONE
         w = self.waiters.pop(g, None)
         if w:
+            todo = self._todo
             for e in w:
-                self._kick(e)
+                if not e.kicked:
+                    e.kicked = True
+                    todo.append(e)
 
     def _first_pending(self, deps) -> int:
         state = self.state
@@ -218,26 +227,36 @@ class Engine:
                 return self.batch_ops[self.base[op.rank] + op.batch]
             return (g,)
         b = self.base[op.rank]
-        return tuple(b + i for i in op.waits_for)
+        return tuple([b + i for i in op.waits_for])
 
     # ---- host -------------------------------------------------------------------------
 
     def _advance_host(self, h: Host) -> None:
-        ops = self.ops
-        machine = self.machine
+        ops, kinds, on_stream = self.ops, self.kind, self.on_stream
+        issue_start, issue_end, cause = self.issue_start, self.issue_end, self.cause
+        launch_us = self.machine.kernel_launch_us
+        streams = self.streams[h.rank]
         if h.block_g >= 0 and not self._host_unblocked(h):
             return
         while h.pc < h.end:
             g = h.pc
             op = ops[g]
+            k = kinds[g]
+            if _IS_DEVICE[k] or on_stream[g] or (k == _K_WAIT and op.stream != HOST_STREAM and not self._gloo_wait(op)):
+                t = h.t
+                issue_start[g] = t
+                h.t = t = t + launch_us
+                issue_end[g] = t
+                cause[g] = h.cause
+                s = streams[op.stream]  # _push, inlined: most ops take this path
+                s.fifo.append(g * 4 + EXEC)
+                s.pushed += 1
+                if not s.busy and len(s.fifo) == 1:
+                    self._kick(s)
+                h.pc = g + 1
+                continue
             kind = op.kind
-            if kind in _DEVICE_KINDS or self.on_stream[g] or (kind is _WAIT and op.stream != HOST_STREAM and not self._gloo_wait(op)):
-                self.issue_start[g] = h.t
-                h.t += machine.kernel_launch_us
-                self.issue_end[g] = h.t
-                self.cause[g] = h.cause
-                self._push(self.streams[op.rank][op.stream], g * 4 + EXEC)
-            elif kind in MEMORY_KINDS:  # bookkeeping in stream order: no launch, no time
+            if kind in MEMORY_KINDS:  # bookkeeping in stream order: no launch, no time
                 self.issue_start[g] = self.issue_end[g] = h.t
                 self.cause[g] = h.cause
                 self._push(self.streams[op.rank][op.stream], g * 4 + EXEC)
@@ -362,7 +381,7 @@ class Engine:
             return
         fifo = s.fifo
         now = self.env.now
-        ready, cause, end = self.ready, self.cause, self.end
+        ready, cause, end, kinds = self.ready, self.cause, self.end, self.kind
         while fifo:
             entry = fifo[0]
             g, tag = entry >> 2, entry & 3
@@ -374,8 +393,8 @@ class Engine:
             duration = 0.0
             woke = False
             if tag != MARK:
-                op = self.ops[g]
-                if tag == SYNC and op.batch is None:  # fast path: one synchronous comm op
+                k = kinds[g]
+                if tag == SYNC and self.ops[g].batch is None:  # fast path: one synchronous comm op
                     if self.state[g] != DONE:
                         self._wait_on(g, s)
                         return
@@ -384,7 +403,7 @@ class Engine:
                         t = end[g]
                         if self.noisy:
                             t, woke = self.contention.woken(entry, t)
-                elif tag == SYNC or op.kind is _WAIT or op.kind is _WAIT_EVENT:
+                elif tag == SYNC or k == _K_WAIT or k == _K_WAIT_EVENT:
                     deps = self._deps(g, tag)
                     pending = self._first_pending(deps)
                     if pending >= 0:
@@ -400,23 +419,23 @@ class Engine:
                     s.woke = False
                     self._start_stream_transfer(s, entry, t, c)
                     return
-                else:
-                    duration = self._duration(op)
-                    if s.woke and c == s.last_g and (op.kind is _COMPUTE or op.kind is _COPY):
+                elif k == _K_COMPUTE or k == _K_COPY:
+                    op = self.ops[g]
+                    duration = op.duration_us * self.stretch if k == _K_COMPUTE and op.duration_us is not None else self._duration(op)
+                    if s.woke and c == s.last_g:
                         t += self.contention.wake_us(entry)  # it starts right as its stream's wait ended
-                    if self.noisy and op.kind is _COMPUTE and duration > 0.0:
+                    if self.noisy and k == _K_COMPUTE and duration > 0.0:
                         duration += self.contention.stall_us(g, duration)
                     s.woke = False
-                    if self.timed and duration > 0.0 and (op.kind is _COMPUTE or (op.kind is _COPY and self.contention.timed_copies)):
+                    if self.timed and duration > 0.0 and (k == _K_COMPUTE or self.contention.timed_copies):
                         self._start_timed(s, entry, t, c, duration)
                         return
+                else:  # record, alloc, free: ordering only
+                    s.woke = False
             s.woke = woke
             start = t if t > now else now
-            if tag == EXEC:
+            if tag != SYNC:  # EXEC: when the op starts; MARK: when the comm op may join its queue
                 self.start[g] = start
-                cause[g] = c
-            elif tag == MARK:
-                self.start[g] = start  # when the comm op may join its queue
                 cause[g] = c
             if start > now or duration > 0.0:
                 s.busy = True
@@ -534,11 +553,14 @@ class Engine:
         g, tag = entry >> 2, entry & 3
         if tag == EXEC:
             self._finish(g, t)
-            if self.ops[g].kind not in MEMORY_KINDS:  # bookkeeping is nobody's cause on the critical path
+            if not _IS_MEMORY[self.kind[g]]:  # bookkeeping is nobody's cause on the critical path
                 s.last_g, s.last_end = g, t
         elif tag == MARK:
             self.state[g] = ELIGIBLE
-            self._kick(self.queue_of[g])
+            q = self.queue_of[g]
+            if not q.kicked:
+                q.kicked = True
+                self._todo.append(q)
         else:  # SYNC: the stream continues after the comm op(s)
             s.last_g, s.last_end = c, t
         if s.drain_waiters:

@@ -11,7 +11,7 @@ from array import array
 from collections import deque
 from dataclasses import dataclass
 
-from commdsl.ir import Algo, Op, Protocol
+from commdsl.ir import Algo, Op, OpKind, Protocol
 
 # Op states.
 PENDING, ELIGIBLE, ACTIVE, DONE = 0, 1, 2, 3
@@ -32,6 +32,9 @@ ALGOS = tuple(Algo)
 """`RawResult.algos` holds indices into this tuple (one byte per op)."""
 PROTOS = (None, *Protocol)
 """`RawResult.protos` holds indices into this tuple (0: no protocol, the op has no NCCL model)."""
+KINDS = tuple(OpKind)
+"""The engine's per-op kind codes (one byte per op) are indices into this tuple."""
+KIND_CODE = {k: i for i, k in enumerate(KINDS)}
 
 
 class Entity:

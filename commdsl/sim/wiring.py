@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from commdsl.errors import MachineError
 from commdsl.ir import COLLECTIVE_KINDS, P2P_KINDS, Algo, Op, OpKind, Program, Protocol, Transport
 from commdsl.machine.model import Machine
-from commdsl.sim.entities import ALGOS, PROTOS, Collective, Queue
+from commdsl.sim.entities import ALGOS, KIND_CODE, PROTOS, Collective, Queue
 from commdsl.sim.network import Network
 
 
@@ -43,6 +43,8 @@ class Wiring:
     """Per comm op, the index in `ALGOS` of its algorithm."""
     protos: bytearray
     """Per comm op, the index in `PROTOS` of its NCCL protocol (0: none)."""
+    kinds: bytearray
+    """Per op, its kind as an index in `KINDS` (the engine's hot paths test bytes, not ops)."""
     on_stream: bytearray
     """Per op, 1 for a memcpy transfer (a peer copy, a memcpy send or recv): it runs on its
     stream, with no comm queue."""
@@ -61,6 +63,7 @@ def wire(program: Program, ops: list[Op], base: list[int], machine: Machine, net
     algos = bytearray(n)
     protos = bytearray(n)
     on_stream = bytearray(n)
+    kinds = bytearray(n)
     group_ranks = {g.id: g.ranks for g in program.groups}
     sends: dict[tuple, deque[int]] = {}
     recvs: dict[tuple, deque[int]] = {}
@@ -74,6 +77,7 @@ def wire(program: Program, ops: list[Op], base: list[int], machine: Machine, net
     send, recv, compute, memcpy = OpKind.SEND, OpKind.RECV, OpKind.COMPUTE, Transport.MEMCPY
     for g, op in enumerate(ops):
         kind = op.kind
+        kinds[g] = KIND_CODE[kind]
         if kind not in _COMM_KINDS:
             if kind is compute:
                 if op.duration_us is None and op.flops is not None and (op.dtype, "flops") not in checked:
@@ -105,7 +109,7 @@ def wire(program: Program, ops: list[Op], base: list[int], machine: Machine, net
             queue_of[g] = q
         else:
             network.check_copy(op)
-            on_stream[g] = 1
+            on_stream[g] = kind in P2P_KINDS
         # The op's algorithm and protocol: the network's choice, or what it forces (checked there).
         key = (op.group, kind, op.size_bytes, transport, op.algo, op.proto, op.peer)
         pick = chosen.get(key)
@@ -139,7 +143,7 @@ def wire(program: Program, ops: list[Op], base: list[int], machine: Machine, net
 
     batch_ops = {first: tuple(members) for first, members in batches.items()}
     batch_queues = {first: tuple(dict.fromkeys(queue_of[m] for m in members)) for first, members in batches.items()}
-    return Wiring(queues, queue_of, partner, coll_of, collectives, batch_ops, batch_queues, algos, protos, on_stream)
+    return Wiring(queues, queue_of, partner, coll_of, collectives, batch_ops, batch_queues, algos, protos, kinds, on_stream)
 
 
 def _pair(partner: array, send: int, recv: int) -> None:
