@@ -57,8 +57,8 @@ from commdsl.machine.model import Machine
 from commdsl.sim.collectives import plan
 from commdsl.sim.contention import compute_us, contention_model
 from commdsl.sim.copy_engines import CopyEngines
-from commdsl.sim.entities import (ACTIVE, ALGOS, DONE, KIND_CODE, KINDS, PROTOS, ELIGIBLE, EXEC, MARK, QUEUE, STREAM, SYNC, Collective,
-                                  Entity, Host, Queue, RawResult, Stream)
+from commdsl.sim.entities import (ACTIVE, ALGOS, DONE, HOST, KIND_CODE, KINDS, PROTOS, ELIGIBLE, EXEC, MARK, QUEUE, STREAM, SYNC,
+                                  Collective, Entity, Host, Queue, RawResult, Stream)
 from commdsl.sim.network import Network, Transfer
 from commdsl.sim.wiring import wire
 
@@ -70,7 +70,7 @@ _COMPUTE, _COPY, _SEND, _RECV, _WAIT, _WAIT_EVENT, _HOST_OP, _SYNCHRONIZE = (
     OpKind.COMPUTE, OpKind.COPY, OpKind.SEND, OpKind.RECV, OpKind.WAIT, OpKind.WAIT_EVENT, OpKind.HOST, OpKind.SYNCHRONIZE,
 )  # fmt: skip
 # The same as kind codes (`Wiring.kinds`), and per code whether it is in a set.
-_K_COMPUTE, _K_COPY, _K_WAIT, _K_WAIT_EVENT = (KIND_CODE[k] for k in (_COMPUTE, _COPY, _WAIT, _WAIT_EVENT))
+_K_COMPUTE, _K_COPY, _K_SEND, _K_WAIT, _K_WAIT_EVENT = (KIND_CODE[k] for k in (_COMPUTE, _COPY, _SEND, _WAIT, _WAIT_EVENT))
 _IS_DEVICE = bytes(k in _DEVICE_KINDS for k in KINDS)
 _IS_MEMORY = bytes(k in MEMORY_KINDS for k in KINDS)
 _GLOO = Transport.GLOO
@@ -116,6 +116,8 @@ class Engine:
         """Per op, 1 for a memcpy transfer: it runs on its stream (no comm queue)."""
         self.kind = w.kinds
         """Per op, its kind code (`KIND_CODE`)."""
+        self._advance = {HOST: self._advance_host, STREAM: self._advance_stream, QUEUE: self._advance_queue}
+        """Entity kind -> its advance."""
         topo = machine.topology
         self.copy_engines = CopyEngines(topo.copy_engines, program.world_size) if topo is not None and topo.copy_engines else None
         """The GPUs' copy engines (None: not limited)."""
@@ -173,16 +175,11 @@ class Engine:
 
     def _drain(self) -> None:
         todo = self._todo
+        advance = self._advance
         while todo:
             e = todo.popleft()
             e.kicked = False
-            kind = e.kind
-            if kind == STREAM:
-                self._advance_stream(e)
-            elif kind == QUEUE:
-                self._advance_queue(e)
-            else:
-                self._advance_host(e)
+            advance[e.kind](e)
 
     def _wait_on(self, g: int, e: Entity) -> None:
         w = self.waiters.get(g)
@@ -337,9 +334,10 @@ class Engine:
         return True
 
     def _issue_comm(self, h: Host, g: int, op: Op) -> None:
-        self.issue_start[g] = h.t
-        h.t += self.machine.comm_launch_us
-        self.issue_end[g] = h.t
+        t = h.t
+        self.issue_start[g] = t
+        h.t = t = t + self.machine.comm_launch_us
+        self.issue_end[g] = t
         self.cause[g] = h.cause
         stream = self.streams[op.rank][op.stream]
         self._push(stream, g * 4 + MARK)
@@ -347,23 +345,29 @@ class Engine:
             q = self.queue_of[g]
             q.fifo.append(g)
             q.pushed += 1
-            deps: tuple[int, ...] = (g,)
-        else:
-            # A batch is one item in each comm queue it touches, pushed at its first op
-            # (nothing else is issued between a batch's ops).
-            first = self.base[op.rank] + op.batch
-            if g == first:
-                for q in self.batch_queues[first]:
-                    q.fifo.append(first)
-                    q.pushed += 1
-            deps = self.batch_ops[first]
-            if g != deps[-1]:
-                return  # a synchronous batch waits once, after its last op
+            if op.handle is not None:
+                return
+            if op.transport is _GLOO:
+                # A synchronous gloo call blocks the calling thread until the transfer is done.
+                h.block_g = g
+                h.block_deps = (g,)
+            else:
+                self._push(stream, g * 4 + SYNC)
+            return
+        # A batch is one item in each comm queue it touches, pushed at its first op
+        # (nothing else is issued between a batch's ops).
+        first = self.base[op.rank] + op.batch
+        if g == first:
+            for q in self.batch_queues[first]:
+                q.fifo.append(first)
+                q.pushed += 1
+        deps = self.batch_ops[first]
+        if g != deps[-1]:
+            return  # a synchronous batch waits once, after its last op
         if op.handle is not None:
             return
         if any(self.ops[x].transport is _GLOO for x in deps):
-            # A synchronous gloo call blocks the calling thread until the transfer is done.
-            h.block_g = g
+            h.block_g = g  # as one synchronous gloo op, above
             h.block_deps = deps
         else:
             self._push(stream, g * 4 + SYNC)
@@ -405,11 +409,14 @@ class Engine:
                             t, woke = self.contention.woken(entry, t)
                 elif tag == SYNC or k == _K_WAIT or k == _K_WAIT_EVENT:
                     deps = self._deps(g, tag)
-                    pending = self._first_pending(deps)
-                    if pending >= 0:
-                        self._wait_on(pending, s)
-                        return
-                    d = self._latest(deps)
+                    state = self.state
+                    d = -1  # the dependency that finished last (lowest g on ties), as _latest
+                    for x in deps:
+                        if state[x] != DONE:
+                            self._wait_on(x, s)
+                            return
+                        if d < 0 or end[x] > end[d]:
+                            d = x
                     if end[d] >= t:
                         c = d
                         t = end[d]
@@ -619,24 +626,23 @@ class Engine:
         for x in queues:
             x.active = True
             x.remaining = 0
+        start, cause, queue_of = self.start, self.cause, self.queue_of
         for g in members:
-            self.queue_of[g].remaining += 1
-        for g in members:
+            x = queue_of[g]
+            x.remaining += 1
             # Queue-bound if the previous item on the queue ended after the op was ready.
-            x = self.queue_of[g]
-            if x.last_g >= 0 and x.last_end > self.start[g]:
-                self.cause[g] = x.last_g
+            if x.last_g >= 0 and x.last_end > start[g]:
+                cause[g] = x.last_g
             state[g] = ACTIVE
-            self.start[g] = now
+            start[g] = now
             if self.kernels and self.ops[g].transport is _NCCL:
                 self._kernel_changed(g, True)
         for g in members:
             self._activated(g, now)
 
     def _activated(self, g: int, now: float) -> None:
-        op = self.ops[g]
-        if op.kind in _COLLECTIVE_KINDS:
-            inst = self.coll_of[g]
+        inst = self.coll_of[g]
+        if inst is not None:  # a collective
             inst.arrived.append(g)
             if len(inst.arrived) == inst.size:
                 for m in inst.arrived:
@@ -644,14 +650,15 @@ class Engine:
                         self.cause[m] = g  # it waited for the last member
                 self._start_collective(inst)
             return
-        if op.kind is _COPY:  # a peer copy: one-sided, nothing to wait for
+        k = self.kind[g]
+        if k == _K_COPY:  # a peer copy: one-sided, nothing to wait for
             self._start_p2p(g, -1)
             return
         p = self.partner[g]
         if p >= 0 and self.state[p] == ACTIVE:
             if self.start[p] < now:
                 self.cause[p] = g
-            send, recv = (g, p) if op.kind is _SEND else (p, g)
+            send, recv = (g, p) if k == _K_SEND else (p, g)
             self._start_p2p(send, recv)
 
     def _start_p2p(self, send: int, recv: int) -> None:
@@ -720,18 +727,19 @@ class Engine:
         if self.traffic:
             for rank in self.contention.transfer(transfer, False):
                 self._retime(rank)
+        on_stream, queue_of, finish, todo = self.on_stream, self.queue_of, self._finish, self._todo
         for g in members:
-            if self.on_stream[g]:  # a memcpy transfer: its stream goes on
+            if on_stream[g]:  # a memcpy transfer: its stream goes on
                 op = self.ops[g]
                 s = self.streams[op.rank][op.stream]
                 s.busy = False
                 self._complete_entry(s, s.cur, now, s.cur_cause)
                 self._kick(s)
                 continue
-            self._finish(g, now)
+            finish(g, now)
             if kernels and self.ops[g].transport is _NCCL:
                 self._kernel_changed(g, False)
-            q = self.queue_of[g]
+            q = queue_of[g]
             q.remaining -= 1
             if q.remaining == 0:
                 q.active = False
@@ -740,7 +748,9 @@ class Engine:
                 q.last_g, q.last_end = g, now
                 if q.drain_waiters:
                     self._wake_drained(q)
-                self._kick(q)
+                if not q.kicked:
+                    q.kicked = True
+                    todo.append(q)
         if engines:
             self.copy_engines.release(engines)
         elif transfer.transport is _NCCL and (transfer.kind is _SEND):

@@ -118,19 +118,9 @@ def wire(program: Program, ops: list[Op], base: list[int], machine: Machine, net
             pick = chosen[key] = (ALGOS.index(algo), PROTOS.index(proto))
         algos[g], protos[g] = pick
         if kind is send:
-            key = (op.rank, op.peer, op.group)
-            r = recvs.get(key)
-            if r:
-                _pair(partner, g, r.popleft())
-            else:
-                sends.setdefault(key, deque()).append(g)
+            _match(sends, recvs, (op.rank, op.peer, op.group), g, partner)
         elif kind is recv:
-            key = (op.peer, op.rank, op.group)
-            s = sends.get(key)
-            if s:
-                _pair(partner, s.popleft(), g)
-            else:
-                recvs.setdefault(key, deque()).append(g)
+            _match(recvs, sends, (op.peer, op.rank, op.group), g, partner)
         else:
             k = seq.get((op.rank, op.group), 0)
             seq[(op.rank, op.group)] = k + 1
@@ -146,9 +136,20 @@ def wire(program: Program, ops: list[Op], base: list[int], machine: Machine, net
     return Wiring(queues, queue_of, partner, coll_of, collectives, batch_ops, batch_queues, algos, protos, kinds, on_stream)
 
 
-def _pair(partner: array, send: int, recv: int) -> None:
-    partner[send] = recv
-    partner[recv] = send
+def _match(mine: dict[tuple, deque[int]], theirs: dict[tuple, deque[int]], key: tuple, g: int, partner: array) -> None:
+    """Pair op g (a send or a recv, `mine` its kind's unmatched ops by key) with the first
+    unmatched op of the other kind with the same (src, dst, group), or queue it."""
+    other = theirs.get(key)
+    if other:
+        p = other.popleft()
+        partner[g] = p
+        partner[p] = g
+        return
+    waiting = mine.get(key)
+    if waiting is None:
+        mine[key] = deque((g,))
+    else:
+        waiting.append(g)
 
 
 def _check_transport(machine: Machine, op: Op) -> None:
