@@ -60,7 +60,7 @@ from commdsl.sim.copy_engines import CopyEngines
 from commdsl.sim.entities import (ACTIVE, ALGOS, DONE, HOST, KIND_CODE, KINDS, PROTOS, ELIGIBLE, EXEC, MARK, QUEUE, STREAM, SYNC,
                                   Collective, Entity, Host, Queue, RawResult, Stream)
 from commdsl.sim.network import Network, Transfer
-from commdsl.sim.wiring import wire
+from commdsl.sim.wiring import Wiring, wire
 
 _DEVICE_KINDS = frozenset({OpKind.COMPUTE, OpKind.COPY, OpKind.RECORD, OpKind.WAIT_EVENT})
 _COMM_KINDS = frozenset(k for k in OpKind if k.is_comm)
@@ -83,7 +83,10 @@ PROGRESS_EVENTS = 20_000
 class Engine:
     """Simulate one `Program` on one `Machine` through a `Network`."""
 
-    def __init__(self, program: Program, machine: Machine, network_cls: type[Network], rng: random.Random | None = None):
+    def __init__(self, program: Program, machine: Machine, network_cls: type[Network], rng: random.Random | None = None,
+                 wiring: Wiring | None = None):  # fmt: skip
+        """`wiring`: the program's `Wiring` from an earlier engine on the same program,
+        machine and network model (a sampled simulation makes it once); None: wire now."""
         self.program = program
         self.machine = machine
         self.env = simpy.Environment()
@@ -107,7 +110,16 @@ class Engine:
         self._todo: deque[Entity] = deque()
         self.hosts = [Host(r, self.base[r], self.base[r] + len(program.ops[r])) for r in range(program.world_size)]
         self.streams: list[dict[str, Stream]] = [{s: Stream(r, s) for s in program.streams} for r in range(program.world_size)]
-        w = wire(program, ops, self.base, machine, self.network)
+        if wiring is None:
+            w = wire(program, ops, self.base, machine, self.network)
+        else:
+            w = wiring
+            for rank_queues in w.queues:
+                for q in rank_queues.values():
+                    q.reset()
+            for inst in w.collectives:
+                inst.reset()
+        self.wiring = w
         self.queues, self.queue_of, self.partner, self.coll_of = w.queues, w.queue_of, w.partner, w.coll_of
         self.collectives, self.batch_ops, self.batch_queues, self.algos = w.collectives, w.batch_ops, w.batch_queues, w.algos
         self.protos = w.protos

@@ -120,6 +120,10 @@ class Queue(Entity):
         self.last_end = 0.0
         self.drain_waiters: list[tuple[int, Entity]] = []
 
+    def reset(self) -> None:
+        """As new, for another run of the same program (`Wiring` is made once per program)."""
+        self.__init__(self.rank, self.group)
+
 
 class Collective:
     """One collective instance: the k-th collective of a group, across its members."""
@@ -134,6 +138,10 @@ class Collective:
         """Members' ops (g), in rank order as found in the program."""
         self.arrived: list[int] = []
         """Members' ops that are active, in arrival order."""
+
+    def reset(self) -> None:
+        """As new, for another run of the same program (its members stay)."""
+        self.arrived = []
 
 
 @dataclass
