@@ -121,7 +121,7 @@ class Engine:
                 inst.reset()
         self.wiring = w
         self.queues, self.queue_of, self.partner, self.coll_of = w.queues, w.queue_of, w.partner, w.coll_of
-        self.collectives, self.batch_ops, self.batch_queues, self.algos = w.collectives, w.batch_ops, w.batch_queues, w.algos
+        self.collectives, self.batch_last, self.batch_multi, self.algos = w.collectives, w.batch_last, w.batch_multi, w.algos
         self.protos = w.protos
         self.group_ranks = {g.id: g.ranks for g in program.groups}
         self.on_stream = w.on_stream
@@ -233,10 +233,18 @@ class Engine:
         op = self.ops[g]
         if tag == SYNC:
             if op.batch is not None:
-                return self.batch_ops[self.base[op.rank] + op.batch]
+                return self.batch_ops(self.base[op.rank] + op.batch)
             return (g,)
         b = self.base[op.rank]
         return tuple([b + i for i in op.waits_for])
+
+    def batch_ops(self, first: int) -> range:
+        """The ops of the P2P batch whose first op is `first`, in issue order."""
+        return range(first, self.batch_last[first] + 1)
+
+    def batch_queues(self, first: int) -> tuple[Queue, ...]:
+        """The comm queues the P2P batch whose first op is `first` occupies (usually one)."""
+        return self.batch_multi.get(first) or (self.queue_of[first],)
 
     # ---- host -------------------------------------------------------------------------
 
@@ -370,12 +378,12 @@ class Engine:
         # (nothing else is issued between a batch's ops).
         first = self.base[op.rank] + op.batch
         if g == first:
-            for q in self.batch_queues[first]:
+            for q in self.batch_queues(first):
                 q.fifo.append(first)
                 q.pushed += 1
-        deps = self.batch_ops[first]
-        if g != deps[-1]:
+        if g != self.batch_last[first]:
             return  # a synchronous batch waits once, after its last op
+        deps = self.batch_ops(first)
         if op.handle is not None:
             return
         if any(self.ops[x].transport is _GLOO for x in deps):
@@ -627,10 +635,10 @@ class Engine:
                 self._kernel_changed(item, True)
             self._activated(item, now)
             return
-        queues = self.batch_queues[item]
+        queues = self.batch_queues(item)
         if len(queues) > 1 and any(x.active or not x.fifo or x.fifo[0] != item for x in queues):
             return  # a batch over several groups waits for the head of each queue
-        members = self.batch_ops[item]
+        members = self.batch_ops(item)
         for g in members:
             if state[g] != ELIGIBLE:
                 return
@@ -722,7 +730,7 @@ class Engine:
                 self._retime(rank)
 
     def _start_collective(self, inst: Collective) -> None:
-        first = min(inst.ops)
+        first = inst.ops[0]
         rep = self.ops[first]  # the lowest rank's op describes the collective
         key = (rep.kind, inst.group, rep.size_bytes, rep.transport, self.algos[first], self.protos[first], rep.root, rep.dtype,
                rep.reduce_op)  # fmt: skip

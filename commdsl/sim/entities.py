@@ -134,8 +134,8 @@ class Collective:
         self.group = group
         self.seq = seq
         self.size = size
-        self.ops: list[int] = []
-        """Members' ops (g), in rank order as found in the program."""
+        self.ops = array("q")
+        """Members' ops (g), in the order found in the program (the first is the lowest)."""
         self.arrived: list[int] = []
         """Members' ops that are active, in arrival order."""
 

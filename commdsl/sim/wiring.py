@@ -35,10 +35,12 @@ class Wiring:
     coll_of: list[Collective | None]
     """Per collective op, its instance."""
     collectives: list[Collective]
-    batch_ops: dict[int, tuple[int, ...]]
-    """P2P batches: first op (g) -> the batch's ops, in issue order."""
-    batch_queues: dict[int, tuple[Queue, ...]]
-    """P2P batches: first op (g) -> the comm queues it occupies (usually one)."""
+    batch_last: array
+    """P2P batches: at a batch's first op (g), its last op (a batch's ops are consecutive:
+    it holds isend/irecv only); empty without batches."""
+    batch_multi: dict[int, tuple[Queue, ...]]
+    """P2P batches over several groups: first op (g) -> the comm queues it occupies (a
+    batch not here occupies its first op's queue alone)."""
     algos: bytearray
     """Per comm op, the index in `ALGOS` of its algorithm."""
     protos: bytearray
@@ -73,7 +75,8 @@ def wire(program: Program, ops: list[Op], base: list[int], machine: Machine, net
     # shape, and kept as the (algo, proto) indices the arrays hold.
     chosen: dict[tuple, tuple[int, int]] = {}
     checked: set = set()
-    batches: dict[int, list[int]] = {}
+    batch_last = array("q")
+    batch_multi: dict[int, tuple[Queue, ...]] = {}
     send, recv, compute, memcpy = OpKind.SEND, OpKind.RECV, OpKind.COMPUTE, Transport.MEMCPY
     for g, op in enumerate(ops):
         kind = op.kind
@@ -94,13 +97,6 @@ def wire(program: Program, ops: list[Op], base: list[int], machine: Machine, net
         if transport not in checked:
             _check_transport(machine, op)
             checked.add(transport)
-        if op.batch is not None:
-            first = base[op.rank] + op.batch
-            members = batches.get(first)
-            if members is None:
-                batches[first] = [g]
-            else:
-                members.append(g)
         if transport is not memcpy:  # memcpy has no communicator: it runs on its stream
             rank_queues = queues[op.rank]
             q = rank_queues.get(op.group)
@@ -110,6 +106,15 @@ def wire(program: Program, ops: list[Op], base: list[int], machine: Machine, net
         else:
             network.check_copy(op)
             on_stream[g] = kind in P2P_KINDS
+        if op.batch is not None:
+            if not batch_last:
+                batch_last = array("q", bytes(8 * n))
+            first = base[op.rank] + op.batch
+            if first != g:
+                assert batch_last[first] == g - 1, "a batch's ops are consecutive"
+                if queue_of[g] is not queue_of[first]:
+                    batch_multi[first] = (*batch_multi.get(first, (queue_of[first],)), queue_of[g])
+            batch_last[first] = g
         # The op's algorithm and protocol: the network's choice, or what it forces (checked there).
         key = (op.group, kind, op.size_bytes, transport, op.algo, op.proto, op.peer)
         pick = chosen.get(key)
@@ -131,9 +136,9 @@ def wire(program: Program, ops: list[Op], base: list[int], machine: Machine, net
             inst.ops.append(g)
             coll_of[g] = inst
 
-    batch_ops = {first: tuple(members) for first, members in batches.items()}
-    batch_queues = {first: tuple(dict.fromkeys(queue_of[m] for m in members)) for first, members in batches.items()}
-    return Wiring(queues, queue_of, partner, coll_of, collectives, batch_ops, batch_queues, algos, protos, kinds, on_stream)
+    for first, multi in batch_multi.items():
+        batch_multi[first] = tuple(dict.fromkeys(multi))
+    return Wiring(queues, queue_of, partner, coll_of, collectives, batch_last, batch_multi, algos, protos, kinds, on_stream)
 
 
 def _match(mine: dict[tuple, deque[int]], theirs: dict[tuple, deque[int]], key: tuple, g: int, partner: array) -> None:
