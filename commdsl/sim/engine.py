@@ -76,6 +76,8 @@ _IS_MEMORY = bytes(k in MEMORY_KINDS for k in KINDS)
 _GLOO = Transport.GLOO
 _NCCL = Transport.NCCL
 _MEMCPY = Transport.MEMCPY
+_IDLE = object()
+"""`Engine.pair_fifo` has no entry: no NCCL transfer moves between those ranks."""
 PROGRESS_EVENTS = 20_000
 """`Engine.run` with a progress callback reports after every this many SimPy events."""
 
@@ -133,9 +135,10 @@ class Engine:
         topo = machine.topology
         self.copy_engines = CopyEngines(topo.copy_engines, program.world_size) if topo is not None and topo.copy_engines else None
         """The GPUs' copy engines (None: not limited)."""
-        self.pair_fifo: dict[tuple[str, int, int], deque[tuple[Transfer, tuple[int, ...]]]] = {}
+        self.pair_fifo: dict[tuple[str, int, int], deque[tuple[Transfer, tuple[int, ...]]] | None] = {}
         """(group, source, destination) of an NCCL transfer moving now -> the transfers
-        between the same ranks in the same group waiting behind it, in order (with their ops)."""
+        between the same ranks in the same group waiting behind it, in order (with their
+        ops); None while none waits (most transfers: no deque made for them)."""
         self._transfers: dict[tuple, Transfer] = {}
         """One `Transfer` per distinct shape (what it moves, between whom, how), by the
         op fields it is built from: built once, started with each occurrence's ops."""
@@ -696,10 +699,12 @@ class Engine:
             self.copy_engines.acquire(gpus, lambda: self._start_transfer(transfer, members, gpus))
         elif so.transport is _NCCL:
             key = (so.group, so.rank, so.peer)
-            waiting = self.pair_fifo.get(key)
-            if waiting is None:
-                self.pair_fifo[key] = deque()
+            waiting = self.pair_fifo.get(key, _IDLE)
+            if waiting is _IDLE:
+                self.pair_fifo[key] = None
                 self._start_transfer(transfer, members)
+            elif waiting is None:
+                self.pair_fifo[key] = deque(((transfer, members),))
             else:
                 waiting.append((transfer, members))
         else:
@@ -779,5 +784,5 @@ class Engine:
             if waiting:
                 self._start_transfer(*waiting.popleft())
             else:
-                del self.pair_fifo[key]
+                del self.pair_fifo[key]  # idle again
         self._drain()
