@@ -431,7 +431,11 @@ class Engine:
                         if self.noisy:
                             t, woke = self.contention.woken(entry, t)
                 elif tag == SYNC or k == _K_WAIT or k == _K_WAIT_EVENT:
-                    deps = self._deps(g, tag)
+                    if tag == SYNC:  # a synchronous batch, at its last op
+                        first = g - self.ops[g].index + self.ops[g].batch
+                        deps = range(first, self.batch_last[first] + 1)
+                    else:
+                        deps = self._deps(g, tag)
                     state = self.state
                     d = -1  # the dependency that finished last (lowest g on ties), as _latest
                     for x in deps:
@@ -480,7 +484,9 @@ class Engine:
         s: Stream = ev.value
         s.busy = False
         self._complete_entry(s, s.cur, self.env.now, s.cur_cause)
-        self._kick(s)
+        if not s.kicked:
+            s.kicked = True
+            self._todo.append(s)
         self._drain()
 
     def _hold(self, s: Stream, entry: int, t: float, c: int) -> bool:
@@ -582,7 +588,14 @@ class Engine:
         s.done += 1
         g, tag = entry >> 2, entry & 3
         if tag == EXEC:
-            self._finish(g, t)
+            self.end[g] = t  # _finish, inlined (once per op)
+            self.state[g] = DONE
+            w = self.waiters.pop(g, None)
+            if w:
+                for e in w:
+                    if not e.kicked:
+                        e.kicked = True
+                        self._todo.append(e)
             if not _IS_MEMORY[self.kind[g]]:  # bookkeeping is nobody's cause on the critical path
                 s.last_g, s.last_end = g, t
         elif tag == MARK:
