@@ -40,7 +40,11 @@ transfers in time order.
 
 Per op the engine keeps flat arrays indexed by a global op number `g` (ranks laid out
 one after another): issue start/end, start, end, state, and `cause`, the op whose
-completion let it start last (what the critical path walks back along).
+completion let it start last (what the critical path walks back along). Its hot paths
+read a byte of kind code per op (`Wiring.kinds`) rather than the op. A transfer is one
+`Transfer` per distinct shape (kind, ranks, size, transport, plan), built on first use
+and started with each occurrence's ops, so matching a send with its recv allocates no
+plan, no transfer and no callback.
 """
 
 from __future__ import annotations

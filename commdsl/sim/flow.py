@@ -44,6 +44,11 @@ recomputation), a moving shared one is recomputed with the flows connected to it
 flow still in its latency just takes the cap with it. With F = 1.0 for every op none of
 this exists (the engine does not even report compute).
 
+A flow is built once per distinct `Transfer` (its legs, cached) and its runs are logged
+flat: the transfers in the network's `TransferLog`, link loads as (time, channel, load)
+arrays, and each interval a flow moved alone as one entry that `_samples` expands into its
+two samples per channel when link statistics or trace counters are asked for.
+
 `SteppedFlowNetwork` (`--network flow-steps`) is the validation mode: it runs each
 collective step by step, one flow per pair of ranks per step, and waits for the whole
 step before the next. Uncontended, both give the same time (tests check it).

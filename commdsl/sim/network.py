@@ -13,6 +13,10 @@ lists them by name):
   * `flow` (the default, `commdsl.sim.flow`): links, routes and max-min sharing;
   * `flow-steps`: the flow network running collectives step by step (validation).
 
+Both models log every transfer they start in a `TransferLog` (flat arrays: which distinct
+`Transfer`, its ops, start, end), from which `flow_stats()` builds one `FlowStat` per
+transfer when asked.
+
 Compute slowing communication (a transfer's `compute_comm_slowdown`, from
 `Machine.interference`: its op's `interference_by_op` entry or the machine-wide factor;
 != 1.0): the engine tells the network when compute starts or ends on a device

@@ -7,6 +7,11 @@ of a group on every member), P2P batches, and each comm op's algorithm and proto
 network's choice, `Network.choose`). It also checks what the machine must provide: a
 transport for every comm op and peer copy, a route for every memcpy transfer (not
 between nodes), and a compute rate for every FLOP-sized dtype.
+
+The result is flat: per-op arrays (partner, algorithm and protocol indices, kind codes,
+memcpy marks), a batch as the range of its consecutive ops, and the network's choice
+made once per distinct shape of comm op. A sampled simulation wires once and hands the
+same `Wiring` to every sample's engine, which resets its queues and collective instances.
 """
 
 from __future__ import annotations
