@@ -255,7 +255,7 @@ def critical_path(raw: RawResult) -> list[int]:
     if not raw.ops:
         return []
     end = raw.end
-    last = max(range(len(end)), key=lambda g: (end[g], -g))
+    last = end.index(max(end))  # the lowest g among those that end last
     path = [last]
     seen = {last}
     g = raw.cause[last]
