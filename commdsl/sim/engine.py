@@ -434,12 +434,8 @@ class Engine:
                         t = end[g]
                         if self.noisy:
                             t, woke = self.contention.woken(entry, t)
-                elif tag == SYNC or k == _K_WAIT or k == _K_WAIT_EVENT:
-                    if tag == SYNC:  # a synchronous batch, at its last op
-                        first = g - self.ops[g].index + self.ops[g].batch
-                        deps = range(first, self.batch_last[first] + 1)
-                    else:
-                        deps = self._deps(g, tag)
+                elif tag == SYNC or k == _K_WAIT or k == _K_WAIT_EVENT:  # a synchronous batch, or a wait
+                    deps = self._deps(g, tag)
                     state = self.state
                     d = -1  # the dependency that finished last (lowest g on ties), as _latest
                     for x in deps:
