@@ -367,7 +367,12 @@ class Engine:
         self.issue_end[g] = t
         self.cause[g] = h.cause
         stream = self.streams[op.rank][op.stream]
-        self._push(stream, g * 4 + MARK)
+        fifo = stream.fifo
+        fifo.append(g * 4 + MARK)  # _push, inlined
+        stream.pushed += 1
+        if not stream.busy and len(fifo) == 1 and not stream.kicked:
+            stream.kicked = True
+            self._todo.append(stream)
         if op.batch is None:
             q = self.queue_of[g]
             q.fifo.append(g)
@@ -378,8 +383,9 @@ class Engine:
                 # A synchronous gloo call blocks the calling thread until the transfer is done.
                 h.block_g = g
                 h.block_deps = (g,)
-            else:
-                self._push(stream, g * 4 + SYNC)
+            else:  # _push, inlined: the stream holds the MARK, so it needs no kick
+                fifo.append(g * 4 + SYNC)
+                stream.pushed += 1
             return
         # A batch is one item in each comm queue it touches, pushed at its first op
         # (nothing else is issued between a batch's ops).

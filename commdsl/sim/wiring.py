@@ -74,8 +74,10 @@ def wire(program: Program, ops: list[Op], base: list[int], machine: Machine, net
     group_ranks = {g.id: g.ranks for g in program.groups}
     sends: dict[tuple, deque[int]] = {}
     recvs: dict[tuple, deque[int]] = {}
-    seq: dict[tuple[int, str], int] = {}
-    instances: dict[tuple[str, int], Collective] = {}
+    seq: list[dict[str, int]] = [{} for _ in range(program.world_size)]
+    """Per rank, per group: collectives seen so far."""
+    instances: dict[str, list[Collective]] = {}
+    """Per group, its collective instances in order."""
     # Most programs repeat a few shapes of comm op: the network's choice is made once per
     # shape, and kept as the (algo, proto) indices the arrays hold.
     chosen: dict[tuple, tuple[int, int]] = {}
@@ -132,11 +134,17 @@ def wire(program: Program, ops: list[Op], base: list[int], machine: Machine, net
         elif kind is recv:
             _match(recvs, sends, (op.peer, op.rank, op.group), g, partner)
         else:
-            k = seq.get((op.rank, op.group), 0)
-            seq[(op.rank, op.group)] = k + 1
-            inst = instances.get((op.group, k))
-            if inst is None:
-                inst = instances[(op.group, k)] = Collective(op.group, k, len(group_ranks[op.group]))
+            rank_seq = seq[op.rank]
+            k = rank_seq.get(op.group, 0)
+            rank_seq[op.group] = k + 1
+            group_instances = instances.get(op.group)
+            if group_instances is None:
+                group_instances = instances[op.group] = []
+            if k < len(group_instances):
+                inst = group_instances[k]
+            else:
+                inst = Collective(op.group, k, len(group_ranks[op.group]))
+                group_instances.append(inst)
                 collectives.append(inst)
             inst.ops.append(g)
             coll_of[g] = inst
