@@ -20,7 +20,7 @@ from array import array
 from collections import deque
 from dataclasses import dataclass
 
-from commdsl.errors import MachineError
+from commdsl.errors import MachineError, ScheduleError
 from commdsl.ir import COLLECTIVE_KINDS, P2P_KINDS, Algo, Op, OpKind, Program, Protocol, Transport
 from commdsl.machine.model import Machine
 from commdsl.sim.entities import ALGOS, KIND_CODE, PROTOS, Collective, Queue
@@ -104,6 +104,10 @@ def wire(program: Program, ops: list[Op], base: list[int], machine: Machine, net
         if transport not in checked:
             _check_transport(machine, op)
             checked.add(transport)
+        if transport is memcpy and kind not in P2P_KINDS:
+            raise ScheduleError(f"{kind.value} {op.name} on rank {op.rank}: transport=memcpy copies point to point only (send, "
+                                f"recv, a copy to a peer), not a collective", op.loc, rank=op.rank,
+                                hint="give the collective transport=nccl or transport=gloo")  # fmt: skip
         if transport is not memcpy:  # memcpy has no communicator: it runs on its stream
             rank_queues = queues[op.rank]
             q = rank_queues.get(op.group)
