@@ -11,7 +11,7 @@ all measured iterations of all launches. Two compute modes:
 * sleep: compute ops sleep for their duration, so the difference is the executor's
   own cost (stream threads, comm queues, timing) with no CPU contention;
 * busy: compute ops are real work given in FLOPs (t_fwd = 2, t_bwd = 4 multiplies of
-  256x256 fp32 matrices, about 1 ms each here), which commdsl.run runs as exactly that
+  256x256 fp32 matrices), which commdsl.run runs as exactly that
   many 256x256 matmuls, as the hand-written loop does; the work competes for the
   cores with the executor's threads. (Durations would be calibrated separately by
   each launch, and calibration noise on a shared CPU would swamp the overhead.)

@@ -1,34 +1,44 @@
-"""How fast and how lean the simulator is on large schedules.
+"""How fast and how lean `simulate()` is on large schedules (the scale issue's targets).
 
     python bench/sim_scale.py            # full sizes (the README quotes these)
-    python bench/sim_scale.py --quick    # a quarter of the work, for a smoke run
+    python bench/sim_scale.py --quick    # smaller sizes, no 1M-op run, for a smoke run
 
-Workloads (acceptance targets of the simulator issue):
-  * 1F1B pipeline, 64 stages x 256 microbatches (the bundled 1f1b schedule);
-  * one data-parallel step, 256 ranks x 50 gradient buckets, backward overlapped with
-    bucketed all_reduces on a comm stream (events order the streams);
-  * 1000 chained 64 MiB all_reduces over 64 ranks (target: <= 0.5 s).
-Targets: >= 100k simulated ops per second, <= 1 KB of memory per op, linear in ops.
+Every figure is process CPU time of `simulate()` alone (the engine, the memory check, the
+critical path: what a summary needs; not loading the schedule, not building a trace),
+the median of `--repeats` runs, on h100-nvlink with the flow network unless said:
 
-"sim s" is the wall time of `simulate()` (the engine, the critical path; what a summary
-needs), best of a few runs, and ops/s is based on it; "cpu s" is the process CPU time of
-the same call (less sensitive to other load on a shared machine); "+trace s" is the extra time to
-build the Timeline (what `--trace` writes). Memory is the peak traced by tracemalloc,
-divided by the number of ops, in separate runs (the loaded Program is not counted):
-"B/op" during `simulate()` (the simulator, what the 1 KB target is about) and
-"+trace B/op" during `simulate()` plus building the Timeline (two spans per op, counters). Loading (front end) is reported
-separately. Each workload runs at half and full size to show linear growth.
+  1. ops/s, 1F1B at 64, 128 and 256 stages x 256 microbatches (P2P-heavy: a send/recv
+     pair per stage boundary and microbatch). Target >= 300k.
+  2. ops/s, one data-parallel step: 256 ranks x 50 gradient buckets, the backward
+     overlapped with bucketed all_reduces on a comm stream. Target >= 500k.
+  3. the chained all_reduce: 1000 64 MiB ring all_reduces on 64 ranks, one link per rank
+     at 50 GB/s and 500 ns (`bench/contention.py`'s machine). Target: simulate() <= 0.1 s.
+  4. cost per op at 1k, 10k, 100k and 1M ops (1F1B, 64 stages, microbatches to match):
+     flat is the target. Small sizes repeat until 0.2 s has passed, per run.
+  5. `samples=N` against one simulation (1F1B 64 x 64 on cpu-loopback with a compute
+     noise model; each sample draws its stalls, one simulation draws none): at most N x
+     one simulation is the target.
+
+"B/op" is the peak tracemalloc sees during `simulate()` (the loaded Program is not
+counted) divided by the number of ops, in a separate run.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import gc
+import statistics
 import time
 import tracemalloc
+from collections.abc import Callable
+
+from contention import CHAINED, RING_MACHINE  # bench/contention.py (the script's folder is on the path)
 
 from commdsl.dsl import load_schedule, load_schedule_text
-from commdsl.machine import resolve_machine
+from commdsl.ir import Program
+from commdsl.machine import load_machine_text, resolve_machine
+from commdsl.machine.model import ComputeNoise, Machine
 from commdsl.sim import simulate
 
 DP_STEP = """
@@ -47,83 +57,85 @@ program: |
   compute step t_opt on compute
 """
 
-CHAINED_ALL_REDUCE = """
-name: chained_all_reduce
-params: {ranks: 64, count: 1000, size: 64MiB}
-world: ranks
-streams: [compute]
-program: |
-  for i in range(count):
-      all_reduce x[i] size
-"""
+OPS_PER_MICROBATCH = 509
+"""1F1B on 64 stages: ops per microbatch (130,240 ops at 256 microbatches)."""
 
 
-def workloads(scale: float):
-    def s(n: int) -> str:
-        return str(max(1, int(n * scale)))
-
-    yield "1f1b 64 stages x 256 mb", lambda: load_schedule("1f1b", {"stages": "64", "microbatches": s(256)})
-    yield "dp step 256 ranks x 50 buckets", lambda: load_schedule_text(DP_STEP, "dp_step.yaml", {"buckets": s(50)})
-    yield "1000 chained 64MiB all_reduce x 64", lambda: load_schedule_text(CHAINED_ALL_REDUCE, "chained.yaml", {"count": s(1000)})
-
-
-def measure(load, machine, repeats: int) -> dict:
-    t0 = time.perf_counter()
-    program = load()
-    load_s = time.perf_counter() - t0
-    best, best_cpu, best_tl = float("inf"), float("inf"), float("inf")
+def cpu_s(run: Callable[[], object], repeats: int, min_s: float = 0.0) -> float:
+    """Median over `repeats` of the CPU time of one `run()`; a run that takes less than
+    `min_s` is repeated until that much has passed, and counted per call."""
+    times = []
     for _ in range(repeats):
         gc.collect()
-        t0, c0 = time.perf_counter(), time.process_time()
-        result = simulate(program, machine)
-        t1, c1 = time.perf_counter(), time.process_time()
-        result.timeline  # noqa: B018 -- built on first use, as `--trace` does
-        t2 = time.perf_counter()
-        best, best_cpu, best_tl = min(best, t1 - t0), min(best_cpu, c1 - c0), min(best_tl, t2 - t1)
-        del result
+        calls, c0 = 0, time.process_time()
+        while True:
+            run()
+            calls += 1
+            spent = time.process_time() - c0
+            if spent >= min_s:
+                break
+        times.append(spent / calls)
+    return statistics.median(times)
+
+
+def bytes_per_op(program: Program, machine: Machine, network: str = "flow") -> float:
     gc.collect()
     tracemalloc.start()
-    result = simulate(program, machine)
-    _, peak_sim = tracemalloc.get_traced_memory()
-    tracemalloc.stop()
-    del result
-    gc.collect()
-    tracemalloc.start()
-    result = simulate(program, machine)
-    result.timeline  # noqa: B018 -- count the timeline's spans too
+    simulate(program, machine, network)
     _, peak = tracemalloc.get_traced_memory()
     tracemalloc.stop()
-    return {
-        "ops": program.num_ops,
-        "load_s": load_s,
-        "sim_s": best,
-        "cpu_s": best_cpu,
-        "timeline_s": best_tl,
-        "ops_per_s": program.num_ops / best,
-        "peak_bytes": peak,
-        "sim_bytes_per_op": peak_sim / program.num_ops,
-        "bytes_per_op": peak / program.num_ops,
-        "makespan_us": result.makespan_us,
-    }
+    return peak / program.num_ops
+
+
+def one_f_one_b(stages: int, microbatches: int, **params: str) -> Program:
+    return load_schedule("1f1b", {"stages": str(stages), "microbatches": str(microbatches), **params})
+
+
+def throughput(name: str, program: Program, machine: Machine, repeats: int) -> None:
+    s = cpu_s(lambda: simulate(program, machine, "flow"), repeats)
+    print(f"  {name:40} {program.num_ops:>9,} ops {s:>8.3f} s {program.num_ops / s:>10,.0f} ops/s {bytes_per_op(program, machine):>6.0f} B/op",
+          flush=True)  # fmt: skip
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="quarter-size workloads")
+    parser.add_argument("--quick", action="store_true", help="smaller sizes, no 1M-op run")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--samples", type=int, default=3, help="N of the samples=N comparison")
     args = parser.parse_args()
-    machine = resolve_machine("h100-nvlink")
-    scales = (0.25,) if args.quick else (0.5, 1.0)
-    print(f"{'workload':36} {'scale':>5} {'ops':>9} {'load s':>7} {'sim s':>7} {'cpu s':>7} {'ops/s':>10} {'+trace s':>8} {'peak MB':>8} {'B/op':>6} {'+trace B/op':>11} {'makespan':>12}")
-    for name, load in workloads(1.0):
-        for scale in scales:
-            loader = dict(workloads(scale))[name] if scale != 1.0 else load
-            r = measure(loader, machine, args.repeats)
-            print(
-                f"{name:36} {scale:>5} {r['ops']:>9,} {r['load_s']:>7.2f} {r['sim_s']:>7.3f} {r['cpu_s']:>7.3f} {r['ops_per_s']:>10,.0f} {r['timeline_s']:>8.3f} "
-                f"{r['peak_bytes'] / 1e6:>8.1f} {r['sim_bytes_per_op']:>6.0f} {r['bytes_per_op']:>11.0f} {r['makespan_us'] / 1e3:>10.3f}ms",
-                flush=True,
-            )
+    repeats = args.repeats
+    h100 = resolve_machine("h100-nvlink")
+
+    print("simulate() throughput, CPU time, median of", repeats, "(flow network)")
+    microbatches = 64 if args.quick else 256
+    for stages in (64, 128) if args.quick else (64, 128, 256):
+        throughput(f"1f1b {stages} stages x {microbatches} mb", one_f_one_b(stages, microbatches), h100, repeats)
+    buckets = 12 if args.quick else 50
+    throughput(f"dp step 256 ranks x {buckets} buckets", load_schedule_text(DP_STEP, "dp_step.yaml", {"buckets": str(buckets)}), h100, repeats)
+
+    count = 250 if args.quick else 1000
+    chained = load_schedule_text(CHAINED, "chained.yaml", {"count": str(count)})
+    ring = load_machine_text(RING_MACHINE, "ring-50.yaml")
+    s = cpu_s(lambda: simulate(chained, ring, "flow"), repeats)
+    print(f"  {f'chained all_reduce 64 ranks x {count}':40} {chained.num_ops:>9,} ops {s:>8.3f} s {chained.num_ops / s:>10,.0f} ops/s "
+          f"{bytes_per_op(chained, ring):>6.0f} B/op  (predicted {simulate(chained, ring, 'flow').makespan_us / 1e3:.3f} ms)", flush=True)  # fmt: skip
+
+    print("cost per op, 1F1B 64 stages (flow network)")
+    for ops in (1_000, 10_000, 100_000) if args.quick else (1_000, 10_000, 100_000, 1_000_000):
+        program = one_f_one_b(64, max(1, round(ops / OPS_PER_MICROBATCH)))
+        s = cpu_s(lambda: simulate(program, h100, "flow"), repeats, min_s=0.2)
+        print(f"  {program.num_ops:>9,} ops {s:>8.3f} s {s / program.num_ops * 1e6:>6.2f} us/op {bytes_per_op(program, h100):>6.0f} B/op", flush=True)
+        del program
+
+    n = args.samples
+    cpu = resolve_machine("cpu-loopback")
+    noise = ComputeNoise(stalls_per_s=20.0, stall_us=300.0, wake_stall_probability=0.2, wake_stall_us=50.0)
+    noisy = dataclasses.replace(cpu, contention=dataclasses.replace(cpu.contention, noise=noise))
+    program = one_f_one_b(64, 16 if args.quick else 64, saved="16MiB")  # within cpu-loopback's 4 GiB per rank
+    one = cpu_s(lambda: simulate(program, noisy, "flow"), repeats)
+    many = cpu_s(lambda: simulate(program, noisy, "flow", samples=n), repeats)
+    print(f"samples={n} against one simulation, 1F1B 64 x {program.num_ops // OPS_PER_MICROBATCH} on cpu-loopback with compute noise (flow)")
+    print(f"  {program.num_ops:>9,} ops  one {one:.3f} s  samples={n} {many:.3f} s  = {many / one:.2f} x one (target <= {n})", flush=True)
 
 
 if __name__ == "__main__":

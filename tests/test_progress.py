@@ -69,7 +69,7 @@ def test_the_simulators_callback_counts_every_op_once(monkeypatch):
     cpu = resolve_machine("cpu-loopback")
     noisy = dataclasses.replace(cpu, contention=dataclasses.replace(cpu.contention, noise=ComputeNoise(stalls_per_s=1.0, stall_us=100.0)))
     simulate(program, noisy, samples=3, progress=lambda done, total: sampled.append((done, total)))
-    assert sampled[-1] == (4 * ops, 4 * ops)  # three samples and the median one again
+    assert sampled[-1] == (3 * ops, 3 * ops)  # one run per sample
 
 
 def test_a_terminal_gets_a_rich_bar_and_no_plain_lines():

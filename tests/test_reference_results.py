@@ -21,18 +21,28 @@ import pytest
 from commdsl.dsl import load_schedule
 from commdsl.errors import CommdslError
 from commdsl.resources import bundled_schedules
-from commdsl.machine import resolve_machine
+import commdsl.machine
+from commdsl.machine import load_machine_text, resolve_machine
 from commdsl.sim import simulate
 
 REFERENCE = Path(__file__).parent / "golden" / "reference"
 UPDATE = os.environ.get("COMMDSL_UPDATE_GOLDEN") == "1"
 
 CONFIGS = (("h100-nvlink", "analytic", 1), ("h100-nvlink", "flow", 1), ("dgx-h100", "flow", 1), ("cpu-loopback", "analytic", 1),
-           ("cpu-loopback", "flow", 3))  # fmt: skip
-"""(machine, network, samples) every bundled schedule is simulated with (cpu-loopback has noise)."""
+           ("cpu-noisy", "flow", 3))  # fmt: skip
+"""(machine, network, samples) every bundled schedule is simulated with."""
 MACHINE_FOR = {"memcpy_vs_nccl": "pcie-nvlink-pairs"}
 """Schedules written for one machine: it replaces the h100-nvlink rows."""
 REL_TOLERANCE = 1e-9
+NOISE = "compute_noise: {stalls_per_s: 200, stall_us: 300}\n"
+"""cpu-noisy: cpu-loopback with compute stalls, so that samples differ (the noise path)."""
+
+
+def _machine(name: str):
+    if name == "cpu-noisy":
+        text = (Path(commdsl.machine.__file__).parent / "presets" / "cpu-loopback.yaml").read_text()
+        return load_machine_text(text + NOISE, "cpu-noisy.yaml")
+    return resolve_machine(name)
 
 
 def _digest(program) -> str:
@@ -45,13 +55,14 @@ def _results(name: str) -> dict:
     for machine_name, network, samples in CONFIGS:
         machine_name = MACHINE_FOR.get(name, machine_name) if machine_name == "h100-nvlink" else machine_name
         try:
-            result = simulate(program, resolve_machine(machine_name), network, samples=samples)
+            result = simulate(program, _machine(machine_name), network, samples=samples)
         except CommdslError as e:  # a machine without a rate the schedule needs: the message is the result
             out["runs"][f"{machine_name}/{network}/{samples}"] = {"error": str(e)}
             continue
         raw = result.raw
         out["runs"][f"{machine_name}/{network}/{samples}"] = {
             "makespan_us": result.makespan_us,
+            "sampling": result.sampling,
             "start_us": [round(x, 6) for x in raw.start],
             "end_us": [round(x, 6) for x in raw.end],
         }
@@ -73,6 +84,8 @@ def test_bundled_schedule_results_are_unchanged(name: str):
         if "error" in run:
             assert mine == run
             continue
+        samples_us = run["sampling"].get("sample_makespans_us", [])
+        assert mine["sampling"].get("sample_makespans_us", []) == pytest.approx(samples_us, rel=REL_TOLERANCE), f"{name} on {key}"
         assert mine["makespan_us"] == pytest.approx(run["makespan_us"], rel=REL_TOLERANCE), f"{name} on {key}"
         for field in ("start_us", "end_us"):
             for g, (a, b) in enumerate(zip(mine[field], run[field], strict=True)):

@@ -377,27 +377,10 @@ def test_header_examples_work(name, capsys, monkeypatch, tmp_path):
             load_schedule(schedule, pairs)
 
 
-def _readme_examples() -> list[tuple[list[str], list[str]]]:
-    """`$ commdsl list|check|show ...` lines of README.md with the output lines shown under them."""
-    readme = REPO / "README.md"
-    if not readme.is_file():
-        return []
-    out: list[tuple[list[str], list[str]]] = []
-    for block in re.findall(r"```console\n(.*?)```", readme.read_text(), re.S):
-        for chunk in re.split(r"^\$ ", block, flags=re.M)[1:]:
-            command, *shown = chunk.splitlines()
-            command = command.split("#", 1)[0].split(">", 1)[0].strip()
-            argv = shlex.split(command)
-            if argv[:1] == ["commdsl"] and len(argv) > 1 and argv[1] in ("list", "check", "show"):
-                out.append((argv[1:], [s.rstrip() for s in shown if s.strip()]))
-    return out
-
-
-def test_readme_examples_work_by_bundled_name(capsys, monkeypatch, tmp_path):
+def test_bundled_schedules_work_by_name(capsys, monkeypatch, tmp_path):
+    """Bundled schedules by name from any folder (the README's console examples run in test_docs.py)."""
     monkeypatch.chdir(tmp_path)
-    examples = _readme_examples()
-    # Our own README-style examples, always run.
-    examples += [
+    examples = [
         (["list"], []),
         (["show", "1f1b", "-p", "stages=4", "-p", "microbatches=8", "--no-listing"],
          ["rank 0 | F0 F1 F2 F3 B0 F4 B1 F5 B2 F6 B3 F7 B4 B5 B6 B7",

@@ -8,9 +8,9 @@ import json
 import pytest
 
 from commdsl.dsl import load_schedule_text
-from commdsl.errors import MachineError
+from commdsl.errors import MachineError, ScheduleError
 from commdsl.ir import OpKind
-from commdsl.machine import load_machine_text
+from commdsl.machine import load_machine_text, resolve_machine
 from commdsl.sim import simulate
 from commdsl.timeline import SpanRole, Timeline
 
@@ -122,6 +122,12 @@ def test_missing_transport_is_a_machine_error():
     with pytest.raises(MachineError, match="no 'memcpy' transport"):
         prog = "if rank == 0:\n    send x 1MiB to 1 transport=memcpy\nelse:\n    recv x 1MiB from 0 transport=memcpy"
         simulate(sched(prog, world="2"), machine())
+
+
+def test_a_memcpy_collective_is_a_schedule_error():
+    with pytest.raises(ScheduleError, match=r"all_reduce x on rank 0: transport=memcpy copies point to point only") as e:
+        simulate(sched("all_reduce x 1MiB transport=memcpy", world="2"), resolve_machine("h100-nvlink"))
+    assert e.value.loc is not None and e.value.loc.line == 6  # the statement in sched()'s file
 
 
 # ---- comm queues ----------------------------------------------------------------------

@@ -196,10 +196,8 @@ def add_arguments(p: argparse.ArgumentParser) -> list[argparse.Action]:
     add("--size-factor", type=int, default=4, help="ratio between consecutive sizes (default 4)")
     # gloo on a small shared CPU stalls for a scheduler slice (milliseconds) in a good
     # fraction of calls; the expected time keeps that share, and needs enough runs to
-    # estimate it. At 15 (5 per pass) a point's estimate stopped as soon as a few runs
-    # happened to agree: the same point moved 11-26% between calibrations (CI VM, 15
-    # calibrations), and the bench met both accuracy targets in 8 of 15 runs; at 30,
-    # 8-17% and 10 of 12 runs. Communication also takes 0.1 s of runs (`fit.precise`).
+    # estimate it: with too few, a point's estimate stops as soon as a few runs happen to
+    # agree and moves between calibrations. Communication also takes 0.1 s of runs (`fit.precise`).
     add("--repeats", type=int, default=None, help="timed runs per point at least, over its passes (communication: more, for at least 0.1 s and while the estimate is loose, their mean kept; matmuls: this many per pass, their trimmed mean kept) "
         f"(default {FULL.repeats}; {QUICK.repeats} with --quick)")  # fmt: skip
     add("--warmup", type=int, default=2, help="untimed runs per point (default 2)")

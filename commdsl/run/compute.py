@@ -50,19 +50,17 @@ def flop_block(device_type: str) -> int:
 DURATION_BLOCKS_CPU = (256, 64)
 DURATION_BLOCKS_CUDA = (1024,)
 """Sides of the square matmuls repeated for duration-sized work: the first for the
-bulk, the second (if any) for the remainder. On CPU the bulk is a 256 x 256 multiply
-(about 0.4 ms): a loop of 64 x 64 ones (about 5 us each) calls into torch 200,000
-times a second, and those calls slowed the rank's gloo threads 2.7x (an 8 MiB
-all_gather; 1.4x under 256 x 256 ones), an artifact a GPU kernel does not have. The
-64 x 64 remainder keeps durations exact to a few microseconds. On a GPU one 1024 x
+bulk, the second (if any) for the remainder. On CPU the bulk is a 256 x 256 multiply: a
+loop of small multiplies calls into torch so often that the calls slow the rank's gloo
+threads, an artifact a GPU kernel does not have. The 64 x 64 remainder keeps durations exact to a few microseconds. On a GPU one 1024 x
 1024 multiply is large enough that launch overhead does not dominate."""
 
 
 def compute_threads(device: torch.device) -> int | None:
     """Intra-op threads per compute thread (`Kernels.threads`): 1 on CPU, where every
     stream thread is one engine of the emulated device with its own intra-op team, and
-    concurrent teams oversubscribe the cores and wait on each other's barriers (seen:
-    10 ms of calibrated work taking 27-40 ms on one rank); None (torch's default) where
+    concurrent teams oversubscribe the cores and wait on each other's barriers (calibrated
+    work then takes several times its duration); None (torch's default) where
     OMP_NUM_THREADS says otherwise (torchrun sets 1 for several ranks), and on GPUs."""
     return 1 if device.type == "cpu" and "OMP_NUM_THREADS" not in os.environ else None
 
@@ -211,8 +209,8 @@ class Kernels:
     def flop_block_tflops(self, dtypes: list[Dtype], rounds: int = 7, round_us: float = 2000.0) -> dict[Dtype, float]:
         """The FLOP block's rate (TFLOP/s) in each of `dtypes` at start-up, as calibration
         measured the machine's `peak_tflops`: so that `commdsl compare` can tell the
-        machine's speed that day from the model (on the CPU VM the same multiply ran
-        0.31-0.46 TFLOP/s in bf16 over an hour)."""
+        machine's speed that day from the model (a CPU's rate for the same multiply moves
+        with its load and clocks)."""
         rates: dict[Dtype, float] = {}
 
         def measure() -> None:

@@ -94,7 +94,7 @@ class WorkQueue:
         """Block until the first `ticket` tasks have finished, or until those left are
         only waits for events already set: on a GPU, work ordered after such a wait
         starts as the event fires, without the waiting stream having to run first (here,
-        without two thread wake-ups, about 0.1-0.2 ms on a small VM, per comm op)."""
+        without two thread wake-ups per comm op)."""
         with self._cond:
             while self._done < ticket:
                 if self._signals.stop.is_set():

@@ -11,25 +11,24 @@ changes (exact for its formula, no contention).
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import simpy
 
 from commdsl.ir import OpKind
 from commdsl.machine.model import Machine
 from commdsl.sim.fabric import Fabric
 from commdsl.sim.nccl_flows import NcclFlows
-from commdsl.sim.network import FlowStat, Network, Transfer
+from commdsl.sim.network import Done, FlowStat, Network, Transfer
 
 
 class _Timed:
     """A transfer of the analytic network on a machine where compute slows comm."""
 
-    __slots__ = ("record", "devices", "nbusy", "t_mark", "work_left_us", "slow", "factor", "token", "done")
+    __slots__ = ("record", "devices", "nbusy", "t_mark", "work_left_us", "slow", "factor", "token", "transfer", "ops", "done")
 
-    def __init__(self, record: list, devices: tuple[int, ...], t_mark: float, work_left_us: float, slow: float,
-                 done: Callable[[], None]):  # fmt: skip
+    def __init__(self, record: int, devices: tuple[int, ...], t_mark: float, work_left_us: float, slow: float, transfer: Transfer,
+                 ops: tuple[int, ...], done: Done):  # fmt: skip
         self.record = record
+        """Its number in the network's `TransferLog`."""
         self.devices = devices
         self.nbusy = 0
         """Its devices that compute now."""
@@ -43,6 +42,8 @@ class _Timed:
         self.factor = 1.0
         self.token = 0
         """Generation of its timeout (a rescheduled one supersedes the old)."""
+        self.transfer = transfer
+        self.ops = ops
         self.done = done
 
 
@@ -55,8 +56,10 @@ class AnalyticNetwork(Network):
 
     def __init__(self, env: simpy.Environment, machine: Machine, world_size: int):
         super().__init__(env, machine, world_size)
-        self.records: list[list] = []
-        """Per transfer: [transfer, start_us, end_us, latency_us]."""
+        self._times: list[tuple[float, float]] = []
+        """Per distinct transfer (its index in `records`), its (time, latency part)."""
+        self._slow: list[float] = []
+        """Per distinct transfer, its `compute_comm_slowdown`."""
         self._busy = [False] * world_size
         """Per device, whether compute runs on it."""
         self._on_device: list[dict[_Timed, None]] = [{} for _ in range(world_size)] if machine.slows_comm() else []
@@ -87,19 +90,24 @@ class AnalyticNetwork(Network):
         duration, latency = self.duration_us(transfer)
         return transfer.size_bytes / (duration - latency) if duration > latency else float("inf")
 
-    def start(self, transfer: Transfer, done: Callable[[], None]) -> None:
-        duration, latency = self.duration_us(transfer)
+    def start(self, transfer: Transfer, ops: tuple[int, ...], done: Done) -> None:
+        log = self.records
+        spec, new = log.intern(transfer)
+        if new:  # what a transfer of this shape takes is worked out once
+            self._times.append(self.duration_us(transfer))
+            self._slow.append(self.machine.interference(transfer.kind, transfer.dtype).compute_comm_slowdown)
+        duration, latency = self._times[spec]
+        slow = self._slow[spec]
         now = self.env.now
-        record = [transfer, now, now + duration, latency]
-        self.records.append(record)
-        slow = self.machine.interference(transfer.kind, transfer.dtype).compute_comm_slowdown
+        record = log.add(spec, ops, now)
+        log.end[record] = now + duration
         if slow == 1.0 or duration == latency:
             # Always through an event, even for zero time: keeps the engine's call depth flat.
-            self.env.timeout(duration).callbacks.append(lambda _ev: done())
+            self.env.timeout(duration, (transfer, ops, done)).callbacks.append(_fire)
             return
         # On the host's CPUs (a shared bandwidth) the latency is CPU work too: all of it slows.
         unslowed = 0.0 if self.machine.shared_bandwidth(transfer.transport) is not None else latency
-        x = _Timed(record, tuple(dict.fromkeys(transfer.ranks)), now + unslowed, duration - unslowed, slow, done)
+        x = _Timed(record, tuple(dict.fromkeys(transfer.ranks)), now + unslowed, duration - unslowed, slow, transfer, ops, done)
         for d in x.devices:
             self._on_device[d][x] = None
             x.nbusy += self._busy[d]
@@ -110,7 +118,7 @@ class AnalyticNetwork(Network):
         x.token += 1
         token = x.token
         end = x.t_mark + x.work_left_us * x.factor
-        x.record[2] = end
+        self.records.end[x.record] = end
         self.env.timeout(end - self.env.now).callbacks.append(lambda _ev: self._finish(x, token))
 
     def _finish(self, x: _Timed, token: int) -> None:
@@ -118,7 +126,7 @@ class AnalyticNetwork(Network):
             return  # rescheduled
         for d in x.devices:
             del self._on_device[d][x]
-        x.done()
+        x.done(x.transfer, x.ops)
 
     def compute_changed(self, rank: int, computing: bool) -> None:
         self._busy[rank] = computing
@@ -136,4 +144,11 @@ class AnalyticNetwork(Network):
             self._schedule(x)
 
     def flow_stats(self) -> list[FlowStat]:
-        return [FlowStat.of(t, start, end, latency) for t, start, end, latency in self.records]
+        log, times = self.records, self._times
+        return [FlowStat.of(log.transfers[spec], log.ops(i), log.start_us(i), log.end[i], times[spec][1]) for i, spec in enumerate(log.kind)]
+
+
+def _fire(ev: simpy.Timeout) -> None:
+    """The end of an unslowed transfer: its timeout's value is (transfer, ops, done)."""
+    transfer, ops, done = ev.value
+    done(transfer, ops)

@@ -40,7 +40,11 @@ transfers in time order.
 
 Per op the engine keeps flat arrays indexed by a global op number `g` (ranks laid out
 one after another): issue start/end, start, end, state, and `cause`, the op whose
-completion let it start last (what the critical path walks back along).
+completion let it start last (what the critical path walks back along). Its hot paths
+read a byte of kind code per op (`Wiring.kinds`) rather than the op. A transfer is one
+`Transfer` per distinct shape (kind, ranks, size, transport, plan), built on first use
+and started with each occurrence's ops, so matching a send with its recv allocates no
+plan, no transfer and no callback.
 """
 
 from __future__ import annotations
@@ -57,10 +61,10 @@ from commdsl.machine.model import Machine
 from commdsl.sim.collectives import plan
 from commdsl.sim.contention import compute_us, contention_model
 from commdsl.sim.copy_engines import CopyEngines
-from commdsl.sim.entities import (ACTIVE, ALGOS, DONE, PROTOS, ELIGIBLE, EXEC, MARK, QUEUE, STREAM, SYNC, Collective, Entity, Host,
-                                  Queue, RawResult, Stream)
+from commdsl.sim.entities import (ACTIVE, ALGOS, DONE, HOST, KIND_CODE, KINDS, PROTOS, ELIGIBLE, EXEC, MARK, QUEUE, STREAM, SYNC,
+                                  Collective, Entity, Host, Queue, RawResult, Stream)
 from commdsl.sim.network import Network, Transfer
-from commdsl.sim.wiring import wire
+from commdsl.sim.wiring import Wiring, wire
 
 _DEVICE_KINDS = frozenset({OpKind.COMPUTE, OpKind.COPY, OpKind.RECORD, OpKind.WAIT_EVENT})
 _COMM_KINDS = frozenset(k for k in OpKind if k.is_comm)
@@ -69,9 +73,15 @@ _COLLECTIVE_KINDS = frozenset(k for k in OpKind if k.is_collective)
 _COMPUTE, _COPY, _SEND, _RECV, _WAIT, _WAIT_EVENT, _HOST_OP, _SYNCHRONIZE = (
     OpKind.COMPUTE, OpKind.COPY, OpKind.SEND, OpKind.RECV, OpKind.WAIT, OpKind.WAIT_EVENT, OpKind.HOST, OpKind.SYNCHRONIZE,
 )  # fmt: skip
+# The same as kind codes (`Wiring.kinds`), and per code whether it is in a set.
+_K_COMPUTE, _K_COPY, _K_SEND, _K_WAIT, _K_WAIT_EVENT = (KIND_CODE[k] for k in (_COMPUTE, _COPY, _SEND, _WAIT, _WAIT_EVENT))
+_IS_DEVICE = bytes(k in _DEVICE_KINDS for k in KINDS)
+_IS_MEMORY = bytes(k in MEMORY_KINDS for k in KINDS)
 _GLOO = Transport.GLOO
 _NCCL = Transport.NCCL
 _MEMCPY = Transport.MEMCPY
+_IDLE = object()
+"""`Engine.pair_fifo` has no entry: no NCCL transfer moves between those ranks."""
 PROGRESS_EVENTS = 20_000
 """`Engine.run` with a progress callback reports after every this many SimPy events."""
 
@@ -79,7 +89,10 @@ PROGRESS_EVENTS = 20_000
 class Engine:
     """Simulate one `Program` on one `Machine` through a `Network`."""
 
-    def __init__(self, program: Program, machine: Machine, network_cls: type[Network], rng: random.Random | None = None):
+    def __init__(self, program: Program, machine: Machine, network_cls: type[Network], rng: random.Random | None = None,
+                 wiring: Wiring | None = None):  # fmt: skip
+        """`wiring`: the program's `Wiring` from an earlier engine on the same program,
+        machine and network model (a sampled simulation makes it once); None: wire now."""
         self.program = program
         self.machine = machine
         self.env = simpy.Environment()
@@ -103,19 +116,37 @@ class Engine:
         self._todo: deque[Entity] = deque()
         self.hosts = [Host(r, self.base[r], self.base[r] + len(program.ops[r])) for r in range(program.world_size)]
         self.streams: list[dict[str, Stream]] = [{s: Stream(r, s) for s in program.streams} for r in range(program.world_size)]
-        w = wire(program, ops, self.base, machine, self.network)
+        if wiring is None:
+            w = wire(program, ops, self.base, machine, self.network)
+        else:
+            w = wiring
+            for rank_queues in w.queues:
+                for q in rank_queues.values():
+                    q.reset()
+            for inst in w.collectives:
+                inst.reset()
+        self.wiring = w
         self.queues, self.queue_of, self.partner, self.coll_of = w.queues, w.queue_of, w.partner, w.coll_of
-        self.collectives, self.batch_ops, self.batch_queues, self.algos = w.collectives, w.batch_ops, w.batch_queues, w.algos
+        self.collectives, self.batch_last, self.batch_multi, self.algos = w.collectives, w.batch_last, w.batch_multi, w.algos
         self.protos = w.protos
         self.group_ranks = {g.id: g.ranks for g in program.groups}
-        self.on_stream = bytearray(op.is_memcpy_transfer for op in ops)
+        self.on_stream = w.on_stream
         """Per op, 1 for a memcpy transfer: it runs on its stream (no comm queue)."""
+        self.kind = w.kinds
+        """Per op, its kind code (`KIND_CODE`)."""
+        self._advance = {HOST: self._advance_host, STREAM: self._advance_stream, QUEUE: self._advance_queue}
+        """Entity kind -> its advance."""
         topo = machine.topology
         self.copy_engines = CopyEngines(topo.copy_engines, program.world_size) if topo is not None and topo.copy_engines else None
         """The GPUs' copy engines (None: not limited)."""
-        self.pair_fifo: dict[tuple[str, int, int], deque[Transfer]] = {}
+        self.pair_fifo: dict[tuple[str, int, int], deque[tuple[Transfer, tuple[int, ...]]] | None] = {}
         """(group, source, destination) of an NCCL transfer moving now -> the transfers
-        between the same ranks in the same group waiting behind it, in order."""
+        between the same ranks in the same group waiting behind it, in order (with their
+        ops); None while none waits (most transfers: no deque made for them)."""
+        self._transfers: dict[tuple, Transfer] = {}
+        """One `Transfer` per distinct shape (what it moves, between whom, how), by the
+        op fields it is built from: built once, started with each occurrence's ops."""
+        self._on_transfer_done = self._transfer_done
         self.contention = c = contention_model(machine, self.network, program.world_size, rng, self.group_ranks)
         self.kernels = c.tracks_kernels
         """NCCL ops becoming active and finishing are reported to the contention model."""
@@ -163,16 +194,11 @@ class Engine:
 
     def _drain(self) -> None:
         todo = self._todo
+        advance = self._advance
         while todo:
             e = todo.popleft()
             e.kicked = False
-            kind = e.kind
-            if kind == STREAM:
-                self._advance_stream(e)
-            elif kind == QUEUE:
-                self._advance_queue(e)
-            else:
-                self._advance_host(e)
+            advance[e.kind](e)
 
     def _wait_on(self, g: int, e: Entity) -> None:
         w = self.waiters.get(g)
@@ -187,8 +213,11 @@ class Engine:
         self.state[g] = DONE
         w = self.waiters.pop(g, None)
         if w:
+            todo = self._todo
             for e in w:
-                self._kick(e)
+                if not e.kicked:
+                    e.kicked = True
+                    todo.append(e)
 
     def _first_pending(self, deps) -> int:
         state = self.state
@@ -211,29 +240,47 @@ class Engine:
         op = self.ops[g]
         if tag == SYNC:
             if op.batch is not None:
-                return self.batch_ops[self.base[op.rank] + op.batch]
+                return self.batch_ops(self.base[op.rank] + op.batch)
             return (g,)
         b = self.base[op.rank]
-        return tuple(b + i for i in op.waits_for)
+        return tuple([b + i for i in op.waits_for])
+
+    def batch_ops(self, first: int) -> range:
+        """The ops of the P2P batch whose first op is `first`, in issue order."""
+        return range(first, self.batch_last[first] + 1)
+
+    def batch_queues(self, first: int) -> tuple[Queue, ...]:
+        """The comm queues the P2P batch whose first op is `first` occupies (usually one)."""
+        return self.batch_multi.get(first) or (self.queue_of[first],)
 
     # ---- host -------------------------------------------------------------------------
 
     def _advance_host(self, h: Host) -> None:
-        ops = self.ops
-        machine = self.machine
+        ops, kinds, on_stream = self.ops, self.kind, self.on_stream
+        issue_start, issue_end, cause = self.issue_start, self.issue_end, self.cause
+        launch_us = self.machine.kernel_launch_us
+        streams = self.streams[h.rank]
         if h.block_g >= 0 and not self._host_unblocked(h):
             return
         while h.pc < h.end:
             g = h.pc
             op = ops[g]
+            k = kinds[g]
+            if _IS_DEVICE[k] or on_stream[g] or (k == _K_WAIT and op.stream != HOST_STREAM and not self._gloo_wait(op)):
+                t = h.t
+                issue_start[g] = t
+                h.t = t = t + launch_us
+                issue_end[g] = t
+                cause[g] = h.cause
+                s = streams[op.stream]  # _push, inlined: most ops take this path
+                s.fifo.append(g * 4 + EXEC)
+                s.pushed += 1
+                if not s.busy and len(s.fifo) == 1:
+                    self._kick(s)
+                h.pc = g + 1
+                continue
             kind = op.kind
-            if kind in _DEVICE_KINDS or self.on_stream[g] or (kind is _WAIT and op.stream != HOST_STREAM and not self._gloo_wait(op)):
-                self.issue_start[g] = h.t
-                h.t += machine.kernel_launch_us
-                self.issue_end[g] = h.t
-                self.cause[g] = h.cause
-                self._push(self.streams[op.rank][op.stream], g * 4 + EXEC)
-            elif kind in MEMORY_KINDS:  # bookkeeping in stream order: no launch, no time
+            if kind in MEMORY_KINDS:  # bookkeeping in stream order: no launch, no time
                 self.issue_start[g] = self.issue_end[g] = h.t
                 self.cause[g] = h.cause
                 self._push(self.streams[op.rank][op.stream], g * 4 + EXEC)
@@ -314,33 +361,46 @@ class Engine:
         return True
 
     def _issue_comm(self, h: Host, g: int, op: Op) -> None:
-        self.issue_start[g] = h.t
-        h.t += self.machine.comm_launch_us
-        self.issue_end[g] = h.t
+        t = h.t
+        self.issue_start[g] = t
+        h.t = t = t + self.machine.comm_launch_us
+        self.issue_end[g] = t
         self.cause[g] = h.cause
         stream = self.streams[op.rank][op.stream]
-        self._push(stream, g * 4 + MARK)
+        fifo = stream.fifo
+        fifo.append(g * 4 + MARK)  # _push, inlined
+        stream.pushed += 1
+        if not stream.busy and len(fifo) == 1 and not stream.kicked:
+            stream.kicked = True
+            self._todo.append(stream)
         if op.batch is None:
             q = self.queue_of[g]
             q.fifo.append(g)
             q.pushed += 1
-            deps: tuple[int, ...] = (g,)
-        else:
-            # A batch is one item in each comm queue it touches, pushed at its first op
-            # (nothing else is issued between a batch's ops).
-            first = self.base[op.rank] + op.batch
-            if g == first:
-                for q in self.batch_queues[first]:
-                    q.fifo.append(first)
-                    q.pushed += 1
-            deps = self.batch_ops[first]
-            if g != deps[-1]:
-                return  # a synchronous batch waits once, after its last op
+            if op.handle is not None:
+                return
+            if op.transport is _GLOO:
+                # A synchronous gloo call blocks the calling thread until the transfer is done.
+                h.block_g = g
+                h.block_deps = (g,)
+            else:  # _push, inlined: the stream holds the MARK, so it needs no kick
+                fifo.append(g * 4 + SYNC)
+                stream.pushed += 1
+            return
+        # A batch is one item in each comm queue it touches, pushed at its first op
+        # (nothing else is issued between a batch's ops).
+        first = self.base[op.rank] + op.batch
+        if g == first:
+            for q in self.batch_queues(first):
+                q.fifo.append(first)
+                q.pushed += 1
+        if g != self.batch_last[first]:
+            return  # a synchronous batch waits once, after its last op
+        deps = self.batch_ops(first)
         if op.handle is not None:
             return
         if any(self.ops[x].transport is _GLOO for x in deps):
-            # A synchronous gloo call blocks the calling thread until the transfer is done.
-            h.block_g = g
+            h.block_g = g  # as one synchronous gloo op, above
             h.block_deps = deps
         else:
             self._push(stream, g * 4 + SYNC)
@@ -358,7 +418,7 @@ class Engine:
             return
         fifo = s.fifo
         now = self.env.now
-        ready, cause, end = self.ready, self.cause, self.end
+        ready, cause, end, kinds = self.ready, self.cause, self.end, self.kind
         while fifo:
             entry = fifo[0]
             g, tag = entry >> 2, entry & 3
@@ -370,8 +430,8 @@ class Engine:
             duration = 0.0
             woke = False
             if tag != MARK:
-                op = self.ops[g]
-                if tag == SYNC and op.batch is None:  # fast path: one synchronous comm op
+                k = kinds[g]
+                if tag == SYNC and self.ops[g].batch is None:  # fast path: one synchronous comm op
                     if self.state[g] != DONE:
                         self._wait_on(g, s)
                         return
@@ -380,13 +440,16 @@ class Engine:
                         t = end[g]
                         if self.noisy:
                             t, woke = self.contention.woken(entry, t)
-                elif tag == SYNC or op.kind is _WAIT or op.kind is _WAIT_EVENT:
+                elif tag == SYNC or k == _K_WAIT or k == _K_WAIT_EVENT:  # a synchronous batch, or a wait
                     deps = self._deps(g, tag)
-                    pending = self._first_pending(deps)
-                    if pending >= 0:
-                        self._wait_on(pending, s)
-                        return
-                    d = self._latest(deps)
+                    state = self.state
+                    d = -1  # the dependency that finished last (lowest g on ties), as _latest
+                    for x in deps:
+                        if state[x] != DONE:
+                            self._wait_on(x, s)
+                            return
+                        if d < 0 or end[x] > end[d]:
+                            d = x
                     if end[d] >= t:
                         c = d
                         t = end[d]
@@ -396,23 +459,23 @@ class Engine:
                     s.woke = False
                     self._start_stream_transfer(s, entry, t, c)
                     return
-                else:
-                    duration = self._duration(op)
-                    if s.woke and c == s.last_g and (op.kind is _COMPUTE or op.kind is _COPY):
+                elif k == _K_COMPUTE or k == _K_COPY:
+                    op = self.ops[g]
+                    duration = op.duration_us * self.stretch if k == _K_COMPUTE and op.duration_us is not None else self._duration(op)
+                    if s.woke and c == s.last_g:
                         t += self.contention.wake_us(entry)  # it starts right as its stream's wait ended
-                    if self.noisy and op.kind is _COMPUTE and duration > 0.0:
+                    if self.noisy and k == _K_COMPUTE and duration > 0.0:
                         duration += self.contention.stall_us(g, duration)
                     s.woke = False
-                    if self.timed and duration > 0.0 and (op.kind is _COMPUTE or (op.kind is _COPY and self.contention.timed_copies)):
+                    if self.timed and duration > 0.0 and (k == _K_COMPUTE or self.contention.timed_copies):
                         self._start_timed(s, entry, t, c, duration)
                         return
+                else:  # record, alloc, free: ordering only
+                    s.woke = False
             s.woke = woke
             start = t if t > now else now
-            if tag == EXEC:
+            if tag != SYNC:  # EXEC: when the op starts; MARK: when the comm op may join its queue
                 self.start[g] = start
-                cause[g] = c
-            elif tag == MARK:
-                self.start[g] = start  # when the comm op may join its queue
                 cause[g] = c
             if start > now or duration > 0.0:
                 s.busy = True
@@ -427,7 +490,9 @@ class Engine:
         s: Stream = ev.value
         s.busy = False
         self._complete_entry(s, s.cur, self.env.now, s.cur_cause)
-        self._kick(s)
+        if not s.kicked:
+            s.kicked = True
+            self._todo.append(s)
         self._drain()
 
     def _hold(self, s: Stream, entry: int, t: float, c: int) -> bool:
@@ -529,12 +594,22 @@ class Engine:
         s.done += 1
         g, tag = entry >> 2, entry & 3
         if tag == EXEC:
-            self._finish(g, t)
-            if self.ops[g].kind not in MEMORY_KINDS:  # bookkeeping is nobody's cause on the critical path
+            self.end[g] = t  # _finish, inlined (once per op)
+            self.state[g] = DONE
+            w = self.waiters.pop(g, None)
+            if w:
+                for e in w:
+                    if not e.kicked:
+                        e.kicked = True
+                        self._todo.append(e)
+            if not _IS_MEMORY[self.kind[g]]:  # bookkeeping is nobody's cause on the critical path
                 s.last_g, s.last_end = g, t
         elif tag == MARK:
             self.state[g] = ELIGIBLE
-            self._kick(self.queue_of[g])
+            q = self.queue_of[g]
+            if not q.kicked:
+                q.kicked = True
+                self._todo.append(q)
         else:  # SYNC: the stream continues after the comm op(s)
             s.last_g, s.last_end = c, t
         if s.drain_waiters:
@@ -582,10 +657,10 @@ class Engine:
                 self._kernel_changed(item, True)
             self._activated(item, now)
             return
-        queues = self.batch_queues[item]
+        queues = self.batch_queues(item)
         if len(queues) > 1 and any(x.active or not x.fifo or x.fifo[0] != item for x in queues):
             return  # a batch over several groups waits for the head of each queue
-        members = self.batch_ops[item]
+        members = self.batch_ops(item)
         for g in members:
             if state[g] != ELIGIBLE:
                 return
@@ -593,24 +668,23 @@ class Engine:
         for x in queues:
             x.active = True
             x.remaining = 0
+        start, cause, queue_of = self.start, self.cause, self.queue_of
         for g in members:
-            self.queue_of[g].remaining += 1
-        for g in members:
+            x = queue_of[g]
+            x.remaining += 1
             # Queue-bound if the previous item on the queue ended after the op was ready.
-            x = self.queue_of[g]
-            if x.last_g >= 0 and x.last_end > self.start[g]:
-                self.cause[g] = x.last_g
+            if x.last_g >= 0 and x.last_end > start[g]:
+                cause[g] = x.last_g
             state[g] = ACTIVE
-            self.start[g] = now
+            start[g] = now
             if self.kernels and self.ops[g].transport is _NCCL:
                 self._kernel_changed(g, True)
         for g in members:
             self._activated(g, now)
 
     def _activated(self, g: int, now: float) -> None:
-        op = self.ops[g]
-        if op.kind in _COLLECTIVE_KINDS:
-            inst = self.coll_of[g]
+        inst = self.coll_of[g]
+        if inst is not None:  # a collective
             inst.arrived.append(g)
             if len(inst.arrived) == inst.size:
                 for m in inst.arrived:
@@ -618,14 +692,15 @@ class Engine:
                         self.cause[m] = g  # it waited for the last member
                 self._start_collective(inst)
             return
-        if op.kind is _COPY:  # a peer copy: one-sided, nothing to wait for
+        k = self.kind[g]
+        if k == _K_COPY:  # a peer copy: one-sided, nothing to wait for
             self._start_p2p(g, -1)
             return
         p = self.partner[g]
         if p >= 0 and self.state[p] == ACTIVE:
             if self.start[p] < now:
                 self.cause[p] = g
-            send, recv = (g, p) if op.kind is _SEND else (p, g)
+            send, recv = (g, p) if k == _K_SEND else (p, g)
             self._start_p2p(send, recv)
 
     def _start_p2p(self, send: int, recv: int) -> None:
@@ -634,26 +709,33 @@ class Engine:
         rank to the same rank are done (NCCL runs them in order); others at once."""
         so = self.ops[send]
         members = (send, recv) if recv >= 0 else (send,)
-        if so.kind is _COPY:
-            p = plan(_SEND, Algo.DIRECT, 2, so.size_bytes, self.machine.chunk_bytes)
-            transfer = Transfer(_COPY, (so.rank, so.peer), so.size_bytes, _MEMCPY, p, None, members, group_size=2)
-        else:
-            p = plan(_SEND, ALGOS[self.algos[send]], 2, so.size_bytes, self.machine.chunk_bytes, PROTOS[self.protos[send]])
-            transfer = Transfer(_SEND, (so.rank, so.peer), so.size_bytes, so.transport, p, None, members,
-                                group_size=len(self.group_ranks[so.group]))  # fmt: skip
+        key = (so.kind, so.rank, so.peer, so.size_bytes, so.transport, self.algos[send], self.protos[send], so.group)
+        transfer = self._transfers.get(key)
+        if transfer is None:
+            transfer = self._transfers[key] = self._p2p_transfer(so, send)
         if so.transport is _MEMCPY and self.copy_engines is not None:
             gpus = self._engine_gpus(so.rank, so.peer)
-            self.copy_engines.acquire(gpus, lambda: self._start_transfer(transfer, gpus))
+            self.copy_engines.acquire(gpus, lambda: self._start_transfer(transfer, members, gpus))
         elif so.transport is _NCCL:
             key = (so.group, so.rank, so.peer)
-            waiting = self.pair_fifo.get(key)
-            if waiting is None:
-                self.pair_fifo[key] = deque()
-                self._start_transfer(transfer, ())
+            waiting = self.pair_fifo.get(key, _IDLE)
+            if waiting is _IDLE:
+                self.pair_fifo[key] = None
+                self._start_transfer(transfer, members)
+            elif waiting is None:
+                self.pair_fifo[key] = deque(((transfer, members),))
             else:
-                waiting.append(transfer)
+                waiting.append((transfer, members))
         else:
-            self._start_transfer(transfer, ())
+            self._start_transfer(transfer, members)
+
+    def _p2p_transfer(self, so: Op, send: int) -> Transfer:
+        """The transfer of send (or peer copy) `so`, op `send`."""
+        if so.kind is _COPY:
+            p = plan(_SEND, Algo.DIRECT, 2, so.size_bytes, self.machine.chunk_bytes)
+            return Transfer(_COPY, (so.rank, so.peer), so.size_bytes, _MEMCPY, p, None, group_size=2)
+        p = plan(_SEND, ALGOS[self.algos[send]], 2, so.size_bytes, self.machine.chunk_bytes, PROTOS[self.protos[send]])
+        return Transfer(_SEND, (so.rank, so.peer), so.size_bytes, so.transport, p, None, group_size=len(self.group_ranks[so.group]))
 
     def _engine_gpus(self, src: int, dst: int) -> tuple[int, ...]:
         """The GPUs whose copy engines a memcpy from `src` to `dst` holds (see
@@ -662,39 +744,46 @@ class Engine:
         g = topo.gpus_per_node
         return (src,) if topo.peers(src % g, dst % g) else (src, dst)
 
-    def _start_transfer(self, transfer: Transfer, engines: tuple[int, ...]) -> None:
-        self.network.start(transfer, lambda: self._transfer_done(transfer.ops, transfer, engines))
+    def _start_transfer(self, transfer: Transfer, members: tuple[int, ...], engines: tuple[int, ...] = ()) -> None:
+        if engines:
+            self.network.start(transfer, members, lambda t, ops: self._transfer_done(t, ops, engines))
+        else:
+            self.network.start(transfer, members, self._on_transfer_done)
         if self.traffic:
             for rank in self.contention.transfer(transfer, True):
                 self._retime(rank)
 
     def _start_collective(self, inst: Collective) -> None:
-        first = min(inst.ops)
+        first = inst.ops[0]
         rep = self.ops[first]  # the lowest rank's op describes the collective
-        ranks = self.group_ranks[inst.group]
-        p = plan(rep.kind, ALGOS[self.algos[first]], len(ranks), rep.size_bytes, self.machine.chunk_bytes, PROTOS[self.protos[first]])
-        members = tuple(inst.arrived)
-        transfer = Transfer(rep.kind, ranks, rep.size_bytes, rep.transport, p, rep.root, members, rep.dtype, rep.reduce_op)
-        self._start_transfer(transfer, ())
+        key = (rep.kind, inst.group, rep.size_bytes, rep.transport, self.algos[first], self.protos[first], rep.root, rep.dtype,
+               rep.reduce_op)  # fmt: skip
+        transfer = self._transfers.get(key)
+        if transfer is None:
+            ranks = self.group_ranks[inst.group]
+            p = plan(rep.kind, ALGOS[self.algos[first]], len(ranks), rep.size_bytes, self.machine.chunk_bytes, PROTOS[self.protos[first]])
+            transfer = self._transfers[key] = Transfer(rep.kind, ranks, rep.size_bytes, rep.transport, p, rep.root, rep.dtype, rep.reduce_op)
+        self._start_transfer(transfer, tuple(inst.arrived))
 
-    def _transfer_done(self, members: tuple[int, ...], transfer: Transfer, engines: tuple[int, ...]) -> None:
+    def _transfer_done(self, transfer: Transfer, members: tuple[int, ...], engines: tuple[int, ...] = ()) -> None:
         now = self.env.now
         kernels = self.kernels
         if self.traffic:
             for rank in self.contention.transfer(transfer, False):
                 self._retime(rank)
+        on_stream, queue_of, finish, todo = self.on_stream, self.queue_of, self._finish, self._todo
         for g in members:
-            if self.on_stream[g]:  # a memcpy transfer: its stream goes on
+            if on_stream[g]:  # a memcpy transfer: its stream goes on
                 op = self.ops[g]
                 s = self.streams[op.rank][op.stream]
                 s.busy = False
                 self._complete_entry(s, s.cur, now, s.cur_cause)
                 self._kick(s)
                 continue
-            self._finish(g, now)
+            finish(g, now)
             if kernels and self.ops[g].transport is _NCCL:
                 self._kernel_changed(g, False)
-            q = self.queue_of[g]
+            q = queue_of[g]
             q.remaining -= 1
             if q.remaining == 0:
                 q.active = False
@@ -703,15 +792,16 @@ class Engine:
                 q.last_g, q.last_end = g, now
                 if q.drain_waiters:
                     self._wake_drained(q)
-                self._kick(q)
+                if not q.kicked:
+                    q.kicked = True
+                    todo.append(q)
         if engines:
             self.copy_engines.release(engines)
         elif transfer.transport is _NCCL and (transfer.kind is _SEND):
             key = (self.ops[members[0]].group, *transfer.ranks)
             waiting = self.pair_fifo[key]
             if waiting:
-                nxt = waiting.popleft()
-                self._start_transfer(nxt, ())
+                self._start_transfer(*waiting.popleft())
             else:
-                del self.pair_fifo[key]
+                del self.pair_fifo[key]  # idle again
         self._drain()

@@ -11,7 +11,7 @@ from array import array
 from collections import deque
 from dataclasses import dataclass
 
-from commdsl.ir import Algo, Op, Protocol
+from commdsl.ir import Algo, Op, OpKind, Protocol
 
 # Op states.
 PENDING, ELIGIBLE, ACTIVE, DONE = 0, 1, 2, 3
@@ -32,6 +32,9 @@ ALGOS = tuple(Algo)
 """`RawResult.algos` holds indices into this tuple (one byte per op)."""
 PROTOS = (None, *Protocol)
 """`RawResult.protos` holds indices into this tuple (0: no protocol, the op has no NCCL model)."""
+KINDS = tuple(OpKind)
+"""The engine's per-op kind codes (one byte per op) are indices into this tuple."""
+KIND_CODE = {k: i for i, k in enumerate(KINDS)}
 
 
 class Entity:
@@ -117,6 +120,10 @@ class Queue(Entity):
         self.last_end = 0.0
         self.drain_waiters: list[tuple[int, Entity]] = []
 
+    def reset(self) -> None:
+        """As new, for another run of the same program (`Wiring` is made once per program)."""
+        self.__init__(self.rank, self.group)
+
 
 class Collective:
     """One collective instance: the k-th collective of a group, across its members."""
@@ -127,10 +134,14 @@ class Collective:
         self.group = group
         self.seq = seq
         self.size = size
-        self.ops: list[int] = []
-        """Members' ops (g), in rank order as found in the program."""
+        self.ops = array("q")
+        """Members' ops (g), in the order found in the program (the first is the lowest)."""
         self.arrived: list[int] = []
         """Members' ops that are active, in arrival order."""
+
+    def reset(self) -> None:
+        """As new, for another run of the same program (its members stay)."""
+        self.arrived = []
 
 
 @dataclass

@@ -44,6 +44,11 @@ recomputation), a moving shared one is recomputed with the flows connected to it
 flow still in its latency just takes the cap with it. With F = 1.0 for every op none of
 this exists (the engine does not even report compute).
 
+A flow is built once per distinct `Transfer` (its legs, cached) and its runs are logged
+flat: the transfers in the network's `TransferLog`, link loads as (time, channel, load)
+arrays, and each interval a flow moved alone as one entry that `_samples` expands into its
+two samples per channel when link statistics or trace counters are asked for.
+
 `SteppedFlowNetwork` (`--network flow-steps`) is the validation mode: it runs each
 collective step by step, one flow per pair of ranks per step, and waits for the whole
 step before the next. Uncontended, both give the same time (tests check it).
@@ -54,7 +59,7 @@ from __future__ import annotations
 import heapq
 import math
 from array import array
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, replace
 
 import simpy
@@ -64,7 +69,7 @@ from commdsl.machine.model import LinkSpec, Machine
 from commdsl.sim.collectives import DEFAULT_ALGO, CommPlan, edges, plan
 from commdsl.sim.fabric import Fabric
 from commdsl.sim.nccl_flows import NcclFlows
-from commdsl.sim.network import FlowStat, LinkStat, Network, Transfer
+from commdsl.sim.network import Done, FlowStat, LinkStat, Network, Transfer
 
 _ACTIVATE, _FINISH = 0, 1
 _INF = math.inf
@@ -76,9 +81,9 @@ class _Flow:
     """One fluid entity on the channels (see the module doc)."""
 
     __slots__ = ("demands", "cap", "solo", "remaining", "total", "rate", "t_upd", "version", "is_solo", "then", "mark",
-                 "leg", "nbusy")  # fmt: skip
+                 "leg", "nbusy", "transfer", "ops", "record")  # fmt: skip
 
-    def __init__(self, leg: _Leg, t_act: float, then):
+    def __init__(self, leg: _Leg, t_act: float, then: Done, transfer: Transfer | None, ops: tuple[int, ...], record: int):
         self.leg = leg
         """What it was built from (its unslowed cap and solo rate, its devices)."""
         self.demands = leg.demands
@@ -99,7 +104,12 @@ class _Flow:
         self.version = 0
         self.is_solo = False
         self.then = then
-        """Called when the flow ends."""
+        """Called when the flow ends: then(transfer, ops)."""
+        self.transfer = transfer
+        self.ops = ops
+        self.record = record
+        """Its transfer's number in the network's `TransferLog` (-1: one step of a stepped
+        collective, logged as a whole)."""
         self.mark = 0
 
 
@@ -149,10 +159,16 @@ class FlowNetwork(Network):
         self._s_t = array("d")
         self._s_c = array("l")
         self._s_v = array("d")
-        self._solo: list[tuple[int, tuple[tuple[int, float], ...], float, float, float]] = []
-        """Intervals flows moved alone: (samples written before, demands, from, to, rate)."""
-        self.records: list[list] = []
-        """Per transfer: [transfer, start_us, end_us]."""
+        # Intervals flows moved alone, one entry each (expanded by `_samples`): samples written
+        # before, demands, from, to, rate.
+        self._solo_at = array("q")
+        self._solo_demands: list[tuple[tuple[int, float], ...]] = []
+        self._solo_t0 = array("d")
+        self._solo_t1 = array("d")
+        self._solo_rate = array("d")
+        self._leg_of: list[_Leg] = []
+        """Per distinct transfer (its index in `records`), its flow."""
+        self._wake_cb = self._on_wake_event
         self.events = 0
         """Flow starts and ends processed (the bench reports events per second)."""
         self._on_device: list[dict[_Flow, None]] = [{} for _ in range(world_size)] if machine.slows_comm() else []
@@ -290,24 +306,18 @@ class FlowNetwork(Network):
         move_us = sum(leg.total / leg.solo for leg in legs if leg.total)
         return transfer.size_bytes / move_us if move_us > 0 else _INF
 
-    def start(self, transfer: Transfer, done: Callable[[], None]) -> None:
-        record = [transfer, self.env.now, 0.0]
-        self.records.append(record)
-        legs = self.legs(transfer)
+    def start(self, transfer: Transfer, ops: tuple[int, ...], done: Done) -> None:
+        log = self.records
+        spec, new = log.intern(transfer)
+        if new:  # a transfer of this shape: its flow is built once
+            (leg,) = self.legs(transfer)
+            self._leg_of.append(leg)
+        self._start_flow(self._leg_of[spec], done, transfer, ops, log.add(spec, ops, self.env.now))
 
-        def finish() -> None:
-            record[2] = self.env.now
-            done()
-
-        if len(legs) == 1:
-            self._start_flow(legs[0], finish)
-        else:
-            self._start_flow(legs[0], lambda: self._start_flow(legs[1], finish))
-
-    def _start_flow(self, leg: _Leg, then: Callable[[], None]) -> None:
+    def _start_flow(self, leg: _Leg, then: Done, transfer: Transfer | None = None, ops: tuple[int, ...] = (), record: int = -1) -> None:
         now = self.env.now
         self.events += 1
-        f = _Flow(leg, now + leg.latency_us, then)
+        f = _Flow(leg, now + leg.latency_us, then, transfer, ops, record)
         if not leg.demands or leg.total == 0:
             self._push(now + leg.latency_us, f, _FINISH)  # latency only (barrier, empty op)
             return
@@ -360,7 +370,11 @@ class FlowNetwork(Network):
     def _log_solo(self, f: _Flow, until: float) -> None:
         """`f` moved alone on its channels from t_upd to `until` at its solo rate: one
         entry instead of two samples per channel (expanded by `_samples`)."""
-        self._solo.append((len(self._s_t), f.demands, f.t_upd, until, f.rate))
+        self._solo_at.append(len(self._s_t))
+        self._solo_demands.append(f.demands)
+        self._solo_t0.append(f.t_upd)
+        self._solo_t1.append(until)
+        self._solo_rate.append(f.rate)
 
     def _sample(self, t: float, c: int, load: float) -> None:
         self._s_t.append(t)
@@ -379,7 +393,10 @@ class FlowNetwork(Network):
             self._wake_gen += 1
             gen = self._wake_gen
             now = self.env.now
-            self.env.timeout(t - now if t > now else 0.0).callbacks.append(lambda _ev: self._on_wake(gen))
+            self.env.timeout(t - now if t > now else 0.0, gen).callbacks.append(self._wake_cb)
+
+    def _on_wake_event(self, ev: simpy.Timeout) -> None:
+        self._on_wake(ev.value)
 
     def _on_wake(self, gen: int) -> None:
         if gen != self._wake_gen:
@@ -423,8 +440,11 @@ class FlowNetwork(Network):
             heapq.heappop(heap)
         if heap:
             self._ensure_wake(heap[0][0])
+        log_end = self.records.end
         for f in finished:
-            f.then()
+            if f.record >= 0:
+                log_end[f.record] = now
+            f.then(f.transfer, f.ops)
 
     # ---- compute slowing comm ---------------------------------------------------------
 
@@ -592,7 +612,8 @@ class FlowNetwork(Network):
         st, sc, sv = self._s_t, self._s_c, self._s_v
         t, c, v = array("d"), array("l"), array("d")
         i = 0
-        for idx, demands, t0, t1, rate in self._solo + [(len(st), (), 0.0, 0.0, 0.0)]:
+        solo = zip(self._solo_at, self._solo_demands, self._solo_t0, self._solo_t1, self._solo_rate)
+        for idx, demands, t0, t1, rate in [*solo, (len(st), (), 0.0, 0.0, 0.0)]:
             t.extend(st[i:idx])
             c.extend(sc[i:idx])
             v.extend(sv[i:idx])
@@ -655,17 +676,23 @@ class FlowNetwork(Network):
 
     def flow_stats(self) -> list[FlowStat]:
         fabric = self.fabric
+        log = self.records
+        described: dict[int, tuple[float, str, int]] = {}
+        """Per distinct transfer: its latency, bottleneck link and number of links."""
         out = []
-        for transfer, start, end in self.records:
-            legs = self.legs(transfer)
-            worst, name, latency = -1.0, "", 0.0
-            for leg in legs:
-                latency += leg.latency_us
-                for c, w in leg.demands:
-                    load = w / fabric.capacity[c] if fabric.capacity[c] < _INF else 0.0
-                    if load > worst:
-                        worst, name = load, fabric.names[c]
-            out.append(FlowStat.of(transfer, start, end, latency, name, len({c for leg in legs for c, _ in leg.demands})))
+        for i, spec in enumerate(log.kind):
+            about = described.get(spec)
+            if about is None:
+                legs = self.legs(log.transfers[spec])
+                worst, name, latency = -1.0, "", 0.0
+                for leg in legs:
+                    latency += leg.latency_us
+                    for c, w in leg.demands:
+                        load = w / fabric.capacity[c] if fabric.capacity[c] < _INF else 0.0
+                        if load > worst:
+                            worst, name = load, fabric.names[c]
+                about = described[spec] = (latency, name, len({c for leg in legs for c, _ in leg.demands}))
+            out.append(FlowStat.of(log.transfers[spec], log.ops(i), log.start_us(i), log.end[i], *about))
         return out
 
 
@@ -685,12 +712,20 @@ class SteppedFlowNetwork(FlowNetwork):
 
     name = "flow-steps"
 
-    def start(self, transfer: Transfer, done: Callable[[], None]) -> None:
+    def start(self, transfer: Transfer, ops: tuple[int, ...], done: Done) -> None:
         if transfer.kind is OpKind.SEND or transfer.kind is OpKind.COPY or (transfer.plan.proto is not None and self.nccl is not None):
-            super().start(transfer, done)
+            super().start(transfer, ops, done)
             return
-        record = [transfer, self.env.now, 0.0]
-        self.records.append(record)
+        log = self.records
+        spec, new = log.intern(transfer)
+        if new:
+            self._leg_of.append(self.legs(transfer)[0])
+        record = log.add(spec, ops, self.env.now)
+
+        def end(_t: Transfer | None = None, _ops: tuple[int, ...] = ()) -> None:
+            log.end[record] = self.env.now
+            done(transfer, ops)
+
         p = transfer.plan
         fabric = self.fabric
         steps = max(p.latency_steps, 1)
@@ -708,7 +743,7 @@ class SteppedFlowNetwork(FlowNetwork):
             cap = coflow.cap * nbytes / p.serial_bytes
             per_step.append(self._slowed(self._leg(chans, share, cap, coflow.latency_us / steps, coflow.devices), coflow.slow))
         if not per_step:
-            self._start_flow(_Leg((), _INF, _INF, coflow.latency_us, 0.0, ()), lambda: self._end(record, done))
+            self._start_flow(_Leg((), _INF, _INF, coflow.latency_us, 0.0, ()), end)
             return
         state = {"step": 0, "left": 0}
 
@@ -717,17 +752,13 @@ class SteppedFlowNetwork(FlowNetwork):
             for leg in per_step:
                 self._start_flow(leg, step_done)
 
-        def step_done() -> None:
+        def step_done(_t: Transfer | None, _ops: tuple[int, ...]) -> None:
             state["left"] -= 1
             if state["left"] == 0:
                 state["step"] += 1
                 if state["step"] == steps:
-                    self._end(record, done)
+                    end()
                 else:
                     run_step()
 
         run_step()
-
-    def _end(self, record: list, done: Callable[[], None]) -> None:
-        record[2] = self.env.now
-        done()

@@ -60,7 +60,7 @@ def _events(raw: RawResult) -> list[list[int]]:
             per_rank[op.rank].append(g)
     end = raw.end
     for events in per_rank:
-        events.sort(key=lambda g: (end[g], g))
+        events.sort(key=end.__getitem__)  # stable: ties keep program order (g)
     return per_rank
 
 

@@ -13,6 +13,10 @@ lists them by name):
   * `flow` (the default, `commdsl.sim.flow`): links, routes and max-min sharing;
   * `flow-steps`: the flow network running collectives step by step (validation).
 
+Both models log every transfer they start in a `TransferLog` (flat arrays: which distinct
+`Transfer`, its ops, start, end), from which `flow_stats()` builds one `FlowStat` per
+transfer when asked.
+
 Compute slowing communication (a transfer's `compute_comm_slowdown`, from
 `Machine.interference`: its op's `interference_by_op` entry or the machine-wide factor;
 != 1.0): the engine tells the network when compute starts or ends on a device
@@ -25,7 +29,8 @@ CPUs (a transport with a shared bandwidth: loopback TCP, where the latency is CP
 from __future__ import annotations
 
 import abc
-from collections.abc import Callable, Iterable
+from array import array
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
 import simpy
@@ -40,7 +45,9 @@ from commdsl.sim.nccl_flows import NcclFlows
 
 @dataclass(frozen=True, slots=True)
 class Transfer:
-    """One data movement: a whole collective, or one matched send/recv pair."""
+    """One data movement: a whole collective, or one matched send/recv pair. It says what
+    moves, not which ops move it: the engine builds one per distinct shape of transfer and
+    starts it with the op numbers of each occurrence (`Network.start`)."""
 
     kind: OpKind
     """The collective's kind; SEND for a point-to-point transfer."""
@@ -52,8 +59,6 @@ class Transfer:
     plan: CommPlan
     """The algorithm's steps and bytes."""
     root: int | None = None
-    ops: tuple[int, ...] = ()
-    """The engine's op numbers (g) the transfer completes, for per-flow statistics."""
     dtype: Dtype = Dtype.FP32
     """Element type: a reduction's cost can depend on it (calibration profiles per dtype)."""
     reduce_op: ReduceOp | None = None
@@ -82,8 +87,9 @@ class FlowStat:
     """Number of link directions it uses."""
 
     @staticmethod
-    def of(t: Transfer, start_us: float, end_us: float, latency_us: float, bottleneck: str = "", links: int = 0) -> FlowStat:
-        return FlowStat(t.ops, t.kind, t.transport, t.plan.algo, t.size_bytes, start_us, end_us, latency_us, bottleneck, links)
+    def of(t: Transfer, ops: tuple[int, ...], start_us: float, end_us: float, latency_us: float, bottleneck: str = "",
+           links: int = 0) -> FlowStat:  # fmt: skip
+        return FlowStat(ops, t.kind, t.transport, t.plan.algo, t.size_bytes, start_us, end_us, latency_us, bottleneck, links)
 
     @property
     def algbw_gb_per_s(self) -> float:
@@ -108,9 +114,76 @@ class LinkStat:
     peak_utilization: float
 
 
+class TransferLog:
+    """Every transfer a network started, in start order, as flat arrays: per transfer the
+    index of its `Transfer` (each distinct one kept once), its ops (g), its start and end.
+    `log[i]` is (transfer, ops, start_us, end_us)."""
+
+    def __init__(self) -> None:
+        self.transfers: list[Transfer] = []
+        """The distinct transfers, by their index."""
+        self._index: dict[int, int] = {}
+        """id(transfer) -> its index (the list keeps every transfer alive, so ids stay unique)."""
+        self.kind = array("l")
+        """Per started transfer, the index of its `Transfer`."""
+        self.start = array("d")
+        self.end = array("d")
+        self._ops = array("q")
+        self._ops_at = array("q")
+        """Where each transfer's ops begin in `_ops` (they end where the next one's begin)."""
+        self._int_start: dict[int, int] = {}
+        """Starts that were ints (SimPy's clock is the int 0 until its first event), as they
+        were: statistics show them as given."""
+
+    def intern(self, transfer: Transfer) -> tuple[int, bool]:
+        """(the index of `transfer`, whether it is new)."""
+        i = self._index.get(id(transfer))
+        if i is not None:
+            return i, False
+        i = self._index[id(transfer)] = len(self.transfers)
+        self.transfers.append(transfer)
+        return i, True
+
+    def add(self, index: int, ops: tuple[int, ...], start_us: float) -> int:
+        """Log a transfer (by its `intern` index) starting now; returns its number (its end
+        is set in `end` when it is known)."""
+        if start_us.__class__ is int:
+            self._int_start[len(self.kind)] = start_us
+        self.kind.append(index)
+        self.start.append(start_us)
+        self.end.append(start_us)
+        self._ops_at.append(len(self._ops))
+        self._ops.extend(ops)
+        return len(self.kind) - 1
+
+    def start_us(self, i: int) -> float:
+        """Transfer i's start, as it was given."""
+        return self._int_start.get(i, self.start[i]) if self._int_start else self.start[i]
+
+    def ops(self, i: int) -> tuple[int, ...]:
+        at = self._ops_at
+        return tuple(self._ops[at[i] : at[i + 1] if i + 1 < len(at) else len(self._ops)])
+
+    def __len__(self) -> int:
+        return len(self.kind)
+
+    def __getitem__(self, i: int) -> tuple[Transfer, tuple[int, ...], float, float]:
+        if not -len(self) <= i < len(self):
+            raise IndexError(i)
+        i %= len(self)
+        return self.transfers[self.kind[i]], self.ops(i), self.start_us(i), self.end[i]
+
+    def __iter__(self) -> Iterator[tuple[Transfer, tuple[int, ...], float, float]]:
+        return (self[i] for i in range(len(self)))
+
+
+Done = Callable[[Transfer, tuple[int, ...]], None]
+"""What a network calls when a transfer's last byte arrives: done(transfer, ops)."""
+
+
 class Network(abc.ABC):
-    """Times transfers. Implementations must call `done()` exactly once per `start()`,
-    from a SimPy event at the simulated end time (never synchronously)."""
+    """Times transfers. Implementations must call `done(transfer, ops)` exactly once per
+    `start()`, from a SimPy event at the simulated end time (never synchronously)."""
 
     name: str = "abstract"
 
@@ -122,10 +195,13 @@ class Network(abc.ABC):
         """NCCL's choices and loads on the machine's links (machines with `nccl:`)."""
         self.fabric: Fabric | None = None
         """The machine's links and routes (machines with a topology; the flow network's always)."""
+        self.records = TransferLog()
+        """Every transfer started, with its ops, start and end (`flow_stats`)."""
 
     @abc.abstractmethod
-    def start(self, transfer: Transfer, done: Callable[[], None]) -> None:
-        """Begin `transfer` now (env.now); call `done()` when its last byte arrives."""
+    def start(self, transfer: Transfer, ops: tuple[int, ...], done: Done) -> None:
+        """Begin `transfer` of the engine's ops `ops` (g) now (env.now); call
+        `done(transfer, ops)` when its last byte arrives."""
 
     @abc.abstractmethod
     def solo_rate(self, transfer: Transfer) -> float:

@@ -1,11 +1,18 @@
-"""`simulate()`: run the engine and turn its per-op arrays into a `Timeline`."""
+"""`simulate()`: run the engine and turn its per-op arrays into a `Timeline`.
+
+A run pauses Python's cyclic garbage collector (the engine's objects live until the end
+and form no cycles; a collection would walk them all, a cost per op that grows with the
+program). A sampled run wires the program once, runs it once per sample and keeps each
+sample's per-op arrays and network records, not its engine.
+"""
 
 from __future__ import annotations
 
+import gc
 import random
-import statistics
+from contextlib import contextmanager
 from array import array
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -21,6 +28,7 @@ from commdsl.sim.entities import RawResult
 from commdsl.sim.memory import check_memory
 from commdsl.sim.models import DEFAULT_NETWORK, NETWORKS
 from commdsl.sim.network import FlowStat, LinkStat, Network
+from commdsl.sim.wiring import Wiring
 from commdsl.timeline import Timeline
 
 if TYPE_CHECKING:
@@ -96,7 +104,7 @@ def simulate(program: Program, machine: Machine, network: str = DEFAULT_NETWORK,
 
     `progress`, if given, hears (ops simulated so far, ops to simulate in all) every few
     thousand events (`Engine.run`); a sampled simulation simulates the program
-    `samples` + 1 times.
+    `samples` times.
 
     With `samples` > 1 the machine's random compute stalls (`Machine.compute_noise`) are
     drawn, one independent run per sample (seeds seed, seed + 1, ...), and the result
@@ -104,6 +112,27 @@ def simulate(program: Program, machine: Machine, network: str = DEFAULT_NETWORK,
     each op's median over its iterations: predicted and measured are then the same
     statistic of the same random process. Critical path, flows and links are those of
     the sample whose makespan is the median."""
+    with gc_paused():
+        return _simulate(program, machine, network, samples, seed, progress)
+
+
+@contextmanager
+def gc_paused() -> Iterator[None]:
+    """Python's cyclic garbage collector off for the block, as it was after. The engine
+    allocates millions of small objects that live until the end of the run and form no
+    garbage cycles; each collection would walk them all (a cost per op growing with the
+    program's size)."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def _simulate(program: Program, machine: Machine, network: str, samples: int, seed: int,
+              progress: Callable[[int, int], None] | None) -> SimResult:  # fmt: skip
     if network not in NETWORKS:
         raise UsageError(f"unknown network model '{network}' (known: {', '.join(NETWORKS)})")
     if samples < 1:
@@ -124,42 +153,54 @@ def simulate(program: Program, machine: Machine, network: str = DEFAULT_NETWORK,
             f"machine {machine.name} has {machine.num_devices} devices but the schedule has {program.world_size} ranks; "
             f"the {network} network connects every pair of ranks like the machine's own devices"
         )
-    runs = 1 if samples == 1 else samples + 1
     ops = sum(len(rank_ops) for rank_ops in program.ops)
 
     def run_progress(i: int) -> Callable[[int], None] | None:
         """The engine's callback of the i-th simulation of the program."""
-        return None if progress is None else lambda done: progress(i * ops + done, runs * ops)
+        return None if progress is None else lambda done: progress(i * ops + done, samples * ops)
 
     if progress is not None:
-        progress(0, runs * ops)
+        progress(0, samples * ops)
 
     if samples == 1:
         raw, engine = _run(program, machine, network, None, run_progress(0))
         check_memory(raw, machine)
         return SimResult(program, machine, network, raw, engine.network.meta(), critical_path(raw), _makespan(raw), warnings,
                          engine.network, engine.nominal_us)  # fmt: skip
-    # Keep only each sample's times (32 bytes per op), not its engine (~800).
-    makespans, times = [], []
+    # Each sample keeps its per-op arrays (41 bytes per op) and its network's flat records,
+    # not its engine; the wiring is made once and shared by every sample.
+    runs: list[tuple[RawResult, Network, dict[int, float]]] = []
+    wiring = None
     for i in range(samples):
-        raw, _ = _run(program, machine, network, random.Random(seed + i), run_progress(i))
-        makespans.append(_makespan(raw))
-        times.append((raw.issue_start, raw.issue_end, raw.start, raw.end))
-    # The median sample stands for the run (its causes, flows and links): run again from
-    # its seed, which draws the same stalls.
+        raw, engine = _run(program, machine, network, random.Random(seed + i), run_progress(i), wiring)
+        wiring = engine.wiring
+        runs.append((raw, engine.network, engine.nominal_us))
+        del engine
+    makespans = [_makespan(raw) for raw, _, _ in runs]
+    # The median sample stands for the run: its causes, flows and links.
     median = sorted(range(samples), key=makespans.__getitem__)[(samples - 1) // 2]
-    like, engine = _run(program, machine, network, random.Random(seed + median), run_progress(samples))
-    columns = [array("d", map(statistics.median, zip(*(t[k] for t in times)))) for k in range(4)]
+    like, like_network, like_nominal = runs[median]
+    columns = [array("d", map(_median, zip(*(getattr(raw, name) for raw, _, _ in runs))))
+               for name in ("issue_start", "issue_end", "start", "end")]  # fmt: skip
     raw = RawResult(like.ops, like.base, *columns, like.state, like.cause, like.partner, like.algos, like.protos)
     check_memory(raw, machine)
     sampling = {"samples": samples, "seed": seed, "stat": "median", "sample_makespans_us": [round(m, 3) for m in makespans]}
-    return SimResult(program, machine, network, raw, engine.network.meta(), critical_path(like), _makespan(raw), warnings,
-                     engine.network, engine.nominal_us, sampling)  # fmt: skip
+    return SimResult(program, machine, network, raw, like_network.meta(), critical_path(like), _makespan(raw), warnings,
+                     like_network, like_nominal, sampling)  # fmt: skip
+
+
+def _median(values: tuple[float, ...]) -> float:
+    """`statistics.median` (the middle value; of an even count, the mean of the middle
+    two), without its per-call overhead: it runs once per op and column."""
+    ordered = sorted(values)
+    n = len(ordered)
+    mid = n // 2
+    return ordered[mid] if n % 2 else (ordered[mid - 1] + ordered[mid]) / 2
 
 
 def _run(program: Program, machine: Machine, network: str, rng: random.Random | None,
-         progress: Callable[[int], None] | None = None) -> tuple[RawResult, Engine]:  # fmt: skip
-    engine = Engine(program, machine, NETWORKS[network], rng)
+         progress: Callable[[int], None] | None = None, wiring: Wiring | None = None) -> tuple[RawResult, Engine]:  # fmt: skip
+    engine = Engine(program, machine, NETWORKS[network], rng, wiring)
     raw = engine.run(progress)
     if engine.unfinished():
         raise deadlock_error(engine)
@@ -204,7 +245,7 @@ def critical_path(raw: RawResult) -> list[int]:
     if not raw.ops:
         return []
     end = raw.end
-    last = max(range(len(end)), key=lambda g: (end[g], -g))
+    last = end.index(max(end))  # the lowest g among those that end last
     path = [last]
     seen = {last}
     g = raw.cause[last]

@@ -10,11 +10,9 @@ per op, the events sorted a window of time at a time and formatted in batches fr
 
 from __future__ import annotations
 
-import gc
 from array import array
 from bisect import bisect_left
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from itertools import compress, repeat
 from operator import gt, rshift, sub
 from pathlib import Path
@@ -23,6 +21,7 @@ from typing import TYPE_CHECKING
 from commdsl.ir import HOST_STREAM, CopyDir, Op, OpKind, Program, Protocol, Transport
 from commdsl.sim.entities import ALGOS, PROTOS, RawResult
 from commdsl.sim.memory import memory_counters, memory_profile
+from commdsl.sim.simulate import gc_paused
 from commdsl.timeline import (COMM_TRACK_PREFIX, MEMORY_PEAK_META, CounterSample, Flow, Span, SpanEncoder, SpanRole, Timeline,
                               comm_span_args, format_spans, gloo_span_name, nccl_kernel_name, op_span_args, ordered_tracks,
                               other_data, write_chrome_trace)  # fmt: skip
@@ -133,22 +132,10 @@ def write_trace(result: SimResult, path: str | Path, flag: str = "--trace", prog
     are grouped per track in arrays, sorted a window of time at a time and formatted in
     batches from one format per statement. `flag` names the file in a usage error;
     `progress`, if given, hears (spans written, spans in all) after each window."""
-    with _without_cyclic_gc():
+    # Paused collector: writing makes no reference cycles, but millions of short-lived
+    # tuples would start collections that each walk every op of the program again.
+    with gc_paused():
         _write_trace(result, path, flag, progress)
-
-
-@contextmanager
-def _without_cyclic_gc() -> Iterator[None]:
-    """Python's cyclic collector off: writing a trace makes no reference cycles, but it
-    allocates millions of tuples, and each full collection would walk every op of the
-    program again."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
 
 
 def _write_trace(result: SimResult, path: str | Path, flag: str, progress: Callable[[int, int], None] | None) -> None:

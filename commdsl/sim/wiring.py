@@ -7,6 +7,11 @@ of a group on every member), P2P batches, and each comm op's algorithm and proto
 network's choice, `Network.choose`). It also checks what the machine must provide: a
 transport for every comm op and peer copy, a route for every memcpy transfer (not
 between nodes), and a compute rate for every FLOP-sized dtype.
+
+The result is flat: per-op arrays (partner, algorithm and protocol indices, kind codes,
+memcpy marks), a batch as the range of its consecutive ops, and the network's choice
+made once per distinct shape of comm op. A sampled simulation wires once and hands the
+same `Wiring` to every sample's engine, which resets its queues and collective instances.
 """
 
 from __future__ import annotations
@@ -15,10 +20,10 @@ from array import array
 from collections import deque
 from dataclasses import dataclass
 
-from commdsl.errors import MachineError
+from commdsl.errors import MachineError, ScheduleError
 from commdsl.ir import COLLECTIVE_KINDS, P2P_KINDS, Algo, Op, OpKind, Program, Protocol, Transport
 from commdsl.machine.model import Machine
-from commdsl.sim.entities import ALGOS, PROTOS, Collective, Queue
+from commdsl.sim.entities import ALGOS, KIND_CODE, PROTOS, Collective, Queue
 from commdsl.sim.network import Network
 
 
@@ -35,14 +40,21 @@ class Wiring:
     coll_of: list[Collective | None]
     """Per collective op, its instance."""
     collectives: list[Collective]
-    batch_ops: dict[int, tuple[int, ...]]
-    """P2P batches: first op (g) -> the batch's ops, in issue order."""
-    batch_queues: dict[int, tuple[Queue, ...]]
-    """P2P batches: first op (g) -> the comm queues it occupies (usually one)."""
+    batch_last: array
+    """P2P batches: at a batch's first op (g), its last op (a batch's ops are consecutive:
+    it holds isend/irecv only); empty without batches."""
+    batch_multi: dict[int, tuple[Queue, ...]]
+    """P2P batches over several groups: first op (g) -> the comm queues it occupies (a
+    batch not here occupies its first op's queue alone)."""
     algos: bytearray
     """Per comm op, the index in `ALGOS` of its algorithm."""
     protos: bytearray
     """Per comm op, the index in `PROTOS` of its NCCL protocol (0: none)."""
+    kinds: bytearray
+    """Per op, its kind as an index in `KINDS` (the engine's hot paths test bytes, not ops)."""
+    on_stream: bytearray
+    """Per op, 1 for a memcpy transfer (a peer copy, a memcpy send or recv): it runs on its
+    stream, with no comm queue."""
 
 
 _COMM_KINDS = P2P_KINDS | COLLECTIVE_KINDS
@@ -57,77 +69,109 @@ def wire(program: Program, ops: list[Op], base: list[int], machine: Machine, net
     collectives: list[Collective] = []
     algos = bytearray(n)
     protos = bytearray(n)
+    on_stream = bytearray(n)
+    kinds = bytearray(n)
     group_ranks = {g.id: g.ranks for g in program.groups}
     sends: dict[tuple, deque[int]] = {}
     recvs: dict[tuple, deque[int]] = {}
-    seq: dict[tuple[int, str], int] = {}
-    instances: dict[tuple[str, int], Collective] = {}
-    chosen: dict[tuple, tuple[Algo, Protocol | None]] = {}
+    seq: list[dict[str, int]] = [{} for _ in range(program.world_size)]
+    """Per rank, per group: collectives seen so far."""
+    instances: dict[str, list[Collective]] = {}
+    """Per group, its collective instances in order."""
+    # Most programs repeat a few shapes of comm op: the network's choice is made once per
+    # shape, and kept as the (algo, proto) indices the arrays hold.
+    chosen: dict[tuple, tuple[int, int]] = {}
     checked: set = set()
+    batch_last = array("q")
+    batch_multi: dict[int, tuple[Queue, ...]] = {}
+    send, recv, compute, memcpy = OpKind.SEND, OpKind.RECV, OpKind.COMPUTE, Transport.MEMCPY
     for g, op in enumerate(ops):
         kind = op.kind
-        if kind in _COMM_KINDS or op.is_peer_copy:
-            if op.transport not in checked:
-                _check_transport(machine, op)
-                checked.add(op.transport)
-        if op.is_peer_copy:
-            network.check_copy(op)
-            continue
-        if kind in _COMM_KINDS:
-            if op.transport is not Transport.MEMCPY:  # memcpy has no communicator: it runs on its stream
-                rank_queues = queues[op.rank]
-                q = rank_queues.get(op.group)
-                if q is None:
-                    q = rank_queues[op.group] = Queue(op.rank, op.group)
-                queue_of[g] = q
-            else:
+        kinds[g] = KIND_CODE[kind]
+        if kind not in _COMM_KINDS:
+            if kind is compute:
+                if op.duration_us is None and op.flops is not None and (op.dtype, "flops") not in checked:
+                    _check_rate(machine, op)
+                    checked.add((op.dtype, "flops"))
+            elif op.is_peer_copy:
+                if op.transport not in checked:
+                    _check_transport(machine, op)
+                    checked.add(op.transport)
                 network.check_copy(op)
-            # The op's algorithm and protocol: the network's choice, or what it forces (checked there).
-            key = (op.group, kind, op.size_bytes, op.transport, op.algo, op.proto, op.peer)
-            pick = chosen.get(key)
-            if pick is None:
-                pick = chosen[key] = network.choose(op, group_ranks[op.group])
-            algos[g] = ALGOS.index(pick[0])
-            protos[g] = PROTOS.index(pick[1])
-        if kind is OpKind.SEND:
-            key = (op.rank, op.peer, op.group)
-            r = recvs.get(key)
-            if r:
-                _pair(partner, g, r.popleft())
+                on_stream[g] = op.transport is memcpy
+            continue
+        transport = op.transport
+        if transport not in checked:
+            _check_transport(machine, op)
+            checked.add(transport)
+        if transport is memcpy and kind not in P2P_KINDS:
+            raise ScheduleError(f"{kind.value} {op.name} on rank {op.rank}: transport=memcpy copies point to point only (send, "
+                                f"recv, a copy to a peer), not a collective", op.loc, rank=op.rank,
+                                hint="give the collective transport=nccl or transport=gloo")  # fmt: skip
+        if transport is not memcpy:  # memcpy has no communicator: it runs on its stream
+            rank_queues = queues[op.rank]
+            q = rank_queues.get(op.group)
+            if q is None:
+                q = rank_queues[op.group] = Queue(op.rank, op.group)
+            queue_of[g] = q
+        else:
+            network.check_copy(op)
+            on_stream[g] = kind in P2P_KINDS
+        if op.batch is not None:
+            if not batch_last:
+                batch_last = array("q", bytes(8 * n))
+            first = base[op.rank] + op.batch
+            if first != g:
+                assert batch_last[first] == g - 1, "a batch's ops are consecutive"
+                if queue_of[g] is not queue_of[first]:
+                    batch_multi[first] = (*batch_multi.get(first, (queue_of[first],)), queue_of[g])
+            batch_last[first] = g
+        # The op's algorithm and protocol: the network's choice, or what it forces (checked there).
+        key = (op.group, kind, op.size_bytes, transport, op.algo, op.proto, op.peer)
+        pick = chosen.get(key)
+        if pick is None:
+            algo, proto = network.choose(op, group_ranks[op.group])
+            pick = chosen[key] = (ALGOS.index(algo), PROTOS.index(proto))
+        algos[g], protos[g] = pick
+        if kind is send:
+            _match(sends, recvs, (op.rank, op.peer, op.group), g, partner)
+        elif kind is recv:
+            _match(recvs, sends, (op.peer, op.rank, op.group), g, partner)
+        else:
+            rank_seq = seq[op.rank]
+            k = rank_seq.get(op.group, 0)
+            rank_seq[op.group] = k + 1
+            group_instances = instances.get(op.group)
+            if group_instances is None:
+                group_instances = instances[op.group] = []
+            if k < len(group_instances):
+                inst = group_instances[k]
             else:
-                sends.setdefault(key, deque()).append(g)
-        elif kind is OpKind.RECV:
-            key = (op.peer, op.rank, op.group)
-            s = sends.get(key)
-            if s:
-                _pair(partner, s.popleft(), g)
-            else:
-                recvs.setdefault(key, deque()).append(g)
-        elif kind in COLLECTIVE_KINDS:
-            k = seq.get((op.rank, op.group), 0)
-            seq[(op.rank, op.group)] = k + 1
-            inst = instances.get((op.group, k))
-            if inst is None:
-                inst = instances[(op.group, k)] = Collective(op.group, k, len(group_ranks[op.group]))
+                inst = Collective(op.group, k, len(group_ranks[op.group]))
+                group_instances.append(inst)
                 collectives.append(inst)
             inst.ops.append(g)
             coll_of[g] = inst
-        elif kind is OpKind.COMPUTE and op.duration_us is None and op.flops is not None and (op.dtype, "flops") not in checked:
-            _check_rate(machine, op)
-            checked.add((op.dtype, "flops"))
 
-    batches: dict[int, list[int]] = {}
-    for g, op in enumerate(ops):
-        if op.batch is not None:
-            batches.setdefault(base[op.rank] + op.batch, []).append(g)
-    batch_ops = {first: tuple(members) for first, members in batches.items()}
-    batch_queues = {first: tuple(dict.fromkeys(queue_of[m] for m in members)) for first, members in batches.items()}
-    return Wiring(queues, queue_of, partner, coll_of, collectives, batch_ops, batch_queues, algos, protos)
+    for first, multi in batch_multi.items():
+        batch_multi[first] = tuple(dict.fromkeys(multi))
+    return Wiring(queues, queue_of, partner, coll_of, collectives, batch_last, batch_multi, algos, protos, kinds, on_stream)
 
 
-def _pair(partner: array, send: int, recv: int) -> None:
-    partner[send] = recv
-    partner[recv] = send
+def _match(mine: dict[tuple, deque[int]], theirs: dict[tuple, deque[int]], key: tuple, g: int, partner: array) -> None:
+    """Pair op g (a send or a recv, `mine` its kind's unmatched ops by key) with the first
+    unmatched op of the other kind with the same (src, dst, group), or queue it."""
+    other = theirs.get(key)
+    if other:
+        p = other.popleft()
+        partner[g] = p
+        partner[p] = g
+        return
+    waiting = mine.get(key)
+    if waiting is None:
+        mine[key] = deque((g,))
+    else:
+        waiting.append(g)
 
 
 def _check_transport(machine: Machine, op: Op) -> None:

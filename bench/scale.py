@@ -1,0 +1,218 @@
+"""The whole `commdsl simulate` command at scale: what a user waits for and how much memory it takes.
+
+    python bench/scale.py                    # every figure below (about two minutes)
+    python bench/scale.py --quick            # smaller sizes, one repeat: a smoke run
+    python bench/scale.py --astra PATH       # also run ASTRA-sim's analytical backend on the same workload
+
+Each figure is the CPU time (user + system) and the peak resident memory of one
+`commdsl simulate` process, start-up to exit, as `os.wait4` reports them for the child;
+the median of a few runs. CPU time, not wall time, because the machines this runs on are
+shared. Figures:
+
+  1. chained all_reduce: 1000 chained 64 MiB ring all_reduces on 64 ranks, one 50 GB/s
+     link per rank with 500 ns per step (the flow network, `--json`). With `--astra`, the
+     same workload for ASTRA-sim 2.0 (a Chakra trace per NPU, a 64-NPU ring, the same
+     rate and latency in ASTRA's units) and the ratio of the two CPU times; the Chakra
+     trace generator needs the `chakra` package (github.com/mlcommons/chakra).
+  2. a 1M-op 1F1B schedule (64 stages), plain, with `--json` and with `--trace`: CPU
+     seconds, peak memory and bytes of peak memory per op;
+  3. the cost per op of the 1F1B schedule from 1k to 1M ops (is it flat?);
+  4. `--samples 8` against one sample on the same schedule.
+
+The simulator's own rate (`simulate()` alone) is bench/sim_scale.py's, expansion's is
+bench/expand.py's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+CHAINED = """\
+name: chained_all_reduce
+params: {ranks: 64, count: 1000, size: 64MiB}
+world: ranks
+streams: [s]
+program: |
+  for i in range(count):
+      all_reduce x[i] size algo=ring
+"""
+
+RING_MACHINE = """\
+name: ring-50
+doc: one link per rank at 50 GB/s and 500 ns per step (the implied topology)
+devices: 64
+device: {name: test, peak_tflops: {fp32: 1}, memory_bandwidth_gb_per_s: 1000, sm_count: 1}
+kernel_launch_us: 0
+comm_launch_us: 0
+host_link: {latency_us: 0, bandwidth_gb_per_s: 10}
+transports:
+  nccl: {latency_us: 0.5, bandwidth_gb_per_s: 50}
+"""
+
+OPS_PER_MICROBATCH_64 = 508.75
+"""Ops of the bundled 1f1b per microbatch at 64 stages (130,240 ops at 256 microbatches)."""
+
+
+def run_command(argv: list[str], stdout) -> tuple[float, int, str]:
+    """Run one process: (CPU seconds of the child, its peak RSS in bytes, its stderr)."""
+    with tempfile.TemporaryFile() as err:
+        proc = subprocess.Popen(argv, stdout=stdout, stderr=err)
+        _, status, usage = os.wait4(proc.pid, 0)
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        err.seek(0)
+        stderr = err.read().decode(errors="replace")
+    if proc.returncode != 0:
+        raise SystemExit(f"`{' '.join(argv)}` exited {proc.returncode}:\n{stderr}")
+    return usage.ru_utime + usage.ru_stime, usage.ru_maxrss * 1024, stderr
+
+
+def simulate_argv(*args: str) -> list[str]:
+    return [sys.executable, "-m", "commdsl.cli", "simulate", *args]
+
+
+def measure(argv: list[str], repeats: int, out: Path | None = None) -> dict:
+    """Median CPU s and peak RSS of `argv` over `repeats` runs; stdout goes to `out` (or nowhere)."""
+    cpu, rss = [], []
+    for _ in range(repeats):
+        with open(out, "w") if out else open(os.devnull, "w") as f:
+            c, r, _ = run_command(argv, f)
+        cpu.append(c)
+        rss.append(r)
+    return {"cpu_s": statistics.median(cpu), "rss_bytes": statistics.median(rss)}
+
+
+def count_ops(schedule: str, params: list[str]) -> int:
+    """The number of ops the command reports (its summary's first line)."""
+    text = subprocess.run(simulate_argv(schedule, *params, "--network", "analytic", "--gantt", "never"), capture_output=True,
+                          text=True, check=True).stdout  # fmt: skip
+    m = re.search(r"([\d,]+) ops", text)
+    if not m:
+        raise SystemExit(f"no op count in the output of simulate {schedule}:\n{text[:500]}")
+    return int(m.group(1).replace(",", ""))
+
+
+def chained(tmp: Path, repeats: int, astra: str | None) -> None:
+    schedule, machine, out = tmp / "chained.yaml", tmp / "ring-50.yaml", tmp / "chained.json"
+    schedule.write_text(CHAINED)
+    machine.write_text(RING_MACHINE)
+    r = measure(simulate_argv(str(schedule), "--machine", str(machine), "--network", "flow", "--json"), repeats, out)
+    predicted_ms = json.loads(out.read_text())["makespan_us"] / 1e3
+    print(f"1. chained all_reduce, 64 ranks x 1000 x 64 MiB (flow, --json): {r['cpu_s']:.2f} s CPU, "
+          f"{r['rss_bytes'] / 2**20:.0f} MiB peak, predicted {predicted_ms:.2f} ms")  # fmt: skip
+    if astra:
+        astra_s, astra_ms = run_astra(astra, tmp / "astra", repeats)
+        print(f"   ASTRA-sim: {astra_s:.2f} s CPU, predicted {astra_ms:.2f} ms ({(astra_ms / predicted_ms - 1) * 100:+.3f}%); "
+              f"ASTRA-sim / commdsl = {astra_s / r['cpu_s']:.1f}x")  # fmt: skip
+
+
+def run_astra(binary: str, folder: Path, repeats: int) -> tuple[float, float]:
+    """ASTRA-sim 2.0 (analytical, congestion unaware) on the chained all_reduce: (CPU s, makespan ms)."""
+    try:
+        from chakra.schema.protobuf.et_def_pb2 import ALL_REDUCE, COMM_COLL_NODE, AttributeProto, GlobalMetadata, Node
+        from chakra.src.third_party.utils.protolib import encodeMessage
+    except ImportError as e:
+        raise SystemExit(f"--astra needs the chakra package to write the workload ({e}); "
+                         "pip install git+https://github.com/mlcommons/chakra") from e  # fmt: skip
+    folder.mkdir()
+    npus, count, size_bytes = 64, 1000, 64 * 2**20
+    for npu in range(npus):
+        with open(folder / f"chained.{npu}.et", "wb") as f:
+            encodeMessage(f, GlobalMetadata(version="0.0.4"))
+            for i in range(count):
+                node = Node(id=i, name=f"all_reduce {i}", type=COMM_COLL_NODE)
+                if i:
+                    node.data_deps.append(i - 1)  # chained: each waits for the one before
+                node.attr.append(AttributeProto(name="is_cpu_op", bool_val=False))
+                node.attr.append(AttributeProto(name="comm_type", int64_val=ALL_REDUCE))
+                node.attr.append(AttributeProto(name="comm_size", int64_val=size_bytes))
+                encodeMessage(f, node)
+    # ASTRA's analytical backend reads GB/s as 2^30 bytes per second and latency in ns:
+    # 50e9 B/s is 46.566 of its GB/s. One chunk per collective and no endpoint delay, as commdsl's ring.
+    (folder / "network.yml").write_text(f"topology: [ Ring ]\nnpus_count: [ {npus} ]\nbandwidth: [ {50e9 / 2**30:.6f} ]\n"
+                                        "latency: [ 500.0 ]\n")  # fmt: skip
+    (folder / "system.json").write_text(json.dumps({
+        "scheduling-policy": "LIFO", "endpoint-delay": 0, "active-chunks-per-dimension": 1, "preferred-dataset-splits": 1,
+        "all-reduce-implementation": ["ring"], "all-gather-implementation": ["ring"],
+        "reduce-scatter-implementation": ["ring"], "all-to-all-implementation": ["ring"],
+        "collective-optimization": "baseline", "local-mem-bw": 1600, "boost-mode": 0}))  # fmt: skip
+    (folder / "memory.json").write_text(json.dumps({"memory-type": "NO_MEMORY_EXPANSION"}))
+    argv = [binary, f"--workload-configuration={folder / 'chained'}", f"--system-configuration={folder / 'system.json'}",
+            f"--remote-memory-configuration={folder / 'memory.json'}", f"--network-configuration={folder / 'network.yml'}"]
+    cpu = []
+    for _ in range(repeats):
+        with tempfile.TemporaryFile("w+") as out:
+            c, _, stderr = run_command(argv, out)
+            out.seek(0)
+            text = out.read() + stderr
+        cpu.append(c)
+    cycles = [int(x) for x in re.findall(r"finished, (\d+) cycles", text)]
+    if not cycles:
+        raise SystemExit(f"no 'finished, N cycles' line in ASTRA-sim's output:\n{text[-2000:]}")
+    return statistics.median(cpu), max(cycles) / 1e6  # cycles are ns
+
+
+def one_f_one_b(tmp: Path, repeats: int, target_ops: int) -> None:
+    microbatches = max(2, round(target_ops / OPS_PER_MICROBATCH_64))
+    params = ["-p", "stages=64", "-p", f"microbatches={microbatches}"]
+    ops = count_ops("1f1b", params)
+    print(f"2. 1f1b, 64 stages x {microbatches} microbatches = {ops:,} ops (flow network); budget 10 s, 300 B/op:")
+    for label, extra, out in (("plain", [], None), ("--json", ["--json"], tmp / "1f1b.json"),
+                              ("--trace", ["--trace", str(tmp / "trace.json"), "--gantt", "never"], None)):  # fmt: skip
+        r = measure(simulate_argv("1f1b", *params, "--network", "flow", *extra), repeats, out)
+        print(f"   {label:8} {r['cpu_s']:6.2f} s CPU  {r['rss_bytes'] / 2**20:6.0f} MiB peak  {r['rss_bytes'] / ops:5.0f} B/op")
+
+
+def cost_per_op(repeats: int, sizes: tuple[int, ...]) -> None:
+    print("3. cost per op, 1f1b at 64 stages (whole command, flow network):")
+    for target in sizes:
+        microbatches = max(2, round(target / OPS_PER_MICROBATCH_64))
+        params = ["-p", "stages=64", "-p", f"microbatches={microbatches}"]
+        ops = count_ops("1f1b", params)
+        r = measure(simulate_argv("1f1b", *params, "--network", "flow", "--gantt", "never"), repeats)
+        print(f"   {ops:>10,} ops  {r['cpu_s']:6.2f} s CPU  {r['cpu_s'] / ops * 1e6:6.2f} us/op")
+
+
+def samples(tmp: Path, repeats: int, microbatches: int) -> None:
+    import commdsl.machine
+
+    machine = tmp / "cpu-noisy.yaml"  # cpu-loopback with compute stalls: samples differ
+    preset = Path(commdsl.machine.__file__).parent / "presets" / "cpu-loopback.yaml"
+    machine.write_text(preset.read_text() + "compute_noise: {stalls_per_s: 200, stall_us: 300}\n")
+    params = ["1f1b", "-p", "stages=64", "-p", f"microbatches={microbatches}", "--machine", str(machine),
+              "--network", "flow", "--gantt", "never"]  # fmt: skip
+    one = measure(simulate_argv(*params), repeats)
+    eight = measure(simulate_argv(*params, "--samples", "8"), repeats)
+    print(f"4. --samples 8 vs 1 (1f1b 64 x {microbatches}, compute stalls): {eight['cpu_s']:.2f} s vs {one['cpu_s']:.2f} s "
+          f"= {eight['cpu_s'] / one['cpu_s']:.2f}x (budget 8x)")  # fmt: skip
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="smaller sizes, one repeat")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--astra", metavar="PATH", help="ASTRA-sim's AstraSim_Analytical_Congestion_Unaware binary")
+    args = parser.parse_args()
+    if args.astra and not shutil.which(args.astra) and not Path(args.astra).is_file():
+        raise SystemExit(f"--astra: no such program: {args.astra}")
+    repeats = 1 if args.quick else args.repeats
+    print(f"commdsl scale bench, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {os.cpu_count()} CPUs, "
+          f"CPU s and peak RSS of the whole process, median of {repeats}", flush=True)  # fmt: skip
+    with tempfile.TemporaryDirectory() as tmp:
+        chained(Path(tmp), repeats, args.astra)
+        one_f_one_b(Path(tmp), repeats, 100_000 if args.quick else 1_000_000)
+        cost_per_op(repeats, (1_000, 10_000, 100_000) if args.quick else (1_000, 10_000, 100_000, 1_000_000))
+        samples(Path(tmp), repeats, 16 if args.quick else 64)
+
+
+if __name__ == "__main__":
+    main()
