@@ -443,12 +443,12 @@ class ProgramCompiler(Transformer):
         stream = self._stream_name(stream_tok, self._loc(meta), allow_host=False)
 
         def run_on(ctx, env):
-            ctx.stream_stack.append(stream)
+            ctx.push_stream(stream)
             try:
                 for s in body:
                     s(ctx, env)
             finally:
-                ctx.stream_stack.pop()
+                ctx.pop_stream()
 
         run_on.shape = BodyShape(tuple(body))
         return run_on
@@ -467,6 +467,7 @@ class ProgramCompiler(Transformer):
             raise ScheduleError("compute needs a duration (2ms), work (4GFLOP), flops= or bytes=", loc)
         pipeline = self._pipeline_options(opts, loc)
         amount_loc = _loc_of(amount, loc)
+        cache: dict = {}
 
         def run(ctx, env, handle):
             if handle is not None:
@@ -488,11 +489,8 @@ class ProgramCompiler(Transformer):
                 flops, flops_loc = _quantity(ctx, flops_opt.value(env), Unit.WORK, "flops=", flops_opt.loc), flops_opt.loc
             if bytes_opt is not None:
                 size = _quantity(ctx, bytes_opt.value(env), Unit.SIZE, "bytes=", bytes_opt.loc)
-            for what, x, unit, where in (("duration", duration_us, Unit.DURATION, amount_loc), ("flops", flops, Unit.WORK, flops_loc),
-                                         ("bytes", size, Unit.SIZE, bytes_opt.loc if bytes_opt else loc)):  # fmt: skip
-                if x is not None:
-                    ctx.check_amount(f"compute {name}", what, x, unit, where)
-            ctx.compute(name, duration_us, flops, size, dtype, stream, loc, pipeline=pipeline(ctx, env))
+            ctx.compute(cache, name, duration_us, flops, size, dtype, stream, loc, pipeline(ctx, env), amount_loc, flops_loc,
+                        bytes_opt.loc if bytes_opt else loc)  # fmt: skip
 
         return _OpNode(run, "compute", loc)
 
@@ -526,12 +524,13 @@ class ProgramCompiler(Transformer):
         loc = self._loc(meta)
         stream = self._stream_name(placement, loc, allow_host=False)
         size_loc = _loc_of(size_expr, loc)
+        cache: dict = {}
 
         def run(ctx, env, handle):
             if handle is not None:
                 raise ctx.fail("alloc returns no handle; the buffer's name is what `free` takes", loc)
             size, _ = _size(ctx, size_expr(env), size_loc)
-            ctx.alloc(ref.text(env), size, stream, loc, size_loc=size_loc)
+            ctx.alloc(cache, ref.text(env), size, stream, loc, size_loc)
 
         return _OpNode(run, "alloc", loc)
 
@@ -613,17 +612,19 @@ class ProgramCompiler(Transformer):
         target_loc = _loc_of(target, peer_loc)
         size_loc = _loc_of(size_expr, loc)
         pipeline = self._pipeline_options(opts, loc)
+        is_async = mode is P2PMode.ASYNC
+        cache: dict = {}
 
         def run(ctx, env, handle):
             size, dt = _size(ctx, size_expr(env), size_loc)
             if mode is P2PMode.STAGE:
                 if handle is not None:
                     raise ctx.fail(f"{kind_word} returns no handle: the pipeline lowering waits for it", loc)
-                ctx.stage_p2p(kind, ref.text(env), size, peer_expr(env), family, transport, dtype or dt, stream, loc,
-                              peer_loc=target_loc, size_loc=size_loc, proto=proto, pipeline=pipeline(ctx, env))  # fmt: skip
+                ctx.stage_p2p(cache, kind, ref.text(env), size, peer_expr(env), family, transport, dtype or dt, stream, loc,
+                              target_loc, size_loc, proto, pipeline(ctx, env))  # fmt: skip
                 return
-            ctx.p2p(kind, mode is P2PMode.ASYNC, ref.text(env), size, peer_expr(env), family, transport, dtype or dt,
-                    stream, handle, loc, peer_loc=target_loc, size_loc=size_loc, proto=proto, pipeline=pipeline(ctx, env))  # fmt: skip
+            ctx.p2p(cache, kind, is_async, ref.text(env), size, peer_expr(env), family, transport, dtype or dt, stream, handle,
+                    loc, target_loc, size_loc, proto, pipeline(ctx, env))  # fmt: skip
 
         return _OpNode(run, kind_word, loc)
 
@@ -660,6 +661,7 @@ class ProgramCompiler(Transformer):
         root_expr = root_opt.value if root_opt else None
         root_loc = _loc_of(root_expr, root_opt.loc) if root_opt else loc
         size_loc = _loc_of(size_expr, loc)
+        cache: dict = {}
 
         def run(ctx, env, handle):
             if size_expr is None:
@@ -668,8 +670,8 @@ class ProgramCompiler(Transformer):
                 size, dt = _size(ctx, size_expr(env), size_loc)
                 name = ref.text(env)
             root = root_expr(env) if root_expr is not None else None
-            ctx.collective(kind, name, size, family, root, reduce_op, algo, transport, dtype or dt, stream, handle, loc,
-                           root_loc=root_loc, size_loc=size_loc, proto=proto)  # fmt: skip
+            ctx.collective(cache, kind, name, size, family, root, reduce_op, algo, transport, dtype or dt, stream, handle, loc,
+                           root_loc, size_loc, proto)  # fmt: skip
 
         return _OpNode(run, kind.value, loc)
 
@@ -681,15 +683,16 @@ class ProgramCompiler(Transformer):
                               "record returns no handle; the event's name is what you wait on")  # fmt: skip
 
     def _named_op(self, meta, children, word: str, emit: Callable, no_handle: str, *, allow_host: bool = False) -> _OpNode:
-        """`WORD NAME [on STREAM]` (wait, record, free): `emit(expander, name, stream, loc)`."""
+        """`WORD NAME [on STREAM]` (wait, record, free): `emit(expander, cache, name, stream, loc)`."""
         ref, placement = children
         loc = self._loc(meta)
         stream = self._stream_name(placement, loc, allow_host=allow_host)
+        cache: dict = {}
 
         def run(ctx, env, handle):
             if handle is not None:
                 raise ctx.fail(no_handle, loc)
-            emit(ctx, ref.text(env), stream, loc)
+            emit(ctx, cache, ref.text(env), stream, loc)
 
         return _OpNode(run, word, loc)
 

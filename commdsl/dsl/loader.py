@@ -15,7 +15,7 @@ from pathlib import Path
 import yaml
 
 from commdsl.dsl.compile import ProgramCompiler
-from commdsl.dsl.expand import ExpansionBudget, RankExpander, WorldLayout
+from commdsl.dsl.expand import ExpansionBudget, InternTables, RankExpander, WorldLayout
 from commdsl.dsl.lower import lower_stage_transfers
 from commdsl.dsl.parser import TextOrigin, is_name, parse_expression, parse_program
 from commdsl.dsl.values import INT_LIMIT, QUANTITY_LITERAL, ValueFault, format_value, parse_quantity
@@ -134,11 +134,12 @@ def load_schedule_text(
     compiled = ProgramCompiler(origin, layout, tuple(params)).compile(tree)
 
     budget = ExpansionBudget(max_ops=max_ops, max_steps=max(4 * max_ops, 1_000_000))
+    tables = InternTables()
     per_rank = []
     transfers = []
     warnings: list[str] = []
     for rank in range(layout.world_size):
-        expander = RankExpander(rank, layout, budget)
+        expander = RankExpander(rank, layout, budget, tables)
         env = dict(params)
         env["rank"] = rank
         env["world_size"] = layout.world_size
