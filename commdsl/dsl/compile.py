@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import enum
 import functools
+import operator
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -117,22 +118,39 @@ def _fmt_index(v: object) -> str:
     return str(v) if type(v) is int else format_value(v)
 
 
-@dataclass(frozen=True)
 class _Ref:
     """A possibly indexed name: `act[mb]`. `text(env)` gives "act[3]"."""
 
-    base: str
-    indices: tuple[Expr, ...]
-    loc: SourceLoc
+    __slots__ = ("base", "indices", "loc", "text")
 
-    def text(self, env: Env) -> str:
-        indices = self.indices
-        if not indices:
-            return self.base
-        if len(indices) == 1:  # the common case, F[mb]: skip the join (hot path)
-            v = indices[0](env)
-            return f"{self.base}[{v if type(v) is int else format_value(v)}]"
-        return f"{self.base}[{','.join([_fmt_index(i(env)) for i in indices])}]"
+    def __init__(self, base: str, indices: tuple[Expr, ...], loc: SourceLoc):
+        self.base = base
+        self.indices = indices
+        self.loc = loc
+        self.text: Callable[[Env], str] = _ref_text(base, indices)
+
+
+def _ref_text(base: str, indices: tuple[Expr, ...]) -> Callable[[Env], str]:
+    """The function giving a ref's text, made for its shape (it runs for every op)."""
+    if not indices:
+        return lambda env: base
+    if len(indices) > 1:
+        return lambda env: f"{base}[{','.join([_fmt_index(i(env)) for i in indices])}]"
+    (index,) = indices
+    name = getattr(index, "var_name", None)
+    if name is None:
+
+        def text(env):
+            v = index(env)
+            return f"{base}[{v if v.__class__ is int else format_value(v)}]"
+
+        return text
+
+    def text_of_var(env):  # F[mb]: read mb without calling its closure
+        v = env[name] if name in env else index(env)  # index(env) raises the unknown-name error
+        return f"{base}[{v if v.__class__ is int else format_value(v)}]"
+
+    return text_of_var
 
 
 @dataclass(frozen=True)
@@ -144,19 +162,16 @@ class _Option:
     """The option's value when it is written as a bare name (`op=sum`, `group=dp`)."""
 
 
-class _OpNode:
-    """A compiled op statement; `run` emits it, bound to `handle` when assigned."""
+_OP_SHAPE = OpShape()
 
-    def __init__(self, run: Callable[[RankExpander, Env, str | None], None], kind_word: str, loc: SourceLoc):
-        self.run = run
-        self.kind_word = kind_word
-        self.loc = loc
 
-    shape = OpShape()
-
-    def __call__(self, ctx: RankExpander, env: Env) -> None:
-        """As a statement of its own: not bound to a handle."""
-        self.run(ctx, env, None)
+def _op_node(run: Callable[[RankExpander, Env, str | None], None], kind_word: str) -> Stmt:
+    """A compiled op statement: `run(ctx, env, handle=None)` emits the op, bound to
+    `handle` when the statement assigns it (`h = isend ...`); as a statement of its own
+    it is called as any `Stmt`, `run(ctx, env)`. `op_word` marks it as an op."""
+    run.op_word = kind_word
+    run.shape = _OP_SHAPE
+    return run
 
 
 @v_args(meta=True)
@@ -282,13 +297,13 @@ class ProgramCompiler(Transformer):
     def assign(self, meta, children) -> Stmt:
         ref, rhs = children
         loc = self._loc(meta)
-        if isinstance(rhs, _OpNode):
-            run = rhs.run
+        if getattr(rhs, "op_word", None) is not None:
+            run = rhs
 
             def bind(ctx, env):
                 run(ctx, env, ref.text(env))
 
-            bind.shape = OpShape()
+            bind.shape = _OP_SHAPE
             return bind
         if ref.indices:
             raise ScheduleError(f"only an op can be bound to an indexed name like {ref.base}[...]", loc,
@@ -311,6 +326,8 @@ class ProgramCompiler(Transformer):
         if name in BUILTINS or name == "rank_at":
             raise ScheduleError(f"{name}() is an expression, not a statement", loc)
 
+        nargs = len(positional) + len(keywords)
+
         def call(ctx, env):
             fn = ctx.functions.get(name)
             if fn is None:
@@ -318,18 +335,22 @@ class ProgramCompiler(Transformer):
                 hint = did_you_mean(name, ctx.functions) or "`def` a block before calling it"
                 raise ctx.fail(f"unknown block '{name}' (blocks: {known})", loc, hint=hint)
             params, body = fn
-            if len(positional) + len(keywords) != len(params):
-                raise ctx.fail(f"{name}() takes {len(params)} argument(s) ({', '.join(params)}), got {len(positional) + len(keywords)}", loc)
-            local = dict(ctx.globals)
+            if nargs != len(params):
+                raise ctx.fail(f"{name}() takes {len(params)} argument(s) ({', '.join(params)}), got {nargs}", loc)
+            local = ctx.globals.copy()
             for p, a in zip(params, positional):
                 local[p] = a(env)
             for k, a in keywords:
                 if k not in params[len(positional):]:
                     raise ctx.fail(f"{name}() got an unexpected or repeated argument '{k}'", loc)
                 local[k] = a(env)
-            ctx.budget.charge_steps(1, loc, ctx.rank)
+            budget = ctx.budget
+            budget.steps += 1
+            if budget.steps > budget.max_steps:
+                budget.charge_steps(0, loc, ctx.rank)  # raises the limit's error
             ctx.call_depth += 1
             if ctx.call_depth > MAX_CALL_DEPTH:
+                ctx.call_depth -= 1
                 raise ctx.fail(f"blocks nest deeper than {MAX_CALL_DEPTH} calls (recursion?)", loc)
             try:
                 for stmt in body:
@@ -373,10 +394,12 @@ class ProgramCompiler(Transformer):
 
         def run_if(ctx, env):
             for test, stmts, loc in branches:
-                try:
-                    taken = truth(test(env), "an if condition")
-                except ValueFault as e:
-                    raise ctx.fail(str(e), loc) from None
+                taken = test(env)
+                if taken.__class__ is not bool:
+                    try:
+                        truth(taken, "an if condition")
+                    except ValueFault as e:
+                        raise ctx.fail(str(e), loc) from None
                 if taken:
                     for s in stmts:
                         s(ctx, env)
@@ -455,7 +478,7 @@ class ProgramCompiler(Transformer):
 
     # ---- ops ------------------------------------------------------------------------------
 
-    def compute(self, meta, children) -> _OpNode:
+    def compute(self, meta, children) -> Stmt:
         ref, amount, *rest = children
         placement, options = rest[-1], rest[:-1]
         loc = self._loc(meta)
@@ -469,7 +492,7 @@ class ProgramCompiler(Transformer):
         amount_loc = _loc_of(amount, loc)
         cache: dict = {}
 
-        def run(ctx, env, handle):
+        def run(ctx, env, handle=None):
             if handle is not None:
                 raise ctx.fail("compute returns no handle; record an event to wait on it from another stream", loc)
             duration_us = flops = size = None
@@ -492,7 +515,7 @@ class ProgramCompiler(Transformer):
             ctx.compute(cache, name, duration_us, flops, size, dtype, stream, loc, pipeline(ctx, env), amount_loc, flops_loc,
                         bytes_opt.loc if bytes_opt else loc)  # fmt: skip
 
-        return _OpNode(run, "compute", loc)
+        return _op_node(run, "compute")
 
     def _pipeline_options(self, opts: dict[str, _Option], loc: SourceLoc):
         """`action= stage= microbatch=` of a compute op (or of a transfer: the action whose
@@ -519,37 +542,37 @@ class ProgramCompiler(Transformer):
 
         return pipeline
 
-    def alloc(self, meta, children) -> _OpNode:
+    def alloc(self, meta, children) -> Stmt:
         ref, size_expr, placement = children
         loc = self._loc(meta)
         stream = self._stream_name(placement, loc, allow_host=False)
         size_loc = _loc_of(size_expr, loc)
         cache: dict = {}
 
-        def run(ctx, env, handle):
+        def run(ctx, env, handle=None):
             if handle is not None:
                 raise ctx.fail("alloc returns no handle; the buffer's name is what `free` takes", loc)
             size, _ = _size(ctx, size_expr(env), size_loc)
             ctx.alloc(cache, ref.text(env), size, stream, loc, size_loc)
 
-        return _OpNode(run, "alloc", loc)
+        return _op_node(run, "alloc")
 
-    def free(self, meta, children) -> _OpNode:
+    def free(self, meta, children) -> Stmt:
         return self._named_op(meta, children, "free", RankExpander.free, "free returns no handle")
 
-    def host_work(self, meta, children) -> _OpNode:
+    def host_work(self, meta, children) -> Stmt:
         ref, amount = children
         loc = self._loc(meta)
 
-        def run(ctx, env, handle):
+        def run(ctx, env, handle=None):
             if handle is not None:
                 raise ctx.fail("host work blocks the host and returns no handle", loc)
             amount_loc = _loc_of(amount, loc)
             ctx.host_work(ref.text(env), _quantity(ctx, amount(env), Unit.DURATION, "host work", amount_loc), loc, amount_loc=amount_loc)
 
-        return _OpNode(run, "host", loc)
+        return _op_node(run, "host")
 
-    def copy(self, meta, children) -> _OpNode:
+    def copy(self, meta, children) -> Stmt:
         ref, size_expr, peer, into, *rest = children
         placement, options = rest[-1], rest[:-1]
         loc = self._loc(meta)
@@ -574,7 +597,7 @@ class ProgramCompiler(Transformer):
             raise ScheduleError("`into NAME` names the destination buffer of a copy to another rank (`copy x SIZE to RANK into NAME`)",
                                 into.loc)  # fmt: skip
 
-        def run(ctx, env, handle):
+        def run(ctx, env, handle=None):
             if handle is not None:
                 raise ctx.fail("copy returns no handle; record an event to wait on it from another stream", loc)
             size, dt = _size(ctx, size_expr(env), size_loc)
@@ -585,13 +608,13 @@ class ProgramCompiler(Transformer):
                 dest = into.text(env) if into is not None else name
                 ctx.peer_copy(name, size, dtype or dt, peer_expr(env), dest, stream, loc, peer_loc=peer_loc, size_loc=size_loc)
 
-        return _OpNode(run, "copy", loc)
+        return _op_node(run, "copy")
 
     def into(self, meta, children) -> _Ref:
         ref = children[0]
         return _Ref(ref.base, ref.indices, self._loc(meta))  # errors about it point at `into`
 
-    def p2p(self, meta, children) -> _OpNode:
+    def p2p(self, meta, children) -> Stmt:
         kind_word, ref, size_expr, peer, *rest = children
         placement, options = rest[-1], rest[:-1]
         loc = self._loc(meta)
@@ -615,7 +638,7 @@ class ProgramCompiler(Transformer):
         is_async = mode is P2PMode.ASYNC
         cache: dict = {}
 
-        def run(ctx, env, handle):
+        def run(ctx, env, handle=None):
             size, dt = _size(ctx, size_expr(env), size_loc)
             if mode is P2PMode.STAGE:
                 if handle is not None:
@@ -626,9 +649,9 @@ class ProgramCompiler(Transformer):
             ctx.p2p(cache, kind, is_async, ref.text(env), size, peer_expr(env), family, transport, dtype or dt, stream, handle,
                     loc, target_loc, size_loc, proto, pipeline(ctx, env))  # fmt: skip
 
-        return _OpNode(run, kind_word, loc)
+        return _op_node(run, kind_word)
 
-    def collective(self, meta, children) -> _OpNode:
+    def collective(self, meta, children) -> Stmt:
         kind_word, ref, size_expr, *rest = children
         placement, options = rest[-1], rest[:-1]
         loc = self._loc(meta)
@@ -636,13 +659,13 @@ class ProgramCompiler(Transformer):
         opts = self._options(kind_word, _collective_options(kind), options)
         return self._collective_node(kind, ref, size_expr, opts, placement, loc)
 
-    def barrier(self, meta, children) -> _OpNode:
+    def barrier(self, meta, children) -> Stmt:
         *options, placement = children
         loc = self._loc(meta)
         opts = self._options("barrier", _OPTIONS_BY_OP["barrier"], options)
         return self._collective_node(OpKind.BARRIER, None, None, opts, placement, loc)
 
-    def _collective_node(self, kind: OpKind, ref, size_expr, opts, placement, loc) -> _OpNode:
+    def _collective_node(self, kind: OpKind, ref, size_expr, opts, placement, loc) -> Stmt:
         stream = self._stream_name(placement, loc, allow_host=False)
         family = self._family(opts.get("group"))
         dtype = self._dtype(opts)
@@ -663,7 +686,7 @@ class ProgramCompiler(Transformer):
         size_loc = _loc_of(size_expr, loc)
         cache: dict = {}
 
-        def run(ctx, env, handle):
+        def run(ctx, env, handle=None):
             if size_expr is None:
                 size, dt, name = 0, None, "barrier"
             else:
@@ -673,40 +696,40 @@ class ProgramCompiler(Transformer):
             ctx.collective(cache, kind, name, size, family, root, reduce_op, algo, transport, dtype or dt, stream, handle, loc,
                            root_loc, size_loc, proto)  # fmt: skip
 
-        return _OpNode(run, kind.value, loc)
+        return _op_node(run, kind.value)
 
-    def wait(self, meta, children) -> _OpNode:
+    def wait(self, meta, children) -> Stmt:
         return self._named_op(meta, children, "wait", RankExpander.wait, "wait returns no handle", allow_host=True)
 
-    def record(self, meta, children) -> _OpNode:
+    def record(self, meta, children) -> Stmt:
         return self._named_op(meta, children, "record", RankExpander.record,
                               "record returns no handle; the event's name is what you wait on")  # fmt: skip
 
-    def _named_op(self, meta, children, word: str, emit: Callable, no_handle: str, *, allow_host: bool = False) -> _OpNode:
+    def _named_op(self, meta, children, word: str, emit: Callable, no_handle: str, *, allow_host: bool = False) -> Stmt:
         """`WORD NAME [on STREAM]` (wait, record, free): `emit(expander, cache, name, stream, loc)`."""
         ref, placement = children
         loc = self._loc(meta)
         stream = self._stream_name(placement, loc, allow_host=allow_host)
         cache: dict = {}
 
-        def run(ctx, env, handle):
+        def run(ctx, env, handle=None):
             if handle is not None:
                 raise ctx.fail(no_handle, loc)
             emit(ctx, cache, ref.text(env), stream, loc)
 
-        return _OpNode(run, word, loc)
+        return _op_node(run, word)
 
-    def synchronize(self, meta, children) -> _OpNode:
+    def synchronize(self, meta, children) -> Stmt:
         (stream_tok,) = children
         loc = self._loc(meta)
         stream = self._stream_name(stream_tok, loc, allow_host=False)
 
-        def run(ctx, env, handle):
+        def run(ctx, env, handle=None):
             if handle is not None:
                 raise ctx.fail("synchronize returns no handle", loc)
             ctx.synchronize(stream, loc)
 
-        return _OpNode(run, "synchronize", loc)
+        return _op_node(run, "synchronize")
 
     def p2p_kind(self, meta, children) -> str:
         return str(children[0])
@@ -742,6 +765,22 @@ class ProgramCompiler(Transformer):
         loc = self._loc(meta)
         first, rest = children[0], children[1:]
         pairs = tuple((str(rest[i]), rest[i + 1]) for i in range(0, len(rest), 2))
+        if len(pairs) == 1 and apply is _fast_binary and pairs[0][0] in _INT_OPS:
+            (op, second), = pairs
+            int_op = _INT_OPS[op]
+
+            def fold_int(env):  # i + 1: integers skip the unit machinery
+                try:
+                    a, b = first(env), second(env)
+                    if a.__class__ is int and b.__class__ is int:
+                        r = int_op(a, b)
+                        if -INT_LIMIT < r < INT_LIMIT:
+                            return r
+                    return apply(op, a, b)
+                except ValueFault as e:
+                    raise _fault(e, loc, env) from None
+
+            return fold_int
         if len(pairs) == 1:
             (op, second), = pairs
 
@@ -777,6 +816,20 @@ class ProgramCompiler(Transformer):
         loc = self._loc(meta)
         first, rest = children[0], children[1:]
         pairs = tuple((str(rest[i]), rest[i + 1]) for i in range(0, len(rest), 2))
+        if len(pairs) == 1:
+            (op, second), = pairs
+            int_cmp = _INT_COMPARISONS[op]
+
+            def cmp1(env):  # i < n: integers compare at once
+                try:
+                    a, b = first(env), second(env)
+                    if a.__class__ is int and b.__class__ is int:
+                        return int_cmp(a, b)
+                    return compare(op, a, b)
+                except ValueFault as e:
+                    raise _fault(e, loc, env) from None
+
+            return cmp1
 
         def cmp(env):
             try:
@@ -1009,6 +1062,10 @@ def _block(stmts: list[Stmt]) -> Stmt:
             s(ctx, env)
 
     return block
+
+
+_INT_OPS = {"+": operator.add, "-": operator.sub, "*": operator.mul}
+_INT_COMPARISONS = {"==": operator.eq, "!=": operator.ne, "<": operator.lt, "<=": operator.le, ">": operator.gt, ">=": operator.ge}
 
 
 def _fast_binary(op: str, a, b):

@@ -7,6 +7,7 @@ constructed from it) to know where every value sits in the file, so errors insid
 
 from __future__ import annotations
 
+import gc
 import itertools
 import math
 import re
@@ -132,7 +133,20 @@ def load_schedule_text(
     origin = doc.origin_of_scalar(prog_node)
     tree = parse_program(prog_node.value, origin)
     compiled = ProgramCompiler(origin, layout, tuple(params)).compile(tree)
+    # Expansion makes millions of objects and next to no reference cycles: the cyclic
+    # collector would only walk them again and again (a sixth of the time), so it rests.
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        return _expand(name, docstring, file, params, layout, origin, compiled, max_ops=max_ops, validate=validate)
+    finally:
+        if collecting:
+            gc.enable()
 
+
+def _expand(name: str, docstring: str, file: str, params: dict[str, object], layout: WorldLayout, origin: TextOrigin,
+            compiled, *, max_ops: int, validate: bool) -> Program:  # fmt: skip
+    """Run the compiled program for every rank, place the stage transfers, validate."""
     budget = ExpansionBudget(max_ops=max_ops, max_steps=max(4 * max_ops, 1_000_000))
     tables = InternTables()
     per_rank = []
