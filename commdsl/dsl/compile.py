@@ -21,7 +21,7 @@ from lark import Token, Transformer, Tree, v_args
 from lark.exceptions import VisitError
 
 from commdsl.dsl.estimate import AssignShape, BodyShape, CallShape, DefShape, ForShape, IfShape, OpShape, check_loop, expression_names
-from commdsl.dsl.expand import RankExpander, WorldLayout
+from commdsl.dsl.expand import CollectiveSite, ComputeSite, P2PSite, RankExpander, WorldLayout
 from commdsl.dsl.parser import TextOrigin
 from commdsl.dsl.values import (
     BUILTINS,
@@ -490,7 +490,7 @@ class ProgramCompiler(Transformer):
             raise ScheduleError("compute needs a duration (2ms), work (4GFLOP), flops= or bytes=", loc)
         pipeline = self._pipeline_options(opts, loc)
         amount_loc = _loc_of(amount, loc)
-        cache: dict = {}
+        site = ComputeSite(dtype, stream, loc, amount_loc, bytes_opt.loc if bytes_opt else loc)
 
         def run(ctx, env, handle=None):
             if handle is not None:
@@ -512,8 +512,7 @@ class ProgramCompiler(Transformer):
                 flops, flops_loc = _quantity(ctx, flops_opt.value(env), Unit.WORK, "flops=", flops_opt.loc), flops_opt.loc
             if bytes_opt is not None:
                 size = _quantity(ctx, bytes_opt.value(env), Unit.SIZE, "bytes=", bytes_opt.loc)
-            ctx.compute(cache, name, duration_us, flops, size, dtype, stream, loc, pipeline(ctx, env), amount_loc, flops_loc,
-                        bytes_opt.loc if bytes_opt else loc)  # fmt: skip
+            ctx.compute(site, name, duration_us, flops, size, pipeline(ctx, env), flops_loc)
 
         return _op_node(run, "compute")
 
@@ -531,14 +530,16 @@ class ProgramCompiler(Transformer):
         action = self._enum(opts["action"], PipelineAction)
         stage_opt, mb_opt = opts["stage"], opts["microbatch"]
 
+        stage_value, mb_value = stage_opt.value, mb_opt.value
+
         def pipeline(ctx, env):
-            values = []
-            for opt in (stage_opt, mb_opt):
-                v = opt.value(env)
-                if not isinstance(v, int) or isinstance(v, bool) or v < 0:
-                    raise ctx.fail(f"{opt.name}= takes a non-negative integer, got {format_value(v)}", opt.loc)
-                values.append(v)
-            return action, values[0], values[1]
+            stage = stage_value(env)
+            if stage.__class__ is not int or stage < 0:
+                raise ctx.fail(f"stage= takes a non-negative integer, got {format_value(stage)}", stage_opt.loc)
+            microbatch = mb_value(env)
+            if microbatch.__class__ is not int or microbatch < 0:
+                raise ctx.fail(f"microbatch= takes a non-negative integer, got {format_value(microbatch)}", mb_opt.loc)
+            return action, stage, microbatch
 
         return pipeline
 
@@ -635,19 +636,16 @@ class ProgramCompiler(Transformer):
         target_loc = _loc_of(target, peer_loc)
         size_loc = _loc_of(size_expr, loc)
         pipeline = self._pipeline_options(opts, loc)
-        is_async = mode is P2PMode.ASYNC
-        cache: dict = {}
+        site = P2PSite(kind, mode is not P2PMode.BLOCKING, family, transport, proto, stream, loc, target_loc, size_loc)
 
         def run(ctx, env, handle=None):
             size, dt = _size(ctx, size_expr(env), size_loc)
             if mode is P2PMode.STAGE:
                 if handle is not None:
                     raise ctx.fail(f"{kind_word} returns no handle: the pipeline lowering waits for it", loc)
-                ctx.stage_p2p(cache, kind, ref.text(env), size, peer_expr(env), family, transport, dtype or dt, stream, loc,
-                              target_loc, size_loc, proto, pipeline(ctx, env))  # fmt: skip
+                ctx.stage_p2p(site, ref.text(env), size, dtype or dt, peer_expr(env), pipeline(ctx, env))
                 return
-            ctx.p2p(cache, kind, is_async, ref.text(env), size, peer_expr(env), family, transport, dtype or dt, stream, handle,
-                    loc, target_loc, size_loc, proto, pipeline(ctx, env))  # fmt: skip
+            ctx.p2p(site, ref.text(env), size, dtype or dt, peer_expr(env), handle, pipeline(ctx, env))
 
         return _op_node(run, kind_word)
 
@@ -684,7 +682,7 @@ class ProgramCompiler(Transformer):
         root_expr = root_opt.value if root_opt else None
         root_loc = _loc_of(root_expr, root_opt.loc) if root_opt else loc
         size_loc = _loc_of(size_expr, loc)
-        cache: dict = {}
+        site = CollectiveSite(kind, family, reduce_op, algo, transport, proto, stream, loc, root_loc, size_loc)
 
         def run(ctx, env, handle=None):
             if size_expr is None:
@@ -693,8 +691,7 @@ class ProgramCompiler(Transformer):
                 size, dt = _size(ctx, size_expr(env), size_loc)
                 name = ref.text(env)
             root = root_expr(env) if root_expr is not None else None
-            ctx.collective(cache, kind, name, size, family, root, reduce_op, algo, transport, dtype or dt, stream, handle, loc,
-                           root_loc, size_loc, proto)  # fmt: skip
+            ctx.collective(site, name, size, dtype or dt, root, handle)
 
         return _op_node(run, kind.value)
 

@@ -21,6 +21,7 @@ few slots (`make_op`): rank, index, kind, interned name, per-op numbers, and the
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from commdsl.errors import LimitError, ScheduleError, SourceLoc, did_you_mean
@@ -46,6 +47,8 @@ from commdsl.limits import MAX_DURATION_US, MAX_FLOPS, MAX_SIZE_BYTES
 
 _LIMITS_HINT = "the limits keep simulated times finite; see docs/limits.md"
 
+
+_NO_PIPELINE = (None, None, None)
 
 _AMOUNT_LIMITS = {
     Unit.DURATION: (MAX_DURATION_US, format_us),
@@ -134,6 +137,53 @@ class InternTables:
     specs: dict[OpSpec, OpSpec] = field(default_factory=dict)
 
 
+@dataclass(frozen=True, eq=False, slots=True)
+class ComputeSite:
+    """A compiled `compute` statement's constants, and the cache of its specs."""
+
+    dtype: Dtype | None
+    placement: str | None
+    """`on STREAM` of the statement; None: the current stream."""
+    loc: SourceLoc
+    duration_loc: SourceLoc
+    """Where the duration (or work) is written."""
+    bytes_loc: SourceLoc
+    cache: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True, eq=False, slots=True)
+class P2PSite:
+    """A compiled send/recv statement's constants, and the cache of its specs."""
+
+    kind: OpKind
+    is_async: bool
+    family: str
+    transport: Transport | None
+    proto: Protocol | None
+    placement: str | None
+    loc: SourceLoc
+    peer_loc: SourceLoc
+    size_loc: SourceLoc
+    cache: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True, eq=False, slots=True)
+class CollectiveSite:
+    """A compiled collective statement's constants, and the cache of its specs."""
+
+    kind: OpKind
+    family: str
+    reduce_op: ReduceOp | None
+    algo: Algo | None
+    transport: Transport | None
+    proto: Protocol | None
+    placement: str | None
+    loc: SourceLoc
+    root_loc: SourceLoc
+    size_loc: SourceLoc
+    cache: dict = field(default_factory=dict)
+
+
 class _Handle:
     """A bound handle: the ops it stands for, where it was bound, whether it was waited."""
 
@@ -145,7 +195,7 @@ class _Handle:
         self.waited = False
 
 
-@dataclass
+@dataclass(slots=True)
 class RankExpander:
     """Emits one rank's ops. Methods raise `ScheduleError` naming the rank and line."""
 
@@ -180,8 +230,11 @@ class RankExpander:
     unannotated_recvs: list[int] = field(default_factory=list)
     """stage_recvs waiting for the pipeline compute op after them (what they feed)."""
     _group_of: dict[str, tuple[Group, int]] = field(default_factory=dict)
+    _intern_name: Callable[[str, str], str] = field(init=False)
+    """`tables.names.setdefault`, bound once."""
 
     def __post_init__(self) -> None:
+        self._intern_name = self.tables.names.setdefault
         rank = self.rank
         self._group_of = {family: members[rank] for family, members in self.layout.membership.items() if rank in members}
         self.current_stream = self.layout.streams[0]
@@ -250,11 +303,11 @@ class RankExpander:
               waits_for: tuple[int, ...] = ()) -> Op:  # fmt: skip
         """Append the op, counting it against the shared budget."""
         budget = self.budget
-        budget.ops += 1
-        if budget.ops > budget.max_ops:
+        count = budget.ops = budget.ops + 1
+        if count > budget.max_ops:
             raise budget.too_many_ops("", spec.loc, self.rank)
         ops = self.ops
-        op = make_op(self.rank, len(ops), kind, self.tables.names.setdefault(name, name), spec, microbatch, batch, waits_for)
+        op = make_op(self.rank, len(ops), kind, self._intern_name(name, name), spec, microbatch, batch, waits_for)
         ops.append(op)
         return op
 
@@ -311,25 +364,27 @@ class RankExpander:
             raise self.fail(f"{op_text}: {what} {shown(value)} is more than the limit of {shown(limit)} per op", loc,
                             hint=_LIMITS_HINT)  # fmt: skip
 
-    def compute(self, cache: dict, name: str, duration_us, flops, size_bytes, dtype: Dtype | None, placement, loc,
-                pipeline: tuple[PipelineAction, int, int] | None, duration_loc, flops_loc, bytes_loc) -> None:  # fmt: skip
+    def compute(self, site: ComputeSite, name: str, duration_us, flops, size_bytes,
+                pipeline: tuple[PipelineAction, int, int] | None, flops_loc: SourceLoc) -> None:  # fmt: skip
         """A compute op; its duration, work and bytes (those given) are checked against their
         limits, each pointing at where it is written."""
+        placement = site.placement
         stream = placement if placement is not None else self.current_stream
-        key = (stream, duration_us, flops, size_bytes, dtype, pipeline[0] if pipeline else None, pipeline[1] if pipeline else None)
-        spec = cache.get(key)
+        key = (stream, duration_us, flops, size_bytes, pipeline[0] if pipeline else None, pipeline[1] if pipeline else None)
+        spec = site.cache.get(key)
         if spec is None:
-            for what, x, unit, where in (("duration", duration_us, Unit.DURATION, duration_loc), ("flops", flops, Unit.WORK, flops_loc),
-                                         ("bytes", size_bytes, Unit.SIZE, bytes_loc)):  # fmt: skip
+            loc = site.loc
+            for what, x, unit, where in (("duration", duration_us, Unit.DURATION, site.duration_loc), ("flops", flops, Unit.WORK, flops_loc),
+                                         ("bytes", size_bytes, Unit.SIZE, site.bytes_loc)):  # fmt: skip
                 if x is not None:
                     self.check_amount(f"compute {name}", what, x, unit, where)
             stream = self.stream(placement, loc)
             self._no_batch("compute", loc)
             spec = self._spec(stream, loc, duration_us=duration_us, flops=flops, size_bytes=int(size_bytes or 0),
-                              dtype=dtype or self.layout.default_dtype, action=key[5], stage=key[6])  # fmt: skip
-            cache[key] = spec
+                              dtype=site.dtype or self.layout.default_dtype, action=key[4], stage=key[5])  # fmt: skip
+            site.cache[key] = spec
         elif self.batch_start is not None:
-            self._no_batch("compute", loc)
+            self._no_batch("compute", site.loc)
         if pipeline is None:
             self._emit(OpKind.COMPUTE, name, spec)
             return
@@ -341,21 +396,21 @@ class RankExpander:
                 self.ops[i] = self.ops[i].replace(action=action, stage=stage, microbatch=microbatch)
             self.unannotated_recvs.clear()
 
-    def stage_p2p(self, cache: dict, kind: OpKind, name: str, size, peer, family: str, transport, dtype, placement, loc,
-                  peer_loc, size_loc, proto: Protocol | None, pipeline: tuple[PipelineAction, int, int] | None) -> None:  # fmt: skip
+    def stage_p2p(self, site: P2PSite, name: str, size, dtype: Dtype | None, peer,
+                  pipeline: tuple[PipelineAction, int, int] | None) -> None:  # fmt: skip
         """`stage_send`: an isend of the last pipeline compute op's result, waited at the end
         of the program. `stage_recv`: an irecv (moved by the lowering to where its sender
         sends) and, here, the current stream's wait for it. Unless the statement names its
         action, a send belongs to the pipeline compute op before it, a recv to the one
         after it."""
+        kind, loc = site.kind, site.loc
         word = "stage_send" if kind is OpKind.SEND else "stage_recv"
         if self.batch_start is not None:
             raise self.fail(f"a batch holds isend/irecv only, not {word}", loc)
         if pipeline is None and kind is OpKind.SEND:
             pipeline = self.last_action
         handle = f"{word} {name}"
-        self.p2p(cache, kind, True, name, size, peer, family, transport, dtype, placement, handle, loc, peer_loc, size_loc,
-                 proto, pipeline)  # fmt: skip
+        self.p2p(site, name, size, dtype, peer, handle, pipeline)
         index = len(self.ops) - 1
         del self.handles[handle]  # not a user handle: the program cannot wait on it
         if kind is OpKind.SEND:
@@ -432,24 +487,24 @@ class RankExpander:
         self._emit(OpKind.COPY, name, self._spec(stream, loc, size_bytes=size, dtype=dtype, copy_dir=CopyDir.PEER, peer=peer,
                                                  dest=self.tables.names.setdefault(dest, dest), transport=Transport.MEMCPY))  # fmt: skip
 
-    def p2p(self, cache: dict, kind: OpKind, is_async: bool, name: str, size, peer, family: str, transport, dtype, placement,
-            handle, loc, peer_loc, size_loc, proto: Protocol | None,
+    def p2p(self, site: P2PSite, name: str, size, dtype: Dtype | None, peer, handle: str | None,
             pipeline: tuple[PipelineAction, int, int] | None) -> None:  # fmt: skip
         in_batch = self.batch_start is not None
+        placement = site.placement
         stream = placement if placement is not None else self.current_stream
         op_handle = self.batch_handle if in_batch else handle
-        action, stage, microbatch = pipeline if pipeline is not None else (None, None, None)
+        action, stage, microbatch = pipeline if pipeline is not None else _NO_PIPELINE
         key = (self.rank, size, peer, dtype, stream, in_batch, handle, op_handle, action, stage)
-        spec = cache.get(key)
+        spec = site.cache.get(key)
         if spec is None or peer.__class__ is not int:  # a bool peer equals an int key, and is refused
-            spec = cache[key] = self._p2p_spec(kind, is_async, in_batch, name, size, peer, family, transport, dtype, placement,
-                                               handle, op_handle, loc, peer_loc, size_loc, proto, action, stage)  # fmt: skip
-        op = self._emit(kind, name, spec, microbatch, self.batch_start)
-        if not in_batch and handle is not None:
-            self._bind(handle, (op.index,), loc)
+            spec = site.cache[key] = self._p2p_spec(site, in_batch, name, size, peer, dtype, handle, op_handle, action, stage)
+        op = self._emit(site.kind, name, spec, microbatch, self.batch_start)
+        if handle is not None and not in_batch:
+            self._bind(handle, (op.index,), site.loc)
 
-    def _p2p_spec(self, kind: OpKind, is_async: bool, in_batch: bool, name: str, size, peer, family: str, transport, dtype,
-                  placement, handle, op_handle, loc, peer_loc, size_loc, proto, action, stage) -> OpSpec:  # fmt: skip
+    def _p2p_spec(self, site: P2PSite, in_batch: bool, name: str, size, peer, dtype, handle, op_handle, action,
+                  stage) -> OpSpec:  # fmt: skip
+        kind, is_async, loc = site.kind, site.is_async, site.loc
         word = ("i" if is_async else "") + kind.value
         if in_batch and not is_async:
             raise self.fail(f"a batch holds isend/irecv only, not {word}", loc, hint=f"write i{kind.value}")
@@ -459,50 +514,46 @@ class RankExpander:
             raise self.fail(f"{word} returns a handle; bind it, e.g. `h = {word} ...`, and wait on it", loc)
         if not is_async and handle is not None:
             raise self.fail(f"{word} is synchronous and returns no handle; use i{kind.value} for a handle", loc)
-        peer_loc = peer_loc or loc
+        peer_loc = site.peer_loc
         peer = self._check_rank("peer", peer, peer_loc)
         if peer == self.rank:
             raise self.fail(f"rank {self.rank} cannot {kind.value} {'to' if kind is OpKind.SEND else 'from'} itself", peer_loc)
-        group = self.group(family, loc)
+        group = self.group(site.family, loc)
         if peer not in group.ranks:
             raise self.fail(f"peer {peer} is not in group {group.id} (ranks {list(group.ranks)})", peer_loc)
-        stream = self.stream(placement, loc)
+        stream = self.stream(site.placement, loc)
         dtype = dtype or self.layout.default_dtype
-        size = self._size(name, size, dtype, size_loc or loc, kind)
-        transport = transport or self.layout.default_transport
+        size = self._size(name, size, dtype, site.size_loc, kind)
+        transport = site.transport or self.layout.default_transport
         if in_batch and transport is Transport.MEMCPY:
             raise self.fail(f"{word} {name} uses transport memcpy, which a batch cannot hold: a batch is one NCCL or gloo "
                             "launch (batch_isend_irecv), and a memcpy runs on its stream",
                             loc, hint="put memcpy transfers on streams of their own to overlap them")  # fmt: skip
         return self._spec(stream, loc, size_bytes=size, dtype=dtype, peer=peer, group=group.id, transport=transport,
-                          proto=proto, handle=op_handle, action=action, stage=stage)  # fmt: skip
+                          proto=site.proto, handle=op_handle, action=action, stage=stage)  # fmt: skip
 
-    def collective(self, cache: dict, kind: OpKind, name: str, size, family: str, root, reduce_op: ReduceOp | None,
-                   algo: Algo | None, transport, dtype, placement, handle, loc, root_loc, size_loc,
-                   proto: Protocol | None) -> None:  # fmt: skip
+    def collective(self, site: CollectiveSite, name: str, size, dtype: Dtype | None, root, handle: str | None) -> None:
+        placement = site.placement
         stream = placement if placement is not None else self.current_stream
         key = (self.rank, size, dtype, root, stream, handle)
-        spec = cache.get(key)
+        spec = site.cache.get(key)
         if spec is None or self.batch_start is not None or (root is not None and root.__class__ is not int):
-            spec = cache[key] = self._collective_spec(kind, name, size, family, root, reduce_op, algo, transport, dtype,
-                                                      placement, handle, loc, root_loc, size_loc, proto)  # fmt: skip
-        op = self._emit(kind, name, spec)
+            spec = site.cache[key] = self._collective_spec(site, name, size, dtype, root, handle)
+        op = self._emit(site.kind, name, spec)
         if handle is not None:
-            self._bind(handle, (op.index,), loc)
+            self._bind(handle, (op.index,), site.loc)
 
-    def _collective_spec(self, kind: OpKind, name: str, size, family: str, root, reduce_op, algo, transport, dtype, placement,
-                         handle, loc, root_loc, size_loc, proto) -> OpSpec:  # fmt: skip
+    def _collective_spec(self, site: CollectiveSite, name: str, size, dtype, root, handle) -> OpSpec:
+        kind, loc, root_loc, size_loc = site.kind, site.loc, site.root_loc, site.size_loc
         self._no_batch(kind.value, loc)
-        group = self.group(family, loc)
+        group = self.group(site.family, loc)
         if kind in ROOTED_KINDS:
-            root_loc = root_loc or loc
             root = self._check_rank("root", root, root_loc)
             if root not in group.ranks:
                 raise self.fail(f"root {root} is not in group {group.id} (ranks {list(group.ranks)})", root_loc,
                                 hint="roots are global ranks, as in torch.distributed")  # fmt: skip
-        stream = self.stream(placement, loc)
+        stream = self.stream(site.placement, loc)
         dtype = dtype or self.layout.default_dtype
-        size_loc = size_loc or loc
         size = self._size(name, size, dtype, size_loc, kind)
         n = len(group.ranks)
         if kind in SPLIT_KINDS and size % (n * dtype.itemsize):
@@ -512,8 +563,9 @@ class RankExpander:
                 size_loc,
                 hint="the size of a collective is its largest buffer (nccl-tests convention)",
             )
-        return self._spec(stream, loc, size_bytes=size, dtype=dtype, group=group.id, root=root, reduce_op=reduce_op, algo=algo,
-                          proto=proto, transport=transport or self.layout.default_transport, handle=handle)  # fmt: skip
+        return self._spec(stream, loc, size_bytes=size, dtype=dtype, group=group.id, root=root, reduce_op=site.reduce_op,
+                          algo=site.algo, proto=site.proto, transport=site.transport or self.layout.default_transport,
+                          handle=handle)  # fmt: skip
 
     def wait(self, cache: dict, name: str, placement, loc) -> None:
         self._no_batch("wait", loc)
