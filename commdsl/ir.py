@@ -248,7 +248,7 @@ class _OpFields:
     """The microbatch of `action`."""
 
 
-_PER_OP_FIELDS = ("rank", "index", "kind", "name", "batch", "waits_for", "microbatch")
+_PER_OP_FIELDS = ("rank", "index", "kind", "name", "handle", "batch", "waits_for", "microbatch")
 """The fields of an op stored on the op itself; the others are in its `OpSpec`."""
 
 OpSpec = make_dataclass(
@@ -264,7 +264,7 @@ per-op ones (`_PER_OP_FIELDS`). Expansion interns them, so a million ops share a
 hundred specs."""
 
 
-_OP_SLOTS = ("rank", "index", "kind", "name", "microbatch", "batch", "waits_for", "spec")
+_OP_SLOTS = ("rank", "index", "kind", "name", "handle", "microbatch", "batch", "waits_for", "spec")
 """`Op`'s storage: the per-op fields and the spec."""
 _SPEC_FIELDS = tuple(OpSpec.__dataclass_fields__)
 _FIELD_NAMES = tuple(_OpFields.__dataclass_fields__)
@@ -274,8 +274,8 @@ class Op:
     """One statement of one rank's program after expansion: a frozen record with the
     fields of `_OpFields`, read by attribute (`op.kind`, `op.size_bytes`).
 
-    Storage: the fields that differ from op to op (rank, index, kind, name, microbatch,
-    batch, waits_for) are slots of the op; the others live in `spec`, an `OpSpec` shared
+    Storage: the fields that differ from op to op (rank, index, kind, name, handle,
+    microbatch, batch, waits_for) are slots of the op; the others live in `spec`, an `OpSpec` shared
     by the ops one statement makes with the same values, and are read through properties
     of the same names. `Op(...)` takes every field as before; expansion builds ops with
     `make_op` and interned specs. Equality and hashing compare every field."""
@@ -289,6 +289,7 @@ class Op:
     index: int
     kind: OpKind
     name: str
+    handle: str | None
     microbatch: int | None
     batch: int | None
     waits_for: tuple[int, ...]
@@ -303,8 +304,8 @@ class Op:
                  handle: str | None = None, batch: int | None = None, waits_for: tuple[int, ...] = (),
                  action: PipelineAction | None = None, stage: int | None = None, microbatch: int | None = None):  # fmt: skip
         spec = OpSpec(stream, loc, duration_us, flops, size_bytes, dtype, peer, dest, group, root, reduce_op, transport,
-                      algo, proto, copy_dir, handle, action, stage)  # fmt: skip
-        for slot, value in zip(_OP_SLOTS, (rank, index, kind, name, microbatch, batch, waits_for, spec)):
+                      algo, proto, copy_dir, action, stage)  # fmt: skip
+        for slot, value in zip(_OP_SLOTS, (rank, index, kind, name, handle, microbatch, batch, waits_for, spec)):
             object.__setattr__(self, slot, value)  # past the guard: the op is being made
 
     def __setattr__(self, name: str, value) -> None:
@@ -314,7 +315,7 @@ class Op:
         raise FrozenInstanceError(f"cannot delete field {name!r}")
 
     def _key(self) -> tuple:
-        return (self.rank, self.index, self.kind, self.name, self.microbatch, self.batch, self.waits_for, self.spec)
+        return (self.rank, self.index, self.kind, self.name, self.handle, self.microbatch, self.batch, self.waits_for, self.spec)
 
     def __eq__(self, other: object) -> bool:
         if other.__class__ is not Op:
@@ -328,19 +329,20 @@ class Op:
         return "Op(" + ", ".join(f"{name}={getattr(self, name)!r}" for name in _FIELD_NAMES) + ")"
 
     def __reduce__(self):
-        return make_op, (self.rank, self.index, self.kind, self.name, self.spec, self.microbatch, self.batch, self.waits_for)
+        return make_op, (self.rank, self.index, self.kind, self.name, self.handle, self.spec, self.microbatch, self.batch,
+                         self.waits_for)  # fmt: skip
 
     def replace(self, **changes) -> Op:
         """A copy with `changes` (field names as in `Op(...)`); as `dataclasses.replace`."""
         spec_changes = {k: changes.pop(k) for k in list(changes) if k in _SPEC_FIELDS}
         spec = _dataclass_replace(self.spec, **spec_changes) if spec_changes else self.spec
-        values = {name: getattr(self, name) for name in ("rank", "index", "kind", "name", "microbatch", "batch", "waits_for")}
+        values = {name: getattr(self, name) for name in _PER_OP_FIELDS}
         for k, v in changes.items():
             if k not in values:
                 raise TypeError(f"Op has no field {k!r}")
             values[k] = v
-        return make_op(values["rank"], values["index"], values["kind"], values["name"], spec, values["microbatch"],
-                       values["batch"], values["waits_for"])  # fmt: skip
+        return make_op(values["rank"], values["index"], values["kind"], values["name"], values["handle"], spec,
+                       values["microbatch"], values["batch"], values["waits_for"])  # fmt: skip
 
     @property
     def id(self) -> str:
@@ -349,7 +351,7 @@ class Op:
 
     @property
     def is_async(self) -> bool:
-        return self.spec.handle is not None
+        return self.handle is not None
 
     @property
     def is_peer_copy(self) -> bool:
@@ -388,11 +390,12 @@ class _OpBuilder:
 
     __slots__ = _OP_SLOTS
 
-    def __init__(self, rank, index, kind, name, spec, microbatch, batch, waits_for):
+    def __init__(self, rank, index, kind, name, handle, spec, microbatch, batch, waits_for):
         self.rank = rank
         self.index = index
         self.kind = kind
         self.name = name
+        self.handle = handle
         self.microbatch = microbatch
         self.batch = batch
         self.waits_for = waits_for
@@ -401,7 +404,7 @@ class _OpBuilder:
 
 
 make_op: Callable[..., Op] = _OpBuilder  # type: ignore[assignment]
-"""`make_op(rank, index, kind, name, spec, microbatch, batch, waits_for)`: an op from its
+"""`make_op(rank, index, kind, name, handle, spec, microbatch, batch, waits_for)`: an op from its
 per-op fields and a (shared) spec, the expansion's constructor."""
 
 

@@ -134,7 +134,15 @@ def _ref_text(base: str, indices: tuple[Expr, ...]) -> Callable[[Env], str]:
     """The function giving a ref's text, made for its shape (it runs for every op)."""
     if not indices:
         return lambda env: base
-    if len(indices) > 1:
+    if len(indices) == 2:  # F[step, l]
+        first, second = indices
+
+        def text2(env):
+            a, b = first(env), second(env)
+            return f"{base}[{a if a.__class__ is int else format_value(a)},{b if b.__class__ is int else format_value(b)}]"
+
+        return text2
+    if len(indices) > 2:
         return lambda env: f"{base}[{','.join([_fmt_index(i(env)) for i in indices])}]"
     (index,) = indices
     name = getattr(index, "var_name", None)
@@ -765,11 +773,12 @@ class ProgramCompiler(Transformer):
         if len(pairs) == 1 and apply is _fast_binary and pairs[0][0] in _INT_OPS:
             (op, second), = pairs
             int_op = _INT_OPS[op]
+            divides = op in ("//", "%")  # by zero: the general path says so
 
             def fold_int(env):  # i + 1: integers skip the unit machinery
                 try:
                     a, b = first(env), second(env)
-                    if a.__class__ is int and b.__class__ is int:
+                    if a.__class__ is int and b.__class__ is int and (b or not divides):
                         r = int_op(a, b)
                         if -INT_LIMIT < r < INT_LIMIT:
                             return r
@@ -1061,7 +1070,8 @@ def _block(stmts: list[Stmt]) -> Stmt:
     return block
 
 
-_INT_OPS = {"+": operator.add, "-": operator.sub, "*": operator.mul}
+_INT_OPS = {"+": operator.add, "-": operator.sub, "*": operator.mul, "//": operator.floordiv, "%": operator.mod}
+"""Operators whose result on two integers is Python's (within INT_LIMIT); `/` gives a float."""
 _INT_COMPARISONS = {"==": operator.eq, "!=": operator.ne, "<": operator.lt, "<=": operator.le, ">": operator.gt, ">=": operator.ge}
 
 

@@ -300,14 +300,16 @@ class RankExpander:
         return self.tables.specs.setdefault(spec, spec)
 
     def _emit(self, kind: OpKind, name: str, spec: OpSpec, microbatch: int | None = None, batch: int | None = None,
-              waits_for: tuple[int, ...] = ()) -> Op:  # fmt: skip
+              waits_for: tuple[int, ...] = (), handle: str | None = None) -> Op:  # fmt: skip
         """Append the op, counting it against the shared budget."""
         budget = self.budget
         count = budget.ops = budget.ops + 1
         if count > budget.max_ops:
             raise budget.too_many_ops("", spec.loc, self.rank)
         ops = self.ops
-        op = make_op(self.rank, len(ops), kind, self._intern_name(name, name), spec, microbatch, batch, waits_for)
+        intern = self._intern_name
+        op = make_op(self.rank, len(ops), kind, intern(name, name), handle if handle is None else intern(handle, handle), spec,
+                     microbatch, batch, waits_for)  # fmt: skip
         ops.append(op)
         return op
 
@@ -494,16 +496,15 @@ class RankExpander:
         stream = placement if placement is not None else self.current_stream
         op_handle = self.batch_handle if in_batch else handle
         action, stage, microbatch = pipeline if pipeline is not None else _NO_PIPELINE
-        key = (self.rank, size, peer, dtype, stream, in_batch, handle, op_handle, action, stage)
+        key = (self.rank, size, peer, dtype, stream, in_batch, handle is None, action, stage)
         spec = site.cache.get(key)
         if spec is None or peer.__class__ is not int:  # a bool peer equals an int key, and is refused
-            spec = site.cache[key] = self._p2p_spec(site, in_batch, name, size, peer, dtype, handle, op_handle, action, stage)
-        op = self._emit(site.kind, name, spec, microbatch, self.batch_start)
+            spec = site.cache[key] = self._p2p_spec(site, in_batch, name, size, peer, dtype, handle, action, stage)
+        op = self._emit(site.kind, name, spec, microbatch, self.batch_start, (), op_handle)
         if handle is not None and not in_batch:
             self._bind(handle, (op.index,), site.loc)
 
-    def _p2p_spec(self, site: P2PSite, in_batch: bool, name: str, size, peer, dtype, handle, op_handle, action,
-                  stage) -> OpSpec:  # fmt: skip
+    def _p2p_spec(self, site: P2PSite, in_batch: bool, name: str, size, peer, dtype, handle, action, stage) -> OpSpec:
         kind, is_async, loc = site.kind, site.is_async, site.loc
         word = ("i" if is_async else "") + kind.value
         if in_batch and not is_async:
@@ -530,20 +531,20 @@ class RankExpander:
                             "launch (batch_isend_irecv), and a memcpy runs on its stream",
                             loc, hint="put memcpy transfers on streams of their own to overlap them")  # fmt: skip
         return self._spec(stream, loc, size_bytes=size, dtype=dtype, peer=peer, group=group.id, transport=transport,
-                          proto=site.proto, handle=op_handle, action=action, stage=stage)  # fmt: skip
+                          proto=site.proto, action=action, stage=stage)  # fmt: skip
 
     def collective(self, site: CollectiveSite, name: str, size, dtype: Dtype | None, root, handle: str | None) -> None:
         placement = site.placement
         stream = placement if placement is not None else self.current_stream
-        key = (self.rank, size, dtype, root, stream, handle)
+        key = (self.rank, size, dtype, root, stream)
         spec = site.cache.get(key)
         if spec is None or self.batch_start is not None or (root is not None and root.__class__ is not int):
-            spec = site.cache[key] = self._collective_spec(site, name, size, dtype, root, handle)
-        op = self._emit(site.kind, name, spec)
+            spec = site.cache[key] = self._collective_spec(site, name, size, dtype, root)
+        op = self._emit(site.kind, name, spec, None, None, (), handle)
         if handle is not None:
             self._bind(handle, (op.index,), site.loc)
 
-    def _collective_spec(self, site: CollectiveSite, name: str, size, dtype, root, handle) -> OpSpec:
+    def _collective_spec(self, site: CollectiveSite, name: str, size, dtype, root) -> OpSpec:
         kind, loc, root_loc, size_loc = site.kind, site.loc, site.root_loc, site.size_loc
         self._no_batch(kind.value, loc)
         group = self.group(site.family, loc)
@@ -564,8 +565,7 @@ class RankExpander:
                 hint="the size of a collective is its largest buffer (nccl-tests convention)",
             )
         return self._spec(stream, loc, size_bytes=size, dtype=dtype, group=group.id, root=root, reduce_op=site.reduce_op,
-                          algo=site.algo, proto=site.proto, transport=site.transport or self.layout.default_transport,
-                          handle=handle)  # fmt: skip
+                          algo=site.algo, proto=site.proto, transport=site.transport or self.layout.default_transport)  # fmt: skip
 
     def wait(self, cache: dict, name: str, placement, loc) -> None:
         self._no_batch("wait", loc)
