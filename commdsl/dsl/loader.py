@@ -165,6 +165,7 @@ def _expand(name: str, docstring: str, file: str, params: dict[str, object], lay
             raise LimitError("the program nests too deeply (expressions or block calls)", origin.loc(1, 1),
                              rank=rank) from None  # fmt: skip
         expander.finish()
+        del env["__ctx__"]  # env and expander refer to each other: free them now, not at the next collection
         per_rank.append(tuple(expander.ops))
         transfers.append(expander.stage_transfers())
         warnings.extend(expander.warnings)
