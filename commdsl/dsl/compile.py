@@ -154,9 +154,17 @@ def _ref_text(base: str, indices: tuple[Expr, ...]) -> Callable[[Env], str]:
 
         return text
 
+    texts: dict[int, str] = {}
+    """The texts made so far, by integer index: most are made once per rank."""
+
     def text_of_var(env):  # F[mb]: read mb without calling its closure
         v = env[name] if name in env else index(env)  # index(env) raises the unknown-name error
-        return f"{base}[{v if v.__class__ is int else format_value(v)}]"
+        if v.__class__ is not int:
+            return f"{base}[{format_value(v)}]"
+        text = texts.get(v)
+        if text is None:
+            text = texts[v] = f"{base}[{v}]"
+        return text
 
     return text_of_var
 
@@ -520,7 +528,7 @@ class ProgramCompiler(Transformer):
                 flops, flops_loc = _quantity(ctx, flops_opt.value(env), Unit.WORK, "flops=", flops_opt.loc), flops_opt.loc
             if bytes_opt is not None:
                 size = _quantity(ctx, bytes_opt.value(env), Unit.SIZE, "bytes=", bytes_opt.loc)
-            ctx.compute(site, name, duration_us, flops, size, pipeline(ctx, env), flops_loc)
+            ctx.compute(site, name, duration_us, flops, size, None if pipeline is _no_pipeline else pipeline(ctx, env), flops_loc)
 
         return _op_node(run, "compute")
 
@@ -530,7 +538,7 @@ class ProgramCompiler(Transformer):
         function of (ctx, env) giving (action, stage, microbatch) or None."""
         given = [name for name in ("action", "stage", "microbatch") if name in opts]
         if not given:
-            return lambda ctx, env: None
+            return _no_pipeline
         if len(given) < 3:
             missing = [n for n in ("action", "stage", "microbatch") if n not in opts]
             raise ScheduleError(f"a pipeline op names action=, stage= and microbatch= together; missing {', '.join(missing)}",
@@ -646,14 +654,24 @@ class ProgramCompiler(Transformer):
         pipeline = self._pipeline_options(opts, loc)
         site = P2PSite(kind, mode is not P2PMode.BLOCKING, family, transport, proto, stream, loc, target_loc, size_loc)
 
-        def run(ctx, env, handle=None):
-            size, dt = _size(ctx, size_expr(env), size_loc)
-            if mode is P2PMode.STAGE:
+        text = ref.text
+        if mode is P2PMode.STAGE:
+
+            def run_stage(ctx, env, handle=None):
+                size, dt = _size(ctx, size_expr(env), size_loc)
                 if handle is not None:
                     raise ctx.fail(f"{kind_word} returns no handle: the pipeline lowering waits for it", loc)
-                ctx.stage_p2p(site, ref.text(env), size, dtype or dt, peer_expr(env), pipeline(ctx, env))
-                return
-            ctx.p2p(site, ref.text(env), size, dtype or dt, peer_expr(env), handle, pipeline(ctx, env))
+                ctx.stage_p2p(site, text(env), size, dtype or dt, peer_expr(env), pipeline(ctx, env))
+
+            return _op_node(run_stage, kind_word)
+
+        def run(ctx, env, handle=None):
+            q = size_expr(env)
+            if q.__class__ is Quantity and q.unit is Unit.SIZE:  # _size, inline: this runs for every transfer
+                size, dt = q.value, q.dtype
+            else:
+                size, dt = _size(ctx, q, size_loc)
+            ctx.p2p(site, text(env), size, dtype or dt, peer_expr(env), handle, None if pipeline is _no_pipeline else pipeline(ctx, env))
 
         return _op_node(run, kind_word)
 
@@ -880,8 +898,11 @@ class ProgramCompiler(Transformer):
         loc = self._loc(meta)
 
         def not_(env):
+            v = operand(env)
+            if v.__class__ is bool:
+                return not v
             try:
-                return not truth(operand(env), "the operand of 'not'")
+                truth(v, "the operand of 'not'")  # raises: v is no boolean
             except ValueFault as e:
                 raise _fault(e, loc, env) from None
 
@@ -980,7 +1001,13 @@ class ProgramCompiler(Transformer):
         # Groups are known per rank only at run time; env["__ctx__"] is the rank's expander.
         if field_name == "size":
             return lambda env: len(env["__ctx__"].group(family, loc).ranks)
-        return lambda env: env["__ctx__"].group_rank(family, loc)
+
+        def group_rank(env):
+            ctx = env["__ctx__"]
+            found = ctx.group_of.get(family)  # (group, rank in it); None: ctx says why not
+            return found[1] if found is not None else ctx.group_rank(family, loc)
+
+        return group_rank
 
     @_expression
     def func_call(self, meta, children) -> Expr:
@@ -1058,6 +1085,11 @@ class ProgramCompiler(Transformer):
 
     def keyword_argument(self, meta, children):
         return str(children[0]), children[1]
+
+
+def _no_pipeline(ctx: RankExpander, env: Env) -> None:
+    """The pipeline options of an op that gives none."""
+    return None
 
 
 def _block(stmts: list[Stmt]) -> Stmt:

@@ -159,9 +159,10 @@ def check_loop(ctx, env: dict, shape: ForShape, trips: int, loc: SourceLoc) -> N
         unknown = unknown | {_DEFINES}  # a call may redefine the blocks the loop calls
     ops, steps = _Bound(ctx).of(shape.body, env, unknown, 0)
     budget = ctx.budget
-    if ops and budget.ops + trips * ops > budget.max_ops:
+    made = ctx.ops_made
+    if ops and made + trips * ops > budget.max_ops:
         raise budget.too_many_ops(f"this loop would add at least {trips * ops:,} ({trips:,} iterations of at least {ops:,} each) "
-                                  f"to the {budget.ops:,} made so far over all ranks", loc, ctx.rank)  # fmt: skip
+                                  f"to the {made:,} made so far over all ranks", loc, ctx.rank)  # fmt: skip
     if steps and budget.steps + trips * steps > budget.max_steps:
         raise budget.too_many_steps(f"this loop would add at least {trips * steps:,} nested ones to the {budget.steps:,} "
                                     "counted so far", loc, ctx.rank)  # fmt: skip

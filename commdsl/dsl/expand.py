@@ -98,6 +98,8 @@ class ExpansionBudget:
     max_ops: int
     max_steps: int
     ops: int = 0
+    """Ops made by the ranks already expanded; the rank being expanded counts its own
+    (`RankExpander.ops_made`) and adds them when it finishes."""
     steps: int = 0
 
     def charge_steps(self, n: int, loc: SourceLoc, rank: int | None = None) -> None:
@@ -239,20 +241,29 @@ class RankExpander:
     """(action, stage, microbatch) of the last pipeline compute op: what a stage_send sends."""
     unannotated_recvs: list[int] = field(default_factory=list)
     """stage_recvs waiting for the pipeline compute op after them (what they feed)."""
-    _group_of: dict[str, tuple[Group, int]] = field(default_factory=dict)
+    group_of: dict[str, tuple[Group, int]] = field(default_factory=dict)
+    """Per group family this rank is in: its group and its rank in it."""
     _intern_name: Callable[[str, str], str] = field(init=False)
     """`tables.names.setdefault`, bound once."""
     _indices: list[int] = field(init=False)
     """`tables.indices`."""
+    _op_limit: int = field(init=False)
+    """Most ops this rank may make: what the budget has left when it starts."""
 
     def __post_init__(self) -> None:
+        self._op_limit = self.budget.max_ops - self.budget.ops
         self._intern_name = self.tables.names.setdefault
         self._indices = self.tables.indices
         rank = self.rank
-        self._group_of = {family: members[rank] for family, members in self.layout.membership.items() if rank in members}
+        self.group_of = {family: members[rank] for family, members in self.layout.membership.items() if rank in members}
         self.current_stream = self.layout.streams[0]
 
     # ---- helpers --------------------------------------------------------------
+
+    @property
+    def ops_made(self) -> int:
+        """Ops made so far over all ranks, this one's included."""
+        return self.budget.ops + len(self.ops)
 
     def fail(self, message: str, loc: SourceLoc, hint: str | None = None) -> ScheduleError:
         return ScheduleError(message, loc, hint=hint, rank=self.rank)
@@ -262,11 +273,11 @@ class RankExpander:
 
     def group_rank(self, family: str, loc: SourceLoc) -> int:
         """This rank's rank in its group of `family` (`pp.rank`)."""
-        found = self._group_of.get(family)
+        found = self.group_of.get(family)
         return found[1] if found is not None else self._membership(family, loc)[1]
 
     def _membership(self, family: str, loc: SourceLoc) -> tuple[Group, int]:
-        found = self._group_of.get(family)
+        found = self.group_of.get(family)
         if found is None:
             members = ", ".join(str(list(x.ranks)) for x in self.layout.families[family])
             raise self.fail(f"rank {self.rank} is not a member of group '{family}' ({members})", loc)
@@ -315,12 +326,10 @@ class RankExpander:
     def _emit(self, kind: OpKind, name: str, spec: OpSpec, microbatch: int | None = None, batch: int | None = None,
               waits_for: tuple[int, ...] = (), handle: str | None = None) -> Op:  # fmt: skip
         """Append the op, counting it against the shared budget."""
-        budget = self.budget
-        count = budget.ops = budget.ops + 1
-        if count > budget.max_ops:
-            raise budget.too_many_ops("", spec.loc, self.rank)
         ops = self.ops
         n = len(ops)
+        if n >= self._op_limit:
+            raise self.budget.too_many_ops("", spec.loc, self.rank)
         indices = self._indices
         index = indices[n] if n < len(indices) else self.tables.index(n)
         intern = self._intern_name
@@ -653,3 +662,4 @@ class RankExpander:
             by_stream.setdefault(self.ops[i].stream, []).append(i)
         for stream, indices in by_stream.items():
             self._emit(OpKind.WAIT, "stage_send", self._spec(stream, self.ops[indices[-1]].loc), waits_for=tuple(indices))
+        self.budget.ops += len(self.ops)
