@@ -14,7 +14,7 @@ loop variable or on a name the body assigns) counts as unknown (zero), and so do
 block call while the loop, or any block, may redefine blocks. Estimating is itself bounded (`MAX_VISITS` statements
 per loop start); what it has not visited counts as zero.
 
-The compiler (commdsl/dsl/compile.py) sets a `shape` on each statement closure.
+The compiler (commdsl/dsl/compile_statements.py) sets a `shape` on each statement closure.
 """
 
 from __future__ import annotations

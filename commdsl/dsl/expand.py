@@ -1,6 +1,6 @@
 """Per-rank expansion state: what the compiled program calls to emit ops.
 
-The compiled program (commdsl/dsl/compile.py) runs once per rank against a
+The compiled program (commdsl/dsl/compile.py and its rule sets) runs once per rank against a
 `RankExpander`, which owns that rank's op list, handles, events, the current stream
 and the shared op budget. Every check that needs only one rank's view happens here
 (peers and roots in range, group membership, streams, handles, events); checks that
