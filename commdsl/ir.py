@@ -17,8 +17,7 @@ Conventions:
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable
-from dataclasses import FrozenInstanceError, dataclass, field, fields, make_dataclass
+from dataclasses import dataclass, field, fields, make_dataclass
 from dataclasses import replace as _dataclass_replace
 from operator import attrgetter
 
@@ -271,14 +270,20 @@ _FIELD_NAMES = tuple(_OpFields.__dataclass_fields__)
 
 
 class Op:
-    """One statement of one rank's program after expansion: a frozen record with the
-    fields of `_OpFields`, read by attribute (`op.kind`, `op.size_bytes`).
+    """One statement of one rank's program after expansion: a record with the fields of
+    `_OpFields`, read by attribute (`op.kind`, `op.size_bytes`).
 
     Storage: the fields that differ from op to op (rank, index, kind, name, handle,
-    microbatch, batch, waits_for) are slots of the op; the others live in `spec`, an `OpSpec` shared
-    by the ops one statement makes with the same values, and are read through properties
-    of the same names. `Op(...)` takes every field as before; expansion builds ops with
-    `make_op` and interned specs. Equality and hashing compare every field."""
+    microbatch, batch, waits_for) are slots of the op; the others live in `spec`, an
+    `OpSpec` shared by the ops one statement makes with the same values, and are read
+    through properties of the same names (those cannot be assigned). `Op(...)` takes every
+    field as before; expansion builds ops with `make_op` and interned specs. Equality and
+    hashing compare every field.
+
+    An op is immutable by contract: nothing assigns to one (`replace` makes a changed
+    copy). Unlike the frozen dataclass it replaces, it does not refuse an assignment to
+    its own slots: making ops is most of what expansion does, and the guard would make
+    every op a sixth dearer to make."""
 
     __slots__ = _OP_SLOTS
     __dataclass_fields__ = _OpFields.__dataclass_fields__  # dataclasses.fields/replace/asdict see the fields
@@ -305,14 +310,7 @@ class Op:
                  action: PipelineAction | None = None, stage: int | None = None, microbatch: int | None = None):  # fmt: skip
         spec = OpSpec(stream, loc, duration_us, flops, size_bytes, dtype, peer, dest, group, root, reduce_op, transport,
                       algo, proto, copy_dir, action, stage)  # fmt: skip
-        for slot, value in zip(_OP_SLOTS, (rank, index, kind, name, handle, microbatch, batch, waits_for, spec)):
-            object.__setattr__(self, slot, value)  # past the guard: the op is being made
-
-    def __setattr__(self, name: str, value) -> None:
-        raise FrozenInstanceError(f"cannot assign to field {name!r}")
-
-    def __delattr__(self, name: str) -> None:
-        raise FrozenInstanceError(f"cannot delete field {name!r}")
+        _fill(self, rank, index, kind, name, handle, spec, microbatch, batch, waits_for)
 
     def _key(self) -> tuple:
         return (self.rank, self.index, self.kind, self.name, self.handle, self.microbatch, self.batch, self.waits_for, self.spec)
@@ -383,29 +381,27 @@ for _name in _SPEC_FIELDS:  # op.stream is op.spec.stream, and so on (attrgetter
     setattr(Op, _name, property(attrgetter("spec." + _name), doc=f"`{_name}` of the op (stored in its `spec`)."))
 del _name
 
-class _OpBuilder:
-    """`Op`'s layout without its guard against assignment: `make_op` fills the slots here
-    and then makes the object an `Op` (same slots, so Python allows the `__class__`
-    assignment). Twice as fast as setting the slots of a frozen object one by one."""
-
-    __slots__ = _OP_SLOTS
-
-    def __init__(self, rank, index, kind, name, handle, spec, microbatch, batch, waits_for):
-        self.rank = rank
-        self.index = index
-        self.kind = kind
-        self.name = name
-        self.handle = handle
-        self.microbatch = microbatch
-        self.batch = batch
-        self.waits_for = waits_for
-        self.spec = spec
-        self.__class__ = Op
+def _fill(op: Op, rank, index, kind, name, handle, spec, microbatch, batch, waits_for) -> None:
+    op.rank = rank
+    op.index = index
+    op.kind = kind
+    op.name = name
+    op.handle = handle
+    op.microbatch = microbatch
+    op.batch = batch
+    op.waits_for = waits_for
+    op.spec = spec
 
 
-make_op: Callable[..., Op] = _OpBuilder  # type: ignore[assignment]
-"""`make_op(rank, index, kind, name, handle, spec, microbatch, batch, waits_for)`: an op from its
-per-op fields and a (shared) spec, the expansion's constructor."""
+def make_op(rank: int, index: int, kind: OpKind, name: str, handle: str | None, spec: OpSpec, microbatch: int | None,
+            batch: int | None, waits_for: tuple[int, ...]) -> Op:  # fmt: skip
+    """An op from its per-op fields and a (shared) spec: the expansion's constructor."""
+    op = _new_op(Op)
+    _fill(op, rank, index, kind, name, handle, spec, microbatch, batch, waits_for)
+    return op
+
+
+_new_op = object.__new__
 
 
 _JSON_FIELDS = (
