@@ -141,6 +141,9 @@ class RuleSet(Transformer):
         self.origin = origin
         self.layout = layout
         self.param_names = param_names
+        self.reads_rank = False
+        """Whether the program reads its rank: `rank`, a group's `.rank` or `.size`, or
+        `rank_at()` (commdsl/dsl/spmd.py copies the ops of a program that does not)."""
 
     def _loc(self, meta) -> SourceLoc:
         return self.origin.loc(meta.line, meta.column)

@@ -64,11 +64,19 @@ class ExpressionRules(RuleSet):
             (op, second), = pairs
             return self._guarded(meta, lambda env: apply(op, first(env), second(env)))
 
+        steps = tuple((op, operand, _INT_OPS.get(op) if apply is _fast_binary else None, op in ("//", "%")) for op, operand in pairs)
+
         def fold(env):
             try:
                 value = first(env)
-                for op, operand in pairs:
-                    value = apply(op, value, operand(env))
+                for op, operand, int_op, divides in steps:
+                    b = operand(env)
+                    if int_op is not None and value.__class__ is int and b.__class__ is int and (b or not divides):
+                        r = int_op(value, b)
+                        if -INT_LIMIT < r < INT_LIMIT:
+                            value = r
+                            continue
+                    value = apply(op, value, b)
                 return value
             except ValueFault as e:
                 raise fault(e, loc, env) from None
@@ -132,7 +140,10 @@ class ExpressionRules(RuleSet):
         def logic(env):
             try:
                 for operand in children:
-                    if truth(operand(env), f"an operand of '{word}'") is stop_on:
+                    v = operand(env)
+                    if v.__class__ is not bool:
+                        truth(v, f"an operand of '{word}'")  # raises: v is no boolean
+                    if v is stop_on:
                         return stop_on
                 return not stop_on
             except ValueFault as e:
@@ -222,6 +233,8 @@ class ExpressionRules(RuleSet):
         loc = self._loc(meta)
         if name.startswith("__"):
             raise ScheduleError(f"unknown name '{name}'", loc, hint="names starting with __ are internal")
+        if name == "rank":
+            self.reads_rank = True
 
         def var(env):
             try:
@@ -242,6 +255,7 @@ class ExpressionRules(RuleSet):
                                 loc, hint=did_you_mean(family, self.layout.families))  # fmt: skip
         if field_name not in ("rank", "size"):
             raise ScheduleError(f"a group has .rank and .size, not .{field_name}", loc)
+        self.reads_rank = True  # a group's size too: groups of one family may differ in size
         # Groups are known per rank only at run time; env["__ctx__"] is the rank's expander.
         if field_name == "size":
             return lambda env: len(env["__ctx__"].group(family, loc).ranks)
@@ -279,6 +293,7 @@ class ExpressionRules(RuleSet):
         return call
 
     def _rank_at(self, positional, keywords, loc) -> Expr:
+        self.reads_rank = True
         axes = dict(self.layout.mesh)
         if positional:
             raise ScheduleError("rank_at() takes mesh coordinates by axis name, e.g. rank_at(pp=0)", loc)
