@@ -155,9 +155,10 @@ class ExpressionRules(RuleSet):
     def not_(self, meta, children) -> Expr:
         (operand,) = children
         loc = self._loc(meta)
+        name = getattr(operand, "var_name", None)
 
         def not_(env):
-            v = operand(env)
+            v = env[name] if name in env else operand(env)  # `not last`: no call for the name
             if v.__class__ is bool:
                 return not v
             try:

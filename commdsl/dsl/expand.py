@@ -368,7 +368,8 @@ class RankExpander:
     def begin_batch(self, handle: str | None, loc: SourceLoc) -> None:
         if self.batch_start is not None:
             raise self.fail("batch blocks cannot be nested", loc)
-        self.batch_start = self.tables.index(len(self.ops))
+        n = len(self.ops)
+        self.batch_start = self._indices[n] if n < len(self._indices) else self.tables.index(n)
         self.batch_handle = handle
 
     def end_batch(self, loc: SourceLoc) -> None:
