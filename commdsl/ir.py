@@ -282,8 +282,8 @@ class Op:
 
     An op is immutable by contract: nothing assigns to one (`replace` makes a changed
     copy). Unlike the frozen dataclass it replaces, it does not refuse an assignment to
-    its own slots: making ops is most of what expansion does, and the guard would make
-    every op a sixth dearer to make."""
+    its own slots: making ops is most of what expansion does, and the guard (filling the
+    slots past it) would make every op dearer to make."""
 
     __slots__ = _OP_SLOTS
     __dataclass_fields__ = _OpFields.__dataclass_fields__  # dataclasses.fields/replace/asdict see the fields

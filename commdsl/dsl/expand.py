@@ -8,14 +8,17 @@ compare ranks live in commdsl/validate.py.
 
 The fast path. An op statement runs once per rank and loop iteration, mostly with the
 same values: the same size, peer, stream and options. So each op method takes the
-statement's `cache` (a dict the compiled statement owns) and a key of every value its
-checks and its `OpSpec` depend on (the rank where they do). On a hit, the spec is the
-one made the first time, and the checks that are functions of the key alone are
-skipped: they passed then and would pass now. What depends on the rank's state (the
-batch being expanded, handles, events, live buffers) is checked every time. On a miss
-the method runs every check in the order of the messages in tests/test_bad_inputs.py,
-makes the spec, interns it (`InternTables`), and caches it. The op itself is then a
-few slots (`make_op`): rank, index, kind, interned name, per-op numbers, and the spec.
+statement's cache of specs (a dict the compiled statement owns; for compute, send/recv
+and collectives it sits in the `*Site` record of the statement's constants) and looks up a key of every value its checks and its `OpSpec`
+depend on (the rank where they do). On a hit, the spec is the one made the first time,
+and the checks that are functions of the key alone are skipped: they passed then and
+would pass now. What depends on the rank's state (the batch being expanded, handles,
+events, live buffers) is checked every time. On a miss the method runs every check in
+the order of the messages in tests/test_bad_inputs.py, makes the spec, interns it
+(`InternTables`), and caches it. The op itself is then a few slots (`make_op`): rank,
+index and name shared with the other ranks, kind, handle, per-op numbers, and the spec.
+The op budget is counted per rank (`len(ops)` against what the budget had left when
+the rank started) and added to the shared budget when the rank finishes.
 """
 
 from __future__ import annotations
@@ -139,7 +142,7 @@ class InternTables:
     specs: dict[OpSpec, OpSpec] = field(default_factory=dict)
     indices: list[int] = field(default_factory=list)
     """0, 1, 2, ...: op indices past 256 are objects of their own in Python, so every rank's
-    op i takes its index from here (a quarter of an op's memory otherwise)."""
+    op i takes its index from here rather than holding an int of its own."""
 
     def index(self, n: int) -> int:
         """The shared int `n` (n >= 0)."""

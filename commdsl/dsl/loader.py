@@ -136,7 +136,7 @@ def load_schedule_text(
     compiler = ProgramCompiler(origin, layout, tuple(params))
     compiled = compiler.compile(tree)
     # Expansion makes millions of objects and next to no reference cycles: the cyclic
-    # collector would only walk them again and again (a sixth of the time), so it rests.
+    # collector would only walk them again and again as they are made, so it rests.
     collecting = gc.isenabled()
     gc.disable()
     try:
