@@ -310,7 +310,7 @@ class Op:
                  action: PipelineAction | None = None, stage: int | None = None, microbatch: int | None = None):  # fmt: skip
         spec = OpSpec(stream, loc, duration_us, flops, size_bytes, dtype, peer, dest, group, root, reduce_op, transport,
                       algo, proto, copy_dir, action, stage)  # fmt: skip
-        _fill(self, rank, index, kind, name, handle, spec, microbatch, batch, waits_for)
+        fill_op(self, rank, index, kind, name, handle, spec, microbatch, batch, waits_for)
 
     def _key(self) -> tuple:
         return (self.rank, self.index, self.kind, self.name, self.handle, self.microbatch, self.batch, self.waits_for, self.spec)
@@ -381,7 +381,8 @@ for _name in _SPEC_FIELDS:  # op.stream is op.spec.stream, and so on (attrgetter
     setattr(Op, _name, property(attrgetter("spec." + _name), doc=f"`{_name}` of the op (stored in its `spec`)."))
 del _name
 
-def _fill(op: Op, rank, index, kind, name, handle, spec, microbatch, batch, waits_for) -> None:
+def fill_op(op: Op, rank, index, kind, name, handle, spec, microbatch, batch, waits_for) -> None:
+    """Set the slots of `op`, a new `Op` (from `new_op(Op)` or in `Op.__init__`)."""
     op.rank = rank
     op.index = index
     op.kind = kind
@@ -396,12 +397,14 @@ def _fill(op: Op, rank, index, kind, name, handle, spec, microbatch, batch, wait
 def make_op(rank: int, index: int, kind: OpKind, name: str, handle: str | None, spec: OpSpec, microbatch: int | None,
             batch: int | None, waits_for: tuple[int, ...]) -> Op:  # fmt: skip
     """An op from its per-op fields and a (shared) spec: the expansion's constructor."""
-    op = _new_op(Op)
-    _fill(op, rank, index, kind, name, handle, spec, microbatch, batch, waits_for)
+    op = new_op(Op)
+    fill_op(op, rank, index, kind, name, handle, spec, microbatch, batch, waits_for)
     return op
 
 
-_new_op = object.__new__
+new_op = object.__new__
+"""`new_op(Op)`: an op with no slots set yet, for `fill_op` (what `make_op` does, one call
+less for the expander's hottest path)."""
 
 
 _JSON_FIELDS = (

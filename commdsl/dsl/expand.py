@@ -15,7 +15,7 @@ and the checks that are functions of the key alone are skipped: they passed then
 would pass now. What depends on the rank's state (the batch being expanded, handles,
 events, live buffers) is checked every time. On a miss the method runs every check in
 the order of the messages in tests/test_bad_inputs.py, makes the spec, interns it
-(`InternTables`), and caches it. The op itself is then a few slots (`make_op`): rank,
+(`InternTables`), and caches it. The op itself is then a few slots (`fill_op`): rank,
 index and name shared with the other ranks, kind, handle, per-op numbers, and the spec.
 The op budget is counted per rank (`len(ops)` against what the budget had left when
 the rank started) and added to the shared budget when the rank finishes.
@@ -29,7 +29,8 @@ from dataclasses import dataclass, field
 
 from commdsl.errors import LimitError, ScheduleError, SourceLoc, did_you_mean
 from commdsl.ir import (
-    make_op,
+    fill_op,
+    new_op,
     HOST_STREAM,
     ROOTED_KINDS,
     SPLIT_KINDS,
@@ -252,9 +253,12 @@ class RankExpander:
     """`tables.indices`."""
     _op_limit: int = field(init=False)
     """Most ops this rank may make: what the budget has left when it starts."""
+    _fast_limit: int = field(init=False)
+    """`_op_limit`, or fewer while `tables.indices` is shorter."""
 
     def __post_init__(self) -> None:
         self._op_limit = self.budget.max_ops - self.budget.ops
+        self._fast_limit = min(self._op_limit, len(self.tables.indices))
         self._intern_name = self.tables.names.setdefault
         self._indices = self.tables.indices
         rank = self.rank
@@ -331,13 +335,15 @@ class RankExpander:
         """Append the op, counting it against the shared budget."""
         ops = self.ops
         n = len(ops)
-        if n >= self._op_limit:
-            raise self.budget.too_many_ops("", spec.loc, self.rank)
-        indices = self._indices
-        index = indices[n] if n < len(indices) else self.tables.index(n)
+        if n >= self._fast_limit:  # past the budget, or past the shared indices made so far
+            if n >= self._op_limit:
+                raise self.budget.too_many_ops("", spec.loc, self.rank)
+            self.tables.index(n)  # makes more
+            self._fast_limit = min(self._op_limit, len(self._indices))
         intern = self._intern_name
-        op = make_op(self.rank, index, kind, intern(name, name), handle if handle is None else intern(handle, handle), spec,
-                     microbatch, batch, waits_for)  # fmt: skip
+        op = new_op(Op)
+        fill_op(op, self.rank, self._indices[n], kind, intern(name, name), handle if handle is None else intern(handle, handle),
+                spec, microbatch, batch, waits_for)  # fmt: skip
         ops.append(op)
         return op
 
