@@ -74,7 +74,7 @@ class OpRules(RuleSet):
             raise ScheduleError("compute needs a duration (2ms), work (4GFLOP), flops= or bytes=", loc)
         pipeline = self._pipeline_options(opts, loc)
         amount_loc = loc_of(amount, loc)
-        site = ComputeSite(dtype, stream, loc, amount_loc, bytes_opt.loc if bytes_opt else loc)
+        site = ComputeSite(stream, loc, dtype, amount_loc, bytes_opt.loc if bytes_opt else loc)
 
         def run(ctx, env, handle=None):
             if handle is not None:
@@ -220,7 +220,7 @@ class OpRules(RuleSet):
         target_loc = loc_of(target, peer_loc)
         size_loc = loc_of(size_expr, loc)
         pipeline = self._pipeline_options(opts, loc)
-        site = P2PSite(kind, mode is not P2PMode.BLOCKING, family, transport, proto, stream, loc, target_loc, size_loc)
+        site = P2PSite(stream, loc, kind, family, transport, proto, size_loc, mode is not P2PMode.BLOCKING, target_loc)
 
         text = ref.text
         if mode is P2PMode.STAGE:
@@ -276,7 +276,7 @@ class OpRules(RuleSet):
         root_expr = root_opt.value if root_opt else None
         root_loc = loc_of(root_expr, root_opt.loc) if root_opt else loc
         size_loc = loc_of(size_expr, loc)
-        site = CollectiveSite(kind, family, reduce_op, algo, transport, proto, stream, loc, root_loc, size_loc)
+        site = CollectiveSite(stream, loc, kind, family, transport, proto, size_loc, reduce_op, algo, root_loc)
 
         def run(ctx, env, handle=None):
             if size_expr is None:

@@ -154,50 +154,52 @@ class InternTables:
 
 
 @dataclass(frozen=True, eq=False, slots=True)
-class ComputeSite:
-    """A compiled `compute` statement's constants, and the cache of its specs."""
+class _Site:
+    """A compiled op statement's constants, and the cache of the specs it has made (keyed
+    by the values they depend on; see the module's docstring)."""
 
-    dtype: Dtype | None
     placement: str | None
     """`on STREAM` of the statement; None: the current stream."""
     loc: SourceLoc
+    cache: dict = field(default_factory=dict, kw_only=True)
+
+
+@dataclass(frozen=True, eq=False, slots=True)
+class ComputeSite(_Site):
+    """A `compute` statement."""
+
+    dtype: Dtype | None
     duration_loc: SourceLoc
     """Where the duration (or work) is written."""
     bytes_loc: SourceLoc
-    cache: dict = field(default_factory=dict)
 
 
 @dataclass(frozen=True, eq=False, slots=True)
-class P2PSite:
-    """A compiled send/recv statement's constants, and the cache of its specs."""
+class _CommSite(_Site):
+    """A communication statement: its kind, group family and the options all have."""
 
     kind: OpKind
-    is_async: bool
     family: str
     transport: Transport | None
     proto: Protocol | None
-    placement: str | None
-    loc: SourceLoc
-    peer_loc: SourceLoc
     size_loc: SourceLoc
-    cache: dict = field(default_factory=dict)
 
 
 @dataclass(frozen=True, eq=False, slots=True)
-class CollectiveSite:
-    """A compiled collective statement's constants, and the cache of its specs."""
+class P2PSite(_CommSite):
+    """A send/recv statement (blocking, async or a pipeline stage transfer)."""
 
-    kind: OpKind
-    family: str
+    is_async: bool
+    peer_loc: SourceLoc
+
+
+@dataclass(frozen=True, eq=False, slots=True)
+class CollectiveSite(_CommSite):
+    """A collective statement (or a barrier)."""
+
     reduce_op: ReduceOp | None
     algo: Algo | None
-    transport: Transport | None
-    proto: Protocol | None
-    placement: str | None
-    loc: SourceLoc
     root_loc: SourceLoc
-    size_loc: SourceLoc
-    cache: dict = field(default_factory=dict)
 
 
 class _Handle:
