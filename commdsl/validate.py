@@ -12,7 +12,6 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass, field
-from operator import attrgetter
 
 from commdsl.dsl.values import format_bytes
 from commdsl.errors import ValidationError
@@ -64,18 +63,15 @@ def _describe(op: Op) -> str:
     return f"{op.kind.value} {op.name} ({format_bytes(op.size_bytes)}) on rank {op.rank}"
 
 
-_P2P_SIGNATURE = attrgetter("spec.size_bytes", "spec.transport")
-"""What a send and its recv must agree on."""
-
-
 def check_p2p_matching(sends: dict[_Channel, list[Op]], recvs: dict[_Channel, list[Op]]) -> None:
     """Sends and recvs match first-in-first-out per (src, dst, group), with equal sizes."""
     for channel in sorted(set(sends) | set(recvs)):
         src, dst, group = channel
         s_list, r_list = sends.get(channel, []), recvs.get(channel, [])
-        if len(s_list) == len(r_list) and list(map(_P2P_SIGNATURE, s_list)) == list(map(_P2P_SIGNATURE, r_list)):
-            continue  # the usual case, compared at once; below, what differs
         for i, (s, r) in enumerate(zip(s_list, r_list)):
+            s_spec, r_spec = s.spec, r.spec
+            if s_spec.size_bytes == r_spec.size_bytes and s_spec.transport is r_spec.transport:
+                continue  # the usual case; below, what differs
             if s.size_bytes != r.size_bytes:
                 raise ValidationError(
                     f"send #{i + 1} from rank {src} to rank {dst} on group {group} is {format_bytes(s.size_bytes)} "
