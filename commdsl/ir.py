@@ -17,7 +17,9 @@ Conventions:
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, make_dataclass
+from dataclasses import replace as _dataclass_replace
+from operator import attrgetter
 
 from commdsl.errors import SourceLoc
 
@@ -191,9 +193,10 @@ _ITEMSIZE = {
 }  # fmt: skip
 
 
-@dataclass(frozen=True, slots=True)
-class Op:
-    """One statement of one rank's program after expansion."""
+@dataclass(frozen=True)
+class _OpFields:
+    """Every field of an `Op`: its name, type, default and meaning. `Op(...)` takes these
+    arguments, and `dataclasses.fields`, `replace` and `asdict` see them on an op."""
 
     rank: int
     """Global rank that issues the op."""
@@ -243,6 +246,102 @@ class Op:
     microbatch: int | None = None
     """The microbatch of `action`."""
 
+
+_PER_OP_FIELDS = ("rank", "index", "kind", "name", "handle", "batch", "waits_for", "microbatch")
+"""The fields of an op stored on the op itself; the others are in its `OpSpec`."""
+
+OpSpec = make_dataclass(
+    "OpSpec",
+    [(f.name, f.type, field(default=f.default)) for f in fields(_OpFields) if f.name not in _PER_OP_FIELDS],
+    frozen=True,
+    slots=True,
+)
+OpSpec.__module__ = __name__
+OpSpec.__doc__ = """The fields of an op that one statement gives every op it makes on one rank with
+the same values: every field of `_OpFields` (in its order, with its default) but the
+per-op ones (`_PER_OP_FIELDS`). Expansion interns them, so a million ops share a few
+hundred specs."""
+
+
+_OP_SLOTS = ("rank", "index", "kind", "name", "handle", "microbatch", "batch", "waits_for", "spec")
+"""`Op`'s storage: the per-op fields and the spec."""
+_SPEC_FIELDS = tuple(OpSpec.__dataclass_fields__)
+_FIELD_NAMES = tuple(_OpFields.__dataclass_fields__)
+
+
+class Op:
+    """One statement of one rank's program after expansion: a record with the fields of
+    `_OpFields`, read by attribute (`op.kind`, `op.size_bytes`).
+
+    Storage: the fields that differ from op to op (rank, index, kind, name, handle,
+    microbatch, batch, waits_for) are slots of the op; the others live in `spec`, an
+    `OpSpec` shared by the ops one statement makes with the same values, and are read
+    through properties of the same names (those cannot be assigned). `Op(...)` takes every
+    field as before; expansion builds ops with `make_op` and interned specs. Equality and
+    hashing compare every field.
+
+    An op is immutable by contract: nothing assigns to one (`replace` makes a changed
+    copy). Unlike the frozen dataclass it replaces, it does not refuse an assignment to
+    its own slots: making ops is most of what expansion does, and the guard (filling the
+    slots past it) would make every op dearer to make."""
+
+    __slots__ = _OP_SLOTS
+    __dataclass_fields__ = _OpFields.__dataclass_fields__  # dataclasses.fields/replace/asdict see the fields
+    __dataclass_params__ = _OpFields.__dataclass_params__  # type: ignore[attr-defined]
+    __match_args__ = _FIELD_NAMES
+
+    rank: int
+    index: int
+    kind: OpKind
+    name: str
+    handle: str | None
+    microbatch: int | None
+    batch: int | None
+    waits_for: tuple[int, ...]
+    spec: OpSpec  # type: ignore[valid-type]
+    """The fields shared with other ops; read them as `op.stream`, `op.size_bytes`, ..."""
+
+    def __init__(self, rank: int, index: int, kind: OpKind, name: str, stream: str, loc: SourceLoc,
+                 duration_us: float | None = None, flops: float | None = None, size_bytes: int = 0,
+                 dtype: Dtype = Dtype.FP32, peer: int | None = None, dest: str | None = None, group: str | None = None,
+                 root: int | None = None, reduce_op: ReduceOp | None = None, transport: Transport | None = None,
+                 algo: Algo | None = None, proto: Protocol | None = None, copy_dir: CopyDir | None = None,
+                 handle: str | None = None, batch: int | None = None, waits_for: tuple[int, ...] = (),
+                 action: PipelineAction | None = None, stage: int | None = None, microbatch: int | None = None):  # fmt: skip
+        spec = OpSpec(stream, loc, duration_us, flops, size_bytes, dtype, peer, dest, group, root, reduce_op, transport,
+                      algo, proto, copy_dir, action, stage)  # fmt: skip
+        fill_op(self, rank, index, kind, name, handle, spec, microbatch, batch, waits_for)
+
+    def _key(self) -> tuple:
+        return (self.rank, self.index, self.kind, self.name, self.handle, self.microbatch, self.batch, self.waits_for, self.spec)
+
+    def __eq__(self, other: object) -> bool:
+        if other.__class__ is not Op:
+            return NotImplemented
+        return self._key() == other._key()  # type: ignore[attr-defined]
+
+    def __hash__(self) -> int:
+        return hash(self._key())
+
+    def __repr__(self) -> str:
+        return "Op(" + ", ".join(f"{name}={getattr(self, name)!r}" for name in _FIELD_NAMES) + ")"
+
+    def __reduce__(self):
+        return make_op, (self.rank, self.index, self.kind, self.name, self.handle, self.spec, self.microbatch, self.batch,
+                         self.waits_for)  # fmt: skip
+
+    def replace(self, **changes) -> Op:
+        """A copy with `changes` (field names as in `Op(...)`); as `dataclasses.replace`."""
+        spec_changes = {k: changes.pop(k) for k in list(changes) if k in _SPEC_FIELDS}
+        spec = _dataclass_replace(self.spec, **spec_changes) if spec_changes else self.spec
+        values = {name: getattr(self, name) for name in _PER_OP_FIELDS}
+        for k, v in changes.items():
+            if k not in values:
+                raise TypeError(f"Op has no field {k!r}")
+            values[k] = v
+        return make_op(values["rank"], values["index"], values["kind"], values["name"], values["handle"], spec,
+                       values["microbatch"], values["batch"], values["waits_for"])  # fmt: skip
+
     @property
     def id(self) -> str:
         """Stable identity across predicted and measured timelines: "rank:index"."""
@@ -255,14 +354,15 @@ class Op:
     @property
     def is_peer_copy(self) -> bool:
         """A one-sided copy into another rank's buffer (`copy x SIZE to PEER`)."""
-        return self.kind is OpKind.COPY and self.copy_dir is CopyDir.PEER
+        return self.kind is OpKind.COPY and self.spec.copy_dir is CopyDir.PEER
 
     @property
     def is_memcpy_transfer(self) -> bool:
         """Bytes moved to or from another rank by memcpy: a peer copy, or a send/recv with
         transport=memcpy. It runs on its stream and the GPUs' copy engines, ordered only
         by its stream, events and waits: no communicator, no comm queue."""
-        return self.transport is Transport.MEMCPY and (self.kind in P2P_KINDS or self.copy_dir is CopyDir.PEER)
+        spec = self.spec
+        return spec.transport is Transport.MEMCPY and (self.kind in P2P_KINDS or spec.copy_dir is CopyDir.PEER)
 
     def to_json(self) -> dict:
         out: dict = {"id": self.id, "rank": self.rank, "index": self.index, "kind": self.kind.value}
@@ -275,6 +375,36 @@ class Op:
             out["dtype"] = self.dtype.value
         out["loc"] = str(self.loc)
         return out
+
+
+for _name in _SPEC_FIELDS:  # op.stream is op.spec.stream, and so on (attrgetter: no Python frame per read)
+    setattr(Op, _name, property(attrgetter("spec." + _name), doc=f"`{_name}` of the op (stored in its `spec`)."))
+del _name
+
+def fill_op(op: Op, rank, index, kind, name, handle, spec, microbatch, batch, waits_for) -> None:
+    """Set the slots of `op`, a new `Op` (from `new_op(Op)` or in `Op.__init__`)."""
+    op.rank = rank
+    op.index = index
+    op.kind = kind
+    op.name = name
+    op.handle = handle
+    op.microbatch = microbatch
+    op.batch = batch
+    op.waits_for = waits_for
+    op.spec = spec
+
+
+def make_op(rank: int, index: int, kind: OpKind, name: str, handle: str | None, spec: OpSpec, microbatch: int | None,
+            batch: int | None, waits_for: tuple[int, ...]) -> Op:  # fmt: skip
+    """An op from its per-op fields and a (shared) spec: the expansion's constructor."""
+    op = new_op(Op)
+    fill_op(op, rank, index, kind, name, handle, spec, microbatch, batch, waits_for)
+    return op
+
+
+new_op = object.__new__
+"""`new_op(Op)`: an op with no slots set yet, for `fill_op` (what `make_op` does, one call
+less for the expander's hottest path)."""
 
 
 _JSON_FIELDS = (

@@ -1,42 +1,77 @@
 """Static checks that compare ranks: P2P matching and collective sequences.
 
 Run at load time on the expanded Program. Each failure names both ranks and both
-source lines. Whether a well-matched schedule can still deadlock (ordering across
+source lines. One pass over the ops sorts out what each check needs (the sends and
+recvs of each channel, each group's collectives per rank, the peer copies); the checks
+then take time linear in what they are given, and compare two ranks' collectives by
+their shared `OpSpec` first, field by field only where the specs differ. Whether a well-matched schedule can still deadlock (ordering across
 groups, blocking sends head to head) is decided by the simulator's progress check.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
+from dataclasses import dataclass, field
 
 from commdsl.dsl.values import format_bytes
 from commdsl.errors import ValidationError
-from commdsl.ir import Op, OpKind, Program
+from commdsl.ir import COLLECTIVE_KINDS, CopyDir, Op, OpKind, Program
+
+_Channel = tuple[int, int, str]
+"""(source rank, destination rank, group id)."""
+
+
+@dataclass
+class _Sorted:
+    """The ops each check looks at, gathered in one pass over the program."""
+
+    sends: dict[_Channel, list[Op]] = field(default_factory=lambda: defaultdict(list))
+    recvs: dict[_Channel, list[Op]] = field(default_factory=lambda: defaultdict(list))
+    collectives: dict[str, dict[int, list[Op]]] = field(default_factory=lambda: defaultdict(lambda: defaultdict(list)))
+    """Per group id, per rank, its collectives in issue order."""
+    peer_copies: list[Op] = field(default_factory=list)
+
+
+def _sort(program: Program) -> _Sorted:
+    out = _Sorted()
+    sends, recvs, collectives, copies = out.sends, out.recvs, out.collectives, out.peer_copies
+    send, recv, copy, peer = OpKind.SEND, OpKind.RECV, OpKind.COPY, CopyDir.PEER
+    for rank_ops in program.ops:
+        for op in rank_ops:
+            kind = op.kind
+            if kind is send:
+                spec = op.spec
+                sends[(op.rank, spec.peer, spec.group)].append(op)
+            elif kind is recv:
+                spec = op.spec
+                recvs[(spec.peer, op.rank, spec.group)].append(op)
+            elif kind in COLLECTIVE_KINDS:
+                collectives[op.spec.group][op.rank].append(op)
+            elif kind is copy and op.spec.copy_dir is peer:
+                copies.append(op)
+    return out
 
 
 def validate_program(program: Program) -> None:
-    check_p2p_matching(program)
-    check_collective_sequences(program)
-    check_peer_copies(program)
+    ops = _sort(program)
+    check_p2p_matching(ops.sends, ops.recvs)
+    check_collective_sequences(program, ops.collectives)
+    check_peer_copies(ops.peer_copies)
 
 
 def _describe(op: Op) -> str:
     return f"{op.kind.value} {op.name} ({format_bytes(op.size_bytes)}) on rank {op.rank}"
 
 
-def check_p2p_matching(program: Program) -> None:
+def check_p2p_matching(sends: dict[_Channel, list[Op]], recvs: dict[_Channel, list[Op]]) -> None:
     """Sends and recvs match first-in-first-out per (src, dst, group), with equal sizes."""
-    sends: dict[tuple[int, int, str], list[Op]] = defaultdict(list)
-    recvs: dict[tuple[int, int, str], list[Op]] = defaultdict(list)
-    for op in program.all_ops():
-        if op.kind is OpKind.SEND:
-            sends[(op.rank, op.peer, op.group)].append(op)
-        elif op.kind is OpKind.RECV:
-            recvs[(op.peer, op.rank, op.group)].append(op)
     for channel in sorted(set(sends) | set(recvs)):
         src, dst, group = channel
         s_list, r_list = sends.get(channel, []), recvs.get(channel, [])
         for i, (s, r) in enumerate(zip(s_list, r_list)):
+            s_spec, r_spec = s.spec, r.spec
+            if s_spec.size_bytes == r_spec.size_bytes and s_spec.transport is r_spec.transport:
+                continue  # the usual case; below, what differs
             if s.size_bytes != r.size_bytes:
                 raise ValidationError(
                     f"send #{i + 1} from rank {src} to rank {dst} on group {group} is {format_bytes(s.size_bytes)} "
@@ -78,13 +113,11 @@ def check_p2p_matching(program: Program) -> None:
             )
 
 
-def check_peer_copies(program: Program) -> None:
+def check_peer_copies(peer_copies: list[Op]) -> None:
     """Copies into one buffer of a rank (`copy x SIZE to RANK into NAME`, from any rank)
     agree on its size and dtype: the destination holds one buffer per name."""
     first: dict[tuple[int, str], Op] = {}
-    for op in program.all_ops():
-        if not op.is_peer_copy:
-            continue
+    for op in peer_copies:
         key = (op.peer, op.dest)
         seen = first.setdefault(key, op)
         if (seen.size_bytes, seen.dtype) != (op.size_bytes, op.dtype):
@@ -124,21 +157,27 @@ def _sig_text(op: Op) -> str:
     return " ".join(parts)
 
 
-def check_collective_sequences(program: Program) -> None:
+def _same_sequence(ref: list[Op], seq: list[Op]) -> bool:
+    """Whether two ranks' collectives on a group agree (kind, size, root, op, dtype); ops
+    that share a spec (most do) agree without comparing fields."""
+    if len(ref) != len(seq):
+        return False
+    for a, b in zip(ref, seq):
+        if a.kind is not b.kind or (a.spec is not b.spec and _signature(a) != _signature(b)):
+            return False
+    return True
+
+
+def check_collective_sequences(program: Program, per_group: dict[str, dict[int, list[Op]]]) -> None:
     """Every member of a group issues the same collectives (kind, size, root, op) in order."""
-    per_group: dict[str, dict[int, list[Op]]] = defaultdict(lambda: defaultdict(list))
-    for op in program.all_ops():
-        if op.kind.is_collective:
-            per_group[op.group][op.rank].append(op)
     for group_id, by_rank in per_group.items():
         group = program.group(group_id)
         ref_rank = min(by_rank)
         ref = by_rank[ref_rank]
-        ref_signatures = [_signature(a) for a in ref]
         for rank in group.ranks:
             seq = by_rank.get(rank, [])
-            if [_signature(b) for b in seq] == ref_signatures:
-                continue  # the usual case, compared at once; the loops below say what differs
+            if _same_sequence(ref, seq):
+                continue  # the usual case; the loops below say what differs
             for i, (a, b) in enumerate(zip(ref, seq)):
                 if _signature(a) != _signature(b):
                     raise ValidationError(

@@ -14,7 +14,7 @@ loop variable or on a name the body assigns) counts as unknown (zero), and so do
 block call while the loop, or any block, may redefine blocks. Estimating is itself bounded (`MAX_VISITS` statements
 per loop start); what it has not visited counts as zero.
 
-The compiler (commdsl/dsl/compile.py) sets a `shape` on each statement closure.
+The compiler (commdsl/dsl/compile_statements.py) sets a `shape` on each statement closure.
 """
 
 from __future__ import annotations
@@ -159,9 +159,10 @@ def check_loop(ctx, env: dict, shape: ForShape, trips: int, loc: SourceLoc) -> N
         unknown = unknown | {_DEFINES}  # a call may redefine the blocks the loop calls
     ops, steps = _Bound(ctx).of(shape.body, env, unknown, 0)
     budget = ctx.budget
-    if ops and budget.ops + trips * ops > budget.max_ops:
+    made = ctx.ops_made
+    if ops and made + trips * ops > budget.max_ops:
         raise budget.too_many_ops(f"this loop would add at least {trips * ops:,} ({trips:,} iterations of at least {ops:,} each) "
-                                  f"to the {budget.ops:,} made so far over all ranks", loc, ctx.rank)  # fmt: skip
+                                  f"to the {made:,} made so far over all ranks", loc, ctx.rank)  # fmt: skip
     if steps and budget.steps + trips * steps > budget.max_steps:
         raise budget.too_many_steps(f"this loop would add at least {trips * steps:,} nested ones to the {budget.steps:,} "
                                     "counted so far", loc, ctx.rank)  # fmt: skip

@@ -1,19 +1,36 @@
 """Per-rank expansion state: what the compiled program calls to emit ops.
 
-The compiled program (commdsl/dsl/compile.py) runs once per rank against a
+The compiled program (commdsl/dsl/compile.py and its rule sets) runs once per rank against a
 `RankExpander`, which owns that rank's op list, handles, events, the current stream
 and the shared op budget. Every check that needs only one rank's view happens here
 (peers and roots in range, group membership, streams, handles, events); checks that
 compare ranks live in commdsl/validate.py.
+
+The fast path. An op statement runs once per rank and loop iteration, mostly with the
+same values: the same size, peer, stream and options. So each op method takes the
+statement's cache of specs (a dict the compiled statement owns; for compute, send/recv
+and collectives it sits in the `*Site` record of the statement's constants) and looks up a key of every value its checks and its `OpSpec`
+depend on (the rank where they do). On a hit, the spec is the one made the first time,
+and the checks that are functions of the key alone are skipped: they passed then and
+would pass now. What depends on the rank's state (the batch being expanded, handles,
+events, live buffers) is checked every time. On a miss the method runs every check in
+the order of the messages in tests/test_bad_inputs.py, makes the spec, interns it
+(`InternTables`), and caches it. The op itself is then a few slots (`fill_op`): rank,
+index and name shared with the other ranks, kind, handle, per-op numbers, and the spec.
+The op budget is counted per rank (`len(ops)` against what the budget had left when
+the rank started) and added to the shared budget when the rank finishes.
 """
 
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 from commdsl.errors import LimitError, ScheduleError, SourceLoc, did_you_mean
 from commdsl.ir import (
+    fill_op,
+    new_op,
     HOST_STREAM,
     ROOTED_KINDS,
     SPLIT_KINDS,
@@ -23,6 +40,7 @@ from commdsl.ir import (
     Group,
     Op,
     OpKind,
+    OpSpec,
     PipelineAction,
     Protocol,
     ReduceOp,
@@ -33,6 +51,8 @@ from commdsl.limits import MAX_DURATION_US, MAX_FLOPS, MAX_SIZE_BYTES
 
 _LIMITS_HINT = "the limits keep simulated times finite; see docs/limits.md"
 
+
+_NO_PIPELINE = (None, None, None)
 
 _AMOUNT_LIMITS = {
     Unit.DURATION: (MAX_DURATION_US, format_us),
@@ -82,6 +102,8 @@ class ExpansionBudget:
     max_ops: int
     max_steps: int
     ops: int = 0
+    """Ops made by the ranks already expanded; the rank being expanded counts its own
+    (`RankExpander.ops_made`) and adds them when it finishes."""
     steps: int = 0
 
     def charge_steps(self, n: int, loc: SourceLoc, rank: int | None = None) -> None:
@@ -112,29 +134,98 @@ class StageTransfers:
     """Indices of the irecvs the lowering moves to where their sender sends."""
 
 
-@dataclass(frozen=True)
-class _Buffer:
-    size_bytes: int
-    stream: str
-    loc: SourceLoc
-
-
 @dataclass
+class InternTables:
+    """Values every rank's ops share, stored once: op names (`F[3]` is the same string
+    on every rank) and op specs (see `OpSpec`)."""
+
+    names: dict[str, str] = field(default_factory=dict)
+    specs: dict[OpSpec, OpSpec] = field(default_factory=dict)
+    indices: list[int] = field(default_factory=list)
+    """0, 1, 2, ...: op indices past 256 are objects of their own in Python, so every rank's
+    op i takes its index from here rather than holding an int of its own."""
+
+    def index(self, n: int) -> int:
+        """The shared int `n` (n >= 0)."""
+        indices = self.indices
+        if n >= len(indices):
+            indices.extend(range(len(indices), 2 * n + 1024))
+        return indices[n]
+
+
+@dataclass(frozen=True, eq=False, slots=True)
+class _Site:
+    """A compiled op statement's constants, and the cache of the specs it has made (keyed
+    by the values they depend on; see the module's docstring)."""
+
+    placement: str | None
+    """`on STREAM` of the statement; None: the current stream."""
+    loc: SourceLoc
+    cache: dict = field(default_factory=dict, kw_only=True)
+
+
+@dataclass(frozen=True, eq=False, slots=True)
+class ComputeSite(_Site):
+    """A `compute` statement."""
+
+    dtype: Dtype | None
+    duration_loc: SourceLoc
+    """Where the duration (or work) is written."""
+    bytes_loc: SourceLoc
+
+
+@dataclass(frozen=True, eq=False, slots=True)
+class _CommSite(_Site):
+    """A communication statement: its kind, group family and the options all have."""
+
+    kind: OpKind
+    family: str
+    transport: Transport | None
+    proto: Protocol | None
+    size_loc: SourceLoc
+
+
+@dataclass(frozen=True, eq=False, slots=True)
+class P2PSite(_CommSite):
+    """A send/recv statement (blocking, async or a pipeline stage transfer)."""
+
+    is_async: bool
+    peer_loc: SourceLoc
+
+
+@dataclass(frozen=True, eq=False, slots=True)
+class CollectiveSite(_CommSite):
+    """A collective statement (or a barrier)."""
+
+    reduce_op: ReduceOp | None
+    algo: Algo | None
+    root_loc: SourceLoc
+
+
 class _Handle:
-    indices: tuple[int, ...]
-    loc: SourceLoc
-    waited: bool = False
+    """A bound handle: the ops it stands for, where it was bound, whether it was waited."""
+
+    __slots__ = ("indices", "loc", "waited")
+
+    def __init__(self, indices: tuple[int, ...], loc: SourceLoc):
+        self.indices = indices
+        self.loc = loc
+        self.waited = False
 
 
-@dataclass
+@dataclass(slots=True)
 class RankExpander:
     """Emits one rank's ops. Methods raise `ScheduleError` naming the rank and line."""
 
     rank: int
     layout: WorldLayout
     budget: ExpansionBudget
+    tables: InternTables = field(default_factory=InternTables)
     ops: list[Op] = field(default_factory=list)
     stream_stack: list[str] = field(default_factory=list)
+    current_stream: str = ""
+    """The stream an op without `on STREAM` goes to: the innermost `on` block's, else the
+    first declared stream."""
     batch_start: int | None = None
     """Index of the first op of the batch being expanded, if any."""
     batch_handle: str | None = None
@@ -148,21 +239,40 @@ class RankExpander:
     """Blocks defined with `def` so far: name -> (parameter names, statements)."""
     globals: dict = field(default_factory=dict)
     """Top-level variables: params, rank, world_size, and top-level assignments."""
-    live: dict[str, _Buffer] = field(default_factory=dict)
-    """Buffers allocated (`alloc`) and not yet freed, by name."""
+    live: dict[str, OpSpec] = field(default_factory=dict)
+    """Buffers allocated (`alloc`) and not yet freed, by name: the spec of their alloc."""
     stage_sends: list[int] = field(default_factory=list)
     stage_recvs: list[int] = field(default_factory=list)
     last_action: tuple[PipelineAction, int, int] | None = None
     """(action, stage, microbatch) of the last pipeline compute op: what a stage_send sends."""
     unannotated_recvs: list[int] = field(default_factory=list)
     """stage_recvs waiting for the pipeline compute op after them (what they feed)."""
-    _group_of: dict[str, tuple[Group, int]] = field(default_factory=dict)
+    group_of: dict[str, tuple[Group, int]] = field(default_factory=dict)
+    """Per group family this rank is in: its group and its rank in it."""
+    _intern_name: Callable[[str, str], str] = field(init=False)
+    """`tables.names.setdefault`, bound once."""
+    _indices: list[int] = field(init=False)
+    """`tables.indices`."""
+    _op_limit: int = field(init=False)
+    """Most ops this rank may make: what the budget has left when it starts."""
+    _fast_limit: int = field(init=False)
+    """`_op_limit`, or fewer while `tables.indices` is shorter."""
 
     def __post_init__(self) -> None:
+        self._op_limit = self.budget.max_ops - self.budget.ops
+        self._fast_limit = min(self._op_limit, len(self.tables.indices))
+        self._intern_name = self.tables.names.setdefault
+        self._indices = self.tables.indices
         rank = self.rank
-        self._group_of = {family: members[rank] for family, members in self.layout.membership.items() if rank in members}
+        self.group_of = {family: members[rank] for family, members in self.layout.membership.items() if rank in members}
+        self.current_stream = self.layout.streams[0]
 
     # ---- helpers --------------------------------------------------------------
+
+    @property
+    def ops_made(self) -> int:
+        """Ops made so far over all ranks, this one's included."""
+        return self.budget.ops + len(self.ops)
 
     def fail(self, message: str, loc: SourceLoc, hint: str | None = None) -> ScheduleError:
         return ScheduleError(message, loc, hint=hint, rank=self.rank)
@@ -172,17 +282,28 @@ class RankExpander:
 
     def group_rank(self, family: str, loc: SourceLoc) -> int:
         """This rank's rank in its group of `family` (`pp.rank`)."""
-        return self._membership(family, loc)[1]
+        found = self.group_of.get(family)
+        return found[1] if found is not None else self._membership(family, loc)[1]
 
     def _membership(self, family: str, loc: SourceLoc) -> tuple[Group, int]:
-        found = self._group_of.get(family)
+        found = self.group_of.get(family)
         if found is None:
             members = ", ".join(str(list(x.ranks)) for x in self.layout.families[family])
             raise self.fail(f"rank {self.rank} is not a member of group '{family}' ({members})", loc)
         return found
 
+    def push_stream(self, name: str) -> None:
+        """Enter an `on STREAM:` block."""
+        self.stream_stack.append(name)
+        self.current_stream = name
+
+    def pop_stream(self) -> None:
+        """Leave the innermost `on STREAM:` block."""
+        self.stream_stack.pop()
+        self.current_stream = self.stream_stack[-1] if self.stream_stack else self.layout.streams[0]
+
     def stream(self, placement: str | None, loc: SourceLoc, *, allow_host: bool = False) -> str:
-        name = placement if placement is not None else (self.stream_stack[-1] if self.stream_stack else self.layout.streams[0])
+        name = placement if placement is not None else self.current_stream
         if name == HOST_STREAM:
             if not allow_host:
                 raise self.fail(
@@ -206,13 +327,26 @@ class RankExpander:
             raise self.fail(f"{what} {value} is out of range: the world has ranks 0..{self.layout.world_size - 1}", loc)
         return value
 
-    def _append(self, op_kwargs: dict, loc: SourceLoc) -> Op:
-        budget = self.budget
-        budget.ops += 1
-        if budget.ops > budget.max_ops:
-            raise budget.too_many_ops("", loc, self.rank)
-        op = Op(rank=self.rank, index=len(self.ops), loc=loc, **op_kwargs)
-        self.ops.append(op)
+    def _spec(self, stream: str, loc: SourceLoc, **fields) -> OpSpec:
+        """The interned spec with these fields (made on a cache miss only)."""
+        spec = OpSpec(stream, loc, **fields)
+        return self.tables.specs.setdefault(spec, spec)
+
+    def _emit(self, kind: OpKind, name: str, spec: OpSpec, microbatch: int | None = None, batch: int | None = None,
+              waits_for: tuple[int, ...] = (), handle: str | None = None) -> Op:  # fmt: skip
+        """Append the op, counting it against the shared budget."""
+        ops = self.ops
+        n = len(ops)
+        if n >= self._fast_limit:  # past the budget, or past the shared indices made so far
+            if n >= self._op_limit:
+                raise self.budget.too_many_ops("", spec.loc, self.rank)
+            self.tables.index(n)  # makes more
+            self._fast_limit = min(self._op_limit, len(self._indices))
+        intern = self._intern_name
+        op = new_op(Op)
+        fill_op(op, self.rank, self._indices[n], kind, intern(name, name), handle if handle is None else intern(handle, handle),
+                spec, microbatch, batch, waits_for)  # fmt: skip
+        ops.append(op)
         return op
 
     def _size(self, name: str, size: int | float, dtype: Dtype, loc: SourceLoc, kind: OpKind) -> int:
@@ -245,7 +379,8 @@ class RankExpander:
     def begin_batch(self, handle: str | None, loc: SourceLoc) -> None:
         if self.batch_start is not None:
             raise self.fail("batch blocks cannot be nested", loc)
-        self.batch_start = len(self.ops)
+        n = len(self.ops)
+        self.batch_start = self._indices[n] if n < len(self._indices) else self.tables.index(n)
         self.batch_handle = handle
 
     def end_batch(self, loc: SourceLoc) -> None:
@@ -253,7 +388,8 @@ class RankExpander:
         self.batch_start = self.batch_handle = None
         if start == len(self.ops):
             raise self.fail("this batch issued no isend/irecv on this rank", loc)
-        self._bind(handle, tuple(range(start, len(self.ops))), loc)
+        if handle is not None:
+            self._bind(handle, tuple(range(start, len(self.ops))), loc)
 
     # ---- ops ----------------------------------------------------------------------
 
@@ -267,91 +403,113 @@ class RankExpander:
             raise self.fail(f"{op_text}: {what} {shown(value)} is more than the limit of {shown(limit)} per op", loc,
                             hint=_LIMITS_HINT)  # fmt: skip
 
-    def compute(self, name: str, duration_us, flops, size_bytes, dtype: Dtype | None, placement, loc,
-                pipeline: tuple[PipelineAction, int, int] | None = None) -> None:  # fmt: skip
-        stream = self.stream(placement, loc)
-        self._no_batch("compute", loc)
-        dtype = dtype or self.layout.default_dtype
-        fields = dict(kind=OpKind.COMPUTE, name=name, stream=stream, duration_us=duration_us, flops=flops,
-                      size_bytes=int(size_bytes or 0), dtype=dtype)  # fmt: skip
-        if pipeline is not None:  # only then: fewer keywords keep the hot path fast
+    def compute(self, site: ComputeSite, name: str, duration_us, flops, size_bytes,
+                pipeline: tuple[PipelineAction, int, int] | None, flops_loc: SourceLoc) -> None:  # fmt: skip
+        """A compute op; its duration, work and bytes (those given) are checked against their
+        limits, each pointing at where it is written."""
+        placement = site.placement
+        stream = placement if placement is not None else self.current_stream
+        key = (stream, duration_us, flops, size_bytes, pipeline[0] if pipeline else None, pipeline[1] if pipeline else None)
+        spec = site.cache.get(key)
+        if spec is None:
+            loc = site.loc
+            for what, x, unit, where in (("duration", duration_us, Unit.DURATION, site.duration_loc), ("flops", flops, Unit.WORK, flops_loc),
+                                         ("bytes", size_bytes, Unit.SIZE, site.bytes_loc)):  # fmt: skip
+                if x is not None:
+                    self.check_amount(f"compute {name}", what, x, unit, where)
+            stream = self.stream(placement, loc)
+            self._no_batch("compute", loc)
+            spec = self._spec(stream, loc, duration_us=duration_us, flops=flops, size_bytes=int(size_bytes or 0),
+                              dtype=site.dtype or self.layout.default_dtype, action=key[4], stage=key[5])  # fmt: skip
+            site.cache[key] = spec
+        elif self.batch_start is not None:
+            self._no_batch("compute", site.loc)
+        if pipeline is None:
+            self._emit(OpKind.COMPUTE, name, spec)
+            return
+        self._emit(OpKind.COMPUTE, name, spec, pipeline[2])
+        self.last_action = pipeline
+        if self.unannotated_recvs:  # the stage_recvs just before this op receive its inputs
             action, stage, microbatch = pipeline
-            fields.update(action=action, stage=stage, microbatch=microbatch)
-        self._append(fields, loc)
-        if pipeline is not None:
-            self.last_action = pipeline
-            # The stage_recvs just before this op receive its inputs.
             for i in self.unannotated_recvs:
-                self.ops[i] = replace(self.ops[i], action=action, stage=stage, microbatch=microbatch)
+                self.ops[i] = self.ops[i].replace(action=action, stage=stage, microbatch=microbatch)
             self.unannotated_recvs.clear()
 
-    def stage_p2p(self, kind: OpKind, name: str, size, peer, family: str, transport, dtype, placement, loc, *,
-                  peer_loc=None, size_loc=None, proto: Protocol | None = None,
-                  pipeline: tuple[PipelineAction, int, int] | None = None) -> None:  # fmt: skip
+    def stage_p2p(self, site: P2PSite, name: str, size, dtype: Dtype | None, peer,
+                  pipeline: tuple[PipelineAction, int, int] | None) -> None:  # fmt: skip
         """`stage_send`: an isend of the last pipeline compute op's result, waited at the end
         of the program. `stage_recv`: an irecv (moved by the lowering to where its sender
         sends) and, here, the current stream's wait for it. Unless the statement names its
         action, a send belongs to the pipeline compute op before it, a recv to the one
         after it."""
+        kind, loc = site.kind, site.loc
         word = "stage_send" if kind is OpKind.SEND else "stage_recv"
         if self.batch_start is not None:
             raise self.fail(f"a batch holds isend/irecv only, not {word}", loc)
         if pipeline is None and kind is OpKind.SEND:
             pipeline = self.last_action
-        self.p2p(kind, True, name, size, peer, family, transport, dtype, placement, f"{word} {name}", loc,
-                 peer_loc=peer_loc, size_loc=size_loc, proto=proto, pipeline=pipeline)  # fmt: skip
+        handle = f"{word} {name}"
+        self.p2p(site, name, size, dtype, peer, handle, pipeline)
         index = len(self.ops) - 1
-        del self.handles[f"{word} {name}"]  # not a user handle: the program cannot wait on it
+        del self.handles[handle]  # not a user handle: the program cannot wait on it
         if kind is OpKind.SEND:
             self.stage_sends.append(index)
             return
         self.stage_recvs.append(index)
         if pipeline is None:
             self.unannotated_recvs.append(index)
-        stream = self.ops[index].stream
-        self._append(dict(kind=OpKind.WAIT, name=f"{word} {name}", stream=stream, waits_for=(index,)), loc)
+        spec = self.ops[index].spec
+        self._emit(OpKind.WAIT, handle, self._spec(spec.stream, loc), waits_for=(index,))
 
     def stage_transfers(self) -> StageTransfers:
         return StageTransfers(tuple(self.stage_sends), tuple(self.stage_recvs))
 
-    def alloc(self, name: str, size, placement, loc, *, size_loc=None) -> None:
-        self._no_batch("alloc", loc)
-        stream = self.stream(placement, loc)
-        old = self.live.get(name)
-        if old is not None:
-            raise self.fail(f"buffer '{name}' is already allocated (line {old.loc.line}); free it before allocating it again", loc)
-        size = self._size(name, size, Dtype.UINT8, size_loc or loc, OpKind.ALLOC)
-        self._append(dict(kind=OpKind.ALLOC, name=name, stream=stream, size_bytes=size, dtype=Dtype.UINT8), loc)
-        self.live[name] = _Buffer(size, stream, loc)
+    def alloc(self, cache: dict, name: str, size, placement, loc, size_loc) -> None:
+        stream = placement if placement is not None else self.current_stream
+        key = (stream, size)
+        spec = cache.get(key)
+        if spec is None or self.batch_start is not None or name in self.live:
+            self._no_batch("alloc", loc)
+            stream = self.stream(placement, loc)
+            old = self.live.get(name)
+            if old is not None:
+                raise self.fail(f"buffer '{name}' is already allocated (line {old.loc.line}); free it before allocating it again", loc)
+            size = self._size(name, size, Dtype.UINT8, size_loc or loc, OpKind.ALLOC)
+            spec = cache[key] = self._spec(stream, loc, size_bytes=size, dtype=Dtype.UINT8)
+        self._emit(OpKind.ALLOC, name, spec)
+        self.live[name] = spec
 
-    def free(self, name: str, placement, loc) -> None:
-        self._no_batch("free", loc)
-        stream = self.stream(placement, loc)
-        buf = self.live.pop(name, None)
-        if buf is None:
-            live = sorted(self.live)
-            hint = did_you_mean(name, live) or (f"live buffers: {', '.join(live[:8])}" if live else "`alloc` it first")
-            raise self.fail(f"free {name}: no live buffer of that name on rank {self.rank}", loc, hint=hint)
-        if buf.stream != stream:
+    def free(self, cache: dict, name: str, placement, loc) -> None:
+        stream = placement if placement is not None else self.current_stream
+        buf = self.live.get(name)
+        if buf is None or buf.stream != stream or self.batch_start is not None:
+            self._no_batch("free", loc)
+            stream = self.stream(placement, loc)
+            if buf is None:
+                live = sorted(self.live)
+                hint = did_you_mean(name, live) or (f"live buffers: {', '.join(live[:8])}" if live else "`alloc` it first")
+                raise self.fail(f"free {name}: no live buffer of that name on rank {self.rank}", loc, hint=hint)
             raise self.fail(f"free {name} on stream {stream}, but it was allocated on stream {buf.stream} (line {buf.loc.line})",
                             loc, hint=f"memory is ordered by stream: free it `on {buf.stream}`")  # fmt: skip
-        self._append(dict(kind=OpKind.FREE, name=name, stream=stream, size_bytes=buf.size_bytes, dtype=Dtype.UINT8), loc)
+        key = (stream, buf.size_bytes)
+        spec = cache.get(key)
+        if spec is None:
+            spec = cache[key] = self._spec(self.stream(placement, loc), loc, size_bytes=buf.size_bytes, dtype=Dtype.UINT8)
+        del self.live[name]
+        self._emit(OpKind.FREE, name, spec)
 
     def host_work(self, name: str, duration_us: float, loc, *, amount_loc=None) -> None:
         self._no_batch("host", loc)
         self.check_amount(f"host {name}", "duration", duration_us, Unit.DURATION, amount_loc or loc)
-        self._append(dict(kind=OpKind.HOST, name=name, stream=HOST_STREAM, duration_us=duration_us), loc)
+        self._emit(OpKind.HOST, name, self._spec(HOST_STREAM, loc, duration_us=duration_us))
 
     def copy(self, name: str, size, dtype: Dtype | None, copy_dir: CopyDir, placement, loc, *, size_loc=None) -> None:
         self._no_batch("copy", loc)
         stream = self.stream(placement, loc)
         dtype = dtype or self.layout.default_dtype
         size = self._size(name, size, dtype, size_loc or loc, OpKind.COPY)
-        self._append(
-            dict(kind=OpKind.COPY, name=name, stream=stream, size_bytes=size, dtype=dtype,
-                 copy_dir=copy_dir, transport=Transport.MEMCPY),
-            loc,
-        )  # fmt: skip
+        self._emit(OpKind.COPY, name, self._spec(stream, loc, size_bytes=size, dtype=dtype, copy_dir=copy_dir,
+                                                 transport=Transport.MEMCPY))  # fmt: skip
 
     def peer_copy(self, name: str, size, dtype: Dtype | None, peer, dest: str, placement, loc, *, peer_loc=None,
                   size_loc=None) -> None:  # fmt: skip
@@ -365,17 +523,27 @@ class RankExpander:
         stream = self.stream(placement, loc)
         dtype = dtype or self.layout.default_dtype
         size = self._size(name, size, dtype, size_loc or loc, OpKind.COPY)
-        self._append(
-            dict(kind=OpKind.COPY, name=name, stream=stream, size_bytes=size, dtype=dtype, copy_dir=CopyDir.PEER,
-                 peer=peer, dest=dest, transport=Transport.MEMCPY),
-            loc,
-        )  # fmt: skip
+        self._emit(OpKind.COPY, name, self._spec(stream, loc, size_bytes=size, dtype=dtype, copy_dir=CopyDir.PEER, peer=peer,
+                                                 dest=self.tables.names.setdefault(dest, dest), transport=Transport.MEMCPY))  # fmt: skip
 
-    def p2p(self, kind: OpKind, is_async: bool, name: str, size, peer, family: str, transport, dtype, placement, handle,
-            loc, *, peer_loc=None, size_loc=None, proto: Protocol | None = None,
-            pipeline: tuple[PipelineAction, int, int] | None = None) -> None:  # fmt: skip
-        word = ("i" if is_async else "") + kind.value
+    def p2p(self, site: P2PSite, name: str, size, dtype: Dtype | None, peer, handle: str | None,
+            pipeline: tuple[PipelineAction, int, int] | None) -> None:  # fmt: skip
         in_batch = self.batch_start is not None
+        placement = site.placement
+        stream = placement if placement is not None else self.current_stream
+        op_handle = self.batch_handle if in_batch else handle
+        action, stage, microbatch = pipeline if pipeline is not None else _NO_PIPELINE
+        key = (self.rank, size, peer, dtype, stream, in_batch, handle is None, action, stage)
+        spec = site.cache.get(key)
+        if spec is None or peer.__class__ is not int:  # a bool peer equals an int key, and is refused
+            spec = site.cache[key] = self._p2p_spec(site, in_batch, name, size, peer, dtype, handle, action, stage)
+        op = self._emit(site.kind, name, spec, microbatch, self.batch_start, (), op_handle)
+        if handle is not None and not in_batch:
+            self._bind(handle, (op.index,), site.loc)
+
+    def _p2p_spec(self, site: P2PSite, in_batch: bool, name: str, size, peer, dtype, handle, action, stage) -> OpSpec:
+        kind, is_async, loc = site.kind, site.is_async, site.loc
+        word = ("i" if is_async else "") + kind.value
         if in_batch and not is_async:
             raise self.fail(f"a batch holds isend/irecv only, not {word}", loc, hint=f"write i{kind.value}")
         if in_batch and handle is not None:
@@ -384,45 +552,46 @@ class RankExpander:
             raise self.fail(f"{word} returns a handle; bind it, e.g. `h = {word} ...`, and wait on it", loc)
         if not is_async and handle is not None:
             raise self.fail(f"{word} is synchronous and returns no handle; use i{kind.value} for a handle", loc)
-        peer_loc = peer_loc or loc
+        peer_loc = site.peer_loc
         peer = self._check_rank("peer", peer, peer_loc)
         if peer == self.rank:
             raise self.fail(f"rank {self.rank} cannot {kind.value} {'to' if kind is OpKind.SEND else 'from'} itself", peer_loc)
-        group = self.group(family, loc)
+        group = self.group(site.family, loc)
         if peer not in group.ranks:
             raise self.fail(f"peer {peer} is not in group {group.id} (ranks {list(group.ranks)})", peer_loc)
-        stream = self.stream(placement, loc)
+        stream = self.stream(site.placement, loc)
         dtype = dtype or self.layout.default_dtype
-        size = self._size(name, size, dtype, size_loc or loc, kind)
-        transport = transport or self.layout.default_transport
+        size = self._size(name, size, dtype, site.size_loc, kind)
+        transport = site.transport or self.layout.default_transport
         if in_batch and transport is Transport.MEMCPY:
             raise self.fail(f"{word} {name} uses transport memcpy, which a batch cannot hold: a batch is one NCCL or gloo "
                             "launch (batch_isend_irecv), and a memcpy runs on its stream",
                             loc, hint="put memcpy transfers on streams of their own to overlap them")  # fmt: skip
-        fields = dict(kind=kind, name=name, stream=stream, size_bytes=size, dtype=dtype, peer=peer, group=group.id,
-                      transport=transport, proto=proto, handle=self.batch_handle if in_batch else handle,
-                      batch=self.batch_start)  # fmt: skip
-        if pipeline is not None:
-            action, stage, microbatch = pipeline
-            fields.update(action=action, stage=stage, microbatch=microbatch)
-        op = self._append(fields, loc)
-        if not in_batch:
-            self._bind(handle, (op.index,), loc)
+        return self._spec(stream, loc, size_bytes=size, dtype=dtype, peer=peer, group=group.id, transport=transport,
+                          proto=site.proto, action=action, stage=stage)  # fmt: skip
 
-    def collective(self, kind: OpKind, name: str, size, family: str, root, reduce_op: ReduceOp | None,
-                   algo: Algo | None, transport, dtype, placement, handle, loc, *, root_loc=None,
-                   size_loc=None, proto: Protocol | None = None) -> None:  # fmt: skip
+    def collective(self, site: CollectiveSite, name: str, size, dtype: Dtype | None, root, handle: str | None) -> None:
+        placement = site.placement
+        stream = placement if placement is not None else self.current_stream
+        key = (self.rank, size, dtype, root, stream)
+        spec = site.cache.get(key)
+        if spec is None or self.batch_start is not None or (root is not None and root.__class__ is not int):
+            spec = site.cache[key] = self._collective_spec(site, name, size, dtype, root)
+        op = self._emit(site.kind, name, spec, None, None, (), handle)
+        if handle is not None:
+            self._bind(handle, (op.index,), site.loc)
+
+    def _collective_spec(self, site: CollectiveSite, name: str, size, dtype, root) -> OpSpec:
+        kind, loc, root_loc, size_loc = site.kind, site.loc, site.root_loc, site.size_loc
         self._no_batch(kind.value, loc)
-        group = self.group(family, loc)
+        group = self.group(site.family, loc)
         if kind in ROOTED_KINDS:
-            root_loc = root_loc or loc
             root = self._check_rank("root", root, root_loc)
             if root not in group.ranks:
                 raise self.fail(f"root {root} is not in group {group.id} (ranks {list(group.ranks)})", root_loc,
                                 hint="roots are global ranks, as in torch.distributed")  # fmt: skip
-        stream = self.stream(placement, loc)
+        stream = self.stream(site.placement, loc)
         dtype = dtype or self.layout.default_dtype
-        size_loc = size_loc or loc
         size = self._size(name, size, dtype, size_loc, kind)
         n = len(group.ranks)
         if kind in SPLIT_KINDS and size % (n * dtype.itemsize):
@@ -432,45 +601,45 @@ class RankExpander:
                 size_loc,
                 hint="the size of a collective is its largest buffer (nccl-tests convention)",
             )
-        op = self._append(
-            dict(kind=kind, name=name, stream=stream, size_bytes=size, dtype=dtype, group=group.id, root=root,
-                 reduce_op=reduce_op, algo=algo, proto=proto, transport=transport or self.layout.default_transport,
-                 handle=handle),
-            loc,
-        )  # fmt: skip
-        self._bind(handle, (op.index,), loc)
+        return self._spec(stream, loc, size_bytes=size, dtype=dtype, group=group.id, root=root, reduce_op=site.reduce_op,
+                          algo=site.algo, proto=site.proto, transport=site.transport or self.layout.default_transport)  # fmt: skip
 
-    def wait(self, name: str, placement, loc) -> None:
+    def wait(self, cache: dict, name: str, placement, loc) -> None:
         self._no_batch("wait", loc)
         h = self.handles.get(name)
         if h is not None:
             if h.waited:
                 raise self.fail(f"handle '{name}' is waited twice (bound at line {h.loc.line})", loc)
             h.waited = True
-            stream = self.stream(placement, loc, allow_host=True)
-            self._append(dict(kind=OpKind.WAIT, name=name, stream=stream, waits_for=h.indices), loc)
+            self._emit(OpKind.WAIT, name, self._cached_spec(cache, placement, loc, allow_host=True), waits_for=h.indices)
             return
         record = self.events.get(name)
         if record is not None:
-            stream = self.stream(placement, loc)
-            self._append(dict(kind=OpKind.WAIT_EVENT, name=name, stream=stream, waits_for=(record,)), loc)
+            self._emit(OpKind.WAIT_EVENT, name, self._cached_spec(cache, placement, loc), waits_for=(record,))
             return
         # Decide at the end of the rank whether it is a handle/event defined later or a typo.
         self.pending_waits.append((name, loc))
 
-    def record(self, name: str, placement, loc) -> None:
+    def _cached_spec(self, cache: dict, placement, loc, *, allow_host: bool = False) -> OpSpec:
+        """The spec of an op that has only a stream (wait, record)."""
+        key = (placement if placement is not None else self.current_stream, allow_host)
+        spec = cache.get(key)
+        if spec is None:
+            spec = cache[key] = self._spec(self.stream(placement, loc, allow_host=allow_host), loc)
+        return spec
+
+    def record(self, cache: dict, name: str, placement, loc) -> None:
         self._no_batch("record", loc)
         if name in self.handles:
             raise self.fail(f"'{name}' is already a handle; an event needs another name", loc)
-        stream = self.stream(placement, loc)
-        op = self._append(dict(kind=OpKind.RECORD, name=name, stream=stream), loc)
+        op = self._emit(OpKind.RECORD, name, self._cached_spec(cache, placement, loc))
         self.events[name] = op.index
 
     def synchronize(self, stream: str | None, loc) -> None:
         self._no_batch("synchronize", loc)
         if stream is not None:
             self.stream(stream, loc)
-        self._append(dict(kind=OpKind.SYNCHRONIZE, name=stream or "device", stream=stream or HOST_STREAM), loc)
+        self._emit(OpKind.SYNCHRONIZE, stream or "device", self._spec(stream or HOST_STREAM, loc))
 
     def _no_batch(self, what: str, loc) -> None:
         if self.batch_start is not None:
@@ -504,5 +673,5 @@ class RankExpander:
         for i in self.stage_sends:
             by_stream.setdefault(self.ops[i].stream, []).append(i)
         for stream, indices in by_stream.items():
-            loc = self.ops[indices[-1]].loc
-            self._append(dict(kind=OpKind.WAIT, name="stage_send", stream=stream, waits_for=tuple(indices)), loc)
+            self._emit(OpKind.WAIT, "stage_send", self._spec(stream, self.ops[indices[-1]].loc), waits_for=tuple(indices))
+        self.budget.ops += len(self.ops)

@@ -7,6 +7,7 @@ constructed from it) to know where every value sits in the file, so errors insid
 
 from __future__ import annotations
 
+import gc
 import itertools
 import math
 import re
@@ -15,7 +16,8 @@ from pathlib import Path
 import yaml
 
 from commdsl.dsl.compile import ProgramCompiler
-from commdsl.dsl.expand import ExpansionBudget, RankExpander, WorldLayout
+from commdsl.dsl.expand import ExpansionBudget, InternTables, RankExpander, StageTransfers, WorldLayout
+from commdsl.dsl.spmd import RankTemplate
 from commdsl.dsl.lower import lower_stage_transfers
 from commdsl.dsl.parser import TextOrigin, is_name, parse_expression, parse_program
 from commdsl.dsl.values import INT_LIMIT, QUANTITY_LITERAL, ValueFault, format_value, parse_quantity
@@ -131,14 +133,37 @@ def load_schedule_text(
                             hint="write `program: |` (a literal block) instead")  # fmt: skip
     origin = doc.origin_of_scalar(prog_node)
     tree = parse_program(prog_node.value, origin)
-    compiled = ProgramCompiler(origin, layout, tuple(params)).compile(tree)
+    compiler = ProgramCompiler(origin, layout, tuple(params))
+    compiled = compiler.compile(tree)
+    # Expansion makes millions of objects and next to no reference cycles: the cyclic
+    # collector would only walk them again and again as they are made, so it rests.
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        return _expand(name, docstring, file, params, layout, origin, compiled, compiler.reads_rank, max_ops=max_ops,
+                       validate=validate)  # fmt: skip
+    finally:
+        if collecting:
+            gc.enable()
 
+
+def _expand(name: str, docstring: str, file: str, params: dict[str, object], layout: WorldLayout, origin: TextOrigin,
+            compiled, reads_rank: bool, *, max_ops: int, validate: bool) -> Program:  # fmt: skip
+    """Run the compiled program for every rank (or, if it never reads its rank, for rank 0,
+    then copy: commdsl/dsl/spmd.py), place the stage transfers, validate."""
     budget = ExpansionBudget(max_ops=max_ops, max_steps=max(4 * max_ops, 1_000_000))
+    tables = InternTables()
     per_rank = []
     transfers = []
     warnings: list[str] = []
+    template: RankTemplate | None = None
     for rank in range(layout.world_size):
-        expander = RankExpander(rank, layout, budget)
+        if template is not None and (ops := template.copy_for(rank, budget)) is not None:
+            per_rank.append(ops)
+            transfers.append(StageTransfers((), ()))
+            continue
+        steps_before = budget.steps
+        expander = RankExpander(rank, layout, budget, tables)
         env = dict(params)
         env["rank"] = rank
         env["world_size"] = layout.world_size
@@ -150,9 +175,12 @@ def load_schedule_text(
             raise LimitError("the program nests too deeply (expressions or block calls)", origin.loc(1, 1),
                              rank=rank) from None  # fmt: skip
         expander.finish()
+        del env["__ctx__"]  # env and expander refer to each other: free them now, not at the next collection
         per_rank.append(tuple(expander.ops))
         transfers.append(expander.stage_transfers())
         warnings.extend(expander.warnings)
+        if rank == 0 and not reads_rank:
+            template = RankTemplate.of(expander, budget.steps - steps_before)
     per_rank = lower_stage_transfers(per_rank, transfers)
 
     program = Program(

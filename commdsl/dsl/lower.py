@@ -32,8 +32,6 @@ rank's waiting line.
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 from commdsl.dsl.expand import StageTransfers
 from commdsl.errors import DeadlockError, ScheduleError
 from commdsl.ir import Op, OpKind
@@ -159,5 +157,5 @@ def _renumber(ops: list[Op]) -> tuple[Op, ...]:
                 changes["waits_for"] = waits
         if op.batch is not None and new_index[op.batch] != op.batch:
             changes["batch"] = new_index[op.batch]
-        out.append(replace(op, **changes) if changes else op)
+        out.append(op.replace(**changes) if changes else op)
     return tuple(out)

@@ -21,7 +21,7 @@ from collections import deque
 from dataclasses import dataclass
 
 from commdsl.errors import MachineError, ScheduleError
-from commdsl.ir import COLLECTIVE_KINDS, P2P_KINDS, Algo, Op, OpKind, Program, Protocol, Transport
+from commdsl.ir import COLLECTIVE_KINDS, P2P_KINDS, Op, OpKind, Program, Transport
 from commdsl.machine.model import Machine
 from commdsl.sim.entities import ALGOS, KIND_CODE, PROTOS, Collective, Queue
 from commdsl.sim.network import Network
