@@ -226,15 +226,17 @@ _CATEGORY = {kind: category(kind) for kind in OpKind}
 def _transfers(result: SimResult) -> tuple[TransferSummary, ...]:
     # Per group: count, bytes, and each transfer's time and algbw (summed as sum() sums a list).
     groups: dict[tuple, list] = {}
-    for f in result.flow_stats():
-        key = (f.transport, f.kind)
+    network = result.network_model
+    for t, start_us, end_us in network.transfer_times() if network is not None else ():
+        key = (t.transport, t.kind)
         group = groups.get(key)
         if group is None:
             group = groups[key] = [0, 0, array("d"), array("d")]
+        d = end_us - start_us
         group[0] += 1
-        group[1] += f.size_bytes
-        group[2].append(f.end_us - f.start_us)
-        group[3].append(f.algbw_gb_per_s)
+        group[1] += t.size_bytes
+        group[2].append(d)
+        group[3].append(t.size_bytes / (d * 1e3) if d > 0 else 0.0)  # FlowStat.algbw_gb_per_s
     named = sorted(((transport.value, kind.value), group) for (transport, kind), group in groups.items())
     return tuple(
         TransferSummary(transport, kind, count, nbytes, sum(times) / count, sum(algbw) / count)
