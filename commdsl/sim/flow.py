@@ -59,6 +59,7 @@ from __future__ import annotations
 import heapq
 import math
 from array import array
+from bisect import bisect_right
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 
@@ -606,39 +607,55 @@ class FlowNetwork(Network):
         return {"model": self.name, "links": len(self.fabric.names), "topology": self.fabric.topology is not None}
 
     def _samples(self):
-        """Every (time, channel, load bytes/us) sample in time order (ties: event order).
-        Solo intervals are expanded into flat arrays and sorted by index: a few bytes per
-        sample, as there can be hundreds of thousands."""
+        """Every (time, channel, load bytes/us) sample in time order (ties: event order)."""
+        t, c, v, order = self._sample_arrays()
+        for k in order:
+            yield t[k], c[k], v[k]
+
+    def _sample_arrays(self) -> tuple[array, array, array, list[int]]:
+        """The samples as flat arrays (time, channel, load bytes/us) and the order that
+        sorts them by time (stable: ties keep event order). Solo intervals are expanded
+        into the arrays: a few bytes per sample, as there can be millions."""
         st, sc, sv = self._s_t, self._s_c, self._s_v
+        at, demands, t0s, t1s, rates = self._solo_at, self._solo_demands, self._solo_t0, self._solo_t1, self._solo_rate
         t, c, v = array("d"), array("l"), array("d")
-        i = 0
-        solo = zip(self._solo_at, self._solo_demands, self._solo_t0, self._solo_t1, self._solo_rate)
-        for idx, demands, t0, t1, rate in [*solo, (len(st), (), 0.0, 0.0, 0.0)]:
+        i = j = 0
+        while True:
+            # The event samples up to the next solo interval's place, then every solo interval
+            # logged at that place: per interval, its start on each channel, then its end.
+            idx = at[j] if j < len(at) else len(st)
             t.extend(st[i:idx])
             c.extend(sc[i:idx])
             v.extend(sv[i:idx])
             i = idx
-            for ch, w in demands:
-                t.append(t0)
-                c.append(ch)
-                v.append(w * rate)
-            for ch, _ in demands:
-                t.append(t1)
-                c.append(ch)
-                v.append(0.0)
-        for k in sorted(range(len(t)), key=t.__getitem__):  # stable: ties keep event order
-            yield t[k], c[k], v[k]
+            if j == len(at):
+                break
+            k = bisect_right(at, idx, j)
+            run = demands[j:k]
+            t.extend([x for d, t0, t1 in zip(run, t0s[j:k], t1s[j:k]) for x in [t0] * len(d) + [t1] * len(d)])
+            c.extend([ch for d in run for _ in (0, 1) for ch, _w in d])
+            v.extend([x for d, rate in zip(run, rates[j:k]) for x in [w * rate for _c, w in d] + [0.0] * len(d)])
+            j = k
+        return t, c, v, sorted(range(len(t)), key=t.__getitem__)
 
     def link_stats(self, makespan_us: float) -> list[LinkStat]:
         fabric = self.fabric
         busy = [0.0] * len(fabric.names)
         since = [-1.0] * len(fabric.names)
-        peak = [0.0] * len(fabric.names)
-        for t, c, v in self._samples():
-            if since[c] >= 0.0:
-                busy[c] += t - since[c]
-            since[c] = t if v > 0.0 else -1.0
-            peak[c] = max(peak[c], v / fabric.capacity[c] if fabric.capacity[c] < _INF else 0.0)
+        top = [0.0] * len(fabric.names)
+        """The largest load of each channel (bytes/us): its peak utilisation is top / capacity."""
+        t, c, v, order = self._sample_arrays()
+        for k in order:
+            ch, tk, vk = c[k], t[k], v[k]
+            s = since[ch]
+            if s >= 0.0:
+                busy[ch] += tk - s
+            since[ch] = tk if vk > 0.0 else -1.0
+            if vk > top[ch]:
+                top[ch] = vk
+        # Division by a positive capacity keeps the order of loads, so the largest load
+        # gives the largest utilisation, exactly.
+        peak = [x / cap if cap < _INF else 0.0 for x, cap in zip(top, fabric.capacity)]
         out = []
         for c, name in enumerate(fabric.names):
             if self._bytes[c] <= 0.0:
