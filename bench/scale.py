@@ -37,27 +37,7 @@ import tempfile
 import time
 from pathlib import Path
 
-CHAINED = """\
-name: chained_all_reduce
-params: {ranks: 64, count: 1000, size: 64MiB}
-world: ranks
-streams: [s]
-program: |
-  for i in range(count):
-      all_reduce x[i] size algo=ring
-"""
-
-RING_MACHINE = """\
-name: ring-50
-doc: one link per rank at 50 GB/s and 500 ns per step (the implied topology)
-devices: 64
-device: {name: test, peak_tflops: {fp32: 1}, memory_bandwidth_gb_per_s: 1000, sm_count: 1}
-kernel_launch_us: 0
-comm_launch_us: 0
-host_link: {latency_us: 0, bandwidth_gb_per_s: 10}
-transports:
-  nccl: {latency_us: 0.5, bandwidth_gb_per_s: 50}
-"""
+from contention import CHAINED, RING_MACHINE  # bench/contention.py (the script's folder is on the path)
 
 OPS_PER_MICROBATCH_64 = 508.75
 """Ops of the bundled 1f1b per microbatch at 64 stages (130,240 ops at 256 microbatches)."""
@@ -188,7 +168,7 @@ def samples(tmp: Path, repeats: int, microbatches: int) -> None:
     machine = tmp / "cpu-noisy.yaml"  # cpu-loopback with compute stalls: samples differ
     preset = Path(commdsl.machine.__file__).parent / "presets" / "cpu-loopback.yaml"
     machine.write_text(preset.read_text() + "compute_noise: {stalls_per_s: 200, stall_us: 300}\n")
-    params = ["1f1b", "-p", "stages=64", "-p", f"microbatches={microbatches}", "--machine", str(machine),
+    params = ["1f1b", "-p", "stages=64", "-p", f"microbatches={microbatches}", "-p", "saved=16MiB", "--machine", str(machine),
               "--network", "flow", "--gantt", "never"]  # fmt: skip
     one = measure(simulate_argv(*params), repeats)
     eight = measure(simulate_argv(*params, "--samples", "8"), repeats)
@@ -205,6 +185,11 @@ def main() -> None:
     if args.astra and not shutil.which(args.astra) and not Path(args.astra).is_file():
         raise SystemExit(f"--astra: no such program: {args.astra}")
     repeats = 1 if args.quick else args.repeats
+    # An installed package has its bytecode compiled (pip does it); a checkout may not
+    # (PYTHONDONTWRITEBYTECODE), and compiling at every start-up is not what users pay.
+    import commdsl
+
+    subprocess.run([sys.executable, "-m", "compileall", "-q", str(Path(commdsl.__file__).parent)], check=True)
     print(f"commdsl scale bench, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {os.cpu_count()} CPUs, "
           f"CPU s and peak RSS of the whole process, median of {repeats}", flush=True)  # fmt: skip
     with tempfile.TemporaryDirectory() as tmp:
