@@ -71,16 +71,6 @@ def measure(argv: list[str], repeats: int, out: Path | None = None) -> dict:
     return {"cpu_s": statistics.median(cpu), "rss_bytes": statistics.median(rss)}
 
 
-def count_ops(schedule: str, params: list[str]) -> int:
-    """The number of ops the command reports (its summary's first line)."""
-    text = subprocess.run(simulate_argv(schedule, *params, "--network", "analytic", "--gantt", "never"), capture_output=True,
-                          text=True, check=True).stdout  # fmt: skip
-    m = re.search(r"([\d,]+) ops", text)
-    if not m:
-        raise SystemExit(f"no op count in the output of simulate {schedule}:\n{text[:500]}")
-    return int(m.group(1).replace(",", ""))
-
-
 def chained(tmp: Path, repeats: int, astra: str | None) -> None:
     schedule, machine, out = tmp / "chained.yaml", tmp / "ring-50.yaml", tmp / "chained.json"
     schedule.write_text(CHAINED)
@@ -144,30 +134,31 @@ def run_astra(binary: str, folder: Path, repeats: int) -> tuple[float, float]:
 def one_f_one_b(tmp: Path, repeats: int, target_ops: int) -> None:
     microbatches = max(2, round(target_ops / OPS_PER_MICROBATCH_64))
     params = ["-p", "stages=64", "-p", f"microbatches={microbatches}"]
-    ops = count_ops("1f1b", params)
+    out = tmp / "1f1b.json"
+    runs = {label: measure(simulate_argv("1f1b", *params, "--network", "flow", *extra), repeats, out if label == "--json" else None)
+            for label, extra in (("plain", []), ("--json", ["--json"]), ("--trace", ["--trace", str(tmp / "trace.json"), "--gantt", "never"]))}  # fmt: skip
+    ops = json.loads(out.read_text())["num_ops"]
     print(f"2. 1f1b, 64 stages x {microbatches} microbatches = {ops:,} ops (flow network); budget 10 s, 300 B/op:")
-    for label, extra, out in (("plain", [], None), ("--json", ["--json"], tmp / "1f1b.json"),
-                              ("--trace", ["--trace", str(tmp / "trace.json"), "--gantt", "never"], None)):  # fmt: skip
-        r = measure(simulate_argv("1f1b", *params, "--network", "flow", *extra), repeats, out)
+    for label, r in runs.items():
         print(f"   {label:8} {r['cpu_s']:6.2f} s CPU  {r['rss_bytes'] / 2**20:6.0f} MiB peak  {r['rss_bytes'] / ops:5.0f} B/op")
 
 
-def cost_per_op(repeats: int, sizes: tuple[int, ...]) -> None:
-    print("3. cost per op, 1f1b at 64 stages (whole command, flow network):")
+def cost_per_op(tmp: Path, repeats: int, sizes: tuple[int, ...]) -> None:
+    print("3. cost per op, 1f1b at 64 stages (whole command, flow network, --json):")
+    out = tmp / "cost.json"
     for target in sizes:
         microbatches = max(2, round(target / OPS_PER_MICROBATCH_64))
-        params = ["-p", "stages=64", "-p", f"microbatches={microbatches}"]
-        ops = count_ops("1f1b", params)
-        r = measure(simulate_argv("1f1b", *params, "--network", "flow", "--gantt", "never"), repeats)
+        r = measure(simulate_argv("1f1b", "-p", "stages=64", "-p", f"microbatches={microbatches}", "--network", "flow", "--json"),
+                    repeats, out)  # fmt: skip
+        ops = json.loads(out.read_text())["num_ops"]
         print(f"   {ops:>10,} ops  {r['cpu_s']:6.2f} s CPU  {r['cpu_s'] / ops * 1e6:6.2f} us/op")
 
 
 def samples(tmp: Path, repeats: int, microbatches: int) -> None:
-    import commdsl.machine
+    from commdsl.machine.loader import PRESETS_DIR
 
     machine = tmp / "cpu-noisy.yaml"  # cpu-loopback with compute stalls: samples differ
-    preset = Path(commdsl.machine.__file__).parent / "presets" / "cpu-loopback.yaml"
-    machine.write_text(preset.read_text() + "compute_noise: {stalls_per_s: 200, stall_us: 300}\n")
+    machine.write_text((PRESETS_DIR / "cpu-loopback.yaml").read_text() + "compute_noise: {stalls_per_s: 200, stall_us: 300}\n")
     params = ["1f1b", "-p", "stages=64", "-p", f"microbatches={microbatches}", "-p", "saved=16MiB", "--machine", str(machine),
               "--network", "flow", "--gantt", "never"]  # fmt: skip
     one = measure(simulate_argv(*params), repeats)
@@ -195,7 +186,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         chained(Path(tmp), repeats, args.astra)
         one_f_one_b(Path(tmp), repeats, 100_000 if args.quick else 1_000_000)
-        cost_per_op(repeats, (1_000, 10_000, 100_000) if args.quick else (1_000, 10_000, 100_000, 1_000_000))
+        cost_per_op(Path(tmp), repeats, (1_000, 10_000, 100_000) if args.quick else (1_000, 10_000, 100_000, 1_000_000))
         samples(Path(tmp), repeats, 16 if args.quick else 64)
 
 

@@ -153,9 +153,9 @@ def _stand_in_for_a_run(argv: list[str]) -> None:
         return
     args = build_parser().parse_args(argv)
     if argv[0] == "calibrate":
-        import commdsl.machine
+        from commdsl.machine.loader import PRESETS_DIR
 
-        Path(args.out).write_text((Path(commdsl.machine.__file__).parent / "presets" / "cpu-loopback.yaml").read_text())
+        Path(args.out).write_text((PRESETS_DIR / "cpu-loopback.yaml").read_text())
         return
     params = [x for p in args.param for x in ("-p", p)]
     with contextlib.redirect_stdout(io.StringIO()):

@@ -21,8 +21,8 @@ import pytest
 from commdsl.dsl import load_schedule
 from commdsl.errors import CommdslError
 from commdsl.resources import bundled_schedules
-import commdsl.machine
 from commdsl.machine import load_machine_text, resolve_machine
+from commdsl.machine.loader import PRESETS_DIR
 from commdsl.sim import simulate
 
 REFERENCE = Path(__file__).parent / "golden" / "reference"
@@ -40,7 +40,7 @@ NOISE = "compute_noise: {stalls_per_s: 200, stall_us: 300}\n"
 
 def _machine(name: str):
     if name == "cpu-noisy":
-        text = (Path(commdsl.machine.__file__).parent / "presets" / "cpu-loopback.yaml").read_text()
+        text = (PRESETS_DIR / "cpu-loopback.yaml").read_text()
         return load_machine_text(text + NOISE, "cpu-noisy.yaml")
     return resolve_machine(name)
 

@@ -94,8 +94,12 @@ class FlowStat:
     @property
     def algbw_gb_per_s(self) -> float:
         """size / time, as nccl-tests' algbw."""
-        d = self.end_us - self.start_us
-        return self.size_bytes / (d * 1e3) if d > 0 else 0.0
+        return algbw_gb_per_s(self.size_bytes, self.end_us - self.start_us)
+
+
+def algbw_gb_per_s(size_bytes: float, duration_us: float) -> float:
+    """A transfer's size over its time (GB/s), as nccl-tests' algbw; 0 for no time."""
+    return size_bytes / (duration_us * 1e3) if duration_us > 0 else 0.0
 
 
 @dataclass(frozen=True, slots=True)

@@ -25,6 +25,7 @@ from typing import TextIO
 from commdsl.breakdown import breakdown, category
 from commdsl.ir import OpKind
 from commdsl.sim.memory import RankMemory, memory_profile
+from commdsl.sim.network import algbw_gb_per_s
 from commdsl.sim.simulate import SimResult
 
 
@@ -236,7 +237,7 @@ def _transfers(result: SimResult) -> tuple[TransferSummary, ...]:
         group[0] += 1
         group[1] += t.size_bytes
         group[2].append(d)
-        group[3].append(t.size_bytes / (d * 1e3) if d > 0 else 0.0)  # FlowStat.algbw_gb_per_s
+        group[3].append(algbw_gb_per_s(t.size_bytes, d))
     named = sorted(((transport.value, kind.value), group) for (transport, kind), group in groups.items())
     return tuple(
         TransferSummary(transport, kind, count, nbytes, sum(times) / count, sum(algbw) / count)
