@@ -77,6 +77,7 @@ _COMPUTE, _COPY, _SEND, _RECV, _WAIT, _WAIT_EVENT, _HOST_OP, _SYNCHRONIZE = (
 _K_COMPUTE, _K_COPY, _K_SEND, _K_WAIT, _K_WAIT_EVENT = (KIND_CODE[k] for k in (_COMPUTE, _COPY, _SEND, _WAIT, _WAIT_EVENT))
 _IS_DEVICE = bytes(k in _DEVICE_KINDS for k in KINDS)
 _IS_MEMORY = bytes(k in MEMORY_KINDS for k in KINDS)
+_IS_COMM = bytes(k in _COMM_KINDS for k in KINDS)
 _GLOO = Transport.GLOO
 _NCCL = Transport.NCCL
 _MEMCPY = Transport.MEMCPY
@@ -279,18 +280,20 @@ class Engine:
                     self._kick(s)
                 h.pc = g + 1
                 continue
-            kind = op.kind
-            if kind in MEMORY_KINDS:  # bookkeeping in stream order: no launch, no time
-                self.issue_start[g] = self.issue_end[g] = h.t
-                self.cause[g] = h.cause
-                self._push(self.streams[op.rank][op.stream], g * 4 + EXEC)
-            elif kind in _COMM_KINDS:
+            if _IS_COMM[k]:
                 self._issue_comm(h, g, op)
                 if h.block_g >= 0:
                     h.pc += 1
                     if not self._host_unblocked(h):
                         return
                     continue
+                h.pc = g + 1
+                continue
+            kind = op.kind
+            if _IS_MEMORY[k]:  # bookkeeping in stream order: no launch, no time
+                self.issue_start[g] = self.issue_end[g] = h.t
+                self.cause[g] = h.cause
+                self._push(self.streams[op.rank][op.stream], g * 4 + EXEC)
             elif kind is _HOST_OP:
                 self.start[g] = h.t
                 h.t += op.duration_us
@@ -391,19 +394,25 @@ class Engine:
         # (nothing else is issued between a batch's ops).
         first = self.base[op.rank] + op.batch
         if g == first:
-            for q in self.batch_queues(first):
+            multi = self.batch_multi.get(first)
+            if multi is None:  # batch_queues(first), inlined: most batches are on one queue
+                q = self.queue_of[first]
                 q.fifo.append(first)
                 q.pushed += 1
-        if g != self.batch_last[first]:
+            else:
+                for q in multi:
+                    q.fifo.append(first)
+                    q.pushed += 1
+        if g != self.batch_last[first] or op.handle is not None:
             return  # a synchronous batch waits once, after its last op
-        deps = self.batch_ops(first)
-        if op.handle is not None:
-            return
-        if any(self.ops[x].transport is _GLOO for x in deps):
-            h.block_g = g  # as one synchronous gloo op, above
-            h.block_deps = deps
-        else:
-            self._push(stream, g * 4 + SYNC)
+        ops = self.ops
+        for x in range(first, g + 1):
+            if ops[x].transport is _GLOO:
+                h.block_g = g  # as one synchronous gloo op, above
+                h.block_deps = range(first, g + 1)
+                return
+        fifo.append(g * 4 + SYNC)  # _push, inlined: the stream holds the MARK, so it needs no kick
+        stream.pushed += 1
 
     # ---- streams -----------------------------------------------------------------------
 
@@ -418,7 +427,8 @@ class Engine:
             return
         fifo = s.fifo
         now = self.env.now
-        ready, cause, end, kinds = self.ready, self.cause, self.end, self.kind
+        ready, cause, end, kinds, state = self.ready, self.cause, self.end, self.kind, self.state
+        waiters, todo, queue_of, ops = self.waiters, self._todo, self.queue_of, self.ops
         while fifo:
             entry = fifo[0]
             g, tag = entry >> 2, entry & 3
@@ -431,8 +441,8 @@ class Engine:
             woke = False
             if tag != MARK:
                 k = kinds[g]
-                if tag == SYNC and self.ops[g].batch is None:  # fast path: one synchronous comm op
-                    if self.state[g] != DONE:
+                if tag == SYNC and (batch := ops[g].batch) is None:  # fast path: one synchronous comm op
+                    if state[g] != DONE:
                         self._wait_on(g, s)
                         return
                     if end[g] >= t:
@@ -441,8 +451,8 @@ class Engine:
                         if self.noisy:
                             t, woke = self.contention.woken(entry, t)
                 elif tag == SYNC or k == _K_WAIT or k == _K_WAIT_EVENT:  # a synchronous batch, or a wait
-                    deps = self._deps(g, tag)
-                    state = self.state
+                    # A batch's SYNC is at its last op: it waits for the ops from the first (_deps, inlined).
+                    deps = range(g - ops[g].index + batch, g + 1) if tag == SYNC else self._deps(g, tag)
                     d = -1  # the dependency that finished last (lowest g on ties), as _latest
                     for x in deps:
                         if state[x] != DONE:
@@ -460,7 +470,7 @@ class Engine:
                     self._start_stream_transfer(s, entry, t, c)
                     return
                 elif k == _K_COMPUTE or k == _K_COPY:
-                    op = self.ops[g]
+                    op = ops[g]
                     duration = op.duration_us * self.stretch if k == _K_COMPUTE and op.duration_us is not None else self._duration(op)
                     if s.woke and c == s.last_g:
                         t += self.contention.wake_us(entry)  # it starts right as its stream's wait ended
@@ -484,7 +494,30 @@ class Engine:
                 ev = self.env.timeout(start + duration - now, s)
                 ev.callbacks.append(self._on_stream_timer)
                 return
-            self._complete_entry(s, entry, start, c)
+            # _complete_entry(s, entry, start, c), inlined: most entries end here
+            fifo.popleft()
+            s.done += 1
+            if tag == EXEC:
+                end[g] = start
+                state[g] = DONE
+                w = waiters.pop(g, None)
+                if w:
+                    for e in w:
+                        if not e.kicked:
+                            e.kicked = True
+                            todo.append(e)
+                if not _IS_MEMORY[k]:  # bookkeeping is nobody's cause on the critical path
+                    s.last_g, s.last_end = g, start
+            elif tag == MARK:
+                state[g] = ELIGIBLE
+                q = queue_of[g]
+                if not q.kicked:
+                    q.kicked = True
+                    todo.append(q)
+            else:  # SYNC: the stream continues after the comm op(s)
+                s.last_g, s.last_end = c, start
+            if s.drain_waiters:
+                self._wake_drained(s)
 
     def _on_stream_timer(self, ev) -> None:
         s: Stream = ev.value
@@ -648,19 +681,31 @@ class Engine:
                 return
             q.active = True
             q.remaining = 1
-            if q.last_g >= 0 and q.last_end > self.start[item]:
+            start = self.start
+            if q.last_g >= 0 and q.last_end > start[item]:
                 self.cause[item] = q.last_g  # queue-bound: the previous item ended after the op was ready
             state[item] = ACTIVE
             now = self.env.now
-            self.start[item] = now
+            start[item] = now
             if self.kernels and self.ops[item].transport is _NCCL:
                 self._kernel_changed(item, True)
-            self._activated(item, now)
+            inst = self.coll_of[item]
+            if inst is None:
+                self._activated(item, now)
+                return
+            arrived = inst.arrived  # _activated, inlined for a collective
+            arrived.append(item)
+            if len(arrived) == inst.size:
+                self._all_arrived(inst, item, now)
             return
-        queues = self.batch_queues(item)
-        if len(queues) > 1 and any(x.active or not x.fifo or x.fifo[0] != item for x in queues):
-            return  # a batch over several groups waits for the head of each queue
-        members = self.batch_ops(item)
+        multi = self.batch_multi.get(item)
+        if multi is None:
+            queues = (q,)
+        else:
+            queues = multi
+            if any(x.active or not x.fifo or x.fifo[0] != item for x in queues):
+                return  # a batch over several groups waits for the head of each queue
+        members = range(item, self.batch_last[item] + 1)
         for g in members:
             if state[g] != ELIGIBLE:
                 return
@@ -687,10 +732,7 @@ class Engine:
         if inst is not None:  # a collective
             inst.arrived.append(g)
             if len(inst.arrived) == inst.size:
-                for m in inst.arrived:
-                    if m != g and self.start[m] < now:
-                        self.cause[m] = g  # it waited for the last member
-                self._start_collective(inst)
+                self._all_arrived(inst, g, now)
             return
         k = self.kind[g]
         if k == _K_COPY:  # a peer copy: one-sided, nothing to wait for
@@ -702,6 +744,14 @@ class Engine:
                 self.cause[p] = g
             send, recv = (g, p) if k == _K_SEND else (p, g)
             self._start_p2p(send, recv)
+
+    def _all_arrived(self, inst: Collective, g: int, now: float) -> None:
+        """Op g, the last member of collective `inst` to become active, arrived: it moves."""
+        start, cause = self.start, self.cause
+        for m in inst.arrived:
+            if m != g and start[m] < now:
+                cause[m] = g  # it waited for the last member
+        self._start_collective(inst)
 
     def _start_p2p(self, send: int, recv: int) -> None:
         """Move the bytes of a send and its recv (or of a peer copy, `recv` -1): memcpy once
@@ -771,7 +821,7 @@ class Engine:
         if self.traffic:
             for rank in self.contention.transfer(transfer, False):
                 self._retime(rank)
-        on_stream, queue_of, finish, todo = self.on_stream, self.queue_of, self._finish, self._todo
+        on_stream, queue_of, todo, end, state, waiters = self.on_stream, self.queue_of, self._todo, self.end, self.state, self.waiters
         for g in members:
             if on_stream[g]:  # a memcpy transfer: its stream goes on
                 op = self.ops[g]
@@ -780,7 +830,14 @@ class Engine:
                 self._complete_entry(s, s.cur, now, s.cur_cause)
                 self._kick(s)
                 continue
-            finish(g, now)
+            end[g] = now  # _finish(g, now), inlined
+            state[g] = DONE
+            w = waiters.pop(g, None)
+            if w:
+                for e in w:
+                    if not e.kicked:
+                        e.kicked = True
+                        todo.append(e)
             if kernels and self.ops[g].transport is _NCCL:
                 self._kernel_changed(g, False)
             q = queue_of[g]

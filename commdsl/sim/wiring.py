@@ -72,10 +72,8 @@ def wire(program: Program, ops: list[Op], base: list[int], machine: Machine, net
     on_stream = bytearray(n)
     kinds = bytearray(n)
     group_ranks = {g.id: g.ranks for g in program.groups}
-    sends: dict[tuple, deque[int]] = {}
-    recvs: dict[tuple, deque[int]] = {}
-    seq: list[dict[str, int]] = [{} for _ in range(program.world_size)]
-    """Per rank, per group: collectives seen so far."""
+    unmatched: dict[tuple, deque[int]] = {}
+    """(src, dst, group, kind) -> the sends (or recvs) not matched yet, in issue order."""
     instances: dict[str, list[Collective]] = {}
     """Per group, its collective instances in order."""
     # Most programs repeat a few shapes of comm op: the network's choice is made once per
@@ -84,94 +82,120 @@ def wire(program: Program, ops: list[Op], base: list[int], machine: Machine, net
     checked: set = set()
     batch_last = array("q")
     batch_multi: dict[int, tuple[Queue, ...]] = {}
-    send, recv, compute, memcpy = OpKind.SEND, OpKind.RECV, OpKind.COMPUTE, Transport.MEMCPY
-    for g, op in enumerate(ops):
-        kind = op.kind
-        kinds[g] = KIND_CODE[kind]
-        if kind not in _COMM_KINDS:
-            if kind is compute:
-                if op.duration_us is None and op.flops is not None and (op.dtype, "flops") not in checked:
-                    _check_rate(machine, op)
-                    checked.add((op.dtype, "flops"))
-            elif op.is_peer_copy:
-                if op.transport not in checked:
-                    _check_transport(machine, op)
-                    checked.add(op.transport)
-                network.check_copy(op)
-                on_stream[g] = op.transport is memcpy
-            continue
-        transport = op.transport
-        if transport not in checked:
-            _check_transport(machine, op)
-            checked.add(transport)
-        if transport is memcpy and kind not in P2P_KINDS:
-            raise ScheduleError(f"{kind.value} {op.name} on rank {op.rank}: transport=memcpy copies point to point only (send, "
-                                f"recv, a copy to a peer), not a collective", op.loc, rank=op.rank,
-                                hint="give the collective transport=nccl or transport=gloo")  # fmt: skip
-        if transport is not memcpy:  # memcpy has no communicator: it runs on its stream
-            rank_queues = queues[op.rank]
-            q = rank_queues.get(op.group)
-            if q is None:
-                q = rank_queues[op.group] = Queue(op.rank, op.group)
+    for rank, rank_ops in enumerate(program.ops):
+        b = base[rank]
+        seq: dict[str, int] = {}
+        """Per group: the rank's collectives so far."""
+        # What an op's spec and kind decide on this rank (the ops of one statement share a
+        # spec): its kind code and, for a comm op, its queue, algorithm and matching key.
+        facts: dict[int, tuple] = {}
+        for g, op in enumerate(rank_ops, b):
+            kind = op.kind
+            fact = facts.get(id(op.spec))
+            if fact is None or fact[0] is not kind:
+                fact = _facts(op, machine, network, queues[rank], group_ranks, chosen, checked)
+                if fact[0] is kind:
+                    facts[id(op.spec)] = fact
+            _, code, comm, stream_only, q, algo, proto, key, unmatched_key = fact
+            kinds[g] = code
+            on_stream[g] = stream_only
+            if not comm:
+                continue
             queue_of[g] = q
-        else:
-            network.check_copy(op)
-            on_stream[g] = kind in P2P_KINDS
-        if op.batch is not None:
-            if not batch_last:
-                batch_last = array("q", bytes(8 * n))
-            first = base[op.rank] + op.batch
-            if first != g:
-                assert batch_last[first] == g - 1, "a batch's ops are consecutive"
-                if queue_of[g] is not queue_of[first]:
-                    batch_multi[first] = (*batch_multi.get(first, (queue_of[first],)), queue_of[g])
-            batch_last[first] = g
-        # The op's algorithm and protocol: the network's choice, or what it forces (checked there).
-        key = (op.group, kind, op.size_bytes, transport, op.algo, op.proto, op.peer)
-        pick = chosen.get(key)
-        if pick is None:
-            algo, proto = network.choose(op, group_ranks[op.group])
-            pick = chosen[key] = (ALGOS.index(algo), PROTOS.index(proto))
-        algos[g], protos[g] = pick
-        if kind is send:
-            _match(sends, recvs, (op.rank, op.peer, op.group), g, partner)
-        elif kind is recv:
-            _match(recvs, sends, (op.peer, op.rank, op.group), g, partner)
-        else:
-            rank_seq = seq[op.rank]
-            k = rank_seq.get(op.group, 0)
-            rank_seq[op.group] = k + 1
-            group_instances = instances.get(op.group)
-            if group_instances is None:
-                group_instances = instances[op.group] = []
-            if k < len(group_instances):
-                inst = group_instances[k]
-            else:
-                inst = Collective(op.group, k, len(group_ranks[op.group]))
-                group_instances.append(inst)
-                collectives.append(inst)
-            inst.ops.append(g)
-            coll_of[g] = inst
+            algos[g] = algo
+            protos[g] = proto
+            if op.batch is not None:
+                if not batch_last:
+                    batch_last = array("q", bytes(8 * n))
+                first = b + op.batch
+                if first != g:
+                    assert batch_last[first] == g - 1, "a batch's ops are consecutive"
+                    if q is not queue_of[first]:
+                        batch_multi[first] = (*batch_multi.get(first, (queue_of[first],)), q)
+                batch_last[first] = g
+            if key is not None:  # a send or recv: pair it with the first unmatched other end
+                other = unmatched.get(key)
+                if other:
+                    p = other.popleft()
+                    partner[g] = p
+                    partner[p] = g
+                    if not other:
+                        del unmatched[key]
+                else:
+                    waiting = unmatched.get(unmatched_key)
+                    if waiting is None:
+                        unmatched[unmatched_key] = deque((g,))
+                    else:
+                        waiting.append(g)
+            else:  # a collective: the k-th of its group on every member is one instance
+                group = op.group
+                k = seq.get(group, 0)
+                seq[group] = k + 1
+                group_instances = instances.get(group)
+                if group_instances is None:
+                    group_instances = instances[group] = []
+                if k < len(group_instances):
+                    inst = group_instances[k]
+                else:
+                    inst = Collective(group, k, len(group_ranks[group]))
+                    group_instances.append(inst)
+                    collectives.append(inst)
+                inst.ops.append(g)
+                coll_of[g] = inst
 
     for first, multi in batch_multi.items():
         batch_multi[first] = tuple(dict.fromkeys(multi))
     return Wiring(queues, queue_of, partner, coll_of, collectives, batch_last, batch_multi, algos, protos, kinds, on_stream)
 
 
-def _match(mine: dict[tuple, deque[int]], theirs: dict[tuple, deque[int]], key: tuple, g: int, partner: array) -> None:
-    """Pair op g (a send or a recv, `mine` its kind's unmatched ops by key) with the first
-    unmatched op of the other kind with the same (src, dst, group), or queue it."""
-    other = theirs.get(key)
-    if other:
-        p = other.popleft()
-        partner[g] = p
-        partner[p] = g
-        return
-    waiting = mine.get(key)
-    if waiting is None:
-        mine[key] = deque((g,))
+def _facts(op: Op, machine: Machine, network: Network, rank_queues: dict[str, Queue], group_ranks: dict[str, tuple[int, ...]],
+           chosen: dict[tuple, tuple[int, int]], checked: set) -> tuple:  # fmt: skip
+    """What `wire` needs of an op that its kind, spec and rank decide, checking what the
+    machine must provide for it: (kind, kind code, is a comm op, runs on its stream, comm
+    queue, algo index, proto index, matching key, the key its own kind waits under)."""
+    kind = op.kind
+    code = KIND_CODE[kind]
+    if kind not in _COMM_KINDS:
+        stream_only = False
+        if kind is OpKind.COMPUTE:
+            if op.duration_us is None and op.flops is not None and (op.dtype, "flops") not in checked:
+                _check_rate(machine, op)
+                checked.add((op.dtype, "flops"))
+        elif op.is_peer_copy:
+            if op.transport not in checked:
+                _check_transport(machine, op)
+                checked.add(op.transport)
+            network.check_copy(op)
+            stream_only = op.transport is Transport.MEMCPY
+        return kind, code, False, stream_only, None, 0, 0, None, None
+    transport = op.transport
+    if transport not in checked:
+        _check_transport(machine, op)
+        checked.add(transport)
+    q = None
+    if transport is Transport.MEMCPY:  # no communicator: it runs on its stream
+        if kind not in P2P_KINDS:
+            raise ScheduleError(f"{kind.value} {op.name} on rank {op.rank}: transport=memcpy copies point to point only (send, "
+                                f"recv, a copy to a peer), not a collective", op.loc, rank=op.rank,
+                                hint="give the collective transport=nccl or transport=gloo")  # fmt: skip
+        network.check_copy(op)
     else:
-        waiting.append(g)
+        q = rank_queues.get(op.group)
+        if q is None:
+            q = rank_queues[op.group] = Queue(op.rank, op.group)
+    # The op's algorithm and protocol: the network's choice, or what it forces (checked there).
+    shape = (op.group, kind, op.size_bytes, transport, op.algo, op.proto, op.peer)
+    pick = chosen.get(shape)
+    if pick is None:
+        algo, proto = network.choose(op, group_ranks[op.group])
+        pick = chosen[shape] = (ALGOS.index(algo), PROTOS.index(proto))
+    # Sends and recvs pair first in, first out per (src, dst, group).
+    key = own = None
+    if kind is OpKind.SEND:
+        key, own = (op.rank, op.peer, op.group, OpKind.RECV), (op.rank, op.peer, op.group, OpKind.SEND)
+    elif kind is OpKind.RECV:
+        key, own = (op.peer, op.rank, op.group, OpKind.SEND), (op.peer, op.rank, op.group, OpKind.RECV)
+    return kind, code, True, transport is Transport.MEMCPY and kind in P2P_KINDS, q, *pick, key, own
 
 
 def _check_transport(machine: Machine, op: Op) -> None:
