@@ -759,7 +759,9 @@ class Engine:
         rank to the same rank are done (NCCL runs them in order); others at once."""
         so = self.ops[send]
         members = (send, recv) if recv >= 0 else (send,)
-        key = (so.kind, so.rank, so.peer, so.size_bytes, so.transport, self.algos[send], self.protos[send], so.group)
+        # The shape is the op's spec (peer, size, transport, group, forced algo and protocol,
+        # from which `wire` chose its algo and protocol), its kind and its rank.
+        key = (id(so.spec), self.kind[send], so.rank)
         transfer = self._transfers.get(key)
         if transfer is None:
             transfer = self._transfers[key] = self._p2p_transfer(so, send)
