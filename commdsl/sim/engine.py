@@ -62,7 +62,7 @@ from commdsl.sim.collectives import plan
 from commdsl.sim.contention import compute_us, contention_model
 from commdsl.sim.copy_engines import CopyEngines
 from commdsl.sim.entities import (ACTIVE, ALGOS, DONE, HOST, KIND_CODE, KINDS, PROTOS, ELIGIBLE, EXEC, MARK, QUEUE, STREAM, SYNC,
-                                  Collective, Entity, Host, Queue, RawResult, Stream)
+                                  Collective, Entity, Host, Queue, RawResult, Stream, op_index_typecode)
 from commdsl.sim.network import Network, Transfer
 from commdsl.sim.wiring import Wiring, wire
 
@@ -112,7 +112,7 @@ class Engine:
         self.start = array("d", zeros)
         self.end = array("d", zeros)
         self.state = bytearray(n)
-        self.cause = array("q", [-1]) * n
+        self.cause = array(op_index_typecode(n), [-1]) * n
         self.waiters: dict[int, list[Entity]] = {}
         self._todo: deque[Entity] = deque()
         self.hosts = [Host(r, self.base[r], self.base[r] + len(program.ops[r])) for r in range(program.world_size)]

@@ -37,6 +37,12 @@ KINDS = tuple(OpKind)
 KIND_CODE = {k: i for i, k in enumerate(KINDS)}
 
 
+def op_index_typecode(n: int) -> str:
+    """The `array` typecode of per-op arrays that hold an op number (g) or -1, for a
+    program of n ops: 4 bytes an entry while g fits."""
+    return "i" if n < 2**31 else "q"
+
+
 class Entity:
     __slots__ = ("kind", "rank", "kicked")
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from commdsl.errors import MachineError, ScheduleError
 from commdsl.ir import COLLECTIVE_KINDS, P2P_KINDS, Op, OpKind, Program, Transport
 from commdsl.machine.model import Machine
-from commdsl.sim.entities import ALGOS, KIND_CODE, PROTOS, Collective, Queue
+from commdsl.sim.entities import ALGOS, KIND_CODE, PROTOS, Collective, Queue, op_index_typecode
 from commdsl.sim.network import Network
 
 
@@ -64,7 +64,8 @@ def wire(program: Program, ops: list[Op], base: list[int], machine: Machine, net
     n = len(ops)
     queues: list[dict[str, Queue]] = [{} for _ in range(program.world_size)]
     queue_of: list[Queue | None] = [None] * n
-    partner = array("q", [-1]) * n
+    index = op_index_typecode(n)
+    partner = array(index, [-1]) * n
     coll_of: list[Collective | None] = [None] * n
     collectives: list[Collective] = []
     algos = bytearray(n)
@@ -80,7 +81,7 @@ def wire(program: Program, ops: list[Op], base: list[int], machine: Machine, net
     # shape, and kept as the (algo, proto) indices the arrays hold.
     chosen: dict[tuple, tuple[int, int]] = {}
     checked: set = set()
-    batch_last = array("q")
+    batch_last = array(index)
     batch_multi: dict[int, tuple[Queue, ...]] = {}
     for rank, rank_ops in enumerate(program.ops):
         b = base[rank]
@@ -106,7 +107,7 @@ def wire(program: Program, ops: list[Op], base: list[int], machine: Machine, net
             protos[g] = proto
             if op.batch is not None:
                 if not batch_last:
-                    batch_last = array("q", bytes(8 * n))
+                    batch_last = array(index, [0]) * n
                 first = b + op.batch
                 if first != g:
                     assert batch_last[first] == g - 1, "a batch's ops are consecutive"
