@@ -41,8 +41,8 @@ class _Reporter:
         if e.on_stream[g]:  # a memcpy transfer: only its stream can hold it back
             return self._stream_not_there(g)
         q = e.queues[op.rank][op.group]
-        if q.fifo and q.fifo[0] != self._item_of(g):
-            head = q.fifo[0]
+        head = q.head()
+        if head >= 0 and head != self._item_of(g):
             return f"it is queued behind {describe_op(self.op(head))} in rank {op.rank}'s comm queue for group {op.group}"
         if e.state[g] == ELIGIBLE:
             return "its batch waits for the head of another group's comm queue"
@@ -51,8 +51,8 @@ class _Reporter:
     def _stream_not_there(self, g: int) -> str:
         e, op = self.e, self.op(g)
         stream = e.streams[op.rank][op.stream]
-        if stream.fifo:
-            head = stream.fifo[0] >> 2
+        if stream.head() >= 0:
+            head = stream.head() >> 2
             if head != g:
                 return f"stream {op.stream} of rank {op.rank} has not reached it: it is stuck at {describe_op(self.op(head))}"
         return f"rank {op.rank}'s host never issued it"
@@ -97,7 +97,7 @@ class _Reporter:
         reason = f"waits for rank {po.rank}'s matching {describe_op(po)}, which is {self.state_name(p)}: {self.why_inactive(p)}"
         if e.on_stream[p]:  # memcpy: the peer's stream is held by a transfer towards us of the same direction
             peer_stream = e.streams[po.rank][po.stream]
-            h = peer_stream.fifo[0] >> 2 if peer_stream.fifo else -1
+            h = peer_stream.head() >> 2  # -1 when empty
             ho = self.op(h) if h >= 0 else None
             if ho is not None and e.on_stream[h] and ho.kind is op.kind and ho.peer == op.rank and e.state[h] == ACTIVE:
                 verb = "sending to" if op.kind is OpKind.SEND else "receiving from"
@@ -110,8 +110,8 @@ class _Reporter:
             return reason, None
         # Head to head: the peer's queue is blocked by an active op towards us of the same direction.
         q = e.queues[po.rank][po.group]
-        if q.fifo and q.active:
-            head = q.fifo[0]
+        if q.head() >= 0 and q.active:
+            head = q.head()
             for h in self._members(head, po.group):
                 ho = self.op(h)
                 if ho.kind is op.kind and ho.peer == op.rank and e.state[h] == ACTIVE:
@@ -141,16 +141,16 @@ class _Reporter:
         e = self.e
         found: list[tuple[int, int, str, str | None]] = []  # (priority, g, text, hint)
         for q in e.queues[rank].values():
-            if not q.fifo:
+            if q.head() < 0:
                 continue
-            for g in self._members(q.fifo[0], q.group):
+            for g in self._members(q.head(), q.group):
                 if e.state[g] == ACTIVE:
                     reason, hint = self.why_active_blocked(g)
                     found.append((0, g, f"{describe_op(self.op(g))} is active and {reason}", hint))
         for s in e.streams[rank].values():
-            if not s.fifo:
+            if s.head() < 0:
                 continue
-            g, tag = s.fifo[0] >> 2, s.fifo[0] & 3
+            g, tag = s.head() >> 2, s.head() & 3
             op = self.op(g)
             if e.on_stream[g]:  # a memcpy send or recv holding its stream
                 if e.state[g] == ACTIVE:
@@ -165,7 +165,7 @@ class _Reporter:
             elif op.kind is OpKind.WAIT_EVENT:
                 rec = self.op(deps[0])
                 rs = e.streams[rank][rec.stream]
-                at = f"; stream {rec.stream} is stuck at {describe_op(self.op(rs.fifo[0] >> 2))}" if rs.fifo else ""
+                at = f"; stream {rec.stream} is stuck at {describe_op(self.op(rs.head() >> 2))}" if rs.head() >= 0 else ""
                 found.append((1, g, f"stream {s.name} is stuck at {describe_op(op)}: event {op.name} is never recorded "
                                     f"({describe_op(rec)} has not run{at})", None))  # fmt: skip
             elif op.kind is OpKind.WAIT:

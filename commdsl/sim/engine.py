@@ -62,7 +62,7 @@ from commdsl.sim.collectives import plan
 from commdsl.sim.contention import compute_us, contention_model
 from commdsl.sim.copy_engines import CopyEngines
 from commdsl.sim.entities import (ACTIVE, ALGOS, DONE, HOST, KIND_CODE, KINDS, PROTOS, ELIGIBLE, EXEC, MARK, QUEUE, STREAM, SYNC,
-                                  Collective, Entity, Host, Queue, RawResult, Stream, op_index_typecode)
+                                  Collective, Entity, Host, Queue, RawResult, Stream, entry_typecode, op_index_typecode)
 from commdsl.sim.network import Network, Transfer
 from commdsl.sim.wiring import Wiring, wire
 
@@ -116,7 +116,8 @@ class Engine:
         self.waiters: dict[int, list[Entity]] = {}
         self._todo: deque[Entity] = deque()
         self.hosts = [Host(r, self.base[r], self.base[r] + len(program.ops[r])) for r in range(program.world_size)]
-        self.streams: list[dict[str, Stream]] = [{s: Stream(r, s) for s in program.streams} for r in range(program.world_size)]
+        typecode = entry_typecode(n)
+        self.streams: list[dict[str, Stream]] = [{s: Stream(r, s, typecode) for s in program.streams} for r in range(program.world_size)]
         if wiring is None:
             w = wire(program, ops, self.base, machine, self.network)
         else:
@@ -275,8 +276,7 @@ class Engine:
                 cause[g] = h.cause
                 s = streams[op.stream]  # _push, inlined: most ops take this path
                 s.fifo.append(g * 4 + EXEC)
-                s.pushed += 1
-                if not s.busy and len(s.fifo) == 1:
+                if not s.busy and len(s.fifo) - s.done == 1:
                     self._kick(s)
                 h.pc = g + 1
                 continue
@@ -316,7 +316,7 @@ class Engine:
                     targets = list(self.streams[op.rank].values()) + list(self.queues[op.rank].values())
                 else:
                     targets = [self.streams[op.rank][op.stream]]
-                h.sync_targets = [(e, e.pushed) for e in targets]
+                h.sync_targets = [(e, len(e.fifo)) for e in targets]
                 h.pc += 1
                 if not self._host_unblocked(h):
                     return
@@ -372,14 +372,12 @@ class Engine:
         stream = self.streams[op.rank][op.stream]
         fifo = stream.fifo
         fifo.append(g * 4 + MARK)  # _push, inlined
-        stream.pushed += 1
-        if not stream.busy and len(fifo) == 1 and not stream.kicked:
+        if not stream.busy and len(fifo) - stream.done == 1 and not stream.kicked:
             stream.kicked = True
             self._todo.append(stream)
         if op.batch is None:
             q = self.queue_of[g]
             q.fifo.append(g)
-            q.pushed += 1
             if op.handle is not None:
                 return
             if op.transport is _GLOO:
@@ -388,7 +386,6 @@ class Engine:
                 h.block_deps = (g,)
             else:  # _push, inlined: the stream holds the MARK, so it needs no kick
                 fifo.append(g * 4 + SYNC)
-                stream.pushed += 1
             return
         # A batch is one item in each comm queue it touches, pushed at its first op
         # (nothing else is issued between a batch's ops).
@@ -398,11 +395,9 @@ class Engine:
             if multi is None:  # batch_queues(first), inlined: most batches are on one queue
                 q = self.queue_of[first]
                 q.fifo.append(first)
-                q.pushed += 1
             else:
                 for q in multi:
                     q.fifo.append(first)
-                    q.pushed += 1
         if g != self.batch_last[first] or op.handle is not None:
             return  # a synchronous batch waits once, after its last op
         ops = self.ops
@@ -412,14 +407,12 @@ class Engine:
                 h.block_deps = range(first, g + 1)
                 return
         fifo.append(g * 4 + SYNC)  # _push, inlined: the stream holds the MARK, so it needs no kick
-        stream.pushed += 1
 
     # ---- streams -----------------------------------------------------------------------
 
     def _push(self, s: Stream, entry: int) -> None:
         s.fifo.append(entry)
-        s.pushed += 1
-        if not s.busy and len(s.fifo) == 1:
+        if not s.busy and len(s.fifo) - s.done == 1:
             self._kick(s)
 
     def _advance_stream(self, s: Stream) -> None:
@@ -429,8 +422,8 @@ class Engine:
         now = self.env.now
         ready, cause, end, kinds, state = self.ready, self.cause, self.end, self.kind, self.state
         waiters, todo, queue_of, ops = self.waiters, self._todo, self.queue_of, self.ops
-        while fifo:
-            entry = fifo[0]
+        while s.done < len(fifo):
+            entry = fifo[s.done]
             g, tag = entry >> 2, entry & 3
             # Latest of: host issue (cause[g] holds the host's cause), the stream's previous
             # entry, the entry's dependencies. Ties go to dependencies, then the stream.
@@ -495,8 +488,7 @@ class Engine:
                 ev.callbacks.append(self._on_stream_timer)
                 return
             # _complete_entry(s, entry, start, c), inlined: most entries end here
-            fifo.popleft()
-            s.done += 1
+            s.done += 1  # pops the head
             if tag == EXEC:
                 end[g] = start
                 state[g] = DONE
@@ -623,8 +615,7 @@ class Engine:
             self._timer(s)
 
     def _complete_entry(self, s: Stream, entry: int, t: float, c: int) -> None:
-        s.fifo.popleft()
-        s.done += 1
+        s.done += 1  # pops the head
         g, tag = entry >> 2, entry & 3
         if tag == EXEC:
             self.end[g] = t  # _finish, inlined (once per op)
@@ -672,9 +663,9 @@ class Engine:
     # ---- comm queues, matching, transfers -----------------------------------------------
 
     def _advance_queue(self, q: Queue) -> None:
-        if q.active or not q.fifo:
+        if q.active or q.done == len(q.fifo):
             return
-        item = q.fifo[0]
+        item = q.fifo[q.done]
         state = self.state
         if self.ops[item].batch is None:  # the common case: one op
             if state[item] != ELIGIBLE:
@@ -703,7 +694,7 @@ class Engine:
             queues = (q,)
         else:
             queues = multi
-            if any(x.active or not x.fifo or x.fifo[0] != item for x in queues):
+            if any(x.active or x.head() != item for x in queues):
                 return  # a batch over several groups waits for the head of each queue
         members = range(item, self.batch_last[item] + 1)
         for g in members:
@@ -846,8 +837,7 @@ class Engine:
             q.remaining -= 1
             if q.remaining == 0:
                 q.active = False
-                q.fifo.popleft()
-                q.done += 1
+                q.done += 1  # pops the head
                 q.last_g, q.last_end = g, now
                 if q.drain_waiters:
                     self._wake_drained(q)

@@ -8,7 +8,6 @@ entity is a small state machine the engine advances (`commdsl.sim.engine`).
 from __future__ import annotations
 
 from array import array
-from collections import deque
 from dataclasses import dataclass
 
 from commdsl.ir import Algo, Op, OpKind, Protocol
@@ -43,6 +42,11 @@ def op_index_typecode(n: int) -> str:
     return "i" if n < 2**31 else "q"
 
 
+def entry_typecode(n: int) -> str:
+    """The `array` typecode of a stream's entries (g * 4 + tag) for a program of n ops."""
+    return "i" if 4 * n < 2**31 else "q"
+
+
 class Entity:
     __slots__ = ("kind", "rank", "kicked")
 
@@ -72,22 +76,35 @@ class Host(Entity):
         self.sync_targets: list[tuple[Entity, int]] = []
 
 
-class Stream(Entity):
+class _Fifo(Entity):
+    """An entity that runs the entries of its `fifo` in order (a stream, a comm queue)."""
+
+    __slots__ = ()
+
+    def head(self) -> int:
+        """The entry at the head of the FIFO; -1 when it is empty."""
+        return self.fifo[self.done] if self.done < len(self.fifo) else -1
+
+
+class Stream(_Fifo):
     """One stream of a rank: a FIFO of entries run one after another."""
 
-    __slots__ = ("name", "fifo", "busy", "pushed", "done", "last_g", "last_end", "woke", "drain_waiters", "cur", "cur_cause",
+    __slots__ = ("name", "fifo", "busy", "done", "last_g", "last_end", "woke", "drain_waiters", "cur", "cur_cause",
                  "delay", "work_left", "t_run", "factor", "token", "slowed")  # fmt: skip
 
-    def __init__(self, rank: int, name: str):
+    def __init__(self, rank: int, name: str, typecode: str = "q"):
         super().__init__(STREAM, rank)
         self.name = name
-        self.fifo: deque[int] = deque()
+        self.fifo = array(typecode)
+        """Every entry pushed (g * 4 + tag), in order: those before `done` have run, the
+        one at `done` is the head. An array, not a deque of ints: the host may issue a whole
+        program ahead of the clock, and an array holds an entry in 4 or 8 bytes."""
         self.busy = False
         self.cur = -1
         """The entry being timed (busy), and the op its start waited for."""
         self.cur_cause = -1
-        self.pushed = 0
         self.done = 0
+        """Entries run (and the position of the head in `fifo`)."""
         self.last_g = -1
         self.last_end = 0.0
         self.woke = False
@@ -107,28 +124,29 @@ class Stream(Entity):
         self.slowed = False
 
 
-class Queue(Entity):
+class Queue(_Fifo):
     """One group's comm queue on one rank: items (an op, or a P2P batch) in issue order."""
 
-    __slots__ = ("group", "fifo", "active", "remaining", "pushed", "done", "last_g", "last_end", "drain_waiters")
+    __slots__ = ("group", "fifo", "active", "remaining", "done", "last_g", "last_end", "drain_waiters")
 
-    def __init__(self, rank: int, group: str):
+    def __init__(self, rank: int, group: str, typecode: str = "q"):
         super().__init__(QUEUE, rank)
         self.group = group
-        self.fifo: deque[int] = deque()
-        """Items: the op's g, or the first g of a batch."""
+        self.fifo = array(typecode)
+        """Every item pushed (the op's g, or the first g of a batch), in order; the one at
+        `done` is the head (as `Stream.fifo`)."""
         self.active = False
         self.remaining = 0
         """Ops of the active item not finished yet."""
-        self.pushed = 0
         self.done = 0
+        """Items finished (and the position of the head in `fifo`)."""
         self.last_g = -1
         self.last_end = 0.0
         self.drain_waiters: list[tuple[int, Entity]] = []
 
     def reset(self) -> None:
         """As new, for another run of the same program (`Wiring` is made once per program)."""
-        self.__init__(self.rank, self.group)
+        self.__init__(self.rank, self.group, self.fifo.typecode)
 
 
 class Collective:

@@ -94,7 +94,7 @@ def wire(program: Program, ops: list[Op], base: list[int], machine: Machine, net
             kind = op.kind
             fact = facts.get(id(op.spec))
             if fact is None or fact[0] is not kind:
-                fact = _facts(op, machine, network, queues[rank], group_ranks, chosen, checked)
+                fact = _facts(op, machine, network, queues[rank], index, group_ranks, chosen, checked)
                 if fact[0] is kind:
                     facts[id(op.spec)] = fact
             _, code, comm, stream_only, q, algo, proto, key, unmatched_key = fact
@@ -149,11 +149,12 @@ def wire(program: Program, ops: list[Op], base: list[int], machine: Machine, net
     return Wiring(queues, queue_of, partner, coll_of, collectives, batch_last, batch_multi, algos, protos, kinds, on_stream)
 
 
-def _facts(op: Op, machine: Machine, network: Network, rank_queues: dict[str, Queue], group_ranks: dict[str, tuple[int, ...]],
-           chosen: dict[tuple, tuple[int, int]], checked: set) -> tuple:  # fmt: skip
+def _facts(op: Op, machine: Machine, network: Network, rank_queues: dict[str, Queue], typecode: str,
+           group_ranks: dict[str, tuple[int, ...]], chosen: dict[tuple, tuple[int, int]], checked: set) -> tuple:  # fmt: skip
     """What `wire` needs of an op that its kind, spec and rank decide, checking what the
     machine must provide for it: (kind, kind code, is a comm op, runs on its stream, comm
-    queue, algo index, proto index, matching key, the key its own kind waits under)."""
+    queue, algo index, proto index, matching key, the key its own kind waits under). A
+    new comm queue holds its items as `typecode`."""
     kind = op.kind
     code = KIND_CODE[kind]
     if kind not in _COMM_KINDS:
@@ -183,7 +184,7 @@ def _facts(op: Op, machine: Machine, network: Network, rank_queues: dict[str, Qu
     else:
         q = rank_queues.get(op.group)
         if q is None:
-            q = rank_queues[op.group] = Queue(op.rank, op.group)
+            q = rank_queues[op.group] = Queue(op.rank, op.group, typecode)
     # The op's algorithm and protocol: the network's choice, or what it forces (checked there).
     shape = (op.group, kind, op.size_bytes, transport, op.algo, op.proto, op.peer)
     pick = chosen.get(shape)
