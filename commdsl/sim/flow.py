@@ -158,7 +158,7 @@ class FlowNetwork(Network):
         # Link utilisation samples (time, channel, load in bytes/us), appended in event
         # order but not always in time order (a solo flow's are written when it ends).
         self._s_t = array("d")
-        self._s_c = array("l")
+        self._s_c = array("i")
         self._s_v = array("d")
         # Intervals flows moved alone, one entry each (expanded by `_samples`): samples written
         # before, demands, from, to, rate.
@@ -618,7 +618,7 @@ class FlowNetwork(Network):
         into the arrays: a few bytes per sample, as there can be millions."""
         st, sc, sv = self._s_t, self._s_c, self._s_v
         at, demands, t0s, t1s, rates = self._solo_at, self._solo_demands, self._solo_t0, self._solo_t1, self._solo_rate
-        t, c, v = array("d"), array("l"), array("d")
+        t, c, v = array("d"), array("i"), array("d")
         i = j = 0
         while True:
             # The event samples up to the next solo interval's place, then every solo interval

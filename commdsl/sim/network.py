@@ -128,7 +128,7 @@ class TransferLog:
         """The distinct transfers, by their index."""
         self._index: dict[int, int] = {}
         """id(transfer) -> its index (the list keeps every transfer alive, so ids stay unique)."""
-        self.kind = array("l")
+        self.kind = array("i")
         """Per started transfer, the index of its `Transfer`."""
         self.start = array("d")
         self.end = array("d")
