@@ -67,7 +67,7 @@ class _Reporter:
         """(reason, hint) for an active comm op that never finished."""
         e, op = self.e, self.op(g)
         if op.kind.is_collective:
-            inst = e.coll_of[g]
+            inst = e.collectives[e.coll_at[g]]
             arrived = {self.op(m).rank for m in inst.arrived}
             issued = {self.op(m).rank: m for m in inst.ops}
             ranks = e.group_ranks[op.group]

@@ -128,7 +128,7 @@ class Engine:
             for inst in w.collectives:
                 inst.reset()
         self.wiring = w
-        self.queues, self.queue_of, self.partner, self.coll_of = w.queues, w.queue_of, w.partner, w.coll_of
+        self.queues, self.queue_list, self.queue_at, self.partner, self.coll_at = w.queues, w.queue_list, w.queue_at, w.partner, w.coll_at
         self.collectives, self.batch_last, self.batch_multi, self.algos = w.collectives, w.batch_last, w.batch_multi, w.algos
         self.protos = w.protos
         self.group_ranks = {g.id: g.ranks for g in program.groups}
@@ -253,7 +253,7 @@ class Engine:
 
     def batch_queues(self, first: int) -> tuple[Queue, ...]:
         """The comm queues the P2P batch whose first op is `first` occupies (usually one)."""
-        return self.batch_multi.get(first) or (self.queue_of[first],)
+        return self.batch_multi.get(first) or (self.queue_list[self.queue_at[first]],)
 
     # ---- host -------------------------------------------------------------------------
 
@@ -376,7 +376,7 @@ class Engine:
             stream.kicked = True
             self._todo.append(stream)
         if op.batch is None:
-            q = self.queue_of[g]
+            q = self.queue_list[self.queue_at[g]]
             q.fifo.append(g)
             if op.handle is not None:
                 return
@@ -393,7 +393,7 @@ class Engine:
         if g == first:
             multi = self.batch_multi.get(first)
             if multi is None:  # batch_queues(first), inlined: most batches are on one queue
-                q = self.queue_of[first]
+                q = self.queue_list[self.queue_at[first]]
                 q.fifo.append(first)
             else:
                 for q in multi:
@@ -421,7 +421,7 @@ class Engine:
         fifo = s.fifo
         now = self.env.now
         ready, cause, end, kinds, state = self.ready, self.cause, self.end, self.kind, self.state
-        waiters, todo, queue_of, ops = self.waiters, self._todo, self.queue_of, self.ops
+        waiters, todo, queue_list, queue_at, ops = self.waiters, self._todo, self.queue_list, self.queue_at, self.ops
         while s.done < len(fifo):
             entry = fifo[s.done]
             g, tag = entry >> 2, entry & 3
@@ -502,7 +502,7 @@ class Engine:
                     s.last_g, s.last_end = g, start
             elif tag == MARK:
                 state[g] = ELIGIBLE
-                q = queue_of[g]
+                q = queue_list[queue_at[g]]
                 if not q.kicked:
                     q.kicked = True
                     todo.append(q)
@@ -630,7 +630,7 @@ class Engine:
                 s.last_g, s.last_end = g, t
         elif tag == MARK:
             self.state[g] = ELIGIBLE
-            q = self.queue_of[g]
+            q = self.queue_list[self.queue_at[g]]
             if not q.kicked:
                 q.kicked = True
                 self._todo.append(q)
@@ -680,10 +680,11 @@ class Engine:
             start[item] = now
             if self.kernels and self.ops[item].transport is _NCCL:
                 self._kernel_changed(item, True)
-            inst = self.coll_of[item]
-            if inst is None:
+            c = self.coll_at[item]
+            if c < 0:
                 self._activated(item, now)
                 return
+            inst = self.collectives[c]
             arrived = inst.arrived  # _activated, inlined for a collective
             arrived.append(item)
             if len(arrived) == inst.size:
@@ -704,9 +705,9 @@ class Engine:
         for x in queues:
             x.active = True
             x.remaining = 0
-        start, cause, queue_of = self.start, self.cause, self.queue_of
+        start, cause, queue_list, queue_at = self.start, self.cause, self.queue_list, self.queue_at
         for g in members:
-            x = queue_of[g]
+            x = queue_list[queue_at[g]]
             x.remaining += 1
             # Queue-bound if the previous item on the queue ended after the op was ready.
             if x.last_g >= 0 and x.last_end > start[g]:
@@ -719,8 +720,9 @@ class Engine:
             self._activated(g, now)
 
     def _activated(self, g: int, now: float) -> None:
-        inst = self.coll_of[g]
-        if inst is not None:  # a collective
+        c = self.coll_at[g]
+        if c >= 0:  # a collective
+            inst = self.collectives[c]
             inst.arrived.append(g)
             if len(inst.arrived) == inst.size:
                 self._all_arrived(inst, g, now)
@@ -814,7 +816,8 @@ class Engine:
         if self.traffic:
             for rank in self.contention.transfer(transfer, False):
                 self._retime(rank)
-        on_stream, queue_of, todo, end, state, waiters = self.on_stream, self.queue_of, self._todo, self.end, self.state, self.waiters
+        on_stream, queue_list, queue_at, todo, end, state, waiters = (self.on_stream, self.queue_list, self.queue_at, self._todo, self.end, self.state,
+                                                                      self.waiters)  # fmt: skip
         for g in members:
             if on_stream[g]:  # a memcpy transfer: its stream goes on
                 op = self.ops[g]
@@ -833,7 +836,7 @@ class Engine:
                         todo.append(e)
             if kernels and self.ops[g].transport is _NCCL:
                 self._kernel_changed(g, False)
-            q = queue_of[g]
+            q = queue_list[queue_at[g]]
             q.remaining -= 1
             if q.remaining == 0:
                 q.active = False

@@ -127,11 +127,13 @@ class Stream(_Fifo):
 class Queue(_Fifo):
     """One group's comm queue on one rank: items (an op, or a P2P batch) in issue order."""
 
-    __slots__ = ("group", "fifo", "active", "remaining", "done", "last_g", "last_end", "drain_waiters")
+    __slots__ = ("group", "number", "fifo", "active", "remaining", "done", "last_g", "last_end", "drain_waiters")
 
-    def __init__(self, rank: int, group: str, typecode: str = "q"):
+    def __init__(self, rank: int, group: str, typecode: str, number: int):
         super().__init__(QUEUE, rank)
         self.group = group
+        self.number = number
+        """Its place in `Wiring.queue_list`."""
         self.fifo = array(typecode)
         """Every item pushed (the op's g, or the first g of a batch), in order; the one at
         `done` is the head (as `Stream.fifo`)."""
@@ -146,18 +148,20 @@ class Queue(_Fifo):
 
     def reset(self) -> None:
         """As new, for another run of the same program (`Wiring` is made once per program)."""
-        self.__init__(self.rank, self.group, self.fifo.typecode)
+        self.__init__(self.rank, self.group, self.fifo.typecode, self.number)
 
 
 class Collective:
     """One collective instance: the k-th collective of a group, across its members."""
 
-    __slots__ = ("group", "seq", "size", "ops", "arrived")
+    __slots__ = ("group", "seq", "size", "number", "ops", "arrived")
 
-    def __init__(self, group: str, seq: int, size: int):
+    def __init__(self, group: str, seq: int, size: int, number: int):
         self.group = group
         self.seq = seq
         self.size = size
+        self.number = number
+        """Its place in `Wiring.collectives`."""
         self.ops = array("q")
         """Members' ops (g), in the order found in the program (the first is the lowest)."""
         self.arrived: list[int] = []

@@ -33,12 +33,15 @@ class Wiring:
 
     queues: list[dict[str, Queue]]
     """Per rank, its comm queue of each group it uses."""
-    queue_of: list[Queue | None]
-    """Per comm op, its group's comm queue on its rank."""
+    queue_list: list[Queue]
+    """Every comm queue, numbered."""
+    queue_at: array
+    """Per op, the number of its group's comm queue on its rank (-1: none). Numbers
+    rather than references: 4 bytes per op instead of 8."""
     partner: array
     """Per send/recv, the matching op (-1: none)."""
-    coll_of: list[Collective | None]
-    """Per collective op, its instance."""
+    coll_at: array
+    """Per op, the number of its collective instance in `collectives` (-1: none)."""
     collectives: list[Collective]
     batch_last: array
     """P2P batches: at a batch's first op (g), its last op (a batch's ops are consecutive:
@@ -63,10 +66,11 @@ _COMM_KINDS = P2P_KINDS | COLLECTIVE_KINDS
 def wire(program: Program, ops: list[Op], base: list[int], machine: Machine, network: Network) -> Wiring:
     n = len(ops)
     queues: list[dict[str, Queue]] = [{} for _ in range(program.world_size)]
-    queue_of: list[Queue | None] = [None] * n
+    queue_list: list[Queue] = []
     index = op_index_typecode(n)
     partner = array(index, [-1]) * n
-    coll_of: list[Collective | None] = [None] * n
+    queue_at = array(index, [-1]) * n
+    coll_at = array(index, [-1]) * n
     collectives: list[Collective] = []
     algos = bytearray(n)
     protos = bytearray(n)
@@ -94,15 +98,15 @@ def wire(program: Program, ops: list[Op], base: list[int], machine: Machine, net
             kind = op.kind
             fact = facts.get(id(op.spec))
             if fact is None or fact[0] is not kind:
-                fact = _facts(op, machine, network, queues[rank], index, group_ranks, chosen, checked)
+                fact = _facts(op, machine, network, queues[rank], queue_list, index, group_ranks, chosen, checked)
                 if fact[0] is kind:
                     facts[id(op.spec)] = fact
-            _, code, comm, stream_only, q, algo, proto, key, unmatched_key = fact
+            _, code, comm, stream_only, q, algo, proto, key, unmatched_key = fact  # q: the queue's number
             kinds[g] = code
             on_stream[g] = stream_only
             if not comm:
                 continue
-            queue_of[g] = q
+            queue_at[g] = q
             algos[g] = algo
             protos[g] = proto
             if op.batch is not None:
@@ -111,8 +115,8 @@ def wire(program: Program, ops: list[Op], base: list[int], machine: Machine, net
                 first = b + op.batch
                 if first != g:
                     assert batch_last[first] == g - 1, "a batch's ops are consecutive"
-                    if q is not queue_of[first]:
-                        batch_multi[first] = (*batch_multi.get(first, (queue_of[first],)), q)
+                    if q != queue_at[first]:
+                        batch_multi[first] = (*batch_multi.get(first, (queue_list[queue_at[first]],)), queue_list[q])
                 batch_last[first] = g
             if key is not None:  # a send or recv: pair it with the first unmatched other end
                 other = unmatched.get(key)
@@ -138,23 +142,23 @@ def wire(program: Program, ops: list[Op], base: list[int], machine: Machine, net
                 if k < len(group_instances):
                     inst = group_instances[k]
                 else:
-                    inst = Collective(group, k, len(group_ranks[group]))
+                    inst = Collective(group, k, len(group_ranks[group]), len(collectives))
                     group_instances.append(inst)
                     collectives.append(inst)
                 inst.ops.append(g)
-                coll_of[g] = inst
+                coll_at[g] = inst.number
 
     for first, multi in batch_multi.items():
         batch_multi[first] = tuple(dict.fromkeys(multi))
-    return Wiring(queues, queue_of, partner, coll_of, collectives, batch_last, batch_multi, algos, protos, kinds, on_stream)
+    return Wiring(queues, queue_list, queue_at, partner, coll_at, collectives, batch_last, batch_multi, algos, protos, kinds, on_stream)
 
 
-def _facts(op: Op, machine: Machine, network: Network, rank_queues: dict[str, Queue], typecode: str,
+def _facts(op: Op, machine: Machine, network: Network, rank_queues: dict[str, Queue], queue_list: list[Queue], typecode: str,
            group_ranks: dict[str, tuple[int, ...]], chosen: dict[tuple, tuple[int, int]], checked: set) -> tuple:  # fmt: skip
     """What `wire` needs of an op that its kind, spec and rank decide, checking what the
     machine must provide for it: (kind, kind code, is a comm op, runs on its stream, comm
-    queue, algo index, proto index, matching key, the key its own kind waits under). A
-    new comm queue holds its items as `typecode`."""
+    queue's number in `queue_list` (-1: none), algo index, proto index, matching key, the
+    key its own kind waits under). A new comm queue holds its items as `typecode`."""
     kind = op.kind
     code = KIND_CODE[kind]
     if kind not in _COMM_KINDS:
@@ -169,12 +173,12 @@ def _facts(op: Op, machine: Machine, network: Network, rank_queues: dict[str, Qu
                 checked.add(op.transport)
             network.check_copy(op)
             stream_only = op.transport is Transport.MEMCPY
-        return kind, code, False, stream_only, None, 0, 0, None, None
+        return kind, code, False, stream_only, -1, 0, 0, None, None
     transport = op.transport
     if transport not in checked:
         _check_transport(machine, op)
         checked.add(transport)
-    q = None
+    q = -1
     if transport is Transport.MEMCPY:  # no communicator: it runs on its stream
         if kind not in P2P_KINDS:
             raise ScheduleError(f"{kind.value} {op.name} on rank {op.rank}: transport=memcpy copies point to point only (send, "
@@ -182,9 +186,11 @@ def _facts(op: Op, machine: Machine, network: Network, rank_queues: dict[str, Qu
                                 hint="give the collective transport=nccl or transport=gloo")  # fmt: skip
         network.check_copy(op)
     else:
-        q = rank_queues.get(op.group)
-        if q is None:
-            q = rank_queues[op.group] = Queue(op.rank, op.group, typecode)
+        queue = rank_queues.get(op.group)
+        if queue is None:
+            queue = rank_queues[op.group] = Queue(op.rank, op.group, typecode, len(queue_list))
+            queue_list.append(queue)
+        q = queue.number
     # The op's algorithm and protocol: the network's choice, or what it forces (checked there).
     shape = (op.group, kind, op.size_bytes, transport, op.algo, op.proto, op.peer)
     pick = chosen.get(shape)
