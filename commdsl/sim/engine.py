@@ -327,7 +327,11 @@ class Engine:
 
     def _gloo_wait(self, op: Op) -> bool:
         b = self.base[op.rank]
-        return any(self.ops[b + i].transport is _GLOO for i in op.waits_for)
+        ops = self.ops
+        for i in op.waits_for:
+            if ops[b + i].transport is _GLOO:
+                return True
+        return False
 
     def _host_unblocked(self, h: Host) -> bool:
         """If what the host is blocked in is done, finish it and return True."""
@@ -444,10 +448,13 @@ class Engine:
                         if self.noisy:
                             t, woke = self.contention.woken(entry, t)
                 elif tag == SYNC or k == _K_WAIT or k == _K_WAIT_EVENT:  # a synchronous batch, or a wait
-                    # A batch's SYNC is at its last op: it waits for the ops from the first (_deps, inlined).
-                    deps = range(g - ops[g].index + batch, g + 1) if tag == SYNC else self._deps(g, tag)
+                    # _deps, inlined: a batch's SYNC is at its last op and waits for the ops from
+                    # the first; a wait waits for the ops it names (indices in its rank's program).
+                    op = ops[g]
+                    b = g - op.index
                     d = -1  # the dependency that finished last (lowest g on ties), as _latest
-                    for x in deps:
+                    for i in range(batch, op.index + 1) if tag == SYNC else op.waits_for:
+                        x = b + i
                         if state[x] != DONE:
                             self._wait_on(x, s)
                             return
