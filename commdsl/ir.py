@@ -263,8 +263,11 @@ per-op ones (`_PER_OP_FIELDS`). Expansion interns them, so a million ops share a
 hundred specs."""
 
 
-_OP_SLOTS = ("rank", "index", "kind", "name", "handle", "microbatch", "batch", "waits_for", "spec")
-"""`Op`'s storage: the per-op fields and the spec."""
+_OP_SLOTS = ("rank", "index", "kind", "name", "spec")
+"""`Op`'s storage: the fields every op has its own value of, and the spec."""
+_RARE_FIELDS = ("handle", "microbatch", "batch", "waits_for")
+"""The per-op fields most ops leave at their default: an op that sets one is an
+`_MicrobatchOp` (microbatch only) or a `_SyncOp` (any of the others), which store them."""
 _SPEC_FIELDS = tuple(OpSpec.__dataclass_fields__)
 _FIELD_NAMES = tuple(_OpFields.__dataclass_fields__)
 
@@ -273,12 +276,17 @@ class Op:
     """One statement of one rank's program after expansion: a record with the fields of
     `_OpFields`, read by attribute (`op.kind`, `op.size_bytes`).
 
-    Storage: the fields that differ from op to op (rank, index, kind, name, handle,
-    microbatch, batch, waits_for) are slots of the op; the others live in `spec`, an
-    `OpSpec` shared by the ops one statement makes with the same values, and are read
-    through properties of the same names (those cannot be assigned). `Op(...)` takes every
-    field as before; expansion builds ops with `make_op` and interned specs. Equality and
-    hashing compare every field.
+    Storage: the fields that differ from op to op are slots of the op: rank, index, kind,
+    name, and (`_RARE_FIELDS`) handle, microbatch, batch and waits_for where the op sets
+    them, its class saying which it stores: most ops set none of those four (an `Op`, 72
+    bytes), a pipeline's compute op only its microbatch (`_MicrobatchOp`), an asynchronous
+    op, a batched P2P op or a wait the others (`_SyncOp`, 104 bytes); an `Op` reads them as
+    class attributes with the defaults. The other fields live in `spec`, an `OpSpec` shared
+    by the ops one statement makes with the same values, and are read through properties
+    of the same names (those cannot be assigned). `Op(...)` takes every field as before
+    and makes an op of the class its values need, as `make_op` does (expansion's
+    constructor, with interned specs); `isinstance(x, Op)` holds for all three. Equality
+    and hashing compare every field.
 
     An op is immutable by contract: nothing assigns to one (`replace` makes a changed
     copy). Unlike the frozen dataclass it replaces, it does not refuse an assignment to
@@ -294,31 +302,33 @@ class Op:
     index: int
     kind: OpKind
     name: str
-    handle: str | None
-    microbatch: int | None
-    batch: int | None
-    waits_for: tuple[int, ...]
     spec: OpSpec  # type: ignore[valid-type]
     """The fields shared with other ops; read them as `op.stream`, `op.size_bytes`, ..."""
+    handle: str | None = None
+    microbatch: int | None = None
+    batch: int | None = None
+    waits_for: tuple[int, ...] = ()
 
-    def __init__(self, rank: int, index: int, kind: OpKind, name: str, stream: str, loc: SourceLoc,
-                 duration_us: float | None = None, flops: float | None = None, size_bytes: int = 0,
-                 dtype: Dtype = Dtype.FP32, peer: int | None = None, dest: str | None = None, group: str | None = None,
-                 root: int | None = None, reduce_op: ReduceOp | None = None, transport: Transport | None = None,
-                 algo: Algo | None = None, proto: Protocol | None = None, copy_dir: CopyDir | None = None,
-                 handle: str | None = None, batch: int | None = None, waits_for: tuple[int, ...] = (),
-                 action: PipelineAction | None = None, stage: int | None = None, microbatch: int | None = None):  # fmt: skip
+    def __new__(cls, rank: int, index: int, kind: OpKind, name: str, stream: str, loc: SourceLoc,
+                duration_us: float | None = None, flops: float | None = None, size_bytes: int = 0,
+                dtype: Dtype = Dtype.FP32, peer: int | None = None, dest: str | None = None, group: str | None = None,
+                root: int | None = None, reduce_op: ReduceOp | None = None, transport: Transport | None = None,
+                algo: Algo | None = None, proto: Protocol | None = None, copy_dir: CopyDir | None = None,
+                handle: str | None = None, batch: int | None = None, waits_for: tuple[int, ...] = (),
+                action: PipelineAction | None = None, stage: int | None = None, microbatch: int | None = None):  # fmt: skip
         spec = OpSpec(stream, loc, duration_us, flops, size_bytes, dtype, peer, dest, group, root, reduce_op, transport,
                       algo, proto, copy_dir, action, stage)  # fmt: skip
-        fill_op(self, rank, index, kind, name, handle, spec, microbatch, batch, waits_for)
+        # Made here, not in __init__: the op's class follows from its values (Python would
+        # not call __init__ on an op of another class than the one `cls` names).
+        return make_op(rank, index, kind, name, handle, spec, microbatch, batch, waits_for)
 
     def _key(self) -> tuple:
         return (self.rank, self.index, self.kind, self.name, self.handle, self.microbatch, self.batch, self.waits_for, self.spec)
 
     def __eq__(self, other: object) -> bool:
-        if other.__class__ is not Op:
+        if not isinstance(other, Op):
             return NotImplemented
-        return self._key() == other._key()  # type: ignore[attr-defined]
+        return self._key() == other._key()
 
     def __hash__(self) -> int:
         return hash(self._key())
@@ -381,30 +391,64 @@ for _name in _SPEC_FIELDS:  # op.stream is op.spec.stream, and so on (attrgetter
     setattr(Op, _name, property(attrgetter("spec." + _name), doc=f"`{_name}` of the op (stored in its `spec`)."))
 del _name
 
-def fill_op(op: Op, rank, index, kind, name, handle, spec, microbatch, batch, waits_for) -> None:
-    """Set the slots of `op`, a new `Op` (from `new_op(Op)` or in `Op.__init__`)."""
-    op.rank = rank
-    op.index = index
-    op.kind = kind
-    op.name = name
-    op.handle = handle
-    op.microbatch = microbatch
-    op.batch = batch
-    op.waits_for = waits_for
-    op.spec = spec
+
+class _MicrobatchOp(Op):
+    """An op whose only non-default rare field is its microbatch (a pipeline's compute op)."""
+
+    __slots__ = ("microbatch",)
+
+
+class _SyncOp(Op):
+    """An op with a handle, a batch or ops it waits for: it stores every rare field."""
+
+    __slots__ = ("handle", "microbatch", "batch", "waits_for")
 
 
 def make_op(rank: int, index: int, kind: OpKind, name: str, handle: str | None, spec: OpSpec, microbatch: int | None,
             batch: int | None, waits_for: tuple[int, ...]) -> Op:  # fmt: skip
-    """An op from its per-op fields and a (shared) spec: the expansion's constructor."""
-    op = new_op(Op)
-    fill_op(op, rank, index, kind, name, handle, spec, microbatch, batch, waits_for)
+    """An op from its per-op fields and a (shared) spec: the expansion's constructor. Its
+    class is the smallest that stores its rare fields (`_RARE_FIELDS`)."""
+    if handle is None and batch is None and not waits_for:
+        if microbatch is None:
+            op = new_op(Op)
+        else:
+            op = new_op(_MicrobatchOp)
+            op.microbatch = microbatch
+    else:
+        op = new_op(_SyncOp)
+        op.handle = handle
+        op.microbatch = microbatch
+        op.batch = batch
+        op.waits_for = waits_for
+    op.rank = rank
+    op.index = index
+    op.kind = kind
+    op.name = name
+    op.spec = spec
     return op
 
 
+def op_on_rank(op: Op, rank: int, spec: OpSpec) -> Op:  # type: ignore[valid-type]
+    """`op` as `rank` makes it, with `spec`: every other field the same (an op of the same
+    class, its slots copied: what copying a rank template makes per op)."""
+    cls = op.__class__
+    new = new_op(cls)
+    if cls is not Op:
+        new.microbatch = op.microbatch
+        if cls is _SyncOp:
+            new.handle = op.handle
+            new.batch = op.batch
+            new.waits_for = op.waits_for
+    new.rank = rank
+    new.index = op.index
+    new.kind = op.kind
+    new.name = op.name
+    new.spec = spec
+    return new
+
+
 new_op = object.__new__
-"""`new_op(Op)`: an op with no slots set yet, for `fill_op` (what `make_op` does, one call
-less for the expander's hottest path)."""
+"""`new_op(cls)`: an op of class `cls` with no slots set yet (for `make_op`)."""
 
 
 _JSON_FIELDS = (

@@ -438,3 +438,34 @@ def test_no_way_to_run_python():
         load("x = world.__class__")
     with pytest.raises(ScheduleError, match="unknown function 'open'"):
         load("x = open(1)")
+
+
+def test_ops_store_only_the_rare_fields_they_set():
+    """An op that sets none of handle, microbatch, batch and waits_for is the small `Op`;
+    one that does is the class that stores them. Whatever its class, an op reads, compares,
+    hashes, pickles and replaces as one with every field."""
+    import dataclasses
+    import pickle
+    import sys as _sys
+
+    from commdsl.errors import SourceLoc
+    from commdsl.ir import Op
+
+    loc = SourceLoc("s.yaml", 3, 5)
+    plain = Op(1, 7, OpKind.COMPUTE, "F[0]", "compute", loc, duration_us=2.0)
+    staged = Op(1, 7, OpKind.COMPUTE, "F[0]", "compute", loc, duration_us=2.0, microbatch=4)
+    batched = Op(1, 8, OpKind.SEND, "x[0]", "compute", loc, size_bytes=64, peer=2, handle="h", batch=8)
+    wait = Op(1, 9, OpKind.WAIT, "h", "compute", loc, waits_for=(8,))
+    assert type(plain) is Op and all(isinstance(op, Op) for op in (staged, batched, wait))
+    assert len({type(plain), type(staged), type(batched)}) == 3 and type(wait) is type(batched)
+    assert _sys.getsizeof(plain) < _sys.getsizeof(staged) < _sys.getsizeof(batched)
+    assert (plain.handle, plain.microbatch, plain.batch, plain.waits_for) == (None, None, None, ())
+    assert (staged.microbatch, staged.handle, staged.waits_for) == (4, None, ())
+    assert (batched.handle, batched.batch, batched.microbatch, wait.waits_for) == ("h", 8, None, (8,))
+    for op in (plain, staged, batched, wait):
+        assert pickle.loads(pickle.dumps(op)) == op and type(pickle.loads(pickle.dumps(op))) is type(op)
+        assert dataclasses.replace(op) == op and op.replace() == op and hash(op.replace()) == hash(op)
+        assert dataclasses.asdict(op)["waits_for"] == op.waits_for
+    assert staged != plain and staged.replace(microbatch=None) == plain and type(staged.replace(microbatch=None)) is Op
+    assert dataclasses.replace(batched, handle=None, batch=None).__class__ is Op
+    assert plain.replace(handle="g").handle == "g" and plain.handle is None

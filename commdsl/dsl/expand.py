@@ -15,8 +15,9 @@ and the checks that are functions of the key alone are skipped: they passed then
 would pass now. What depends on the rank's state (the batch being expanded, handles,
 events, live buffers) is checked every time. On a miss the method runs every check in
 the order of the messages in tests/test_bad_inputs.py, makes the spec, interns it
-(`InternTables`), and caches it. The op itself is then a few slots (`fill_op`): rank,
-index and name shared with the other ranks, kind, handle, per-op numbers, and the spec.
+(`InternTables`), and caches it. The op itself is then a few slots (`make_op`): rank,
+index and name shared with the other ranks, kind, the spec, and the handle and per-op
+numbers where it has them.
 The op budget is counted per rank (`len(ops)` against what the budget had left when
 the rank started) and added to the shared budget when the rank finishes.
 """
@@ -29,8 +30,6 @@ from dataclasses import dataclass, field
 
 from commdsl.errors import LimitError, ScheduleError, SourceLoc, did_you_mean
 from commdsl.ir import (
-    fill_op,
-    new_op,
     HOST_STREAM,
     ROOTED_KINDS,
     SPLIT_KINDS,
@@ -45,6 +44,7 @@ from commdsl.ir import (
     Protocol,
     ReduceOp,
     Transport,
+    make_op,
 )
 from commdsl.dsl.values import Unit, format_bytes, format_flops, format_us, format_value
 from commdsl.limits import MAX_DURATION_US, MAX_FLOPS, MAX_SIZE_BYTES
@@ -343,9 +343,8 @@ class RankExpander:
             self.tables.index(n)  # makes more
             self._fast_limit = min(self._op_limit, len(self._indices))
         intern = self._intern_name
-        op = new_op(Op)
-        fill_op(op, self.rank, self._indices[n], kind, intern(name, name), handle if handle is None else intern(handle, handle),
-                spec, microbatch, batch, waits_for)  # fmt: skip
+        op = make_op(self.rank, self._indices[n], kind, intern(name, name), handle if handle is None else intern(handle, handle),
+                     spec, microbatch, batch, waits_for)  # fmt: skip
         ops.append(op)
         return op
 

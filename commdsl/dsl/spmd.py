@@ -24,7 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from commdsl.dsl.expand import ExpansionBudget, InternTables, RankExpander, WorldLayout
-from commdsl.ir import P2P_KINDS, ROOTED_KINDS, CopyDir, Op, OpKind, OpSpec, make_op
+from commdsl.ir import P2P_KINDS, ROOTED_KINDS, CopyDir, Op, OpKind, OpSpec, op_on_rank
 
 
 @dataclass
@@ -74,11 +74,9 @@ class RankTemplate:
         budget.steps += self.steps
         renamed = {gid: group_ids[family] for gid, family in self.family_of.items() if group_ids[family] != gid}
         if not renamed:
-            return tuple([make_op(rank, op.index, op.kind, op.name, op.handle, op.spec, op.microbatch, op.batch, op.waits_for)
-                          for op in self.ops])  # fmt: skip
+            return tuple([op_on_rank(op, rank, op.spec) for op in self.ops])
         spec_for = self._spec_for
-        return tuple([make_op(rank, op.index, op.kind, op.name, op.handle, spec_for(op.spec, renamed), op.microbatch, op.batch,
-                              op.waits_for) for op in self.ops])  # fmt: skip
+        return tuple([op_on_rank(op, rank, spec_for(op.spec, renamed)) for op in self.ops])
 
     def _spec_for(self, spec: OpSpec, renamed: dict[str, str]) -> OpSpec:
         """`spec` with its group renamed as `renamed` says (if it has one)."""

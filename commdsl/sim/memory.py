@@ -15,6 +15,7 @@ workspaces are not modelled.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import accumulate
 
 from commdsl.errors import MemoryExceededError
 from commdsl.ir import MEMORY_KINDS, Op, OpKind
@@ -54,18 +55,20 @@ class RankMemory:
 
 def _events(raw: RawResult) -> list[list[int]]:
     """Per rank, its memory ops (global numbers) in the order their effect lands."""
-    per_rank: list[list[int]] = [[] for _ in raw.base]
-    for g, op in enumerate(raw.ops):
-        if op.kind in MEMORY_KINDS:
-            per_rank[op.rank].append(g)
-    end = raw.end
-    for events in per_rank:
+    ops, end, base = raw.ops, raw.end, raw.base
+    per_rank: list[list[int]] = []
+    for rank, b in enumerate(base):  # a rank's ops are the global numbers base[rank] .. base[rank + 1] - 1
+        e = base[rank + 1] if rank + 1 < len(base) else len(ops)
+        events = [g for g, op in enumerate(ops[b:e], b) if op.kind in MEMORY_KINDS]
         events.sort(key=end.__getitem__)  # stable: ties keep program order (g)
+        per_rank.append(events)
     return per_rank
 
 
-def _delta(op: Op) -> int:
-    return op.size_bytes if op.kind is OpKind.ALLOC else -op.size_bytes
+def _deltas(raw: RawResult, events: list[int]) -> list[int]:
+    """What each of `events` (memory ops, global numbers) adds to its rank's live bytes."""
+    alloc = OpKind.ALLOC
+    return [op.spec.size_bytes if op.kind is alloc else -op.spec.size_bytes for op in map(raw.ops.__getitem__, events)]
 
 
 def memory_profile(raw: RawResult) -> tuple[RankMemory, ...]:
@@ -76,12 +79,11 @@ def memory_profile(raw: RawResult) -> tuple[RankMemory, ...]:
         return ()
     out = []
     for rank, events in enumerate(per_rank):
-        live = peak = 0
-        peak_at = -1
-        for k, g in enumerate(events):
-            live += _delta(raw.ops[g])
-            if live > peak:
-                peak, peak_at = live, k
+        live_after = list(accumulate(_deltas(raw, events)))  # live bytes after each event
+        live = live_after[-1] if live_after else 0
+        peak = max(live_after, default=0)
+        peak_at = live_after.index(peak) if peak > 0 else -1  # where the peak is first reached
+        peak = max(peak, 0)
         holding: dict[str, Op] = {}
         for g in events[: peak_at + 1]:
             op = raw.ops[g]
@@ -109,9 +111,7 @@ def memory_counters(raw: RawResult) -> list[CounterSample]:
         if not events:
             continue
         samples.append(CounterSample(MEMORY_TRACK, rank, 0.0, 0.0))
-        live = 0
-        for k, g in enumerate(events):
-            live += _delta(raw.ops[g])
+        for k, (g, live) in enumerate(zip(events, accumulate(_deltas(raw, events)))):
             t = raw.end[g]
             if k + 1 < len(events) and raw.end[events[k + 1]] == t:
                 continue  # several changes at one instant: the counter shows where they end
@@ -127,13 +127,13 @@ def check_memory(raw: RawResult, machine: Machine) -> None:
         return
     first: tuple[float, int, int] | None = None  # (time, g, live bytes)
     for events in _events(raw):
-        live = 0
-        for g in events:
-            live += _delta(raw.ops[g])
-            if live > limit:
-                if first is None or (raw.end[g], g) < first[:2]:
-                    first = (raw.end[g], g, live)
-                break
+        live_after = list(accumulate(_deltas(raw, events)))
+        if max(live_after, default=0) <= limit:
+            continue
+        k = next(k for k, live in enumerate(live_after) if live > limit)
+        g = events[k]
+        if first is None or (raw.end[g], g) < first[:2]:
+            first = (raw.end[g], g, live_after[k])
     if first is None:
         return
     t, g, live = first
