@@ -641,18 +641,21 @@ class FlowNetwork(Network):
     def link_stats(self, makespan_us: float) -> list[LinkStat]:
         fabric = self.fabric
         busy = [0.0] * len(fabric.names)
-        since = [-1.0] * len(fabric.names)
         top = [0.0] * len(fabric.names)
         """The largest load of each channel (bytes/us): its peak utilisation is top / capacity."""
-        t, c, v, order = self._sample_arrays()
-        for k in order:
-            ch, tk, vk = c[k], t[k], v[k]
-            s = since[ch]
-            if s >= 0.0:
-                busy[ch] += tk - s
-            since[ch] = tk if vk > 0.0 else -1.0
-            if vk > top[ch]:
-                top[ch] = vk
+        # Channel by channel, its samples in time order (stable): the samples of all channels
+        # sorted by time restricted to one channel, so each channel's busy time is summed in the
+        # same order, without an index per sample of every channel at once.
+        for c, (t, v) in enumerate(self._channel_samples()):
+            b, since, hi = 0.0, -1.0, 0.0
+            for k in sorted(range(len(t)), key=t.__getitem__):
+                tk, vk = t[k], v[k]
+                if since >= 0.0:
+                    b += tk - since
+                since = tk if vk > 0.0 else -1.0
+                if vk > hi:
+                    hi = vk
+            busy[c], top[c] = b, hi
         # Division by a positive capacity keeps the order of loads, so the largest load
         # gives the largest utilisation, exactly.
         peak = [x / cap if cap < _INF else 0.0 for x, cap in zip(top, fabric.capacity)]
@@ -664,6 +667,36 @@ class FlowNetwork(Network):
             util = self._bytes[c] / (bw * 1e3 * makespan_us) if makespan_us > 0 and bw < _INF else 0.0
             out.append(LinkStat(name, fabric.kinds[c], bw, self._bytes[c], busy[c], util, peak[c]))
         return out
+
+    def _channel_samples(self) -> list[tuple[array, array]]:
+        """Per channel, its (time, load bytes/us) samples in event order, as two flat arrays:
+        the event samples and the solo intervals expanded (per interval, its start on each of
+        its channels, then its end), in the order `_sample_arrays` lists them."""
+        n = len(self.fabric.names)
+        per = [(array("d"), array("d")) for _ in range(n)]
+        add_t = [t.append for t, _ in per]
+        add_v = [v.append for _, v in per]
+        st, sc, sv = self._s_t, self._s_c, self._s_v
+        at, demands, t0s, t1s, rates = self._solo_at, self._solo_demands, self._solo_t0, self._solo_t1, self._solo_rate
+        i = j = 0
+        while True:
+            idx = at[j] if j < len(at) else len(st)
+            for tk, c, vk in zip(st[i:idx], sc[i:idx], sv[i:idx]):
+                add_t[c](tk)
+                add_v[c](vk)
+            i = idx
+            if j == len(at):
+                break
+            k = bisect_right(at, idx, j)
+            for d, t0, t1, rate in zip(demands[j:k], t0s[j:k], t1s[j:k], rates[j:k]):
+                for c, w in d:
+                    add_t[c](t0)
+                    add_v[c](w * rate)
+                for c, _w in d:
+                    add_t[c](t1)
+                    add_v[c](0.0)
+            j = k
+        return per
 
     def counter_samples(self) -> Iterator[tuple[float, str, float]]:
         """(time, channel name, utilisation 0..1) in time order, for trace counters: only
