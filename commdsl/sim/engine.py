@@ -184,7 +184,7 @@ class Engine:
             except simpy.core.EmptySchedule:
                 progress(state.count(DONE))
         return RawResult(self.ops, self.base, self.issue_start, self.issue_end, self.start, self.end, self.state, self.cause, self.partner, self.algos,
-                         self.protos)  # fmt: skip
+                         self.protos, self.kind)  # fmt: skip
 
     def unfinished(self) -> bool:
         return any(s != DONE for s in self.state)

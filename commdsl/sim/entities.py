@@ -189,3 +189,5 @@ class RawResult:
     """Per comm op, the index in `ALGOS` of the algorithm it runs."""
     protos: bytearray
     """Per comm op, the index in `PROTOS` of NCCL's protocol it runs with."""
+    kinds: bytearray
+    """Per op, its kind as an index in `KINDS` (reports split ops by kind in C-level passes)."""

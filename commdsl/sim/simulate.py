@@ -182,7 +182,7 @@ def _simulate(program: Program, machine: Machine, network: str, samples: int, se
     like, like_network, like_nominal = runs[median]
     columns = [array("d", map(_median, zip(*(getattr(raw, name) for raw, _, _ in runs))))
                for name in ("issue_start", "issue_end", "start", "end")]  # fmt: skip
-    raw = RawResult(like.ops, like.base, *columns, like.state, like.cause, like.partner, like.algos, like.protos)
+    raw = RawResult(like.ops, like.base, *columns, like.state, like.cause, like.partner, like.algos, like.protos, like.kinds)
     check_memory(raw, machine)
     sampling = {"samples": samples, "seed": seed, "stat": "median", "sample_makespans_us": [round(m, 3) for m in makespans]}
     return SimResult(program, machine, network, raw, like_network.meta(), critical_path(like), _makespan(raw), warnings,

@@ -19,11 +19,14 @@ from __future__ import annotations
 import json
 from array import array
 from collections.abc import Iterable, Iterator
+from itertools import compress, repeat
+from operator import and_, eq, gt
 from dataclasses import dataclass, fields, is_dataclass
 from typing import TextIO
 
 from commdsl.breakdown import breakdown, category
 from commdsl.ir import OpKind
+from commdsl.sim.entities import KINDS
 from commdsl.sim.memory import RankMemory, memory_profile
 from commdsl.sim.network import algbw_gb_per_s
 from commdsl.sim.simulate import SimResult
@@ -206,22 +209,22 @@ def _rank_summaries(result: SimResult) -> list[RankSummary]:
     """Each rank's breakdown (`commdsl.breakdown`): its ops' intervals by category, read
     straight from the flat start/end arrays."""
     raw, program, makespan = result.raw, result.program, result.makespan_us
-    start, end = raw.start, raw.end
     out = []
     for rank, rank_ops in enumerate(program.ops):
         b, n = raw.base[rank], len(rank_ops)
-        spans: dict[str | None, list[tuple[float, float]]] = {"compute": [], "comm": [], "copy": [], None: []}
-        add = {kind: spans[cat].append for kind, cat in _CATEGORY.items()}
-        for op, s, e in zip(rank_ops, start[b : b + n], end[b : b + n]):
-            if e > s:
-                add[op.kind]((s, e))
-        split = breakdown(spans["compute"], spans["comm"], spans["copy"], makespan)
+        # Each category's (start, end) in program order, picked in C-level passes.
+        categories = raw.kinds[b : b + n].translate(_CATEGORY_OF_KIND)
+        starts, ends = raw.start[b : b + n], raw.end[b : b + n]
+        took_time = list(map(gt, ends, starts))
+        compute, comm, copy = (list(compress(zip(starts, ends), map(and_, map(eq, categories, repeat(c)), took_time))) for c in (1, 2, 3))
+        split = breakdown(compute, comm, copy, makespan)
         bubble = (makespan - split.compute_us) / makespan if split.compute_us > 0 and makespan > 0 else None
         out.append(RankSummary(rank, split.compute_us, split.comm_us, split.exposed_comm_us, split.idle_us, bubble))
     return out
 
 
-_CATEGORY = {kind: category(kind) for kind in OpKind}
+_CATEGORY_OF_KIND = bytes([{"compute": 1, "comm": 2, "copy": 3, None: 0}[category(k)] for k in KINDS]).ljust(256, b"\0")
+"""Kind code (`KINDS`) -> 1 compute, 2 comm, 3 copy, 0 none: a `bytes.translate` table."""
 
 
 def _transfers(result: SimResult) -> tuple[TransferSummary, ...]:
