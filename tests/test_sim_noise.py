@@ -6,14 +6,18 @@ from __future__ import annotations
 import json
 import random
 import statistics
+from array import array
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from commdsl.calibrate.executor_probes import STALL_MIN_US, NoiseResult, Stalls, combine_pieces, stalls
 from commdsl.cli import main
 from commdsl.errors import MachineError, UsageError
 from commdsl.sim import simulate
 from commdsl.sim.contention import poisson
+from commdsl.sim.simulate import _medians
 from commdsl.timeline import Timeline
 
 try:
@@ -241,3 +245,13 @@ transports:
   gloo: {latency_us: 50, bandwidth_gb_per_s: 5}
 compute_noise: {stalls_per_s: 20, stall_us: 4000}
 """
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(min_value=1, max_value=9).flatmap(
+    lambda n: st.lists(st.lists(st.floats(min_value=0.0, max_value=1e12), min_size=n, max_size=n), min_size=1, max_size=20)))
+def test_sample_medians_are_statistics_median(rows: list[list[float]]) -> None:
+    """A sampled run's per-op medians (`_medians`, C-level passes) are exactly
+    `statistics.median` of the samples' values, odd and even sample counts alike."""
+    columns = [array("d", column) for column in zip(*rows)]
+    assert list(_medians(columns)) == [statistics.median(row) for row in rows]

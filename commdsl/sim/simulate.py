@@ -14,6 +14,8 @@ from contextlib import contextmanager
 from array import array
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from itertools import repeat
+from operator import add, itemgetter, truediv
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -180,7 +182,7 @@ def _simulate(program: Program, machine: Machine, network: str, samples: int, se
     # The median sample stands for the run: its causes, flows and links.
     median = sorted(range(samples), key=makespans.__getitem__)[(samples - 1) // 2]
     like, like_network, like_nominal = runs[median]
-    columns = [array("d", map(_median, zip(*(getattr(raw, name) for raw, _, _ in runs))))
+    columns = [_medians([getattr(raw, name) for raw, _, _ in runs])
                for name in ("issue_start", "issue_end", "start", "end")]  # fmt: skip
     raw = RawResult(like.ops, like.base, *columns, like.state, like.cause, like.partner, like.algos, like.protos, like.kinds)
     check_memory(raw, machine)
@@ -189,13 +191,16 @@ def _simulate(program: Program, machine: Machine, network: str, samples: int, se
                      like_network, like_nominal, sampling)  # fmt: skip
 
 
-def _median(values: tuple[float, ...]) -> float:
-    """`statistics.median` (the middle value; of an even count, the mean of the middle
-    two), without its per-call overhead: it runs once per op and column."""
-    ordered = sorted(values)
-    n = len(ordered)
+def _medians(columns: list[array]) -> array:
+    """Per position, `statistics.median` of the columns' values there (the middle value;
+    of an even count, the mean of the middle two), in C-level passes: it runs once per op
+    and column."""
+    n = len(columns)
     mid = n // 2
-    return ordered[mid] if n % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+    if n % 2:
+        return array("d", map(itemgetter(mid), map(sorted, zip(*columns))))
+    ordered = list(map(sorted, zip(*columns)))
+    return array("d", map(truediv, map(add, map(itemgetter(mid - 1), ordered), map(itemgetter(mid), ordered)), repeat(2)))
 
 
 def _run(program: Program, machine: Machine, network: str, rng: random.Random | None,
