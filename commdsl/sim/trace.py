@@ -10,11 +10,12 @@ per op, the events sorted a window of time at a time and formatted in batches fr
 
 from __future__ import annotations
 
+import math
 from array import array
 from bisect import bisect_left
 from collections.abc import Callable, Iterator, Sequence
 from itertools import chain, compress, islice, repeat
-from operator import and_, attrgetter, eq, ge, gt, is_, rshift, sub
+from operator import add, and_, attrgetter, eq, ge, gt, is_, rshift, sub
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -71,7 +72,7 @@ class SpanNames:
         entries: the key holds what the span's name and annotations depend on but the op's
         name, all of it fields of its statement (`op.spec`), its kind, algo and protocol."""
         kind = op.kind
-        if kind in _COMM_KINDS and op.transport is not Transport.MEMCPY:  # memcpy runs on its stream
+        if _on_comm_queue(op):
             # dtype, reduce op, transport and algo are fixed per statement (its loc).
             return COMM_TRACK_PREFIX + op.group, (id(op.loc), op.size_bytes, op.group, op.dtype, ALGOS[algo_index].value, PROTOS[proto_index])
         track = HOST_STREAM if kind is OpKind.WAIT and op.stream == HOST_STREAM else op.stream
@@ -90,7 +91,7 @@ class SpanNames:
         if cached is not None:
             return cached
         kind = op.kind
-        if kind in _COMM_KINDS and op.transport is not Transport.MEMCPY:
+        if _on_comm_queue(op):
             algo, proto = ALGOS[algo_index].value, PROTOS[proto_index]
             extra = (("algo", algo),) if proto is None else (("algo", algo), ("proto", proto.value))
             cached = (_comm_name(op, algo, proto), comm_span_args(op, self.group_size[op.group]) + extra)
@@ -128,7 +129,7 @@ def build_timeline(program: Program, machine: Machine, raw: RawResult, network_m
         track, (name, args) = names.exec_span(op, algos[g], protos[g])
         spans.append(Span(op_id, op.rank, track, exec_role, kind, name, start[g], end[g], args))
     tl.flows = [Flow(src, dst, name) for src, dst, name in _flows(raw)]
-    tl.tracks = _known_tracks(program, raw)
+    tl.tracks = _known_tracks(program, _comm_tracks(raw))
     return tl
 
 
@@ -146,9 +147,9 @@ def write_trace(result: SimResult, path: str | Path, flag: str = "--trace", prog
 
 
 def _write_trace(result: SimResult, path: str | Path, flag: str, progress: Callable[[int, int], None] | None) -> None:
-    program, raw = result.program, result.raw
+    program = result.program
     spans = _SpanRuns(result, SpanNames(program))
-    tracks = ordered_tracks(spans.seen(), _known_tracks(program, raw), program.streams)
+    tracks = ordered_tracks(spans.seen(), _known_tracks(program, spans.comm_tracks), program.streams)
     tid_of = {(r, t): i for r, t_names in tracks.items() for i, t in enumerate(t_names)}
     other = other_data("predicted", program.name, program.world_size, spans.makespan_us, tracks, _meta(result))
     times = DecimalTexts(3)
@@ -166,9 +167,9 @@ _CHUNK = 1 << 14
 
 class _SpanRuns:
     """Every span of a simulation as a code, g * 2 + role (0 EXEC, 1 ISSUE), grouped per
-    track ("run") in arrays of codes, starts and keys within the track; per code, its
-    end and its event's pieces of text (`SpanEncoder.span_pieces`); and the matched
-    sends and their recvs, for flow arrows.
+    track ("run") in arrays of codes and starts; per code, its end and its event's
+    pieces of text (`SpanEncoder.span_pieces`); the comm queues of each rank; and the
+    matched sends and their recvs, for flow arrows.
 
     The ops of a statement on a rank with one algo and protocol share their spec, so a
     "class" (`classes`: spec, kind, algo, protocol) gives their EXEC track and
@@ -188,12 +189,8 @@ class _SpanRuns:
         self.end[0::2], self.end[1::2] = raw.end, raw.issue_end
         self.sign_clear = sign_clear(start) and sign_clear(self.end)
         """No time is negative or -0.0: `DecimalTexts` may keep their texts."""
-        # Spans tied in time on one track are ordered by op id, as text ("0:10" before
-        # "0:9"), then role: a code's key is the rank of its op index's decimal text x 2 + role.
-        width = max((len(r) for r in program.ops), default=0)
-        lex = array("i", bytes(8 * width))
-        for position, index in enumerate(sorted(range(width), key=str)):
-            lex[2 * index], lex[2 * index + 1] = 2 * position, 2 * position + 1
+        self.width = max((len(r) for r in program.ops), default=0)
+        """The most ops of a rank."""
         self.heads: list[str] = []
         """Per format, its `span_pieces` head after "},", which closes the event before."""
         self.middles: list[str] = []
@@ -201,68 +198,73 @@ class _SpanRuns:
         self.classes: dict[tuple, int] = {}
         """(id of the op's spec, kind, algo, protocol) -> the op's class."""
         self.class_track: list[str] = []
+        class_queue: list[bool] = []  # class -> its track is a comm queue
         class_key: list[int] = []  # class -> its exec_key's key, as an index into keys
         class_issue: list[int] = []  # class -> the format of its ISSUE spans
         keys: list[tuple] = []
         key_index: dict[tuple, int] = {}
         issue_format: dict[tuple, int] = {}
-        exec_format: dict[tuple[int, str], int] = {}  # (key index, op name) -> format
+        exec_format: list[dict[str, int]] = []  # per key index, op name -> format
         self.format_of = array("i", bytes(8 * n))
         """Per code, the index of its pieces in heads, middles and tails."""
-        self.runs: dict[tuple[int, str], tuple[array, array, array]] = {}
+        self.runs: dict[tuple[int, str], tuple[array, array]] = {}
+        self.comm_tracks: dict[int, set[str]] = {}
+        """Per rank, its comm queues (`_known_tracks`)."""
+        first, last = math.inf, -math.inf
         for rank, rank_ops in enumerate(program.ops):
             b, m = base[rank], len(rank_ops)
             statements = list(zip(map(id, map(_SPEC, rank_ops)), map(_KIND, rank_ops), algos[b : b + m], protos[b : b + m]))
-            if not set(statements) <= self.classes.keys():
-                first = dict(zip(reversed(statements), range(m - 1, -1, -1)))  # each statement's first op
-                for statement, i in first.items():
-                    if statement not in self.classes:
-                        op = rank_ops[i]
-                        track, key = names.exec_key(op, algos[b + i], protos[b + i])
-                        self.classes[statement] = len(self.class_track)
-                        self.class_track.append(track)
-                        if key not in key_index:
-                            key_index[key] = len(keys)
-                            keys.append(key)
-                        class_key.append(key_index[key])
-                        issue = (op.kind, op.transport, op.copy_dir)
-                        if issue not in issue_format:
-                            issue_format[issue] = self._add(encoder.span_pieces(_KIND_VALUE[op.kind], "issue", names.issue_name(op), ()))
-                        class_issue.append(issue_format[issue])
+            for i in sorted(map(statements.index, set(statements) - self.classes.keys())):  # each new class's first op
+                statement = statements[i]
+                op = rank_ops[i]
+                track, key = names.exec_key(op, algos[b + i], protos[b + i])
+                self.classes[statement] = len(self.class_track)
+                self.class_track.append(track)
+                class_queue.append(_on_comm_queue(op))
+                if key not in key_index:
+                    key_index[key] = len(keys)
+                    keys.append(key)
+                    exec_format.append({})
+                class_key.append(key_index[key])
+                issue = (op.kind, op.transport, op.copy_dir)
+                if issue not in issue_format:
+                    issue_format[issue] = self._add(encoder.span_pieces(_KIND_VALUE[op.kind], "issue", names.issue_name(op), ()))
+                class_issue.append(issue_format[issue])
             cls = list(map(self.classes.__getitem__, statements))
-            named = list(zip(map(class_key.__getitem__, cls), map(_NAME, rank_ops)))
-            formats = list(map(exec_format.get, named))
+            self.comm_tracks[rank] = {self.class_track[c] for c in set(cls) if class_queue[c]}
+            by_name = list(map(exec_format.__getitem__, map(class_key.__getitem__, cls)))
+            op_names = list(map(_NAME, rank_ops))
+            formats = list(map(dict.get, by_name, op_names))
             for i in compress(range(m), map(is_, formats, repeat(None))):  # an op that may start a name
-                f = exec_format.get(named[i])
+                f = by_name[i].get(op_names[i])
                 if f is None:
                     op = rank_ops[i]
-                    entry = names.exec_entry(op, keys[named[i][0]], algos[b + i], protos[b + i])
-                    f = exec_format[named[i]] = self._add(encoder.span_pieces(_KIND_VALUE[op.kind], "exec", *entry))
+                    entry = names.exec_entry(op, keys[class_key[cls[i]]], algos[b + i], protos[b + i])
+                    f = by_name[i][op_names[i]] = self._add(encoder.span_pieces(_KIND_VALUE[op.kind], "exec", *entry))
                 formats[i] = f
             self.format_of[2 * b : 2 * (b + m) : 2] = array("i", formats)
             self.format_of[2 * b + 1 : 2 * (b + m) : 2] = array("i", map(class_issue.__getitem__, cls))
             # Each track's codes: the host's ISSUE spans (ops it issues with a span of their
             # own), then each track's EXEC spans, in op order.
             codes: dict[str, array] = {}
-            issued = array("q", compress(range(2 * b + 1, 2 * (b + m) + 1, 2), map(gt, raw.issue_end[b : b + m], raw.issue_start[b : b + m])))
+            issuing = list(map(gt, raw.issue_end[b : b + m], raw.issue_start[b : b + m]))
+            issued = array("q", compress(range(2 * b + 1, 2 * (b + m) + 1, 2), issuing))
             if issued:
                 codes[HOST_STREAM] = issued
+                first = min(first, min(compress(raw.issue_start[b : b + m], issuing)))
+                last = max(last, max(compress(raw.issue_end[b : b + m], issuing)))
+            if m:
+                first, last = min(first, min(raw.start[b : b + m])), max(last, max(raw.end[b : b + m]))
             tracks = list(map(self.class_track.__getitem__, cls))
             for track in dict.fromkeys(tracks):
                 on_track = compress(range(2 * b, 2 * (b + m), 2), map(eq, tracks, repeat(track)))
                 codes.setdefault(track, array("q")).extend(on_track)
             for track, run in codes.items():
-                starts = array("d", map(start.__getitem__, run))
-                self.runs[(rank, track)] = (run, starts, array("i", map(lex.__getitem__, map(sub, run, repeat(2 * b)))))
-        self.base, self.width = base, width
+                self.runs[(rank, track)] = (run, array("d", map(start.__getitem__, run)))
+        self.base = base
+        self.makespan_us = last - first if self.runs else 0.0
         self.ops, self.start, self.algos, self.protos = raw.ops, raw.start, algos, protos
         self.sends, self.recvs = _matched_sends(raw)
-        if self.runs:
-            first = min(min(starts) for _, starts, _ in self.runs.values())
-            last = max(max(map(self.end.__getitem__, codes)) for codes, _, _ in self.runs.values())
-            self.makespan_us = last - first
-        else:
-            self.makespan_us = 0.0
 
     def _add(self, pieces: tuple[str, str, str] | None) -> int:
         # Predicted annotations never name op_id, nor hold lists: every span has pieces.
@@ -284,27 +286,33 @@ class _SpanRuns:
         """The spans' events in trace order, (start, rank, tid, op id, role), a window of
         about `_WINDOW_SPANS` at a time, each window's comma-separated; the runs are
         consumed. `progress` hears (spans formatted, spans in all) after each window."""
+        # A code less twice its rank's first op is the op's index x 2 + role: its "local" code.
+        local_text = [str(i) for i in range(self.width) for _ in (0, 1)] if self.width <= _INDEX_TEXTS else None
+        # Spans tied in time on one track are ordered by op id, as text ("0:10" before
+        # "0:9"), then role: a local code's key is the rank of its index's text x 2 + role.
+        key_of = array("i", bytes(8 * self.width))
+        for position, index in enumerate(sorted(range(self.width), key=str)):
+            key_of[2 * index], key_of[2 * index + 1] = 2 * position, 2 * position + 1
         runs = []
         rank_texts, track_texts = [], []
         for rank, track in sorted(self.runs, key=lambda rt: (rt[0], tid_of[rt])):
-            codes, starts, keys = _in_time_order(*self.runs.pop((rank, track)))
-            indexes = array("i", map(sub, map(rshift, codes, repeat(1)), repeat(self.base[rank])))
-            runs.append((codes, starts, indexes))
+            codes, starts = self.runs.pop((rank, track))
+            runs.append((*_in_time_order(codes, starts, 2 * self.base[rank], key_of), 2 * self.base[rank]))
             rank_texts.append(f"{rank}:")  # an op id is "rank:index"
             track_texts.append(track_piece(rank, tid_of[(rank, track)]))
+        del key_of
         heads, middles, tails, format_of, end = self.heads, self.middles, self.tails, self.format_of, self.end
-        index_text = list(map(str, range(self.width))).__getitem__ if self.width <= _INDEX_TEXTS else str
         pos = [0] * len(runs)
         total, done = sum(len(r[0]) for r in runs), 0
         for bound in _windows([r[1] for r in runs]):
-            w_codes, w_starts, w_indexes, w_runs = array("q"), array("d"), array("i"), array("i")
-            for k, (codes, starts, indexes) in enumerate(runs):
+            w_codes, w_starts, w_locals, w_runs = array("q"), array("d"), array("i"), array("i")
+            for k, (codes, starts, first_code) in enumerate(runs):
                 p = pos[k]
                 j = bisect_left(starts, bound, p)
                 if j > p:
                     w_codes += codes[p:j]
                     w_starts += starts[p:j]
-                    w_indexes += indexes[p:j]
+                    w_locals += array("i", map(sub, codes[p:j], repeat(first_code)))
                     w_runs += array("i", (k,)) * (j - p)
                     pos[k] = j
             n = len(w_codes)
@@ -317,10 +325,11 @@ class _SpanRuns:
             starts = list(map(w_starts.__getitem__, order))
             ks = list(map(w_runs.__getitem__, order))
             fs = list(map(format_of.__getitem__, codes))
+            locals_ = map(w_locals.__getitem__, order)
             pieces: list[str | None] = [None] * (8 * n)
             pieces[0::8] = map(heads.__getitem__, fs)
             pieces[1::8] = map(rank_texts.__getitem__, ks)
-            pieces[2::8] = map(index_text, map(w_indexes.__getitem__, order))
+            pieces[2::8] = map(local_text.__getitem__, locals_) if local_text is not None else map(str, map(rshift, locals_, repeat(1)))
             pieces[3::8] = map(middles.__getitem__, fs)
             pieces[4::8] = times.texts(map(sub, map(end.__getitem__, codes), starts), self.sign_clear)
             pieces[5::8] = map(tails.__getitem__, fs)
@@ -368,29 +377,32 @@ class _SpanRuns:
         return pids, list(map(tid_of.__getitem__, zip(pids, tracks))), list(map(self.start.__getitem__, gs))
 
 
-def _in_time_order(codes: array, starts: array, keys: array) -> tuple[array, array, array]:
-    """A track's codes, starts and keys sorted by (start, key): they mostly come so."""
+def _in_time_order(codes: array, starts: array, first_code: int, key_of: array) -> tuple[array, array]:
+    """A track's codes and starts sorted by start, spans tied in start by their key
+    (`key_of` the local code, code - `first_code`): they mostly come so."""
     if any(map(gt, starts, starts[1:])):
         by_start = sorted(range(len(starts)), key=starts.__getitem__)
-        codes, starts, keys = (array(a.typecode, map(a.__getitem__, by_start)) for a in (codes, starts, keys))
-    # Spans tied in start whose keys descend: sort each such tie by key.
+        codes, starts = (array(a.typecode, map(a.__getitem__, by_start)) for a in (codes, starts))
     n = len(starts)
+    ties = list(compress(range(n - 1), map(eq, starts, starts[1:])))
+    if not ties:
+        return codes, starts
+    key = array("i", map(key_of.__getitem__, map(sub, codes, repeat(first_code))))
     done = 0
-    for i in compress(range(n - 1), map(and_, map(eq, starts, starts[1:]), map(gt, keys, keys[1:]))):
+    for i in compress(ties, map(gt, map(key.__getitem__, ties), map(key.__getitem__, map(add, ties, repeat(1))))):
         if i < done:
-            continue
+            continue  # sorted with the tie before
         t = starts[i]
         lo, hi = i, i + 2
         while lo and starts[lo - 1] == t:
             lo -= 1
         while hi < n and starts[hi] == t:
             hi += 1
-        tie = sorted(range(lo, hi), key=keys.__getitem__)
+        tie = sorted(range(lo, hi), key=key.__getitem__)
         codes[lo:hi] = array(codes.typecode, map(codes.__getitem__, tie))
-        keys[lo:hi] = array(keys.typecode, map(keys.__getitem__, tie))
+        key[lo:hi] = array(key.typecode, map(key.__getitem__, tie))
         done = hi
-    return codes, starts, keys
-
+    return codes, starts
 
 
 def _windows(runs: list[array]) -> list[float]:
@@ -417,13 +429,24 @@ def _matched_sends(raw: RawResult) -> tuple[array, array]:
     return sends, array("q", map(raw.partner.__getitem__, sends))
 
 
-def _known_tracks(program: Program, raw: RawResult) -> dict[int, list[str]]:
-    """Every rank shows its host, every declared stream (even if idle) and its comm queues."""
-    comm_tracks: dict[int, set[str]] = {}
-    for op in raw.ops:
-        if op.kind in _COMM_KINDS and op.transport is not Transport.MEMCPY:
-            comm_tracks.setdefault(op.rank, set()).add(COMM_TRACK_PREFIX + op.group)
+def _known_tracks(program: Program, comm_tracks: dict[int, set[str]]) -> dict[int, list[str]]:
+    """Every rank shows its host, every declared stream (even if idle) and its comm
+    queues (`comm_tracks`: per rank, those its ops run on)."""
     return {r: [HOST_STREAM, *program.streams, *sorted(comm_tracks.get(r, ()))] for r in range(program.world_size) if program.ops[r]}
+
+
+def _comm_tracks(raw: RawResult) -> dict[int, set[str]]:
+    """Per rank, the comm queues its ops run on."""
+    out: dict[int, set[str]] = {}
+    for op in raw.ops:
+        if _on_comm_queue(op):
+            out.setdefault(op.rank, set()).add(COMM_TRACK_PREFIX + op.group)
+    return out
+
+
+def _on_comm_queue(op: Op) -> bool:
+    """The op runs on its group's comm queue (a memcpy send or recv runs on its stream)."""
+    return op.kind in _COMM_KINDS and op.transport is not Transport.MEMCPY
 
 
 def _base_meta(program: Program, machine: Machine, network_meta: dict, sampling: dict | None) -> dict:
