@@ -279,6 +279,10 @@ def _dumps(value: object) -> str:
     return json.dumps(value, sort_keys=True, separators=(",", ":"))
 
 
+_KEPT_TYPES = frozenset({str, int, float, type(None)})
+"""What a span's annotations may be for `SpanEncoder.span_pieces` to stand for them."""
+
+
 class SpanEncoder:
     """Encodes spans as complete events (`ph: "X"`), byte for byte as `_dumps` encodes
     `to_chrome_trace`'s, from three pieces of text built once per (kind, role, name,
@@ -293,20 +297,21 @@ class SpanEncoder:
         """(head, middle, tail) of the span's event, which is head + op id + middle +
         duration + tail + `track_piece(pid, tid)` + start + "}", the op id as it is (a
         `plain_id`) and the times as `DecimalTexts(3)` writes them; None where no pieces
-        can stand for it (an annotation named op_id, or unhashable annotations: a
-        measured trace's lists)."""
+        stand for it: an annotation named op_id, or other than a string, a number or
+        None (a measured trace's lists), or a name other than a string."""
         try:
-            key = (kind, role, name, args)
-            found = self._pieces.get(key, False)
-        except TypeError:
+            fields = {"kind": kind, "role": role}
+            fields.update(args)
+        except (TypeError, ValueError):
             return None
-        if found is not False:
+        if "op_id" in fields or type(name) is not str or not _all_of(str, list(fields)) or not all(type(x) in _KEPT_TYPES for x in fields.values()):
+            return None
+        # Values equal as keys (1 and 1.0; 0.0 and -0.0) must not share texts: the key has
+        # each float's text too (bools, equal to 0 and 1, have no pieces).
+        key = (kind, role, name, args, tuple(float.__repr__(x) for x in fields.values() if type(x) is float))
+        found = self._pieces.get(key)
+        if found is not None:
             return found
-        fields = {"kind": kind, "role": role}
-        fields.update(args)
-        if "op_id" in fields:
-            found = self._pieces[key] = None
-            return None
         items = sorted(fields.items())  # the keys sort around "op_id", which goes between head and middle
         before = "".join(f"{json_text(k)}:{json_text(v)}," for k, v in items if k < "op_id")
         after = "".join(f",{json_text(k)}:{json_text(v)}" for k, v in items if k > "op_id")
