@@ -182,12 +182,10 @@ class _SpanRuns:
         base, n = raw.base, len(raw.ops)
         algos, protos = raw.algos, raw.protos
         encoder = SpanEncoder()
-        # Per code: start, end (the op's, or its issue span's).
-        start = array("d", bytes(16 * n))  # only to fill each run's starts
-        start[0::2], start[1::2] = raw.start, raw.issue_start
+        # Per code, its end (the op's, or its issue span's).
         self.end = array("d", bytes(16 * n))
         self.end[0::2], self.end[1::2] = raw.end, raw.issue_end
-        self.sign_clear = sign_clear(start) and sign_clear(self.end)
+        self.sign_clear = sign_clear(raw.start) and sign_clear(raw.issue_start) and sign_clear(self.end)
         """No time is negative or -0.0: `DecimalTexts` may keep their texts."""
         self.width = max((len(r) for r in program.ops), default=0)
         """The most ops of a rank."""
@@ -244,23 +242,25 @@ class _SpanRuns:
                 formats[i] = f
             self.format_of[2 * b : 2 * (b + m) : 2] = array("i", formats)
             self.format_of[2 * b + 1 : 2 * (b + m) : 2] = array("i", map(class_issue.__getitem__, cls))
-            # Each track's codes: the host's ISSUE spans (ops it issues with a span of their
-            # own), then each track's EXEC spans, in op order.
-            codes: dict[str, array] = {}
+            # Each track's codes and starts: the host's ISSUE spans (ops it issues with a span
+            # of their own), then each track's EXEC spans, in op order.
+            runs: dict[str, tuple[array, array]] = {}
             issuing = list(map(gt, raw.issue_end[b : b + m], raw.issue_start[b : b + m]))
-            issued = array("q", compress(range(2 * b + 1, 2 * (b + m) + 1, 2), issuing))
-            if issued:
-                codes[HOST_STREAM] = issued
-                first = min(first, min(compress(raw.issue_start[b : b + m], issuing)))
+            if any(issuing):
+                issue_starts = array("d", compress(raw.issue_start[b : b + m], issuing))
+                runs[HOST_STREAM] = (array("i", compress(range(2 * b + 1, 2 * (b + m) + 1, 2), issuing)), issue_starts)
+                first = min(first, min(issue_starts))
                 last = max(last, max(compress(raw.issue_end[b : b + m], issuing)))
             if m:
                 first, last = min(first, min(raw.start[b : b + m])), max(last, max(raw.end[b : b + m]))
             tracks = list(map(self.class_track.__getitem__, cls))
             for track in dict.fromkeys(tracks):
-                on_track = compress(range(2 * b, 2 * (b + m), 2), map(eq, tracks, repeat(track)))
-                codes.setdefault(track, array("q")).extend(on_track)
-            for track, run in codes.items():
-                self.runs[(rank, track)] = (run, array("d", map(start.__getitem__, run)))
+                on_track = list(map(eq, tracks, repeat(track)))
+                codes, starts = runs.setdefault(track, (array("i"), array("d")))
+                codes.extend(compress(range(2 * b, 2 * (b + m), 2), on_track))
+                starts.extend(compress(raw.start[b : b + m], on_track))
+            for track, run in runs.items():
+                self.runs[(rank, track)] = run
         self.base = base
         self.makespan_us = last - first if self.runs else 0.0
         self.ops, self.start, self.algos, self.protos = raw.ops, raw.start, algos, protos
@@ -284,8 +284,9 @@ class _SpanRuns:
 
     def events(self, tid_of: dict[tuple[int, str], int], times: DecimalTexts, progress: Callable[[int, int], None] | None = None) -> Iterator[str]:
         """The spans' events in trace order, (start, rank, tid, op id, role), a window of
-        about `_WINDOW_SPANS` at a time, each window's comma-separated; the runs are
-        consumed. `progress` hears (spans formatted, spans in all) after each window."""
+        about `_WINDOW_SPANS` at a time, each window's comma-separated; the runs and the
+        arrays per code are consumed. `progress` hears (spans formatted, spans in all)
+        after each window."""
         # A code less twice its rank's first op is the op's index x 2 + role: its "local" code.
         local_text = [str(i) for i in range(self.width) for _ in (0, 1)] if self.width <= _INDEX_TEXTS else None
         # Spans tied in time on one track are ordered by op id, as text ("0:10" before
@@ -301,11 +302,13 @@ class _SpanRuns:
             rank_texts.append(f"{rank}:")  # an op id is "rank:index"
             track_texts.append(track_piece(rank, tid_of[(rank, track)]))
         del key_of
+        # The arrays per code go with the generator (the counters after the spans take memory of their own).
         heads, middles, tails, format_of, end = self.heads, self.middles, self.tails, self.format_of, self.end
+        del self.heads, self.middles, self.tails, self.format_of, self.end
         pos = [0] * len(runs)
         total, done = sum(len(r[0]) for r in runs), 0
         for bound in _windows([r[1] for r in runs]):
-            w_codes, w_starts, w_locals, w_runs = array("q"), array("d"), array("i"), array("i")
+            w_codes, w_starts, w_locals, w_runs = array("i"), array("d"), array("i"), array("i")
             for k, (codes, starts, first_code) in enumerate(runs):
                 p = pos[k]
                 j = bisect_left(starts, bound, p)
@@ -360,9 +363,12 @@ class _SpanRuns:
             yield "".join(pieces)  # type: ignore[arg-type]
 
     def arrows(self, tid_of: dict[tuple[int, str], int], times: DecimalTexts) -> Iterator[str]:
-        """The flow arrows' events (`commdsl.timeline.arrow_events`), `_CHUNK` at a time."""
-        for lo in range(0, len(self.sends), _CHUNK):
-            sends, recvs = self.sends[lo : lo + _CHUNK], self.recvs[lo : lo + _CHUNK]
+        """The flow arrows' events (`commdsl.timeline.arrow_events`), `_CHUNK` at a time;
+        read once the flow entries are."""
+        all_sends, all_recvs = self.sends, self.recvs
+        del self.sends, self.recvs
+        for lo in range(0, len(all_sends), _CHUNK):
+            sends, recvs = all_sends[lo : lo + _CHUNK], all_recvs[lo : lo + _CHUNK]
             n = len(sends)
             a_pids, a_tids, a_starts = self._exec_places(sends, tid_of)
             b_pids, b_tids, b_starts = self._exec_places(recvs, tid_of)
