@@ -351,6 +351,14 @@ def track_piece(pid: int, tid: int) -> str:
     return f'{pid},"tid":{tid},"ts":'
 
 
+class _TrackPieces(dict):
+    """(pid, tid) -> its `track_piece`, each made once."""
+
+    def __missing__(self, place: tuple[int, int]) -> str:
+        text = self[place] = track_piece(*place)
+        return text
+
+
 def plain_id(op_id: object) -> bool:
     """An op id that JSON writes as it is (no character to escape)."""
     return isinstance(op_id, str) and op_id.isascii() and op_id.isprintable() and '"' not in op_id and "\\" not in op_id
@@ -446,10 +454,12 @@ def _write_joined(out: TextIO, items: Iterable[str]) -> None:
         pending.append(item)
         size += len(item)
         if size >= _WRITE_CHARS:
-            out.write(sep + ",".join(pending))
+            out.write(sep)  # apart: a window of spans is megabytes, joined with it a copy
+            out.write(",".join(pending))
             pending, size, sep = [], 0, ","
     if pending:
-        out.write(sep + ",".join(pending))
+        out.write(sep)
+        out.write(",".join(pending))
 
 
 def metadata_texts(tracks: dict[int, list[str]]) -> Iterator[str]:
@@ -477,12 +487,13 @@ def arrow_events(ids: Sequence[int], names: Sequence[str], a_pids: Sequence[int]
     pieces[0::10] = ['},{"cat":"flow","id":'] * n
     pieces[1::10] = id_texts
     pieces[2::10] = map(',"name":{},"ph":"s","pid":'.format, name_texts)
-    pieces[3::10] = map(track_piece, a_pids, a_tids)
+    places = _TrackPieces()
+    pieces[3::10] = map(places.__getitem__, zip(a_pids, a_tids))
     pieces[4::10] = times.texts(a_starts, sign_clear(array("d", a_starts)))
     pieces[5::10] = ['},{"bp":"e","cat":"flow","id":'] * n
     pieces[6::10] = id_texts
     pieces[7::10] = map(',"name":{},"ph":"f","pid":'.format, name_texts)
-    pieces[8::10] = map(track_piece, b_pids, b_tids)
+    pieces[8::10] = map(places.__getitem__, zip(b_pids, b_tids))
     pieces[9::10] = times.texts(b_starts, sign_clear(array("d", b_starts)))
     pieces[0] = '{"cat":"flow","id":'
     pieces.append("}")

@@ -494,7 +494,7 @@ def _counter_columns(result: SimResult) -> Iterator[tuple[Sequence[str], Sequenc
     memory = memory_counters(result.raw)
     for lo in range(0, len(memory), _CHUNK):
         chunk = memory[lo : lo + _CHUNK]
-        yield [c.track for c in chunk], [c.rank for c in chunk], [c.ts_us for c in chunk], [c.value for c in chunk]
+        yield tuple(list(map(attrgetter(field), chunk)) for field in ("track", "rank", "ts_us", "value"))  # type: ignore[misc]
 
 
 class _LinkTracks(dict):
