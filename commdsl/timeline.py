@@ -368,6 +368,10 @@ _DECIMALS_KEPT = 1 << 16
 """Texts a `DecimalTexts` keeps before it starts afresh."""
 
 
+_THOUSANDTHS = tuple(f".{r:03d}".rstrip("0") if r else ".0" for r in range(1000))
+"""The decimals of a repr() of a float rounded to 3 decimals, by its thousandths."""
+
+
 class DecimalTexts(dict):
     """Floats -> the JSON text of each rounded to `digits` decimals (`_dumps(round(x,
     digits))`), each distinct float formatted once: a trace's durations and values are a
@@ -381,8 +385,18 @@ class DecimalTexts(dict):
         self.digits = digits
 
     def __missing__(self, x: float) -> str:
+        if self.digits == 3 and type(x) is float:
+            # x * 1000 rounded to a float lies on the same side of every half-integer (which
+            # floats below 2**52 hold) as the exact product: unless it is one, round() of it
+            # is the integer of round(x, 3)'s decimals. Below 10**15 those are at most 15
+            # digits, which repr() writes back as they are.
+            y = x * 1000.0
+            if 0.0 < y < 1e15 and y - int(y) != 0.5:
+                thousandths = round(y)
+                text = self[x] = f"{thousandths // 1000}{_THOUSANDTHS[thousandths % 1000]}"
+                return text
         rounded = round(x, self.digits)
-        # A finite float's JSON is its repr (one call less than `text`: most of the cost of a miss).
+        # A finite float's JSON is its repr (one call less than `text`).
         text = self[x] = float.__repr__(rounded) if type(rounded) is float and rounded - rounded == 0.0 else json_text(rounded)
         return text
 

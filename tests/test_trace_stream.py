@@ -130,6 +130,8 @@ _TIMES = st.one_of(
     st.integers(-(10**15), 10**15).map(lambda k: k / 1000),
     st.integers(0, 10**9).map(float),
     st.floats(0, 1e7).map(lambda x: round(x, 3) + 0.0005),  # halfway cases of round(x, 3)
+    st.floats(1e11, 1e13),  # about where the thousandths stop fitting in 15 digits
+    st.integers(0, 2**53).map(lambda k: k / 2048),  # exact binary fractions: halfway thousandths among them
     st.sampled_from([0.0, -0.0, 5e-4, -5e-4, 1e-4, 1e16, 1e22, 2.0**53 + 1, 0.1 + 0.2]),
 )
 
@@ -138,7 +140,7 @@ def _json(value: object) -> str:
     return json.dumps(value, sort_keys=True, separators=(",", ":"))
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=500, deadline=None)
 @given(st.lists(_TIMES, max_size=40), st.sampled_from([3, 6]))
 def test_decimal_texts_are_the_json_of_the_rounded_floats(values, digits):
     texts = DecimalTexts(digits)
