@@ -172,7 +172,7 @@ class _SpanRuns:
     matched sends and their recvs, for flow arrows.
 
     The ops of a statement on a rank with one algo and protocol share their spec, so a
-    "class" (`classes`: spec, kind, algo, protocol) gives their EXEC track and
+    "class" (spec, kind, algo, protocol) gives their EXEC track and
     `SpanNames.exec_key`, and (key, name) their pieces: both are found for a rank's ops
     in a few C-level passes, and only an op that starts a class or a name is looked at
     in Python."""
@@ -193,9 +193,8 @@ class _SpanRuns:
         """Per format, its `span_pieces` head after "},", which closes the event before."""
         self.middles: list[str] = []
         self.tails: list[str] = []
-        self.classes: dict[tuple, int] = {}
-        """(id of the op's spec, kind, algo, protocol) -> the op's class."""
-        self.class_track: list[str] = []
+        classes: dict[tuple, int] = {}  # (id of the op's spec, kind, algo, protocol) -> the op's class
+        class_track: list[str] = []
         class_queue: list[bool] = []  # class -> its track is a comm queue
         class_key: list[int] = []  # class -> its exec_key's key, as an index into keys
         class_issue: list[int] = []  # class -> the format of its ISSUE spans
@@ -206,18 +205,22 @@ class _SpanRuns:
         self.format_of = array("i", bytes(8 * n))
         """Per code, the index of its pieces in heads, middles and tails."""
         self.runs: dict[tuple[int, str], tuple[array, array]] = {}
+        self.places: dict[tuple[int, str], int] = {}
+        """(rank, track) of the ops' EXEC spans -> its number, for `place_of`."""
+        self.place_of = array("i", bytes(4 * n))
+        """Per op, the (rank, track) of its EXEC span, numbered (`places`)."""
         self.comm_tracks: dict[int, set[str]] = {}
         """Per rank, its comm queues (`_known_tracks`)."""
         first, last = math.inf, -math.inf
         for rank, rank_ops in enumerate(program.ops):
             b, m = base[rank], len(rank_ops)
             statements = list(zip(map(id, map(_SPEC, rank_ops)), map(_KIND, rank_ops), algos[b : b + m], protos[b : b + m]))
-            for i in sorted(map(statements.index, set(statements) - self.classes.keys())):  # each new class's first op
+            for i in sorted(map(statements.index, set(statements) - classes.keys())):  # each new class's first op
                 statement = statements[i]
                 op = rank_ops[i]
                 track, key = names.exec_key(op, algos[b + i], protos[b + i])
-                self.classes[statement] = len(self.class_track)
-                self.class_track.append(track)
+                classes[statement] = len(class_track)
+                class_track.append(track)
                 class_queue.append(_on_comm_queue(op))
                 if key not in key_index:
                     key_index[key] = len(keys)
@@ -228,8 +231,10 @@ class _SpanRuns:
                 if issue not in issue_format:
                     issue_format[issue] = self._add(encoder.span_pieces(_KIND_VALUE[op.kind], "issue", names.issue_name(op), ()))
                 class_issue.append(issue_format[issue])
-            cls = list(map(self.classes.__getitem__, statements))
-            self.comm_tracks[rank] = {self.class_track[c] for c in set(cls) if class_queue[c]}
+            cls = list(map(classes.__getitem__, statements))
+            place_of_class = {c: self._place(rank, class_track[c]) for c in set(cls)}
+            self.place_of[b : b + m] = array("i", map(place_of_class.__getitem__, cls))
+            self.comm_tracks[rank] = {class_track[c] for c in set(cls) if class_queue[c]}
             by_name = list(map(exec_format.__getitem__, map(class_key.__getitem__, cls)))
             op_names = list(map(_NAME, rank_ops))
             formats = list(map(dict.get, by_name, op_names))
@@ -253,7 +258,7 @@ class _SpanRuns:
                 last = max(last, max(compress(raw.issue_end[b : b + m], issuing)))
             if m:
                 first, last = min(first, min(raw.start[b : b + m])), max(last, max(raw.end[b : b + m]))
-            tracks = list(map(self.class_track.__getitem__, cls))
+            tracks = list(map(class_track.__getitem__, cls))
             for track in dict.fromkeys(tracks):
                 on_track = list(map(eq, tracks, repeat(track)))
                 codes, starts = runs.setdefault(track, (array("i"), array("d")))
@@ -263,7 +268,7 @@ class _SpanRuns:
                 self.runs[(rank, track)] = run
         self.base = base
         self.makespan_us = last - first if self.runs else 0.0
-        self.ops, self.start, self.algos, self.protos = raw.ops, raw.start, algos, protos
+        self.ops, self.start = raw.ops, raw.start
         self.sends, self.recvs = _matched_sends(raw)
 
     def _add(self, pieces: tuple[str, str, str] | None) -> int:
@@ -274,6 +279,9 @@ class _SpanRuns:
         self.middles.append(middle)
         self.tails.append(tail)
         return len(self.heads) - 1
+
+    def _place(self, rank: int, track: str) -> int:
+        return self.places.setdefault((rank, track), len(self.places))
 
     def seen(self) -> dict[int, set[str]]:
         """Per rank, the tracks its spans are on."""
@@ -365,22 +373,19 @@ class _SpanRuns:
     def arrows(self, tid_of: dict[tuple[int, str], int], times: DecimalTexts) -> Iterator[str]:
         """The flow arrows' events (`commdsl.timeline.arrow_events`), `_CHUNK` at a time;
         read once the flow entries are."""
-        all_sends, all_recvs = self.sends, self.recvs
-        del self.sends, self.recvs
+        all_sends, all_recvs, place_of = self.sends, self.recvs, self.place_of
+        del self.sends, self.recvs, self.place_of
+        place_pid, place_tid = [rank for rank, _ in self.places], list(map(tid_of.__getitem__, self.places))
+        start = self.start
         for lo in range(0, len(all_sends), _CHUNK):
             sends, recvs = all_sends[lo : lo + _CHUNK], all_recvs[lo : lo + _CHUNK]
             n = len(sends)
-            a_pids, a_tids, a_starts = self._exec_places(sends, tid_of)
-            b_pids, b_tids, b_starts = self._exec_places(recvs, tid_of)
-            yield arrow_events(list(range(lo, lo + n)), ["p2p"] * n, a_pids, a_tids, a_starts, b_pids, b_tids, b_starts, times)
+            a, b = list(map(place_of.__getitem__, sends)), list(map(place_of.__getitem__, recvs))
+            yield arrow_events(list(range(lo, lo + n)), ["p2p"] * n,
+                               list(map(place_pid.__getitem__, a)), list(map(place_tid.__getitem__, a)), list(map(start.__getitem__, sends)),
+                               list(map(place_pid.__getitem__, b)), list(map(place_tid.__getitem__, b)), list(map(start.__getitem__, recvs)),
+                               times)  # fmt: skip
 
-    def _exec_places(self, gs: array, tid_of: dict[tuple[int, str], int]) -> tuple[list[int], list[int], list[float]]:
-        """(pids, tids, starts) of the EXEC spans of ops `gs`."""
-        ops = list(map(self.ops.__getitem__, gs))
-        pids = list(map(_RANK, ops))
-        statements = zip(map(id, map(_SPEC, ops)), map(_KIND, ops), map(self.algos.__getitem__, gs), map(self.protos.__getitem__, gs))
-        tracks = map(self.class_track.__getitem__, map(self.classes.__getitem__, statements))
-        return pids, list(map(tid_of.__getitem__, zip(pids, tracks))), list(map(self.start.__getitem__, gs))
 
 
 def _in_time_order(codes: array, starts: array, first_code: int, key_of: array) -> tuple[array, array]:
