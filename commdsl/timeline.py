@@ -364,7 +364,7 @@ def plain_id(op_id: object) -> bool:
     return isinstance(op_id, str) and op_id.isascii() and op_id.isprintable() and '"' not in op_id and "\\" not in op_id
 
 
-_DECIMALS_KEPT = 1 << 16
+_DECIMALS_KEPT = 1 << 14
 """Texts a `DecimalTexts` keeps before it starts afresh."""
 
 
