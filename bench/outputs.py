@@ -6,7 +6,8 @@ and `--trace`, per op, on a 1F1B pipeline (64 stages by default).
 
 Prints CPU seconds (median of `--repeats`) and microseconds per op of: summarize,
 the JSON summary, the streamed trace (`SimResult.write_trace`), and, for comparison, the
-trace's size. The whole command (imports, expansion, simulation included) is measured by
+trace's size; then the most memory the streamed trace takes beyond the simulation's
+(tracemalloc's peak while it writes, per op). The whole command (imports, expansion, simulation included) is measured by
 the lead's `bench/scale.py`; this one isolates the outputs.
 """
 
@@ -18,6 +19,7 @@ import os
 import statistics
 import tempfile
 import time
+import tracemalloc
 
 from commdsl.dsl import load_schedule
 from commdsl.machine import resolve_machine
@@ -52,10 +54,15 @@ def main() -> None:
             ("--trace", _cpu(lambda: result.write_trace(trace), args.repeats)),
         ]
         size = os.path.getsize(trace)
+        tracemalloc.start()
+        result.write_trace(trace)
+        trace_peak = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
     print(f"1F1B {args.stages} stages x {args.microbatches} microbatches: {ops:,} ops, trace {size / 1e6:.0f} MB "
           f"({size / ops:.0f} bytes per op)")  # fmt: skip
     for name, cpu in rows:
         print(f"  {name:<10} {cpu:7.3f} s CPU  {1e6 * cpu / ops:6.2f} us/op")
+    print(f"  --trace's peak memory beyond the simulation: {trace_peak / 2**20:.0f} MiB ({trace_peak / ops:.0f} bytes per op)")
 
 
 if __name__ == "__main__":

@@ -16,10 +16,12 @@ from __future__ import annotations
 import enum
 import json
 import math
-from collections.abc import Callable, Iterable, Iterator, Sequence
+import sys
+from array import array
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from itertools import islice, repeat
-from operator import mod, sub
+from itertools import chain, islice
+from json.encoder import encode_basestring_ascii
 from pathlib import Path
 from typing import TextIO
 
@@ -174,10 +176,20 @@ class Timeline:
                     exec_by_op[s.op_id] = (s.rank, tid, s.start_us)
                 yield encoder.event(s.kind, s.role.value, s.name, s.args, s.op_id, s.rank, tid, s.start_us, s.end_us)
 
-        flows = [(f.src_op, f.dst_op, f.name) for f in self.flows]
-        write_chrome_trace(path, flag, tracks=tracks, other=other_data(self.source, self.schedule, self.world_size, self.makespan_us, tracks, self.meta),
-                           flows=flows, spans=spans(), exec_of=exec_by_op.get,
-                           counters=((c.track, c.rank, c.ts_us, c.value) for c in self.counters))  # fmt: skip
+        def arrows() -> Iterator[str]:  # read once the spans are: their EXEC spans are known then
+            times = DecimalTexts(3)
+            flows = enumerate(self.flows)
+            while chunk := list(islice(flows, _CHUNK)):
+                found = [(i, f.name, exec_by_op.get(f.src_op), exec_by_op.get(f.dst_op)) for i, f in chunk]
+                columns = [(i, name, *a, *b) for i, name, a, b in found if a is not None and b is not None]
+                if columns:
+                    yield arrow_events(*map(list, zip(*columns)), times)
+
+        links_pid = max(tracks, default=-1) + 1
+        counters = ((c.track, c.rank, c.ts_us, c.value) for c in self.counters)
+        write_chrome_trace(path, flag, other=other_data(self.source, self.schedule, self.world_size, self.makespan_us, tracks, self.meta),
+                           flows=flow_entries((f.src_op, f.dst_op, f.name) for f in self.flows),
+                           events=chain(metadata_texts(tracks), spans(), arrows(), counter_events(counter_columns(counters), links_pid)))  # fmt: skip
 
     @classmethod
     def read(cls, path: str | Path) -> Timeline:
@@ -267,117 +279,175 @@ def _dumps(value: object) -> str:
     return json.dumps(value, sort_keys=True, separators=(",", ":"))
 
 
+_KEPT_TYPES = frozenset({str, int, float, type(None)})
+"""What a span's annotations may be for `SpanEncoder.span_pieces` to stand for them."""
+
+
 class SpanEncoder:
     """Encodes spans as complete events (`ph: "X"`), byte for byte as `_dumps` encodes
-    `to_chrome_trace`'s, from a %-format built once per (kind, role, name, args): a
-    million spans of a few hundred statements cost a string format each, and a batch
-    of them can be formatted in one `map` (`format_spans`)."""
+    `to_chrome_trace`'s, from three pieces of text built once per (kind, role, name,
+    args) (`span_pieces`): an event is those pieces with its op id, times, pid and tid
+    between them, so a million spans of a few hundred statements cost a few lookups
+    each, and a batch of them one `str.join` (`commdsl.sim.trace`)."""
 
     def __init__(self) -> None:
-        self._formats: dict[tuple, str | None] = {}
+        self._pieces: dict[tuple, tuple[str, str, str] | None] = {}
 
-    def span_format(self, kind: str, role: str, name: str, args: tuple[tuple[str, object], ...]) -> str | None:
-        """The event as a %-format of (pid, op index, duration, pid, tid, start), the
-        times rounded (`_ts`); None where no format can stand for it (an annotation named
-        op_id, or unhashable annotations: a measured trace's lists)."""
+    def span_pieces(self, kind: str, role: str, name: str, args: tuple[tuple[str, object], ...]) -> tuple[str, str, str] | None:
+        """(head, middle, tail) of the span's event, which is head + op id + middle +
+        duration + tail + `track_piece(pid, tid)` + start + "}", the op id as it is (a
+        `plain_id`) and the times as `DecimalTexts(3)` writes them; None where no pieces
+        stand for it: an annotation named op_id, or other than a string, a number or
+        None (a measured trace's lists), or a name other than a string."""
         try:
-            key = (kind, role, name, args)
-            found = self._formats.get(key, False)
-        except TypeError:
+            fields = {"kind": kind, "role": role}
+            fields.update(args)
+        except (TypeError, ValueError):
             return None
-        if found is not False:
+        if "op_id" in fields or type(name) is not str or not _all_of(str, list(fields)) or not all(type(x) in _KEPT_TYPES for x in fields.values()):
+            return None
+        # Values equal as keys (1 and 1.0; 0.0 and -0.0) must not share texts: the key has
+        # each float's text too (bools, equal to 0 and 1, have no pieces).
+        key = (kind, role, name, args, tuple(float.__repr__(x) for x in fields.values() if type(x) is float))
+        found = self._pieces.get(key)
+        if found is not None:
             return found
-        fields = {"kind": kind, "role": role}
-        fields.update(args)
-        if "op_id" in fields:
-            found = self._formats[key] = None
-            return None
-        items = sorted(fields.items())  # the keys sort around "op_id", which the format fills in
-        before = "".join(f"{_dumps(k)}:{_dumps(v)}," for k, v in items if k < "op_id")
-        after = "".join(f",{_dumps(k)}:{_dumps(v)}" for k, v in items if k > "op_id")
-        head = _percent('{"args":{' + before + '"op_id":"')
-        middle = _percent('"' + after + '},"cat":' + _dumps(kind) + ',"dur":')
-        tail = _percent(',"name":' + _dumps(name) + ',"ph":"X","pid":')
-        found = self._formats[key] = head + "%d:%d" + middle + "%r" + tail + '%d,"tid":%d,"ts":%r}'
+        items = sorted(fields.items())  # the keys sort around "op_id", which goes between head and middle
+        before = "".join(f"{json_text(k)}:{json_text(v)}," for k, v in items if k < "op_id")
+        after = "".join(f",{json_text(k)}:{json_text(v)}" for k, v in items if k > "op_id")
+        head = '{"args":{' + before + '"op_id":"'
+        middle = '"' + after + '},"cat":' + json_text(kind) + ',"dur":'
+        tail = ',"name":' + json_text(name) + ',"ph":"X","pid":'
+        found = self._pieces[key] = (head, middle, tail)
         return found
 
     def event(self, kind: str, role: str, name: str, args: tuple, op_id: str, pid: int, tid: int, start_us: float, end_us: float) -> str:
         """One span's event."""
-        fmt = self.span_format(kind, role, name, args)
-        rank, sep, index = op_id.partition(":") if isinstance(op_id, str) else ("", "", "")
+        pieces = self.span_pieces(kind, role, name, args)
         dur, ts = _ts(end_us - start_us), _ts(start_us)
-        # The format writes the op id as "%d:%d" % (pid, index): only an id of that form.
-        plain = sep and type(pid) is int and rank == str(pid) and index.isascii() and index.isdigit() and str(int(index)) == index
-        if fmt is None or not plain or not (_is_number(dur) and _is_number(ts)):
+        if pieces is None or not plain_id(op_id) or type(pid) is not int or type(tid) is not int:
             fields = {"op_id": op_id, "kind": kind, "role": role}
             fields.update(args)
             return _dumps({"ph": "X", "name": name, "cat": kind, "pid": pid, "tid": tid, "ts": ts, "dur": dur, "args": fields})
-        return fmt % (pid, int(index), dur, pid, tid, ts)
+        head, middle, tail = pieces
+        return "".join((head, op_id, middle, json_text(dur), tail, track_piece(pid, tid), json_text(ts), "}"))
 
 
-def _percent(text: str) -> str:
-    """`text` as the literal part of a %-format."""
-    return text.replace("%", "%%")
+def json_text(value: object) -> str:
+    """`value` as `_dumps` writes it; strings, integers and floats without the encoder's
+    set-up (the same functions it calls)."""
+    kind = type(value)
+    if kind is str:
+        return encode_basestring_ascii(value)
+    if kind is int:
+        return int.__repr__(value)
+    if kind is float and math.isfinite(value):
+        return float.__repr__(value)
+    return _dumps(value)
 
 
-def _is_number(x: object) -> bool:
-    """A number that `%r` writes as JSON does (finite; not a bool)."""
-    return (type(x) is float or type(x) is int) and math.isfinite(x)
+def track_piece(pid: int, tid: int) -> str:
+    """The text between an event's "pid": and its time: `pid,"tid":tid,"ts":`."""
+    return f'{pid},"tid":{tid},"ts":'
 
 
-def _all_numbers(xs: Sequence[object]) -> bool:
-    """`_is_number` of each of `xs`, in C-level passes."""
-    return set(map(type, xs)) <= {float, int} and all(map(math.isfinite, xs))
+class _TrackPieces(dict):
+    """(pid, tid) -> its `track_piece`, each made once."""
+
+    def __missing__(self, place: tuple[int, int]) -> str:
+        text = self[place] = track_piece(*place)
+        return text
 
 
-def format_spans(formats: Iterable[str], pids: Iterable[int], indexes: Iterable[int], tids: Iterable[int],
-                 starts: Sequence[float], ends: Iterable[float]) -> str:  # fmt: skip
-    """Spans' events from their `SpanEncoder.span_format`s, comma-separated, in one
-    pass of C-level maps (finite times)."""
-    pids = list(pids)
-    durations = map(round, map(sub, ends, starts), repeat(3))
-    return ",".join(map(mod, formats, zip(pids, indexes, durations, pids, tids, map(round, starts, repeat(3)))))
-
-
-def write_chrome_trace(path: str | Path, flag: str, *, tracks: dict[int, list[str]], other: dict, flows: Sequence[tuple[str, str, str]] | Callable[[], Iterable[tuple[str, str, str]]],
-                       spans: Iterable[str], exec_of: Callable[[str], tuple[int, int, float] | None],
-                       counters: Iterable[tuple[str, int, float, float]]) -> None:  # fmt: skip
-    """Write a Chrome trace piece by piece, as `_dumps(Timeline.to_chrome_trace())`
-    writes it whole: `other` is `otherData.commdsl` but its "flows", which `flows` gives
-    as (send op id, recv op id, name) (a sequence, or a function that gives them afresh:
-    they are read twice); `spans` are the encoded complete events in trace order (each
-    item one or more, comma-separated), and `exec_of` gives, once they are all read, an
-    op's (pid, tid, start) for flow arrows; `counters` are (track, rank or -1 for the
-    links process, time, value). A failure to write is a usage error naming `flag` and
-    the file."""
-    with output_file(path, flag) as out:
-        _write_trace(out, tracks, other, flows, spans, exec_of, counters)
-
-
-_CHUNK = 4096
-"""Counter samples formatted at once."""
-_WRITE_CHARS = 1 << 20
-"""Characters of events joined into one write."""
-
-_COUNTER = '{"args":{"value":%r},"name":%s,"ph":"C","pid":%d,"tid":0,"ts":%r}'
-_ARROWS = '{"cat":"flow","id":%d,"name":%s,"ph":"s","pid":%d,"tid":%d,"ts":%r},{"bp":"e","cat":"flow","id":%d,"name":%s,"ph":"f","pid":%d,"tid":%d,"ts":%r}'
-"""A flow arrow: its start (at the send) and its end (at the recv)."""
-
-
-def _write_trace(out: TextIO, tracks, other, flows, spans, exec_of, counters) -> None:
-    each_flow = flows if callable(flows) else lambda: flows
-    out.write('{"displayTimeUnit":"ms","otherData":{"commdsl":{"flows":[')
-    names = _Names()
-    _write_joined(out, (f'["{src}","{dst}",{names[name]}]' if _plain_id(src) and _plain_id(dst) else _dumps([src, dst, name])
-                        for src, dst, name in each_flow()))  # fmt: skip
-    out.write("]," + _dumps(other)[1:] + '},"traceEvents":[')
-    _write_joined(out, _events(tracks, each_flow, spans, exec_of, counters, names))
-    out.write("]}\n")
-
-
-def _plain_id(op_id: object) -> bool:
+def plain_id(op_id: object) -> bool:
     """An op id that JSON writes as it is (no character to escape)."""
     return isinstance(op_id, str) and op_id.isascii() and op_id.isprintable() and '"' not in op_id and "\\" not in op_id
+
+
+_DECIMALS_KEPT = 1 << 14
+"""Texts a `DecimalTexts` keeps before it starts afresh."""
+
+
+_THOUSANDTHS = tuple(f".{r:03d}".rstrip("0") if r else ".0" for r in range(1000))
+"""The decimals of a repr() of a float rounded to 3 decimals, by its thousandths."""
+
+
+class DecimalTexts(dict):
+    """Floats -> the JSON text of each rounded to `digits` decimals (`_dumps(round(x,
+    digits))`), each distinct float formatted once: a trace's durations and values are a
+    few hundred distinct numbers, its times repeat across ranks. `texts` reads a batch.
+
+    -0.0 and 0.0 are one key to a dict but have two texts: `texts` keeps the texts of a
+    batch only where no float of it has its sign bit set (`sign_clear`)."""
+
+    def __init__(self, digits: int):
+        super().__init__()
+        self.digits = digits
+
+    def __missing__(self, x: float) -> str:
+        if self.digits == 3 and type(x) is float:
+            # x * 1000 rounded to a float lies on the same side of every half-integer (which
+            # floats below 2**52 hold) as the exact product: unless it is one, round() of it
+            # is the integer of round(x, 3)'s decimals. Below 10**15 those are at most 15
+            # digits, which repr() writes back as they are.
+            y = x * 1000.0
+            if 0.0 < y < 1e15 and y - int(y) != 0.5:
+                thousandths = round(y)
+                text = self[x] = f"{thousandths // 1000}{_THOUSANDTHS[thousandths % 1000]}"
+                return text
+        rounded = round(x, self.digits)
+        # A finite float's JSON is its repr (one call less than `text`).
+        text = self[x] = float.__repr__(rounded) if type(rounded) is float and rounded - rounded == 0.0 else json_text(rounded)
+        return text
+
+    def text(self, x: float) -> str:
+        """The text of one float, not kept."""
+        return json_text(round(x, self.digits))
+
+    def texts(self, values: Iterable[float], signs_clear: bool) -> Iterator[str]:
+        """The texts of `values` (floats); kept only where `signs_clear`: none of them is
+        negative or -0.0 (`sign_clear`)."""
+        if len(self) > _DECIMALS_KEPT:
+            self.clear()
+        return map(self.__getitem__ if signs_clear else self.text, values)
+
+
+def sign_clear(values: array) -> bool:
+    """No double of `values` (an array of them) has its sign bit set: none is negative or -0.0."""
+    top = values.tobytes()[values.itemsize - 1 :: values.itemsize] if sys.byteorder == "little" else values.tobytes()[:: values.itemsize]
+    return not top or max(top) < 0x80
+
+
+def _all_of(kind: type, xs: Sequence[object]) -> bool:
+    """Every one of `xs` is exactly of type `kind`."""
+    return set(map(type, xs)) <= {kind}
+
+
+def write_chrome_trace(path: str | Path, flag: str, *, other: dict, flows: Iterable[str], events: Iterable[str]) -> None:
+    """Write a Chrome trace piece by piece, as `_dumps(Timeline.to_chrome_trace())`
+    writes it whole: `other` is `otherData.commdsl` but its "flows", whose entries
+    `flows` gives encoded (`flow_entries`), and `events` the encoded events in trace
+    order (read after the flows), each item one or more, comma-separated. A failure to
+    write is a usage error naming `flag` and the file."""
+    with output_file(path, flag) as out:
+        out.write('{"displayTimeUnit":"ms","otherData":{"commdsl":{"flows":[')
+        _write_joined(out, flows)
+        out.write("]," + _dumps(other)[1:] + '},"traceEvents":[')
+        _write_joined(out, events)
+        out.write("]}\n")
+
+
+_CHUNK = 1 << 14
+"""Counter samples and flow arrows encoded at once."""
+_WRITE_CHARS = 1 << 22
+"""Characters of events joined into one write."""
+
+
+def flow_entries(flows: Iterable[tuple[str, str, str]]) -> Iterator[str]:
+    """`otherData.commdsl.flows`'s entries, [send op id, recv op id, name], encoded."""
+    names = _Names()
+    for src, dst, name in flows:
+        yield f'["{src}","{dst}",{names[name]}]' if plain_id(src) and plain_id(dst) else _dumps([src, dst, name])
 
 
 class _Names(dict):
@@ -398,46 +468,99 @@ def _write_joined(out: TextIO, items: Iterable[str]) -> None:
         pending.append(item)
         size += len(item)
         if size >= _WRITE_CHARS:
-            out.write(sep + ",".join(pending))
+            out.write(sep)  # apart: a window of spans is megabytes, joined with it a copy
+            out.write(",".join(pending))
             pending, size, sep = [], 0, ","
     if pending:
-        out.write(sep + ",".join(pending))
+        out.write(sep)
+        out.write(",".join(pending))
 
 
-def _events(tracks, each_flow, spans, exec_of, counters, names: _Names) -> Iterator[str]:
-    for ev in metadata_events(tracks):
-        yield _dumps(ev)
-    yield from spans
-    flows = enumerate(each_flow())
-    while chunk := list(islice(flows, _CHUNK)):
-        arrows = [(i, name, exec_of(src), exec_of(dst)) for i, (src, dst, name) in chunk]
-        arrows = [(i, name, *a, *b) for i, name, a, b in arrows if a is not None and b is not None]
-        if not arrows:
-            continue
-        ids, flow_names, a_pids, a_tids, a_starts, b_pids, b_tids, b_starts = zip(*arrows)
-        a_ts, b_ts = list(map(round, a_starts, repeat(3))), list(map(round, map(max, b_starts, a_starts), repeat(3)))
-        if _all_numbers(a_ts) and _all_numbers(b_ts) and set(map(type, a_pids + a_tids + b_pids + b_tids)) <= {int}:
-            kinds = list(map(names.__getitem__, flow_names))
-            yield ",".join(map(mod, repeat(_ARROWS), zip(ids, kinds, a_pids, a_tids, a_ts, ids, kinds, b_pids, b_tids, b_ts)))
-            continue
-        for i, name, a_pid, a_tid, a, b_pid, b_tid, b in zip(ids, flow_names, a_pids, a_tids, a_ts, b_pids, b_tids, b_ts):
-            yield _dumps({"ph": "s", "id": i, "name": name, "cat": "flow", "pid": a_pid, "tid": a_tid, "ts": a})
-            yield _dumps({"ph": "f", "bp": "e", "id": i, "name": name, "cat": "flow", "pid": b_pid, "tid": b_tid, "ts": b})
-    links_pid = max(tracks, default=-1) + 1
-    it = iter(counters)
+def metadata_texts(tracks: dict[int, list[str]]) -> Iterator[str]:
+    """`metadata_events`, encoded."""
+    return map(_dumps, metadata_events(tracks))
+
+
+def arrow_events(ids: Sequence[int], names: Sequence[str], a_pids: Sequence[int], a_tids: Sequence[int], a_starts: Sequence[float],
+                 b_pids: Sequence[int], b_tids: Sequence[int], b_starts: Sequence[float], times: DecimalTexts) -> str:  # fmt: skip
+    """Flow arrows' events, comma-separated: per flow its id, its name, the (pid, tid,
+    start) of its send's EXEC span (where it starts, `ph: "s"`) and of its recv's (where
+    it ends, `ph: "f"`, not before its start). `times` is a `DecimalTexts(3)`."""
+    b_starts = list(map(max, b_starts, a_starts))
+    if not (_all_of(int, ids) and _all_of(str, names) and _all_of(int, a_pids + a_tids + b_pids + b_tids)
+            and _all_of(float, a_starts) and _all_of(float, b_starts)):  # fmt: skip
+        return ",".join(
+            _dumps({"ph": "s", "id": i, "name": name, "cat": "flow", "pid": a_pid, "tid": a_tid, "ts": _ts(a)})
+            + ","
+            + _dumps({"ph": "f", "bp": "e", "id": i, "name": name, "cat": "flow", "pid": b_pid, "tid": b_tid, "ts": _ts(b)})
+            for i, name, a_pid, a_tid, a, b_pid, b_tid, b in zip(ids, names, a_pids, a_tids, a_starts, b_pids, b_tids, b_starts))  # fmt: skip
+    n = len(ids)
+    id_texts = list(map(str, ids))
+    name_texts = list(map(_Names().__getitem__, names))
+    pieces: list[str | None] = [None] * (10 * n)
+    pieces[0::10] = ['},{"cat":"flow","id":'] * n
+    pieces[1::10] = id_texts
+    pieces[2::10] = map(',"name":{},"ph":"s","pid":'.format, name_texts)
+    places = _TrackPieces()
+    pieces[3::10] = map(places.__getitem__, zip(a_pids, a_tids))
+    pieces[4::10] = times.texts(a_starts, sign_clear(array("d", a_starts)))
+    pieces[5::10] = ['},{"bp":"e","cat":"flow","id":'] * n
+    pieces[6::10] = id_texts
+    pieces[7::10] = map(',"name":{},"ph":"f","pid":'.format, name_texts)
+    pieces[8::10] = map(places.__getitem__, zip(b_pids, b_tids))
+    pieces[9::10] = times.texts(b_starts, sign_clear(array("d", b_starts)))
+    pieces[0] = '{"cat":"flow","id":'
+    pieces.append("}")
+    return "".join(pieces)  # type: ignore[arg-type]
+
+
+def counter_events(chunks: Iterable[tuple[Sequence[str], Sequence[int], Sequence[float], Sequence[float]]], links_pid: int) -> Iterator[str]:
+    """Counter events (`ph: "C"`), after the links process's name if there are any,
+    a chunk at a time: each chunk (tracks, ranks, times, values), a rank -1 for the
+    links process (`links_pid`)."""
     first = True
-    while chunk := list(islice(it, _CHUNK)):
+    times, values = DecimalTexts(3), DecimalTexts(6)
+    middles = _CounterMiddles(links_pid)
+    for tracks, ranks, ts, vs in chunks:
+        n = len(tracks)
+        if not n:
+            continue
         if first:
             yield _dumps(_links_process(links_pid))
             first = False
-        track_names, ranks, times, values = zip(*chunk)
-        pids = [r if r >= 0 else links_pid for r in ranks]
-        times, values = list(map(round, times, repeat(3))), list(map(round, values, repeat(6)))
-        if _all_numbers(times) and _all_numbers(values):
-            yield ",".join(map(_COUNTER.__mod__, zip(values, map(names.__getitem__, track_names), pids, times)))
-        else:
-            yield ",".join(_dumps({"ph": "C", "name": t, "pid": p, "tid": 0, "ts": ts, "args": {"value": v}})
-                           for t, p, ts, v in zip(track_names, pids, times, values))  # fmt: skip
+        if not (_all_of(str, tracks) and _all_of(int, ranks) and _all_of(float, ts) and _all_of(float, vs)):
+            yield ",".join(_dumps({"ph": "C", "name": t, "pid": r if r >= 0 else links_pid, "tid": 0, "ts": _ts(x), "args": {"value": round(v, 6)}})
+                           for t, r, x, v in zip(tracks, ranks, ts, vs))  # fmt: skip
+            continue
+        pieces: list[str | None] = [None] * (4 * n)
+        pieces[0::4] = ['},{"args":{"value":'] * n
+        pieces[1::4] = values.texts(vs, sign_clear(array("d", vs)))
+        pieces[2::4] = map(middles.__getitem__, zip(tracks, ranks))
+        pieces[3::4] = times.texts(ts, sign_clear(array("d", ts)))
+        pieces[0] = '{"args":{"value":'
+        pieces.append("}")
+        yield "".join(pieces)  # type: ignore[arg-type]
+
+
+def counter_columns(counters: Iterable[tuple[str, int, float, float]]) -> Iterator[tuple[tuple, tuple, tuple, tuple]]:
+    """(track, rank, time, value) samples as `counter_events`' chunks, `_CHUNK` at a time."""
+    it = iter(counters)
+    while chunk := list(islice(it, _CHUNK)):
+        yield tuple(zip(*chunk))  # type: ignore[misc]
+
+
+class _CounterMiddles(dict):
+    """(track, rank) -> the text of a counter event between its value and its time."""
+
+    def __init__(self, links_pid: int):
+        super().__init__()
+        self.links_pid = links_pid
+
+    def __missing__(self, key: tuple[str, int]) -> str:
+        track, rank = key
+        text = self[key] = '},"name":' + json_text(track) + ',"ph":"C","pid":' + track_piece(rank if rank >= 0 else self.links_pid, 0)
+        return text
+
 
 
 def _line(text: str, number: int) -> str:

@@ -8,6 +8,7 @@ write exactly `json.dumps(timeline.to_chrome_trace(), sort_keys=True, separators
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -112,3 +113,111 @@ def test_a_sampled_simulation_streams_its_medians_and_sampling_metadata(tmp_path
     result.write_trace(out)
     assert out.read_text() == _whole(result.timeline, program.streams)
     assert json.loads(out.read_text())["otherData"]["commdsl"]["meta"]["samples"] == 3
+
+
+# ---- the encoders' fast paths against the JSON encoder --------------------------------
+
+from array import array  # noqa: E402
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from commdsl.timeline import DecimalTexts, SpanEncoder, json_text, sign_clear  # noqa: E402
+
+# Floats as simulated times are (few decimals, integral, huge, tiny), and every other one.
+_TIMES = st.one_of(
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.integers(-(10**15), 10**15).map(lambda k: k / 1000),
+    st.integers(0, 10**9).map(float),
+    st.floats(0, 1e7).map(lambda x: round(x, 3) + 0.0005),  # halfway cases of round(x, 3)
+    st.floats(1e11, 1e13),  # about where the thousandths stop fitting in 15 digits
+    st.integers(0, 2**53).map(lambda k: k / 2048),  # exact binary fractions: halfway thousandths among them
+    st.sampled_from([0.0, -0.0, 5e-4, -5e-4, 1e-4, 1e16, 1e22, 2.0**53 + 1, 0.1 + 0.2]),
+)
+
+
+def _json(value: object) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"))
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.lists(_TIMES, max_size=40), st.sampled_from([3, 6]))
+def test_decimal_texts_are_the_json_of_the_rounded_floats(values, digits):
+    texts = DecimalTexts(digits)
+    expected = [_json(round(x, digits)) for x in values]
+    # Kept texts where no sign bit is set, formatted afresh where one is; twice over, the
+    # second time from what was kept.
+    clear = sign_clear(array("d", values))
+    assert clear == all(math.copysign(1.0, x) > 0 for x in values)
+    assert list(texts.texts(values, clear)) == expected
+    assert list(texts.texts(values, clear)) == expected
+    # A value kept as 0.0 never stands for -0.0 (one dict key, two texts).
+    assert list(texts.texts([0.0], True)) == ["0.0"] and list(texts.texts([-0.0, 0.0], sign_clear(array("d", [-0.0, 0.0])))) == ["-0.0", "0.0"]
+
+
+_JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=4), inner, max_size=3),
+    max_leaves=6,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(_JSON_VALUES)
+def test_json_text_is_the_json_encoders(value):
+    assert json_text(value) == _json(value)
+
+
+_ARGS = st.lists(st.tuples(st.text(max_size=6), st.one_of(st.text(max_size=6), st.integers(), st.floats(), st.booleans(), st.none())),
+                 max_size=5, unique_by=lambda kv: kv[0]).map(tuple)  # fmt: skip
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(max_size=8), st.sampled_from(["exec", "issue"]), st.text(max_size=8), _ARGS,
+       st.one_of(st.text(max_size=6), st.sampled_from(["0:1", "12:345"])), st.integers(0, 99), st.integers(0, 9), _TIMES, _TIMES)  # fmt: skip
+def test_a_span_event_from_pieces_is_the_json_of_the_event(kind, role, name, args, op_id, pid, tid, start, end):
+    fields = {"op_id": op_id, "kind": kind, "role": role}
+    fields.update(args)
+    expected = _json({"ph": "X", "name": name, "cat": kind, "pid": pid, "tid": tid, "ts": round(start, 3), "dur": round(end - start, 3), "args": fields})
+    assert SpanEncoder().event(kind, role, name, args, op_id, pid, tid, start, end) == expected
+
+
+def test_a_streamed_trace_with_a_negative_zero_time_is_the_whole_trace(tmp_path: Path, monkeypatch):
+    # A -0.0 start is one dict key with 0.0: the streamed trace must not take one's text
+    # for the other's (it stops keeping texts when any time has its sign bit set).
+    monkeypatch.setattr(trace, "_WINDOW_SPANS", 4)
+    program = load("1f1b", stages=2, microbatches=2)
+    result = simulate(program, resolve_machine("h100-nvlink"))
+    zero = [g for g, t in enumerate(result.raw.start) if t == 0.0]
+    assert zero and any(t > 0.0 for t in result.raw.start)
+    result.raw.start[zero[0]] = -0.0
+    out = tmp_path / "t.json"
+    result.write_trace(out)
+    text = out.read_text()
+    assert text == _whole(result.timeline, program.streams)
+    assert '"ts":-0.0' in text and '"ts":0.0' in text
+
+
+def test_ties_across_a_power_of_ten_sort_by_op_id_as_text_on_every_track(tmp_path: Path, monkeypatch):
+    # Zero-length allocs and a record tied in time with ops 9/10 and 99/100 on the
+    # host and on a stream: "0:10" before "0:9", "0:100" before "0:99", ISSUE after EXEC.
+    lines = [f"  alloc b{i} 1KiB on s\n" for i in range(120)] + ["  compute c 5us on s\n"]
+    path = tmp_path / "ties.yaml"
+    path.write_text("name: ties\nworld: 2\nstreams: [s]\nprogram: |\n" + "".join(lines))
+    for window in (2, 1 << 16):
+        monkeypatch.setattr(trace, "_WINDOW_SPANS", window)
+        program = load(str(path))
+        result = simulate(program, resolve_machine("h100-nvlink"))
+        out = tmp_path / "t.json"
+        result.write_trace(out)
+        assert out.read_text() == _whole(result.timeline, program.streams)
+
+
+def test_span_events_of_equal_but_differently_typed_annotations_keep_their_own_text():
+    # 1, 1.0 and True are one dict key, as are 0.0 and -0.0: each event still writes its own.
+    encoder = SpanEncoder()
+    for value in (1, 1.0, True, 0.0, -0.0, 1, "1"):
+        args = (("v", value),)
+        expected = _json({"ph": "X", "name": "n", "cat": "compute", "pid": 0, "tid": 0, "ts": 0.0, "dur": 1.0,
+                          "args": {"op_id": "0:0", "kind": "compute", "role": "exec", "v": value}})  # fmt: skip
+        assert encoder.event("compute", "exec", "n", args, "0:0", 0, 0, 0.0, 1.0) == expected

@@ -10,11 +10,12 @@ per op, the events sorted a window of time at a time and formatted in batches fr
 
 from __future__ import annotations
 
+import math
 from array import array
 from bisect import bisect_left
-from collections.abc import Callable, Iterator
-from itertools import compress, repeat
-from operator import gt, rshift, sub
+from collections.abc import Callable, Iterator, Sequence
+from itertools import chain, compress, islice, repeat
+from operator import add, and_, attrgetter, eq, ge, gt, is_, rshift, sub
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -22,9 +23,9 @@ from commdsl.ir import HOST_STREAM, CopyDir, Op, OpKind, Program, Protocol, Tran
 from commdsl.sim.entities import ALGOS, PROTOS, RawResult
 from commdsl.sim.memory import memory_counters, memory_profile
 from commdsl.sim.simulate import gc_paused
-from commdsl.timeline import (COMM_TRACK_PREFIX, MEMORY_PEAK_META, CounterSample, Flow, Span, SpanEncoder, SpanRole, Timeline,
-                              comm_span_args, format_spans, gloo_span_name, nccl_kernel_name, op_span_args, ordered_tracks,
-                              other_data, write_chrome_trace)  # fmt: skip
+from commdsl.timeline import (COMM_TRACK_PREFIX, MEMORY_PEAK_META, CounterSample, DecimalTexts, Flow, Span, SpanEncoder, SpanRole,
+                              Timeline, arrow_events, comm_span_args, counter_events, gloo_span_name, metadata_texts, nccl_kernel_name,
+                              op_span_args, ordered_tracks, other_data, sign_clear, track_piece, write_chrome_trace)  # fmt: skip
 
 if TYPE_CHECKING:
     from commdsl.machine.model import Machine
@@ -43,6 +44,8 @@ _KIND_VALUE = {k: k.value for k in OpKind}
 
 _WINDOW_SPANS = 1 << 14
 """Spans sorted at once by `write_trace` (about): its memory beyond the arrays."""
+_INDEX_TEXTS = 1 << 16
+"""Op indexes whose decimal texts `write_trace` makes once (up to a rank's ops)."""
 
 
 class SpanNames:
@@ -64,38 +67,42 @@ class SpanNames:
         return name
 
     @staticmethod
-    def exec_track(op: Op) -> str:
-        """The track of the op's EXEC span: its group's comm queue, or its stream."""
-        if op.kind in _COMM_KINDS and op.transport is not Transport.MEMCPY:  # memcpy runs on its stream
-            return COMM_TRACK_PREFIX + op.group
-        return HOST_STREAM if op.kind is OpKind.WAIT and op.stream == HOST_STREAM else op.stream
+    def exec_key(op: Op, algo_index: int, proto_index: int) -> tuple[str, tuple]:
+        """(track, key) of the op's EXEC span, given its `RawResult.algos` and `protos`
+        entries: the key holds what the span's name and annotations depend on but the op's
+        name, all of it fields of its statement (`op.spec`), its kind, algo and protocol."""
+        kind = op.kind
+        if _on_comm_queue(op):
+            # dtype, reduce op, transport and algo are fixed per statement (its loc).
+            return COMM_TRACK_PREFIX + op.group, (id(op.loc), op.size_bytes, op.group, op.dtype, ALGOS[algo_index].value, PROTOS[proto_index])
+        track = HOST_STREAM if kind is OpKind.WAIT and op.stream == HOST_STREAM else op.stream
+        return track, (id(op.loc), op.size_bytes, op.flops, kind)
 
     def exec_span(self, op: Op, algo_index: int, proto_index: int) -> tuple[str, tuple[str, tuple]]:
         """(track, (name, args)) of the op's EXEC span, given its `RawResult.algos` and
-        `protos` entries; the (name, args) pair is shared by the ops of one statement."""
+        `protos` entries; the (name, args) pair is shared by the ops of one statement with
+        one name (`exec_key`)."""
+        track, key = self.exec_key(op, algo_index, proto_index)
+        return track, self.exec_entry(op, key, algo_index, proto_index)
+
+    def exec_entry(self, op: Op, key: tuple, algo_index: int, proto_index: int) -> tuple[str, tuple]:
+        """(name, args) of the op's EXEC span, `key` its `exec_key`."""
+        cached = self._exec.get((key, op.name))
+        if cached is not None:
+            return cached
         kind = op.kind
-        if kind in _COMM_KINDS and op.transport is not Transport.MEMCPY:  # memcpy runs on its stream
-            algo = ALGOS[algo_index].value
-            proto = PROTOS[proto_index]
-            # dtype, reduce op, transport and algo are fixed per statement (its loc).
-            key = (id(op.loc), op.name, op.size_bytes, op.group, op.dtype, algo, proto)
-            cached = self._exec.get(key)
-            if cached is None:
-                extra = (("algo", algo),) if proto is None else (("algo", algo), ("proto", proto.value))
-                cached = self._exec[key] = (_comm_name(op, algo, proto), comm_span_args(op, self.group_size[op.group]) + extra)
-            return COMM_TRACK_PREFIX + op.group, cached
-        track = HOST_STREAM if kind is OpKind.WAIT and op.stream == HOST_STREAM else op.stream
-        key = (id(op.loc), op.name, op.size_bytes, op.flops, kind)
-        cached = self._exec.get(key)
-        if cached is None:
-            if kind is OpKind.COPY:
-                cached = (_MEMCPY_NAMES[op.copy_dir], op_span_args(op))
-            elif kind in _COMM_KINDS:  # a memcpy send or recv
-                cached = (_PEER_MEMCPY, comm_span_args(op, self.group_size[op.group]))
-            else:
-                cached = (op.name, op_span_args(op))
-            self._exec[key] = cached
-        return track, cached
+        if _on_comm_queue(op):
+            algo, proto = ALGOS[algo_index].value, PROTOS[proto_index]
+            extra = (("algo", algo),) if proto is None else (("algo", algo), ("proto", proto.value))
+            cached = (_comm_name(op, algo, proto), comm_span_args(op, self.group_size[op.group]) + extra)
+        elif kind is OpKind.COPY:
+            cached = (_MEMCPY_NAMES[op.copy_dir], op_span_args(op))
+        elif kind in _COMM_KINDS:  # a memcpy send or recv
+            cached = (_PEER_MEMCPY, comm_span_args(op, self.group_size[op.group]))
+        else:
+            cached = (op.name, op_span_args(op))
+        self._exec[(key, op.name)] = cached
+        return cached
 
 
 def predicted_timeline(result: SimResult) -> Timeline:
@@ -122,16 +129,17 @@ def build_timeline(program: Program, machine: Machine, raw: RawResult, network_m
         track, (name, args) = names.exec_span(op, algos[g], protos[g])
         spans.append(Span(op_id, op.rank, track, exec_role, kind, name, start[g], end[g], args))
     tl.flows = [Flow(src, dst, name) for src, dst, name in _flows(raw)]
-    tl.tracks = _known_tracks(program, raw)
+    tl.tracks = _known_tracks(program, _comm_tracks(raw))
     return tl
 
 
 def write_trace(result: SimResult, path: str | Path, flag: str = "--trace", progress: Callable[[int, int], None] | None = None) -> None:
     """Write `result`'s predicted timeline as a Chrome trace to `path`, as
     `predicted_timeline(result).write(path, streams)` would, without building it: spans
-    are grouped per track in arrays, sorted a window of time at a time and formatted in
-    batches from one format per statement. `flag` names the file in a usage error;
-    `progress`, if given, hears (spans written, spans in all) after each window."""
+    are grouped per track in arrays, sorted a window of time at a time and joined in
+    batches from pieces of text built once per statement and name. `flag` names the
+    file in a usage error; `progress`, if given, hears (spans written, spans in all)
+    after each window."""
     # Paused collector: writing makes no reference cycles, but millions of short-lived
     # tuples would start collections that each walk every op of the program again.
     with gc_paused():
@@ -139,95 +147,141 @@ def write_trace(result: SimResult, path: str | Path, flag: str = "--trace", prog
 
 
 def _write_trace(result: SimResult, path: str | Path, flag: str, progress: Callable[[int, int], None] | None) -> None:
-    program, raw = result.program, result.raw
-    names = SpanNames(program)
-    spans = _SpanRuns(result, names)
-    tracks = ordered_tracks(spans.seen(), _known_tracks(program, raw), program.streams)
+    program = result.program
+    spans = _SpanRuns(result, SpanNames(program))
+    tracks = ordered_tracks(spans.seen(), _known_tracks(program, spans.comm_tracks), program.streams)
     tid_of = {(r, t): i for r, t_names in tracks.items() for i, t in enumerate(t_names)}
-    ops, base, start = raw.ops, raw.base, raw.start
-
-    def exec_of(op_id: str) -> tuple[int, int, float]:
-        rank, _, index = op_id.partition(":")
-        g = base[int(rank)] + int(index)
-        return int(rank), tid_of[(int(rank), names.exec_track(ops[g]))], start[g]
-
     other = other_data("predicted", program.name, program.world_size, spans.makespan_us, tracks, _meta(result))
-    write_chrome_trace(path, flag, tracks=tracks, other=other, flows=lambda: _flows(raw), spans=spans.events(tid_of, progress),
-                       exec_of=exec_of, counters=_counters(result))  # fmt: skip
+    times = DecimalTexts(3)
+    events = chain(metadata_texts(tracks), spans.events(tid_of, times, progress), spans.arrows(tid_of, times),
+                   counter_events(_counter_columns(result), max(tracks, default=-1) + 1))  # fmt: skip
+    write_chrome_trace(path, flag, other=other, flows=spans.flow_entries(), events=events)
+
+
+_SPEC, _KIND, _NAME, _RANK, _INDEX = (attrgetter(a) for a in ("spec", "kind", "name", "rank", "index"))
+_OP_ID = "{}:{}".format
+"""An op's id from its rank and index (`Op.id`)."""
+_CHUNK = 1 << 14
+"""Flows and counter samples encoded at once."""
 
 
 class _SpanRuns:
     """Every span of a simulation as a code, g * 2 + role (0 EXEC, 1 ISSUE), grouped per
-    track ("run") in arrays of codes, starts and keys within the track; per code, its
-    end and its event's format (`SpanEncoder.span_format`)."""
+    track ("run") in arrays of codes and starts; per code, its end and its event's
+    pieces of text (`SpanEncoder.span_pieces`); the comm queues of each rank; and the
+    matched sends and their recvs, for flow arrows.
+
+    The ops of a statement on a rank with one algo and protocol share their spec, so a
+    "class" (spec, kind, algo, protocol) gives their EXEC track and
+    `SpanNames.exec_key`, and (key, name) their pieces: both are found for a rank's ops
+    in a few C-level passes, and only an op that starts a class or a name is looked at
+    in Python."""
 
     def __init__(self, result: SimResult, names: SpanNames):
         program, raw = result.program, result.raw
         base, n = raw.base, len(raw.ops)
         algos, protos = raw.algos, raw.protos
         encoder = SpanEncoder()
-        # Per code: start, end (the op's, or its issue span's).
-        start = array("d", bytes(16 * n))  # only to fill each run's starts
-        start[0::2], start[1::2] = raw.start, raw.issue_start
+        # Per code, its end (the op's, or its issue span's).
         self.end = array("d", bytes(16 * n))
         self.end[0::2], self.end[1::2] = raw.end, raw.issue_end
-        # Spans tied in time on one track are ordered by op id, as text ("0:10" before
-        # "0:9"), then role: a code's key is the rank of its op index's decimal text x 2 + role.
-        width = max((len(r) for r in program.ops), default=0)
-        lex = array("i", bytes(8 * width))
-        for position, index in enumerate(sorted(range(width), key=str)):
-            lex[2 * index], lex[2 * index + 1] = 2 * position, 2 * position + 1
-        # Pass over the ops: each EXEC span's track and format (one per statement and name),
-        # and which ops the host issues with a span of their own (C-level).
-        self.formats: list[str] = []
-        exec_format_of = array("i", bytes(4 * n))
-        exec_format: dict[int, int] = {}
+        self.sign_clear = sign_clear(raw.start) and sign_clear(raw.issue_start) and sign_clear(self.end)
+        """No time is negative or -0.0: `DecimalTexts` may keep their texts."""
+        self.width = max((len(r) for r in program.ops), default=0)
+        """The most ops of a rank."""
+        self.heads: list[str] = []
+        """Per format, its `span_pieces` head after "},", which closes the event before."""
+        self.middles: list[str] = []
+        self.tails: list[str] = []
+        classes: dict[tuple, int] = {}  # (id of the op's spec, kind, algo, protocol) -> the op's class
+        class_track: list[str] = []
+        class_queue: list[bool] = []  # class -> its track is a comm queue
+        class_key: list[int] = []  # class -> its exec_key's key, as an index into keys
+        class_issue: list[int] = []  # class -> the format of its ISSUE spans
+        keys: list[tuple] = []
+        key_index: dict[tuple, int] = {}
         issue_format: dict[tuple, int] = {}
-        issue_of: dict[int, int] = {}
-        """EXEC format -> the format of its ops' ISSUE spans (its statement's kind and transport)."""
-        self.runs: dict[tuple[int, str], tuple[array, array, array]] = {}
+        exec_format: list[dict[str, int]] = []  # per key index, op name -> format
+        self.format_of = array("i", bytes(8 * n))
+        """Per code, the index of its pieces in heads, middles and tails."""
+        self.runs: dict[tuple[int, str], tuple[array, array]] = {}
+        self.places: dict[tuple[int, str], int] = {}
+        """(rank, track) of the ops' EXEC spans -> its number, for `place_of`."""
+        self.place_of = array("i", bytes(4 * n))
+        """Per op, the (rank, track) of its EXEC span, numbered (`places`)."""
+        self.comm_tracks: dict[int, set[str]] = {}
+        """Per rank, its comm queues (`_known_tracks`)."""
+        first, last = math.inf, -math.inf
         for rank, rank_ops in enumerate(program.ops):
             b, m = base[rank], len(rank_ops)
-            codes: dict[str, array] = {}
-            issued = array("q", compress(range(2 * b + 1, 2 * (b + m) + 1, 2), map(gt, raw.issue_end[b : b + m], raw.issue_start[b : b + m])))
-            if issued:
-                codes[HOST_STREAM] = issued
-            for g, op in enumerate(rank_ops, b):
-                track, entry = names.exec_span(op, algos[g], protos[g])
-                # An entry is one statement's (so one kind's), and lives in `names`: its id stays its.
-                f = exec_format.get(id(entry))
+            statements = list(zip(map(id, map(_SPEC, rank_ops)), map(_KIND, rank_ops), algos[b : b + m], protos[b : b + m]))
+            for i in sorted(map(statements.index, set(statements) - classes.keys())):  # each new class's first op
+                statement = statements[i]
+                op = rank_ops[i]
+                track, key = names.exec_key(op, algos[b + i], protos[b + i])
+                classes[statement] = len(class_track)
+                class_track.append(track)
+                class_queue.append(_on_comm_queue(op))
+                if key not in key_index:
+                    key_index[key] = len(keys)
+                    keys.append(key)
+                    exec_format.append({})
+                class_key.append(key_index[key])
+                issue = (op.kind, op.transport, op.copy_dir)
+                if issue not in issue_format:
+                    issue_format[issue] = self._add(encoder.span_pieces(_KIND_VALUE[op.kind], "issue", names.issue_name(op), ()))
+                class_issue.append(issue_format[issue])
+            cls = list(map(classes.__getitem__, statements))
+            place_of_class = {c: self._place(rank, class_track[c]) for c in set(cls)}
+            self.place_of[b : b + m] = array("i", map(place_of_class.__getitem__, cls))
+            self.comm_tracks[rank] = {class_track[c] for c in set(cls) if class_queue[c]}
+            by_name = list(map(exec_format.__getitem__, map(class_key.__getitem__, cls)))
+            op_names = list(map(_NAME, rank_ops))
+            formats = list(map(dict.get, by_name, op_names))
+            for i in compress(range(m), map(is_, formats, repeat(None))):  # an op that may start a name
+                f = by_name[i].get(op_names[i])
                 if f is None:
-                    kind = _KIND_VALUE[op.kind]
-                    f = exec_format[id(entry)] = self._add(encoder.span_format(kind, "exec", *entry))
-                    k = (op.kind, op.transport, op.copy_dir)
-                    if k not in issue_format:
-                        issue_format[k] = self._add(encoder.span_format(kind, "issue", names.issue_name(op), ()))
-                    issue_of[f] = issue_format[k]
-                exec_format_of[g] = f
-                run = codes.get(track)
-                if run is None:
-                    run = codes[track] = array("q")
-                run.append(2 * g)
-            for track, run in codes.items():
-                starts = array("d", map(start.__getitem__, run))
-                self.runs[(rank, track)] = (run, starts, array("i", map(lex.__getitem__, map(sub, run, repeat(2 * b)))))
-        self.format_of = array("i", bytes(8 * n))
-        """Per code, the index of its format in `formats`."""
-        self.format_of[0::2] = exec_format_of
-        self.format_of[1::2] = array("i", map(issue_of.__getitem__, exec_format_of))
+                    op = rank_ops[i]
+                    entry = names.exec_entry(op, keys[class_key[cls[i]]], algos[b + i], protos[b + i])
+                    f = by_name[i][op_names[i]] = self._add(encoder.span_pieces(_KIND_VALUE[op.kind], "exec", *entry))
+                formats[i] = f
+            self.format_of[2 * b : 2 * (b + m) : 2] = array("i", formats)
+            self.format_of[2 * b + 1 : 2 * (b + m) : 2] = array("i", map(class_issue.__getitem__, cls))
+            # Each track's codes and starts: the host's ISSUE spans (ops it issues with a span
+            # of their own), then each track's EXEC spans, in op order.
+            runs: dict[str, tuple[array, array]] = {}
+            issuing = list(map(gt, raw.issue_end[b : b + m], raw.issue_start[b : b + m]))
+            if any(issuing):
+                issue_starts = array("d", compress(raw.issue_start[b : b + m], issuing))
+                runs[HOST_STREAM] = (array("i", compress(range(2 * b + 1, 2 * (b + m) + 1, 2), issuing)), issue_starts)
+                first = min(first, min(issue_starts))
+                last = max(last, max(compress(raw.issue_end[b : b + m], issuing)))
+            if m:
+                first, last = min(first, min(raw.start[b : b + m])), max(last, max(raw.end[b : b + m]))
+            tracks = list(map(class_track.__getitem__, cls))
+            for track in dict.fromkeys(tracks):
+                on_track = list(map(eq, tracks, repeat(track)))
+                codes, starts = runs.setdefault(track, (array("i"), array("d")))
+                codes.extend(compress(range(2 * b, 2 * (b + m), 2), on_track))
+                starts.extend(compress(raw.start[b : b + m], on_track))
+            for track, run in runs.items():
+                self.runs[(rank, track)] = run
         self.base = base
-        if self.runs:
-            first = min(min(starts) for _, starts, _ in self.runs.values())
-            last = max(max(map(self.end.__getitem__, codes)) for codes, _, _ in self.runs.values())
-            self.makespan_us = last - first
-        else:
-            self.makespan_us = 0.0
+        self.makespan_us = last - first if self.runs else 0.0
+        self.ops, self.start = raw.ops, raw.start
+        self.sends, self.recvs = _matched_sends(raw)
 
-    def _add(self, fmt: str | None) -> int:
-        # Predicted annotations never name op_id, nor hold lists: every span has a format.
-        assert fmt is not None
-        self.formats.append(fmt)
-        return len(self.formats) - 1
+    def _add(self, pieces: tuple[str, str, str] | None) -> int:
+        # Predicted annotations never name op_id, nor hold lists: every span has pieces.
+        assert pieces is not None
+        head, middle, tail = pieces
+        self.heads.append("}," + head)
+        self.middles.append(middle)
+        self.tails.append(tail)
+        return len(self.heads) - 1
+
+    def _place(self, rank: int, track: str) -> int:
+        return self.places.setdefault((rank, track), len(self.places))
 
     def seen(self) -> dict[int, set[str]]:
         """Per rank, the tracks its spans are on."""
@@ -236,40 +290,130 @@ class _SpanRuns:
             out.setdefault(rank, set()).add(track)
         return out
 
-    def events(self, tid_of: dict[tuple[int, str], int], progress: Callable[[int, int], None] | None = None) -> Iterator[str]:
+    def events(self, tid_of: dict[tuple[int, str], int], times: DecimalTexts, progress: Callable[[int, int], None] | None = None) -> Iterator[str]:
         """The spans' events in trace order, (start, rank, tid, op id, role), a window of
-        about `_WINDOW_SPANS` at a time, each window's comma-separated; the runs are
-        consumed. `progress` hears (spans formatted, spans in all) after each window."""
+        about `_WINDOW_SPANS` at a time, each window's comma-separated; the runs and the
+        arrays per code are consumed. `progress` hears (spans formatted, spans in all)
+        after each window."""
+        # A code less twice its rank's first op is the op's index x 2 + role: its "local" code.
+        local_text = [str(i) for i in range(self.width) for _ in (0, 1)] if self.width <= _INDEX_TEXTS else None
+        # Spans tied in time on one track are ordered by op id, as text ("0:10" before
+        # "0:9"), then role: a local code's key is the rank of its index's text x 2 + role.
+        key_of = array("i", bytes(8 * self.width))
+        for position, index in enumerate(sorted(range(self.width), key=str)):
+            key_of[2 * index], key_of[2 * index + 1] = 2 * position, 2 * position + 1
         runs = []
+        rank_texts, track_texts = [], []
         for rank, track in sorted(self.runs, key=lambda rt: (rt[0], tid_of[rt])):
-            codes, starts, keys = self.runs.pop((rank, track))
-            if any(map(float.__gt__, starts, starts[1:])):  # a track's spans mostly come in order
-                by_start = sorted(range(len(starts)), key=starts.__getitem__)
-                codes, starts, keys = (array(a.typecode, map(a.__getitem__, by_start)) for a in (codes, starts, keys))
-            runs.append((rank, tid_of[(rank, track)], codes, starts, keys))
-        formats, format_of, end = self.formats, self.format_of, self.end
+            codes, starts = self.runs.pop((rank, track))
+            runs.append((*_in_time_order(codes, starts, 2 * self.base[rank], key_of), 2 * self.base[rank]))
+            rank_texts.append(f"{rank}:")  # an op id is "rank:index"
+            track_texts.append(track_piece(rank, tid_of[(rank, track)]))
+        del key_of
+        # The arrays per code go with the generator (the counters after the spans take memory of their own).
+        heads, middles, tails, format_of, end = self.heads, self.middles, self.tails, self.format_of, self.end
+        del self.heads, self.middles, self.tails, self.format_of, self.end
         pos = [0] * len(runs)
-        total, done = sum(len(r[2]) for r in runs), 0
-        for bound in _windows([r[3] for r in runs]):
-            batch: list[tuple] = []
-            for k, (rank, tid, codes, starts, keys) in enumerate(runs):
+        total, done = sum(len(r[0]) for r in runs), 0
+        for bound in _windows([r[1] for r in runs]):
+            w_codes, w_starts, w_locals, w_runs = array("i"), array("d"), array("i"), array("i")
+            for k, (codes, starts, first_code) in enumerate(runs):
                 p = pos[k]
                 j = bisect_left(starts, bound, p)
                 if j > p:
-                    batch.extend(zip(starts[p:j], repeat(k), keys[p:j], codes[p:j], repeat(rank), repeat(tid)))
+                    w_codes += codes[p:j]
+                    w_starts += starts[p:j]
+                    w_locals += array("i", map(sub, codes[p:j], repeat(first_code)))
+                    w_runs += array("i", (k,)) * (j - p)
                     pos[k] = j
-            if not batch:
+            n = len(w_codes)
+            if not n:
                 continue
-            batch.sort()
-            done += len(batch)
-            starts, _, _, codes, pids, tids = zip(*batch)
-            del batch
-            # g - base of the rank: the op's index, for its id "rank:index".
-            indexes = map(sub, map(rshift, codes, repeat(1)), map(self.base.__getitem__, pids))
-            formatted = map(formats.__getitem__, map(format_of.__getitem__, codes))
-            yield format_spans(formatted, pids, indexes, tids, starts, map(end.__getitem__, codes))
+            # Stable: spans tied in time keep their runs' order (rank, tid), then their
+            # order within the run (op id as text, role).
+            order = sorted(range(n), key=w_starts.__getitem__)
+            codes = list(map(w_codes.__getitem__, order))
+            starts = list(map(w_starts.__getitem__, order))
+            ks = list(map(w_runs.__getitem__, order))
+            fs = list(map(format_of.__getitem__, codes))
+            locals_ = map(w_locals.__getitem__, order)
+            pieces: list[str | None] = [None] * (8 * n)
+            pieces[0::8] = map(heads.__getitem__, fs)
+            pieces[1::8] = map(rank_texts.__getitem__, ks)
+            pieces[2::8] = map(local_text.__getitem__, locals_) if local_text is not None else map(str, map(rshift, locals_, repeat(1)))
+            pieces[3::8] = map(middles.__getitem__, fs)
+            pieces[4::8] = times.texts(map(sub, map(end.__getitem__, codes), starts), self.sign_clear)
+            pieces[5::8] = map(tails.__getitem__, fs)
+            pieces[6::8] = map(track_texts.__getitem__, ks)
+            pieces[7::8] = times.texts(starts, self.sign_clear)
+            pieces[0] = pieces[0][2:]  # type: ignore[index]
+            pieces.append("}")
+            yield "".join(pieces)  # type: ignore[arg-type]
+            done += n
             if progress is not None:
                 progress(done, total)
+
+    def flow_entries(self) -> Iterator[str]:
+        """`otherData.commdsl.flows`'s entries of the matched sends, encoded."""
+        ops = self.ops
+        for lo in range(0, len(self.sends), _CHUNK):
+            sends, recvs = map(ops.__getitem__, self.sends[lo : lo + _CHUNK]), map(ops.__getitem__, self.recvs[lo : lo + _CHUNK])
+            a, b = list(sends), list(recvs)
+            n = len(a)
+            pieces: list[str | None] = [None] * (5 * n)
+            pieces[0::5] = ['"],["'] * n
+            pieces[1::5] = map(_OP_ID, map(_RANK, a), map(_INDEX, a))
+            pieces[2::5] = ['","'] * n
+            pieces[3::5] = map(_OP_ID, map(_RANK, b), map(_INDEX, b))
+            pieces[4::5] = ['","p2p'] * n
+            pieces[0] = '["'
+            pieces.append('"]')
+            yield "".join(pieces)  # type: ignore[arg-type]
+
+    def arrows(self, tid_of: dict[tuple[int, str], int], times: DecimalTexts) -> Iterator[str]:
+        """The flow arrows' events (`commdsl.timeline.arrow_events`), `_CHUNK` at a time;
+        read once the flow entries are."""
+        all_sends, all_recvs, place_of = self.sends, self.recvs, self.place_of
+        del self.sends, self.recvs, self.place_of
+        place_pid, place_tid = [rank for rank, _ in self.places], list(map(tid_of.__getitem__, self.places))
+        start = self.start
+        for lo in range(0, len(all_sends), _CHUNK):
+            sends, recvs = all_sends[lo : lo + _CHUNK], all_recvs[lo : lo + _CHUNK]
+            n = len(sends)
+            a, b = list(map(place_of.__getitem__, sends)), list(map(place_of.__getitem__, recvs))
+            yield arrow_events(list(range(lo, lo + n)), ["p2p"] * n,
+                               list(map(place_pid.__getitem__, a)), list(map(place_tid.__getitem__, a)), list(map(start.__getitem__, sends)),
+                               list(map(place_pid.__getitem__, b)), list(map(place_tid.__getitem__, b)), list(map(start.__getitem__, recvs)),
+                               times)  # fmt: skip
+
+
+
+def _in_time_order(codes: array, starts: array, first_code: int, key_of: array) -> tuple[array, array]:
+    """A track's codes and starts sorted by start, spans tied in start by their key
+    (`key_of` the local code, code - `first_code`): they mostly come so."""
+    if any(map(gt, starts, starts[1:])):
+        by_start = sorted(range(len(starts)), key=starts.__getitem__)
+        codes, starts = (array(a.typecode, map(a.__getitem__, by_start)) for a in (codes, starts))
+    n = len(starts)
+    ties = list(compress(range(n - 1), map(eq, starts, starts[1:])))
+    if not ties:
+        return codes, starts
+    key = array("i", map(key_of.__getitem__, map(sub, codes, repeat(first_code))))
+    done = 0
+    for i in compress(ties, map(gt, map(key.__getitem__, ties), map(key.__getitem__, map(add, ties, repeat(1))))):
+        if i < done:
+            continue  # sorted with the tie before
+        t = starts[i]
+        lo, hi = i, i + 2
+        while lo and starts[lo - 1] == t:
+            lo -= 1
+        while hi < n and starts[hi] == t:
+            hi += 1
+        tie = sorted(range(lo, hi), key=key.__getitem__)
+        codes[lo:hi] = array(codes.typecode, map(codes.__getitem__, tie))
+        key[lo:hi] = array(key.typecode, map(key.__getitem__, tie))
+        done = hi
+    return codes, starts
 
 
 def _windows(runs: list[array]) -> list[float]:
@@ -284,20 +428,36 @@ def _windows(runs: list[array]) -> list[float]:
 
 def _flows(raw: RawResult) -> Iterator[tuple[str, str, str]]:
     """(send op id, recv op id, "p2p") of every matched send, in op order."""
-    ops, partner = raw.ops, raw.partner
-    send = OpKind.SEND
-    for g, op in enumerate(ops):
-        if op.kind is send and partner[g] >= 0:
-            yield op.id, ops[partner[g]].id, "p2p"
+    ops = raw.ops
+    for send, recv in zip(*_matched_sends(raw)):
+        yield ops[send].id, ops[recv].id, "p2p"
 
 
-def _known_tracks(program: Program, raw: RawResult) -> dict[int, list[str]]:
-    """Every rank shows its host, every declared stream (even if idle) and its comm queues."""
-    comm_tracks: dict[int, set[str]] = {}
-    for op in raw.ops:
-        if op.kind in _COMM_KINDS and op.transport is not Transport.MEMCPY:
-            comm_tracks.setdefault(op.rank, set()).add(COMM_TRACK_PREFIX + op.group)
+def _matched_sends(raw: RawResult) -> tuple[array, array]:
+    """Every send matched with a recv (global numbers, in op order), and its recv."""
+    matched = map(and_, map(is_, map(_KIND, raw.ops), repeat(OpKind.SEND)), map(ge, raw.partner, repeat(0)))
+    sends = array("q", compress(range(len(raw.ops)), matched))
+    return sends, array("q", map(raw.partner.__getitem__, sends))
+
+
+def _known_tracks(program: Program, comm_tracks: dict[int, set[str]]) -> dict[int, list[str]]:
+    """Every rank shows its host, every declared stream (even if idle) and its comm
+    queues (`comm_tracks`: per rank, those its ops run on)."""
     return {r: [HOST_STREAM, *program.streams, *sorted(comm_tracks.get(r, ()))] for r in range(program.world_size) if program.ops[r]}
+
+
+def _comm_tracks(raw: RawResult) -> dict[int, set[str]]:
+    """Per rank, the comm queues its ops run on."""
+    out: dict[int, set[str]] = {}
+    for op in raw.ops:
+        if _on_comm_queue(op):
+            out.setdefault(op.rank, set()).add(COMM_TRACK_PREFIX + op.group)
+    return out
+
+
+def _on_comm_queue(op: Op) -> bool:
+    """The op runs on its group's comm queue (a memcpy send or recv runs on its stream)."""
+    return op.kind in _COMM_KINDS and op.transport is not Transport.MEMCPY
 
 
 def _base_meta(program: Program, machine: Machine, network_meta: dict, sampling: dict | None) -> dict:
@@ -323,15 +483,31 @@ def _meta(result: SimResult) -> dict:
 def _counters(result: SimResult) -> Iterator[tuple[str, int, float, float]]:
     """(track, rank, time, value): link utilisation (a separate "links" process, rank
     -1), then each rank's declared memory."""
+    for tracks, ranks, times, values in _counter_columns(result):
+        yield from zip(tracks, ranks, times, values)
+
+
+def _counter_columns(result: SimResult) -> Iterator[tuple[Sequence[str], Sequence[int], Sequence[float], Sequence[float]]]:
+    """`_counters` as `commdsl.timeline.counter_events`' chunks (tracks, ranks, times,
+    values), `_CHUNK` samples at a time."""
     if result.network_model is not None:
-        tracks: dict[str, str] = {}
-        for t, name, v in result.network_model.counter_samples():
-            track = tracks.get(name)
-            if track is None:
-                track = tracks[name] = f"link {name} util"
-            yield track, -1, t, v
-    for c in memory_counters(result.raw):
-        yield c.track, c.rank, c.ts_us, c.value
+        tracks = _LinkTracks()
+        samples = result.network_model.counter_samples()
+        while chunk := list(islice(samples, _CHUNK)):
+            times, names, values = zip(*chunk)
+            yield list(map(tracks.__getitem__, names)), (-1,) * len(chunk), times, values
+    memory = memory_counters(result.raw)
+    for lo in range(0, len(memory), _CHUNK):
+        chunk = memory[lo : lo + _CHUNK]
+        yield tuple(list(map(attrgetter(field), chunk)) for field in ("track", "rank", "ts_us", "value"))  # type: ignore[misc]
+
+
+class _LinkTracks(dict):
+    """A link's name -> the track of its utilisation counter."""
+
+    def __missing__(self, name: str) -> str:
+        track = self[name] = f"link {name} util"
+        return track
 
 
 def _comm_name(op: Op, algo: str, proto: Protocol | None) -> str:
