@@ -221,3 +221,18 @@ def test_span_events_of_equal_but_differently_typed_annotations_keep_their_own_t
         expected = _json({"ph": "X", "name": "n", "cat": "compute", "pid": 0, "tid": 0, "ts": 0.0, "dur": 1.0,
                           "args": {"op_id": "0:0", "kind": "compute", "role": "exec", "v": value}})  # fmt: skip
         assert encoder.event("compute", "exec", "n", args, "0:0", 0, 0, 0.0, 1.0) == expected
+
+
+
+def test_a_copy_whose_peer_differs_per_rank_annotates_each_ranks_own_peer(tmp_path: Path):
+    # One statement, a peer per rank: ranks must not share one rank's annotations.
+    path = tmp_path / "peers.yaml"
+    path.write_text("name: peers\nworld: 4\nstreams: [s]\nprogram: |\n  copy x 1MiB to (rank + 1) % 4 on s\n")
+    program = load(str(path))
+    result = simulate(program, resolve_machine("h100-nvlink"))
+    out = tmp_path / "t.json"
+    result.write_trace(out)
+    assert out.read_text() == _whole(result.timeline, program.streams)
+    annotated = {e["pid"]: e["args"]["dst rank"] for e in json.loads(out.read_text())["traceEvents"]
+                 if e.get("ph") == "X" and e["args"].get("role") == "exec"}  # fmt: skip
+    assert annotated == {0: 1, 1: 2, 2: 3, 3: 0}

@@ -76,7 +76,8 @@ class SpanNames:
             # dtype, reduce op, transport and algo are fixed per statement (its loc).
             return COMM_TRACK_PREFIX + op.group, (id(op.loc), op.size_bytes, op.group, op.dtype, ALGOS[algo_index].value, PROTOS[proto_index])
         track = HOST_STREAM if kind is OpKind.WAIT and op.stream == HOST_STREAM else op.stream
-        return track, (id(op.loc), op.size_bytes, op.flops, kind)
+        # A copy's or memcpy transfer's peer is annotated and may differ from rank to rank.
+        return track, (id(op.loc), op.size_bytes, op.flops, kind, op.peer, op.dest)
 
     def exec_span(self, op: Op, algo_index: int, proto_index: int) -> tuple[str, tuple[str, tuple]]:
         """(track, (name, args)) of the op's EXEC span, given its `RawResult.algos` and
