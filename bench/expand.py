@@ -4,7 +4,7 @@ the loaded Program costs per op.
 Loads each workload (parse, compile, expand for every rank, cross-rank validation:
 `load_schedule`) several times and reports the median CPU time as ops/s, then loads it
 once more under tracemalloc and reports the peak while the Program is alive, per op.
-Target (issue 24): >= 500k ops/s, and the Program well under 200 B/op.
+Target: >= 500k ops/s, and the Program well under 200 B/op.
 
   * 1F1B, 64 stages x 1024 microbatches (P2P-heavy: every op depends on the stage);
   * data parallel: DDP overlap (bucketed async all_reduce) on 256 ranks;
@@ -28,7 +28,7 @@ from commdsl.dsl import load_schedule, load_schedule_text
 from commdsl.ir import Program
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from contention import CHAINED  # noqa: E402  (the issue's chained all_reduce, as the simulator bench runs it)
+from contention import CHAINED  # noqa: E402  (the chained all_reduce, as the simulator bench runs it)
 
 
 def measure(label: str, load: Callable[[], Program], repeats: int) -> None:

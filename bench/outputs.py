@@ -2,13 +2,13 @@
 and `--trace`, per op, on a 1F1B pipeline (64 stages by default).
 
     python bench/outputs.py                      # 1F1B 64 x 263 (133k ops)
-    python bench/outputs.py --microbatches 2632  # 1.34M ops (the issue's million-op case)
+    python bench/outputs.py --microbatches 2632  # 1.34M ops
 
 Prints CPU seconds (median of `--repeats`) and microseconds per op of: summarize,
 the JSON summary, the streamed trace (`SimResult.write_trace`), and, for comparison, the
 trace's size; then the most memory the streamed trace takes beyond the simulation's
-(tracemalloc's peak while it writes, per op). The whole command (imports, expansion, simulation included) is measured by
-the lead's `bench/scale.py`; this one isolates the outputs.
+(tracemalloc's peak while it writes, per op). `bench/scale.py` measures the whole command
+(imports, expansion, simulation included); this one isolates the outputs.
 """
 
 from __future__ import annotations
