@@ -66,15 +66,30 @@ def _compose(text: str) -> yaml.Node | None:
     PyYAML's own loader, which checks the depth as it composes."""
     if not yaml.__with_libyaml__:
         return yaml.compose(text, Loader=_DepthLimitedLoader)
+    try:
+        _check_depth(yaml.parse(text, Loader=yaml.CSafeLoader))
+    except yaml.YAMLError:
+        # Newer libyaml refuses deep flow collections itself (at 1000 levels, scanning
+        # ahead), before its events reach MAX_DEPTH: if PyYAML's own parser reaches
+        # MAX_DEPTH before any error, that is the error to report, as for any depth.
+        try:
+            _check_depth(yaml.parse(text, Loader=yaml.SafeLoader))
+        except yaml.YAMLError:
+            pass
+        raise
+    return yaml.compose(text, Loader=yaml.CSafeLoader)
+
+
+def _check_depth(events) -> None:
+    """Raise `_TooDeep` at the first list or mapping nested deeper than `MAX_DEPTH`."""
     depth = 0
-    for event in yaml.parse(text, Loader=yaml.CSafeLoader):
+    for event in events:
         if isinstance(event, (yaml.SequenceStartEvent, yaml.MappingStartEvent)):
             depth += 1
             if depth > MAX_DEPTH:
                 raise _TooDeep(event.start_mark)
         elif isinstance(event, (yaml.SequenceEndEvent, yaml.MappingEndEvent)):
             depth -= 1
-    return yaml.compose(text, Loader=yaml.CSafeLoader)
 
 
 class YamlDocument:

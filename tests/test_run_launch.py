@@ -141,3 +141,15 @@ def test_calibrate_from_nccl_tests_logs_starts_no_ranks(tmp_path):
     r = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     assert "base machine dgx-h100" in r.stderr and out.is_file()
+
+
+@pytest.mark.parametrize(("rank", "prints", "waits"), [("0", True, False), ("1", False, True)])
+def test_an_error_every_rank_hits_is_printed_by_rank_0_while_the_others_wait(rank, prints, waits, monkeypatch, capsys):
+    # Another rank that exited at once could make the launcher stop rank 0 before it printed.
+    slept = []
+    monkeypatch.setenv("RANK", rank)
+    monkeypatch.setattr(run_cli.time, "sleep", slept.append)
+    code = run_cli.main(["1f1b", "--iters", "0"])
+    assert code == 2
+    assert ("--iters must be >= 1" in capsys.readouterr().err) is prints
+    assert slept == ([run_cli.COMMON_ERROR_GRACE_S] if waits else [])

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import time
 
 from commdsl.errors import CommdslError, UsageError, require_output_folder
 from commdsl.run.config import BackendChoice, DurationMode, RunConfig
@@ -114,6 +115,21 @@ def config_from_args(a: argparse.Namespace) -> RunConfig:
     )  # fmt: skip
 
 
+COMMON_ERROR_GRACE_S = 10.0
+"""How long a rank other than 0 waits before exiting with an error every rank hits alike."""
+
+
+def _let_rank_0_report() -> None:
+    """Rank 0 prints an error that every rank hits; another rank that exits first makes
+    the launcher stop rank 0, maybe before it printed. So the other ranks wait: the
+    launcher stops them as soon as rank 0 has exited (in a tenth of a second with
+    `commdsl run -n`)."""
+    try:
+        time.sleep(COMMON_ERROR_GRACE_S)
+    except KeyboardInterrupt:
+        pass
+
+
 def main(argv: list[str] | None = None) -> int:
     # Errors that reach here are hit alike by every rank (usage, schedule, check
     # summary): rank 0 prints them. Errors of one rank are printed by the session.
@@ -126,6 +142,8 @@ def main(argv: list[str] | None = None) -> int:
     except CommdslError as err:
         if first:
             print(err.format(), file=sys.stderr, flush=True)
+        else:
+            _let_rank_0_report()
         return err.exit_code
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
