@@ -4,6 +4,7 @@ comm queues, batches, compute rates, traces."""
 from __future__ import annotations
 
 import json
+from array import array
 
 import pytest
 
@@ -12,6 +13,7 @@ from commdsl.errors import MachineError, ScheduleError
 from commdsl.ir import OpKind
 from commdsl.machine import load_machine_text, resolve_machine
 from commdsl.sim import simulate
+from commdsl.sim.entities import entry_typecode, op_index_typecode
 from commdsl.timeline import SpanRole, Timeline
 
 
@@ -301,3 +303,11 @@ def test_every_bundled_schedule_simulates_without_deadlock():
         result = simulate(load_schedule(name), resolve_machine("h100-nvlink"))
         assert result.makespan_us > 0, name
         assert len(result.timeline.exec_spans()) == result.program.num_ops, name
+
+
+def test_per_op_arrays_hold_every_op_number_of_the_program():
+    # 4-byte entries while they fit: an op number (or -1), and a stream entry (g * 4 + tag).
+    for n in (1, 2**20, 2**29 - 1, 2**29, 2**31 - 1, 2**31, 2**33):
+        assert array(op_index_typecode(n), [n - 1, -1])[0] == n - 1
+        assert array(entry_typecode(n), [4 * (n - 1) + 3])[0] == 4 * (n - 1) + 3
+    assert op_index_typecode(1000) == entry_typecode(1000) == "i"
