@@ -395,13 +395,8 @@ class Engine:
         # (nothing else is issued between a batch's ops).
         first = self.base[op.rank] + op.batch
         if g == first:
-            multi = self.batch_multi.get(first)
-            if multi is None:  # batch_queues(first), inlined: most batches are on one queue
-                q = self.queue_list[self.queue_at[first]]
+            for q in self.batch_queues(first):
                 q.fifo.append(first)
-            else:
-                for q in multi:
-                    q.fifo.append(first)
         if g != self.batch_last[first] or op.handle is not None:
             return  # a synchronous batch waits once, after its last op
         ops = self.ops
@@ -425,7 +420,7 @@ class Engine:
         fifo = s.fifo
         now = self.env.now
         ready, cause, end, kinds, state = self.ready, self.cause, self.end, self.kind, self.state
-        waiters, todo, queue_list, queue_at, ops = self.waiters, self._todo, self.queue_list, self.queue_at, self.ops
+        ops = self.ops
         while s.done < len(fifo):
             entry = fifo[s.done]
             g, tag = entry >> 2, entry & 3
@@ -494,29 +489,7 @@ class Engine:
                 ev = self.env.timeout(start + duration - now, s)
                 ev.callbacks.append(self._on_stream_timer)
                 return
-            # _complete_entry(s, entry, start, c), inlined: most entries end here
-            s.done += 1  # pops the head
-            if tag == EXEC:
-                end[g] = start
-                state[g] = DONE
-                w = waiters.pop(g, None)
-                if w:
-                    for e in w:
-                        if not e.kicked:
-                            e.kicked = True
-                            todo.append(e)
-                if not _IS_MEMORY[k]:  # bookkeeping is nobody's cause on the critical path
-                    s.last_g, s.last_end = g, start
-            elif tag == MARK:
-                state[g] = ELIGIBLE
-                q = queue_list[queue_at[g]]
-                if not q.kicked:
-                    q.kicked = True
-                    todo.append(q)
-            else:  # SYNC: the stream continues after the comm op(s)
-                s.last_g, s.last_end = c, start
-            if s.drain_waiters:
-                self._wake_drained(s)
+            self._complete_entry(s, entry, start, c)
 
     def _on_stream_timer(self, ev) -> None:
         s: Stream = ev.value
@@ -823,8 +796,7 @@ class Engine:
         if self.traffic:
             for rank in self.contention.transfer(transfer, False):
                 self._retime(rank)
-        on_stream, queue_list, queue_at, todo, end, state, waiters = (self.on_stream, self.queue_list, self.queue_at, self._todo, self.end, self.state,
-                                                                      self.waiters)  # fmt: skip
+        on_stream, queue_list, queue_at, todo = self.on_stream, self.queue_list, self.queue_at, self._todo
         for g in members:
             if on_stream[g]:  # a memcpy transfer: its stream goes on
                 op = self.ops[g]
@@ -833,14 +805,7 @@ class Engine:
                 self._complete_entry(s, s.cur, now, s.cur_cause)
                 self._kick(s)
                 continue
-            end[g] = now  # _finish(g, now), inlined
-            state[g] = DONE
-            w = waiters.pop(g, None)
-            if w:
-                for e in w:
-                    if not e.kicked:
-                        e.kicked = True
-                        todo.append(e)
+            self._finish(g, now)
             if kernels and self.ops[g].transport is _NCCL:
                 self._kernel_changed(g, False)
             q = queue_list[queue_at[g]]
