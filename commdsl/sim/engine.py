@@ -260,41 +260,77 @@ class Engine:
     def _advance_host(self, h: Host) -> None:
         ops, kinds, on_stream = self.ops, self.kind, self.on_stream
         issue_start, issue_end, cause = self.issue_start, self.issue_end, self.cause
-        launch_us = self.machine.kernel_launch_us
+        launch_us, comm_launch_us = self.machine.kernel_launch_us, self.machine.comm_launch_us
         streams = self.streams[h.rank]
+        queue_list, queue_at, todo = self.queue_list, self.queue_at, self._todo
         if h.block_g >= 0 and not self._host_unblocked(h):
             return
-        while h.pc < h.end:
-            g = h.pc
+        # The host's pc and clock live in locals while it issues ops that do not block
+        # (most ops); they go back to `h` before anything else reads them.
+        g, end, t = h.pc, h.end, h.t
+        while g < end:
             op = ops[g]
             k = kinds[g]
-            if _IS_DEVICE[k] or on_stream[g] or (k == _K_WAIT and op.stream != HOST_STREAM and not self._gloo_wait(op)):
-                t = h.t
+            if (memory := _IS_MEMORY[k]) or _IS_DEVICE[k] or on_stream[g] or (
+                    k == _K_WAIT and op.stream != HOST_STREAM and not self._gloo_wait(op)):  # fmt: skip
                 issue_start[g] = t
-                h.t = t = t + launch_us
+                if not memory:  # bookkeeping (alloc, free) goes in stream order with no launch, no time
+                    t += launch_us
                 issue_end[g] = t
                 cause[g] = h.cause
-                s = streams[op.stream]  # _push, inlined: most ops take this path
-                s.fifo.append(g * 4 + EXEC)
-                if not s.busy and len(s.fifo) - s.done == 1:
-                    self._kick(s)
-                h.pc = g + 1
+                s = streams[op.spec.stream]  # _push, inlined: most ops take this path
+                fifo = s.fifo
+                fifo.append(g * 4 + EXEC)
+                if not s.busy and len(fifo) - s.done == 1 and not s.kicked:
+                    s.kicked = True
+                    todo.append(s)
+                g += 1
                 continue
             if _IS_COMM[k]:
-                self._issue_comm(h, g, op)
-                if h.block_g >= 0:
-                    h.pc += 1
+                # A comm op puts a MARK on its stream and an item in its comm queue: the op,
+                # or for a P2P batch the batch, at its first op, in each queue it touches
+                # (nothing else is issued between a batch's ops). A synchronous one then
+                # holds the stream (SYNC), once, after a batch's last op; with gloo it
+                # blocks the calling thread instead until the transfer is done.
+                spec = op.spec
+                issue_start[g] = t
+                t += comm_launch_us
+                issue_end[g] = t
+                cause[g] = h.cause
+                s = streams[spec.stream]
+                fifo = s.fifo
+                fifo.append(g * 4 + MARK)
+                if not s.busy and len(fifo) - s.done == 1 and not s.kicked:
+                    s.kicked = True
+                    todo.append(s)
+                if (batch := op.batch) is None:
+                    queue_list[queue_at[g]].fifo.append(g)
+                    blocking = op.handle is None and spec.transport is _GLOO
+                    sync = op.handle is None and not blocking
+                    deps = (g,)
+                else:
+                    first = g - op.index + batch
+                    if g == first:
+                        for q in self.batch_queues(first):
+                            q.fifo.append(first)
+                    sync = g == self.batch_last[first] and op.handle is None
+                    blocking = sync and any(ops[x].spec.transport is _GLOO for x in range(first, g + 1))
+                    sync = sync and not blocking
+                    deps = range(first, g + 1)
+                g += 1
+                if sync:
+                    fifo.append((g - 1) * 4 + SYNC)  # the stream holds the MARK, so it needs no kick
+                elif blocking:
+                    h.block_g = g - 1
+                    h.block_deps = deps
+                    h.pc, h.t = g, t
                     if not self._host_unblocked(h):
                         return
-                    continue
-                h.pc = g + 1
+                    t = h.t
                 continue
+            h.pc, h.t = g, t
             kind = op.kind
-            if _IS_MEMORY[k]:  # bookkeeping in stream order: no launch, no time
-                self.issue_start[g] = self.issue_end[g] = h.t
-                self.cause[g] = h.cause
-                self._push(self.streams[op.rank][op.stream], g * 4 + EXEC)
-            elif kind is _HOST_OP:
+            if kind is _HOST_OP:
                 self.start[g] = h.t
                 h.t += op.duration_us
                 self.cause[g] = h.cause
@@ -307,6 +343,7 @@ class Engine:
                 h.pc += 1
                 if not self._host_unblocked(h):
                     return
+                g, t = h.pc, h.t
                 continue
             elif kind is _SYNCHRONIZE:
                 self.start[g] = h.t
@@ -320,10 +357,13 @@ class Engine:
                 h.pc += 1
                 if not self._host_unblocked(h):
                     return
+                g, t = h.pc, h.t
                 continue
             else:
                 raise AssertionError(f"unhandled op kind {kind}")
             h.pc += 1
+            g, t = h.pc, h.t
+        h.pc, h.t = g, t
 
     def _gloo_wait(self, op: Op) -> bool:
         b = self.base[op.rank]
@@ -366,46 +406,6 @@ class Engine:
         h.block_deps = ()
         h.sync_targets = []
         return True
-
-    def _issue_comm(self, h: Host, g: int, op: Op) -> None:
-        t = h.t
-        self.issue_start[g] = t
-        h.t = t = t + self.machine.comm_launch_us
-        self.issue_end[g] = t
-        self.cause[g] = h.cause
-        stream = self.streams[op.rank][op.stream]
-        fifo = stream.fifo
-        fifo.append(g * 4 + MARK)  # _push, inlined
-        if not stream.busy and len(fifo) - stream.done == 1 and not stream.kicked:
-            stream.kicked = True
-            self._todo.append(stream)
-        if op.batch is None:
-            q = self.queue_list[self.queue_at[g]]
-            q.fifo.append(g)
-            if op.handle is not None:
-                return
-            if op.transport is _GLOO:
-                # A synchronous gloo call blocks the calling thread until the transfer is done.
-                h.block_g = g
-                h.block_deps = (g,)
-            else:  # _push, inlined: the stream holds the MARK, so it needs no kick
-                fifo.append(g * 4 + SYNC)
-            return
-        # A batch is one item in each comm queue it touches, pushed at its first op
-        # (nothing else is issued between a batch's ops).
-        first = self.base[op.rank] + op.batch
-        if g == first:
-            for q in self.batch_queues(first):
-                q.fifo.append(first)
-        if g != self.batch_last[first] or op.handle is not None:
-            return  # a synchronous batch waits once, after its last op
-        ops = self.ops
-        for x in range(first, g + 1):
-            if ops[x].transport is _GLOO:
-                h.block_g = g  # as one synchronous gloo op, above
-                h.block_deps = range(first, g + 1)
-                return
-        fifo.append(g * 4 + SYNC)  # _push, inlined: the stream holds the MARK, so it needs no kick
 
     # ---- streams -----------------------------------------------------------------------
 
