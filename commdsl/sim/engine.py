@@ -420,7 +420,7 @@ class Engine:
         fifo = s.fifo
         now = self.env.now
         ready, cause, end, kinds, state = self.ready, self.cause, self.end, self.kind, self.state
-        ops = self.ops
+        ops, queue_list, queue_at, todo = self.ops, self.queue_list, self.queue_at, self._todo
         while s.done < len(fifo):
             entry = fifo[s.done]
             g, tag = entry >> 2, entry & 3
@@ -429,6 +429,19 @@ class Engine:
             t, c = ready[g], cause[g]
             if s.last_g >= 0 and s.last_end >= t:
                 t, c = s.last_end, s.last_g
+            if tag == MARK and t <= now:  # the comm op joins its comm queue now (_complete_entry, inlined)
+                s.woke = False
+                self.start[g] = now
+                cause[g] = c
+                s.done += 1  # pops the head
+                state[g] = ELIGIBLE
+                q = queue_list[queue_at[g]]
+                if not q.kicked:
+                    q.kicked = True
+                    todo.append(q)
+                if s.drain_waiters:
+                    self._wake_drained(s)
+                continue
             duration = 0.0
             woke = False
             if tag != MARK:
