@@ -148,6 +148,11 @@ class Engine:
         self._transfers: dict[tuple, Transfer] = {}
         """One `Transfer` per distinct shape (what it moves, between whom, how), by the
         op fields it is built from: built once, started with each occurrence's ops."""
+        self._p2p_shapes: dict[tuple, tuple[Transfer, tuple[str, int, int] | None, tuple[int, ...] | None]] = {}
+        """The same for point-to-point transfers, by (id of the op's spec, kind, rank), with
+        what `_start_p2p` needs to start it (`_p2p_shape`)."""
+        self._pair_of: dict[int, tuple[str, int, int]] = {}
+        """id of an NCCL send's `Transfer` -> its (group, source, destination) in `pair_fifo`."""
         self._on_transfer_done = self._transfer_done
         self.contention = c = contention_model(machine, self.network, program.world_size, rng, self.group_ranks)
         self.kernels = c.tracks_kernels
@@ -748,24 +753,35 @@ class Engine:
         # The shape is the op's spec (peer, size, transport, group, forced algo and protocol,
         # from which `wire` chose its algo and protocol), its kind and its rank.
         key = (id(so.spec), self.kind[send], so.rank)
-        transfer = self._transfers.get(key)
-        if transfer is None:
-            transfer = self._transfers[key] = self._p2p_transfer(so, send)
-        if so.transport is _MEMCPY and self.copy_engines is not None:
-            gpus = self._engine_gpus(so.rank, so.peer)
+        shape = self._p2p_shapes.get(key)
+        if shape is None:
+            shape = self._p2p_shapes[key] = self._p2p_shape(so, send)
+        transfer, pair, gpus = shape
+        if gpus is not None:
             self.copy_engines.acquire(gpus, lambda: self._start_transfer(transfer, members, gpus))
-        elif so.transport is _NCCL:
-            key = (so.group, so.rank, so.peer)
-            waiting = self.pair_fifo.get(key, _IDLE)
+        elif pair is not None:
+            waiting = self.pair_fifo.get(pair, _IDLE)
             if waiting is _IDLE:
-                self.pair_fifo[key] = None
+                self.pair_fifo[pair] = None
                 self._start_transfer(transfer, members)
             elif waiting is None:
-                self.pair_fifo[key] = deque(((transfer, members),))
+                self.pair_fifo[pair] = deque(((transfer, members),))
             else:
                 waiting.append((transfer, members))
         else:
             self._start_transfer(transfer, members)
+
+    def _p2p_shape(self, so: Op, send: int) -> tuple[Transfer, tuple[str, int, int] | None, tuple[int, ...] | None]:
+        """The transfer of send (or peer copy) `so`, op `send`; its (group, source,
+        destination) when NCCL orders it among its pair's transfers (`pair_fifo`); and the
+        GPUs whose copy engines it holds when it is a memcpy that needs them."""
+        transfer = self._p2p_transfer(so, send)
+        if so.transport is _MEMCPY and self.copy_engines is not None:
+            return transfer, None, self._engine_gpus(so.rank, so.peer)
+        if so.transport is _NCCL:
+            pair = self._pair_of[id(transfer)] = (so.group, so.rank, so.peer)
+            return transfer, pair, None
+        return transfer, None, None
 
     def _p2p_transfer(self, so: Op, send: int) -> Transfer:
         """The transfer of send (or peer copy) `so`, op `send`."""
@@ -834,8 +850,7 @@ class Engine:
                     todo.append(q)
         if engines:
             self.copy_engines.release(engines)
-        elif transfer.transport is _NCCL and (transfer.kind is _SEND):
-            key = (self.ops[members[0]].group, *transfer.ranks)
+        elif (key := self._pair_of.get(id(transfer))) is not None:  # an NCCL send: the next of its pair may go
             waiting = self.pair_fifo[key]
             if waiting:
                 self._start_transfer(*waiting.popleft())
