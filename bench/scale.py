@@ -107,17 +107,21 @@ def run_astra(binary: str, folder: Path, repeats: int) -> tuple[float, float]:
                 node.attr.append(AttributeProto(name="comm_size", int64_val=size_bytes))
                 encodeMessage(f, node)
     # ASTRA's analytical backend reads GB/s as 2^30 bytes per second and latency in ns:
-    # 50e9 B/s is 46.566 of its GB/s. One chunk per collective and no endpoint delay, as commdsl's ring.
+    # 50e9 B/s is 46.566 of its GB/s. One chunk per collective, as commdsl's ring. ASTRA charges each
+    # reduce step 3 x chunk / local-mem-bw for the reduction, which commdsl does not model: a local-mem-bw
+    # of 1e9 GB/s makes that 0 ns. Endpoint delay 1 ns, not 0: with 0 the first event falls at t = 0 and
+    # the analytical event queue's assertion (next event later than now) aborts; it adds 1 ns a send.
     (folder / "network.yml").write_text(f"topology: [ Ring ]\nnpus_count: [ {npus} ]\nbandwidth: [ {50e9 / 2**30:.6f} ]\n"
                                         "latency: [ 500.0 ]\n")  # fmt: skip
     (folder / "system.json").write_text(json.dumps({
-        "scheduling-policy": "LIFO", "endpoint-delay": 0, "active-chunks-per-dimension": 1, "preferred-dataset-splits": 1,
+        "scheduling-policy": "LIFO", "endpoint-delay": 1, "active-chunks-per-dimension": 1, "preferred-dataset-splits": 1,
         "all-reduce-implementation": ["ring"], "all-gather-implementation": ["ring"],
         "reduce-scatter-implementation": ["ring"], "all-to-all-implementation": ["ring"],
-        "collective-optimization": "baseline", "local-mem-bw": 1600, "boost-mode": 0}))  # fmt: skip
+        "collective-optimization": "baseline", "local-mem-bw": 1e9, "boost-mode": 0}))  # fmt: skip
     (folder / "memory.json").write_text(json.dumps({"memory-type": "NO_MEMORY_EXPANSION"}))
     argv = [binary, f"--workload-configuration={folder / 'chained'}", f"--system-configuration={folder / 'system.json'}",
-            f"--remote-memory-configuration={folder / 'memory.json'}", f"--network-configuration={folder / 'network.yml'}"]
+            f"--remote-memory-configuration={folder / 'memory.json'}", f"--network-configuration={folder / 'network.yml'}",
+            f"--logging-folder={folder / 'log'}"]  # it writes log/ under the working directory otherwise
     cpu = []
     for _ in range(repeats):
         with tempfile.TemporaryFile("w+") as out:
