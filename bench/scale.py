@@ -3,6 +3,7 @@
     python bench/scale.py                    # every figure below (about two minutes)
     python bench/scale.py --quick            # smaller sizes, one repeat: a smoke run
     python bench/scale.py --astra PATH       # also run ASTRA-sim's analytical backend on the same workload
+    python bench/scale.py --only chained     # one figure (chained, 1f1b, cost, samples; repeatable)
 
 Each figure is the CPU time (user + system) and the peak resident memory of one
 `commdsl simulate` process, start-up to exit, as `os.wait4` reports them for the child;
@@ -39,6 +40,8 @@ from pathlib import Path
 
 from contention import CHAINED, RING_MACHINE  # bench/contention.py (the script's folder is on the path)
 
+FIGURES = ("chained", "1f1b", "cost", "samples")
+"""The figures below, by the name `--only` takes."""
 OPS_PER_MICROBATCH_64 = 508.75
 """Ops of the bundled 1f1b per microbatch at 64 stages (130,240 ops at 256 microbatches)."""
 
@@ -176,6 +179,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="smaller sizes, one repeat")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--astra", metavar="PATH", help="ASTRA-sim's AstraSim_Analytical_Congestion_Unaware binary")
+    parser.add_argument("--only", choices=FIGURES, action="append", help="run only this figure (repeatable; default: all)")
     args = parser.parse_args()
     if args.astra and not shutil.which(args.astra) and not Path(args.astra).is_file():
         raise SystemExit(f"--astra: no such program: {args.astra}")
@@ -187,11 +191,16 @@ def main() -> None:
     subprocess.run([sys.executable, "-m", "compileall", "-q", str(Path(commdsl.__file__).parent)], check=True)
     print(f"commdsl scale bench, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {os.cpu_count()} CPUs, "
           f"CPU s and peak RSS of the whole process, median of {repeats}", flush=True)  # fmt: skip
+    only = set(args.only or FIGURES)
     with tempfile.TemporaryDirectory() as tmp:
-        chained(Path(tmp), repeats, args.astra)
-        one_f_one_b(Path(tmp), repeats, 100_000 if args.quick else 1_000_000)
-        cost_per_op(Path(tmp), repeats, (1_000, 10_000, 100_000) if args.quick else (1_000, 10_000, 100_000, 1_000_000))
-        samples(Path(tmp), repeats, 16 if args.quick else 64)
+        if "chained" in only:
+            chained(Path(tmp), repeats, args.astra)
+        if "1f1b" in only:
+            one_f_one_b(Path(tmp), repeats, 100_000 if args.quick else 1_000_000)
+        if "cost" in only:
+            cost_per_op(Path(tmp), repeats, (1_000, 10_000, 100_000) if args.quick else (1_000, 10_000, 100_000, 1_000_000))
+        if "samples" in only:
+            samples(Path(tmp), repeats, 16 if args.quick else 64)
 
 
 if __name__ == "__main__":
