@@ -460,6 +460,13 @@ class Engine:
                         t = end[g]
                         if self.noisy:
                             t, woke = self.contention.woken(entry, t)
+                    if t <= now:  # the stream goes on now (_complete_entry, inlined)
+                        s.woke = woke
+                        s.done += 1  # pops the head
+                        s.last_g, s.last_end = c, now
+                        if s.drain_waiters:
+                            self._wake_drained(s)
+                        continue
                 elif tag == SYNC or k == _K_WAIT or k == _K_WAIT_EVENT:  # a synchronous batch, or a wait
                     # _deps, inlined: a batch's SYNC is at its last op and waits for the ops from
                     # the first; a wait waits for the ops it names (indices in its rank's program).
