@@ -833,6 +833,7 @@ class Engine:
             for rank in self.contention.transfer(transfer, False):
                 self._retime(rank)
         on_stream, queue_list, queue_at, todo = self.on_stream, self.queue_list, self.queue_at, self._todo
+        end, state, waiters = self.end, self.state, self.waiters
         for g in members:
             if on_stream[g]:  # a memcpy transfer: its stream goes on
                 op = self.ops[g]
@@ -841,7 +842,14 @@ class Engine:
                 self._complete_entry(s, s.cur, now, s.cur_cause)
                 self._kick(s)
                 continue
-            self._finish(g, now)
+            end[g] = now  # _finish, inlined (once per comm op)
+            state[g] = DONE
+            w = waiters.pop(g, None)
+            if w:
+                for e in w:
+                    if not e.kicked:
+                        e.kicked = True
+                        todo.append(e)
             if kernels and self.ops[g].transport is _NCCL:
                 self._kernel_changed(g, False)
             q = queue_list[queue_at[g]]
