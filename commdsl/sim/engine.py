@@ -310,9 +310,9 @@ class Engine:
                     todo.append(s)
                 if (batch := op.batch) is None:
                     queue_list[queue_at[g]].fifo.append(g)
-                    blocking = op.handle is None and spec.transport is _GLOO
-                    sync = op.handle is None and not blocking
-                    deps = (g,)
+                    first = g
+                    sync = op.handle is None
+                    blocking = sync and spec.transport is _GLOO
                 else:
                     first = g - op.index + batch
                     if g == first:
@@ -320,14 +320,13 @@ class Engine:
                             q.fifo.append(first)
                     sync = g == self.batch_last[first] and op.handle is None
                     blocking = sync and any(ops[x].spec.transport is _GLOO for x in range(first, g + 1))
-                    sync = sync and not blocking
-                    deps = range(first, g + 1)
                 g += 1
-                if sync:
-                    fifo.append((g - 1) * 4 + SYNC)  # the stream holds the MARK, so it needs no kick
-                elif blocking:
+                if not blocking:
+                    if sync:
+                        fifo.append((g - 1) * 4 + SYNC)  # the stream holds the MARK, so it needs no kick
+                else:
                     h.block_g = g - 1
-                    h.block_deps = deps
+                    h.block_deps = (first,) if batch is None else range(first, g)
                     h.pc, h.t = g, t
                     if not self._host_unblocked(h):
                         return
