@@ -283,7 +283,7 @@ class Engine:
                     t += launch_us
                 issue_end[g] = t
                 cause[g] = h.cause
-                s = streams[op.spec.stream]  # _push, inlined: most ops take this path
+                s = streams[op.spec.stream]  # onto its stream, which wakes if it was idle: most ops take this path
                 fifo = s.fifo
                 fifo.append(g * 4 + EXEC)
                 if not s.busy and len(fifo) - s.done == 1 and not s.kicked:
@@ -323,7 +323,7 @@ class Engine:
                 g += 1
                 if not blocking:
                     if sync:
-                        fifo.append((g - 1) * 4 + SYNC)  # the stream holds the MARK, so it needs no kick
+                        fifo.append((g - 1) * 4 + SYNC)  # the stream holds the MARK: no need to wake it
                 else:
                     h.block_g = g - 1
                     h.block_deps = (first,) if batch is None else range(first, g)
@@ -412,11 +412,6 @@ class Engine:
         return True
 
     # ---- streams -----------------------------------------------------------------------
-
-    def _push(self, s: Stream, entry: int) -> None:
-        s.fifo.append(entry)
-        if not s.busy and len(s.fifo) - s.done == 1:
-            self._kick(s)
 
     def _advance_stream(self, s: Stream) -> None:
         if s.busy:
