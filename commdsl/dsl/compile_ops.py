@@ -21,6 +21,10 @@ from commdsl.dsl.values import Quantity, Unit, format_value, type_name
 from commdsl.errors import ScheduleError, SourceLoc
 from commdsl.ir import HOST_STREAM, REDUCING_KINDS, Algo, CopyDir, Dtype, OpKind, PipelineAction, Protocol, ReduceOp, Transport
 
+# The units the op closures check on every op, as module globals (on Python 3.11,
+# `Unit.SIZE` goes through the enum metaclass's `__getattr__`: several times dearer).
+_SIZE, _DURATION, _WORK = Unit.SIZE, Unit.DURATION, Unit.WORK
+
 _ROOT_OPTION = {OpKind.BROADCAST: "src", OpKind.SCATTER: "src", OpKind.REDUCE: "dst", OpKind.GATHER: "dst"}
 
 _OPTIONS_BY_OP: dict[str, frozenset[str]] = {
@@ -83,9 +87,9 @@ class OpRules(RuleSet):
             name = ref.text(env)
             if amount is not None:
                 v = amount(env)
-                if isinstance(v, Quantity) and v.unit is Unit.DURATION:
+                if v.__class__ is Quantity and v.unit is _DURATION:
                     duration_us = v.value
-                elif isinstance(v, Quantity) and v.unit is Unit.WORK:
+                elif v.__class__ is Quantity and v.unit is _WORK:
                     flops = v.value
                 else:
                     raise ctx.fail(f"compute takes a duration (2ms) or work (4GFLOP), got {type_name(v)}", loc_of(amount, loc))
@@ -235,7 +239,7 @@ class OpRules(RuleSet):
 
         def run(ctx, env, handle=None):
             q = size_expr(env)
-            if q.__class__ is Quantity and q.unit is Unit.SIZE:  # _size, inline: this runs for every transfer
+            if q.__class__ is Quantity and q.unit is _SIZE:  # _size, inline: this runs for every transfer
                 size, dt = q.value, q.dtype
             else:
                 size, dt = _size(ctx, q, size_loc)
@@ -363,6 +367,6 @@ def _quantity(ctx: RankExpander, v: object, unit: Unit, what: str, loc: SourceLo
 
 
 def _size(ctx: RankExpander, v: object, loc: SourceLoc) -> tuple[float, Dtype | None]:
-    if isinstance(v, Quantity) and v.unit is Unit.SIZE:
+    if v.__class__ is Quantity and v.unit is _SIZE:
         return v.value, v.dtype
     raise ctx.fail(f"expected a size such as 32MiB or bf16[1024], got {type_name(v)}", loc)

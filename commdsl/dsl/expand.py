@@ -54,6 +54,11 @@ _LIMITS_HINT = "the limits keep simulated times finite; see docs/limits.md"
 
 _NO_PIPELINE = (None, None, None)
 
+# The enum members the op methods use on every op, as module globals: on Python 3.11 an
+# enum class has a metaclass `__getattr__`, which makes `OpKind.COMPUTE` several times
+# dearer than reading a global.
+_COMPUTE, _ALLOC, _FREE = OpKind.COMPUTE, OpKind.ALLOC, OpKind.FREE
+
 _AMOUNT_LIMITS = {
     Unit.DURATION: (MAX_DURATION_US, format_us),
     Unit.WORK: (MAX_FLOPS, format_flops),
@@ -424,9 +429,9 @@ class RankExpander:
         elif self.batch_start is not None:
             self._no_batch("compute", site.loc)
         if pipeline is None:
-            self._emit(OpKind.COMPUTE, name, spec)
+            self._emit(_COMPUTE, name, spec)
             return
-        self._emit(OpKind.COMPUTE, name, spec, pipeline[2])
+        self._emit(_COMPUTE, name, spec, pipeline[2])
         self.last_action = pipeline
         if self.unannotated_recvs:  # the stage_recvs just before this op receive its inputs
             action, stage, microbatch = pipeline
@@ -475,7 +480,7 @@ class RankExpander:
                 raise self.fail(f"buffer '{name}' is already allocated (line {old.loc.line}); free it before allocating it again", loc)
             size = self._size(name, size, Dtype.UINT8, size_loc or loc, OpKind.ALLOC)
             spec = cache[key] = self._spec(stream, loc, size_bytes=size, dtype=Dtype.UINT8)
-        self._emit(OpKind.ALLOC, name, spec)
+        self._emit(_ALLOC, name, spec)
         self.live[name] = spec
 
     def free(self, cache: dict, name: str, placement, loc) -> None:
@@ -495,7 +500,7 @@ class RankExpander:
         if spec is None:
             spec = cache[key] = self._spec(self.stream(placement, loc), loc, size_bytes=buf.size_bytes, dtype=Dtype.UINT8)
         del self.live[name]
-        self._emit(OpKind.FREE, name, spec)
+        self._emit(_FREE, name, spec)
 
     def host_work(self, name: str, duration_us: float, loc, *, amount_loc=None) -> None:
         self._no_batch("host", loc)
