@@ -101,7 +101,10 @@ def ref_text(base: str, indices: tuple[Expr, ...]) -> Callable[[Env], str]:
     """The texts made so far, by integer index: most are made once per rank."""
 
     def text_of_var(env):  # F[mb]: read mb without calling its closure
-        v = env[name] if name in env else index(env)  # index(env) raises the unknown-name error
+        try:
+            v = env[name]
+        except KeyError:
+            v = index(env)  # raises the unknown-name error
         if v.__class__ is not int:
             return f"{base}[{format_value(v)}]"
         text = texts.get(v)
