@@ -47,6 +47,23 @@ def expression(method):
     return located
 
 
+NOT_CONSTANT = object()
+"""`constant_of` an expression whose value is known only when it runs."""
+
+
+def constant(value: object) -> Expr:
+    """The expression of a value known at compile time (a literal, a param); the op
+    statements read its `.constant` once rather than call it for every op."""
+    fn = lambda env: value  # noqa: E731
+    fn.constant = value
+    return fn
+
+
+def constant_of(expr: object) -> object:
+    """The value of a `constant` expression, else `NOT_CONSTANT`."""
+    return getattr(expr, "constant", NOT_CONSTANT)
+
+
 def loc_of(expr: object, default: SourceLoc) -> SourceLoc:
     return getattr(expr, "loc", default)
 
@@ -144,6 +161,10 @@ class RuleSet(Transformer):
         self.origin = origin
         self.layout = layout
         self.param_names = param_names
+        self.constants: dict[str, object] = {}
+        """Names whose value is known before any rank runs, with it: the params that no
+        block parameter shadows (`ProgramCompiler.compile` fills it). A read of one is a
+        `constant` expression."""
         self.reads_rank = False
         """Whether the program reads its rank: `rank`, a group's `.rank` or `.size`, or
         `rank_at()` (commdsl/dsl/spmd.py copies the ops of a program that does not)."""

@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 from lark import Token, v_args
 
-from commdsl.dsl.compile_base import Env, Option, Ref, RuleSet, Stmt, loc_of, op_node
+from commdsl.dsl.compile_base import Env, Expr, Option, Ref, RuleSet, Stmt, constant_of, loc_of, op_node
 from commdsl.dsl.expand import CollectiveSite, ComputeSite, P2PSite, RankExpander
 from commdsl.dsl.values import Quantity, Unit, format_value, type_name
 from commdsl.errors import ScheduleError, SourceLoc
@@ -79,13 +79,20 @@ class OpRules(RuleSet):
         pipeline = self._pipeline_options(opts, loc)
         amount_loc = loc_of(amount, loc)
         site = ComputeSite(stream, loc, dtype, amount_loc, bytes_opt.loc if bytes_opt else loc)
+        known = constant_of(amount)  # a param or a literal: read once here, not per op
+        timed = None  # (duration, work) of such an amount
+        if known.__class__ is Quantity and known.unit in (_DURATION, _WORK):
+            timed = (known.value, None) if known.unit is _DURATION else (None, known.value)
 
         def run(ctx, env, handle=None):
             if handle is not None:
                 raise ctx.fail("compute returns no handle; record an event to wait on it from another stream", loc)
-            duration_us = flops = size = None
+            size = None
             name = ref.text(env)
-            if amount is not None:
+            if timed is not None:
+                duration_us, flops = timed
+            elif amount is not None:
+                duration_us = flops = None
                 v = amount(env)
                 if v.__class__ is Quantity and v.unit is _DURATION:
                     duration_us = v.value
@@ -93,6 +100,8 @@ class OpRules(RuleSet):
                     flops = v.value
                 else:
                     raise ctx.fail(f"compute takes a duration (2ms) or work (4GFLOP), got {type_name(v)}", loc_of(amount, loc))
+            else:
+                duration_us = flops = None
             flops_loc = amount_loc
             if flops_opt is not None:
                 if flops is not None:
@@ -137,11 +146,12 @@ class OpRules(RuleSet):
         stream = self._stream_name(placement, loc, allow_host=False)
         size_loc = loc_of(size_expr, loc)
         cache: dict = {}
+        sized = _constant_size(size_expr)
 
         def run(ctx, env, handle=None):
             if handle is not None:
                 raise ctx.fail("alloc returns no handle; the buffer's name is what `free` takes", loc)
-            size, _ = _size(ctx, size_expr(env), size_loc)
+            size, _ = sized if sized is not None else _size(ctx, size_expr(env), size_loc)
             ctx.alloc(cache, ref.text(env), size, stream, loc, size_loc)
 
         return op_node(run, "alloc")
@@ -227,6 +237,7 @@ class OpRules(RuleSet):
         site = P2PSite(stream, loc, kind, family, transport, proto, size_loc, mode is not P2PMode.BLOCKING, target_loc)
 
         text = ref.text
+        sized = _constant_size(size_expr)
         if mode is P2PMode.STAGE:
 
             def run_stage(ctx, env, handle=None):
@@ -238,11 +249,14 @@ class OpRules(RuleSet):
             return op_node(run_stage, kind_word)
 
         def run(ctx, env, handle=None):
-            q = size_expr(env)
-            if q.__class__ is Quantity and q.unit is _SIZE:  # _size, inline: this runs for every transfer
-                size, dt = q.value, q.dtype
+            if sized is not None:
+                size, dt = sized
             else:
-                size, dt = _size(ctx, q, size_loc)
+                q = size_expr(env)
+                if q.__class__ is Quantity and q.unit is _SIZE:  # _size, inline: this runs for every transfer
+                    size, dt = q.value, q.dtype
+                else:
+                    size, dt = _size(ctx, q, size_loc)
             ctx.p2p(site, text(env), size, dtype or dt, peer_expr(env), handle, None if pipeline is _no_pipeline else pipeline(ctx, env))
 
         return op_node(run, kind_word)
@@ -364,6 +378,13 @@ def _quantity(ctx: RankExpander, v: object, unit: Unit, what: str, loc: SourceLo
         return v.value
     example = {Unit.SIZE: "32MiB", Unit.DURATION: "2ms", Unit.WORK: "4GFLOP"}[unit]
     raise ctx.fail(f"{what} takes a {unit.value} such as {example}, got {type_name(v)}", loc)
+
+
+def _constant_size(expr: Expr) -> tuple[float, Dtype | None] | None:
+    """(size, dtype) of a size known at compile time (a param, a literal), which the
+    statement then need not evaluate and check for every op; None for any other."""
+    v = constant_of(expr)
+    return (v.value, v.dtype) if v.__class__ is Quantity and v.unit is _SIZE else None
 
 
 def _size(ctx: RankExpander, v: object, loc: SourceLoc) -> tuple[float, Dtype | None]:

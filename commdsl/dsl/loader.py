@@ -134,7 +134,7 @@ def load_schedule_text(
     origin = doc.origin_of_scalar(prog_node)
     tree = parse_program(prog_node.value, origin)
     compiler = ProgramCompiler(origin, layout, tuple(params))
-    compiled = compiler.compile(tree)
+    compiled = compiler.compile(tree, params)
     # Expansion makes millions of objects and next to no reference cycles: the cyclic
     # collector would only walk them again and again as they are made, so it rests.
     collecting = gc.isenabled()
