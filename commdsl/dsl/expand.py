@@ -44,7 +44,9 @@ from commdsl.ir import (
     Protocol,
     ReduceOp,
     Transport,
-    make_op,
+    _MicrobatchOp,  # the op classes `make_op` picks from (see `RankExpander._emit`)
+    _SyncOp,
+    new_op,
 )
 from commdsl.dsl.values import Unit, format_bytes, format_flops, format_us, format_value
 from commdsl.limits import MAX_DURATION_US, MAX_FLOPS, MAX_SIZE_BYTES
@@ -339,7 +341,10 @@ class RankExpander:
 
     def _emit(self, kind: OpKind, name: str, spec: OpSpec, microbatch: int | None = None, batch: int | None = None,
               waits_for: tuple[int, ...] = (), handle: str | None = None) -> Op:  # fmt: skip
-        """Append the op, counting it against the shared budget."""
+        """Append the op, counting it against the shared budget. The op is made as
+        `commdsl.ir.make_op` makes it (the smallest class that stores its rare fields),
+        written out here: this runs for every op, and the call would cost as much again
+        as the rest of the method."""
         ops = self.ops
         n = len(ops)
         if n >= self._fast_limit:  # past the budget, or past the shared indices made so far
@@ -348,8 +353,23 @@ class RankExpander:
             self.tables.index(n)  # makes more
             self._fast_limit = min(self._op_limit, len(self._indices))
         intern = self._intern_name
-        op = make_op(self.rank, self._indices[n], kind, intern(name, name), handle if handle is None else intern(handle, handle),
-                     spec, microbatch, batch, waits_for)  # fmt: skip
+        if handle is None and batch is None and not waits_for:
+            if microbatch is None:
+                op = new_op(Op)
+            else:
+                op = new_op(_MicrobatchOp)
+                op.microbatch = microbatch
+        else:
+            op = new_op(_SyncOp)
+            op.handle = handle if handle is None else intern(handle, handle)
+            op.microbatch = microbatch
+            op.batch = batch
+            op.waits_for = waits_for
+        op.rank = self.rank
+        op.index = self._indices[n]
+        op.kind = kind
+        op.name = intern(name, name)
+        op.spec = spec
         ops.append(op)
         return op
 
