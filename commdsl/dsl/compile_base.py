@@ -79,55 +79,70 @@ def fmt_index(v: object) -> str:
 
 
 class Ref:
-    """A possibly indexed name: `act[mb]`. `text(env)` gives "act[3]"."""
+    """A possibly indexed name: `act[mb]`. `text(env)` gives "act[3]", interned in `names`
+    (see `ref_text`)."""
 
     __slots__ = ("base", "indices", "loc", "text")
 
-    def __init__(self, base: str, indices: tuple[Expr, ...], loc: SourceLoc):
+    def __init__(self, base: str, indices: tuple[Expr, ...], loc: SourceLoc, names: dict[str, str]):
         self.base = base
         self.indices = indices
         self.loc = loc
-        self.text: Callable[[Env], str] = ref_text(base, indices)
+        self.text: Callable[[Env], str] = ref_text(base, indices, names.setdefault)
 
 
-def ref_text(base: str, indices: tuple[Expr, ...]) -> Callable[[Env], str]:
-    """The function giving a ref's text, made for its shape (it runs for every op)."""
+def ref_text(base: str, indices: tuple[Expr, ...], intern: Callable[[str, str], str]) -> Callable[[Env], str]:
+    """The function giving a ref's text, made for its shape (it runs for every op). Every
+    text it gives is `intern(text, text)`: the one string of that text (an op's name is
+    the same string on every rank and in every statement that makes it). A ref with one
+    index keeps the texts of the integers it has seen, so most ops take their name from
+    there without formatting or interning it."""
     if not indices:
-        return lambda env: base
+        text0 = intern(base, base)
+        return lambda env: text0
     if len(indices) == 2:  # F[step, l]
         first, second = indices
 
         def text2(env):
             a, b = first(env), second(env)
-            return f"{base}[{a if a.__class__ is int else format_value(a)},{b if b.__class__ is int else format_value(b)}]"
+            text = f"{base}[{a if a.__class__ is int else format_value(a)},{b if b.__class__ is int else format_value(b)}]"
+            return intern(text, text)
 
         return text2
     if len(indices) > 2:
-        return lambda env: f"{base}[{','.join([fmt_index(i(env)) for i in indices])}]"
+
+        def text_n(env):
+            text = f"{base}[{','.join([fmt_index(i(env)) for i in indices])}]"
+            return intern(text, text)
+
+        return text_n
     (index,) = indices
     name = getattr(index, "var_name", None)
-    if name is None:
+    texts: dict[int, str] = {}
+    """The texts made so far, by integer index (shared by the ranks)."""
 
-        def text(env):
-            v = index(env)
-            return f"{base}[{v if v.__class__ is int else format_value(v)}]"
-
+    def text_of(v: object) -> str:  # a text not in `texts`
+        if v.__class__ is not int:
+            text = f"{base}[{format_value(v)}]"
+            return intern(text, text)
+        text = f"{base}[{v}]"
+        text = texts[v] = intern(text, text)
         return text
 
-    texts: dict[int, str] = {}
-    """The texts made so far, by integer index: most are made once per rank."""
+    if name is None:
+
+        def text1(env):
+            v = index(env)
+            return (texts.get(v) or text_of(v)) if v.__class__ is int else text_of(v)
+
+        return text1
 
     def text_of_var(env):  # F[mb]: read mb without calling its closure
         try:
             v = env[name]
         except KeyError:
             v = index(env)  # raises the unknown-name error
-        if v.__class__ is not int:
-            return f"{base}[{format_value(v)}]"
-        text = texts.get(v)
-        if text is None:
-            text = texts[v] = f"{base}[{v}]"
-        return text
+        return (texts.get(v) or text_of(v)) if v.__class__ is int else text_of(v)
 
     return text_of_var
 
@@ -166,6 +181,9 @@ class RuleSet(Transformer):
         block parameter shadows (`ProgramCompiler.compile` fills it). A read of one is a
         `constant` expression."""
         self.reads_rank = False
+        self.names: dict[str, str] = {}
+        """Op names, each text once: the refs intern their texts here (`ref_text`), and
+        the expansion goes on with this table (`InternTables.names`)."""
         """Whether the program reads its rank: `rank`, a group's `.rank` or `.size`, or
         `rank_at()` (commdsl/dsl/spmd.py copies the ops of a program that does not)."""
 

@@ -211,7 +211,7 @@ class OpRules(RuleSet):
 
     def into(self, meta, children) -> Ref:
         ref = children[0]
-        return Ref(ref.base, ref.indices, self._loc(meta))  # errors about it point at `into`
+        return Ref(ref.base, ref.indices, self._loc(meta), self.names)  # errors about it point at `into`
 
     def p2p(self, meta, children) -> Stmt:
         kind_word, ref, size_expr, peer, *rest = children
@@ -365,7 +365,7 @@ class OpRules(RuleSet):
     def ref(self, meta, children) -> Ref:
         name_tok, *indices = children
         indices = tuple(i for i in indices if i is not None)
-        return Ref(str(name_tok), indices, self._loc(meta))
+        return Ref(str(name_tok), indices, self._loc(meta), self.names)
 
 
 def _no_pipeline(ctx: RankExpander, env: Env) -> None:

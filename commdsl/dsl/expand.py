@@ -25,7 +25,6 @@ the rank started) and added to the shared budget when the rank finishes.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from commdsl.errors import LimitError, ScheduleError, SourceLoc, did_you_mean
@@ -147,6 +146,8 @@ class InternTables:
     on every rank) and op specs (see `OpSpec`)."""
 
     names: dict[str, str] = field(default_factory=dict)
+    """Each op name once: the compiler's table (`RuleSet.names`: the refs intern their texts
+    there as they make them), and the names the expansion makes itself."""
     specs: dict[OpSpec, OpSpec] = field(default_factory=dict)
     indices: list[int] = field(default_factory=list)
     """0, 1, 2, ...: op indices past 256 are objects of their own in Python, so every rank's
@@ -256,8 +257,6 @@ class RankExpander:
     """stage_recvs waiting for the pipeline compute op after them (what they feed)."""
     group_of: dict[str, tuple[Group, int]] = field(default_factory=dict)
     """Per group family this rank is in: its group and its rank in it."""
-    _intern_name: Callable[[str, str], str] = field(init=False)
-    """`tables.names.setdefault`, bound once."""
     _indices: list[int] = field(init=False)
     """`tables.indices`."""
     _op_limit: int = field(init=False)
@@ -268,7 +267,6 @@ class RankExpander:
     def __post_init__(self) -> None:
         self._op_limit = self.budget.max_ops - self.budget.ops
         self._fast_limit = min(self._op_limit, len(self.tables.indices))
-        self._intern_name = self.tables.names.setdefault
         self._indices = self.tables.indices
         rank = self.rank
         self.group_of = {family: members[rank] for family, members in self.layout.membership.items() if rank in members}
@@ -341,7 +339,9 @@ class RankExpander:
 
     def _emit(self, kind: OpKind, name: str, spec: OpSpec, microbatch: int | None = None, batch: int | None = None,
               waits_for: tuple[int, ...] = (), handle: str | None = None) -> Op:  # fmt: skip
-        """Append the op, counting it against the shared budget. The op is made as
+        """Append the op, counting it against the shared budget. `name` and `handle` are
+        strings interned where they are made (a ref's text: `ref_text`; the expander's
+        own: `InternTables.names`; or string constants). The op is made as
         `commdsl.ir.make_op` makes it (the smallest class that stores its rare fields),
         written out here: this runs for every op, and the call would cost as much again
         as the rest of the method."""
@@ -352,7 +352,6 @@ class RankExpander:
                 raise self.budget.too_many_ops("", spec.loc, self.rank)
             self.tables.index(n)  # makes more
             self._fast_limit = min(self._op_limit, len(self._indices))
-        intern = self._intern_name
         if handle is None and batch is None and not waits_for:
             if microbatch is None:
                 op = new_op(Op)
@@ -361,14 +360,14 @@ class RankExpander:
                 op.microbatch = microbatch
         else:
             op = new_op(_SyncOp)
-            op.handle = handle if handle is None else intern(handle, handle)
+            op.handle = handle
             op.microbatch = microbatch
             op.batch = batch
             op.waits_for = waits_for
         op.rank = self.rank
         op.index = self._indices[n]
         op.kind = kind
-        op.name = intern(name, name)
+        op.name = name
         op.spec = spec
         ops.append(op)
         return op
@@ -473,6 +472,7 @@ class RankExpander:
         if pipeline is None and kind is OpKind.SEND:
             pipeline = self.last_action
         handle = f"{word} {name}"
+        handle = self.tables.names.setdefault(handle, handle)  # the name of the wait below
         self.p2p(site, name, size, dtype, peer, handle, pipeline)
         index = len(self.ops) - 1
         del self.handles[handle]  # not a user handle: the program cannot wait on it
