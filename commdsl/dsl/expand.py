@@ -25,7 +25,7 @@ the rank started) and added to the shared budget when the rank finishes.
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from commdsl.errors import LimitError, ScheduleError, SourceLoc, did_you_mean
 from commdsl.ir import (
@@ -45,6 +45,7 @@ from commdsl.ir import (
     Transport,
     _MicrobatchOp,  # the op classes `make_op` picks from (see `RankExpander._emit`)
     _SyncOp,
+    make_op,
     new_op,
 )
 from commdsl.dsl.values import Unit, format_bytes, format_flops, format_us, format_value
@@ -149,6 +150,9 @@ class InternTables:
     """Each op name once: the compiler's table (`RuleSet.names`: the refs intern their texts
     there as they make them), and the names the expansion makes itself."""
     specs: dict[OpSpec, OpSpec] = field(default_factory=dict)
+    annotated: dict[tuple[int, PipelineAction, int], OpSpec] = field(default_factory=dict)
+    """(id of a stage_recv's spec, action, stage) -> that spec with the action and stage
+    of the compute op the recv feeds (`RankExpander._annotated`)."""
     indices: list[int] = field(default_factory=list)
     """0, 1, 2, ...: op indices past 256 are objects of their own in Python, so every rank's
     op i takes its index from here rather than holding an int of its own."""
@@ -455,8 +459,19 @@ class RankExpander:
         if self.unannotated_recvs:  # the stage_recvs just before this op receive its inputs
             action, stage, microbatch = pipeline
             for i in self.unannotated_recvs:
-                self.ops[i] = self.ops[i].replace(action=action, stage=stage, microbatch=microbatch)
+                recv = self.ops[i]  # as recv.replace(action=..., stage=..., microbatch=...), its spec interned
+                self.ops[i] = make_op(recv.rank, recv.index, recv.kind, recv.name, recv.handle, self._annotated(recv.spec, action, stage),
+                                      microbatch, recv.batch, recv.waits_for)  # fmt: skip
             self.unannotated_recvs.clear()
+
+    def _annotated(self, spec: OpSpec, action: PipelineAction, stage: int) -> OpSpec:
+        """The interned `spec` of a stage_recv with the action and stage of the compute op it feeds."""
+        key = (id(spec), action, stage)  # `spec` is interned: alive, and one object per value
+        out = self.tables.annotated.get(key)
+        if out is None:
+            out = replace(spec, action=action, stage=stage)
+            out = self.tables.annotated[key] = self.tables.specs.setdefault(out, out)
+        return out
 
     def stage_p2p(self, site: P2PSite, name: str, size, dtype: Dtype | None, peer,
                   pipeline: tuple[PipelineAction, int, int] | None) -> None:  # fmt: skip

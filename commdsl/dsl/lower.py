@@ -34,7 +34,7 @@ from __future__ import annotations
 
 from commdsl.dsl.expand import StageTransfers
 from commdsl.errors import DeadlockError, ScheduleError
-from commdsl.ir import P2P_KINDS, Op, OpKind
+from commdsl.ir import P2P_KINDS, Op, OpKind, make_op
 
 _Channel = tuple[int, int, str]
 """(sender, receiver, group id)."""
@@ -150,14 +150,13 @@ def _renumber(ops: list[Op]) -> tuple[Op, ...]:
     new_index = {op.index: i for i, op in enumerate(ops)}
     out = []
     for i, op in enumerate(ops):
-        changes: dict = {}
-        if op.index != i:
-            changes["index"] = i
-        if op.waits_for:
-            waits = tuple(new_index[j] for j in op.waits_for)
-            if waits != op.waits_for:
-                changes["waits_for"] = waits
-        if op.batch is not None and new_index[op.batch] != op.batch:
-            changes["batch"] = new_index[op.batch]
-        out.append(op.replace(**changes) if changes else op)
+        waits, batch = op.waits_for, op.batch
+        if waits:
+            moved = tuple(new_index[j] for j in waits)
+            waits = waits if moved == waits else moved
+        if batch is not None:
+            batch = new_index[batch]
+        if op.index != i or waits is not op.waits_for or batch != op.batch:  # `op.replace`, without its generality
+            op = make_op(op.rank, i, op.kind, op.name, op.handle, op.spec, op.microbatch, batch, waits)
+        out.append(op)
     return tuple(out)
