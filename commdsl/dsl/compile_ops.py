@@ -241,7 +241,7 @@ class OpRules(RuleSet):
         if mode is P2PMode.STAGE:
 
             def run_stage(ctx, env, handle=None):
-                size, dt = _size(ctx, size_expr(env), size_loc)
+                size, dt = sized if sized is not None else _size(ctx, size_expr(env), size_loc)
                 if handle is not None:
                     raise ctx.fail(f"{kind_word} returns no handle: the pipeline lowering waits for it", loc)
                 ctx.stage_p2p(site, text(env), size, dtype or dt, peer_expr(env), pipeline(ctx, env))
