@@ -32,10 +32,6 @@ class _Sorted:
     peer_copies: list[Op] = field(default_factory=list)
 
 
-_SORTED_KINDS = COLLECTIVE_KINDS | {OpKind.SEND, OpKind.RECV, OpKind.COPY}
-"""The kinds of the ops `_sort` gathers (of copies, the peer copies only)."""
-
-
 def _sort(program: Program) -> _Sorted:
     out = _Sorted()
     sends, recvs, collectives, copies = out.sends, out.recvs, out.collectives, out.peer_copies
@@ -43,8 +39,6 @@ def _sort(program: Program) -> _Sorted:
     for rank_ops in program.ops:
         for op in rank_ops:
             kind = op.kind
-            if kind not in _SORTED_KINDS:  # compute, memory, waits: most ops, passed over at one test
-                continue
             if kind is send:
                 spec = op.spec
                 sends[(op.rank, spec.peer, spec.group)].append(op)
