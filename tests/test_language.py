@@ -190,6 +190,18 @@ def test_block_sees_globals_assigned_before_the_call():
     assert names("def f():\n    compute X[g] 1us\ng = 1\nf()\ng = 2\nf()") == ["X[1]", "X[2]"]
 
 
+def test_a_block_parameter_named_like_a_param_shadows_it_in_the_block():
+    # Params compile to constants (commdsl/dsl/compile_base.py `constant`) unless a block
+    # parameter takes their name: inside that block the argument is what counts.
+    prog = load("def f(size, t):\n    compute F t\n    alloc buf size\n    free buf\nf(1KiB, 3us)\nf(size=2KiB, t=4us)\n"
+                "compute G t\nalloc whole size", params="  size: 8KiB\n  t: 5us\n")  # fmt: skip
+    assert [(op.kind.value, op.duration_us, op.size_bytes) for op in prog.ops[0]] == [
+        ("compute", 3.0, 0), ("alloc", None, 1024), ("free", None, 1024),
+        ("compute", 4.0, 0), ("alloc", None, 2048), ("free", None, 2048),
+        ("compute", 5.0, 0), ("alloc", None, 8192),
+    ]  # fmt: skip
+
+
 def test_blocks_can_call_blocks_and_recurse_with_a_base_case():
     prog = load("def down(n):\n    if n > 0:\n        compute D[n] 1us\n        down(n - 1)\ndown(3)")
     assert [op.name for op in prog.ops[0]] == ["D[3]", "D[2]", "D[1]"]

@@ -30,9 +30,13 @@ from commdsl.errors import CommdslError, LimitError, SourceLoc
 class ProgramCompiler(StatementRules, OpRules, ExpressionRules):
     """Transformer from the program's Lark tree to closures: `compile(tree)`."""
 
-    def compile(self, tree: Tree):
+    def compile(self, tree: Tree, param_values: dict[str, object] | None = None):
         """Transform `tree` into closures; errors raised by rule methods come out as
-        they are (Lark wraps them in `VisitError`)."""
+        they are (Lark wraps them in `VisitError`). `param_values`: the params' values,
+        which make the params no block parameter shadows constants (`constants`)."""
+        if param_values:
+            shadowed = {str(name) for node in tree.find_data("parameters") for name in node.children}
+            self.constants = {name: value for name, value in param_values.items() if name not in shadowed}
         try:
             return self.transform(tree)
         except VisitError as err:

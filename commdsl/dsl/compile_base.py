@@ -47,6 +47,23 @@ def expression(method):
     return located
 
 
+NOT_CONSTANT = object()
+"""`constant_of` an expression whose value is known only when it runs."""
+
+
+def constant(value: object) -> Expr:
+    """The expression of a value known at compile time (a literal, a param); the op
+    statements read its `.constant` once rather than call it for every op."""
+    fn = lambda env: value  # noqa: E731
+    fn.constant = value
+    return fn
+
+
+def constant_of(expr: object) -> object:
+    """The value of a `constant` expression, else `NOT_CONSTANT`."""
+    return getattr(expr, "constant", NOT_CONSTANT)
+
+
 def loc_of(expr: object, default: SourceLoc) -> SourceLoc:
     return getattr(expr, "loc", default)
 
@@ -62,52 +79,70 @@ def fmt_index(v: object) -> str:
 
 
 class Ref:
-    """A possibly indexed name: `act[mb]`. `text(env)` gives "act[3]"."""
+    """A possibly indexed name: `act[mb]`. `text(env)` gives "act[3]", interned in `names`
+    (see `ref_text`)."""
 
     __slots__ = ("base", "indices", "loc", "text")
 
-    def __init__(self, base: str, indices: tuple[Expr, ...], loc: SourceLoc):
+    def __init__(self, base: str, indices: tuple[Expr, ...], loc: SourceLoc, names: dict[str, str]):
         self.base = base
         self.indices = indices
         self.loc = loc
-        self.text: Callable[[Env], str] = ref_text(base, indices)
+        self.text: Callable[[Env], str] = ref_text(base, indices, names.setdefault)
 
 
-def ref_text(base: str, indices: tuple[Expr, ...]) -> Callable[[Env], str]:
-    """The function giving a ref's text, made for its shape (it runs for every op)."""
+def ref_text(base: str, indices: tuple[Expr, ...], intern: Callable[[str, str], str]) -> Callable[[Env], str]:
+    """The function giving a ref's text, made for its shape (it runs for every op). Every
+    text it gives is `intern(text, text)`: the one string of that text (an op's name is
+    the same string on every rank and in every statement that makes it). A ref with one
+    index keeps the texts of the integers it has seen, so most ops take their name from
+    there without formatting or interning it."""
     if not indices:
-        return lambda env: base
+        text0 = intern(base, base)
+        return lambda env: text0
     if len(indices) == 2:  # F[step, l]
         first, second = indices
 
         def text2(env):
             a, b = first(env), second(env)
-            return f"{base}[{a if a.__class__ is int else format_value(a)},{b if b.__class__ is int else format_value(b)}]"
+            text = f"{base}[{a if a.__class__ is int else format_value(a)},{b if b.__class__ is int else format_value(b)}]"
+            return intern(text, text)
 
         return text2
     if len(indices) > 2:
-        return lambda env: f"{base}[{','.join([fmt_index(i(env)) for i in indices])}]"
+
+        def text_n(env):
+            text = f"{base}[{','.join([fmt_index(i(env)) for i in indices])}]"
+            return intern(text, text)
+
+        return text_n
     (index,) = indices
     name = getattr(index, "var_name", None)
+    texts: dict[int, str] = {}
+    """The texts made so far, by integer index (shared by the ranks)."""
+
+    def text_of(v: object) -> str:  # a text not in `texts`
+        if v.__class__ is not int:
+            text = f"{base}[{format_value(v)}]"
+            return intern(text, text)
+        text = f"{base}[{v}]"
+        text = texts[v] = intern(text, text)
+        return text
+
     if name is None:
 
-        def text(env):
+        def text1(env):
             v = index(env)
-            return f"{base}[{v if v.__class__ is int else format_value(v)}]"
+            return (texts.get(v) or text_of(v)) if v.__class__ is int else text_of(v)
 
-        return text
-
-    texts: dict[int, str] = {}
-    """The texts made so far, by integer index: most are made once per rank."""
+        return text1
 
     def text_of_var(env):  # F[mb]: read mb without calling its closure
-        v = env[name] if name in env else index(env)  # index(env) raises the unknown-name error
-        if v.__class__ is not int:
-            return f"{base}[{format_value(v)}]"
-        text = texts.get(v)
-        if text is None:
-            text = texts[v] = f"{base}[{v}]"
-        return text
+        try:
+            v = env[name]
+        except KeyError:
+            v = index(env)  # raises the unknown-name error
+        return (texts.get(v) or text_of(v)) if v.__class__ is int else text_of(v)
 
     return text_of_var
 
@@ -141,7 +176,14 @@ class RuleSet(Transformer):
         self.origin = origin
         self.layout = layout
         self.param_names = param_names
+        self.constants: dict[str, object] = {}
+        """Names whose value is known before any rank runs, with it: the params that no
+        block parameter shadows (`ProgramCompiler.compile` fills it). A read of one is a
+        `constant` expression."""
         self.reads_rank = False
+        self.names: dict[str, str] = {}
+        """Op names, each text once: the refs intern their texts here (`ref_text`), and
+        the expansion goes on with this table (`InternTables.names`)."""
         """Whether the program reads its rank: `rank`, a group's `.rank` or `.size`, or
         `rank_at()` (commdsl/dsl/spmd.py copies the ops of a program that does not)."""
 

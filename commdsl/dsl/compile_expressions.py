@@ -14,7 +14,7 @@ import operator
 
 from lark import v_args
 
-from commdsl.dsl.compile_base import Env, Expr, RuleSet, expression, fault, loc_of
+from commdsl.dsl.compile_base import Env, Expr, RuleSet, constant, expression, fault, loc_of
 from commdsl.dsl.values import (
     BUILTINS,
     INT_LIMIT,
@@ -202,7 +202,7 @@ class ExpressionRules(RuleSet):
             value = checked_int(int(text))
         except ValueFault as e:
             raise ScheduleError(str(e), self._loc(meta)) from None
-        return lambda env: value
+        return constant(value)
 
     @expression
     def float_lit(self, meta, children) -> Expr:
@@ -210,7 +210,7 @@ class ExpressionRules(RuleSet):
             value = checked_float(float(children[0]))
         except ValueFault:
             raise ScheduleError(f"number {children[0]} is too large", self._loc(meta)) from None
-        return lambda env: value
+        return constant(value)
 
     @expression
     def quantity_lit(self, meta, children) -> Expr:
@@ -218,15 +218,15 @@ class ExpressionRules(RuleSet):
             value = parse_quantity(str(children[0]))
         except ValueFault as e:
             raise ScheduleError(str(e), self._loc(meta)) from None
-        return lambda env: value
+        return constant(value)
 
     @expression
     def true_lit(self, meta, children) -> Expr:
-        return lambda env: True
+        return constant(True)
 
     @expression
     def false_lit(self, meta, children) -> Expr:
-        return lambda env: False
+        return constant(False)
 
     @expression
     def var(self, meta, children) -> Expr:
@@ -236,6 +236,11 @@ class ExpressionRules(RuleSet):
             raise ScheduleError(f"unknown name '{name}'", loc, hint="names starting with __ are internal")
         if name == "rank":
             self.reads_rank = True
+        if name in self.constants:
+            var = constant(self.constants[name])
+            var.var_name = name
+            var.names = frozenset((name,))
+            return var
 
         def var(env):
             try:

@@ -15,11 +15,15 @@ from collections.abc import Callable
 
 from lark import Token, v_args
 
-from commdsl.dsl.compile_base import Env, Option, Ref, RuleSet, Stmt, loc_of, op_node
+from commdsl.dsl.compile_base import Env, Expr, Option, Ref, RuleSet, Stmt, constant_of, loc_of, op_node
 from commdsl.dsl.expand import CollectiveSite, ComputeSite, P2PSite, RankExpander
 from commdsl.dsl.values import Quantity, Unit, format_value, type_name
 from commdsl.errors import ScheduleError, SourceLoc
 from commdsl.ir import HOST_STREAM, REDUCING_KINDS, Algo, CopyDir, Dtype, OpKind, PipelineAction, Protocol, ReduceOp, Transport
+
+# The units the op closures check on every op, as module globals (on Python 3.11,
+# `Unit.SIZE` goes through the enum metaclass's `__getattr__`: several times dearer).
+_SIZE, _DURATION, _WORK = Unit.SIZE, Unit.DURATION, Unit.WORK
 
 _ROOT_OPTION = {OpKind.BROADCAST: "src", OpKind.SCATTER: "src", OpKind.REDUCE: "dst", OpKind.GATHER: "dst"}
 
@@ -75,20 +79,29 @@ class OpRules(RuleSet):
         pipeline = self._pipeline_options(opts, loc)
         amount_loc = loc_of(amount, loc)
         site = ComputeSite(stream, loc, dtype, amount_loc, bytes_opt.loc if bytes_opt else loc)
+        known = constant_of(amount)  # a param or a literal: read once here, not per op
+        timed = None  # (duration, work) of such an amount
+        if known.__class__ is Quantity and known.unit in (_DURATION, _WORK):
+            timed = (known.value, None) if known.unit is _DURATION else (None, known.value)
 
         def run(ctx, env, handle=None):
             if handle is not None:
                 raise ctx.fail("compute returns no handle; record an event to wait on it from another stream", loc)
-            duration_us = flops = size = None
+            size = None
             name = ref.text(env)
-            if amount is not None:
+            if timed is not None:
+                duration_us, flops = timed
+            elif amount is not None:
+                duration_us = flops = None
                 v = amount(env)
-                if isinstance(v, Quantity) and v.unit is Unit.DURATION:
+                if v.__class__ is Quantity and v.unit is _DURATION:
                     duration_us = v.value
-                elif isinstance(v, Quantity) and v.unit is Unit.WORK:
+                elif v.__class__ is Quantity and v.unit is _WORK:
                     flops = v.value
                 else:
                     raise ctx.fail(f"compute takes a duration (2ms) or work (4GFLOP), got {type_name(v)}", loc_of(amount, loc))
+            else:
+                duration_us = flops = None
             flops_loc = amount_loc
             if flops_opt is not None:
                 if flops is not None:
@@ -133,11 +146,12 @@ class OpRules(RuleSet):
         stream = self._stream_name(placement, loc, allow_host=False)
         size_loc = loc_of(size_expr, loc)
         cache: dict = {}
+        sized = _constant_size(size_expr)
 
         def run(ctx, env, handle=None):
             if handle is not None:
                 raise ctx.fail("alloc returns no handle; the buffer's name is what `free` takes", loc)
-            size, _ = _size(ctx, size_expr(env), size_loc)
+            size, _ = sized if sized is not None else _size(ctx, size_expr(env), size_loc)
             ctx.alloc(cache, ref.text(env), size, stream, loc, size_loc)
 
         return op_node(run, "alloc")
@@ -197,7 +211,7 @@ class OpRules(RuleSet):
 
     def into(self, meta, children) -> Ref:
         ref = children[0]
-        return Ref(ref.base, ref.indices, self._loc(meta))  # errors about it point at `into`
+        return Ref(ref.base, ref.indices, self._loc(meta), self.names)  # errors about it point at `into`
 
     def p2p(self, meta, children) -> Stmt:
         kind_word, ref, size_expr, peer, *rest = children
@@ -223,10 +237,11 @@ class OpRules(RuleSet):
         site = P2PSite(stream, loc, kind, family, transport, proto, size_loc, mode is not P2PMode.BLOCKING, target_loc)
 
         text = ref.text
+        sized = _constant_size(size_expr)
         if mode is P2PMode.STAGE:
 
             def run_stage(ctx, env, handle=None):
-                size, dt = _size(ctx, size_expr(env), size_loc)
+                size, dt = sized if sized is not None else _size(ctx, size_expr(env), size_loc)
                 if handle is not None:
                     raise ctx.fail(f"{kind_word} returns no handle: the pipeline lowering waits for it", loc)
                 ctx.stage_p2p(site, text(env), size, dtype or dt, peer_expr(env), pipeline(ctx, env))
@@ -234,11 +249,14 @@ class OpRules(RuleSet):
             return op_node(run_stage, kind_word)
 
         def run(ctx, env, handle=None):
-            q = size_expr(env)
-            if q.__class__ is Quantity and q.unit is Unit.SIZE:  # _size, inline: this runs for every transfer
-                size, dt = q.value, q.dtype
+            if sized is not None:
+                size, dt = sized
             else:
-                size, dt = _size(ctx, q, size_loc)
+                q = size_expr(env)
+                if q.__class__ is Quantity and q.unit is _SIZE:  # _size, inline: this runs for every transfer
+                    size, dt = q.value, q.dtype
+                else:
+                    size, dt = _size(ctx, q, size_loc)
             ctx.p2p(site, text(env), size, dtype or dt, peer_expr(env), handle, None if pipeline is _no_pipeline else pipeline(ctx, env))
 
         return op_node(run, kind_word)
@@ -347,7 +365,7 @@ class OpRules(RuleSet):
     def ref(self, meta, children) -> Ref:
         name_tok, *indices = children
         indices = tuple(i for i in indices if i is not None)
-        return Ref(str(name_tok), indices, self._loc(meta))
+        return Ref(str(name_tok), indices, self._loc(meta), self.names)
 
 
 def _no_pipeline(ctx: RankExpander, env: Env) -> None:
@@ -362,7 +380,14 @@ def _quantity(ctx: RankExpander, v: object, unit: Unit, what: str, loc: SourceLo
     raise ctx.fail(f"{what} takes a {unit.value} such as {example}, got {type_name(v)}", loc)
 
 
+def _constant_size(expr: Expr) -> tuple[float, Dtype | None] | None:
+    """(size, dtype) of a size known at compile time (a param, a literal), which the
+    statement then need not evaluate and check for every op; None for any other."""
+    v = constant_of(expr)
+    return (v.value, v.dtype) if v.__class__ is Quantity and v.unit is _SIZE else None
+
+
 def _size(ctx: RankExpander, v: object, loc: SourceLoc) -> tuple[float, Dtype | None]:
-    if isinstance(v, Quantity) and v.unit is Unit.SIZE:
+    if v.__class__ is Quantity and v.unit is _SIZE:
         return v.value, v.dtype
     raise ctx.fail(f"expected a size such as 32MiB or bf16[1024], got {type_name(v)}", loc)

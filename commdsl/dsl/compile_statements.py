@@ -18,6 +18,9 @@ from commdsl.errors import ScheduleError, did_you_mean
 MAX_CALL_DEPTH = 64
 """Deepest nesting of block calls (beyond it: a recursion)."""
 
+_NO_BLOCK = object()
+"""What a call has bound its arguments to before its first call: no block at all."""
+
 
 @v_args(meta=True)
 class StatementRules(RuleSet):
@@ -81,23 +84,34 @@ class StatementRules(RuleSet):
             raise ScheduleError(f"{name}() is an expression, not a statement", loc)
 
         nargs = len(positional) + len(keywords)
+        checked = [_NO_BLOCK, ()]
+        """The block this call last bound its arguments to (the `(params, body)` its `def`
+        made), and (parameter, argument) pairs: a call of the same block again (every rank
+        and iteration, as a rule) skips the checks that depend on nothing else."""
 
         def call(ctx, env):
             fn = ctx.functions.get(name)
-            if fn is None:
-                known = ", ".join(sorted(ctx.functions)) or "none defined so far"
-                hint = did_you_mean(name, ctx.functions) or "`def` a block before calling it"
-                raise ctx.fail(f"unknown block '{name}' (blocks: {known})", loc, hint=hint)
-            params, body = fn
-            if nargs != len(params):
-                raise ctx.fail(f"{name}() takes {len(params)} argument(s) ({', '.join(params)}), got {nargs}", loc)
-            local = ctx.globals.copy()
-            for p, a in zip(params, positional):
-                local[p] = a(env)
-            for k, a in keywords:
-                if k not in params[len(positional):]:
-                    raise ctx.fail(f"{name}() got an unexpected or repeated argument '{k}'", loc)
-                local[k] = a(env)
+            if fn is checked[0]:
+                body = fn[1]
+                local = ctx.globals.copy()
+                for p, a in checked[1]:
+                    local[p] = a(env)
+            else:
+                if fn is None:
+                    known = ", ".join(sorted(ctx.functions)) or "none defined so far"
+                    hint = did_you_mean(name, ctx.functions) or "`def` a block before calling it"
+                    raise ctx.fail(f"unknown block '{name}' (blocks: {known})", loc, hint=hint)
+                params, body = fn
+                if nargs != len(params):
+                    raise ctx.fail(f"{name}() takes {len(params)} argument(s) ({', '.join(params)}), got {nargs}", loc)
+                local = ctx.globals.copy()
+                for p, a in zip(params, positional):
+                    local[p] = a(env)
+                for k, a in keywords:
+                    if k not in params[len(positional):]:
+                        raise ctx.fail(f"{name}() got an unexpected or repeated argument '{k}'", loc)
+                    local[k] = a(env)
+                checked[:] = fn, (*zip(params, positional), *keywords)
             budget = ctx.budget
             budget.steps += 1
             if budget.steps > budget.max_steps:
@@ -127,8 +141,10 @@ class StatementRules(RuleSet):
         if name in BUILTINS or name == "rank_at":
             raise ScheduleError(f"'{name}' is a builtin function; choose another block name", loc)
 
+        block = (params, body)  # one object for every rank: calls recognise it (`call_stmt`)
+
         def define(ctx, env):
-            ctx.functions[name] = (params, body)
+            ctx.functions[name] = block
 
         define.shape = DefShape(name)
         return define

@@ -25,8 +25,7 @@ the rank started) and added to the shared budget when the rank finishes.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from commdsl.errors import LimitError, ScheduleError, SourceLoc, did_you_mean
 from commdsl.ir import (
@@ -44,7 +43,10 @@ from commdsl.ir import (
     Protocol,
     ReduceOp,
     Transport,
+    _MicrobatchOp,  # the op classes `make_op` picks from (see `RankExpander._emit`)
+    _SyncOp,
     make_op,
+    new_op,
 )
 from commdsl.dsl.values import Unit, format_bytes, format_flops, format_us, format_value
 from commdsl.limits import MAX_DURATION_US, MAX_FLOPS, MAX_SIZE_BYTES
@@ -53,6 +55,11 @@ _LIMITS_HINT = "the limits keep simulated times finite; see docs/limits.md"
 
 
 _NO_PIPELINE = (None, None, None)
+
+# The enum members the op methods use on every op, as module globals: on Python 3.11 an
+# enum class has a metaclass `__getattr__`, which makes `OpKind.COMPUTE` several times
+# dearer than reading a global.
+_COMPUTE, _ALLOC, _FREE = OpKind.COMPUTE, OpKind.ALLOC, OpKind.FREE
 
 _AMOUNT_LIMITS = {
     Unit.DURATION: (MAX_DURATION_US, format_us),
@@ -140,7 +147,12 @@ class InternTables:
     on every rank) and op specs (see `OpSpec`)."""
 
     names: dict[str, str] = field(default_factory=dict)
+    """Each op name once: the compiler's table (`RuleSet.names`: the refs intern their texts
+    there as they make them), and the names the expansion makes itself."""
     specs: dict[OpSpec, OpSpec] = field(default_factory=dict)
+    annotated: dict[tuple[int, PipelineAction, int], OpSpec] = field(default_factory=dict)
+    """(id of a stage_recv's spec, action, stage) -> that spec with the action and stage
+    of the compute op the recv feeds (`RankExpander._annotated`)."""
     indices: list[int] = field(default_factory=list)
     """0, 1, 2, ...: op indices past 256 are objects of their own in Python, so every rank's
     op i takes its index from here rather than holding an int of its own."""
@@ -249,8 +261,6 @@ class RankExpander:
     """stage_recvs waiting for the pipeline compute op after them (what they feed)."""
     group_of: dict[str, tuple[Group, int]] = field(default_factory=dict)
     """Per group family this rank is in: its group and its rank in it."""
-    _intern_name: Callable[[str, str], str] = field(init=False)
-    """`tables.names.setdefault`, bound once."""
     _indices: list[int] = field(init=False)
     """`tables.indices`."""
     _op_limit: int = field(init=False)
@@ -261,7 +271,6 @@ class RankExpander:
     def __post_init__(self) -> None:
         self._op_limit = self.budget.max_ops - self.budget.ops
         self._fast_limit = min(self._op_limit, len(self.tables.indices))
-        self._intern_name = self.tables.names.setdefault
         self._indices = self.tables.indices
         rank = self.rank
         self.group_of = {family: members[rank] for family, members in self.layout.membership.items() if rank in members}
@@ -334,7 +343,12 @@ class RankExpander:
 
     def _emit(self, kind: OpKind, name: str, spec: OpSpec, microbatch: int | None = None, batch: int | None = None,
               waits_for: tuple[int, ...] = (), handle: str | None = None) -> Op:  # fmt: skip
-        """Append the op, counting it against the shared budget."""
+        """Append the op, counting it against the shared budget. `name` and `handle` are
+        strings interned where they are made (a ref's text: `ref_text`; the expander's
+        own: `InternTables.names`; or string constants). The op is made as
+        `commdsl.ir.make_op` makes it (the smallest class that stores its rare fields),
+        written out here: this runs for every op, and the call would cost as much again
+        as the rest of the method."""
         ops = self.ops
         n = len(ops)
         if n >= self._fast_limit:  # past the budget, or past the shared indices made so far
@@ -342,9 +356,23 @@ class RankExpander:
                 raise self.budget.too_many_ops("", spec.loc, self.rank)
             self.tables.index(n)  # makes more
             self._fast_limit = min(self._op_limit, len(self._indices))
-        intern = self._intern_name
-        op = make_op(self.rank, self._indices[n], kind, intern(name, name), handle if handle is None else intern(handle, handle),
-                     spec, microbatch, batch, waits_for)  # fmt: skip
+        if handle is None and batch is None and not waits_for:
+            if microbatch is None:
+                op = new_op(Op)
+            else:
+                op = new_op(_MicrobatchOp)
+                op.microbatch = microbatch
+        else:
+            op = new_op(_SyncOp)
+            op.handle = handle
+            op.microbatch = microbatch
+            op.batch = batch
+            op.waits_for = waits_for
+        op.rank = self.rank
+        op.index = self._indices[n]
+        op.kind = kind
+        op.name = name
+        op.spec = spec
         ops.append(op)
         return op
 
@@ -424,15 +452,26 @@ class RankExpander:
         elif self.batch_start is not None:
             self._no_batch("compute", site.loc)
         if pipeline is None:
-            self._emit(OpKind.COMPUTE, name, spec)
+            self._emit(_COMPUTE, name, spec)
             return
-        self._emit(OpKind.COMPUTE, name, spec, pipeline[2])
+        self._emit(_COMPUTE, name, spec, pipeline[2])
         self.last_action = pipeline
         if self.unannotated_recvs:  # the stage_recvs just before this op receive its inputs
             action, stage, microbatch = pipeline
             for i in self.unannotated_recvs:
-                self.ops[i] = self.ops[i].replace(action=action, stage=stage, microbatch=microbatch)
+                recv = self.ops[i]  # as recv.replace(action=..., stage=..., microbatch=...), its spec interned
+                self.ops[i] = make_op(recv.rank, recv.index, recv.kind, recv.name, recv.handle, self._annotated(recv.spec, action, stage),
+                                      microbatch, recv.batch, recv.waits_for)  # fmt: skip
             self.unannotated_recvs.clear()
+
+    def _annotated(self, spec: OpSpec, action: PipelineAction, stage: int) -> OpSpec:
+        """The interned `spec` of a stage_recv with the action and stage of the compute op it feeds."""
+        key = (id(spec), action, stage)  # `spec` is interned: alive, and one object per value
+        out = self.tables.annotated.get(key)
+        if out is None:
+            out = replace(spec, action=action, stage=stage)
+            out = self.tables.annotated[key] = self.tables.specs.setdefault(out, out)
+        return out
 
     def stage_p2p(self, site: P2PSite, name: str, size, dtype: Dtype | None, peer,
                   pipeline: tuple[PipelineAction, int, int] | None) -> None:  # fmt: skip
@@ -448,6 +487,7 @@ class RankExpander:
         if pipeline is None and kind is OpKind.SEND:
             pipeline = self.last_action
         handle = f"{word} {name}"
+        handle = self.tables.names.setdefault(handle, handle)  # the name of the wait below
         self.p2p(site, name, size, dtype, peer, handle, pipeline)
         index = len(self.ops) - 1
         del self.handles[handle]  # not a user handle: the program cannot wait on it
@@ -475,7 +515,7 @@ class RankExpander:
                 raise self.fail(f"buffer '{name}' is already allocated (line {old.loc.line}); free it before allocating it again", loc)
             size = self._size(name, size, Dtype.UINT8, size_loc or loc, OpKind.ALLOC)
             spec = cache[key] = self._spec(stream, loc, size_bytes=size, dtype=Dtype.UINT8)
-        self._emit(OpKind.ALLOC, name, spec)
+        self._emit(_ALLOC, name, spec)
         self.live[name] = spec
 
     def free(self, cache: dict, name: str, placement, loc) -> None:
@@ -495,7 +535,7 @@ class RankExpander:
         if spec is None:
             spec = cache[key] = self._spec(self.stream(placement, loc), loc, size_bytes=buf.size_bytes, dtype=Dtype.UINT8)
         del self.live[name]
-        self._emit(OpKind.FREE, name, spec)
+        self._emit(_FREE, name, spec)
 
     def host_work(self, name: str, duration_us: float, loc, *, amount_loc=None) -> None:
         self._no_batch("host", loc)

@@ -134,25 +134,25 @@ def load_schedule_text(
     origin = doc.origin_of_scalar(prog_node)
     tree = parse_program(prog_node.value, origin)
     compiler = ProgramCompiler(origin, layout, tuple(params))
-    compiled = compiler.compile(tree)
+    compiled = compiler.compile(tree, params)
     # Expansion makes millions of objects and next to no reference cycles: the cyclic
     # collector would only walk them again and again as they are made, so it rests.
     collecting = gc.isenabled()
     gc.disable()
     try:
-        return _expand(name, docstring, file, params, layout, origin, compiled, compiler.reads_rank, max_ops=max_ops,
-                       validate=validate)  # fmt: skip
+        return _expand(name, docstring, file, params, layout, origin, compiled, compiler.reads_rank, compiler.names,
+                       max_ops=max_ops, validate=validate)  # fmt: skip
     finally:
         if collecting:
             gc.enable()
 
 
 def _expand(name: str, docstring: str, file: str, params: dict[str, object], layout: WorldLayout, origin: TextOrigin,
-            compiled, reads_rank: bool, *, max_ops: int, validate: bool) -> Program:  # fmt: skip
+            compiled, reads_rank: bool, names: dict[str, str], *, max_ops: int, validate: bool) -> Program:  # fmt: skip
     """Run the compiled program for every rank (or, if it never reads its rank, for rank 0,
     then copy: commdsl/dsl/spmd.py), place the stage transfers, validate."""
     budget = ExpansionBudget(max_ops=max_ops, max_steps=max(4 * max_ops, 1_000_000))
-    tables = InternTables()
+    tables = InternTables(names)
     per_rank = []
     transfers = []
     warnings: list[str] = []

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 from commdsl.dsl.expand import StageTransfers
 from commdsl.errors import DeadlockError, ScheduleError
-from commdsl.ir import Op, OpKind
+from commdsl.ir import P2P_KINDS, Op, OpKind, make_op
 
 _Channel = tuple[int, int, str]
 """(sender, receiver, group id)."""
@@ -51,6 +51,7 @@ def lower_stage_transfers(per_rank: list[tuple[Op, ...]], transfers: list[StageT
     posted: list[dict[int, int]] = [{} for _ in per_rank]
     """Per rank, its posted stage_recvs (index) and the round their send was issued in."""
     round_ = 0
+    compute, wait = OpKind.COMPUTE, OpKind.WAIT  # read once: an enum member is a slow attribute on Python 3.11
     while any(cursor[r] < len(per_rank[r]) for r in range(len(per_rank))):
         progress = False
         for rank, ops in enumerate(per_rank):
@@ -60,11 +61,11 @@ def lower_stage_transfers(per_rank: list[tuple[Op, ...]], transfers: list[StageT
                 if i in floating[rank]:  # posted by its sender
                     i += 1
                     continue
-                if op.kind is OpKind.COMPUTE:
+                if op.kind is compute:
                     if computed:
                         break
                     computed = True
-                elif op.kind is OpKind.WAIT and any(j in floating[rank] and posted[rank].get(j, round_) == round_ for j in op.waits_for):
+                elif op.kind is wait and any(j in floating[rank] and posted[rank].get(j, round_) == round_ for j in op.waits_for):
                     break
                 out[rank].append(op)
                 target = receiver_of.get((rank, i))
@@ -87,12 +88,13 @@ def _match(per_rank: list[tuple[Op, ...]], transfers: list[StageTransfers]) -> d
     sends: dict[tuple[_Channel, str], Op] = {}
     recvs: dict[tuple[_Channel, str], Op] = {}
     plain: dict[_Channel, Op] = {}
+    send = OpKind.SEND
     for rank, ops in enumerate(per_rank):
         stage_sends, stage_recvs = set(transfers[rank].sends), set(transfers[rank].recvs)
         for op in ops:
-            if not op.kind.is_p2p:
+            if op.kind not in P2P_KINDS:
                 continue
-            channel = (op.rank, op.peer, op.group) if op.kind is OpKind.SEND else (op.peer, op.rank, op.group)
+            channel = (op.rank, op.peer, op.group) if op.kind is send else (op.peer, op.rank, op.group)
             if op.index in stage_sends or op.index in stage_recvs:
                 table = sends if op.index in stage_sends else recvs
                 twin = table.get((channel, op.name))
@@ -148,14 +150,13 @@ def _renumber(ops: list[Op]) -> tuple[Op, ...]:
     new_index = {op.index: i for i, op in enumerate(ops)}
     out = []
     for i, op in enumerate(ops):
-        changes: dict = {}
-        if op.index != i:
-            changes["index"] = i
-        if op.waits_for:
-            waits = tuple(new_index[j] for j in op.waits_for)
-            if waits != op.waits_for:
-                changes["waits_for"] = waits
-        if op.batch is not None and new_index[op.batch] != op.batch:
-            changes["batch"] = new_index[op.batch]
-        out.append(op.replace(**changes) if changes else op)
+        waits, batch = op.waits_for, op.batch
+        if waits:
+            moved = tuple(new_index[j] for j in waits)
+            waits = waits if moved == waits else moved
+        if batch is not None:
+            batch = new_index[batch]
+        if op.index != i or waits is not op.waits_for or batch != op.batch:  # `op.replace`, without its generality
+            op = make_op(op.rank, i, op.kind, op.name, op.handle, op.spec, op.microbatch, batch, waits)
+        out.append(op)
     return tuple(out)
