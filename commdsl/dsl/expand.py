@@ -43,10 +43,7 @@ from commdsl.ir import (
     Protocol,
     ReduceOp,
     Transport,
-    _MicrobatchOp,  # the op classes `make_op` picks from (see `RankExpander._emit`)
-    _SyncOp,
     make_op,
-    new_op,
 )
 from commdsl.dsl.values import Unit, format_bytes, format_flops, format_us, format_value
 from commdsl.limits import MAX_DURATION_US, MAX_FLOPS, MAX_SIZE_BYTES
@@ -345,10 +342,7 @@ class RankExpander:
               waits_for: tuple[int, ...] = (), handle: str | None = None) -> Op:  # fmt: skip
         """Append the op, counting it against the shared budget. `name` and `handle` are
         strings interned where they are made (a ref's text: `ref_text`; the expander's
-        own: `InternTables.names`; or string constants). The op is made as
-        `commdsl.ir.make_op` makes it (the smallest class that stores its rare fields),
-        written out here: this runs for every op, and the call would cost as much again
-        as the rest of the method."""
+        own: `InternTables.names`; or string constants)."""
         ops = self.ops
         n = len(ops)
         if n >= self._fast_limit:  # past the budget, or past the shared indices made so far
@@ -356,23 +350,7 @@ class RankExpander:
                 raise self.budget.too_many_ops("", spec.loc, self.rank)
             self.tables.index(n)  # makes more
             self._fast_limit = min(self._op_limit, len(self._indices))
-        if handle is None and batch is None and not waits_for:
-            if microbatch is None:
-                op = new_op(Op)
-            else:
-                op = new_op(_MicrobatchOp)
-                op.microbatch = microbatch
-        else:
-            op = new_op(_SyncOp)
-            op.handle = handle
-            op.microbatch = microbatch
-            op.batch = batch
-            op.waits_for = waits_for
-        op.rank = self.rank
-        op.index = self._indices[n]
-        op.kind = kind
-        op.name = name
-        op.spec = spec
+        op = make_op(self.rank, self._indices[n], kind, name, handle, spec, microbatch, batch, waits_for)
         ops.append(op)
         return op
 
