@@ -34,6 +34,8 @@ from commdsl.sim.simulate import SimResult
 
 @dataclass(frozen=True)
 class RankSummary:
+    """One rank's time split over the makespan (see the module doc)."""
+
     rank: int
     compute_us: float
     comm_us: float
@@ -45,6 +47,8 @@ class RankSummary:
 
 @dataclass(frozen=True)
 class PathStep:
+    """One op of the critical path."""
+
     op_id: str
     rank: int
     kind: str
@@ -84,6 +88,8 @@ class SlowedCompute:
 
 @dataclass(frozen=True)
 class LinkSummary:
+    """One link direction that carried bytes, as the network timed it."""
+
     name: str
     kind: str
     bandwidth_gb_per_s: float
@@ -96,6 +102,8 @@ class LinkSummary:
 
 @dataclass(frozen=True)
 class Summary:
+    """What `commdsl simulate` prints, and its `--json`."""
+
     schedule: str
     machine: str
     network: str
