@@ -30,10 +30,10 @@ from commdsl.sim.memory import check_memory
 from commdsl.sim.models import DEFAULT_NETWORK, NETWORKS
 from commdsl.sim.network import FlowStat, LinkStat, Network
 from commdsl.sim.wiring import Wiring
-from commdsl.timeline import Timeline
 
 if TYPE_CHECKING:
     from commdsl.sim.summary import Summary
+    from commdsl.timeline import Timeline  # built by commdsl.sim.trace where a timeline is asked for
 
 
 @dataclass
