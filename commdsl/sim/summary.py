@@ -20,7 +20,7 @@ import json
 from array import array
 from collections.abc import Iterable, Iterator
 from itertools import compress, repeat
-from operator import and_, attrgetter, eq, gt
+from operator import attrgetter, gt, mul
 from dataclasses import dataclass, fields, is_dataclass
 from typing import TextIO
 
@@ -220,12 +220,11 @@ def _rank_summaries(result: SimResult) -> list[RankSummary]:
     out = []
     for rank, rank_ops in enumerate(program.ops):
         b, n = raw.base[rank], len(rank_ops)
-        # Each category's (start, end) in program order, picked in C-level passes.
-        categories = raw.kinds[b : b + n].translate(_CATEGORY_OF_KIND)
+        # Each category's (start, end) in program order, picked in C-level passes: per op its
+        # category if it took time (0 if not), then one selector per category.
         starts, ends = raw.start[b : b + n], raw.end[b : b + n]
-        took_time = list(map(gt, ends, starts))
-        compute, comm, copy = (list(compress(zip(starts, ends), map(and_, map(eq, categories, repeat(c)), took_time))) if c in categories else []
-                               for c in (1, 2, 3))  # fmt: skip
+        spans = bytes(map(mul, raw.kinds[b : b + n].translate(_CATEGORY_OF_KIND), map(gt, ends, starts)))
+        compute, comm, copy = (list(compress(zip(starts, ends), spans.translate(_PICK[c]))) if c in spans else [] for c in (1, 2, 3))
         split = breakdown(compute, comm, copy, makespan)
         bubble = (makespan - split.compute_us) / makespan if split.compute_us > 0 and makespan > 0 else None
         out.append(RankSummary(rank, split.compute_us, split.comm_us, split.exposed_comm_us, split.idle_us, bubble))
@@ -235,6 +234,8 @@ def _rank_summaries(result: SimResult) -> list[RankSummary]:
 _CATEGORY_OF_KIND = bytes([{"compute": 1, "comm": 2, "copy": 3, None: 0}[category(k)] for k in KINDS]).ljust(256, b"\0")
 """Kind code (`KINDS`) -> 1 compute, 2 comm, 3 copy, 0 none: a `bytes.translate` table."""
 
+_PICK = {c: bytes(256)[:c] + b"\1" + bytes(255 - c) for c in (1, 2, 3)}
+"""Category -> the `bytes.translate` table that maps it to 1 and every other byte to 0."""
 
 _MEMORY_CODES = tuple(KIND_CODE[k] for k in MEMORY_KINDS)
 """Kind codes of alloc and free: a schedule with neither has no memory profile, found
