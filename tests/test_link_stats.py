@@ -1,7 +1,7 @@
 """The flow network's link statistics (`FlowNetwork.link_stats`, `--links`, the JSON's
 "links") against a sample-by-sample reference: each channel's samples taken from the
-network's one time-ordered list of every sample (`_samples`), its busy time summed from
-each sample with a load to the next, its peak the largest load."""
+network's one time-ordered list of every sample (`_sample_arrays`), its busy time summed
+from each sample with a load to the next, its peak the largest load."""
 
 from __future__ import annotations
 
@@ -22,7 +22,8 @@ def reference_stats(net: FlowNetwork) -> dict[int, tuple[float, float]]:
     busy: dict[int, float] = {}
     top: dict[int, float] = {}
     since: dict[int, float] = {}
-    for t, c, v in net._samples():
+    times, channels, loads, order = net._sample_arrays()
+    for t, c, v in ((times[k], channels[k], loads[k]) for k in order):
         if c in since:
             busy[c] = busy.get(c, 0.0) + (t - since.pop(c))
         if v > 0.0:

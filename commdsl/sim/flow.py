@@ -63,8 +63,8 @@ from bisect import bisect_right
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from functools import reduce
-from itertools import compress, islice, repeat
-from operator import add, gt, is_, le, mul, sub
+from itertools import chain, compress, islice, repeat
+from operator import add, gt, is_, itemgetter, le, mul, sub
 
 import simpy
 
@@ -612,12 +612,6 @@ class FlowNetwork(Network):
     def meta(self) -> dict:
         return {"model": self.name, "links": len(self.fabric.names), "topology": self.fabric.topology is not None}
 
-    def _samples(self):
-        """Every (time, channel, load bytes/us) sample in time order (ties: event order)."""
-        t, c, v, order = self._sample_arrays()
-        for k in order:
-            yield t[k], c[k], v[k]
-
     def _sample_arrays(self) -> tuple[array, array, array, list[int]]:
         """The samples as flat arrays (time, channel, load bytes/us) and the order that
         sorts them by time (stable: ties keep event order). Solo intervals are expanded
@@ -638,9 +632,29 @@ class FlowNetwork(Network):
                 break
             k = bisect_right(at, idx, j)
             run = demands[j:k]
-            t.extend([x for d, t0, t1 in zip(run, t0s[j:k], t1s[j:k]) for x in [t0] * len(d) + [t1] * len(d)])
-            c.extend([ch for d in run for _ in (0, 1) for ch, _w in d])
-            v.extend([x for d, rate in zip(run, rates[j:k]) for x in [w * rate for _c, w in d] + [0.0] * len(d)])
+            lengths = set(map(len, run))
+            if len(lengths) == 1:
+                # Every interval on as many channels (P2P transfers, one collective): the
+                # samples of the p-th channel of each interval written as strided slices.
+                (n,) = lengths
+                width = 2 * n
+                base = len(t)
+                t.frombytes(bytes(t.itemsize * width * (k - j)))
+                c.frombytes(bytes(c.itemsize * width * (k - j)))
+                v.frombytes(bytes(v.itemsize * width * (k - j)))
+                run_t0s, run_t1s, run_rates = t0s[j:k], t1s[j:k], rates[j:k]
+                for p in range(n):
+                    pairs = list(map(itemgetter(p), run))
+                    chans = array("i", map(itemgetter(0), pairs))
+                    t[base + p :: width] = run_t0s
+                    t[base + n + p :: width] = run_t1s
+                    c[base + p :: width] = chans
+                    c[base + n + p :: width] = chans
+                    v[base + p :: width] = array("d", map(mul, map(itemgetter(1), pairs), run_rates))
+            else:
+                t.extend([x for d, t0, t1 in zip(run, t0s[j:k], t1s[j:k]) for x in [t0] * len(d) + [t1] * len(d)])
+                c.extend([ch for d in run for _ in (0, 1) for ch, _w in d])
+                v.extend([x for d, rate in zip(run, rates[j:k]) for x in [w * rate for _c, w in d] + [0.0] * len(d)])
             j = k
         return t, c, v, sorted(range(len(t)), key=t.__getitem__)
 
@@ -738,24 +752,23 @@ class FlowNetwork(Network):
         back-to-back collectives on the same links cost two samples per link, not two each."""
         fabric = self.fabric
         names, capacity = fabric.names, fabric.capacity
+        t, c, v, order = self._sample_arrays()
         shown: dict[int, float] = {}
         pending: dict[int, float] = {}
+        """The last sample of each channel at the instant `now`."""
         now = None
-        for t, c, v in self._samples():
-            if t != now:
-                yield from self._changes(now, pending, shown, names, capacity)
+        # In time order, then a sentinel whose time differs from every sample's: it shows
+        # the last instant's samples and is itself never shown.
+        for tk, ck, vk in chain(zip(map(t.__getitem__, order), map(c.__getitem__, order), map(v.__getitem__, order)), ((None, -1, 0.0),)):
+            if tk != now:
+                for ch, val in pending.items():
+                    if shown.get(ch, 0.0 if val == 0.0 else -1.0) != val:
+                        shown[ch] = val
+                        cap = capacity[ch]
+                        yield now, names[ch], val / cap if cap < _INF else 0.0
                 pending.clear()
-                now = t
-            pending[c] = v
-        yield from self._changes(now, pending, shown, names, capacity)
-
-    @staticmethod
-    def _changes(t, pending: dict[int, float], shown: dict[int, float], names, capacity) -> Iterator[tuple[float, str, float]]:
-        for c, v in pending.items():
-            if shown.get(c, 0.0 if v == 0.0 else -1.0) != v:
-                shown[c] = v
-                cap = capacity[c]
-                yield t, names[c], v / cap if cap < _INF else 0.0
+                now = tk
+            pending[ck] = vk
 
     def flow_stats(self) -> list[FlowStat]:
         fabric = self.fabric
