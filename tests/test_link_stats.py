@@ -1,7 +1,8 @@
 """The flow network's link statistics (`FlowNetwork.link_stats`, `--links`, the JSON's
-"links") against a sample-by-sample reference: each channel's samples taken from the
-network's one time-ordered list of every sample (`_sample_arrays`), its busy time summed
-from each sample with a load to the next, its peak the largest load."""
+"links") and trace counters (`counter_samples`) against sample-by-sample references:
+the network's log expanded one sample at a time and sorted by time; a channel's busy
+time summed from each sample with a load to the next, its peak the largest load; a
+counter shown where a channel's last sample at an instant changes its value."""
 
 from __future__ import annotations
 
@@ -17,13 +18,30 @@ from commdsl.sim import simulate
 from commdsl.sim.flow import FlowNetwork
 
 
-def reference_stats(net: FlowNetwork) -> dict[int, tuple[float, float]]:
+def event_order(net: FlowNetwork) -> list[tuple[float, int, float]]:
+    """Every (time, channel, load) sample in event order, expanded from the log one by
+    one: the event samples up to each solo interval's place, then per interval its start
+    on each of its channels, then its end on each."""
+    out = []
+    solo = sorted(range(len(net._solo_at)), key=lambda j: (net._solo_at[j], j))
+    i = 0
+    for j in solo:
+        while i < net._solo_at[j]:
+            out.append((net._s_t[i], net._s_c[i], net._s_v[i]))
+            i += 1
+        demands = net._solo_demands[j]
+        out += [(net._solo_t0[j], c, w * net._solo_rate[j]) for c, w in demands]
+        out += [(net._solo_t1[j], c, 0.0) for c, _w in demands]
+    out += zip(net._s_t[i:], net._s_c[i:], net._s_v[i:])
+    return out
+
+
+def reference_stats(samples: list[tuple[float, int, float]]) -> dict[int, tuple[float, float]]:
     """Per channel, (busy us, largest load) from the samples of every channel in time order."""
     busy: dict[int, float] = {}
     top: dict[int, float] = {}
     since: dict[int, float] = {}
-    times, channels, loads, order = net._sample_arrays()
-    for t, c, v in ((times[k], channels[k], loads[k]) for k in order):
+    for t, c, v in sorted(samples, key=lambda s: s[0]):
         if c in since:
             busy[c] = busy.get(c, 0.0) + (t - since.pop(c))
         if v > 0.0:
@@ -32,14 +50,32 @@ def reference_stats(net: FlowNetwork) -> dict[int, tuple[float, float]]:
     return {c: (busy.get(c, 0.0), top[c]) for c in top}
 
 
+def reference_counters(net: FlowNetwork, samples: list[tuple[float, int, float]]) -> list[tuple[float, str, float]]:
+    """Trace counters: per instant, each channel's last sample, shown where it changes."""
+    out = []
+    shown: dict[int, float] = {}
+    by_time: dict[float, dict[int, float]] = {}
+    for t, c, v in sorted(samples, key=lambda s: s[0]):
+        by_time.setdefault(t, {})[c] = v
+    for t, last in by_time.items():
+        for c, v in last.items():
+            if (shown[c] != v) if c in shown else (v != 0.0):
+                shown[c] = v
+                out.append((t, net.fabric.names[c], v / net.fabric.capacity[c]))
+    return out
+
+
 def check(net: FlowNetwork, makespan_us: float) -> int:
-    """link_stats and _channel_samples against the references; the links compared."""
-    t, c, v, _ = net._sample_arrays()  # every sample in event order
-    per = net._channel_samples()
-    for ch, (times, loads) in enumerate(per):
-        picked = [k for k in range(len(c)) if c[k] == ch]
-        assert list(times) == [t[k] for k in picked] and list(loads) == [v[k] for k in picked], ch
-    want = reference_stats(net)
+    """_sample_arrays, _channel_samples, link_stats and counter_samples against the
+    references; the links compared."""
+    samples = event_order(net)
+    t, c, v, order = net._sample_arrays()
+    assert list(zip(t, c, v)) == samples
+    assert [samples[k] for k in order] == sorted(samples, key=lambda s: s[0])
+    for ch, (times, loads) in enumerate(net._channel_samples()):
+        assert list(zip(times, loads)) == [(tk, vk) for tk, ck, vk in samples if ck == ch], ch
+    assert list(net.counter_samples()) == reference_counters(net, samples)
+    want = reference_stats(samples)
     stats = net.link_stats(makespan_us)
     names = net.fabric.names
     for s in stats:
