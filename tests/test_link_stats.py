@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from commdsl.dsl import load_schedule, load_schedule_text
-from commdsl.machine import load_machine_text, resolve_machine
+from commdsl.machine import resolve_machine
 from commdsl.sim import simulate
 from commdsl.sim.flow import FlowNetwork
 
@@ -86,17 +86,6 @@ def check(net: FlowNetwork, makespan_us: float) -> int:
     return len(stats)
 
 
-RING = """
-name: ring
-devices: 8
-device: {name: t, peak_tflops: {fp32: 1}, memory_bandwidth_gb_per_s: 1000, sm_count: 1}
-kernel_launch_us: 0
-comm_launch_us: 0
-host_link: {latency_us: 0, bandwidth_gb_per_s: 10}
-transports:
-  nccl: {latency_us: 0.5, bandwidth_gb_per_s: 50}
-"""
-
 CHAIN = """
 name: chain
 params: {ranks: 8, count: 30}
@@ -112,7 +101,7 @@ def test_chained_collectives_match_the_reference():
     """A chain of identical collectives: long runs of one flow's solo intervals."""
     program = load_schedule_text(CHAIN, "chain.yaml")
     for network in ("flow", "flow-steps"):
-        result = simulate(program, load_machine_text(RING, "ring.yaml"), network)
+        result = simulate(program, resolve_machine("h100-nvlink"), network)
         assert len(result.network_model._solo_at) >= 30
         assert check(result.network_model, result.makespan_us) == 16
 
