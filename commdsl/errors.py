@@ -10,7 +10,6 @@ the message can show the line with a caret, the way compilers do.
 
 from __future__ import annotations
 
-import difflib
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,6 +34,8 @@ class SourceLoc:
 
 def did_you_mean(name: str, choices: Iterable[str]) -> str | None:
     """A "did you mean 'x'?" hint when `name` is close to one of `choices`."""
+    import difflib  # only a mistake needs it, and every command imports this module
+
     close = difflib.get_close_matches(name, list(choices), n=1, cutoff=0.6)
     return f"did you mean '{close[0]}'?" if close else None
 

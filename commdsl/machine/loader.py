@@ -16,7 +16,6 @@ from commdsl.files import is_file, read_text
 from commdsl.ir import COLLECTIVE_KINDS, REDUCING_KINDS, Dtype, OpKind, ReduceOp, Transport
 from commdsl.limits import (MAX_FACTOR, MAX_MACHINE_COUNT, MAX_MACHINE_TIME_US, MAX_SIZE_BYTES, MAX_STALLS_PER_S, MAX_WORLD_SIZE,
                             MIN_BANDWIDTH_GB_PER_S, MIN_TFLOPS)
-from commdsl.machine.nccl_loader import read_nccl
 from commdsl.machine.model import (ANY_DTYPE, IMPLIED_LINK_KINDS, NETWORK_VERTEX, Calibration, ComputeNoise, CpuContention,
                                    DeviceKind, DeviceSpec, GpuContention, LinkKind, LinkSpec, Machine, OpInterference, Topology,
                                    TopologyLink, VertexKind)
@@ -305,7 +304,11 @@ class _MachineReader:
             for key, (_, vnode) in self.mapping(top["copy_measured_us"][1], "copy_measured_us", ("host", "device")).items():
                 copies[key] = self.profile(vnode, f"copy_measured_us.{key}")
         contention = self.contention(top, device)
-        nccl = read_nccl(self, top["nccl"][1], topology) if "nccl" in top else None
+        nccl = None
+        if "nccl" in top:
+            from commdsl.machine.nccl_loader import read_nccl  # a machine with NCCL's model only
+
+            nccl = read_nccl(self, top["nccl"][1], topology)
         return Machine(
             name=self.string(top["name"][1], "name") if "name" in top else default_name,
             doc=self.string(top["doc"][1], "doc") if "doc" in top else "",

@@ -62,6 +62,9 @@ from array import array
 from bisect import bisect_right
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
+from functools import reduce
+from itertools import chain, compress, islice, repeat
+from operator import add, gt, is_, itemgetter, le, mul, sub
 
 import simpy
 
@@ -76,6 +79,9 @@ _ACTIVATE, _FINISH = 0, 1
 _INF = math.inf
 _UNSCHEDULED = -1.0
 """A flow's rate while it has no valid finish event (recomputation gives it one)."""
+_STRETCH = 8
+"""Solo intervals of one flow's demands logged one after another from which on link
+statistics expand them channel by channel in whole arrays rather than sample by sample."""
 
 
 class _Flow:
@@ -606,12 +612,6 @@ class FlowNetwork(Network):
     def meta(self) -> dict:
         return {"model": self.name, "links": len(self.fabric.names), "topology": self.fabric.topology is not None}
 
-    def _samples(self):
-        """Every (time, channel, load bytes/us) sample in time order (ties: event order)."""
-        t, c, v, order = self._sample_arrays()
-        for k in order:
-            yield t[k], c[k], v[k]
-
     def _sample_arrays(self) -> tuple[array, array, array, list[int]]:
         """The samples as flat arrays (time, channel, load bytes/us) and the order that
         sorts them by time (stable: ties keep event order). Solo intervals are expanded
@@ -632,40 +632,52 @@ class FlowNetwork(Network):
                 break
             k = bisect_right(at, idx, j)
             run = demands[j:k]
-            t.extend([x for d, t0, t1 in zip(run, t0s[j:k], t1s[j:k]) for x in [t0] * len(d) + [t1] * len(d)])
-            c.extend([ch for d in run for _ in (0, 1) for ch, _w in d])
-            v.extend([x for d, rate in zip(run, rates[j:k]) for x in [w * rate for _c, w in d] + [0.0] * len(d)])
+            lengths = set(map(len, run))
+            if len(lengths) == 1:
+                # Every interval on as many channels (P2P transfers, one collective): the
+                # samples of the p-th channel of each interval written as strided slices.
+                (n,) = lengths
+                width = 2 * n
+                base = len(t)
+                t.frombytes(bytes(t.itemsize * width * (k - j)))
+                c.frombytes(bytes(c.itemsize * width * (k - j)))
+                v.frombytes(bytes(v.itemsize * width * (k - j)))
+                run_t0s, run_t1s, run_rates = t0s[j:k], t1s[j:k], rates[j:k]
+                for p in range(n):
+                    pairs = list(map(itemgetter(p), run))
+                    chans = array("i", map(itemgetter(0), pairs))
+                    t[base + p :: width] = run_t0s
+                    t[base + n + p :: width] = run_t1s
+                    c[base + p :: width] = chans
+                    c[base + n + p :: width] = chans
+                    v[base + p :: width] = array("d", map(mul, map(itemgetter(1), pairs), run_rates))
+            else:
+                t.extend([x for d, t0, t1 in zip(run, t0s[j:k], t1s[j:k]) for x in [t0] * len(d) + [t1] * len(d)])
+                c.extend([ch for d in run for _ in (0, 1) for ch, _w in d])
+                v.extend([x for d, rate in zip(run, rates[j:k]) for x in [w * rate for _c, w in d] + [0.0] * len(d)])
             j = k
         return t, c, v, sorted(range(len(t)), key=t.__getitem__)
 
     def link_stats(self, makespan_us: float) -> list[LinkStat]:
         fabric = self.fabric
-        busy = [0.0] * len(fabric.names)
-        top = [0.0] * len(fabric.names)
-        """The largest load of each channel (bytes/us): its peak utilisation is top / capacity."""
-        # Channel by channel, its samples in time order (stable): the samples of all channels
-        # sorted by time restricted to one channel, so each channel's busy time is summed in the
-        # same order, without an index per sample of every channel at once.
-        for c, (t, v) in enumerate(self._channel_samples()):
-            b, since, hi = 0.0, -1.0, 0.0
-            for k in sorted(range(len(t)), key=t.__getitem__):
-                tk, vk = t[k], v[k]
-                if since >= 0.0:
-                    b += tk - since
-                since = tk if vk > 0.0 else -1.0
-                if vk > hi:
-                    hi = vk
-            busy[c], top[c] = b, hi
-        # Division by a positive capacity keeps the order of loads, so the largest load
-        # gives the largest utilisation, exactly.
-        peak = [x / cap if cap < _INF else 0.0 for x, cap in zip(top, fabric.capacity)]
         out = []
-        for c, name in enumerate(fabric.names):
+        known: dict[tuple[bytes, bytes], tuple[float, float]] = {}
+        """Samples -> busy time and top load: the links of a collective repeated have the same."""
+        for c, (t, v) in enumerate(self._channel_samples()):
             if self._bytes[c] <= 0.0:
                 continue
+            key = (t.tobytes(), v.tobytes())
+            stats = known.get(key)
+            if stats is None:
+                stats = known[key] = _busy_and_top(t, v)
+            busy, top = stats
+            cap = fabric.capacity[c]
+            # Division by a positive capacity keeps the order of loads, so the largest load
+            # gives the largest utilisation, exactly.
+            peak = top / cap if cap < _INF else 0.0
             bw = fabric.bandwidth_gb_per_s[c]
             util = self._bytes[c] / (bw * 1e3 * makespan_us) if makespan_us > 0 and bw < _INF else 0.0
-            out.append(LinkStat(name, fabric.kinds[c], bw, self._bytes[c], busy[c], util, peak[c]))
+            out.append(LinkStat(fabric.names[c], fabric.kinds[c], bw, self._bytes[c], busy, util, peak))
         return out
 
     def _channel_samples(self) -> list[tuple[array, array]]:
@@ -678,6 +690,33 @@ class FlowNetwork(Network):
         add_v = [v.append for _, v in per]
         st, sc, sv = self._s_t, self._s_c, self._s_v
         at, demands, t0s, t1s, rates = self._solo_at, self._solo_demands, self._solo_t0, self._solo_t1, self._solo_rate
+
+        def one_by_one(j: int, k: int) -> None:
+            for d, t0, t1, rate in zip(demands[j:k], t0s[j:k], t1s[j:k], rates[j:k]):
+                for c, w in d:
+                    add_t[c](t0)
+                    add_v[c](w * rate)
+                for c, _w in d:
+                    add_t[c](t1)
+                    add_v[c](0.0)
+
+        def stretch(j: int, k: int) -> None:
+            """Intervals j..k-1 of one flow's demands (a leg names each channel once, `_leg`
+            makes its demands from a dict): each channel gets their samples in two extends."""
+            times = array("d", bytes(16 * (k - j)))
+            times[0::2] = t0s[j:k]
+            times[1::2] = t1s[j:k]
+            run_rates = rates[j:k]
+            by_weight: dict[float, array] = {}
+            for c, w in demands[j]:
+                loads = by_weight.get(w)
+                if loads is None:
+                    loads = by_weight[w] = array("d", bytes(16 * (k - j)))
+                    loads[0::2] = array("d", map(mul, repeat(w), run_rates))
+                per[c][0].extend(times)
+                per[c][1].extend(loads)
+
+        long_stretch = b"\1" * (_STRETCH - 1)
         i = j = 0
         while True:
             idx = at[j] if j < len(at) else len(st)
@@ -688,13 +727,21 @@ class FlowNetwork(Network):
             if j == len(at):
                 break
             k = bisect_right(at, idx, j)
-            for d, t0, t1, rate in zip(demands[j:k], t0s[j:k], t1s[j:k], rates[j:k]):
-                for c, w in d:
-                    add_t[c](t0)
-                    add_v[c](w * rate)
-                for c, _w in d:
-                    add_t[c](t1)
-                    add_v[c](0.0)
+            # The solo intervals logged at this place: those of one flow's demands logged one
+            # after another (a collective repeated, as in a chain) in whole arrays past a few,
+            # the others one by one. same[m] is 1 where interval base + m has the demands of the next.
+            base = j
+            same = bytes(map(is_, demands[base : k - 1], demands[base + 1 : k]))
+            while j < k:
+                m = same.find(long_stretch, j - base)
+                start = k if m < 0 else base + m
+                one_by_one(j, start)
+                if start == k:
+                    break
+                m = same.find(b"\0", start - base)
+                end = k if m < 0 else base + m + 1
+                stretch(start, end)
+                j = end
             j = k
         return per
 
@@ -705,24 +752,23 @@ class FlowNetwork(Network):
         back-to-back collectives on the same links cost two samples per link, not two each."""
         fabric = self.fabric
         names, capacity = fabric.names, fabric.capacity
+        t, c, v, order = self._sample_arrays()
         shown: dict[int, float] = {}
         pending: dict[int, float] = {}
+        """The last sample of each channel at the instant `now`."""
         now = None
-        for t, c, v in self._samples():
-            if t != now:
-                yield from self._changes(now, pending, shown, names, capacity)
+        # In time order, then a sentinel whose time differs from every sample's: it shows
+        # the last instant's samples and is itself never shown.
+        for tk, ck, vk in chain(zip(map(t.__getitem__, order), map(c.__getitem__, order), map(v.__getitem__, order)), ((None, -1, 0.0),)):
+            if tk != now:
+                for ch, val in pending.items():
+                    if shown.get(ch, 0.0 if val == 0.0 else -1.0) != val:
+                        shown[ch] = val
+                        cap = capacity[ch]
+                        yield now, names[ch], val / cap if cap < _INF else 0.0
                 pending.clear()
-                now = t
-            pending[c] = v
-        yield from self._changes(now, pending, shown, names, capacity)
-
-    @staticmethod
-    def _changes(t, pending: dict[int, float], shown: dict[int, float], names, capacity) -> Iterator[tuple[float, str, float]]:
-        for c, v in pending.items():
-            if shown.get(c, 0.0 if v == 0.0 else -1.0) != v:
-                shown[c] = v
-                cap = capacity[c]
-                yield t, names[c], v / cap if cap < _INF else 0.0
+                now = tk
+            pending[ck] = vk
 
     def flow_stats(self) -> list[FlowStat]:
         fabric = self.fabric
@@ -744,6 +790,19 @@ class FlowNetwork(Network):
                 about = described[spec] = (latency, name, len({c for leg in legs for c, _ in leg.demands}))
             out.append(FlowStat.of(log.transfers[spec], log.ops(i), log.start_us(i), log.end[i], *about))
         return out
+
+
+def _busy_and_top(t: array, v: array) -> tuple[float, float]:
+    """A channel's busy time (the time from each sample with a load > 0 to the next,
+    summed in time order) and its largest load, from its samples in event order (sorted
+    by time first, stably, where they are not in time order already)."""
+    if not all(map(le, t, islice(t, 1, None))):
+        order = sorted(range(len(t)), key=t.__getitem__)
+        t, v = array("d", map(t.__getitem__, order)), array("d", map(v.__getitem__, order))
+    # Added one by one from 0.0 in C-level passes (sum() compensates its rounding on Python 3.12+).
+    busy = reduce(add, compress(map(sub, islice(t, 1, None), t), map(gt, v, repeat(0.0))), 0.0)
+    top = max(v, default=0.0)
+    return busy, top if top > 0.0 else 0.0
 
 
 def _count(channels: tuple[int, ...], nbytes: float) -> dict[int, float]:

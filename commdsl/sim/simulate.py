@@ -24,17 +24,16 @@ from commdsl.errors import LimitError, MachineError, UsageError
 from commdsl.ir import Op, Program
 from commdsl.limits import HORIZON_US
 from commdsl.machine.model import Machine, timeless_machine
-from commdsl.sim.deadlock import deadlock_error
 from commdsl.sim.engine import Engine
 from commdsl.sim.entities import RawResult
 from commdsl.sim.memory import check_memory
 from commdsl.sim.models import DEFAULT_NETWORK, NETWORKS
 from commdsl.sim.network import FlowStat, LinkStat, Network
 from commdsl.sim.wiring import Wiring
-from commdsl.timeline import Timeline
 
 if TYPE_CHECKING:
     from commdsl.sim.summary import Summary
+    from commdsl.timeline import Timeline  # built by commdsl.sim.trace where a timeline is asked for
 
 
 @dataclass
@@ -208,6 +207,8 @@ def _run(program: Program, machine: Machine, network: str, rng: random.Random | 
     engine = Engine(program, machine, NETWORKS[network], rng, wiring)
     raw = engine.run(progress)
     if engine.unfinished():
+        from commdsl.sim.deadlock import deadlock_error  # only a schedule that cannot finish needs it
+
         raise deadlock_error(engine)
     check_horizon(raw, machine)
     return raw, engine

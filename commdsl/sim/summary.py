@@ -20,13 +20,13 @@ import json
 from array import array
 from collections.abc import Iterable, Iterator
 from itertools import compress, repeat
-from operator import and_, eq, gt
+from operator import attrgetter, gt, mul
 from dataclasses import dataclass, fields, is_dataclass
 from typing import TextIO
 
 from commdsl.breakdown import breakdown, category
-from commdsl.ir import OpKind
-from commdsl.sim.entities import KINDS
+from commdsl.ir import MEMORY_KINDS, OpKind
+from commdsl.sim.entities import KIND_CODE, KINDS
 from commdsl.sim.memory import RankMemory, memory_profile
 from commdsl.sim.network import algbw_gb_per_s
 from commdsl.sim.simulate import SimResult
@@ -34,6 +34,8 @@ from commdsl.sim.simulate import SimResult
 
 @dataclass(frozen=True)
 class RankSummary:
+    """One rank's time split over the makespan (see the module doc)."""
+
     rank: int
     compute_us: float
     comm_us: float
@@ -45,6 +47,8 @@ class RankSummary:
 
 @dataclass(frozen=True)
 class PathStep:
+    """One op of the critical path."""
+
     op_id: str
     rank: int
     kind: str
@@ -84,6 +88,8 @@ class SlowedCompute:
 
 @dataclass(frozen=True)
 class LinkSummary:
+    """One link direction that carried bytes, as the network timed it."""
+
     name: str
     kind: str
     bandwidth_gb_per_s: float
@@ -96,6 +102,8 @@ class LinkSummary:
 
 @dataclass(frozen=True)
 class Summary:
+    """What `commdsl simulate` prints, and its `--json`."""
+
     schedule: str
     machine: str
     network: str
@@ -129,7 +137,7 @@ class Summary:
 
     def to_json(self) -> dict:
         """The summary as JSON-able values (what `write_json` prints)."""
-        return {f.name: _rounded(_plain(getattr(self, f.name))) for f in fields(self)}
+        return {f.name: _json_value(getattr(self, f.name)) for f in fields(self)}
 
     def write_json(self, out: TextIO, flows: Iterable[dict] | None = None) -> None:
         """Write `to_json()` to `out`, one line per key and per entry of a list (so that
@@ -137,7 +145,7 @@ class Summary:
         if given, is written as the "flows" list entry by entry, never held in memory."""
         doc = self.to_json()
         if flows is not None:
-            doc["flows"] = (_rounded(f) for f in flows)
+            doc["flows"] = (_json_value(f) for f in flows)
         out.write("{")
         for i, (key, value) in enumerate(doc.items()):
             out.write(f'{"," if i else ""}\n {json.dumps(key)}: ')
@@ -188,7 +196,7 @@ def summarize(result: SimResult, *, flows: bool = False) -> Summary:
         ranks=tuple(ranks),
         critical_path=tuple(path),
         sample_makespans_us=tuple(result.sampling.get("sample_makespans_us", ())),
-        memory=memory_profile(raw),
+        memory=memory_profile(raw) if any(code in raw.kinds for code in _MEMORY_CODES) else (),
         warnings=tuple(result.warnings) + tuple(program.warnings),
     )
 
@@ -212,11 +220,11 @@ def _rank_summaries(result: SimResult) -> list[RankSummary]:
     out = []
     for rank, rank_ops in enumerate(program.ops):
         b, n = raw.base[rank], len(rank_ops)
-        # Each category's (start, end) in program order, picked in C-level passes.
-        categories = raw.kinds[b : b + n].translate(_CATEGORY_OF_KIND)
+        # Each category's (start, end) in program order, picked in C-level passes: per op its
+        # category if it took time (0 if not), then one selector per category.
         starts, ends = raw.start[b : b + n], raw.end[b : b + n]
-        took_time = list(map(gt, ends, starts))
-        compute, comm, copy = (list(compress(zip(starts, ends), map(and_, map(eq, categories, repeat(c)), took_time))) for c in (1, 2, 3))
+        spans = bytes(map(mul, raw.kinds[b : b + n].translate(_CATEGORY_OF_KIND), map(gt, ends, starts)))
+        compute, comm, copy = (list(compress(zip(starts, ends), spans.translate(_PICK[c]))) if c in spans else [] for c in (1, 2, 3))
         split = breakdown(compute, comm, copy, makespan)
         bubble = (makespan - split.compute_us) / makespan if split.compute_us > 0 and makespan > 0 else None
         out.append(RankSummary(rank, split.compute_us, split.comm_us, split.exposed_comm_us, split.idle_us, bubble))
@@ -225,6 +233,13 @@ def _rank_summaries(result: SimResult) -> list[RankSummary]:
 
 _CATEGORY_OF_KIND = bytes([{"compute": 1, "comm": 2, "copy": 3, None: 0}[category(k)] for k in KINDS]).ljust(256, b"\0")
 """Kind code (`KINDS`) -> 1 compute, 2 comm, 3 copy, 0 none: a `bytes.translate` table."""
+
+_PICK = {c: bytes(256)[:c] + b"\1" + bytes(255 - c) for c in (1, 2, 3)}
+"""Category -> the `bytes.translate` table that maps it to 1 and every other byte to 0."""
+
+_MEMORY_CODES = tuple(KIND_CODE[k] for k in MEMORY_KINDS)
+"""Kind codes of alloc and free: a schedule with neither has no memory profile, found
+without a pass over its ops."""
 
 
 def _transfers(result: SimResult) -> tuple[TransferSummary, ...]:
@@ -276,25 +291,47 @@ def format_bytes(n: float) -> str:
     return f"{n:.0f} B"
 
 
-def _plain(value):
+def _json_value(value):
     """A summary's value as JSON-able values: dataclasses as dicts, tuples as lists
-    (`dataclasses.asdict` without its deep copies)."""
-    if is_dataclass(value):
-        return {f.name: _plain(getattr(value, f.name)) for f in fields(value)}
-    if isinstance(value, list | tuple):
-        return [_plain(v) for v in value]
-    return value
-
-
-def _rounded(value):
-    """Round floats to the nanosecond (1e-3 us) / 1e-9 for fractions: stable JSON."""
+    (`dataclasses.asdict` without its deep copies), floats rounded (`_round`)."""
     if isinstance(value, float):
-        return round(value, 9) if abs(value) < 1.0 else round(value, 3)
-    if isinstance(value, dict):
-        return {k: _rounded(v) for k, v in value.items()}
+        return _round(value)
     if isinstance(value, list | tuple):
-        return [_rounded(v) for v in value]
+        if value and is_dataclass(value[0]):
+            return _entries(value)
+        return [_json_value(v) for v in value]
+    if is_dataclass(value):
+        return {f.name: _json_value(getattr(value, f.name)) for f in fields(value)}
+    if isinstance(value, dict):
+        return {k: _json_value(v) for k, v in value.items()}
     return value
+
+
+_SCALAR_TYPES = frozenset({str, int, float, bool, type(None)})
+
+
+def _entries(items: list | tuple) -> list:
+    """`_json_value` of a list of dataclasses (a summary's ranks, critical path, links):
+    an entry of one class whose fields are all strings, numbers or None becomes its dict
+    in one comprehension, without a call per field."""
+    cls = type(items[0])
+    names = tuple(f.name for f in fields(cls))
+    if len(names) < 2:
+        return [_json_value(item) for item in items]
+    values_of = attrgetter(*names)
+    out = []
+    for item in items:
+        values = values_of(item) if type(item) is cls else ()
+        if values and _SCALAR_TYPES.issuperset(map(type, values)):
+            out.append(dict(zip(names, [_round(v) if type(v) is float else v for v in values])))
+        else:
+            out.append(_json_value(item))
+    return out
+
+
+def _round(value: float) -> float:
+    """Round to the nanosecond (1e-3 us) / 1e-9 for fractions: stable JSON."""
+    return round(value, 9) if abs(value) < 1.0 else round(value, 3)
 
 
 def format_us(us: float) -> str:
