@@ -139,9 +139,13 @@ STARTS_PROCESSES = frozenset({"run", "calibrate"})
 def main(argv: list[str] | None = None) -> int:
     """Run the command `argv` and return its exit code; `argv` None: the process's own
     command line (the `commdsl` console script, `python -m commdsl.cli`), and then, but
-    for a command in `STARTS_PROCESSES`, the process ends here (`_end_process`)."""
+    for a command in `STARTS_PROCESSES` or under a profiler or tracer, the process ends
+    here (`_end_process`)."""
     code = _main(argv)
-    if argv is None and not STARTS_PROCESSES.intersection(_command_in(sys.argv[1:])):
+    # Under a profiler or a tracer (cProfile, coverage) the process ends the interpreter's
+    # way, so that they write what they measured at exit.
+    watched = sys.getprofile() is not None or sys.gettrace() is not None
+    if argv is None and not watched and not STARTS_PROCESSES.intersection(_command_in(sys.argv[1:])):
         _end_process(code)
     return code
 

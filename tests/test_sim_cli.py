@@ -95,3 +95,14 @@ def test_terminal_tables_show_the_first_and_last_ranks_of_a_large_world(capsys):
     rows = [line.split()[0] for line in out.splitlines() if line.strip() and line.split()[0].isdigit() and "ms" in line]
     assert rows[:2] == ["0", "1"] and "79" in rows and "40" not in rows
     assert "16 more ranks" in out
+
+
+def test_the_command_ends_the_interpreters_way_under_a_profiler(tmp_path):
+    # The command line skips the interpreter's teardown, but not under a profiler or a
+    # tracer: they write what they measured at exit (here cProfile's stats file).
+    stats = tmp_path / "stats.prof"
+    proc = subprocess.run([sys.executable, "-m", "cProfile", "-o", str(stats), "-m", "commdsl.cli", "simulate", "p2p", "--json"],
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["makespan_us"] > 0
+    assert stats.stat().st_size > 0
