@@ -40,8 +40,11 @@ def union_length(intervals: list[Interval]) -> float:
 
 def breakdown(compute: list[Interval], comm: list[Interval], copy: list[Interval], makespan_us: float) -> Breakdown:
     compute_us = union_length(compute)
-    busy = union_length(compute + comm)
-    return Breakdown(compute_us, union_length(comm), busy - compute_us, max(makespan_us - union_length(compute + comm + copy), 0.0))
+    comm_us = union_length(comm)
+    # A union with nothing added is the union already measured (most ranks have no copies).
+    busy = union_length(compute + comm) if compute and comm else compute_us + comm_us
+    covered = union_length(compute + comm + copy) if copy else busy
+    return Breakdown(compute_us, comm_us, busy - compute_us, max(makespan_us - covered, 0.0))
 
 
 def breakdown_of(ops: Iterable[tuple[OpKind, float, float]], makespan_us: float) -> Breakdown:

@@ -16,12 +16,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from itertools import accumulate
+from typing import TYPE_CHECKING
 
 from commdsl.errors import MemoryExceededError
 from commdsl.ir import MEMORY_KINDS, Op, OpKind
 from commdsl.machine.model import Machine
 from commdsl.sim.entities import RawResult
-from commdsl.timeline import CounterSample
+
+if TYPE_CHECKING:
+    from commdsl.timeline import CounterSample
 
 MEMORY_TRACK = "device memory MiB"
 """Counter track of each rank's live declared memory in a trace (MiB)."""
@@ -106,6 +109,8 @@ def memory_profile(raw: RawResult) -> tuple[RankMemory, ...]:
 
 def memory_counters(raw: RawResult) -> list[CounterSample]:
     """Each rank's live declared memory over time, one sample per change (MiB)."""
+    from commdsl.timeline import CounterSample  # only traces need it: a plain simulation does not import the timeline
+
     samples: list[CounterSample] = []
     for rank, events in enumerate(_events(raw)):
         if not events:

@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 from array import array
 from collections.abc import Iterable, Iterator
-from itertools import compress, repeat
+from itertools import compress
 from operator import attrgetter, gt, mul
 from dataclasses import dataclass, fields, is_dataclass
 from typing import TextIO
