@@ -259,12 +259,6 @@ class Network(abc.ABC):
         """Every transfer, in start order."""
         return []
 
-    def transfer_times(self) -> Iterator[tuple[Transfer, float, float]]:
-        """Every transfer, in start order: (its `Transfer`, start, end). What totals by kind
-        need, without the per-flow details (bottleneck, latency) `flow_stats` works out."""
-        log = self.records
-        return zip(map(log.transfers.__getitem__, log.kind), log.start, log.end)
-
     def link_stats(self, makespan_us: float) -> list[LinkStat]:
         """Every link direction that carried bytes (none without a link model)."""
         return []

@@ -20,7 +20,7 @@ import json
 from array import array
 from collections.abc import Iterable, Iterator
 from itertools import compress
-from operator import attrgetter, gt, mul
+from operator import attrgetter, gt, mul, sub
 from dataclasses import dataclass, fields, is_dataclass
 from typing import TextIO
 
@@ -234,8 +234,13 @@ def _rank_summaries(result: SimResult) -> list[RankSummary]:
 _CATEGORY_OF_KIND = bytes([{"compute": 1, "comm": 2, "copy": 3, None: 0}[category(k)] for k in KINDS]).ljust(256, b"\0")
 """Kind code (`KINDS`) -> 1 compute, 2 comm, 3 copy, 0 none: a `bytes.translate` table."""
 
-_PICK = {c: bytes(256)[:c] + b"\1" + bytes(255 - c) for c in (1, 2, 3)}
-"""Category -> the `bytes.translate` table that maps it to 1 and every other byte to 0."""
+def _picker(code: int) -> bytes:
+    """The `bytes.translate` table that maps `code` to 1 and every other byte to 0."""
+    return bytes(256)[:code] + b"\1" + bytes(255 - code)
+
+
+_PICK = {c: _picker(c) for c in (1, 2, 3)}
+"""Category -> its `_picker`."""
 
 _MEMORY_CODES = tuple(KIND_CODE[k] for k in MEMORY_KINDS)
 """Kind codes of alloc and free: a schedule with neither has no memory profile, found
@@ -243,24 +248,29 @@ without a pass over its ops."""
 
 
 def _transfers(result: SimResult) -> tuple[TransferSummary, ...]:
-    # Per group: count, bytes, and each transfer's time and algbw (summed as sum() sums a list).
-    groups: dict[tuple, list] = {}
+    """Per (transport, kind): the count, the bytes, and the mean time and algbw of the
+    network's transfers, each mean summed in start order (as sum() sums a list)."""
     network = result.network_model
-    for t, start_us, end_us in network.transfer_times() if network is not None else ():
-        key = (t.transport, t.kind)
-        group = groups.get(key)
-        if group is None:
-            group = groups[key] = [0, 0, array("d"), array("d")]
-        d = end_us - start_us
-        group[0] += 1
-        group[1] += t.size_bytes
-        group[2].append(d)
-        group[3].append(algbw_gb_per_s(t.size_bytes, d))
-    named = sorted(((transport.value, kind.value), group) for (transport, kind), group in groups.items())
-    return tuple(
-        TransferSummary(transport, kind, count, nbytes, sum(times) / count, sum(algbw) / count)
-        for (transport, kind), (count, nbytes, times, algbw) in named
-    )
+    if network is None or not len(network.records):
+        return ()
+    log = network.records
+    # Per distinct transfer its group; per started transfer, in C-level passes, its
+    # group's selector, its time and its algbw.
+    keys = [(t.transport, t.kind) for t in log.transfers]
+    group_of = list(dict.fromkeys(keys))
+    code_of_transfer = bytes(map(group_of.index, keys))
+    sizes = [t.size_bytes for t in log.transfers]
+    codes = bytes(map(code_of_transfer.__getitem__, log.kind))
+    out = []
+    for code, (transport, kind) in enumerate(group_of):
+        pick = codes.translate(_picker(code)) if len(group_of) > 1 else b"\1" * len(codes)
+        index = list(compress(log.kind, pick))
+        times = array("d", map(sub, compress(log.end, pick), compress(log.start, pick)))
+        nbytes = list(map(sizes.__getitem__, index))
+        count = len(index)
+        out.append(((transport.value, kind.value), TransferSummary(transport.value, kind.value, count, sum(nbytes), sum(times) / count,
+                                                                   sum(map(algbw_gb_per_s, nbytes, times)) / count)))  # fmt: skip
+    return tuple(summary for _, summary in sorted(out, key=lambda pair: pair[0]))
 
 
 def _slowed(result: SimResult) -> tuple[SlowedCompute, ...]:
