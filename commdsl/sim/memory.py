@@ -15,16 +15,12 @@ workspaces are not modelled.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from itertools import accumulate
-from typing import TYPE_CHECKING
+from itertools import accumulate, compress
 
 from commdsl.errors import MemoryExceededError
 from commdsl.ir import MEMORY_KINDS, Op, OpKind
 from commdsl.machine.model import Machine
-from commdsl.sim.entities import RawResult
-
-if TYPE_CHECKING:
-    from commdsl.timeline import CounterSample
+from commdsl.sim.entities import KINDS, RawResult
 
 MEMORY_TRACK = "device memory MiB"
 """Counter track of each rank's live declared memory in a trace (MiB)."""
@@ -56,13 +52,17 @@ class RankMemory:
     """Still live when the rank's program ends (static memory, such as weights)."""
 
 
+_IS_MEMORY = bytes(k in MEMORY_KINDS for k in KINDS).ljust(256, b"\0")
+"""Kind code (`KINDS`) -> 1 for alloc and free: a `bytes.translate` table."""
+
+
 def _events(raw: RawResult) -> list[list[int]]:
     """Per rank, its memory ops (global numbers) in the order their effect lands."""
-    ops, end, base = raw.ops, raw.end, raw.base
+    kinds, end, base = raw.kinds, raw.end, raw.base
     per_rank: list[list[int]] = []
     for rank, b in enumerate(base):  # a rank's ops are the global numbers base[rank] .. base[rank + 1] - 1
-        e = base[rank + 1] if rank + 1 < len(base) else len(ops)
-        events = [g for g, op in enumerate(ops[b:e], b) if op.kind in MEMORY_KINDS]
+        e = base[rank + 1] if rank + 1 < len(base) else len(raw.ops)
+        events = list(compress(range(b, e), kinds[b:e].translate(_IS_MEMORY)))  # its alloc and free ops, in program order
         events.sort(key=end.__getitem__)  # stable: ties keep program order (g)
         per_rank.append(events)
     return per_rank
@@ -107,21 +107,27 @@ def memory_profile(raw: RawResult) -> tuple[RankMemory, ...]:
     return tuple(out)
 
 
-def memory_counters(raw: RawResult) -> list[CounterSample]:
-    """Each rank's live declared memory over time, one sample per change (MiB)."""
-    from commdsl.timeline import CounterSample  # only traces need it: a plain simulation does not import the timeline
-
-    samples: list[CounterSample] = []
+def memory_counters(raw: RawResult) -> tuple[list[int], list[float], list[float]]:
+    """Each rank's live declared memory over time, one sample per change (MiB), as
+    columns: ranks, times (us), values (MiB)."""
+    ranks: list[int] = []
+    times: list[float] = []
+    values: list[float] = []
+    end = raw.end
     for rank, events in enumerate(_events(raw)):
         if not events:
             continue
-        samples.append(CounterSample(MEMORY_TRACK, rank, 0.0, 0.0))
-        for k, (g, live) in enumerate(zip(events, accumulate(_deltas(raw, events)))):
-            t = raw.end[g]
-            if k + 1 < len(events) and raw.end[events[k + 1]] == t:
+        ranks.append(rank)
+        times.append(0.0)
+        values.append(0.0)
+        ends = list(map(end.__getitem__, events))
+        for k, (t, live) in enumerate(zip(ends, accumulate(_deltas(raw, events)))):
+            if k + 1 < len(ends) and ends[k + 1] == t:
                 continue  # several changes at one instant: the counter shows where they end
-            samples.append(CounterSample(MEMORY_TRACK, rank, t, live / 2**20))
-    return samples
+            ranks.append(rank)
+            times.append(t)
+            values.append(live / 2**20)
+    return ranks, times, values
 
 
 def check_memory(raw: RawResult, machine: Machine) -> None:

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 
 from commdsl.ir import HOST_STREAM, CopyDir, Op, OpKind, Program, Protocol, Transport
 from commdsl.sim.entities import ALGOS, PROTOS, RawResult
-from commdsl.sim.memory import memory_counters, memory_profile
+from commdsl.sim.memory import MEMORY_TRACK, memory_counters, memory_profile
 from commdsl.sim.simulate import gc_paused
 from commdsl.timeline import (COMM_TRACK_PREFIX, MEMORY_PEAK_META, CounterSample, DecimalTexts, Flow, Span, SpanEncoder, SpanRole,
                               Timeline, arrow_events, comm_span_args, counter_events, gloo_span_name, metadata_texts, nccl_kernel_name,
@@ -497,10 +497,10 @@ def _counter_columns(result: SimResult) -> Iterator[tuple[Sequence[str], Sequenc
         while chunk := list(islice(samples, _CHUNK)):
             times, names, values = zip(*chunk)
             yield list(map(tracks.__getitem__, names)), (-1,) * len(chunk), times, values
-    memory = memory_counters(result.raw)
-    for lo in range(0, len(memory), _CHUNK):
-        chunk = memory[lo : lo + _CHUNK]
-        yield tuple(list(map(attrgetter(field), chunk)) for field in ("track", "rank", "ts_us", "value"))  # type: ignore[misc]
+    ranks, times, values = memory_counters(result.raw)
+    for lo in range(0, len(ranks), _CHUNK):
+        hi = lo + _CHUNK
+        yield [MEMORY_TRACK] * len(ranks[lo:hi]), ranks[lo:hi], times[lo:hi], values[lo:hi]
 
 
 class _LinkTracks(dict):
