@@ -61,8 +61,8 @@ from commdsl.machine.model import Machine
 from commdsl.sim.collectives import plan
 from commdsl.sim.contention import compute_us, contention_model
 from commdsl.sim.copy_engines import CopyEngines
-from commdsl.sim.entities import (ACTIVE, ALGOS, DONE, HOST, KIND_CODE, KINDS, PROTOS, ELIGIBLE, EXEC, MARK, QUEUE, STREAM, SYNC,
-                                  Collective, Entity, Host, Queue, RawResult, Stream, entry_typecode, op_index_typecode)
+from commdsl.sim.entities import (ACTIVE, ALGOS, DONE, HOST, KIND_CODE, PROTOS, ELIGIBLE, EXEC, MARK, QUEUE, STREAM, SYNC,
+                                  Collective, Entity, Host, Queue, RawResult, Stream, entry_typecode, kind_table, op_index_typecode)
 from commdsl.sim.network import Network, Transfer
 from commdsl.sim.wiring import Wiring, wire
 
@@ -75,9 +75,7 @@ _COMPUTE, _COPY, _SEND, _RECV, _WAIT, _WAIT_EVENT, _HOST_OP, _SYNCHRONIZE = (
 )  # fmt: skip
 # The same as kind codes (`Wiring.kinds`), and per code whether it is in a set.
 _K_COMPUTE, _K_COPY, _K_SEND, _K_WAIT, _K_WAIT_EVENT = (KIND_CODE[k] for k in (_COMPUTE, _COPY, _SEND, _WAIT, _WAIT_EVENT))
-_IS_DEVICE = bytes(k in _DEVICE_KINDS for k in KINDS)
-_IS_MEMORY = bytes(k in MEMORY_KINDS for k in KINDS)
-_IS_COMM = bytes(k in _COMM_KINDS for k in KINDS)
+_IS_DEVICE, _IS_MEMORY, _IS_COMM = kind_table(_DEVICE_KINDS), kind_table(MEMORY_KINDS), kind_table(_COMM_KINDS)
 _GLOO = Transport.GLOO
 _NCCL = Transport.NCCL
 _MEMCPY = Transport.MEMCPY

@@ -8,6 +8,7 @@ entity is a small state machine the engine advances (`commdsl.sim.engine`).
 from __future__ import annotations
 
 from array import array
+from collections.abc import Collection
 from dataclasses import dataclass
 
 from commdsl.ir import Algo, Op, OpKind, Protocol
@@ -34,6 +35,12 @@ PROTOS = (None, *Protocol)
 KINDS = tuple(OpKind)
 """The engine's per-op kind codes (one byte per op) are indices into this tuple."""
 KIND_CODE = {k: i for i, k in enumerate(KINDS)}
+
+
+def kind_table(kinds: Collection[OpKind]) -> bytes:
+    """Per kind code, 1 if its kind is one of `kinds`, else 0: indexed by a code, or a
+    `bytes.translate` table (256 entries) that maps a run of codes to 0/1 selectors."""
+    return bytes(k in kinds for k in KINDS).ljust(256, b"\0")
 
 
 def op_index_typecode(n: int) -> str:

@@ -20,7 +20,7 @@ from itertools import accumulate, compress
 from commdsl.errors import MemoryExceededError
 from commdsl.ir import MEMORY_KINDS, Op, OpKind
 from commdsl.machine.model import Machine
-from commdsl.sim.entities import KINDS, RawResult
+from commdsl.sim.entities import RawResult, kind_table
 
 MEMORY_TRACK = "device memory MiB"
 """Counter track of each rank's live declared memory in a trace (MiB)."""
@@ -52,8 +52,8 @@ class RankMemory:
     """Still live when the rank's program ends (static memory, such as weights)."""
 
 
-_IS_MEMORY = bytes(k in MEMORY_KINDS for k in KINDS).ljust(256, b"\0")
-"""Kind code (`KINDS`) -> 1 for alloc and free: a `bytes.translate` table."""
+_IS_MEMORY = kind_table(MEMORY_KINDS)
+"""Kind code -> 1 for alloc and free (`kind_table`)."""
 
 
 def _events(raw: RawResult) -> list[list[int]]:

@@ -25,8 +25,8 @@ from dataclasses import dataclass, fields, is_dataclass
 from typing import TextIO
 
 from commdsl.breakdown import breakdown, category
-from commdsl.ir import MEMORY_KINDS, OpKind
-from commdsl.sim.entities import KIND_CODE, KINDS
+from commdsl.ir import OpKind
+from commdsl.sim.entities import KINDS
 from commdsl.sim.memory import RankMemory, memory_profile
 from commdsl.sim.network import algbw_gb_per_s
 from commdsl.sim.simulate import SimResult
@@ -196,7 +196,7 @@ def summarize(result: SimResult, *, flows: bool = False) -> Summary:
         ranks=tuple(ranks),
         critical_path=tuple(path),
         sample_makespans_us=tuple(result.sampling.get("sample_makespans_us", ())),
-        memory=memory_profile(raw) if any(code in raw.kinds for code in _MEMORY_CODES) else (),
+        memory=memory_profile(raw),
         warnings=tuple(result.warnings) + tuple(program.warnings),
     )
 
@@ -242,10 +242,6 @@ def _picker(code: int) -> bytes:
 _PICK = {c: _picker(c) for c in (1, 2, 3)}
 """Category -> its `_picker`."""
 
-_MEMORY_CODES = tuple(KIND_CODE[k] for k in MEMORY_KINDS)
-"""Kind codes of alloc and free: a schedule with neither has no memory profile, found
-without a pass over its ops."""
-
 
 def _transfers(result: SimResult) -> tuple[TransferSummary, ...]:
     """Per (transport, kind): the count, the bytes, and the mean time and algbw of the
@@ -264,10 +260,9 @@ def _transfers(result: SimResult) -> tuple[TransferSummary, ...]:
     out = []
     for code, (transport, kind) in enumerate(group_of):
         pick = codes.translate(_picker(code)) if len(group_of) > 1 else b"\1" * len(codes)
-        index = list(compress(log.kind, pick))
+        nbytes = list(map(sizes.__getitem__, compress(log.kind, pick)))
         times = array("d", map(sub, compress(log.end, pick), compress(log.start, pick)))
-        nbytes = list(map(sizes.__getitem__, index))
-        count = len(index)
+        count = len(nbytes)
         out.append(((transport.value, kind.value), TransferSummary(transport.value, kind.value, count, sum(nbytes), sum(times) / count,
                                                                    sum(map(algbw_gb_per_s, nbytes, times)) / count)))  # fmt: skip
     return tuple(summary for _, summary in sorted(out, key=lambda pair: pair[0]))
