@@ -94,8 +94,8 @@ def run_astra(binary: str, folder: Path, repeats: int) -> tuple[float, float]:
         from chakra.schema.protobuf.et_def_pb2 import ALL_REDUCE, COMM_COLL_NODE, AttributeProto, GlobalMetadata, Node
         from chakra.src.third_party.utils.protolib import encodeMessage
     except ImportError as e:
-        raise SystemExit(f"--astra needs the chakra package to write the workload ({e}); "
-                         "pip install git+https://github.com/mlcommons/chakra") from e  # fmt: skip
+        raise SystemExit(f"--astra needs the chakra package to write the workload ({e}): build a wheel of "
+                         "github.com/mlcommons/chakra and `pip install --no-deps` it with protobuf") from e  # fmt: skip
     folder.mkdir()
     npus, count, size_bytes = 64, 1000, 64 * 2**20
     for npu in range(npus):
