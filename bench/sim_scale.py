@@ -13,6 +13,8 @@ the median of `--repeats` runs, on h100-nvlink with the flow network unless said
      overlapped with bucketed all_reduces on a comm stream. Target >= 500k.
   3. the chained all_reduce: 1000 64 MiB ring all_reduces on 64 ranks, one link per rank
      at 50 GB/s and 500 ns (`bench/contention.py`'s machine). Target: simulate() <= 0.1 s.
+     Its ranks, and the data-parallel step's, are interchangeable: `simulate()` runs rank 0
+     for all (`commdsl.sim.symmetry`); "every rank" is the same with `fold=False`.
   4. cost per op at 1k, 10k, 100k and 1M ops (1F1B, 64 stages, microbatches to match):
      flat is the target. Small sizes repeat until 0.2 s has passed, per run.
   5. `samples=N` against one simulation (1F1B 64 x 64 on cpu-loopback with a compute
@@ -78,10 +80,10 @@ def cpu_s(run: Callable[[], object], repeats: int, min_s: float = 0.0) -> float:
     return statistics.median(times)
 
 
-def bytes_per_op(program: Program, machine: Machine, network: str = "flow") -> float:
+def bytes_per_op(program: Program, machine: Machine, network: str = "flow", fold: bool = True) -> float:
     gc.collect()
     tracemalloc.start()
-    simulate(program, machine, network)
+    simulate(program, machine, network, fold=fold)
     _, peak = tracemalloc.get_traced_memory()
     tracemalloc.stop()
     return peak / program.num_ops
@@ -91,10 +93,10 @@ def one_f_one_b(stages: int, microbatches: int, **params: str) -> Program:
     return load_schedule("1f1b", {"stages": str(stages), "microbatches": str(microbatches), **params})
 
 
-def throughput(name: str, program: Program, machine: Machine, repeats: int) -> None:
-    s = cpu_s(lambda: simulate(program, machine, "flow"), repeats)
-    print(f"  {name:40} {program.num_ops:>9,} ops {s:>8.3f} s {program.num_ops / s:>10,.0f} ops/s {bytes_per_op(program, machine):>6.0f} B/op",
-          flush=True)  # fmt: skip
+def throughput(name: str, program: Program, machine: Machine, repeats: int, fold: bool = True, note: str = "") -> None:
+    s = cpu_s(lambda: simulate(program, machine, "flow", fold=fold), repeats)
+    print(f"  {name:40} {program.num_ops:>9,} ops {s:>8.3f} s {program.num_ops / s:>10,.0f} ops/s "
+          f"{bytes_per_op(program, machine, fold=fold):>6.0f} B/op{note}", flush=True)  # fmt: skip
 
 
 def main() -> None:
@@ -111,14 +113,17 @@ def main() -> None:
     for stages in (64, 128) if args.quick else (64, 128, 256):
         throughput(f"1f1b {stages} stages x {microbatches} mb", one_f_one_b(stages, microbatches), h100, repeats)
     buckets = 12 if args.quick else 50
-    throughput(f"dp step 256 ranks x {buckets} buckets", load_schedule_text(DP_STEP, "dp_step.yaml", {"buckets": str(buckets)}), h100, repeats)
+    dp = load_schedule_text(DP_STEP, "dp_step.yaml", {"buckets": str(buckets)})
+    throughput(f"dp step 256 ranks x {buckets} buckets", dp, h100, repeats)
+    throughput("  the same, every rank run", dp, h100, repeats, fold=False)
 
     count = 250 if args.quick else 1000
     chained = load_schedule_text(CHAINED, "chained.yaml", {"count": str(count)})
     ring = load_machine_text(RING_MACHINE, "ring-50.yaml")
-    s = cpu_s(lambda: simulate(chained, ring, "flow"), repeats)
-    print(f"  {f'chained all_reduce 64 ranks x {count}':40} {chained.num_ops:>9,} ops {s:>8.3f} s {chained.num_ops / s:>10,.0f} ops/s "
-          f"{bytes_per_op(chained, ring):>6.0f} B/op  (predicted {simulate(chained, ring, 'flow').makespan_us / 1e3:.3f} ms)", flush=True)  # fmt: skip
+    predicted = f"  (predicted {simulate(chained, ring, 'flow').makespan_us / 1e3:.3f} ms)"
+    throughput(f"chained all_reduce 64 ranks x {count}", chained, ring, repeats, note=predicted)
+    throughput("  the same, every rank run", chained, ring, repeats, fold=False,
+               note=f"  (predicted {simulate(chained, ring, 'flow', fold=False).makespan_us / 1e3:.3f} ms)")  # fmt: skip
 
     print("cost per op, 1F1B 64 stages (flow network)")
     for ops in (1_000, 10_000, 100_000) if args.quick else (1_000, 10_000, 100_000, 1_000_000):

@@ -28,6 +28,8 @@ The engine's side of the interface (`Contention`):
     work(rank, is_copy, +1/-1)  a compute op or copy started / ended on `rank`
     duration_stretch        explicit compute durations run this many times long
     noisy                   draw stalls (stall_us) and late wake-ups (woken, wake_us)
+    rank_local              a rank's factors and its transfers' speed depend on work on
+                            that rank only (`commdsl.sim.symmetry` may then fold ranks)
 
 `kernel()` and `work()` return True when the factors on that rank changed, and
 `transfer()` the ranks where they may have, so the engine re-times what runs there. The
@@ -54,6 +56,7 @@ class Contention:
     tracks_traffic = False
     noisy = False
     duration_stretch = 1.0
+    rank_local = True
 
     def kernel(self, op: Op, started: bool) -> bool:
         """NCCL op `op` became active (`started`) or finished on its rank."""
@@ -142,6 +145,7 @@ class GpuModel(_KernelFactors):
         self._traffic_of: dict[Transfer, float] = {}
         self.slows_comm = spec.slows_comm()
         self.timed = self.tracks_kernels or self.slows_comm or self.tracks_traffic
+        self.rank_local = not self.slows_comm  # the network hears which devices compute
 
     def kernel_factor(self, op: Op) -> float:
         """Compute's slowdown while NCCL op `op` runs on its device: a measured factor, else
@@ -211,6 +215,8 @@ class CpuHostModel(_KernelFactors):
         self.timed_copies = spec.copy_compute_slowdown != 1.0 or spec.compute_copy_slowdown != 1.0
         self._counts_compute = self.slows_comm or spec.compute_copy_slowdown != 1.0 or self.noisy
         self.timed = self.tracks_kernels or self._counts_compute or self.timed_copies
+        # Each rank draws its own noise; the network hears which ranks compute.
+        self.rank_local = not (self.noisy or self.slows_comm)
         self.computing = [0] * world_size
         """Per rank, compute ops running (counted only where something depends on it)."""
         self.copying = [0] * world_size

@@ -45,6 +45,9 @@ read a byte of kind code per op (`Wiring.kinds`) rather than the op. A transfer 
 `Transfer` per distinct shape (kind, ranks, size, transport, plan), built on first use
 and started with each occurrence's ops, so matching a send with its recv allocates no
 plan, no transfer and no callback.
+
+Where every rank runs the same ops and nothing tells ranks apart (`commdsl.sim.symmetry`),
+the engine runs rank 0 alone (`folded`) and copies its outcome to the others.
 """
 
 from __future__ import annotations
@@ -64,6 +67,7 @@ from commdsl.sim.copy_engines import CopyEngines
 from commdsl.sim.entities import (ACTIVE, ALGOS, DONE, HOST, KIND_CODE, PROTOS, ELIGIBLE, EXEC, MARK, QUEUE, STREAM, SYNC,
                                   Collective, Entity, Host, Queue, RawResult, Stream, entry_typecode, kind_table, op_index_typecode)
 from commdsl.sim.network import Network, Transfer
+from commdsl.sim.symmetry import interchangeable, replicate
 from commdsl.sim.wiring import Wiring, wire
 
 _DEVICE_KINDS = frozenset({OpKind.COMPUTE, OpKind.COPY, OpKind.RECORD, OpKind.WAIT_EVENT})
@@ -89,9 +93,10 @@ class Engine:
     """Simulate one `Program` on one `Machine` through a `Network`."""
 
     def __init__(self, program: Program, machine: Machine, network_cls: type[Network], rng: random.Random | None = None,
-                 wiring: Wiring | None = None):  # fmt: skip
+                 wiring: Wiring | None = None, fold: bool = True):  # fmt: skip
         """`wiring`: the program's `Wiring` from an earlier engine on the same program,
-        machine and network model (a sampled simulation makes it once); None: wire now."""
+        machine and network model (a sampled simulation makes it once); None: wire now.
+        `fold`: run rank 0 alone for all where ranks are interchangeable (`folded`)."""
         self.program = program
         self.machine = machine
         self.env = simpy.Environment()
@@ -116,8 +121,14 @@ class Engine:
         self.hosts = [Host(r, self.base[r], self.base[r] + len(program.ops[r])) for r in range(program.world_size)]
         typecode = entry_typecode(n)
         self.streams: list[dict[str, Stream]] = [{s: Stream(r, s, typecode) for s in program.streams} for r in range(program.world_size)]
+        self.group_ranks = {g.id: g.ranks for g in program.groups}
+        self.contention = c = contention_model(machine, self.network, program.world_size, rng, self.group_ranks)
+        self.folded = fold and c.rank_local and interchangeable(program)
+        """Every rank runs what rank 0 runs (`commdsl.sim.symmetry`): the engine runs rank 0
+        alone, each collective moves with all its members once rank 0's op arrives, and
+        rank 0's outcome is copied to the others at the end."""
         if wiring is None:
-            w = wire(program, ops, self.base, machine, self.network)
+            w = wire(program, ops, self.base, machine, self.network, self.folded)
         else:
             w = wiring
             for rank_queues in w.queues:
@@ -129,7 +140,6 @@ class Engine:
         self.queues, self.queue_list, self.queue_at, self.partner, self.coll_at = w.queues, w.queue_list, w.queue_at, w.partner, w.coll_at
         self.collectives, self.batch_last, self.batch_multi, self.algos = w.collectives, w.batch_last, w.batch_multi, w.algos
         self.protos = w.protos
-        self.group_ranks = {g.id: g.ranks for g in program.groups}
         self.on_stream = w.on_stream
         """Per op, 1 for a memcpy transfer: it runs on its stream (no comm queue)."""
         self.kind = w.kinds
@@ -152,7 +162,6 @@ class Engine:
         self._pair_of: dict[int, tuple[str, int, int]] = {}
         """id of an NCCL send's `Transfer` -> its (group, source, destination) in `pair_fifo`."""
         self._on_transfer_done = self._transfer_done
-        self.contention = c = contention_model(machine, self.network, program.world_size, rng, self.group_ranks)
         self.kernels = c.tracks_kernels
         """NCCL ops becoming active and finishing are reported to the contention model."""
         self.traffic = c.tracks_traffic
@@ -165,6 +174,10 @@ class Engine:
         """Explicit compute durations run this many times long (`ComputeNoise.duration_stretch`)."""
         self.nominal_us: dict[int, float] = {}
         """Compute ops (g) that ran slowed, with their time at full speed."""
+        if self.folded:
+            for inst in self.collectives:
+                inst.needed = 1
+            self._on_transfer_done = self._transfer_done_folded
 
     # ---- running --------------------------------------------------------------------
 
@@ -172,25 +185,30 @@ class Engine:
         """Simulate to the end. `progress`, if given, hears the number of ops done every
         PROGRESS_EVENTS events and at the end; without it the simulation runs at full
         speed, as `env.run()`."""
-        for h in self.hosts:
+        for h in self.hosts[:1] if self.folded else self.hosts:
             self._kick(h)
         self._drain()
         if progress is None:
             self.env.run()
         else:
             step, state = self.env.step, self.state
+            ranks = self.program.world_size if self.folded else 1  # ops done, as if every rank ran
             try:
                 while True:
                     for _ in range(PROGRESS_EVENTS):
                         step()
-                    progress(state.count(DONE))
+                    progress(ranks * state.count(DONE))
             except simpy.core.EmptySchedule:
-                progress(state.count(DONE))
+                progress(ranks * state.count(DONE))
+        m = len(self.program.ops[0])
+        if self.folded and self.state.count(DONE, 0, m) == m:  # else unfinished: `simulate` runs every rank
+            replicate(self.program.world_size, m, [self.issue_start, self.issue_end, self.start, self.end], self.state, self.cause,
+                      self.nominal_us)  # fmt: skip
         return RawResult(self.ops, self.base, self.issue_start, self.issue_end, self.start, self.end, self.state, self.cause, self.partner, self.algos,
                          self.protos, self.kind)  # fmt: skip
 
     def unfinished(self) -> bool:
-        return any(s != DONE for s in self.state)
+        return self.state.count(DONE) != len(self.state)
 
     def _kick(self, e: Entity) -> None:
         if not e.kicked:
@@ -684,7 +702,7 @@ class Engine:
             inst = self.collectives[c]
             arrived = inst.arrived  # _activated, inlined for a collective
             arrived.append(item)
-            if len(arrived) == inst.size:
+            if len(arrived) == inst.needed:
                 self._all_arrived(inst, item, now)
             return
         multi = self.batch_multi.get(item)
@@ -721,7 +739,7 @@ class Engine:
         if c >= 0:  # a collective
             inst = self.collectives[c]
             inst.arrived.append(g)
-            if len(inst.arrived) == inst.size:
+            if len(inst.arrived) == inst.needed:
                 self._all_arrived(inst, g, now)
             return
         k = self.kind[g]
@@ -816,7 +834,12 @@ class Engine:
             ranks = self.group_ranks[inst.group]
             p = plan(rep.kind, ALGOS[self.algos[first]], len(ranks), rep.size_bytes, self.machine.chunk_bytes, PROTOS[self.protos[first]])
             transfer = self._transfers[key] = Transfer(rep.kind, ranks, rep.size_bytes, rep.transport, p, rep.root, rep.dtype, rep.reduce_op)
-        self._start_transfer(transfer, tuple(inst.arrived))
+        # Folded: every member moves at once, in rank order (as they arrive when all ranks run).
+        self._start_transfer(transfer, tuple(inst.ops) if self.folded else tuple(inst.arrived))
+
+    def _transfer_done_folded(self, transfer: Transfer, members: tuple[int, ...]) -> None:
+        """A collective of a folded run is done: its ops on rank 0 (the first member) finish."""
+        self._transfer_done(transfer, members[:1])
 
     def _transfer_done(self, transfer: Transfer, members: tuple[int, ...], engines: tuple[int, ...] = ()) -> None:
         now = self.env.now

@@ -161,7 +161,7 @@ class Queue(_Fifo):
 class Collective:
     """One collective instance: the k-th collective of a group, across its members."""
 
-    __slots__ = ("group", "seq", "size", "number", "ops", "arrived")
+    __slots__ = ("group", "seq", "size", "number", "ops", "arrived", "needed")
 
     def __init__(self, group: str, seq: int, size: int, number: int):
         self.group = group
@@ -173,10 +173,14 @@ class Collective:
         """Members' ops (g), in the order found in the program (the first is the lowest)."""
         self.arrived: list[int] = []
         """Members' ops that are active, in arrival order."""
+        self.needed = size
+        """Arrivals it moves at: every member's, or 1 where the engine runs one rank for
+        all (`commdsl.sim.symmetry`)."""
 
     def reset(self) -> None:
         """As new, for another run of the same program (its members stay)."""
         self.arrived = []
+        self.needed = self.size
 
 
 @dataclass

@@ -98,7 +98,7 @@ class SimResult:
 
 
 def simulate(program: Program, machine: Machine, network: str = DEFAULT_NETWORK, *, samples: int = 1, seed: int = 0,
-             progress: Callable[[int, int], None] | None = None) -> SimResult:  # fmt: skip
+             progress: Callable[[int, int], None] | None = None, fold: bool = True) -> SimResult:  # fmt: skip
     """Simulate `program` on `machine`. Raises `DeadlockError` if it cannot finish and
     `MemoryExceededError` if a rank's declared buffers outgrow its device's memory.
     The timeline is built when `SimResult.timeline` is first read.
@@ -112,9 +112,13 @@ def simulate(program: Program, machine: Machine, network: str = DEFAULT_NETWORK,
     holds each op's median start and end over the samples, as `commdsl.run` reports
     each op's median over its iterations: predicted and measured are then the same
     statistic of the same random process. Critical path, flows and links are those of
-    the sample whose makespan is the median."""
+    the sample whose makespan is the median.
+
+    `fold`: where every rank runs the same ops and nothing tells them apart, simulate rank
+    0 alone and copy its timeline to the others (`commdsl.sim.symmetry`: the same result,
+    in a fraction of the time); False simulates every rank."""
     with gc_paused():
-        return _simulate(program, machine, network, samples, seed, progress)
+        return _simulate(program, machine, network, samples, seed, progress, fold)
 
 
 @contextmanager
@@ -133,7 +137,7 @@ def gc_paused() -> Iterator[None]:
 
 
 def _simulate(program: Program, machine: Machine, network: str, samples: int, seed: int,
-              progress: Callable[[int, int], None] | None) -> SimResult:  # fmt: skip
+              progress: Callable[[int, int], None] | None, fold: bool) -> SimResult:  # fmt: skip
     if network not in NETWORKS:
         raise UsageError(f"unknown network model '{network}' (known: {', '.join(NETWORKS)})")
     if samples < 1:
@@ -164,7 +168,7 @@ def _simulate(program: Program, machine: Machine, network: str, samples: int, se
         progress(0, samples * ops)
 
     if samples == 1:
-        raw, engine = _run(program, machine, network, None, run_progress(0))
+        raw, engine = _run(program, machine, network, None, run_progress(0), fold=fold)
         check_memory(raw, machine)
         return SimResult(program, machine, network, raw, engine.network.meta(), critical_path(raw), _makespan(raw), warnings,
                          engine.network, engine.nominal_us)  # fmt: skip
@@ -173,7 +177,7 @@ def _simulate(program: Program, machine: Machine, network: str, samples: int, se
     runs: list[tuple[RawResult, Network, dict[int, float]]] = []
     wiring = None
     for i in range(samples):
-        raw, engine = _run(program, machine, network, random.Random(seed + i), run_progress(i), wiring)
+        raw, engine = _run(program, machine, network, random.Random(seed + i), run_progress(i), wiring, fold)
         wiring = engine.wiring
         runs.append((raw, engine.network, engine.nominal_us))
         del engine
@@ -203,9 +207,13 @@ def _medians(columns: list[array]) -> array:
 
 
 def _run(program: Program, machine: Machine, network: str, rng: random.Random | None,
-         progress: Callable[[int], None] | None = None, wiring: Wiring | None = None) -> tuple[RawResult, Engine]:  # fmt: skip
-    engine = Engine(program, machine, NETWORKS[network], rng, wiring)
+         progress: Callable[[int], None] | None = None, wiring: Wiring | None = None, fold: bool = True) -> tuple[RawResult, Engine]:  # fmt: skip
+    engine = Engine(program, machine, NETWORKS[network], rng, wiring, fold)
     raw = engine.run(progress)
+    if engine.folded and engine.unfinished():
+        # Rank 0 alone could not finish: run every rank, for the deadlock report's sake.
+        engine = Engine(program, machine, NETWORKS[network], rng, engine.wiring, fold=False)
+        raw = engine.run(progress)
     if engine.unfinished():
         from commdsl.sim.deadlock import deadlock_error  # only a schedule that cannot finish needs it
 

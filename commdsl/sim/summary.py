@@ -24,7 +24,7 @@ from operator import attrgetter, gt, mul, sub
 from dataclasses import dataclass, fields, is_dataclass
 from typing import TextIO
 
-from commdsl.breakdown import breakdown, category
+from commdsl.breakdown import Breakdown, breakdown, category
 from commdsl.ir import OpKind
 from commdsl.sim.entities import KINDS
 from commdsl.sim.memory import RankMemory, memory_profile
@@ -218,14 +218,19 @@ def _rank_summaries(result: SimResult) -> list[RankSummary]:
     straight from the flat start/end arrays."""
     raw, program, makespan = result.raw, result.program, result.makespan_us
     out = []
+    known: dict[tuple[bytes, bytes, bytes], Breakdown] = {}
+    """Ranks with the same intervals (interchangeable ranks) share one breakdown."""
     for rank, rank_ops in enumerate(program.ops):
         b, n = raw.base[rank], len(rank_ops)
         # Each category's (start, end) in program order, picked in C-level passes: per op its
         # category if it took time (0 if not), then one selector per category.
         starts, ends = raw.start[b : b + n], raw.end[b : b + n]
         spans = bytes(map(mul, raw.kinds[b : b + n].translate(_CATEGORY_OF_KIND), map(gt, ends, starts)))
-        compute, comm, copy = (list(compress(zip(starts, ends), spans.translate(_PICK[c]))) if c in spans else [] for c in (1, 2, 3))
-        split = breakdown(compute, comm, copy, makespan)
+        key = (starts.tobytes(), ends.tobytes(), spans)
+        split = known.get(key)
+        if split is None:
+            compute, comm, copy = (list(compress(zip(starts, ends), spans.translate(_PICK[c]))) if c in spans else [] for c in (1, 2, 3))
+            split = known[key] = breakdown(compute, comm, copy, makespan)
         bubble = (makespan - split.compute_us) / makespan if split.compute_us > 0 and makespan > 0 else None
         out.append(RankSummary(rank, split.compute_us, split.comm_us, split.exposed_comm_us, split.idle_us, bubble))
     return out

@@ -25,6 +25,7 @@ from commdsl.ir import COLLECTIVE_KINDS, P2P_KINDS, Op, OpKind, Program, Transpo
 from commdsl.machine.model import Machine
 from commdsl.sim.entities import ALGOS, KIND_CODE, PROTOS, Collective, Queue, op_index_typecode
 from commdsl.sim.network import Network
+from commdsl.sim.symmetry import shifted
 
 
 @dataclass
@@ -63,7 +64,9 @@ class Wiring:
 _COMM_KINDS = P2P_KINDS | COLLECTIVE_KINDS
 
 
-def wire(program: Program, ops: list[Op], base: list[int], machine: Machine, network: Network) -> Wiring:
+def wire(program: Program, ops: list[Op], base: list[int], machine: Machine, network: Network, symmetric: bool = False) -> Wiring:
+    """The program's `Wiring`. `symmetric`: its ranks are interchangeable
+    (`commdsl.sim.symmetry.interchangeable`): rank 0 is wired, the others' facts derived."""
     n = len(ops)
     queues: list[dict[str, Queue]] = [{} for _ in range(program.world_size)]
     queue_list: list[Queue] = []
@@ -87,7 +90,7 @@ def wire(program: Program, ops: list[Op], base: list[int], machine: Machine, net
     checked: set = set()
     batch_last = array(index)
     batch_multi: dict[int, tuple[Queue, ...]] = {}
-    for rank, rank_ops in enumerate(program.ops):
+    for rank, rank_ops in enumerate(program.ops[:1] if symmetric else program.ops):
         b = base[rank]
         seq: dict[str, int] = {}
         """Per group: the rank's collectives so far."""
@@ -150,7 +153,30 @@ def wire(program: Program, ops: list[Op], base: list[int], machine: Machine, net
 
     for first, multi in batch_multi.items():
         batch_multi[first] = tuple(dict.fromkeys(multi))
+    if symmetric:
+        _derive_ranks(program.world_size, len(program.ops[0]), queues, queue_list, queue_at, coll_at, collectives, (algos, protos, kinds, on_stream))
     return Wiring(queues, queue_list, queue_at, partner, coll_at, collectives, batch_last, batch_multi, algos, protos, kinds, on_stream)
+
+
+def _derive_ranks(world: int, m: int, queues: list[dict[str, Queue]], queue_list: list[Queue], queue_at: array, coll_at: array,
+                  collectives: list[Collective], per_op: tuple[bytearray, ...]) -> None:  # fmt: skip
+    """Ranks 1 .. world - 1 of a program whose ranks run rank 0's `m` ops (no P2P, every
+    collective over all ranks), as the walk over every rank would wire them: each rank its
+    own comm queues, numbered after the previous rank's in the same order; the same
+    collective instances, each with one op per rank in rank order; the same per-op facts."""
+    rest = world - 1
+    for a in per_op:
+        a[m:] = a[:m] * rest
+    coll_at[m:] = coll_at[:m] * rest
+    own = queue_list[:]
+    for r in range(1, world):
+        for q in own:
+            queues[r][q.group] = queue = Queue(r, q.group, q.fifo.typecode, len(queue_list))
+            queue_list.append(queue)
+        queue_at[r * m : (r + 1) * m] = shifted(queue_at[:m], r * len(own))
+    for inst in collectives:
+        (g,) = inst.ops
+        inst.ops.extend(range(g + m, g + world * m, m))
 
 
 def _facts(op: Op, machine: Machine, network: Network, rank_queues: dict[str, Queue], queue_list: list[Queue], typecode: str,
