@@ -67,6 +67,12 @@ def test_bundled_spmd_schedules_fold_and_match_a_run_of_every_rank(name, machine
     assert_fold_changes_nothing(load_schedule(name), resolve_machine(machine), network)
 
 
+@pytest.mark.parametrize("network", ["flow", "analytic", "flow-steps"])
+def test_data_parallelism_across_nodes_folds_and_matches(network):
+    # 16 ranks on two 8-GPU nodes: collectives cross the network between nodes.
+    assert_fold_changes_nothing(load_schedule("ddp_overlap", {"ranks": "16"}), resolve_machine("dgx-h100").with_nodes(2), network)
+
+
 def test_bundled_schedules_that_tell_ranks_apart_do_not_fold():
     folding = set()
     for path in sorted(SCHEDULES.glob("*.yaml")):
@@ -80,7 +86,7 @@ def test_bundled_schedules_that_tell_ranks_apart_do_not_fold():
 # Symmetric programs made from random statements: every one must fold, and match.
 STATEMENT = st.one_of(
     st.tuples(st.just("compute"), st.sampled_from(["s", "t"]), st.integers(1, 900)),
-    st.tuples(st.sampled_from(["all_reduce", "all_gather", "reduce_scatter", "broadcast"]), st.sampled_from(["s", "t"]),
+    st.tuples(st.sampled_from(["all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce", "all_to_all"]), st.sampled_from(["s", "t"]),
               st.integers(1, 5000)),  # fmt: skip
     st.tuples(st.just("async"), st.sampled_from(["s", "t"]), st.integers(1, 5000)),
     st.tuples(st.just("event"), st.sampled_from(["s", "t"]), st.just(0)),
@@ -102,7 +108,7 @@ def spmd_body(statements) -> str:
         elif what == "sync":
             lines.append("synchronize")
         else:
-            root = " src=1" if what == "broadcast" else ""
+            root = {"broadcast": " src=1", "reduce": " dst=0"}.get(what, "")
             lines.append(f"{what} x{i} {12 * n}KiB{root} on {stream}")  # splits among 2, 3 or 4 ranks
     lines += [f"wait {h} on s" for h in handles]
     return "\n".join(lines)
@@ -110,7 +116,7 @@ def spmd_body(statements) -> str:
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(statements=st.lists(STATEMENT, min_size=1, max_size=12), world=st.integers(2, 4),
-       machine=st.sampled_from(MACHINES), network=st.sampled_from(["flow", "analytic"]))  # fmt: skip
+       machine=st.sampled_from(MACHINES), network=st.sampled_from(["flow", "analytic", "flow-steps"]))  # fmt: skip
 def test_random_spmd_programs_fold_and_match(statements, world, machine, network):
     assert_fold_changes_nothing(schedule(spmd_body(statements), world), resolve_machine(machine), network)
 
