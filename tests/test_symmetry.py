@@ -23,9 +23,9 @@ SCHEDULES = Path(__file__).resolve().parent.parent / "schedules"
 MACHINES = ("h100-nvlink", "dgx-h100", "cpu-loopback", "pcie-nvlink-pairs")
 
 
-def outcome(program, machine, network: str, fold: bool, rng: random.Random | None = None):
+def outcome(program, machine, network: str, fold: bool):
     """Everything a run leaves behind: the per-op arrays, slowed compute, flows and links."""
-    engine = Engine(program, machine, NETWORKS[network], rng, fold=fold)
+    engine = Engine(program, machine, NETWORKS[network], fold=fold)
     raw = engine.run()
     makespan = max(raw.end, default=0.0)
     arrays = {name: getattr(raw, name).tobytes() if name != "state" else bytes(raw.state)
@@ -55,9 +55,9 @@ def assert_fold_changes_nothing(program, machine, network: str) -> None:
     assert wiring_facts(program, machine, network, True) == wiring_facts(program, machine, network, False)
 
 
-def schedule(body: str, world: int, streams: str = "[s, t]"):
+def schedule(body: str, world: int):
     program = "\n".join("  " + line for line in body.strip("\n").splitlines())
-    return load_schedule_text(f"name: t\nworld: {world}\nstreams: {streams}\nprogram: |\n{program}\n", "t.yaml", validate=False)
+    return load_schedule_text(f"name: t\nworld: {world}\nstreams: [s, t]\nprogram: |\n{program}\n", "t.yaml", validate=False)
 
 
 @pytest.mark.parametrize("name", ["ddp_overlap", "fsdp"])

@@ -181,11 +181,11 @@ class RuleSet(Transformer):
         block parameter shadows (`ProgramCompiler.compile` fills it). A read of one is a
         `constant` expression."""
         self.reads_rank = False
+        """Whether the program reads its rank: `rank`, a group's `.rank` or `.size`, or
+        `rank_at()` (commdsl/dsl/spmd.py copies the ops of a program that does not)."""
         self.names: dict[str, str] = {}
         """Op names, each text once: the refs intern their texts here (`ref_text`), and
         the expansion goes on with this table (`InternTables.names`)."""
-        """Whether the program reads its rank: `rank`, a group's `.rank` or `.size`, or
-        `rank_at()` (commdsl/dsl/spmd.py copies the ops of a program that does not)."""
 
     def _loc(self, meta) -> SourceLoc:
         return self.origin.loc(meta.line, meta.column)

@@ -238,15 +238,13 @@ class ExpressionRules(RuleSet):
             self.reads_rank = True
         if name in self.constants:
             var = constant(self.constants[name])
-            var.var_name = name
-            var.names = frozenset((name,))
-            return var
+        else:
 
-        def var(env):
-            try:
-                return env[name]
-            except KeyError:
-                raise _unknown_name(name, env, loc) from None
+            def var(env):
+                try:
+                    return env[name]
+                except KeyError:
+                    raise _unknown_name(name, env, loc) from None
 
         var.var_name = name  # lets options read `op=sum` as a bare name
         var.names = frozenset((name,))

@@ -200,8 +200,7 @@ class Engine:
                     progress(ranks * state.count(DONE))
             except simpy.core.EmptySchedule:
                 progress(ranks * state.count(DONE))
-        m = len(self.program.ops[0])
-        if self.folded and self.state.count(DONE, 0, m) == m:  # else unfinished: `simulate` runs every rank
+        if self.folded and self.state.count(DONE, 0, m := len(self.program.ops[0])) == m:  # else `simulate` runs every rank
             replicate(self.program.world_size, m, [self.issue_start, self.issue_end, self.start, self.end], self.state, self.cause,
                       self.nominal_us)  # fmt: skip
         return RawResult(self.ops, self.base, self.issue_start, self.issue_end, self.start, self.end, self.state, self.cause, self.partner, self.algos,

@@ -77,14 +77,18 @@ def shifted(numbers: array, offset: int) -> array:
     return out
 
 
+def copy_rank_0(world: int, m: int, per_op: list) -> None:
+    """Per-op arrays (ranks of `m` ops laid out one after another) whose entries are the
+    same on every rank: rank 0's copied to ranks 1 .. world - 1, in place."""
+    for a in per_op:
+        a[m:] = a[:m] * (world - 1)
+
+
 def replicate(world: int, m: int, times: list[array], state: bytearray, cause: array, nominal_us: dict[int, float]) -> None:
     """Copy rank 0's outcome (its first `m` entries) to ranks 1 .. world - 1 in place:
     the `times` arrays and `state` as they are, `cause` (an op number, or -1) and
     `nominal_us` (op number -> time) shifted to each rank's ops."""
-    rest = world - 1
-    for a in times:
-        a[m:] = a[:m] * rest
-    state[m:] = state[:m] * rest
+    copy_rank_0(world, m, [*times, state])
     own = cause[:m]
     for r in range(1, world):
         cause[r * m : (r + 1) * m] = shifted(own, r * m)

@@ -25,7 +25,7 @@ from commdsl.ir import COLLECTIVE_KINDS, P2P_KINDS, Op, OpKind, Program, Transpo
 from commdsl.machine.model import Machine
 from commdsl.sim.entities import ALGOS, KIND_CODE, PROTOS, Collective, Queue, op_index_typecode
 from commdsl.sim.network import Network
-from commdsl.sim.symmetry import shifted
+from commdsl.sim.symmetry import copy_rank_0, shifted
 
 
 @dataclass
@@ -154,20 +154,19 @@ def wire(program: Program, ops: list[Op], base: list[int], machine: Machine, net
     for first, multi in batch_multi.items():
         batch_multi[first] = tuple(dict.fromkeys(multi))
     if symmetric:
-        _derive_ranks(program.world_size, len(program.ops[0]), queues, queue_list, queue_at, coll_at, collectives, (algos, protos, kinds, on_stream))
+        # A collective is the same instance on every rank: its coll_at too is rank 0's.
+        _derive_ranks(program.world_size, len(program.ops[0]), queues, queue_list, queue_at, collectives, [algos, protos, kinds, on_stream, coll_at])
     return Wiring(queues, queue_list, queue_at, partner, coll_at, collectives, batch_last, batch_multi, algos, protos, kinds, on_stream)
 
 
-def _derive_ranks(world: int, m: int, queues: list[dict[str, Queue]], queue_list: list[Queue], queue_at: array, coll_at: array,
-                  collectives: list[Collective], per_op: tuple[bytearray, ...]) -> None:  # fmt: skip
+def _derive_ranks(world: int, m: int, queues: list[dict[str, Queue]], queue_list: list[Queue], queue_at: array, collectives: list[Collective],
+                  same: list) -> None:  # fmt: skip
     """Ranks 1 .. world - 1 of a program whose ranks run rank 0's `m` ops (no P2P, every
     collective over all ranks), as the walk over every rank would wire them: each rank its
     own comm queues, numbered after the previous rank's in the same order; the same
-    collective instances, each with one op per rank in rank order; the same per-op facts."""
-    rest = world - 1
-    for a in per_op:
-        a[m:] = a[:m] * rest
-    coll_at[m:] = coll_at[:m] * rest
+    collective instances, each with one op per rank in rank order; the per-op arrays
+    `same` as on rank 0."""
+    copy_rank_0(world, m, same)
     own = queue_list[:]
     for r in range(1, world):
         for q in own:
