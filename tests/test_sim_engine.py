@@ -201,6 +201,30 @@ def test_gloo_synchronous_send_blocks_the_host():
     assert times(nccl, 0)["H"] == (0, 1000)  # an NCCL send blocks the stream, not the host
 
 
+@pytest.mark.parametrize("first, second", [("gloo", "gloo"), ("gloo", "nccl"), ("nccl", "gloo")])
+def test_gloo_synchronous_batch_blocks_the_host(first, second):
+    prog = f"""
+if rank == 0:
+    batch:
+        isend a 100MB to 1 transport={first}
+        irecv b 100MB from 1 transport={second}
+    host H 1ms
+else:
+    compute late 3ms
+    batch:
+        isend b 100MB to 0 transport={second}
+        irecv a 100MB from 0 transport={first}
+"""
+    r = simulate(sched(prog, world="2"), machine())
+    # A batch holding any gloo op blocks the calling thread until the batch is done (a
+    # transfer at a time: 1 ms each at 100 GB/s once rank 1 arrives at 3 ms); H follows.
+    done = max(times(r, 0)["a"][1], times(r, 0)["b"][1])
+    assert done > 3000
+    assert times(r, 0)["H"] == (done, done + 1000)
+    nccl = simulate(sched(prog.replace(" transport=gloo", " transport=nccl"), world="2"), machine())
+    assert times(nccl, 0)["H"] == (0, 1000)  # an NCCL batch holds the stream, not the host
+
+
 def test_batched_p2p_activates_as_a_unit():
     prog = """
 if rank == 0:

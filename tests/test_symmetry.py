@@ -42,6 +42,7 @@ def wiring_facts(program, machine, network: str, symmetric: bool) -> dict:
     facts["queue_list"] = [(q.rank, q.group, q.number) for q in w.queue_list]
     facts["collectives"] = [(c.group, c.seq, c.size, c.number, list(c.ops)) for c in w.collectives]
     facts["batch_multi"] = w.batch_multi
+    facts["batch_gloo"] = w.batch_gloo
     return facts
 
 

@@ -139,6 +139,7 @@ class Engine:
         self.wiring = w
         self.queues, self.queue_list, self.queue_at, self.partner, self.coll_at = w.queues, w.queue_list, w.queue_at, w.partner, w.coll_at
         self.collectives, self.batch_last, self.batch_multi, self.algos = w.collectives, w.batch_last, w.batch_multi, w.algos
+        self.batch_gloo = w.batch_gloo
         self.protos = w.protos
         self.on_stream = w.on_stream
         """Per op, 1 for a memcpy transfer: it runs on its stream (no comm queue)."""
@@ -334,7 +335,7 @@ class Engine:
                         for q in self.batch_queues(first):
                             q.fifo.append(first)
                     sync = g == self.batch_last[first] and op.handle is None
-                    blocking = sync and any(ops[x].spec.transport is _GLOO for x in range(first, g + 1))
+                    blocking = sync and first in self.batch_gloo
                 g += 1
                 if not blocking:
                     if sync:

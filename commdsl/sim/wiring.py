@@ -50,6 +50,8 @@ class Wiring:
     batch_multi: dict[int, tuple[Queue, ...]]
     """P2P batches over several groups: first op (g) -> the comm queues it occupies (a
     batch not here occupies its first op's queue alone)."""
+    batch_gloo: set[int]
+    """P2P batches (their first op, g) with a gloo op: a synchronous one blocks the host."""
     algos: bytearray
     """Per comm op, the index in `ALGOS` of its algorithm."""
     protos: bytearray
@@ -90,6 +92,7 @@ def wire(program: Program, ops: list[Op], base: list[int], machine: Machine, net
     checked: set = set()
     batch_last = array(index)
     batch_multi: dict[int, tuple[Queue, ...]] = {}
+    batch_gloo: set[int] = set()
     for rank, rank_ops in enumerate(program.ops[:1] if symmetric else program.ops):
         b = base[rank]
         seq: dict[str, int] = {}
@@ -121,6 +124,8 @@ def wire(program: Program, ops: list[Op], base: list[int], machine: Machine, net
                     if q != queue_at[first]:
                         batch_multi[first] = (*batch_multi.get(first, (queue_list[queue_at[first]],)), queue_list[q])
                 batch_last[first] = g
+                if op.transport is Transport.GLOO:
+                    batch_gloo.add(first)
             if key is not None:  # a send or recv: pair it with the first unmatched other end
                 other = unmatched.get(key)
                 if other:
@@ -156,7 +161,7 @@ def wire(program: Program, ops: list[Op], base: list[int], machine: Machine, net
     if symmetric:
         # A collective is the same instance on every rank: its coll_at too is rank 0's.
         _derive_ranks(program.world_size, len(program.ops[0]), queues, queue_list, queue_at, collectives, [algos, protos, kinds, on_stream, coll_at])
-    return Wiring(queues, queue_list, queue_at, partner, coll_at, collectives, batch_last, batch_multi, algos, protos, kinds, on_stream)
+    return Wiring(queues, queue_list, queue_at, partner, coll_at, collectives, batch_last, batch_multi, batch_gloo, algos, protos, kinds, on_stream)
 
 
 def _derive_ranks(world: int, m: int, queues: list[dict[str, Queue]], queue_list: list[Queue], queue_at: array, collectives: list[Collective],
