@@ -218,8 +218,9 @@ def _rank_summaries(result: SimResult) -> list[RankSummary]:
     straight from the flat start/end arrays."""
     raw, program, makespan = result.raw, result.program, result.makespan_us
     out = []
-    known: dict[tuple[bytes, bytes, bytes], Breakdown] = {}
-    """Ranks with the same intervals (interchangeable ranks) share one breakdown."""
+    first: tuple[tuple[bytes, bytes, bytes], Breakdown] | None = None
+    """Rank 0's intervals and breakdown: a rank with the same intervals (interchangeable
+    ranks) shares it; only rank 0's are kept, not every rank's."""
     for rank, rank_ops in enumerate(program.ops):
         b, n = raw.base[rank], len(rank_ops)
         # Each category's (start, end) in program order, picked in C-level passes: per op its
@@ -227,10 +228,13 @@ def _rank_summaries(result: SimResult) -> list[RankSummary]:
         starts, ends = raw.start[b : b + n], raw.end[b : b + n]
         spans = bytes(map(mul, raw.kinds[b : b + n].translate(_CATEGORY_OF_KIND), map(gt, ends, starts)))
         key = (starts.tobytes(), ends.tobytes(), spans)
-        split = known.get(key)
-        if split is None:
+        if first is not None and first[0] == key:
+            split = first[1]
+        else:
             compute, comm, copy = (list(compress(zip(starts, ends), spans.translate(_PICK[c]))) if c in spans else [] for c in (1, 2, 3))
-            split = known[key] = breakdown(compute, comm, copy, makespan)
+            split = breakdown(compute, comm, copy, makespan)
+        if first is None:
+            first = (key, split)
         bubble = (makespan - split.compute_us) / makespan if split.compute_us > 0 and makespan > 0 else None
         out.append(RankSummary(rank, split.compute_us, split.comm_us, split.exposed_comm_us, split.idle_us, bubble))
     return out
