@@ -185,6 +185,17 @@ def test_flow_equals_analytic_without_contention_on_a_machine_without_topology(n
     assert _time(program, machine, "flow") == pytest.approx(_time(program, machine, "analytic"), rel=1e-9)
 
 
+@pytest.mark.parametrize("n", (2, 3, 8))
+@pytest.mark.parametrize("name", list(STATEMENTS))
+def test_flow_equals_analytic_without_contention_on_a_topology_without_nccls_model(name, n):
+    """pcie-nvlink-pairs has a topology but no `nccl:`: a collective's pairs take their
+    routes (NVLink within a pair, staged through host memory between pairs), in both
+    networks alike, the slowest route capping it."""
+    machine = resolve_machine("pcie-nvlink-pairs")
+    program = one_op(n, STATEMENTS[name])
+    assert _time(program, machine, "analytic") == pytest.approx(_time(program, machine, "flow"), rel=1e-9)
+
+
 def test_tree_all_reduce_on_8_ranks_equals_analytic():
     # Every rank is inner node of one tree (2 children) and leaf of the other: 2S out, 2S in.
     machine = resolve_machine("h100-nvlink")

@@ -1,8 +1,11 @@
 """The analytic network: latency + bytes / bandwidth per transfer, no contention.
 
-On a machine with a topology a point-to-point transfer takes the time it takes alone on
-its route (its links and, staged through host memory, the transport's `staged` cap), so
-the analytic and flow networks agree on any transfer that runs alone.
+On a machine with a topology a transfer takes the time it takes alone on its routes: a
+point-to-point transfer on its links (staged through host memory: at most the
+transport's `staged` cap), a collective by its algorithm's pairs of ranks on theirs
+(`Fabric.collective_load`: the slowest route caps it), an NCCL collective as NCCL's
+model lays it out; so the analytic and flow networks agree on any transfer that runs
+alone.
 
 With a `compute_comm_slowdown` (see `commdsl.sim.network`), the bandwidth part of a
 transfer progresses at 1 / factor while slowed: its one timeout is rescheduled when that
@@ -15,7 +18,7 @@ import simpy
 
 from commdsl.ir import OpKind
 from commdsl.machine.model import Machine
-from commdsl.sim.fabric import Fabric
+from commdsl.sim.fabric import Fabric, solo_rate
 from commdsl.sim.nccl_flows import NcclFlows
 from commdsl.sim.network import Done, FlowStat, Network, Transfer
 
@@ -80,6 +83,15 @@ class AnalyticNetwork(Network):
         if self.fabric is not None and transfer.kind in (OpKind.SEND, OpKind.COPY):
             # Alone on its route, as the flow network times it uncontended.
             return self.fabric.p2p_time_us(transfer.ranks[0], transfer.ranks[1], transfer.transport, transfer.size_bytes)
+        if self.fabric is not None:
+            # Its pairs on their routes, as the flow network's coflow runs alone.
+            t, fabric = transfer, self.fabric
+            channel_bytes, cap, step_latency_us = fabric.collective_load(t.kind, p.algo, t.ranks, float(t.size_bytes), t.transport, t.root, p)
+            latency = p.latency_steps * step_latency_us
+            if not p.serial_bytes:
+                return latency, latency
+            demands = ((c, b / p.serial_bytes) for c, b in channel_bytes.items())
+            return latency + p.serial_bytes / solo_rate(fabric.capacity, demands, cap), latency
         link = self.machine.sized_link(transfer.transport, transfer.kind, len(transfer.ranks), transfer.size_bytes,
                                        p.latency_steps, p.serial_bytes, transfer.dtype, transfer.reduce_op)  # fmt: skip
         assert link is not None, "the engine checks transports before simulating"

@@ -32,12 +32,15 @@ of that transport crosses, in either direction.
 
 from __future__ import annotations
 
+import math
 from collections import deque
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from commdsl.errors import MachineError
-from commdsl.ir import Transport
+from commdsl.ir import Algo, OpKind, Transport
 from commdsl.machine.model import IMPLIED_LINK_KINDS, NETWORK_VERTEX, LinkKind, LinkSpec, Machine, VertexKind
+from commdsl.sim.collectives import CommPlan, edges
 
 
 @dataclass(frozen=True, slots=True)
@@ -325,6 +328,28 @@ class Fabric:
         latency = route.spec.latency_us + route.latency_us
         return latency + (size_bytes / rate if size_bytes else 0.0), latency
 
+    def collective_load(self, kind: OpKind, algo: Algo, ranks: tuple[int, ...], size_bytes: float, transport: Transport,
+                        root: int | None, p: CommPlan) -> tuple[dict[int, float], float, float]:  # fmt: skip
+        """(bytes per channel, rate cap in bytes/us, latency per step) of a collective run by
+        its algorithm's pairs of ranks (`edges`), each pair on its route: the channels are
+        charged every pair's bytes, the cap is the slowest route's transport cap, a step
+        takes the slowest route's latency. A collective without bytes (a barrier) steps
+        around the ring."""
+        channel_bytes: dict[int, float] = {}
+        cap = math.inf
+        step_latency_us = 0.0
+        pairs = edges(kind, algo, ranks, size_bytes, root, p)
+        if not pairs and len(ranks) > 1:
+            pairs = [(ranks[i], ranks[(i + 1) % len(ranks)], 0.0) for i in range(len(ranks))]
+        for a, b, nbytes in pairs:
+            route = self.route(a, b, transport)
+            if nbytes:
+                for c in route.channels:
+                    channel_bytes[c] = channel_bytes.get(c, 0.0) + nbytes
+            cap = min(cap, route.spec.bandwidth_gb_per_s * 1e3)
+            step_latency_us = max(step_latency_us, route.spec.latency_us + route.latency_us)
+        return channel_bytes, cap, step_latency_us
+
     def describe(self, route: Route) -> str:
         """"gpu0 -> cpu0 -> gpu2" style text of a route (tests, errors)."""
         parts = []
@@ -337,3 +362,14 @@ class Fabric:
                     parts.append(a)
                 parts.append(b)
         return " -> ".join(parts)
+
+
+def solo_rate(capacity: list[float], demands: Iterable[tuple[int, float]], cap: float) -> float:
+    """Bytes per microsecond of a flow alone on its channels: its `cap`, or the rate at
+    which it fills its first channel (`demands`: channel, bytes on it per byte of the
+    flow; `capacity`: bytes per microsecond per channel, `Fabric.capacity`)."""
+    rate = cap
+    for c, w in demands:
+        if w > 0 and capacity[c] / w < rate:
+            rate = capacity[c] / w
+    return rate

@@ -71,7 +71,7 @@ import simpy
 from commdsl.ir import Dtype, Algo, Op, OpKind, ReduceOp, Transport
 from commdsl.machine.model import LinkSpec, Machine
 from commdsl.sim.collectives import DEFAULT_ALGO, CommPlan, edges, plan
-from commdsl.sim.fabric import Fabric
+from commdsl.sim.fabric import Fabric, solo_rate
 from commdsl.sim.nccl_flows import NcclFlows
 from commdsl.sim.network import Done, FlowStat, LinkStat, Network, Transfer
 
@@ -215,13 +215,8 @@ class FlowNetwork(Network):
     # ---- building flows --------------------------------------------------------------
 
     def _leg(self, channel_bytes: dict[int, float], total: float, cap: float, latency_us: float, devices: tuple[int, ...]) -> _Leg:
-        capacity = self.fabric.capacity
         demands = tuple((c, b / total) for c, b in channel_bytes.items()) if total > 0 else ()
-        solo = cap
-        for c, w in demands:
-            if w > 0 and capacity[c] / w < solo:
-                solo = capacity[c] / w
-        return _Leg(demands, cap, solo, latency_us, total, devices, demands)
+        return _Leg(demands, cap, solo_rate(self.fabric.capacity, demands, cap), latency_us, total, devices, demands)
 
     def _slowed(self, leg: _Leg, slow: float) -> _Leg:
         """`leg` of an op that compute slows `slow` times (1.0: as is)."""
@@ -245,19 +240,7 @@ class FlowNetwork(Network):
                          root: int | None, p: CommPlan, dtype: Dtype = Dtype.FP32,
                          reduce_op: ReduceOp | None = None) -> tuple[_Leg, ...]:  # fmt: skip
         fabric = self.fabric
-        channel_bytes: dict[int, float] = {}
-        cap = _INF
-        step_latency = 0.0
-        pairs = edges(kind, algo, ranks, size, root, p)
-        if not pairs and len(ranks) > 1:  # latency only (barrier): its steps go around the ring
-            pairs = [(ranks[i], ranks[(i + 1) % len(ranks)], 0.0) for i in range(len(ranks))]
-        for a, b, nbytes in pairs:
-            route = fabric.route(a, b, transport)
-            if nbytes:
-                for c in route.channels:
-                    channel_bytes[c] = channel_bytes.get(c, 0.0) + nbytes
-            cap = min(cap, route.spec.bandwidth_gb_per_s * 1e3)
-            step_latency = max(step_latency, route.spec.latency_us + route.latency_us)
+        channel_bytes, cap, step_latency = fabric.collective_load(kind, algo, ranks, size, transport, root, p)
         if fabric.topology is None:
             link = self.machine.sized_link(transport, kind, len(ranks), size, p.latency_steps, p.serial_bytes, dtype, reduce_op)
             step_latency = link.latency_us

@@ -39,7 +39,7 @@ from commdsl.ir import Algo, Op, OpKind, Protocol, Transport
 from commdsl.machine.model import NETWORK_VERTEX, LinkKind, VertexKind
 from commdsl.machine.nccl import HopKind, NcclConfig
 from commdsl.sim import nccl
-from commdsl.sim.fabric import Fabric
+from commdsl.sim.fabric import Fabric, solo_rate
 
 _INF = math.inf
 
@@ -56,11 +56,7 @@ class Coflow:
 
     def solo_rate(self, capacity: list[float]) -> float:
         """Op bytes per microsecond alone on the links: its cap, or the channel it fills first."""
-        rate = self.cap
-        for c, w in self.channel_bytes:
-            if w > 0 and capacity[c] / w < rate:
-                rate = capacity[c] / w
-        return rate
+        return solo_rate(capacity, self.channel_bytes, self.cap)
 
 
 class NcclFlows:
