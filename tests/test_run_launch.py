@@ -68,6 +68,7 @@ def test_run_without_n_starts_the_schedules_world_and_sleeping_durations_need_no
         # Caught before any rank starts.
         (["1f1b", "-n", "2"], 2, "usage error: the schedule has 4 ranks, -n asks for 2"),
         (["1f1b", "-n", "2", *SMALL, "--iters", "0"], 2, "--iters must be >= 1, got 0"),
+        (["1f1b", "-n", "2", *SMALL, "--network", "analytic"], 2, "--machine and --network only apply with --compare"),
         ([str(DATA / "recv_without_send.yaml"), "-n", "2"], 1, "recv_without_send.yaml:9"),
         # Caught by the ranks: the launcher passes their exit code on, and nothing else.
         (["1f1b", "-n", "2", *SMALL, "--backend", "nccl"], 2, "--backend nccl needs a CUDA build of torch and a GPU"),

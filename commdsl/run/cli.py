@@ -73,7 +73,7 @@ def add_arguments(p: argparse.ArgumentParser) -> list[argparse.Action]:
     add("--machine", metavar="NAME|PATH", default=None,
         help="machine for --compare (default: cpu-loopback on gloo, the simulator's default on NCCL; "
         "best: a file from `commdsl calibrate -n N --out FILE`)")  # fmt: skip
-    add("--network", default="analytic", help="network model for --compare (default analytic)")
+    add("--network", default=None, help="network model for --compare (default analytic)")
     return add.actions
 
 
@@ -95,7 +95,7 @@ def config_from_args(a: argparse.Namespace) -> RunConfig:
         raise UsageError(f"--max-ops must be at least 1, got {a.max_ops}")
     for flag, path in (("--out", a.out), ("--records", a.records), ("--dump-values", a.dump_values)):
         require_output_folder(flag, path)
-    if (a.machine is not None or a.network != "analytic") and not a.compare:
+    if (a.machine is not None or a.network is not None) and not a.compare:
         raise UsageError("--machine and --network only apply with --compare")
     if a.compare:
         # Fail before any process group exists if the machine or network is wrong.
@@ -104,14 +104,14 @@ def config_from_args(a: argparse.Namespace) -> RunConfig:
 
         if a.machine is not None:
             resolve_machine(a.machine)
-        if a.network not in NETWORKS:
+        if a.network is not None and a.network not in NETWORKS:
             raise UsageError(f"--network {a.network}: unknown network model (known: {', '.join(sorted(NETWORKS))})")
     return RunConfig(
         schedule=a.schedule, params=tuple(parse_overrides(a.param).items()), out=a.out, warmup=a.warmup,
         iters=a.iters, check=a.check, timeout_s=a.timeout, backend=BackendChoice(a.backend),
         duration_mode=DurationMode(a.duration_mode), values_file=a.values, dump_values=a.dump_values, records_out=a.records,
         validate=not a.no_validate, max_ops=a.max_ops, quiet=a.quiet, compare=a.compare, machine=a.machine,
-        network=a.network,
+        network=a.network or "analytic",
     )  # fmt: skip
 
 
