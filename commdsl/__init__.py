@@ -33,6 +33,9 @@ _EXPORTS = {
     "ScheduleError": "commdsl.errors",
     "MachineError": "commdsl.errors",
     "DeadlockError": "commdsl.errors",
+    "MemoryExceededError": "commdsl.errors",
+    "ValidationError": "commdsl.errors",
+    "LimitError": "commdsl.errors",
     "UsageError": "commdsl.errors",
 }
 """Public name -> the module that defines it."""
