@@ -1,13 +1,13 @@
 """How fast the flow network is on contended and large cases.
 
-    python bench/contention.py            # the README quotes these numbers
+    python bench/contention.py            # docs/performance.md quotes these numbers
     python bench/contention.py --quick    # smaller sizes, for a smoke run
 
-Workloads (acceptance targets of the topology issue):
+Workloads and their targets:
   (a) 1000 chained 64 MiB ring all_reduces on 64 ranks, one link per rank at 50 GB/s and
       500 ns latency (a machine without topology: the implied star). Target <= 1 s wall,
-      predicted time equal to the analytic model's within 0.5%. (ASTRA-sim's analytical
-      backend needs about 8 s for this case on this kind of machine.)
+      predicted time equal to the analytic model's within 0.5%. (`bench/scale.py --astra`
+      times ASTRA-sim's analytical backend on the same case.)
   (b) 512 concurrent 64 MiB flows on dgx-h100 x 8 nodes (64 GPUs): every rank sends to 8
       others at once (one in its node, seven across the network), 4 rounds.
   (c) a 3D-parallel training step on dgx-h100 x 8 nodes: tp=8 inside a node (all_reduce

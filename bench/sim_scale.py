@@ -1,4 +1,5 @@
-"""How fast and how lean `simulate()` is on large schedules (the scale issue's targets).
+"""How fast and how lean `simulate()` is on large schedules, against the targets of
+docs/performance.md.
 
     python bench/sim_scale.py            # full sizes (the README quotes these)
     python bench/sim_scale.py --quick    # smaller sizes, no 1M-op run, for a smoke run
