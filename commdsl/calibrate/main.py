@@ -269,12 +269,15 @@ def _calibrate(cfg: CalibrateConfig) -> int:
     if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
         raise UsageError("calibrate measures communication between processes: run it under torchrun",
                          hint="torchrun --nproc_per_node=2 -m commdsl.calibrate --out machine.yaml")  # fmt: skip
-    import torch
-    import torch.distributed as dist
+    from commdsl.run.launch import torch_required
 
-    from commdsl.calibrate import measure
-    from commdsl.run.backend import all_gather_objects, hostname
-    from commdsl.run.timing import measure_clock
+    with torch_required("torchrun -m commdsl.calibrate"):
+        import torch
+        import torch.distributed as dist
+
+        from commdsl.calibrate import measure
+        from commdsl.run.backend import all_gather_objects, hostname
+        from commdsl.run.timing import measure_clock
 
     backend = cfg.backend if cfg.backend != "auto" else ("nccl" if torch.cuda.is_available() else "gloo")
     if backend == "nccl" and not torch.cuda.is_available():

@@ -15,7 +15,7 @@ import time
 
 from commdsl.errors import CommdslError, UsageError, require_output_folder
 from commdsl.run.config import BackendChoice, DurationMode, RunConfig
-from commdsl.run.launch import ArgumentRecorder
+from commdsl.run.launch import ArgumentRecorder, torch_required
 
 PROG = "torchrun --nproc_per_node=N -m commdsl.run"
 
@@ -136,8 +136,8 @@ def main(argv: list[str] | None = None) -> int:
     first = os.environ.get("RANK", "0") == "0"
     try:
         config = parse_config(argv)
-        from commdsl.run.session import run
-
+        with torch_required("python -m commdsl.run"):
+            from commdsl.run.session import run
         return run(config)
     except CommdslError as err:
         if first:

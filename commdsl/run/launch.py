@@ -22,6 +22,8 @@ import signal
 import sys
 import tempfile
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 from commdsl.errors import UsageError
 
@@ -69,17 +71,27 @@ def rank_argv(actions: list[argparse.Action], args: argparse.Namespace) -> list[
     return positional + options
 
 
+@contextmanager
+def torch_required(command: str) -> Iterator[None]:
+    """Imports inside turn a missing torch into `command`'s usage error; any other
+    import error is a bug and passes."""
+    try:
+        yield
+    except ImportError as e:
+        if e.name is None or e.name.partition(".")[0] != "torch":
+            raise
+        raise UsageError(f"`{command}` runs ranks with torch.distributed, and torch is not installed here",
+                         hint='pip install "commdsl[run]" (or install the torch build for your GPUs first)') from None  # fmt: skip
+
+
 def launch(module: str, argv: list[str], nproc: int, command: str) -> int:
     """Run `python -m module argv` as `nproc` local ranks; returns the exit code."""
     if nproc < 1:
         raise UsageError(f"-n must be at least 1, got {nproc}")
-    try:
+    with torch_required(command):
         from torch.distributed.elastic.multiprocessing.api import DefaultLogsSpecs, SignalException
         from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
         from torch.distributed.launcher.api import LaunchConfig, elastic_launch
-    except ImportError:
-        raise UsageError(f"`{command}` runs ranks with torch.distributed, and torch is not installed here",
-                         hint='pip install "commdsl[run]" (or install the torch build for your GPUs first)') from None  # fmt: skip
     if nproc > 1:
         # As torchrun: one intra-op thread per rank unless the user says otherwise, so
         # that N ranks do not start N thread teams as wide as the machine.
