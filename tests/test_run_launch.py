@@ -70,6 +70,7 @@ def test_run_without_n_starts_the_schedules_world_and_sleeping_durations_need_no
         (["1f1b", "-n", "2", *SMALL, "--iters", "0"], 2, "--iters must be >= 1, got 0"),
         (["1f1b", "-n", "2", *SMALL, "--network", "analytic"], 2, "--machine and --network only apply with --compare"),
         ([str(DATA / "recv_without_send.yaml"), "-n", "2"], 1, "recv_without_send.yaml:9"),
+        ([str(DATA / "head_to_head.yaml"), "-n", "2"], 3, "deadlock: no op can progress and 2 of 2 ranks have ops left"),
         # Caught by the ranks: the launcher passes their exit code on, and nothing else.
         (["1f1b", "-n", "2", *SMALL, "--backend", "nccl"], 2, "--backend nccl needs a CUDA build of torch and a GPU"),
     ],
@@ -79,7 +80,7 @@ def test_errors_are_one_message_and_the_right_exit_code(args, code, message, tmp
     assert r.returncode == code, r.stderr
     assert message in r.stderr
     _no_traceback(r.stderr)
-    assert r.stderr.count("error") == 1, r.stderr  # one message, said once (by rank 0)
+    assert r.stderr.count("error") + r.stderr.count("deadlock:") == 1, r.stderr  # one message, said once (by rank 0)
 
 
 def test_a_hang_exits_with_the_watchdogs_code(tmp_path):

@@ -23,7 +23,7 @@ FIRE_ALLOWANCE_S = 5
     "schedule, extra, stuck",
     [
         ("recv_without_send.yaml", ["--no-validate"], "rank 1: stuck on op 1:1 recv t from rank 0"),
-        ("head_to_head.yaml", [], "stuck on op 0:0 recv a from rank 1"),
+        ("head_to_head.yaml", ["--no-validate"], "stuck on op 0:0 recv a from rank 1"),
         # Rank 0 has no op: its partial timeline holds none of its spans (it used to fail).
         ("rank0_idle_hang.yaml", ["--no-validate"], "rank 1: stuck on op 1:0 recv t from rank 0"),
     ],
@@ -48,6 +48,20 @@ def test_a_hang_ends_with_reports_a_partial_timeline_and_nonzero_exit(tmp_path, 
     assert running, "the stuck op is in the partial timeline"
     time.sleep(0.5)
     assert processes_mentioning(str(out)) == [], "orphan processes remain"
+
+
+def test_a_hang_the_static_check_finds_stops_every_rank_before_any_op_runs(tmp_path):
+    """Head-to-head blocking recvs match (every send has its recv) but cannot finish:
+    every rank runs `commdsl check`'s deadlock check after loading, so the run ends with
+    its report (exit 3) at once, not when the watchdog fires."""
+    out = tmp_path / "partial.json"
+    run = torchrun(2, [str(DATA / "head_to_head.yaml"), "--timeout", "600", "--out", str(out)], timeout_s=120)
+    err = run.stderr
+    assert "deadlock: no op can progress and 2 of 2 ranks have ops left" in err, err
+    assert "Ranks 0 and 1 are both blocked receiving from each other (head to head)" in err
+    assert "head_to_head.yaml:8:3" in err
+    assert "exitcode  : 3" in err
+    assert "stuck on op" not in err and not out.exists()  # no watchdog, no partial timeline
 
 
 def test_a_long_schedule_that_keeps_progressing_is_not_stopped(tmp_path):

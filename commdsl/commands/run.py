@@ -4,8 +4,9 @@
     commdsl run 1f1b -n 2 -p stages=2 --check --compare
 
 The same options as `torchrun -m commdsl.run` (docs/executor.md), which stays the way
-to run on several nodes or under Slurm. The schedule is loaded here first, so a schedule
-error or a wrong -n stops before any rank starts; then `commdsl.run.launch` starts the
+to run on several nodes or under Slurm. The schedule is loaded and checked here first
+(`load_program`), so a schedule error, a deadlock or a wrong -n stops before any rank
+starts; then `commdsl.run.launch` starts the
 ranks through torch's elastic launcher and exits with their exit code.
 """
 
@@ -16,6 +17,7 @@ import argparse
 from commdsl.errors import UsageError
 from commdsl.progress import Progress
 from commdsl.run import cli as run_cli
+from commdsl.run.config import load_program
 from commdsl.run.launch import add_nproc_argument, launch, rank_argv
 
 
@@ -26,13 +28,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from commdsl.dsl import DEFAULT_MAX_OPS, load_schedule
-
     config = run_cli.config_from_args(args)  # every option checked as the ranks will check it
     with Progress("commdsl run") as progress:
-        progress.phase(f"expanding {config.schedule}")
-        program = load_schedule(config.schedule, dict(config.params), max_ops=config.max_ops or DEFAULT_MAX_OPS,
-                                validate=config.validate)  # fmt: skip
+        program = load_program(config, progress)
     world = program.world_size
     nproc = world if args.nproc is None else args.nproc
     if nproc != world:

@@ -4,6 +4,11 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from commdsl.ir import Program
+    from commdsl.progress import Progress
 
 
 class BackendChoice(str, enum.Enum):
@@ -46,7 +51,8 @@ class RunConfig:
     records_out: str | None = None
     """Where rank 0 writes every measured iteration's op times (`--records`)."""
     validate: bool = True
-    """Run the static matching checks at load time; off to reproduce a hang on purpose."""
+    """Run the static checks before any op runs (send/recv matching, collective order,
+    and `commdsl check`'s deadlock check); off to reproduce a hang on purpose."""
     max_ops: int | None = None
     quiet: bool = False
     compare: bool = False
@@ -55,3 +61,20 @@ class RunConfig:
     """Machine for --compare (preset or file); None: cpu-loopback on gloo, the simulator's default on NCCL."""
     network: str = "analytic"
     """Network model for --compare."""
+
+
+def load_program(config: RunConfig, progress: Progress | None = None) -> Program:
+    """`config`'s schedule, expanded; with `config.validate`, also checked to finish
+    (`commdsl.sim.check_deadlock`), so a schedule that would hang stops before any rank
+    runs an op, with every stuck rank's op and line. `progress` hears both phases."""
+    from commdsl.dsl import DEFAULT_MAX_OPS, load_schedule
+    from commdsl.sim import check_deadlock
+
+    if progress is not None:
+        progress.phase(f"expanding {config.schedule}")
+    program = load_schedule(config.schedule, dict(config.params), max_ops=config.max_ops or DEFAULT_MAX_OPS, validate=config.validate)
+    if config.validate:
+        if progress is not None:
+            progress.phase("checking that every rank finishes", unit="ops")
+        check_deadlock(program, progress.update if progress is not None else None)
+    return program

@@ -28,7 +28,7 @@ from commdsl.run.backend import (DistEnv, all_gather_objects, broadcast_object, 
 from commdsl.run.check import Checker, CheckError, Fill, load_values
 from commdsl.run.compute import MATMUL_DTYPES, Kernels, compute_threads
 from commdsl.run.compute_timing import ComputeTiming, skew_from_environ
-from commdsl.run.config import DurationMode, RunConfig
+from commdsl.run.config import DurationMode, RunConfig, load_program
 from commdsl.run.executor import Executor, RankSetup, make_executor
 from commdsl.run.tensors import declared_peak_bytes, estimate_bytes
 from commdsl.run.timing import ClockSync, IterRecord, RankResult, build_timeline, iteration_records, measure_clock, now_ns
@@ -37,10 +37,7 @@ from commdsl.timeline import FLOP_RATE_META, MEMORY_PEAK_META, Timeline
 
 
 def run(config: RunConfig) -> int:
-    from commdsl.dsl import DEFAULT_MAX_OPS, load_schedule
-
-    program = load_schedule(config.schedule, dict(config.params), max_ops=config.max_ops or DEFAULT_MAX_OPS,
-                            validate=config.validate)  # fmt: skip
+    program = load_program(config)
     env = DistEnv.from_environ(program.world_size)
     backend = resolve_backend(config.backend, env)
     device = torch.device("cuda", env.local_rank) if backend == "nccl" else torch.device("cpu")
