@@ -48,6 +48,13 @@ def test_check_reports_its_deadlock_simulation():
     assert "commdsl check: checking that every rank finishes" in proc.stderr
 
 
+def test_show_reports_formatting_its_listing():
+    proc = _cli(["show", *BIG], "0.01")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("1f1b: 32 ranks, ") and "commdsl show" not in proc.stdout
+    assert any(ln.startswith("commdsl show: formatting the grid and listings: ") and " ops (" in ln for ln in proc.stderr.splitlines()), proc.stderr
+
+
 def test_progress_off_and_bad_intervals():
     off = _cli(["simulate", *BIG, "--json"], "0")
     assert off.returncode == 0 and off.stderr == ""

@@ -115,20 +115,24 @@ def run(args: argparse.Namespace) -> int:
     with Progress("commdsl show") as progress:
         progress.phase(f"expanding {args.schedule}")
         program = load_from_args(args)
-    if args.rank is not None and not 0 <= args.rank < program.world_size:
-        raise UsageError(f"--rank {args.rank} is out of range: the schedule has ranks 0..{program.world_size - 1}")
-    ranks = [args.rank] if args.rank is not None else list(range(program.world_size))
-    if args.json:
-        data = program.to_json()
-        if args.rank is not None:
-            data["ranks"] = {str(args.rank): data["ranks"][args.rank]}
-        print(json.dumps(data, indent=1))
-        return 0
-    lines = [f"{program.name}: {program.world_size} ranks, {program.num_ops} ops  ({program.source})", ""]
-    lines += grid_lines(program, ranks, args.grid)
-    if not args.no_listing:
-        for r in ranks:
-            lines.append("")
-            lines += listing_lines(program, r)
-    print("\n".join(lines))
+        if args.rank is not None and not 0 <= args.rank < program.world_size:
+            raise UsageError(f"--rank {args.rank} is out of range: the schedule has ranks 0..{program.world_size - 1}")
+        ranks = [args.rank] if args.rank is not None else list(range(program.world_size))
+        if args.json:
+            data = program.to_json()
+            if args.rank is not None:
+                data["ranks"] = {str(args.rank): data["ranks"][args.rank]}
+            text = json.dumps(data, indent=1)
+        else:
+            # A listing of a million ops takes seconds to format: progress per rank.
+            progress.phase("formatting the grid and listings", total=sum(len(program.ops[r]) for r in ranks), unit="ops")
+            lines = [f"{program.name}: {program.world_size} ranks, {program.num_ops} ops  ({program.source})", ""]
+            lines += grid_lines(program, ranks, args.grid)
+            if not args.no_listing:
+                for r in ranks:
+                    lines.append("")
+                    lines += listing_lines(program, r)
+                    progress.advance(len(program.ops[r]))
+            text = "\n".join(lines)
+    print(text)
     return 0
