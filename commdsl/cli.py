@@ -187,12 +187,14 @@ def _main(argv: list[str] | None) -> int:
 def _run(argv: list[str] | None) -> int:
     parser = build_parser(_command_in(sys.argv[1:] if argv is None else argv))
     try:
-        args = parser.parse_args(argv)
+        args, unknown = parser.parse_known_args(argv)
     except SystemExit as e:  # --help, --version: argparse printed and exits
         return e.code if isinstance(e.code, int) else 0
     if args.command is None:
         parser.print_help()
         return 2
+    if unknown:  # the command's arguments: its own help says what they are
+        raise UsageError(f"unrecognized arguments: {' '.join(unknown)}", hint=f"see `commdsl {args.command} --help`")
     try:
         return int(args._module.run(args) or 0)
     except SystemExit as e:  # rich, on a closed pipe: it pointed stdout at /dev/null first

@@ -32,11 +32,12 @@ class SourceLoc:
         return f"{self.file}:{self.line}:{self.column}"
 
 
-def did_you_mean(name: str, choices: Iterable[str]) -> str | None:
-    """A "did you mean 'x'?" hint when `name` is close to one of `choices`."""
+def did_you_mean(name: str, choices: Iterable[str], cutoff: float = 0.6) -> str | None:
+    """A "did you mean 'x'?" hint when `name` is close to one of `choices` (difflib's
+    similarity at least `cutoff`)."""
     import difflib  # only a mistake needs it, and every command imports this module
 
-    close = difflib.get_close_matches(name, list(choices), n=1, cutoff=0.6)
+    close = difflib.get_close_matches(name, list(choices), n=1, cutoff=cutoff)
     return f"did you mean '{close[0]}'?" if close else None
 
 

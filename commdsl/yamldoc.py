@@ -110,13 +110,25 @@ class YamlDocument:
         except _TooDeep as e:
             raise error(f"the file nests lists and mappings more than {MAX_DEPTH} deep", self.loc_of_mark(e.mark)) from None
         except yaml.MarkedYAMLError as e:
-            mark = e.problem_mark or e.context_mark
-            raise error(f"invalid YAML: {e.problem or e.context or 'syntax error'}", self.loc_of_mark(mark) if mark else None) from None
+            raise self._syntax_error(e) from None
         except yaml.reader.ReaderError as e:
             raise error(f"invalid YAML: unacceptable character {_char_text(e.character)}", self._loc_of_offset(text, e.position)) from None
         except yaml.YAMLError as e:
             raise error(f"invalid YAML: {e}", self.file_start()) from None
         self._check_constructible()
+
+    def _syntax_error(self, e: yaml.MarkedYAMLError) -> CommdslError:
+        """PyYAML's error where it noticed the problem, which can be lines after the cause (a
+        `{` never closed), so with what it was reading and where that starts, shown too."""
+        mark = e.problem_mark or e.context_mark
+        message = f"invalid YAML: {e.problem or e.context or 'syntax error'}"
+        related: tuple[tuple[str, SourceLoc], ...] = ()
+        if e.problem and e.context and e.problem_mark and e.context_mark:
+            start = self.loc_of_mark(e.context_mark)
+            message += f" ({e.context} that starts at {start.line}:{start.column})"
+            if start.line != self.loc_of_mark(e.problem_mark).line:
+                related = (("where it starts", start),)
+        return self.error(message, self.loc_of_mark(mark) if mark else None, related=related)
 
     # ---- positions ------------------------------------------------------------------
 

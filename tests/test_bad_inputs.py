@@ -50,6 +50,10 @@ def param(value: str) -> str:
     return f"world: 4\nparams:\n  a: {value}\nprogram: |\n  pass\n"
 
 
+NO_HINT = ""
+"""As a row's hint: the error must have none (a hint that does not fit misleads)."""
+
+
 @dataclass(frozen=True)
 class Case:
     id: str
@@ -61,6 +65,7 @@ class Case:
     cli: bool = False
     """Also run this row through `python -m commdsl.cli check`."""
     hint: str | None = None
+    """A substring of the hint; NO_HINT: no hint at all; None: not checked."""
     related_line: int | None = None
     """A second source line the message must show (cross-rank errors)."""
     overrides: dict[str, str] = field(default_factory=dict)
@@ -87,6 +92,19 @@ CASES = [
     Case("operator_typo", prog("x = 2 +* 3"), "unexpected '*'; expected an expression", P + 1, 10),
     Case("missing_expression", prog("x ="), "unexpected end of line; expected", P + 1, 6),
     Case("keyword_as_name", prog("send = 3"), "unexpected '='", P + 1, 8),
+    Case("misspelled_op", prog("allreduce g 1MiB"), "unexpected 'g'; expected '(', '=', '[', end of line", P + 1, 13,
+         hint="did you mean 'all_reduce'?", cli=True),
+    Case("misspelled_compute", prog("computee F 1ms"), "unexpected 'F'; expected '(', '=', '[', end of line", P + 1, 12,
+         hint="did you mean 'compute'?"),
+    Case("misspelled_op_in_block", prog("if rank == 0:", "    sned x 1MiB to 1"), "unexpected 'x'; expected '(', '=', '[', end of line",
+         P + 2, 12, hint="did you mean 'send'?"),
+    Case("misspelled_op_alone", prog("barier"), "unexpected end of line; expected '(', '=', '['", P + 1, 9,
+         hint="did you mean 'barrier'?"),
+    Case("unrelated_first_word", prog("foo g 1MiB"), "unexpected 'g'; expected '(', '=', '[', end of line", P + 1, 7, hint=NO_HINT),
+    Case("block_named_like_op", prog("def sendd(a):", "    pass", "sendd x"), "unexpected 'x'; expected '(', '=', '[', end of line",
+         P + 3, 9, hint=NO_HINT),
+    Case("param_named_like_op", "world: 4\nparams:\n  sendd: 1\nprogram: |\n  sendd x 1MiB to 1\n",
+         "unexpected 'x'; expected '(', '=', '[', end of line", 5, 9, hint=NO_HINT),
     # ---- names ----------------------------------------------------------------------
     Case("unknown_name", prog("compute F t_fwdd"), "unknown name 't_fwdd'", P + 1, 13, hint="did you mean 't_fwd'?",
          cli=True, rank=0),
@@ -144,7 +162,10 @@ CASES = [
     Case("size_not_splittable", prog("reduce_scatter x 8B"), "does not split into 4 equal chunks", P + 1, 20),
     Case("size_not_whole_elements", prog("all_reduce g 6B"), "not a multiple of the fp32 element size (4B)", P + 1, 16),
     Case("duration_where_size_goes", prog("all_reduce g 5ms"), "expected a size such as 32MiB", P + 1, 16, cli=True),
-    Case("negative_size", prog("all_reduce g 0B - 4B"), "size must not be negative", P + 1, 16),
+    Case("negative_size", prog("all_reduce g 0B - 4B"), "all_reduce g: size must not be negative, got -4B", P + 1, 16),
+    Case("negative_size_as_written", prog("all_reduce g -1MiB"), "all_reduce g: size must not be negative, got -1MiB", P + 1, 16),
+    Case("alloc_negative_size", prog("alloc x -1.5KiB"), "alloc x: size must not be negative, got -1.5KiB", P + 1, 11),
+    Case("size_not_whole_bytes", prog("all_reduce g 10000000.5B"), "size 10000000.5B is not a whole number of bytes", P + 1, 16),
     # ---- values ------------------------------------------------------------------------------
     Case("duration_plus_size", prog("x = t_fwd + 1MiB"), "cannot compute a duration (2ms) + a size (1MiB)", P + 1, 7),
     Case("size_for_compute", prog("compute F 4MiB"), "compute takes a duration (2ms) or work (4GFLOP), got a size", P + 1, 13),
@@ -224,6 +245,8 @@ CASES = [
     # ---- YAML and the schedule's keys -----------------------------------------------------------
     Case("yaml_syntax", "name: t\nworld: 4\nparams: {a: [1, 2}\nprogram: |\n  pass\n", "invalid YAML", 3, 18, cli=True),
     Case("yaml_bad_indent", "name: t\nworld: 4\nprogram: |\n  pass\n streams: [a]\n", "invalid YAML", 5, 2),
+    Case("yaml_unclosed_mapping", "name: t\nworld: {ranks: 2\nprogram: |\n  pass\n",
+         "(while parsing a flow mapping that starts at 2:8)", 3, 8, related_line=2, cli=True),
     Case("yaml_control_char", "name: t\nworld: 4\x01\nprogram: |\n  pass\n", "unacceptable character", 2, 9),
     Case("yaml_bad_tag", "name: t\nworld: !!int four\nprogram: |\n  pass\n", "invalid YAML value", 2, 8),
     Case("duplicate_key", "world: 4\nworld: 3\nprogram: |\n  pass\n", "key 'world' appears twice (first at line 1)", 2, 1,
@@ -330,6 +353,8 @@ CASES = [
     Case("copy_size_limit", prog("copy c 2000TiB"), "copy c: size 2000TiB is more than the limit", P + 1, 10),
     Case("compute_negative_duration", prog("compute F 0ms - 1ms"), "compute F: duration must not be negative, got -1ms", P + 1, 13),
     Case("host_negative_duration", prog("host H 0ms - 1ms"), "host H: duration must not be negative", P + 1, 10),
+    Case("compute_negative_bytes", prog("compute F 1ms bytes=-1MiB"), "compute F: bytes must not be negative, got -1MiB", P + 1, 17),
+    Case("compute_negative_work", prog("compute F -1GFLOP"), "compute F: flops must not be negative, got -1GFLOP", P + 1, 13),
     # ---- scale: refused up front, and expansion limits that trip before the work ----------------------
     Case("mesh_too_big", "world: {a: 1024, b: 1024}\nprogram: |\n  pass\n", "world of 1,048,576 ranks exceeds the limit of 65,536",
          1, 8, error=LimitError),
@@ -399,7 +424,9 @@ def test_bad_input(case: Case):
     assert len(formatted.splitlines()) <= 25, "the message must fit on one screen"
     assert "Traceback" not in formatted
     assert not PYTHON_REPRS.search(formatted), formatted
-    if case.hint is not None:
+    if case.hint == NO_HINT:
+        assert err.hint is None, formatted
+    elif case.hint is not None:
         assert err.hint is not None and case.hint in err.hint, formatted
     if case.rank is not None:
         assert err.rank == case.rank, formatted
@@ -482,6 +509,7 @@ USAGE_CASES = [
     (["check", "{ok}", "--max-ops", "many"], "argument --max-ops: expected a whole number, got 'many'"),
     (["check"], "the following arguments are required"),
     (["frobnicate"], "invalid choice"),
+    (["simulate", "{ok}", "--frob"], "unrecognized arguments: --frob\nhint: see `commdsl simulate --help`"),
     (["show", "{ok}", "--rank", "-1"], "argument --rank: must be at least 0, got -1"),
     (["show", "{ok}", "--rank", "4"], "--rank 4 is out of range"),
     (["simulate", "{ok}", "--links", "-1"], "argument --links: must be at least 1, got -1"),
@@ -688,16 +716,41 @@ MACHINE_CASES = [
      "topology.host_memory_bandwidth_gb_per_s is 1.0e-9, below the limit of 0.001", 17, 35),
     ("copy_engines_zero", "nodes: 1", "nodes: 1\n  copy_engines: 0", "topology.copy_engines must be at least 1, got 0", 17, 17),
     # the user's text, not Python's reprs
-    ("text_number", "kernel_launch_us: 4", "kernel_launch_us: 4e0", "kernel_launch_us must be a number, got '4e0'", 8, 19),
+    ("text_number", "kernel_launch_us: 4", "kernel_launch_us: 4e0", "kernel_launch_us must be a number, got '4e0'", 8, 19,
+     "YAML reads 1e12 as text; write 1.0e+12"),
+    ("word_for_number", "bandwidth_gb_per_s: 200", "bandwidth_gb_per_s: fast",
+     "transports.nccl.bandwidth_gb_per_s must be a number, got 'fast'", 12, 45, NO_HINT),
     ("mapping_for_number", "kernel_launch_us: 4", "kernel_launch_us: {a: 1}", "kernel_launch_us must be a number, got a mapping", 8, 19),
+    # misspelled keys and names: did you mean?
+    ("misspelled_device_key", "memory_bandwidth_gb_per_s: 100", "memory_bandwith_gb_per_s: 100",
+     "device: unknown key 'memory_bandwith_gb_per_s' (known: name, peak_tflops, memory_bandwidth_gb_per_s, sm_count, kind, memory_gib)",
+     6, 3, "did you mean 'memory_bandwidth_gb_per_s'?"),
+    ("misspelled_top_key", "kernel_launch_us: 4", "kernel_lanch_us: 4", "the machine: unknown key 'kernel_lanch_us'", 8, 1,
+     "did you mean 'kernel_launch_us'?"),
+    ("misspelled_link_key", "{kind: nvlink, bandwidth_gb_per_s: 300", "{kind: nvlink, bandwith_gb_per_s: 300",
+     "topology.links[0]: unknown key 'bandwith_gb_per_s' (known: kind, bandwidth_gb_per_s, latency_us, between)", 20, 22,
+     "did you mean 'bandwidth_gb_per_s'?"),
+    ("misspelled_transport", "nccl: {latency_us: 5", "ncl: {latency_us: 5", "transports: unknown transport 'ncl' (known: nccl, gloo, memcpy)",
+     12, 3, "did you mean 'nccl'?"),
+    ("misspelled_dtype", "fp32: 10", "fp23: 10", "device.peak_tflops: unknown dtype 'fp23'", 5, 17, "did you mean 'fp32'?"),
+    ("misspelled_collective", "bandwidth_gb_per_s: 200}", "bandwidth_gb_per_s: 200, collectives: {allreduce: {latency_us: 1, bandwidth_gb_per_s: 2}}}",
+     "transports.nccl.collectives: unknown collective 'allreduce'", 12, 64, "did you mean 'all_reduce'?"),
+    ("misspelled_reduce_op", "bandwidth_gb_per_s: 200}", ("bandwidth_gb_per_s: 200, collectives: {all_reduce: {latency_us: 1, "
+     "bandwidth_gb_per_s: 2, measured_ranks: 2, measured_us: [[4, 1], [8, 2]], measured_us_by_op: {mx: {fp32: [[4, 1], [8, 2]]}}}}}"),
+     "transports.nccl.collectives.all_reduce.measured_us_by_op: reduce op 'mx' has no place here", 12, 185, "did you mean 'max'?"),
+    # YAML syntax: noticed after the cause, which the message names
+    ("yaml_unclosed_mapping", "bandwidth_gb_per_s: 25}", "bandwidth_gb_per_s: 25",
+     "(while parsing a flow mapping that starts at 10:12)", 11, 11),
 ]  # fmt: skip
 
 
-@pytest.mark.parametrize("case_id, old, new, message, line, column", MACHINE_CASES, ids=[c[0] for c in MACHINE_CASES])
-def test_bad_machine(case_id, old, new, message, line, column):
+@pytest.mark.parametrize("row", MACHINE_CASES, ids=[c[0] for c in MACHINE_CASES])
+def test_bad_machine(row):
     from commdsl.errors import MachineError
     from commdsl.machine import load_machine_text
 
+    _, old, new, message, line, column, *rest = row  # a 7th item: the hint (as `Case.hint`)
+    hint = rest[0] if rest else None
     assert MACHINE.count(old) == 1
     text = MACHINE.replace(old, new)
     with pytest.raises(MachineError) as info:
@@ -707,6 +760,10 @@ def test_bad_machine(case_id, old, new, message, line, column):
     assert message in err.message, formatted
     assert (err.loc.file, err.loc.line, err.loc.column) == ("bad_machine.yaml", line, column), formatted
     assert len(formatted) < 2000 and not PYTHON_REPRS.search(formatted), formatted
+    if hint == NO_HINT:
+        assert err.hint is None, formatted
+    elif hint is not None:
+        assert err.hint is not None and hint in err.hint, formatted
 
 
 def test_the_machine_table_starts_from_a_valid_machine():

@@ -356,12 +356,12 @@ class RankExpander:
 
     def _size(self, name: str, size: int | float, dtype: Dtype, loc: SourceLoc, kind: OpKind) -> int:
         if size < 0:
-            raise self.fail(f"{kind.value} size must not be negative, got {size:g}B", loc)
+            raise self.fail(f"{kind.value} {name}: size must not be negative, got {format_bytes(size)}", loc)
         if size > MAX_SIZE_BYTES:
             raise self.fail(f"{kind.value} {name}: size {format_bytes(size)} is more than the limit of {format_bytes(MAX_SIZE_BYTES)} "
                             "per op", loc, hint=_LIMITS_HINT)  # fmt: skip
         if not float(size).is_integer():
-            raise self.fail(f"size {size:g}B is not a whole number of bytes", loc)
+            raise self.fail(f"size {size:.12g}B is not a whole number of bytes", loc)  # 10000000.5B, not 1e+07B
         size = int(size)
         if size % dtype.itemsize:
             raise self.fail(

@@ -132,7 +132,7 @@ def load_schedule_text(
         raise ScheduleError("`program: >` folds the program's lines together", doc.loc(prog_node),
                             hint="write `program: |` (a literal block) instead")  # fmt: skip
     origin = doc.origin_of_scalar(prog_node)
-    tree = parse_program(prog_node.value, origin)
+    tree = parse_program(prog_node.value, origin, tuple(params))
     compiler = ProgramCompiler(origin, layout, tuple(params))
     compiled = compiler.compile(tree, params)
     # Expansion makes millions of objects and next to no reference cycles: the cyclic

@@ -11,6 +11,7 @@ import functools
 import os
 import re
 import sys
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,7 +21,7 @@ from lark.exceptions import LarkError, UnexpectedCharacters, UnexpectedEOF, Unex
 from lark.indenter import DedentError, Indenter
 
 from commdsl.dsl.values import UNIT_SUFFIXES
-from commdsl.errors import ScheduleError, SourceLoc
+from commdsl.errors import ScheduleError, SourceLoc, did_you_mean
 from commdsl.resources import grammar_path
 
 
@@ -219,7 +220,65 @@ def _unit_problem(line_text: str) -> tuple[int, str, str] | None:
     return None
 
 
-def _raise_parse_error(err: LarkError, parser: Lark, origin: TextOrigin, text: str) -> None:
+@functools.cache
+def _statement_keywords() -> tuple[str, ...]:
+    """The keywords a statement can start with (the ops, `if`, `for`, `def`, ...), as the
+    grammar has them: the terminals its parser accepts first that are spelled as names."""
+    parser = _lark()
+    accepted = parser.parse_interactive("").accepts()
+    patterns = [t.pattern for t in parser.terminals if t.name in accepted]
+    return tuple(sorted(p.value for p in patterns if p.type == "str" and is_name(p.value)))
+
+
+def _bound_names(text: str) -> set[str]:
+    """Names the program binds (blocks and their parameters, loop variables, assigned
+    values), read from its tokens: the text does not parse, so there is no tree."""
+    bound: set[str] = set()
+    statement: list[Token] = []
+    try:
+        for token in _lark().lex(text):
+            if token.type in ("_NL", "_INDENT", "_DEDENT"):
+                bound |= _names_bound_by(statement)
+                statement = []
+            else:
+                statement.append(token)
+    except (LarkError, AssertionError):  # past the error: a character no token starts with, a bad
+        pass  # dedent, or a ')' with no '(' (lark's indenter asserts on it): the names so far
+    return bound | _names_bound_by(statement)
+
+
+def _names_bound_by(statement: list[Token]) -> set[str]:
+    names = [str(t) for t in statement if t.type == "NAME"]
+    first = statement[0].type if statement else None
+    if first == "DEF":
+        return set(names)
+    if first == "FOR":
+        return set(names[:1])
+    if first == "NAME" and any(t.type == "EQUAL" for t in statement):  # `x = ...`, `h[i] = ...`
+        return set(names[:1])
+    return set()
+
+
+def _keyword_hint(err: UnexpectedToken, text: str, defined: Collection[str]) -> str | None:
+    """`allreduce g 1MiB`: the parser stopped right after a statement's first word, a name
+    the schedule does not define that is close to a keyword: did you mean it?"""
+    stack = err.interactive_parser.parser_state.value_stack if err.interactive_parser else []
+    if not stack or not isinstance(stack[-1], Token) or stack[-1].type != "NAME":
+        return None
+    before = stack[-2] if len(stack) > 1 else None
+    if isinstance(before, Token) and before.type not in ("_NL", "_INDENT", "_DEDENT"):
+        return None  # not the statement's first word: `x = allreduce g`
+    word = str(stack[-1])
+    if word in defined or word in _bound_names(text):
+        return None
+    # Keywords are short: at difflib's usual 0.6, 'foo' would be 'for' and 'bar' 'barrier'.
+    return did_you_mean(word, _statement_keywords(), cutoff=0.7)
+
+
+def _raise_parse_error(err: LarkError, parser: Lark, origin: TextOrigin, text: str,
+                       defined: Collection[str] | None = None) -> None:  # fmt: skip
+    """Raise the `ScheduleError` for `err`. `defined`: for a program, the names the schedule
+    defines outside it (params); None for one expression, which holds no statements."""
     lines = text.splitlines()
     err_line = getattr(err, "line", None)
     if isinstance(err, UnexpectedToken) and err.token.type != "$END":
@@ -267,9 +326,10 @@ def _raise_parse_error(err: LarkError, parser: Lark, origin: TextOrigin, text: s
         if opener is not None and "_INDENT" not in err.expected and column == _indent_of(text_line) + 1:
             raise ScheduleError(f"expected an indented block after the ':' on line {origin.loc(opener, 1).line}", loc,
                                 hint="indent the block's lines more than the line that ends with ':'")  # fmt: skip
-        raise ScheduleError(
-            f"unexpected {_token_text(token)}; expected {expected}", loc, hint=_hint_for(token, text_line)
-        ) from None
+        hint = _hint_for(token, text_line)
+        if hint is None and defined is not None:
+            hint = _keyword_hint(err, text, defined)
+        raise ScheduleError(f"unexpected {_token_text(token)}; expected {expected}", loc, hint=hint) from None
     if isinstance(err, UnexpectedEOF):
         loc = origin.loc(max(len(lines), 1), len(lines[-1]) + 1 if lines else 1)
         raise ScheduleError("unexpected end of program", loc) from None
@@ -357,8 +417,10 @@ def _expression_tree(text: str) -> Tree:
     return _expression_lark().parse(text)
 
 
-def parse_program(text: str, origin: TextOrigin) -> Tree:
-    """Parse a program block into a Lark tree; errors become `ScheduleError`s."""
+def parse_program(text: str, origin: TextOrigin, defined: Collection[str] = ()) -> Tree:
+    """Parse a program block into a Lark tree; errors become `ScheduleError`s. `defined`:
+    the names the schedule defines outside the program (params), which a hint for a
+    misspelled keyword must not take for one."""
     parser = _lark()
     source = text if text.endswith("\n") else text + "\n"
     _check_indentation(source, origin)
@@ -372,7 +434,7 @@ def parse_program(text: str, origin: TextOrigin) -> Tree:
             hint="indent with the same number of spaces as a line above",
         ) from None
     except LarkError as err:
-        _raise_parse_error(err, parser, origin, source)
+        _raise_parse_error(err, parser, origin, source, defined)
         raise  # unreachable: _raise_parse_error always raises
     except RecursionError:
         raise ScheduleError("the program nests too deeply", origin.loc(1, 1)) from None

@@ -329,6 +329,8 @@ def format_value(v: object) -> str:
 
 
 def format_bytes(n: float) -> str:
+    if n < 0:  # a negative size the user wrote, for its message: -1MiB, not -1.04858e+06B
+        return "-" + format_bytes(-n)
     if n >= 2**60:  # far past any buffer (the limit is 1024TiB): no unit makes it readable
         return f"{n:.3g}B"
     for suffix, mult in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
@@ -349,6 +351,8 @@ def format_us(us: float, digits: int = 6) -> str:
 
 
 def format_flops(f: float) -> str:
+    if f < 0:
+        return "-" + format_flops(-f)
     for suffix, mult in (("PFLOP", 1e15), ("TFLOP", 1e12), ("GFLOP", 1e9), ("MFLOP", 1e6), ("KFLOP", 1e3)):
         if f >= mult:
             return f"{f / mult:.6g}{suffix}"

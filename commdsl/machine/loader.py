@@ -7,6 +7,7 @@ names file:line:col, shows the line, and prints the value that is wrong.
 from __future__ import annotations
 
 import math
+import re
 from pathlib import Path
 
 import yaml
@@ -43,6 +44,8 @@ _TOPOLOGY_KEYS = ("nodes", "gpus_per_node", "vertices", "links", "peer_access", 
                   "host_memory_bandwidth_gb_per_s")
 _TOPOLOGY_LINK_KEYS = ("kind", "bandwidth_gb_per_s", "latency_us", "between")
 _LIMITS_HINT = "the limits keep simulated times finite; see docs/limits.md"
+_NUMBER_TEXT = re.compile(r"[-+]?([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][-+]?[0-9]+)?")
+"""A number as a user writes it (YAML 1.1 reads some as text: 1e12, 1.5e3)."""
 
 
 def preset_names() -> list[str]:
@@ -111,7 +114,7 @@ class _MachineReader:
             if key in out:
                 raise self.fail(f"{what}: key '{key}' appears twice (first at line {out[key][0].start_mark.line + 1})", k)
             if known is not None and key not in known:
-                raise self.fail(f"{what}: unknown key '{key}' (known: {', '.join(known)})", k)
+                raise self.fail(f"{what}: unknown key '{key}' (known: {', '.join(known)})", k, hint=did_you_mean(key, known))
             out[key] = (k, v)
         for key in required:
             if key not in out:
@@ -131,7 +134,9 @@ class _MachineReader:
         v = self.value(node)
         if isinstance(v, bool) or not isinstance(v, (int, float)):
             hint = None
-            if isinstance(v, str):
+            if isinstance(node, yaml.ScalarNode) and not node.style and _NUMBER_TEXT.fullmatch(node.value):
+                # Plain (unquoted) text that is a number to the user, not to YAML 1.1, which
+                # wants a '.' and a signed exponent: 1e12, 1.5e3; not a word such as `fast`.
                 hint = "YAML reads 1e12 as text; write 1.0e+12, or use the unit in the key (TFLOP/s, GB/s, us)"
             raise self.fail(f"{what} must be a number, got {self.text(node)}", node, hint=hint)
         try:
@@ -188,7 +193,8 @@ class _MachineReader:
         try:
             return Dtype(key)
         except ValueError:
-            raise self.fail(f"{what}: unknown dtype '{key}' (known: {', '.join(d.value for d in Dtype)})", node) from None
+            known = [d.value for d in Dtype]
+            raise self.fail(f"{what}: unknown dtype '{key}' (known: {', '.join(known)})", node, hint=did_you_mean(key, known)) from None
 
     def profiles(self, keys: dict, what: str, kind: OpKind) -> list[tuple[Dtype, ReduceOp | None, tuple[tuple[float, float], ...]]]:
         """A collective's measured tables (`Machine.collective_profiles`): measured_us (fp32;
@@ -208,7 +214,8 @@ class _MachineReader:
             for okey, (oknode, ovnode) in self.mapping(keys["measured_us_by_op"][1], owhat, None).items():
                 if okey not in others:
                     where = " (sum's tables are measured_us and measured_us_by_dtype)" if okey == ReduceOp.SUM.value else ""
-                    raise self.fail(f"{owhat}: reduce op '{okey}' has no place here{where}; known: {', '.join(others)}", oknode)
+                    raise self.fail(f"{owhat}: reduce op '{okey}' has no place here{where}; known: {', '.join(others)}", oknode,
+                                    hint=did_you_mean(okey, others))  # fmt: skip
                 for dkey, (dknode, dvnode) in self.mapping(ovnode, f"{owhat}.{okey}", None).items():
                     dtype = self.dtype(dkey, dknode, f"{owhat}.{okey}")
                     tables.append((dtype, ReduceOp(okey), self.profile(dvnode, f"{owhat}.{okey}.{dkey}")))
@@ -250,7 +257,9 @@ class _MachineReader:
             try:
                 transport = Transport(key)
             except ValueError:
-                raise self.fail(f"transports: unknown transport '{key}' (known: {', '.join(t.value for t in Transport)})", knode) from None
+                known = [t.value for t in Transport]
+                raise self.fail(f"transports: unknown transport '{key}' (known: {', '.join(known)})", knode,
+                                hint=did_you_mean(key, known)) from None  # fmt: skip
             what = f"transports.{key}"
             keys = self.mapping(vnode, what, _TRANSPORT_KEYS, _LINK_KEYS)
             transports.append((transport, self.link_from(keys, what)))
@@ -266,8 +275,9 @@ class _MachineReader:
                     except ValueError:
                         kind = None
                     if kind not in COLLECTIVE_KINDS:
-                        known = ", ".join(sorted(k.value for k in COLLECTIVE_KINDS))
-                        raise self.fail(f"{what}.collectives: unknown collective '{ckey}' (known: {known})", cknode)
+                        known = sorted(k.value for k in COLLECTIVE_KINDS)
+                        raise self.fail(f"{what}.collectives: unknown collective '{ckey}' (known: {', '.join(known)})", cknode,
+                                        hint=did_you_mean(ckey, known))  # fmt: skip
                     cwhat = f"{what}.collectives.{ckey}"
                     ckeys = self.mapping(cvnode, cwhat, (*_LINK_KEYS, *_PROFILE_KEYS), _LINK_KEYS)
                     overrides.append((transport, kind, self.link_from(ckeys, cwhat)))
