@@ -174,7 +174,7 @@ def test_cli_on_mutated_schedule_never_prints_a_traceback(tmp_path, seed):
 # cases), never one command per case.
 
 FUZZ_SEED = int(os.environ.get("COMMDSL_FUZZ_SEED", "23"))
-FUZZ_CASES = 10_000
+FUZZ_CASES = 4_000
 FUZZ_MACHINE_CASES = 2_000
 
 
