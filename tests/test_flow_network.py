@@ -3,6 +3,7 @@ model and the step-by-step mode, host staging, interference (docs/simulator.md).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -283,6 +284,21 @@ def test_nccl_like_algorithm_choice_and_override():
     assert algo("all_reduce x size algo=ring", "4KiB") == "ring"  # the op's choice wins
     one_node = simulate(one_op(8, "all_reduce x size", "4KiB"), resolve_machine("dgx-h100"))
     assert {f.algo.value for f in one_node.flow_stats()} == {"ring"}  # NCCL keeps rings inside a node
+
+
+def test_without_nccls_model_both_networks_choose_and_time_an_all_reduce_across_nodes_alike():
+    """Two DGX H100 nodes without `nccl:`: the textbook algorithms on the routes. Across
+    nodes an all_reduce takes the faster of ring and tree alone on the links, in the
+    analytic network as in the flow network."""
+    machine = dataclasses.replace(resolve_machine("dgx-h100").with_nodes(2), nccl=None)
+    chosen = {}
+    for size in ("4KiB", "256MiB"):
+        program = one_op(16, "all_reduce x size", size)
+        flow, analytic = simulate(program, machine), simulate(program, machine, "analytic")
+        chosen[size] = {f.algo.value for f in flow.flow_stats()}
+        assert {f.algo.value for f in analytic.flow_stats()} == chosen[size]
+        assert max(analytic.raw.end) == pytest.approx(max(flow.raw.end), rel=1e-9)
+    assert chosen["4KiB"] == {"tree"}  # latency-bound across nodes: log steps, not the ring's 2(n-1)
 
 
 # ---- transports on pcie-nvlink-pairs ------------------------------------------------------------

@@ -18,7 +18,7 @@ import simpy
 
 from commdsl.ir import OpKind
 from commdsl.machine.model import Machine
-from commdsl.sim.fabric import Fabric, solo_rate
+from commdsl.sim.fabric import Fabric
 from commdsl.sim.nccl_flows import NcclFlows
 from commdsl.sim.network import Done, FlowStat, Network, Transfer
 
@@ -85,13 +85,8 @@ class AnalyticNetwork(Network):
             return self.fabric.p2p_time_us(transfer.ranks[0], transfer.ranks[1], transfer.transport, transfer.size_bytes)
         if self.fabric is not None:
             # Its pairs on their routes, as the flow network's coflow runs alone.
-            t, fabric = transfer, self.fabric
-            channel_bytes, cap, step_latency_us = fabric.collective_load(t.kind, p.algo, t.ranks, float(t.size_bytes), t.transport, t.root, p)
-            latency = p.latency_steps * step_latency_us
-            if not p.serial_bytes:
-                return latency, latency
-            demands = ((c, b / p.serial_bytes) for c, b in channel_bytes.items())
-            return latency + p.serial_bytes / solo_rate(fabric.capacity, demands, cap), latency
+            t = transfer
+            return self.fabric.collective_time_us(t.kind, p.algo, t.ranks, float(t.size_bytes), t.transport, t.root, p)
         link = self.machine.sized_link(transfer.transport, transfer.kind, len(transfer.ranks), transfer.size_bytes,
                                        p.latency_steps, p.serial_bytes, transfer.dtype, transfer.reduce_op)  # fmt: skip
         assert link is not None, "the engine checks transports before simulating"

@@ -350,6 +350,18 @@ class Fabric:
             step_latency_us = max(step_latency_us, route.spec.latency_us + route.latency_us)
         return channel_bytes, cap, step_latency_us
 
+    def collective_time_us(self, kind: OpKind, algo: Algo, ranks: tuple[int, ...], size_bytes: float, transport: Transport,
+                           root: int | None, p: CommPlan) -> tuple[float, float]:  # fmt: skip
+        """(time, latency part) of a collective alone on its routes (`collective_load`): its
+        steps' latency, then `p.serial_bytes` at the rate of the channel it fills first or
+        its cap (the flow network's time for it when nothing else moves)."""
+        channel_bytes, cap, step_latency_us = self.collective_load(kind, algo, ranks, size_bytes, transport, root, p)
+        latency = p.latency_steps * step_latency_us
+        if not p.serial_bytes:
+            return latency, latency
+        demands = ((c, b / p.serial_bytes) for c, b in channel_bytes.items())
+        return latency + p.serial_bytes / solo_rate(self.capacity, demands, cap), latency
+
     def describe(self, route: Route) -> str:
         """"gpu0 -> cpu0 -> gpu2" style text of a route (tests, errors)."""
         parts = []

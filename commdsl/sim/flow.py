@@ -68,9 +68,9 @@ from operator import add, gt, is_, itemgetter, le, mul, sub
 
 import simpy
 
-from commdsl.ir import Dtype, Algo, Op, OpKind, ReduceOp, Transport
+from commdsl.ir import Dtype, Algo, OpKind, ReduceOp, Transport
 from commdsl.machine.model import LinkSpec, Machine
-from commdsl.sim.collectives import DEFAULT_ALGO, CommPlan, edges, plan
+from commdsl.sim.collectives import CommPlan, edges
 from commdsl.sim.fabric import Fabric, solo_rate
 from commdsl.sim.nccl_flows import NcclFlows
 from commdsl.sim.network import Done, FlowStat, LinkStat, Network, Transfer
@@ -160,7 +160,6 @@ class FlowNetwork(Network):
         self._dirty: list[_Flow] = []
         self._mark = 0
         self._legs: dict[tuple, tuple[_Leg, ...]] = {}
-        self._algo_cache: dict[tuple, Algo] = {}
         # Link utilisation samples (time, channel, load in bytes/us), appended in event
         # order but not always in time order (a solo flow's are written when it ends).
         self._s_t = array("d")
@@ -187,30 +186,6 @@ class FlowNetwork(Network):
         """Per device, whether compute runs on it."""
         self.nccl = NcclFlows(self.fabric, machine.nccl) if machine.nccl is not None else None
         """NCCL's algorithms, protocols and channels on the links (machines with `nccl:`)."""
-
-    # ---- algorithm choice ----------------------------------------------------------------
-
-    def choose_algo(self, op: Op, ranks: tuple[int, ...]) -> Algo:
-        """NCCL-like: rings inside a node; for an all_reduce whose group spans nodes, the
-        faster of ring and double binary tree on this topology for this size (uncontended
-        estimate: latency + bytes at the solo rate)."""
-        kind = op.kind
-        if kind is not OpKind.ALL_REDUCE or self.fabric.topology is None or len(ranks) <= 2:
-            return DEFAULT_ALGO[kind]
-        g = self.fabric.topology.gpus_per_node
-        if len({r // g for r in ranks}) == 1:
-            return Algo.RING
-        key = (ranks, op.size_bytes, op.transport)
-        algo = self._algo_cache.get(key)
-        if algo is None:
-            best = _INF
-            for candidate in (Algo.RING, Algo.TREE):
-                p = plan(kind, candidate, len(ranks), op.size_bytes, self.machine.chunk_bytes)
-                t = sum(leg.latency_us + (leg.total / leg.solo if leg.total else 0.0) for leg in self._collective_legs(kind, candidate, ranks, op.size_bytes, op.transport, None, p))
-                if t < best:
-                    best, algo = t, candidate
-            self._algo_cache[key] = algo
-        return algo
 
     # ---- building flows --------------------------------------------------------------
 

@@ -38,7 +38,7 @@ import simpy
 from commdsl.errors import MachineError, ScheduleError
 from commdsl.ir import Dtype, Algo, Op, OpKind, Protocol, ReduceOp, Transport
 from commdsl.machine.model import LinkKind, Machine
-from commdsl.sim.collectives import DEFAULT_ALGO, CommPlan, resolve_algo
+from commdsl.sim.collectives import DEFAULT_ALGO, CommPlan, plan, resolve_algo
 from commdsl.sim.fabric import Fabric
 from commdsl.sim.nccl_flows import NcclFlows
 
@@ -201,6 +201,8 @@ class Network(abc.ABC):
         """The machine's links and routes (machines with a topology; the flow network's always)."""
         self.records = TransferLog()
         """Every transfer started, with its ops, start and end (`flow_stats`)."""
+        self._algo_cache: dict[tuple, Algo] = {}
+        """(ranks, size, transport) of an all_reduce across nodes -> `choose_algo`'s choice."""
 
     @abc.abstractmethod
     def start(self, transfer: Transfer, ops: tuple[int, ...], done: Done) -> None:
@@ -248,8 +250,25 @@ class Network(abc.ABC):
         return algo, None
 
     def choose_algo(self, op: Op, ranks: tuple[int, ...]) -> Algo:
-        """The algorithm of a collective whose op names none, without an NCCL model."""
-        return DEFAULT_ALGO[op.kind]
+        """The algorithm of a collective whose op names none, without an NCCL model.
+        NCCL-like on a machine with a topology: rings inside a node; for an all_reduce whose
+        group spans nodes, the faster of ring and double binary tree alone on the routes for
+        this size (`Fabric.collective_time_us`). Elsewhere the op kind's default."""
+        kind = op.kind
+        fabric = self.fabric
+        if kind is not OpKind.ALL_REDUCE or fabric is None or fabric.topology is None or len(ranks) <= 2:
+            return DEFAULT_ALGO[kind]
+        g = fabric.topology.gpus_per_node
+        if len({r // g for r in ranks}) == 1:
+            return Algo.RING
+        key = (ranks, op.size_bytes, op.transport)
+        algo = self._algo_cache.get(key)
+        if algo is None:
+            times = {candidate: fabric.collective_time_us(kind, candidate, ranks, op.size_bytes, op.transport, None,
+                                                          plan(kind, candidate, len(ranks), op.size_bytes, self.machine.chunk_bytes))[0]
+                     for candidate in (Algo.RING, Algo.TREE)}  # fmt: skip
+            algo = self._algo_cache[key] = min(times, key=times.__getitem__)  # a tie: ring, the first
+        return algo
 
     def meta(self) -> dict:
         """What goes into the timeline's metadata about this network model."""
