@@ -13,6 +13,7 @@ from commdsl.api import compare_named
 from commdsl.cli import non_negative_number
 from commdsl.comparison import Comparison, combined_trace
 from commdsl.dsl.values import format_bytes, format_us
+from commdsl.errors import require_output_folder
 from commdsl.files import write_text
 from commdsl.timeline import Timeline
 
@@ -83,6 +84,7 @@ def print_memory_peaks(cmp: Comparison, console: Console) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    require_output_folder("--html", args.html)
     predicted, measured = Timeline.read(args.predicted), Timeline.read(args.measured)
     cmp = compare_named(predicted, measured, args.predicted, args.measured, args.min_duration)
     if args.json:

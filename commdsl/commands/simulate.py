@@ -15,7 +15,7 @@ import argparse
 import sys
 
 from commdsl.cli import add_schedule_arguments, count_at_least, load_from_args
-from commdsl.errors import UsageError
+from commdsl.errors import UsageError, require_output_folder
 from commdsl.machine import DEFAULT_MACHINE, resolve_machine
 from commdsl.progress import Progress
 from commdsl.sim import NETWORKS, simulate
@@ -69,6 +69,7 @@ def add_sampling_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     if args.flows and not args.json:
         raise UsageError("--flows lists every transfer in the --json output", hint="add --json")
+    require_output_folder("--trace", args.trace)  # before the simulation, which can take seconds
     with Progress("commdsl simulate") as progress:
         progress.phase(f"expanding {args.schedule}")
         program = load_from_args(args)
