@@ -214,6 +214,19 @@ def test_an_ops_own_factor_wins_over_the_machine_wide_one(network):
 
 
 @pytest.mark.parametrize("network", NETWORKS)
+def test_a_posted_recv_slows_compute_only_while_its_bytes_move(network):
+    """On a CPU host a comm op is a thread: a recv posted at 0 whose send starts at 4000 us
+    waits blocked until then, costing the cores nothing. Rank 1's 10 ms of compute runs
+    at full speed to 4000 us, at 1/3 (the recv's factor) while the 4000 us transfer moves,
+    then at full speed: it ends at 8000 + (10000 - 4000 - 4000/3) us."""
+    m = machine(BY_SEND.format(kind="recv", cc=3.0, cm=1.0))
+    body = "if rank == 0:\n    compute W 4ms on a\n    send x 400MB to 1 on a\nif rank == 1:\n    recv x 400MB from 0 on b\n    compute C 10ms on a"
+    r = simulate(sched(body), m, network=network)
+    assert spans(r)["x"] == pytest.approx((0, 8000), rel=1e-12)  # the recv's: posted at 0, its bytes from 4000 us
+    assert spans(r)["C"][1] == pytest.approx(8000 + 10000 - 4000 - 4000 / 3, rel=1e-12)
+
+
+@pytest.mark.parametrize("network", NETWORKS)
 def test_compute_slows_by_the_factor_of_the_op_running_beside_it(network):
     """While the 4000 us send runs, compute on the sender goes at 1/3 (the send's own
     comm_compute_slowdown; the machine-wide 1.5 is for other ops): 10 ms of compute does

@@ -15,8 +15,10 @@ contention spec picks the model (`contention_model`):
     slows transfers only where the machine says so.
   * `CpuHostModel` (`CpuContention`): a rank is a process whose streams, comm queues and
     copies are threads sharing the host's cores. Comm ops and compute slow each other
-    (per-op factors), copies and compute slow each other, explicit durations stretch,
-    and in a sampled simulation compute ops stall and woken threads go on late.
+    (per-op factors) while the comm op's transfer moves bytes: a posted recv, or a
+    collective waiting for its last member, waits in a blocked thread and costs the
+    cores nothing. Copies and compute slow each other, explicit durations stretch, and
+    in a sampled simulation compute ops stall and woken threads go on late.
 
 The engine's side of the interface (`Contention`):
 
@@ -42,7 +44,7 @@ from __future__ import annotations
 import math
 import random
 
-from commdsl.ir import Op, OpKind, Transport
+from commdsl.ir import Dtype, Op, OpKind, Transport
 from commdsl.machine.model import CpuContention, GpuContention, Machine
 from commdsl.sim.network import Network, Transfer
 
@@ -114,7 +116,19 @@ class _KernelFactors(Contention):
         factor = self._factor_of.get(key)
         if factor is None:
             factor = self._factor_of[key] = self.kernel_factor(op)
-        kernels = self.kernels[op.rank]
+        return self._push(op.rank, factor, started)
+
+    def _kernel_at(self, rank: int, kind: OpKind, dtype: Dtype, started: bool) -> bool:
+        """A comm op of `kind` began (`started`) or ended slowing compute on `rank`."""
+        key = (kind, dtype)
+        factor = self._factor_of.get(key)
+        if factor is None:
+            factor = self._factor_of[key] = self.machine.interference(kind, dtype).comm_compute_slowdown
+        return self._push(rank, factor, started)
+
+    def _push(self, rank: int, factor: float, started: bool) -> bool:
+        """Add (`started`) or remove one of `rank`'s slowdowns; whether its largest changed."""
+        kernels = self.kernels[rank]
         before = max(kernels, default=1.0)
         if started:
             kernels.append(factor)
@@ -205,6 +219,9 @@ class CpuHostModel(_KernelFactors):
     def __init__(self, machine: Machine, network: Network, world_size: int, rng: random.Random | None):
         super().__init__(machine, world_size)
         spec: CpuContention = machine.contention
+        # Comm slows compute while its transfer moves bytes (`transfer`), not from the
+        # moment the op is active as an NCCL kernel on a GPU does (`kernel`).
+        self.tracks_traffic, self.tracks_kernels = self.tracks_kernels, False
         self.network = network
         self.spec = spec
         noise = spec.noise
@@ -214,7 +231,7 @@ class CpuHostModel(_KernelFactors):
         self.slows_comm = spec.slows_comm()
         self.timed_copies = spec.copy_compute_slowdown != 1.0 or spec.compute_copy_slowdown != 1.0
         self._counts_compute = self.slows_comm or spec.compute_copy_slowdown != 1.0 or self.noisy
-        self.timed = self.tracks_kernels or self._counts_compute or self.timed_copies
+        self.timed = self.tracks_traffic or self._counts_compute or self.timed_copies
         # Each rank draws its own noise; the network hears which ranks compute.
         self.rank_local = not (self.noisy or self.slows_comm)
         self.computing = [0] * world_size
@@ -242,6 +259,19 @@ class CpuHostModel(_KernelFactors):
         if self.slows_comm:
             self.network.compute_changed(rank, before == 0)
         return self.spec.compute_copy_slowdown != 1.0
+
+    def transfer(self, transfer: Transfer, started: bool) -> tuple[int, ...]:
+        """An NCCL-transport transfer slows compute on its ranks while it moves: each at
+        its own op's factor (a send's on the source, a recv's on the destination)."""
+        if transfer.transport is not Transport.NCCL:
+            return ()
+        ranks = tuple(dict.fromkeys(transfer.ranks))
+        kinds = (OpKind.SEND, OpKind.RECV) if transfer.kind is OpKind.SEND else (transfer.kind,) * len(ranks)
+        changed = []
+        for rank, kind in zip(ranks, kinds):
+            if self._kernel_at(rank, kind, transfer.dtype, started):
+                changed.append(rank)
+        return tuple(changed)
 
     def factor(self, rank: int, op: Op) -> float:
         spec = self.spec
