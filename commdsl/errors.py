@@ -183,6 +183,6 @@ def require_output_folder(flag: str, path: str | None) -> None:
         return
     if path == "-":  # the Unix "standard output": these outputs are files beside what stdout prints
         raise UsageError(f"{flag} -: give the path of a file to write", hint=f"e.g. {flag} out.json")
-    folder = Path(path).resolve().parent
-    if not folder.is_dir():
+    folder = Path(path).parent  # as the user wrote it, for the message
+    if not folder.resolve().is_dir():
         raise UsageError(f"{flag} {path}: the folder {folder} does not exist")
