@@ -86,7 +86,9 @@ def test_trace_to_an_unwritable_path_is_a_usage_error(tmp_path: Path, capsys):
     from commdsl.cli import main
 
     assert main(["simulate", "p2p", "--trace", str(tmp_path / "no" / "such" / "t.json")]) == 2
-    assert "cannot write --trace" in capsys.readouterr().err
+    assert f"--trace {tmp_path / 'no' / 'such' / 't.json'}: the folder {tmp_path / 'no' / 'such'} does not exist" in capsys.readouterr().err
+    assert main(["simulate", "p2p", "--trace", str(tmp_path)]) == 2  # a folder: found when writing
+    assert f"cannot write --trace {tmp_path}: Is a directory" in capsys.readouterr().err
 
 
 def test_write_trace_reports_its_progress_window_by_window(tmp_path: Path, monkeypatch):
