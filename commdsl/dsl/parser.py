@@ -260,15 +260,20 @@ def _names_bound_by(statement: list[Token]) -> set[str]:
 
 
 def _keyword_hint(err: UnexpectedToken, text: str, defined: Collection[str]) -> str | None:
-    """`allreduce g 1MiB`: the parser stopped right after a statement's first word, a name
-    the schedule does not define that is close to a keyword: did you mean it?"""
+    """`allreduce g 1MiB`, `h = isendd x ...`: the parser stopped right after a statement's
+    first word (or the word a handle is bound to), a name the schedule does not define
+    that is close to a keyword: did you mean it?"""
     stack = err.interactive_parser.parser_state.value_stack if err.interactive_parser else []
-    if not stack or not isinstance(stack[-1], Token) or stack[-1].type != "NAME":
-        return None
+    top = stack[-1] if stack else None
     before = stack[-2] if len(stack) > 1 else None
-    if isinstance(before, Token) and before.type not in ("_NL", "_INDENT", "_DEDENT"):
-        return None  # not the statement's first word: `x = allreduce g`
-    word = str(stack[-1])
+    if isinstance(top, Tree) and top.data == "var" and isinstance(before, Token) and before.type == "EQUAL":
+        word = str(top.children[0])  # the word a handle is bound to, read as a value: `h = isendd x ...`
+    elif isinstance(top, Token) and top.type == "NAME":
+        if isinstance(before, Token) and before.type not in ("_NL", "_INDENT", "_DEDENT"):
+            return None  # not the statement's first word
+        word = str(top)
+    else:
+        return None  # inside an expression: `x = 2 * sendd y`
     if word in defined or word in _bound_names(text):
         return None
     # Keywords are short: at difflib's usual 0.6, 'foo' would be 'for' and 'bar' 'barrier'.
