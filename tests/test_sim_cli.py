@@ -20,6 +20,17 @@ def test_simulate_1f1b_prints_a_summary(capsys):
     assert "F/B...: compute" in out  # the Gantt legend (small schedule)
 
 
+def test_check_lists_params_on_one_line_and_none_when_there_are_none(capsys, tmp_path):
+    assert main(["check", "1f1b"]) == 0
+    out = capsys.readouterr().out
+    line = next(ln for ln in out.splitlines() if ln.startswith("  params "))
+    assert line.startswith("  params stages=4, ") and line.endswith(", optimizer=1GiB")  # not wrapped at 80 columns
+    bare = tmp_path / "bare.yaml"
+    bare.write_text("name: bare\nworld: 2\nprogram: |\n  compute F 1ms\n")
+    assert main(["check", str(bare)]) == 0
+    assert "\n  params" not in capsys.readouterr().out
+
+
 def test_json_summary(capsys):
     assert main(["simulate", "1f1b", "-p", "stages=2", "-p", "microbatches=3", "--json"]) == 0
     data = json.loads(capsys.readouterr().out)

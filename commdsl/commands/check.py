@@ -60,7 +60,8 @@ def run(args: argparse.Namespace) -> int:
     mesh = " × ".join(f"{a}={n}" for a, n in program.mesh) or "flat"
     console.print(f"[bold]{program.name}[/]: ok  ({program.source})")
     console.print(f"  ranks {program.world_size} (mesh {mesh}), streams {', '.join(program.streams)}, groups {len(program.groups)}")
-    console.print("  params " + ", ".join(f"{k}={v}" for k, v in program.params))
+    if program.params:  # one line each, however long: a list of names wrapped mid-name reads badly
+        console.print("  params " + ", ".join(f"{k}={v}" for k, v in program.params), soft_wrap=True)
     table = Table(box=None, show_header=True, pad_edge=False)
     table.add_column("op kind")
     table.add_column("count", justify="right")
