@@ -358,6 +358,12 @@ class Op:
         return f"{self.rank}:{self.index}"
 
     @property
+    def label(self) -> str:
+        """How messages name the op: its kind and name (`send act[3]`); a barrier, which
+        has no name of its own, by its kind."""
+        return self.kind.value if self.kind is OpKind.BARRIER else f"{self.kind.value} {self.name}"
+
+    @property
     def is_async(self) -> bool:
         return self.handle is not None
 

@@ -450,7 +450,7 @@ def csv_rows(program: Program, with_transfers: bool) -> list[list[str]]:
         backwards: dict[int, int] = {}
         for op in rank_ops:
             if op.kind.is_collective or op.kind is OpKind.COPY or op.kind is OpKind.HOST:
-                raise ScheduleError(f"{op.kind.value} {op.name} has no pipelining action: the CSV lists compute and transfers "
+                raise ScheduleError(f"{op.label} has no pipelining action: the CSV lists compute and transfers "
                                     "only", op.loc, rank=op.rank)  # fmt: skip
             if op.kind not in _EXPORTED_KINDS or (op.kind.is_p2p and not with_transfers):
                 continue

@@ -60,7 +60,7 @@ def validate_program(program: Program) -> None:
 
 
 def _describe(op: Op) -> str:
-    return f"{op.kind.value} {op.name} ({format_bytes(op.size_bytes)}) on rank {op.rank}"
+    return f"{op.label} ({format_bytes(op.size_bytes)}) on rank {op.rank}"
 
 
 def check_p2p_matching(sends: dict[_Channel, list[Op]], recvs: dict[_Channel, list[Op]]) -> None:
@@ -146,7 +146,7 @@ def _differences(a: Op, b: Op) -> str:
 
 
 def _sig_text(op: Op) -> str:
-    parts = [op.kind.value, op.name]
+    parts = [op.label]
     if op.kind is not OpKind.BARRIER:
         parts.append(format_bytes(op.size_bytes))
         parts.append(op.dtype.value)

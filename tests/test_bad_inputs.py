@@ -245,6 +245,9 @@ CASES = [
          error=ValidationError, related_line=P + 2, rank=2),
     Case("collective_count", prog("if rank != 3:", "    all_reduce g 4MiB"),
          "rank 0 issues 1 collective(s) on group world but rank 3 issues 0", P + 2, 7, error=ValidationError),
+    Case("barrier_count", prog("if rank != 3:", "    barrier"),  # a barrier has no name: not `barrier barrier`
+         "rank 0 issues 1 collective(s) on group world but rank 3 issues 0; the first without a partner is `barrier`",
+         P + 2, 7, error=ValidationError),
     # ---- YAML and the schedule's keys -----------------------------------------------------------
     Case("yaml_syntax", "name: t\nworld: 4\nparams: {a: [1, 2}\nprogram: |\n  pass\n", "invalid YAML", 3, 18, cli=True),
     Case("yaml_bad_indent", "name: t\nworld: 4\nprogram: |\n  pass\n streams: [a]\n", "invalid YAML", 5, 2),

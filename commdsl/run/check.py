@@ -195,7 +195,7 @@ class Checker:
 
     def verify(self, op: Op, got: torch.Tensor) -> str | None:
         """None if `got` (the op's output buffer) holds the expected values, else why not."""
-        return self.verify_values(self.expect[op.index], got, f"rank {op.rank}: op {op.id} {op.kind.value} {op.name}{_who(op)}")
+        return self.verify_values(self.expect[op.index], got, f"rank {op.rank}: op {op.id} {op.label}{_who(op)}")
 
     def verify_arrival(self, exp: Expectation, got: torch.Tensor) -> str | None:
         """None if `got` (this rank's buffer a peer copy writes) holds what the copy wrote."""

@@ -332,7 +332,7 @@ class CpuExecutor(Executor):
             except (Aborted, CommdslError):
                 raise
             except Exception as e:
-                raise OpFailed(f"{op.kind.value} {op.name} failed on rank {self.rank}: {type(e).__name__}: {e}",
+                raise OpFailed(f"{op.label} failed on rank {self.rank}: {type(e).__name__}: {e}",
                                op.loc, rank=self.rank) from e  # fmt: skip
             rec.exec_end[i] = now_ns()
 

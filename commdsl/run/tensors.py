@@ -67,7 +67,7 @@ def wire_dtype(dtype: Dtype, backend: str) -> torch.dtype:
 def check_supported(op: Op, backend: str) -> None:
     if backend == "gloo" and op.kind in REDUCING_KINDS and op.dtype in _GLOO_UNSUPPORTED:
         raise ScheduleError(
-            f"{op.kind.value} {op.name}: gloo cannot reduce {op.dtype.value} tensors", op.loc, rank=op.rank,
+            f"{op.label}: gloo cannot reduce {op.dtype.value} tensors", op.loc, rank=op.rank,
             hint="run on NCCL (GPU), or give the op another dtype (dtype=fp32)",
         )  # fmt: skip
 

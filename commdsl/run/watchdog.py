@@ -114,7 +114,7 @@ class Watchdog:
         lines = []
         for op, state, since in unfinished[:8]:
             what = _what(op)
-            lines.append(f"rank {self.rank}: stuck on op {op.id} {op.kind.value} {op.name}{what} [{state}, "
+            lines.append(f"rank {self.rank}: stuck on op {op.id} {op.label}{what} [{state}, "
                          f"issued {(now - since) / 1e9:.1f}s ago] at {op.loc}")  # fmt: skip
             if op.loc.text:
                 lines.append(f"    {op.loc.line} | {op.loc.text.strip()}")
@@ -122,7 +122,7 @@ class Watchdog:
             lines.append(f"rank {self.rank}: ... and {len(unfinished) - 8} more unfinished ops")
         if ex.host_op is not None:
             op = ex.ops[ex.host_op]
-            lines.append(f"rank {self.rank}: the host is blocked issuing op {op.id} {op.kind.value} {op.name}")
+            lines.append(f"rank {self.rank}: the host is blocked issuing op {op.id} {op.label}")
         return lines
 
     # ---- firing --------------------------------------------------------------------------

@@ -20,7 +20,7 @@ _MAX_SNIPPETS = 4
 
 def describe_op(op: Op) -> str:
     """`send act[0] (op 0:3, 1f1b.yaml:12)`."""
-    return f"{op.kind.value} {op.name} (op {op.id}, {op.loc.file}:{op.loc.line})"
+    return f"{op.label} (op {op.id}, {op.loc.file}:{op.loc.line})"
 
 
 class _Reporter:

@@ -226,7 +226,7 @@ class Network(abc.ABC):
         try:
             self.fabric.route(src, dst, Transport.MEMCPY)
         except MachineError as e:
-            raise MachineError(f"{op.kind.value} {op.name}: {e.message}", op.loc, rank=op.rank, hint=e.hint) from None
+            raise MachineError(f"{op.label}: {e.message}", op.loc, rank=op.rank, hint=e.hint) from None
 
     def choose(self, op: Op, ranks: tuple[int, ...]) -> tuple[Algo, Protocol | None]:
         """The algorithm and protocol `op` runs with on the group `ranks` (global): NCCL's

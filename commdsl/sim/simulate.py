@@ -232,7 +232,7 @@ def check_horizon(raw: RawResult, machine: Machine) -> None:
                key=lambda g: max(raw.end[g], raw.issue_end[g]))  # fmt: skip
     op, start, end = raw.ops[late], raw.start[late], max(raw.end[late], raw.issue_end[late])
     raise LimitError(
-        f"{op.kind.value} {op.name} (op {op.id}) ends at {format_us(end)} on machine {machine.name}, past the simulator's "
+        f"{op.label} (op {op.id}) ends at {format_us(end)} on machine {machine.name}, past the simulator's "
         f"horizon of {format_us(HORIZON_US)} (it runs {format_us(end - start)} from its start)",
         op.loc, rank=op.rank,
         hint="use smaller sizes or durations, or a machine with faster rates; see docs/limits.md",
