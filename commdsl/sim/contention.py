@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import math
 import random
+from itertools import repeat
 
 from commdsl.ir import Dtype, Op, OpKind, Transport
 from commdsl.machine.model import CpuContention, GpuContention, Machine
@@ -221,7 +222,8 @@ class CpuHostModel(_KernelFactors):
         spec: CpuContention = machine.contention
         # Comm slows compute while its transfer moves bytes (`transfer`), not from the
         # moment the op is active as an NCCL kernel on a GPU does (`kernel`).
-        self.tracks_traffic, self.tracks_kernels = self.tracks_kernels, False
+        self.tracks_traffic = spec.slows_compute()
+        self.tracks_kernels = False
         self.network = network
         self.spec = spec
         noise = spec.noise
@@ -265,13 +267,8 @@ class CpuHostModel(_KernelFactors):
         its own op's factor (a send's on the source, a recv's on the destination)."""
         if transfer.transport is not Transport.NCCL:
             return ()
-        ranks = tuple(dict.fromkeys(transfer.ranks))
-        kinds = (OpKind.SEND, OpKind.RECV) if transfer.kind is OpKind.SEND else (transfer.kind,) * len(ranks)
-        changed = []
-        for rank, kind in zip(ranks, kinds):
-            if self._kernel_at(rank, kind, transfer.dtype, started):
-                changed.append(rank)
-        return tuple(changed)
+        kinds = (OpKind.SEND, OpKind.RECV) if transfer.kind is OpKind.SEND else repeat(transfer.kind)
+        return tuple(rank for rank, kind in zip(dict.fromkeys(transfer.ranks), kinds) if self._kernel_at(rank, kind, transfer.dtype, started))
 
     def factor(self, rank: int, op: Op) -> float:
         spec = self.spec
