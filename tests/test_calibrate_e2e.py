@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from commdsl.calibrate.executor_probes import PROBE_ITERS
+from commdsl.calibrate.fit import fit_linear
 from commdsl.calibrate.main import NOISE_PIECES, OVERLAP_OPS, OVERLAP_PIECES, PASSES
 from commdsl.dsl import load_schedule
 from commdsl.ir import Dtype, OpKind, ReduceOp, Transport
@@ -103,6 +104,9 @@ def machine_file(tmp_path_factory) -> Path:
                                                            else data["reductions_us_by_dtype"][dtype][kind])  # fmt: skip
             assert e["loop_alone_us"] == dict(series)[max(s for s, _ in series)]  # the probe's size: the largest here
             assert e["compute_comm_slowdown"] == pytest.approx(max(1.0, beside / e["loop_alone_us"]))
+    # Peer copies are timed inside the executor (a copy into rank 1's memory), each size.
+    assert [s for s, _ in data["peer_copy_us"]] == [s for s, _ in data["p2p_us"]] and all(t > 0 for _, t in data["peer_copy_us"])
+    assert "peer copy" in proc.stdout and not [s for s in data["skipped"] if s.startswith("peer copy")]
     assert "compute stalls inside the executor" in proc.stdout
     assert "interference inside the executor" in proc.stdout and "reduce_scatter bf16" in proc.stdout
     return out
@@ -115,6 +119,11 @@ def test_calibrated_machine_is_a_valid_machine(machine_file: Path) -> None:
     assert all(r > 0 for r in rates.values()) and rates
     for _, link in m.transports:
         assert link.latency_us >= 0 and link.bandwidth_gb_per_s > 0
+    # memcpy is timed as the peer copies ran, the other transports as the P2P messages.
+    raw = json.loads(machine_file.with_name("raw.json").read_text())
+    copy_fit = fit_linear([float(s) for s, _ in raw["peer_copy_us"]], [t for _, t in raw["peer_copy_us"]])
+    memcpy, gloo = m.transport(Transport.MEMCPY), m.transport(Transport.GLOO)
+    assert memcpy.latency_us == round(copy_fit.intercept, 3) and memcpy != gloo
     assert m.kernel_launch_us > 0 and m.comm_launch_us > 0
     # The compute rate is the executor's FLOP block's, measured even though
     # --matmul-sizes leaves it out (the simulator must run FLOP-sized ops at its rate).

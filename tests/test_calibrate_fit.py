@@ -281,3 +281,35 @@ def test_a_bandwidth_too_small_to_tell_is_written_within_the_machine_limits(caps
     _print_report(report, res, FULL)
     out = " ".join(capsys.readouterr().out.split())
     assert "(**) reduce_scatter: the sizes measured are too small to show a bandwidth" in out
+
+
+def test_memcpy_gets_the_peer_copies_line_and_the_p2p_link_without_them(capsys, tmp_path, monkeypatch) -> None:
+    """A calibrated file gave the memcpy transport the P2P link (gloo sends): a schedule's
+    peer copies, which the executor runs as copies into the other rank's memory, were
+    predicted at a gloo message's speed (memcpy_vs_nccl +21-26% long on the CI VM)."""
+    import torch
+
+    monkeypatch.setenv("COLUMNS", "300")
+    from commdsl.calibrate.main import FULL, Results, _header, _print_report, build_machine, parse_args
+    from commdsl.ir import Dtype, OpKind
+    from commdsl.machine import load_machine_text
+
+    sizes = (1024, 65536, 4194304)
+    p2p = [(s, 50.0 + s / 2000.0) for s in sizes]  # 50 us + 2 GB/s
+    res = Results({Dtype.FP32: [(128, 60.0), (256, 400.0), (512, 3000.0)]}, p2p, p2p, p2p, p2p, {OpKind.ALL_GATHER: p2p}, {}, 0.0,
+                  5.0, 20.0, [])  # fmt: skip
+    cfg = parse_args(["--out", str(tmp_path / "m.yaml")])
+    machine, report = build_machine(cfg, res, 2, "gloo", torch.device("cpu"), "test")
+    assert report.peer_copy is None
+    assert machine["transports"]["memcpy"] == {k: v for k, v in machine["transports"]["gloo"].items() if k != "collectives"}
+    assert "# Peer copies not measured: memcpy has the P2P link." in _header(cfg, 2, "gloo", "test", report, res)
+
+    res.peer_copy = [(s, 2.0 + s / 10_000.0) for s in sizes]  # 2 us + 10 GB/s
+    machine, report = build_machine(cfg, res, 2, "gloo", torch.device("cpu"), "test")
+    assert machine["transports"]["memcpy"] == {"latency_us": pytest.approx(2.0, abs=1e-3), "bandwidth_gb_per_s": pytest.approx(10.0, rel=1e-3)}
+    assert machine["transports"]["gloo"]["latency_us"] == pytest.approx(50.0, abs=1e-3)  # the other transports keep the P2P link
+    _print_report(report, res, FULL)
+    out = " ".join(capsys.readouterr().out.split())
+    assert "peer copy 2.0 us + 10.000 GB/s (memcpy)" in out
+    assert "# Peer copy fit (memcpy): latency 2.00 us, 10.000 GB/s" in _header(cfg, 2, "gloo", "test", report, res)
+    load_machine_text(yaml.safe_dump(machine, sort_keys=False), "m.yaml")  # the file reads back

@@ -83,6 +83,41 @@ def test_landing_buffers_are_shared_pages_between_two_mappings():
     assert not os.path.exists(path)
 
 
+def test_a_landing_buffer_goes_where_there_is_room_or_stops_with_a_message(monkeypatch, tmp_path):
+    """A landing buffer larger than a full /dev/shm (64 MB in many containers) used to be
+    mapped there anyway, and the first copy into it killed the rank with SIGBUS."""
+    import tempfile
+    from types import SimpleNamespace
+
+    import pytest
+
+    from commdsl.errors import UsageError
+    from commdsl.run import peer
+
+    program = load_schedule_text(COPIES, "peer_copies.yaml")
+    landing = landings(program, per_op=False)[1][1]  # 6000 bytes
+    free = {}
+    monkeypatch.setattr(peer, "_SHM_DIR", str(tmp_path / "shm"))
+    (tmp_path / "shm").mkdir()
+    monkeypatch.setattr(tempfile, "gettempdir", lambda: str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    monkeypatch.setattr(peer.os, "statvfs", lambda f: SimpleNamespace(f_bavail=free[f], f_frsize=1))
+    dest = PeerBuffers(program, 1, torch.device("cpu"), per_op=False)
+    try:
+        free.update({str(tmp_path / "shm"): 5999, str(tmp_path / "tmp"): 10**9})  # no room in shm: the temp folder
+        _, path = dest._export(landing)
+        assert Path(path).parent == tmp_path / "tmp"
+        free[str(tmp_path / "shm")] = 6000
+        _, path = dest._export(landing)
+        assert Path(path).parent == tmp_path / "shm"
+        free.update({str(tmp_path / "shm"): 100, str(tmp_path / "tmp"): 200})
+        with pytest.raises(UsageError) as err:
+            dest._export(landing)
+        assert f"no room for a 5.86KiB landing buffer of peer copies: {tmp_path / 'shm'} has 100B free, {tmp_path / 'tmp'} has 200B free" in str(err.value)
+    finally:
+        dest.close()
+
+
 def test_landing_keys_name_one_buffer_per_name_or_per_copy_when_checking():
     program = load_schedule_text(COPIES, "peer_copies.yaml")
     shared = landings(program, per_op=False)

@@ -1,5 +1,6 @@
 """Measurements made with the executor itself: compute stalls (`Machine.compute_noise`),
-how comm ops and compute slow each other (`Machine.interference_by_op`) and the barrier.
+how comm ops and compute slow each other (`Machine.interference_by_op`), the barrier and
+peer copies (the `memcpy` transport).
 
 On a small shared CPU what a schedule sees depends on the executor's threads (stream
 threads, comm queues, gloo's I/O, the host) sharing the cores, which a benchmark loop
@@ -58,6 +59,7 @@ import torch.distributed as dist
 
 from commdsl.calibrate.measure import Probe
 from commdsl.dsl import load_schedule_text
+from commdsl.errors import CommdslError
 from commdsl.ir import Dtype, Op, OpKind
 from commdsl.run.backend import all_gather_objects, hostname
 from commdsl.run.compute import Kernels, compute_threads
@@ -177,7 +179,7 @@ def run_probe(probe: Probe, text: str, name: str, params: dict[str, str], iters:
     hosts = all_gather_objects(hostname(), probe.cpu_group, probe.world_size)
     ComputeTiming(kernels, probe.cpu_group, probe.rank, probe.world_size, hosts).start()
     setup = RankSetup(program, probe.rank, probe.backend, probe.device, {"world": dist.group.WORLD}, probe.cpu_group, config,
-                      kernels, None)  # fmt: skip
+                      kernels, None, probe.store)  # fmt: skip
     executor = make_executor(setup)
     records = []
     try:
@@ -251,6 +253,56 @@ def barrier_us(probe: Probe, iters: int = 40, warmup: int = 2) -> float:
     off_ns = probe.clock_offset_ns
     mine = [[((rec.exec_start[i] + off_ns) / 1e3, (rec.exec_end[i] + off_ns) / 1e3) for i in barriers] for rec in records]
     return barrier_from(all_gather_objects(mine, probe.cpu_group, probe.world_size))
+
+
+PEER_COPY_PROBE = """\
+name: calibrate_peer_copy
+doc: one-sided copies from rank 0 into rank 1's memory, one per size, after a barrier
+world: {ranks}
+streams: [copy]
+program: |
+  barrier
+  if rank == 0:
+{copies}
+"""
+"""The peer-copy probe; {copies} is one `copy` statement per size, each to rank 1. The
+executor runs a peer copy as a copy into the destination's memory opened at start-up
+(`commdsl.run.peer`): on CPU a memcpy into shared pages, on CUDA a cudaMemcpyAsync
+between the GPUs. That is what the `memcpy` transport stands for: a copy, neither a
+gloo nor an NCCL message."""
+
+PEER_COPY_ITERS = 20
+"""Iterations of the peer-copy probe: each copy's time is the median over them."""
+
+
+def peer_copy_us(probe: Probe, sizes: list[int], iters: int = PEER_COPY_ITERS, warmup: int = 2) -> list[tuple[int, float]]:
+    """Run `PEER_COPY_PROBE` through the executor on every rank: per size, the median time
+    of a copy of that many bytes from rank 0 into rank 1's memory, (size, us). Every rank
+    returns the result, or raises `PeerCopyFailed` with every rank's error where any rank's
+    probe raised (the ranks agree, so they go on in step). Needs `probe.store`."""
+    # Largest first: the first copy after the barrier runs a few microseconds slow, which
+    # only the smallest sizes would feel.
+    copies = "\n".join(f"      copy c{k} {size}B to 1 on copy" for k, size in sorted(enumerate(sizes), key=lambda ks: -ks[1]))
+    text = PEER_COPY_PROBE.format(ranks=probe.world_size, copies=copies)
+    try:
+        ops, records = run_probe(probe, text, "<calibrate peer copy probe>", {}, iters, warmup)
+        copy_at = {op.name: op.index for op in ops if op.is_peer_copy}  # c0, c1, ... on rank 0; none on the others
+        mine: list[float] | str = []
+        for name in (f"c{k}" for k in range(len(sizes))):
+            if name in copy_at:
+                i = copy_at[name]
+                mine.append(statistics.median((rec.exec_end[i] - rec.exec_start[i]) / 1e3 for rec in records))
+    except (RuntimeError, CommdslError) as e:  # e.g. CUDA IPC refused between two GPUs: memcpy keeps the P2P link
+        mine = f"{type(e).__name__}: {(str(e).splitlines() or [''])[0]}"
+    everyone = all_gather_objects(mine, probe.cpu_group, probe.world_size)
+    errors = [f"rank {r}: {x}" for r, x in enumerate(everyone) if isinstance(x, str)]
+    if errors:
+        raise PeerCopyFailed("; ".join(errors))
+    return list(zip(sizes, everyone[0]))  # rank 0 copies; the others have none
+
+
+class PeerCopyFailed(RuntimeError):
+    """The peer-copy probe raised on some rank (the message names each rank's error)."""
 
 
 OVERLAP_PROBE = """\

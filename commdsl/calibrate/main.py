@@ -93,6 +93,11 @@ mostly copies), so the ops of the bundled schedules get their own."""
 OVERLAP_MIN_COMPUTE_US = 10_000.0
 """The overlap probe's compute ops run at least this long, and at least 4x the comm op
 alone, so they outlast it slowed."""
+PEER_COPY_MAX_BYTES = 64 * 2**20
+"""Largest peer copy the peer-copy probe times: each size has its buffer on both ranks
+(on CPU in /dev/shm), and a copy's rate is flat well before this."""
+STORE_TIMEOUT_S = 120.0
+"""How long a rank waits for a key of the rendezvous store (another rank's buffer)."""
 NOISE_MSG_BYTES = 4 * 2**20
 """Message size of the compute-stall probe (`commdsl.calibrate.executor_probes.STALL_PROBE`), or the
 largest calibrated size below it."""
@@ -276,7 +281,7 @@ def _calibrate(cfg: CalibrateConfig) -> int:
         import torch.distributed as dist
 
         from commdsl.calibrate import measure
-        from commdsl.run.backend import all_gather_objects, hostname
+        from commdsl.run.backend import DistEnv, all_gather_objects, connect_store, hostname
         from commdsl.run.timing import measure_clock
 
     backend = cfg.backend if cfg.backend != "auto" else ("nccl" if torch.cuda.is_available() else "gloo")
@@ -293,11 +298,13 @@ def _calibrate(cfg: CalibrateConfig) -> int:
     dist.init_process_group(backend, timeout=datetime.timedelta(seconds=300))
     try:
         cpu_group = dist.new_group(backend="gloo")
+        # The peer-copy probe exchanges its buffers through the rendezvous store.
+        store = dist.PrefixStore("commdsl/calibrate", connect_store(DistEnv.from_environ(world), STORE_TIMEOUT_S, host=False))
         # Collectives are timed from their last member's start to their last member's
         # end, read on rank 0's clock: ranks on other hosts need the offset.
         hosts = all_gather_objects(hostname(), cpu_group, world)
         clock = measure_clock(cpu_group, rank, world, hosts)
-        probe = measure.Probe(rank, world, backend, device, cfg.repeats, cfg.warmup, cpu_group, clock.applied_offset_ns)
+        probe = measure.Probe(rank, world, backend, device, cfg.repeats, cfg.warmup, cpu_group, clock.applied_offset_ns, store)
         sizes = message_sizes(cfg, world)
         matmul_sizes = cfg.matmul_sizes or ((1024, 2048, 4096, 8192) if device.type == "cuda" else cfg.effort.matmul_sizes_cpu)
         from commdsl.run.compute import flop_block
@@ -357,6 +364,9 @@ class Results:
     pass_ratios: dict[str, tuple[float, ...]] = dataclasses.field(default_factory=dict)
     """Per family ("communication", "matmul"), how fast each pass ran (`fit.pass_ratios`):
     each point's pass over all its runs, the median over points."""
+    peer_copy: list[tuple[int, float]] = dataclasses.field(default_factory=list)
+    """Peer copies (rank 0 into rank 1's memory) inside the executor, per size; empty
+    where the probe could not run (`skipped` says why)."""
     overlaps: dict[tuple[OpKind, Dtype | None], OverlapPieces] = dataclasses.field(default_factory=dict)
     """Per comm op kind and dtype (None: any), its interference with compute inside the
     executor (`executor_probes.interference`, OVERLAP_PIECES pieces); the fp32
@@ -400,6 +410,7 @@ class Results:
             "reductions_us_by_op": {o.value: {d.value: {k.value: pts for k, pts in by.items()} for d, by in by_dtype.items()}
                                     for o, by_dtype in self.reductions_by_op.items()},  # fmt: skip
             "barrier_us": self.barrier_us,
+            "peer_copy_us": self.peer_copy,
             "kernel_launch_us": self.kernel_launch_us,
             "comm_launch_us": self.comm_launch_us,
             "compute_slowdown_under_comm": self.slowdown,
@@ -434,7 +445,8 @@ def _measured_at(res: Results, kind: OpKind, dtype: Dtype | None, size: int) -> 
 
 
 def _measure_all(probe, sizes, matmul_sizes, dtypes, measure, effort: Effort) -> Results:
-    from commdsl.calibrate.executor_probes import OverlapPieces, barrier_us, combine_pieces, compute_noise, interference
+    from commdsl.calibrate.executor_probes import (OverlapPieces, PeerCopyFailed, barrier_us, combine_pieces, compute_noise, interference,
+                                                   peer_copy_us)  # fmt: skip
 
     # Every series measured in passes (label, its sizes, time of one pass at a size), in
     # the order of a pass: matmuls (side n) and communication (bytes).
@@ -453,7 +465,7 @@ def _measure_all(probe, sizes, matmul_sizes, dtypes, measure, effort: Effort) ->
     ]  # fmt: skip
     passes = effort.passes
     steps = (passes * sum(len(xs) for _, xs, _ in pass_series) + 2 * len(sizes) + effort.overlap_pieces * (len(effort.overlap_ops) + 1)
-             + 2 + effort.noise_pieces)  # fmt: skip
+             + 3 + effort.noise_pieces)  # fmt: skip
     res = Results({}, [], [], [], [], {}, {}, 0.0, 0.0, 0.0, [])
     with Progress("commdsl calibrate", enabled=probe.rank == 0) as progress:
         progress.phase("calibrating", total=steps, unit="steps")
@@ -519,6 +531,11 @@ def _measure_all(probe, sizes, matmul_sizes, dtypes, measure, effort: Effort) ->
         # and compute ops.
         res.barrier_us = barrier_us(probe)
         step("barrier inside the executor")
+        try:
+            res.peer_copy = peer_copy_us(probe, [s for s in sizes if s <= PEER_COPY_MAX_BYTES] or sizes[:1])
+        except PeerCopyFailed as e:
+            res.skipped.append(f"peer copy (memcpy keeps the P2P link): {e}")
+        step("peer copies inside the executor")
         size = max([s for s in sizes if s <= SLOWDOWN_SIZE_BYTES], default=sizes[0])
 
         # (op, dtype, bytes, its loop time alone: it sizes the probe's compute ops and, for
@@ -561,6 +578,8 @@ class FitReport:
     """Per collective, residuals (%) of the analytic model with the P2P-fitted link."""
     ranks: int
     """The group size the collectives were measured on (the calibration's world)."""
+    peer_copy: LinearFit | None = None
+    """Peer copies' line (the `memcpy` transport); None: not measured, memcpy has the P2P link."""
 
 
 def build_machine(cfg: CalibrateConfig, res: Results, world: int, backend: str, device, torch_version: str) -> tuple[dict, FitReport]:
@@ -590,6 +609,10 @@ def build_machine(cfg: CalibrateConfig, res: Results, world: int, backend: str, 
         # Over loopback TCP the host's CPUs copy every byte: an exchange moves 2 S in the
         # time measured, and that total is what all of gloo's transfers share.
         link["shared_bandwidth_gb_per_s"] = _gb_per_s(2 * exchange.rate / 1e3)
+    # Peer copies, where the probe timed them at two sizes or more: a copy's own line.
+    peer_copy = fit_linear([float(s) for s, _ in res.peer_copy], [t for _, t in res.peer_copy]) if len(res.peer_copy) >= 2 else None
+    memcpy_link = dict(link) if peer_copy is None else {"latency_us": round(peer_copy.intercept, 3),
+                                                        "bandwidth_gb_per_s": _gb_per_s(peer_copy.rate / 1e3)}  # fmt: skip
     if device.type == "cuda":
         import torch
 
@@ -620,14 +643,15 @@ def build_machine(cfg: CalibrateConfig, res: Results, world: int, backend: str, 
         "kernel_launch_us": round(res.kernel_launch_us, 3),
         "comm_launch_us": round(res.comm_launch_us, 3),
         "host_link": {"latency_us": round(host_link.intercept, 3), "bandwidth_gb_per_s": _gb_per_s(host_link.rate / 1e3)},
-        # On gloo every transport runs over gloo (the executor maps nccl and memcpy ops onto
-        # the active backend), so all three get the measured P2P link. Each collective keeps
-        # its own fitted latency per step and bandwidth: real implementations (gloo's above
-        # all) are not the textbook ring that a P2P link alone would imply.
+        # The executor runs nccl and gloo ops on the active backend, so both get the
+        # measured P2P link; memcpy gets the peer copies' (a copy into the other rank's
+        # memory, as the executor runs `copy ... to RANK`). Each collective keeps its own
+        # fitted latency per step and bandwidth: real implementations (gloo's above all)
+        # are not the textbook ring that a P2P link alone would imply.
         "transports": {
             "nccl": {**link, "collectives": _collective_overrides(collectives, res, world)},
             "gloo": {**link, "collectives": _collective_overrides(collectives, res, world)},
-            "memcpy": dict(link),
+            "memcpy": memcpy_link,
         },
         "chunk_bytes": CHUNK_BYTES,
         # Copies run from the caches when small and from memory when large: keep their
@@ -648,7 +672,7 @@ def build_machine(cfg: CalibrateConfig, res: Results, world: int, backend: str, 
         machine["compute_copy_slowdown"] = round(max(res.copy_slowed, 1.0), 3)
         if res.noise is not None:  # compute ops' stalls inside the executor (drawn by `simulate --samples N`)
             machine["compute_noise"] = res.noise.machine_json()
-    return machine, FitReport(compute, memory, host_link, p2p, exchange, collectives, p2p_resid, world)
+    return machine, FitReport(compute, memory, host_link, p2p, exchange, collectives, p2p_resid, world, peer_copy)
 
 
 def _table(points: list[tuple[int, float]]) -> list[list]:
@@ -699,6 +723,8 @@ def _header(cfg: CalibrateConfig, world: int, backend: str, torch_version: str, 
         f"..{format_bytes(cfg.max_size_bytes)}, at least {cfg.repeats} runs a point (in {cfg.effort.passes} pass(es)).",
         f"# P2P fit: latency {report.p2p.intercept:.2f} us, {report.p2p.rate / 1e3:.3f} GB/s, R^2 {report.p2p.r2:.4f}, "
         f"worst residual {report.p2p.max_abs_residual_pct:.1f}%.",
+        (f"# Peer copy fit (memcpy): latency {pc.intercept:.2f} us, {pc.rate / 1e3:.3f} GB/s, R^2 {pc.r2:.4f}."
+         if (pc := report.peer_copy) is not None else "# Peer copies not measured: memcpy has the P2P link."),
     ]
     if res.pass_ratios:
         lines.append(f"# Passes, time over the pooled time (median over points): {_pass_speeds(res.pass_ratios)}.")
@@ -772,6 +798,8 @@ def _print_report(report: FitReport, res: Results, effort: Effort) -> None:
     row("host link", f"{report.host_link.rate / 1e3:.2f} GB/s + {report.host_link.intercept:.1f} us", report.host_link.r2, report.host_link.residuals_pct)
     row("p2p", f"{report.p2p.intercept:.1f} us + {report.p2p.rate / 1e3:.3f} GB/s", report.p2p.r2, report.p2p.residuals_pct)
     row("exchange", f"{report.exchange.intercept:.1f} us + {report.exchange.rate / 1e3:.3f} GB/s each way", report.exchange.r2, report.exchange.residuals_pct)
+    if (pc := report.peer_copy) is not None:
+        row("peer copy", f"{pc.intercept:.1f} us + {pc.rate / 1e3:.3f} GB/s (memcpy)", pc.r2, pc.residuals_pct)
     for kind, f in report.collectives.items():
         row(kind.value, _step_law(f), f.r2, f.residuals_pct)
         resid = report.p2p_model_residuals[kind]

@@ -53,6 +53,9 @@ class Probe:
     """gloo group of all ranks: timings travel on it, so reading them never syncs a device."""
     clock_offset_ns: int = 0
     """Added to this rank's monotonic clock to read rank 0's (0 on rank 0's host)."""
+    store: dist.Store | None = None
+    """The rendezvous store, for probes whose peer copies exchange their buffers there
+    (`executor_probes.peer_copy_us`); None: those probes cannot run."""
 
     def sync(self) -> None:
         """Wait for the work of the current stream (only: a side stream may run on)."""

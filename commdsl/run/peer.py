@@ -5,7 +5,7 @@ which of its buffers other ranks copy into (its *landing buffers*, `landings`) a
 which buffers of other ranks its own copies write. At start-up (`PeerBuffers.open`):
 
   1. each rank allocates its landing buffers where another process can write them: on
-     CPU a file under /dev/shm mapped shared (`torch.from_file(..., shared=True)`); on
+     CPU a file under /dev/shm (the temp folder where /dev/shm lacks room) mapped shared (`torch.from_file(..., shared=True)`); on
      CUDA a device tensor, exported with torch's own CUDA IPC support (the reductions
      `torch.multiprocessing` pickles CUDA tensors with: cudaIpcGetMemHandle and an IPC
      event);
@@ -39,7 +39,9 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from commdsl.errors import UsageError
 from commdsl.ir import Dtype, Op, Program
+from commdsl.dsl.values import format_bytes
 from commdsl.run.tensors import TORCH_DTYPE
 
 _SHM_DIR = "/dev/shm"
@@ -145,10 +147,11 @@ class PeerBuffers:
             tensor = torch.zeros(landing.numel, dtype=dtype, device=self.device)
             _, args = reduce_tensor(tensor)  # torch's CUDA IPC export: handle, offsets, ref counter, event
             return tensor, args
-        folder = _SHM_DIR if os.path.isdir(_SHM_DIR) else tempfile.gettempdir()
+        size_bytes = landing.numel * torch.tensor([], dtype=dtype).element_size()
+        folder = _shared_folder(size_bytes)
         fd, path = tempfile.mkstemp(prefix=f"commdsl-peer-{self.rank}-", dir=folder)
         try:
-            os.ftruncate(fd, landing.numel * torch.tensor([], dtype=dtype).element_size())
+            os.ftruncate(fd, size_bytes)
         finally:
             os.close(fd)
         self._files.append(path)
@@ -171,3 +174,17 @@ class PeerBuffers:
             except FileNotFoundError:
                 pass
         self._files.clear()
+
+
+def _shared_folder(size_bytes: int) -> str:
+    """Where a CPU landing buffer of `size_bytes` goes: /dev/shm, else the temp folder, the
+    first with room for it. The file is sparse until written, and a write past a full
+    tmpfs kills the process (SIGBUS), so room is checked up front."""
+    folders = [f for f in (_SHM_DIR, tempfile.gettempdir()) if os.path.isdir(f)]
+    room = {f: (st := os.statvfs(f)).f_bavail * st.f_frsize for f in folders}
+    for f in folders:
+        if room[f] >= size_bytes:
+            return f
+    raise UsageError(f"no room for a {format_bytes(size_bytes)} landing buffer of peer copies: "
+                     + ", ".join(f"{f} has {format_bytes(room[f])} free" for f in folders),
+                     hint="free space there, or copy fewer bytes to other ranks")  # fmt: skip
