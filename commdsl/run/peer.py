@@ -5,10 +5,10 @@ which of its buffers other ranks copy into (its *landing buffers*, `landings`) a
 which buffers of other ranks its own copies write. At start-up (`PeerBuffers.open`):
 
   1. each rank allocates its landing buffers where another process can write them: on
-     CPU a file under /dev/shm (the temp folder where /dev/shm lacks room) mapped shared (`torch.from_file(..., shared=True)`); on
-     CUDA a device tensor, exported with torch's own CUDA IPC support (the reductions
-     `torch.multiprocessing` pickles CUDA tensors with: cudaIpcGetMemHandle and an IPC
-     event);
+     CPU a file under /dev/shm (the temp folder where /dev/shm lacks room) mapped shared
+     (`torch.from_file(..., shared=True)`); on CUDA a device tensor, exported with
+     torch's own CUDA IPC support (the reductions `torch.multiprocessing` pickles CUDA
+     tensors with: cudaIpcGetMemHandle and an IPC event);
   2. it puts, per landing buffer, the file's path or the exported handle in the
      rendezvous store, under a key every rank derives from the Program;
   3. each rank opens the buffers its copies write (the store hands each key over once
@@ -39,9 +39,9 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from commdsl.dsl.values import format_bytes
 from commdsl.errors import UsageError
 from commdsl.ir import Dtype, Op, Program
-from commdsl.dsl.values import format_bytes
 from commdsl.run.tensors import TORCH_DTYPE
 
 _SHM_DIR = "/dev/shm"
@@ -147,7 +147,7 @@ class PeerBuffers:
             tensor = torch.zeros(landing.numel, dtype=dtype, device=self.device)
             _, args = reduce_tensor(tensor)  # torch's CUDA IPC export: handle, offsets, ref counter, event
             return tensor, args
-        size_bytes = landing.numel * torch.tensor([], dtype=dtype).element_size()
+        size_bytes = landing.numel * landing.dtype.itemsize
         folder = _shared_folder(size_bytes)
         fd, path = tempfile.mkstemp(prefix=f"commdsl-peer-{self.rank}-", dir=folder)
         try:
