@@ -203,6 +203,12 @@ def test_calibrate_usage_errors(tmp_path: Path) -> None:
         r = subprocess.run([sys.executable, "-m", "commdsl.calibrate", "--out", "x.yaml", "--warm-up", seconds],
                            capture_output=True, text=True, timeout=60)  # fmt: skip
         assert r.returncode == 2 and "--warm-up a finite number of seconds >= 0" in r.stderr and "Traceback" not in r.stderr
+    # One message size cannot be fitted: said at once, not after the first pass of
+    # measurements with an empty reason.
+    one = subprocess.run([sys.executable, "-m", "commdsl.calibrate", "--out", "x.yaml", "--min-size", "1KiB", "--max-size", "3KiB"],
+                         capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert one.returncode == 2 and "give one message size, and calibrate fits a line through at least two" in one.stderr
+    assert "--max-size 4KiB or more" in one.stderr and "Traceback" not in one.stderr
     # The output folder is checked before a minute of calibration, not after.
     nowhere = subprocess.run([sys.executable, "-m", "commdsl.calibrate", "--out", "/no/such/folder/m.yaml"],
                              capture_output=True, text=True, timeout=60)  # fmt: skip

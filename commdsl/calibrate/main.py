@@ -237,6 +237,10 @@ def config_from_args(args: argparse.Namespace) -> CalibrateConfig:
     if args.size_factor < 2 or repeats < 1 or args.warmup < 0 or not 0 <= args.warm_up < math.inf:
         raise UsageError(f"--size-factor must be >= 2, --repeats >= 1, --warmup >= 0 and --warm-up a finite number of "
                          f"seconds >= 0; got {args.size_factor}, {repeats}, {args.warmup} and {args.warm_up:g}")  # fmt: skip
+    if lo * args.size_factor > hi:  # every fit is a line through the sizes: it needs two
+        raise UsageError(f"--min-size {format_bytes(lo)} and --max-size {format_bytes(hi)} with --size-factor {args.size_factor} "
+                         "give one message size, and calibrate fits a line through at least two",
+                         hint=f"use --max-size {format_bytes(lo * args.size_factor)} or more")  # fmt: skip
     try:
         mm = tuple(int(x) for x in args.matmul_sizes.split(",") if x.strip())
     except ValueError:
