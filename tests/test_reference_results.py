@@ -29,19 +29,24 @@ REFERENCE = Path(__file__).parent / "golden" / "reference"
 UPDATE = os.environ.get("COMMDSL_UPDATE_GOLDEN") == "1"
 
 CONFIGS = (("h100-nvlink", "analytic", 1), ("h100-nvlink", "flow", 1), ("dgx-h100", "flow", 1), ("cpu-loopback", "analytic", 1),
-           ("cpu-noisy", "flow", 3))  # fmt: skip
+           ("cpu-noisy", "flow", 3), ("cpu-noisy-slowed", "flow", 3))  # fmt: skip
 """(machine, network, samples) every bundled schedule is simulated with."""
 MACHINE_FOR = {"memcpy_vs_nccl": "pcie-nvlink-pairs"}
 """Schedules written for one machine: it replaces the h100-nvlink rows."""
 REL_TOLERANCE = 1e-9
 NOISE = "compute_noise: {stalls_per_s: 200, stall_us: 300}\n"
 """cpu-noisy: cpu-loopback with compute stalls, so that samples differ (the noise path)."""
+SLOWED = "copy_compute_slowdown: 1.2\ncompute_comm_slowdown: 1.25\n"
+"""cpu-noisy-slowed: cpu-noisy where copies slow compute and compute slows comm, as on a
+calibrated CPU machine: compute runs on timers that follow the work beside it."""
 
 
 def _machine(name: str):
+    text = (PRESETS_DIR / "cpu-loopback.yaml").read_text()
     if name == "cpu-noisy":
-        text = (PRESETS_DIR / "cpu-loopback.yaml").read_text()
         return load_machine_text(text + NOISE, "cpu-noisy.yaml")
+    if name == "cpu-noisy-slowed":
+        return load_machine_text(text + NOISE + SLOWED, "cpu-noisy-slowed.yaml")
     return resolve_machine(name)
 
 

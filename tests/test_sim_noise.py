@@ -154,10 +154,12 @@ def test_per_op_medians_make_the_timeline_and_its_metadata(tmp_path):
 def test_poisson_draws_have_the_mean_and_variance():
     rng = random.Random(0)
     for mean in (0.05, 2.0, 80.0):
-        draws = [poisson(rng, mean) for _ in range(20_000)]
+        draws = [poisson(rng.random(), mean) for _ in range(20_000)]
         assert statistics.fmean(draws) == pytest.approx(mean, rel=0.05)
         assert statistics.pvariance(draws) == pytest.approx(mean, rel=0.1)
-    assert poisson(rng, 0.0) == 0
+    # The inverse CDF: P(0) = exp(-mean) of the uniforms give 0, the next P(1) give 1.
+    assert [poisson(u, 2.0) for u in (0.0, 0.1353, 0.1354, 0.406, 0.407)] == [0, 0, 1, 1, 2]
+    assert poisson(1.0 - 2**-53, 0.5) > 0 and poisson(0.999, 0.0) == 0
 
 
 def test_stall_statistics_from_measured_excess_times():

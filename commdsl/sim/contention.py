@@ -29,7 +29,7 @@ The engine's side of the interface (`Contention`):
     factor(rank, op)        the current slowdown of a compute op or a copy on `rank`
     work(rank, is_copy, +1/-1)  a compute op or copy started / ended on `rank`
     duration_stretch        explicit compute durations run this many times long
-    noisy                   draw stalls (stall_us) and late wake-ups (woken, wake_us)
+    noisy                   draw stalls (noisy_compute) and late wake-ups (woken, wake_us)
     rank_local              a rank's factors and its transfers' speed depend on work on
                             that rank only (`commdsl.sim.symmetry` may then fold ranks)
 
@@ -41,13 +41,18 @@ model also tells the network when a device starts or stops computing
 
 from __future__ import annotations
 
+import heapq
 import math
 import random
+from array import array
 from itertools import repeat
+from statistics import NormalDist
 
 from commdsl.ir import Dtype, Op, OpKind, Transport
 from commdsl.machine.model import CpuContention, GpuContention, Machine
 from commdsl.sim.network import Network, Transfer
+
+_STANDARD_NORMAL = NormalDist()
 
 
 class Contention:
@@ -78,12 +83,15 @@ class Contention:
         """The current slowdown of compute op or copy `op` on `rank`."""
         return 1.0
 
-    def stall_us(self, g: int, duration_us: float) -> float:
-        return 0.0
+    def noisy_compute(self, g: int, start_us: float, duration_us: float, now: float) -> float:
+        """Compute op g, starting at `start_us` (now or later) for `duration_us`: its
+        duration with its random stall (called only where `noisy`)."""
+        return duration_us
 
-    def woken(self, entry: int, t: float) -> tuple[float, bool]:
-        """A stream entry goes on at `t`, when another thread's work ended: (when it goes
-        on, whether a late wake-up is left to the compute op right after it)."""
+    def woken(self, entry: int, t: float, now: float) -> tuple[float, bool]:
+        """A stream entry goes on at `t` (at the latest `now`), when another thread's work
+        ended: (when it goes on, whether a late wake-up is left to the compute op right
+        after it)."""
         return t, False
 
     def wake_us(self, entry: int) -> float:
@@ -217,7 +225,7 @@ class CpuHostModel(_KernelFactors):
     """A rank's streams, comm queues and copies are threads on shared cores (see the
     module doc). Counts, per rank, the compute ops and copies running there."""
 
-    def __init__(self, machine: Machine, network: Network, world_size: int, rng: random.Random | None):
+    def __init__(self, machine: Machine, network: Network, world_size: int, num_ops: int, rng: random.Random | None):
         super().__init__(machine, world_size)
         spec: CpuContention = machine.contention
         # Comm slows compute while its transfer moves bytes (`transfer`), not from the
@@ -232,8 +240,11 @@ class CpuHostModel(_KernelFactors):
         self.duration_stretch = noise.duration_stretch if noise is not None else 1.0
         self.slows_comm = spec.slows_comm()
         self.timed_copies = spec.copy_compute_slowdown != 1.0 or spec.compute_copy_slowdown != 1.0
-        self._counts_compute = self.slows_comm or spec.compute_copy_slowdown != 1.0 or self.noisy
-        self.timed = self.tracks_traffic or self._counts_compute or self.timed_copies
+        self.timed = self.tracks_traffic or self.slows_comm or spec.compute_copy_slowdown != 1.0 or self.timed_copies
+        # Noise asks whether any rank computes (`cores_busy`). Timed compute ops report their
+        # start and end (`work`), so they are counted; an untimed op's end is known when it
+        # is scheduled, so its interval is kept instead, at no event of its own.
+        self._counts_compute = self.slows_comm or spec.compute_copy_slowdown != 1.0 or (self.noisy and self.timed)
         # Each rank draws its own noise; the network hears which ranks compute.
         self.rank_local = not (self.noisy or self.slows_comm)
         self.computing = [0] * world_size
@@ -241,11 +252,21 @@ class CpuHostModel(_KernelFactors):
         self.copying = [0] * world_size
         """Per rank, copies running (counted only with `timed_copies`)."""
         self.ranks_computing = 0
-        """Ranks with a compute op running (late wake-ups happen only while cores are busy)."""
-        self._stall: dict[int, float] = {}
-        """Compute ops (g) with their stall time, drawn once per op."""
-        self._wake: dict[int, float] = {}
-        """Stream entries that waited on another thread's work, with their late wake-up."""
+        """Ranks with a compute op running (late wake-ups happen only while cores are busy),
+        counted where compute is timed."""
+        self._busy_until = 0.0
+        """Untimed compute: the latest end of the compute ops started so far."""
+        self._starting: list[tuple[float, float]] = []
+        """Untimed compute: a heap of (start, end) of the compute ops not started yet."""
+        # Each op's draws come from its own uniforms, drawn up front: a sample is fixed by
+        # its seed, not by the order in which the engine meets ops at equal times.
+        self._stall_bits = random_words(rng, num_ops) if self.noisy else array("Q")
+        """Per op (g), the random 64-bit word its stall count is drawn from (`poisson`)."""
+        self._wake_bits = random_words(rng, num_ops) if self.noisy else array("Q")
+        """Per op (g), the random word its late wake-up is drawn from: an op has one at most
+        (a comm op's stream going on after it, a wait, or a compute op or copy)."""
+        self._wake_below = round(noise.wake_stall_probability * 2**64) if noise is not None else 0
+        """A word below this wakes late: `wake_stall_probability` of them."""
 
     def work(self, rank: int, is_copy: bool, delta: int) -> bool:
         counts = self.copying if is_copy else self.computing
@@ -279,42 +300,58 @@ class CpuHostModel(_KernelFactors):
             factor *= spec.copy_compute_slowdown
         return factor
 
-    def stall_us(self, g: int, duration_us: float) -> float:
-        """Op g's random stall time: a Poisson number of stalls, `stalls_per_s` per second
-        of its duration on average, each `stall_us` long. Drawn once: an op whose start is
-        delayed comes back here. On a slowed device the stall is slowed with the op's work
-        (a simplification)."""
-        stall = self._stall.get(g)
-        if stall is None:
-            noise = self.spec.noise
-            stall = self._stall[g] = poisson(self.rng, noise.stalls_per_s * duration_us / 1e6) * noise.stall_us
-        return stall
+    def noisy_compute(self, g: int, start_us: float, duration_us: float, now: float) -> float:
+        """The op's duration plus its random stall time: a Poisson number of stalls,
+        `stalls_per_s` per second of its duration on average, each `stall_us` long (a timed
+        op whose start is delayed comes back here, to the same draw). On a slowed device
+        the stall is slowed with the op's work (a simplification)."""
+        noise = self.spec.noise
+        mean = noise.stalls_per_s * duration_us / 1e6
+        u = (self._stall_bits[g] >> 11) * 2.0**-53  # its top 53 bits: uniform on [0, 1)
+        if u >= math.exp(-mean):  # else no stall (`poisson`'s first step: most ops)
+            duration_us += poisson(u, mean) * noise.stall_us
+        if not self.timed:  # untimed, it runs from `start_us` to its end as scheduled now, once
+            end = start_us + duration_us
+            if start_us > now:
+                heapq.heappush(self._starting, (start_us, end))
+            elif end > self._busy_until:
+                self._busy_until = end
+        return duration_us
 
-    def woken(self, entry: int, t: float) -> tuple[float, bool]:
-        """A thread wakes late only while the cores are busy: drawn here if compute runs on
-        some rank; else left to a compute or copy op that starts right then, as calibration
+    def woken(self, entry: int, t: float, now: float) -> tuple[float, bool]:
+        """A thread wakes late only while the cores are busy (a compute op runs on some
+        rank `now`; an untimed one from its start, included, to its end, excluded): drawn
+        here then; else left to a compute or copy op that starts right then, as calibration
         measures it (a compute op starting late after the comm op it waited for); blocking
         collectives back to back, with nothing computing, follow each other closely."""
-        if self.ranks_computing:
-            return t + self.wake_us(entry), False
-        return t, True
+        if self.timed:
+            busy = self.ranks_computing > 0
+        else:
+            starting = self._starting
+            while starting and starting[0][0] <= now:
+                end = heapq.heappop(starting)[1]
+                if end > self._busy_until:
+                    self._busy_until = end
+            busy = self._busy_until > now
+        if not busy:
+            return t, True
+        if self._wake_bits[entry >> 2] < self._wake_below:  # `wake_us`, inlined (once per comm op's wait)
+            return t + self.spec.noise.wake_stall_us, False
+        return t, False
 
     def wake_us(self, entry: int) -> float:
-        """A late wake-up: `wake_stall_us` with probability `wake_stall_probability`,
-        drawn once per entry."""
-        wake = self._wake.get(entry)
-        if wake is None:
-            noise = self.spec.noise
-            wake = self._wake[entry] = noise.wake_stall_us if self.rng.random() < noise.wake_stall_probability else 0.0
-        return wake
+        """The late wake-up of `entry` (`woken`): `wake_stall_us` with probability
+        `wake_stall_probability`."""
+        return self.spec.noise.wake_stall_us if self._wake_bits[entry >> 2] < self._wake_below else 0.0
 
 
-def contention_model(machine: Machine, network: Network, world_size: int, rng: random.Random | None,
+def contention_model(machine: Machine, network: Network, world_size: int, num_ops: int, rng: random.Random | None,
                      group_ranks: dict[str, tuple[int, ...]]) -> Contention:  # fmt: skip
-    """The model for `machine`'s contention spec (`Exact` where nothing would change)."""
+    """The model for `machine`'s contention spec (`Exact` where nothing would change) for
+    a program of `num_ops` ops on `world_size` ranks; `rng` draws a sample's noise."""
     spec = machine.contention
     if isinstance(spec, CpuContention):
-        model: Contention = CpuHostModel(machine, network, world_size, rng)
+        model: Contention = CpuHostModel(machine, network, world_size, num_ops, rng)
     elif isinstance(spec, GpuContention):
         model = GpuModel(machine, network, world_size, group_ranks)
     else:
@@ -341,13 +378,22 @@ def memory_bound(machine: Machine, op: Op) -> bool:
     return bytes_us >= flops_us
 
 
-def poisson(rng: random.Random, mean: float) -> int:
-    """A Poisson draw: by inversion for small means (the usual case: a compute op sees
-    well under one stall), by the normal approximation beyond 30."""
+def random_words(rng: random.Random, n: int) -> array:
+    """`n` random 64-bit words from `rng`, in one C-level call."""
+    return array("Q", rng.randbytes(8 * n))
+
+
+def poisson(u: float, mean: float) -> int:
+    """The Poisson(`mean`) count at uniform `u` in [0, 1) (the inverse of its CDF, so a
+    uniform `u` gives a Poisson draw): by summing the probabilities for small means (the
+    usual case: a compute op sees well under one stall), by the normal approximation
+    beyond 30."""
     if mean > 30.0:
-        return max(0, round(rng.gauss(mean, math.sqrt(mean))))
-    k, p, limit = 0, rng.random(), math.exp(-mean)
-    while p > limit:
+        return max(0, round(mean + math.sqrt(mean) * _STANDARD_NORMAL.inv_cdf(max(u, 1e-300))))
+    k, p = 0, math.exp(-mean)
+    cdf = p
+    while u >= cdf and p > 0.0:  # p underflows within a few hundred terms: the loop ends
         k += 1
-        p *= rng.random()
+        p *= mean / k
+        cdf += p
     return k

@@ -122,7 +122,7 @@ class Engine:
         typecode = entry_typecode(n)
         self.streams: list[dict[str, Stream]] = [{s: Stream(r, s, typecode) for s in program.streams} for r in range(program.world_size)]
         self.group_ranks = {g.id: g.ranks for g in program.groups}
-        self.contention = c = contention_model(machine, self.network, program.world_size, rng, self.group_ranks)
+        self.contention = c = contention_model(machine, self.network, program.world_size, n, rng, self.group_ranks)
         self.folded = fold and c.rank_local and interchangeable(program)
         """Every rank runs what rank 0 runs (`commdsl.sim.symmetry`): the engine runs rank 0
         alone, each collective moves with all its members once rank 0's op arrives, and
@@ -469,7 +469,9 @@ class Engine:
                         c = g
                         t = end[g]
                         if self.noisy:
-                            t, woke = self.contention.woken(entry, t)
+                            t, woke = self.contention.woken(entry, t, now)
+                            if t > now and self._went_on_late(s, c, t):
+                                continue
                     if t <= now:  # the stream goes on now (_complete_entry, inlined)
                         s.woke = woke
                         s.done += 1  # pops the head
@@ -494,7 +496,9 @@ class Engine:
                         c = d
                         t = end[d]
                         if self.noisy:
-                            t, woke = self.contention.woken(entry, t)
+                            t, woke = self.contention.woken(entry, t, now)
+                            if tag == SYNC and t > now and self._went_on_late(s, c, t):
+                                continue
                 elif self.on_stream[g]:  # a memcpy transfer: the stream holds it until its last byte
                     s.woke = False
                     self._start_stream_transfer(s, entry, t, c)
@@ -505,7 +509,7 @@ class Engine:
                     if s.woke and c == s.last_g:
                         t += self.contention.wake_us(entry)  # it starts right as its stream's wait ended
                     if self.noisy and k == _K_COMPUTE and duration > 0.0:
-                        duration += self.contention.stall_us(g, duration)
+                        duration = self.contention.noisy_compute(g, t if t > now else now, duration, now)
                     s.woke = False
                     if self.timed and duration > 0.0 and (k == _K_COMPUTE or self.contention.timed_copies):
                         self._start_timed(s, entry, t, c, duration)
@@ -525,6 +529,18 @@ class Engine:
                 ev.callbacks.append(self._on_stream_timer)
                 return
             self._complete_entry(s, entry, start, c)
+
+    def _went_on_late(self, s: Stream, c: int, t: float) -> bool:
+        """Stream `s`, its SYNC entry at the head woken late (`Contention.woken`), goes on at
+        `t`, after now: done at once, with no timer, where its next entry is there to wait
+        for `t` itself and no host waits for the stream to drain (nothing else sees the
+        stream before `t`). False: it needs the timer."""
+        if s.drain_waiters or s.done + 1 >= len(s.fifo):
+            return False
+        s.woke = False
+        s.done += 1  # pops the head
+        s.last_g, s.last_end = c, t
+        return True
 
     def _on_stream_timer(self, ev) -> None:
         s: Stream = ev.value
