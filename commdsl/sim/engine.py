@@ -56,6 +56,7 @@ import random
 from array import array
 from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import simpy
 
@@ -89,14 +90,36 @@ PROGRESS_EVENTS = 20_000
 """`Engine.run` with a progress callback reports after every this many SimPy events."""
 
 
+@dataclass(frozen=True)
+class Issued:
+    """What the hosts' first pass left where every host issued its whole program without
+    blocking (`Engine._issue`): it depends on the program and the machine's launch costs
+    alone, so another run of the program (a sampled simulation's next sample) starts from
+    it rather than issuing again."""
+
+    columns: tuple
+    """Copies of the per-op arrays the pass writes (`Engine._issue_columns`)."""
+    hosts: tuple[tuple[int, float, int], ...]
+    """Per host that ran, its (pc, clock, cause) after the pass."""
+    stream_fifos: tuple[tuple[int, str, array], ...]
+    """(rank, stream, its entries) of every stream given entries."""
+    queue_fifos: tuple[tuple[int, array], ...]
+    """(`Queue.number`, its items) of every comm queue given items."""
+    kicked: tuple[tuple[int, str], ...]
+    """(rank, stream) of the streams the pass woke, in the order they run next."""
+
+
 class Engine:
     """Simulate one `Program` on one `Machine` through a `Network`."""
 
     def __init__(self, program: Program, machine: Machine, network_cls: type[Network], rng: random.Random | None = None,
-                 wiring: Wiring | None = None, fold: bool = True):  # fmt: skip
+                 wiring: Wiring | None = None, fold: bool = True, issued: Issued | None = None, keep_issued: bool = False):  # fmt: skip
         """`wiring`: the program's `Wiring` from an earlier engine on the same program,
         machine and network model (a sampled simulation makes it once); None: wire now.
-        `fold`: run rank 0 alone for all where ranks are interchangeable (`folded`)."""
+        `fold`: run rank 0 alone for all where ranks are interchangeable (`folded`).
+        `issued`: the hosts' first pass from an earlier engine on the same program and
+        machine, with the same `fold` (`Issued`); None: issue now, and with `keep_issued`
+        keep what that pass left in `issued` for the next engine."""
         self.program = program
         self.machine = machine
         self.env = simpy.Environment()
@@ -175,6 +198,10 @@ class Engine:
         """Explicit compute durations run this many times long (`ComputeNoise.duration_stretch`)."""
         self.nominal_us: dict[int, float] = {}
         """Compute ops (g) that ran slowed, with their time at full speed."""
+        self.issued = issued
+        """The hosts' first pass this run started from, or kept (`keep_issued`); None where
+        it was not kept, or a host blocked in it."""
+        self._keep_issued = keep_issued
         if self.folded:
             for inst in self.collectives:
                 inst.needed = 1
@@ -186,8 +213,7 @@ class Engine:
         """Simulate to the end. `progress`, if given, hears the number of ops done every
         PROGRESS_EVENTS events and at the end; without it the simulation runs at full
         speed, as `env.run()`."""
-        for h in self.hosts[:1] if self.folded else self.hosts:
-            self._kick(h)
+        self._issue(self.hosts[:1] if self.folded else self.hosts)
         self._drain()
         if progress is None:
             self.env.run()
@@ -206,6 +232,42 @@ class Engine:
                       self.nominal_us)  # fmt: skip
         return RawResult(self.ops, self.base, self.issue_start, self.issue_end, self.start, self.end, self.state, self.cause, self.partner, self.algos,
                          self.protos, self.kind)  # fmt: skip
+
+    def _issue(self, hosts: list[Host]) -> None:
+        """The hosts' first pass, in rank order, before any stream runs (as a drain of the
+        kicked hosts would run it): each issues until it blocks or its program ends. It
+        reads no clock but its own and draws nothing, so where no host blocked, what it
+        left is the same in every run of the program: `issued` restores it instead."""
+        todo, streams = self._todo, self.streams
+        if (issued := self.issued) is not None:
+            for column, saved in zip(self._issue_columns(), issued.columns):
+                column[:] = saved
+            for h, (pc, t, cause) in zip(hosts, issued.hosts):
+                h.pc, h.t, h.cause = pc, t, cause
+            for rank, name, fifo in issued.stream_fifos:
+                streams[rank][name].fifo[:] = fifo
+            for number, fifo in issued.queue_fifos:
+                self.queue_list[number].fifo[:] = fifo
+            for rank, name in issued.kicked:
+                s = streams[rank][name]
+                s.kicked = True
+                todo.append(s)
+            return
+        for h in hosts:
+            self._advance_host(h)
+        if not self._keep_issued or any(h.pc != h.end or h.block_g >= 0 for h in hosts):
+            return
+        self.issued = Issued(
+            columns=tuple(array(c.typecode, c) if isinstance(c, array) else bytes(c) for c in self._issue_columns()),
+            hosts=tuple((h.pc, h.t, h.cause) for h in hosts),
+            stream_fifos=tuple((s.rank, s.name, array(s.fifo.typecode, s.fifo)) for rank in streams for s in rank.values() if s.fifo),
+            queue_fifos=tuple((q.number, array(q.fifo.typecode, q.fifo)) for q in self.queue_list if q.fifo),
+            kicked=tuple((s.rank, s.name) for s in todo),
+        )  # fmt: skip
+
+    def _issue_columns(self) -> tuple:
+        """The per-op arrays the hosts' pass writes (a host op runs in it: start, end, state)."""
+        return self.issue_start, self.issue_end, self.cause, self.start, self.end, self.state
 
     def unfinished(self) -> bool:
         return self.state.count(DONE) != len(self.state)

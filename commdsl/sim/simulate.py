@@ -24,7 +24,7 @@ from commdsl.errors import LimitError, MachineError, UsageError
 from commdsl.ir import Op, Program
 from commdsl.limits import HORIZON_US
 from commdsl.machine.model import Machine, timeless_machine
-from commdsl.sim.engine import Engine
+from commdsl.sim.engine import Engine, Issued
 from commdsl.sim.entities import RawResult
 from commdsl.sim.memory import check_memory
 from commdsl.sim.models import DEFAULT_NETWORK, NETWORKS
@@ -173,12 +173,13 @@ def _simulate(program: Program, machine: Machine, network: str, samples: int, se
         return SimResult(program, machine, network, raw, engine.network.meta(), critical_path(raw), _makespan(raw), warnings,
                          engine.network, engine.nominal_us)  # fmt: skip
     # Each sample keeps its per-op arrays (41 bytes per op) and its network's flat records,
-    # not its engine; the wiring is made once and shared by every sample.
+    # not its engine; the wiring is made once and shared by every sample, and so is the
+    # hosts' first pass where no host blocks in it (`Engine.issued`).
     runs: list[tuple[RawResult, Network, dict[int, float]]] = []
-    wiring = None
+    wiring = issued = None
     for i in range(samples):
-        raw, engine = _run(program, machine, network, random.Random(seed + i), run_progress(i), wiring, fold)
-        wiring = engine.wiring
+        raw, engine = _run(program, machine, network, random.Random(seed + i), run_progress(i), wiring, fold, issued)
+        wiring, issued = engine.wiring, engine.issued
         runs.append((raw, engine.network, engine.nominal_us))
         del engine
     makespans = [_makespan(raw) for raw, _, _ in runs]
@@ -197,7 +198,11 @@ def _simulate(program: Program, machine: Machine, network: str, samples: int, se
 def _medians(columns: list[array]) -> array:
     """Per position, `statistics.median` of the columns' values there (the middle value;
     of an even count, the mean of the middle two), in C-level passes: it runs once per op
-    and column."""
+    and column. Columns the samples agree on (host issue times that no stall reached, for
+    one) are their own median."""
+    first = columns[0].tobytes()  # bytes compare in C (+0.0 and -0.0 differ: they take the long way)
+    if all(column.tobytes() == first for column in columns):
+        return array("d", columns[0])
     n = len(columns)
     mid = n // 2
     if n % 2:
@@ -207,8 +212,11 @@ def _medians(columns: list[array]) -> array:
 
 
 def _run(program: Program, machine: Machine, network: str, rng: random.Random | None,
-         progress: Callable[[int], None] | None = None, wiring: Wiring | None = None, fold: bool = True) -> tuple[RawResult, Engine]:  # fmt: skip
-    engine = Engine(program, machine, NETWORKS[network], rng, wiring, fold)
+         progress: Callable[[int], None] | None = None, wiring: Wiring | None = None, fold: bool = True,
+         issued: Issued | None = None) -> tuple[RawResult, Engine]:  # fmt: skip
+    """One run of the engine (with `rng`, one sample); `wiring` and `issued` as `Engine`'s,
+    and a sampled run (`rng`) keeps its hosts' pass for the next sample."""
+    engine = Engine(program, machine, NETWORKS[network], rng, wiring, fold, issued, keep_issued=rng is not None)
     raw = engine.run(progress)
     if engine.folded and engine.unfinished():
         # Rank 0 alone could not finish: run every rank, for the deadlock report's sake.
