@@ -3,6 +3,7 @@ docs/performance.md.
 
     python bench/sim_scale.py            # full sizes (the README quotes these)
     python bench/sim_scale.py --quick    # smaller sizes, no 1M-op run, for a smoke run
+    python bench/sim_scale.py --only samples   # one block (throughput, cost, samples; repeatable)
 
 Every figure is process CPU time of `simulate()` alone (the engine, the memory check, the
 critical path: what a summary needs; not loading the schedule, not building a trace),
@@ -20,7 +21,8 @@ the median of `--repeats` runs, on h100-nvlink with the flow network unless said
      flat is the target. Small sizes repeat until 0.2 s has passed, per run.
   5. `samples=N` against one simulation (1F1B 64 x 64 on cpu-loopback with a compute
      noise model; each sample draws its stalls, one simulation draws none): at most N x
-     one simulation is the target.
+     one simulation is the target. The two alternate, `--repeats` times (at least 5),
+     so that a change in the machine's load falls on both.
 
 "B/op" is the peak tracemalloc sees during `simulate()` (the loaded Program is not
 counted) divided by the number of ops, in a separate run.
@@ -60,6 +62,8 @@ program: |
   compute step t_opt on compute
 """
 
+BLOCKS = ("throughput", "cost", "samples")
+"""The figures' blocks, in the order they run (`--only`)."""
 OPS_PER_MICROBATCH = 509
 """1F1B on 64 stages: ops per microbatch (130,240 ops at 256 microbatches)."""
 
@@ -79,6 +83,18 @@ def cpu_s(run: Callable[[], object], repeats: int, min_s: float = 0.0) -> float:
                 break
         times.append(spent / calls)
     return statistics.median(times)
+
+
+def cpu_s_alternating(a: Callable[[], object], b: Callable[[], object], repeats: int) -> tuple[float, float]:
+    """Medians over `repeats` of the CPU times of `a()` and `b()`, run in turn."""
+    times: tuple[list[float], list[float]] = ([], [])
+    for _ in range(repeats):
+        for run, spent in zip((a, b), times):
+            gc.collect()
+            c0 = time.process_time()
+            run()
+            spent.append(time.process_time() - c0)
+    return statistics.median(times[0]), statistics.median(times[1])
 
 
 def bytes_per_op(program: Program, machine: Machine, network: str = "flow", fold: bool = True) -> float:
@@ -105,20 +121,30 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="smaller sizes, no 1M-op run")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--samples", type=int, default=3, help="N of the samples=N comparison")
+    parser.add_argument("--only", action="append", choices=BLOCKS, help="run this block only (repeatable)")
     args = parser.parse_args()
-    repeats = args.repeats
+    only = set(args.only or BLOCKS)
+    if "throughput" in only:
+        throughputs(args.quick, args.repeats)
+    if "cost" in only:
+        cost_per_op(args.quick, args.repeats)
+    if "samples" in only:
+        samples(args.quick, max(5, args.repeats), args.samples)
+
+
+def throughputs(quick: bool, repeats: int) -> None:
     h100 = resolve_machine("h100-nvlink")
 
     print("simulate() throughput, CPU time, median of", repeats, "(flow network)")
-    microbatches = 64 if args.quick else 256
-    for stages in (64, 128) if args.quick else (64, 128, 256):
+    microbatches = 64 if quick else 256
+    for stages in (64, 128) if quick else (64, 128, 256):
         throughput(f"1f1b {stages} stages x {microbatches} mb", one_f_one_b(stages, microbatches), h100, repeats)
-    buckets = 12 if args.quick else 50
+    buckets = 12 if quick else 50
     dp = load_schedule_text(DP_STEP, "dp_step.yaml", {"buckets": str(buckets)})
     throughput(f"dp step 256 ranks x {buckets} buckets", dp, h100, repeats)
     throughput("  the same, every rank run", dp, h100, repeats, fold=False)
 
-    count = 250 if args.quick else 1000
+    count = 250 if quick else 1000
     chained = load_schedule_text(CHAINED, "chained.yaml", {"count": str(count)})
     ring = load_machine_text(RING_MACHINE, "ring-50.yaml")
     predicted = f"  (predicted {simulate(chained, ring, 'flow').makespan_us / 1e3:.3f} ms)"
@@ -126,21 +152,26 @@ def main() -> None:
     throughput("  the same, every rank run", chained, ring, repeats, fold=False,
                note=f"  (predicted {simulate(chained, ring, 'flow', fold=False).makespan_us / 1e3:.3f} ms)")  # fmt: skip
 
+
+
+def cost_per_op(quick: bool, repeats: int) -> None:
+    h100 = resolve_machine("h100-nvlink")
     print("cost per op, 1F1B 64 stages (flow network)")
-    for ops in (1_000, 10_000, 100_000) if args.quick else (1_000, 10_000, 100_000, 1_000_000):
+    for ops in (1_000, 10_000, 100_000) if quick else (1_000, 10_000, 100_000, 1_000_000):
         program = one_f_one_b(64, max(1, round(ops / OPS_PER_MICROBATCH)))
         s = cpu_s(lambda: simulate(program, h100, "flow"), repeats, min_s=0.2)
         print(f"  {program.num_ops:>9,} ops {s:>8.3f} s {s / program.num_ops * 1e6:>6.2f} us/op {bytes_per_op(program, h100):>6.0f} B/op", flush=True)
-        del program
 
-    n = args.samples
+
+
+def samples(quick: bool, repeats: int, n: int) -> None:
     cpu = resolve_machine("cpu-loopback")
     noise = ComputeNoise(stalls_per_s=20.0, stall_us=300.0, wake_stall_probability=0.2, wake_stall_us=50.0)
     noisy = dataclasses.replace(cpu, contention=dataclasses.replace(cpu.contention, noise=noise))
-    program = one_f_one_b(64, 16 if args.quick else 64, saved="16MiB")  # within cpu-loopback's 4 GiB per rank
-    one = cpu_s(lambda: simulate(program, noisy, "flow"), repeats)
-    many = cpu_s(lambda: simulate(program, noisy, "flow", samples=n), repeats)
-    print(f"samples={n} against one simulation, 1F1B 64 x {program.num_ops // OPS_PER_MICROBATCH} on cpu-loopback with compute noise (flow)")
+    program = one_f_one_b(64, 16 if quick else 64, saved="16MiB")  # within cpu-loopback's 4 GiB per rank
+    one, many = cpu_s_alternating(lambda: simulate(program, noisy, "flow"), lambda: simulate(program, noisy, "flow", samples=n), repeats)
+    print(f"samples={n} against one simulation, 1F1B 64 x {program.num_ops // OPS_PER_MICROBATCH} on cpu-loopback with compute noise "
+          f"(flow), CPU time, medians of {repeats} taken in turn")  # fmt: skip
     print(f"  {program.num_ops:>9,} ops  one {one:.3f} s  samples={n} {many:.3f} s  = {many / one:.2f} x one (target <= {n})", flush=True)
 
 

@@ -53,6 +53,7 @@ from commdsl.machine.model import CpuContention, GpuContention, Machine
 from commdsl.sim.network import Network, Transfer
 
 _STANDARD_NORMAL = NormalDist()
+_exp = math.exp  # bound once: it runs per compute op of a sampled run
 
 
 class Contention:
@@ -267,6 +268,7 @@ class CpuHostModel(_KernelFactors):
         (a comm op's stream going on after it, a wait, or a compute op or copy)."""
         self._wake_below = round(noise.wake_stall_probability * 2**64) if noise is not None else 0
         """A word below this wakes late: `wake_stall_probability` of them."""
+        self._stalls_per_us = noise.stalls_per_s / 1e6 if noise is not None else 0.0
 
     def work(self, rank: int, is_copy: bool, delta: int) -> bool:
         counts = self.copying if is_copy else self.computing
@@ -305,11 +307,10 @@ class CpuHostModel(_KernelFactors):
         `stalls_per_s` per second of its duration on average, each `stall_us` long (a timed
         op whose start is delayed comes back here, to the same draw). On a slowed device
         the stall is slowed with the op's work (a simplification)."""
-        noise = self.spec.noise
-        mean = noise.stalls_per_s * duration_us / 1e6
-        u = (self._stall_bits[g] >> 11) * 2.0**-53  # its top 53 bits: uniform on [0, 1)
-        if u >= math.exp(-mean):  # else no stall (`poisson`'s first step: most ops)
-            duration_us += poisson(u, mean) * noise.stall_us
+        mean = self._stalls_per_us * duration_us
+        bits = self._stall_bits[g]
+        if bits >= _exp(-mean) * 2.0**64:  # else no stall (`poisson`'s first step, as a word: most ops)
+            duration_us += poisson((bits >> 11) * 2.0**-53, mean) * self.spec.noise.stall_us  # top 53 bits: [0, 1)
         if not self.timed:  # untimed, it runs from `start_us` to its end as scheduled now, once
             end = start_us + duration_us
             if start_us > now:
