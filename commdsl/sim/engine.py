@@ -177,13 +177,13 @@ class Engine:
         """(group, source, destination) of an NCCL transfer moving now -> the transfers
         between the same ranks in the same group waiting behind it, in order (with their
         ops); None while none waits (most transfers: no deque made for them)."""
-        self._transfers: dict[tuple, Transfer] = {}
+        self._transfers: dict[tuple, Transfer] = w.transfers
         """One `Transfer` per distinct shape (what it moves, between whom, how), by the
         op fields it is built from: built once, started with each occurrence's ops."""
-        self._p2p_shapes: dict[tuple, tuple[Transfer, tuple[str, int, int] | None, tuple[int, ...] | None]] = {}
+        self._p2p_shapes: dict[tuple, tuple[Transfer, tuple[str, int, int] | None, tuple[int, ...] | None]] = w.p2p_shapes
         """The same for point-to-point transfers, by (id of the op's spec, kind, rank), with
         what `_start_p2p` needs to start it (`_p2p_shape`)."""
-        self._pair_of: dict[int, tuple[str, int, int]] = {}
+        self._pair_of: dict[int, tuple[str, int, int]] = w.pair_of
         """id of an NCCL send's `Transfer` -> its (group, source, destination) in `pair_fifo`."""
         self._on_transfer_done = self._transfer_done
         self.kernels = c.tracks_kernels

@@ -168,21 +168,22 @@ def _simulate(program: Program, machine: Machine, network: str, samples: int, se
         progress(0, samples * ops)
 
     if samples == 1:
-        raw, engine = _run(program, machine, network, None, run_progress(0), fold=fold)
+        raw, engine, makespan = _run(program, machine, network, None, run_progress(0), fold=fold)
         check_memory(raw, machine)
-        return SimResult(program, machine, network, raw, engine.network.meta(), critical_path(raw), _makespan(raw), warnings,
+        return SimResult(program, machine, network, raw, engine.network.meta(), critical_path(raw), makespan, warnings,
                          engine.network, engine.nominal_us)  # fmt: skip
     # Each sample keeps its per-op arrays (41 bytes per op) and its network's flat records,
     # not its engine; the wiring is made once and shared by every sample, and so is the
     # hosts' first pass where no host blocks in it (`Engine.issued`).
     runs: list[tuple[RawResult, Network, dict[int, float]]] = []
+    makespans: list[float] = []
     wiring = issued = None
     for i in range(samples):
-        raw, engine = _run(program, machine, network, random.Random(seed + i), run_progress(i), wiring, fold, issued)
+        raw, engine, makespan = _run(program, machine, network, random.Random(seed + i), run_progress(i), wiring, fold, issued)
         wiring, issued = engine.wiring, engine.issued
         runs.append((raw, engine.network, engine.nominal_us))
+        makespans.append(makespan)
         del engine
-    makespans = [_makespan(raw) for raw, _, _ in runs]
     # The median sample stands for the run: its causes, flows and links.
     median = sorted(range(samples), key=makespans.__getitem__)[(samples - 1) // 2]
     like, like_network, like_nominal = runs[median]
@@ -213,9 +214,10 @@ def _medians(columns: list[array]) -> array:
 
 def _run(program: Program, machine: Machine, network: str, rng: random.Random | None,
          progress: Callable[[int], None] | None = None, wiring: Wiring | None = None, fold: bool = True,
-         issued: Issued | None = None) -> tuple[RawResult, Engine]:  # fmt: skip
-    """One run of the engine (with `rng`, one sample); `wiring` and `issued` as `Engine`'s,
-    and a sampled run (`rng`) keeps its hosts' pass for the next sample."""
+         issued: Issued | None = None) -> tuple[RawResult, Engine, float]:  # fmt: skip
+    """One run of the engine (with `rng`, one sample): its per-op arrays, the engine and
+    the makespan. `wiring` and `issued` as `Engine`'s; a sampled run (`rng`) keeps its
+    hosts' pass for the next sample."""
     engine = Engine(program, machine, NETWORKS[network], rng, wiring, fold, issued, keep_issued=rng is not None)
     raw = engine.run(progress)
     if engine.folded and engine.unfinished():
@@ -226,16 +228,17 @@ def _run(program: Program, machine: Machine, network: str, rng: random.Random | 
         from commdsl.sim.deadlock import deadlock_error  # only a schedule that cannot finish needs it
 
         raise deadlock_error(engine)
-    check_horizon(raw, machine)
-    return raw, engine
+    return raw, engine, check_horizon(raw, machine)
 
 
-def check_horizon(raw: RawResult, machine: Machine) -> None:
+def check_horizon(raw: RawResult, machine: Machine) -> float:
     """Refuse a simulation whose ops end past `HORIZON_US`, naming the first op that does
     (every value is bounded where it is given, so times stay finite, but a 1024TiB transfer
-    over a 1 MB/s link still ends decades later, where times lose their nanoseconds)."""
-    if max(raw.end, default=0.0) <= HORIZON_US and max(raw.issue_end, default=0.0) <= HORIZON_US:
-        return
+    over a 1 MB/s link still ends decades later, where times lose their nanoseconds); else
+    return its makespan (`_makespan`)."""
+    makespan = _makespan(raw)
+    if makespan <= HORIZON_US:
+        return makespan
     late = min((g for g in range(len(raw.ops)) if max(raw.end[g], raw.issue_end[g]) > HORIZON_US),
                key=lambda g: max(raw.end[g], raw.issue_end[g]))  # fmt: skip
     op, start, end = raw.ops[late], raw.start[late], max(raw.end[late], raw.issue_end[late])

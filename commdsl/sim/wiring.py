@@ -18,13 +18,13 @@ from __future__ import annotations
 
 from array import array
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from commdsl.errors import MachineError, ScheduleError
 from commdsl.ir import COLLECTIVE_KINDS, P2P_KINDS, Op, OpKind, Program, Transport
 from commdsl.machine.model import Machine
 from commdsl.sim.entities import ALGOS, KIND_CODE, PROTOS, Collective, Queue, op_index_typecode
-from commdsl.sim.network import Network
+from commdsl.sim.network import Network, Transfer
 from commdsl.sim.symmetry import copy_rank_0, shifted
 
 
@@ -61,6 +61,15 @@ class Wiring:
     on_stream: bytearray
     """Per op, 1 for a memcpy transfer (a peer copy, a memcpy send or recv): it runs on its
     stream, with no comm queue."""
+    # The engine's transfers by shape, built on first use: they follow from the program and
+    # the machine alone, so every run made with this wiring (a sampled simulation's
+    # samples) shares them.
+    transfers: dict[tuple, Transfer] = field(default_factory=dict)
+    """`Engine._transfers`: collectives."""
+    p2p_shapes: dict[tuple, tuple[Transfer, tuple[str, int, int] | None, tuple[int, ...] | None]] = field(default_factory=dict)
+    """`Engine._p2p_shapes`: point-to-point transfers and peer copies."""
+    pair_of: dict[int, tuple[str, int, int]] = field(default_factory=dict)
+    """`Engine._pair_of`: NCCL sends' pairs."""
 
 
 _COMM_KINDS = P2P_KINDS | COLLECTIVE_KINDS
