@@ -236,15 +236,14 @@ class CpuHostModel(_KernelFactors):
         self.network = network
         self.spec = spec
         noise = spec.noise
-        self.rng = rng if noise is not None else None
-        self.noisy = self.rng is not None
+        self.noisy = rng is not None and noise is not None
         self.duration_stretch = noise.duration_stretch if noise is not None else 1.0
         self.slows_comm = spec.slows_comm()
         self.timed_copies = spec.copy_compute_slowdown != 1.0 or spec.compute_copy_slowdown != 1.0
         self.timed = self.tracks_traffic or self.slows_comm or spec.compute_copy_slowdown != 1.0 or self.timed_copies
-        # Noise asks whether any rank computes (`cores_busy`). Timed compute ops report their
-        # start and end (`work`), so they are counted; an untimed op's end is known when it
-        # is scheduled, so its interval is kept instead, at no event of its own.
+        # Late wake-ups ask whether some rank computes (`woken`). Timed compute ops report
+        # their start and end (`work`), so they are counted; an untimed op's end is known
+        # when it is scheduled, so its interval is kept instead, at no event of its own.
         self._counts_compute = self.slows_comm or spec.compute_copy_slowdown != 1.0 or (self.noisy and self.timed)
         # Each rank draws its own noise; the network hears which ranks compute.
         self.rank_local = not (self.noisy or self.slows_comm)

@@ -255,7 +255,7 @@ class Engine:
             return
         for h in hosts:
             self._advance_host(h)
-        if not self._keep_issued or any(h.pc != h.end or h.block_g >= 0 for h in hosts):
+        if not self._keep_issued or any(h.pc != h.end or h.block_g >= 0 for h in hosts) or any(e.kind != STREAM for e in todo):
             return
         self.issued = Issued(
             columns=tuple(array(c.typecode, c) if isinstance(c, array) else bytes(c) for c in self._issue_columns()),
