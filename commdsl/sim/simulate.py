@@ -208,6 +208,8 @@ def _medians(columns: list[array]) -> array:
     mid = n // 2
     if n % 2:
         return array("d", map(itemgetter(mid), map(sorted, zip(*columns))))
+    if n == 2:  # the mean of both, in either order (a + b is b + a, bit for bit)
+        return array("d", map(truediv, map(add, *columns), repeat(2)))
     ordered = list(map(sorted, zip(*columns)))
     return array("d", map(truediv, map(add, map(itemgetter(mid - 1), ordered), map(itemgetter(mid), ordered)), repeat(2)))
 
