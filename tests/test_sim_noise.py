@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import json
 import random
+import importlib
 import statistics
+import weakref
 from array import array
+from bisect import insort
 
 import pytest
 from hypothesis import given, settings
@@ -19,8 +22,10 @@ from commdsl.sim import simulate
 from commdsl.sim.contention import poisson
 from commdsl.sim.engine import Engine
 from commdsl.sim.models import NETWORKS
-from commdsl.sim.simulate import _medians, _run
+from commdsl.sim.simulate import _medians, _run, out_of_the_running
 from commdsl.timeline import Timeline
+
+simulate_module = importlib.import_module("commdsl.sim.simulate")  # the module: `commdsl.sim.simulate` is also the function
 
 try:
     from test_sim_engine import machine, sched
@@ -162,6 +167,44 @@ def test_later_samples_start_from_the_first_samples_hosts_pass(text: str, shared
     for name in ("issue_start", "issue_end", "start", "end"):
         assert getattr(result.raw, name) == _medians([getattr(r, name) for r in runs]), name
     assert len(set(result.sampling["sample_makespans_us"])) > 1
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.integers(min_value=0, max_value=4), min_size=1, max_size=15))
+def test_a_sample_out_of_the_running_is_never_the_median(makespans: list[int]) -> None:
+    """A sampled run drops what only the median sample needs (its network, causes) from
+    the samples that can no longer be it: never the median, and at most half of them
+    kept (plus one) once each sample has run."""
+    samples = len(makespans)
+    median = sorted(range(samples), key=makespans.__getitem__)[(samples - 1) // 2]  # as simulate() picked it
+    ranked: list[tuple[float, int]] = []
+    kept: set[int] = set()
+    for i, makespan in enumerate(makespans):
+        insort(ranked, (float(makespan), i))
+        kept.add(i)
+        kept -= set(out_of_the_running(ranked, samples))
+        assert median in kept or median > i
+        assert len(kept) <= samples // 2 + 1
+    assert kept == {median}
+
+
+def test_a_sampled_run_frees_the_networks_out_of_the_running(monkeypatch):
+    """Each sample's network records stay only while it can still be the median sample:
+    with 9 samples, at most 5 networks are alive when a sample starts (9 without)."""
+    networks: weakref.WeakSet = weakref.WeakSet()
+    alive: list[int] = []
+    real_run = simulate_module._run
+
+    def run(*args, **kwargs):
+        alive.append(len(networks))
+        raw, engine, makespan = real_run(*args, **kwargs)
+        networks.add(engine.network)
+        return raw, engine, makespan
+
+    monkeypatch.setattr(simulate_module, "_run", run)
+    result = simulate(pipe(6), noisy(100, 3000), samples=9, seed=2)
+    assert len(alive) == 9 and max(alive) <= 9 // 2 + 1, alive
+    assert result.network_model in networks and max(f.end_us for f in result.flow_stats()) == statistics.median(result.sampling["sample_makespans_us"])
 
 
 def test_per_op_medians_make_the_timeline_and_its_metadata(tmp_path):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import gc
 import random
+from bisect import insort
 from contextlib import contextmanager
 from array import array
 from collections.abc import Callable, Iterator
@@ -172,28 +173,47 @@ def _simulate(program: Program, machine: Machine, network: str, samples: int, se
         check_memory(raw, machine)
         return SimResult(program, machine, network, raw, engine.network.meta(), critical_path(raw), makespan, warnings,
                          engine.network, engine.nominal_us)  # fmt: skip
-    # Each sample keeps its per-op arrays (41 bytes per op) and its network's flat records,
-    # not its engine; the wiring is made once and shared by every sample, and so is the
+    # Each sample keeps its four time columns (32 bytes per op); while it can still be the
+    # median sample, also the rest of its per-op arrays and its network's flat records,
+    # not its engine. The wiring is made once and shared by every sample, and so is the
     # hosts' first pass where no host blocks in it (`Engine.issued`).
-    runs: list[tuple[RawResult, Network, dict[int, float]]] = []
+    times: list[tuple[array, array, array, array]] = []
+    kept: dict[int, tuple[RawResult, Network, dict[int, float]]] = {}
+    ranked: list[tuple[float, int]] = []  # (makespan, sample), sorted: the order that picks the median
     makespans: list[float] = []
     wiring = issued = None
     for i in range(samples):
         raw, engine, makespan = _run(program, machine, network, random.Random(seed + i), run_progress(i), wiring, fold, issued)
         wiring, issued = engine.wiring, engine.issued
-        runs.append((raw, engine.network, engine.nominal_us))
+        times.append((raw.issue_start, raw.issue_end, raw.start, raw.end))
+        kept[i] = (raw, engine.network, engine.nominal_us)
         makespans.append(makespan)
-        del engine
+        del engine, raw
+        insort(ranked, (makespan, i))
+        dropped = [kept.pop(j) for j in out_of_the_running(ranked, samples) if j in kept]
+        if dropped:
+            # A network out of the running, like each finished engine, is a reference cycle:
+            # a collection of the youngest generation frees them (it walks the few objects
+            # per entity and transfer shape the samples made since, not per-op arrays).
+            del dropped
+            gc.collect(0)
     # The median sample stands for the run: its causes, flows and links.
-    median = sorted(range(samples), key=makespans.__getitem__)[(samples - 1) // 2]
-    like, like_network, like_nominal = runs[median]
-    columns = [_medians([getattr(raw, name) for raw, _, _ in runs])
-               for name in ("issue_start", "issue_end", "start", "end")]  # fmt: skip
+    like, like_network, like_nominal = kept[ranked[(samples - 1) // 2][1]]
+    columns = [_medians(list(column)) for column in zip(*times)]
     raw = RawResult(like.ops, like.base, *columns, like.state, like.cause, like.partner, like.algos, like.protos, like.kinds)
     check_memory(raw, machine)
     sampling = {"samples": samples, "seed": seed, "stat": "median", "sample_makespans_us": [round(m, 3) for m in makespans]}
     return SimResult(program, machine, network, raw, like_network.meta(), critical_path(like), _makespan(raw), warnings,
                      like_network, like_nominal, sampling)  # fmt: skip
+
+
+def out_of_the_running(ranked: list[tuple[float, int]], samples: int) -> list[int]:
+    """The samples run so far that can no longer be the median of `samples`: `ranked` holds
+    them as (makespan, number), sorted, the order whose middle entry is the median sample
+    once all have run. One at place r there ends at r or later, by at most the number of
+    samples still to run (those come after it on a tie: their numbers are higher)."""
+    middle, left = (samples - 1) // 2, samples - len(ranked)
+    return [i for r, (_, i) in enumerate(ranked) if r > middle or r + left < middle]
 
 
 def _medians(columns: list[array]) -> array:
