@@ -1,9 +1,10 @@
 """`simulate()`: run the engine and turn its per-op arrays into a `Timeline`.
 
-A run pauses Python's cyclic garbage collector (the engine's objects live until the end
-and form no cycles; a collection would walk them all, a cost per op that grows with the
-program). A sampled run wires the program once, runs it once per sample and keeps each
-sample's per-op arrays and network records, not its engine.
+A run pauses Python's cyclic garbage collector (the engine's many small objects live
+until the end of the run; a collection would walk them all, a cost per op that grows with
+the program). A sampled run wires the program once, runs it once per sample and keeps each
+sample's time columns, and its other per-op arrays and network records while it can
+still be the median sample; not its engine.
 """
 
 from __future__ import annotations
