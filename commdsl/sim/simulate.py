@@ -183,21 +183,29 @@ def _simulate(program: Program, machine: Machine, network: str, samples: int, se
     ranked: list[tuple[float, int]] = []  # (makespan, sample), sorted: the order that picks the median
     makespans: list[float] = []
     wiring = issued = None
-    for i in range(samples):
-        raw, engine, makespan = _run(program, machine, network, random.Random(seed + i), run_progress(i), wiring, fold, issued)
-        wiring, issued = engine.wiring, engine.issued
-        times.append((raw.issue_start, raw.issue_end, raw.start, raw.end))
-        kept[i] = (raw, engine.network, engine.nominal_us)
-        makespans.append(makespan)
-        del engine, raw
-        insort(ranked, (makespan, i))
-        dropped = [kept.pop(j) for j in out_of_the_running(ranked, samples) if j in kept]
-        if dropped:
-            # A network out of the running, like each finished engine, is a reference cycle:
-            # a collection of the youngest generation frees them (it walks the few objects
-            # per entity and transfer shape the samples made since, not per-op arrays).
-            del dropped
-            gc.collect(0)
+    # A network out of the running, like each finished engine, is a reference cycle: only
+    # a collection frees it. Frozen, the objects made before (the program's) are left out
+    # of collections, which then walk what the samples made: a few objects per entity and
+    # transfer shape, not per op. (A caller's own freeze is left as it is.)
+    freeze = gc.get_freeze_count() == 0
+    if freeze:
+        gc.freeze()
+    try:
+        for i in range(samples):
+            raw, engine, makespan = _run(program, machine, network, random.Random(seed + i), run_progress(i), wiring, fold, issued)
+            wiring, issued = engine.wiring, engine.issued
+            times.append((raw.issue_start, raw.issue_end, raw.start, raw.end))
+            kept[i] = (raw, engine.network, engine.nominal_us)
+            makespans.append(makespan)
+            del engine, raw
+            insort(ranked, (makespan, i))
+            dropped = [kept.pop(j) for j in out_of_the_running(ranked, samples) if j in kept]
+            if dropped:
+                del dropped
+                gc.collect()
+    finally:
+        if freeze:
+            gc.unfreeze()
     # The median sample stands for the run: its causes, flows and links.
     like, like_network, like_nominal = kept[ranked[(samples - 1) // 2][1]]
     columns = [_medians(list(column)) for column in zip(*times)]
