@@ -220,7 +220,7 @@ def _facts(op: Op, machine: Machine, network: Network, rank_queues: dict[str, Qu
     q = -1
     if transport is Transport.MEMCPY:  # no communicator: it runs on its stream
         if kind not in P2P_KINDS:
-            raise ScheduleError(f"{kind.value} {op.name} on rank {op.rank}: transport=memcpy copies point to point only (send, "
+            raise ScheduleError(f"{op.label} on rank {op.rank}: transport=memcpy copies point to point only (send, "
                                 f"recv, a copy to a peer), not a collective", op.loc, rank=op.rank,
                                 hint="give the collective transport=nccl or transport=gloo")  # fmt: skip
         network.check_copy(op)
