@@ -40,6 +40,7 @@ from collections.abc import Callable
 
 from contention import CHAINED, RING_MACHINE  # bench/contention.py (the script's folder is on the path)
 
+from commdsl.cli import count_at_least
 from commdsl.dsl import load_schedule, load_schedule_text
 from commdsl.ir import Program
 from commdsl.machine import load_machine_text, resolve_machine
@@ -119,8 +120,8 @@ def throughput(name: str, program: Program, machine: Machine, repeats: int, fold
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="smaller sizes, no 1M-op run")
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--samples", type=int, default=3, help="N of the samples=N comparison")
+    parser.add_argument("--repeats", type=count_at_least(1), default=3)
+    parser.add_argument("--samples", type=count_at_least(2), default=3, help="N of the samples=N comparison (2 or more)")
     parser.add_argument("--only", action="append", choices=BLOCKS, help="run this block only (repeatable)")
     args = parser.parse_args()
     only = set(args.only or BLOCKS)
