@@ -7,6 +7,8 @@ counter shown where a channel's last sample at an instant changes its value."""
 from __future__ import annotations
 
 import random
+from array import array
+from itertools import chain
 
 import simpy
 from hypothesis import given, settings
@@ -15,7 +17,7 @@ from hypothesis import strategies as st
 from commdsl.dsl import load_schedule, load_schedule_text
 from commdsl.machine import resolve_machine
 from commdsl.sim import simulate
-from commdsl.sim.flow import FlowNetwork
+from commdsl.sim.flow import FlowNetwork, time_order
 
 
 def event_order(net: FlowNetwork) -> list[tuple[float, int, float]]:
@@ -69,9 +71,9 @@ def check(net: FlowNetwork, makespan_us: float) -> int:
     """_sample_arrays, _channel_samples, link_stats and counter_samples against the
     references; the links compared."""
     samples = event_order(net)
-    t, c, v, order = net._sample_arrays()
+    t, c, v = net._sample_arrays()
     assert list(zip(t, c, v)) == samples
-    assert [samples[k] for k in order] == sorted(samples, key=lambda s: s[0])
+    assert [samples[k] for k in chain.from_iterable(time_order(t))] == sorted(samples, key=lambda s: s[0])
     for ch, (times, loads) in enumerate(net._channel_samples()):
         assert list(zip(times, loads)) == [(tk, vk) for tk, ck, vk in samples if ck == ch], ch
     assert list(net.counter_samples()) == reference_counters(net, samples)
@@ -144,3 +146,14 @@ def test_random_sample_logs_match_the_reference(seed: int):
     for ch in range(nch):
         net._bytes[ch] = 1.0
     check(net, now + 1.0)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(0, 30), max_size=300), st.integers(1, 40))
+def test_time_order_is_a_stable_sort_by_time(times: list[int], block: int):
+    """`time_order`, a block at a time, lists what one stable sort does, whatever the
+    disorder: times drawn from a few values (many ties), blocks of 1 to 40."""
+    t = array("d", times)
+    blocks = list(time_order(t, block))
+    assert list(chain.from_iterable(blocks)) == sorted(range(len(t)), key=t.__getitem__)
+    assert all(blocks)  # no empty list

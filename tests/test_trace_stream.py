@@ -33,11 +33,13 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("window", [3, 1 << 16])
+@pytest.mark.parametrize(("window", "narrow"), [(3, 1 << 16), (1 << 16, 2)], ids=["small-windows", "wide-numbers"])
 @pytest.mark.parametrize(("name", "machine", "params"), CASES, ids=[c[0] for c in CASES])
-def test_streamed_trace_is_the_whole_trace(name, machine, params, window, tmp_path: Path, monkeypatch):
-    # A window of 3 spans cuts every schedule into many windows (and ties across them).
+def test_streamed_trace_is_the_whole_trace(name, machine, params, window, narrow, tmp_path: Path, monkeypatch):
+    # A window of 3 spans cuts every schedule into many windows (and ties across them);
+    # 2-byte numbers up to 2 only make the span formats and tracks take 4 bytes.
     monkeypatch.setattr(trace, "_WINDOW_SPANS", window)
+    monkeypatch.setattr(trace, "_NARROW", narrow)
     program = load(name, **params)
     result = simulate(program, resolve_machine(machine))
     streamed, written = tmp_path / "s.json", tmp_path / "w.json"
@@ -238,3 +240,12 @@ def test_a_copy_whose_peer_differs_per_rank_annotates_each_ranks_own_peer(tmp_pa
     annotated = {e["pid"]: e["args"]["dst rank"] for e in json.loads(out.read_text())["traceEvents"]
                  if e.get("ph") == "X" and e["args"].get("role") == "exec"}  # fmt: skip
     assert annotated == {0: 1, 1: 2, 2: 3, 3: 0}
+
+
+def test_span_numbers_widen_past_two_bytes():
+    """Past 65,536 span formats or tracks, their per-code numbers take 4 bytes."""
+    numbers = array("H", [7, 65535])
+    assert trace._holding(numbers, 1 << 16) is numbers
+    wide = trace._holding(numbers, (1 << 16) + 1)
+    wide[0] = 1 << 16  # an 'H' array refuses it
+    assert wide.typecode == "i" and list(wide) == [1 << 16, 65535]

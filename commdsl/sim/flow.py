@@ -63,7 +63,7 @@ from bisect import bisect_right
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from functools import reduce
-from itertools import chain, compress, islice, repeat
+from itertools import accumulate, chain, compress, islice, repeat
 from operator import add, gt, is_, itemgetter, le, mul, sub
 
 import simpy
@@ -570,10 +570,10 @@ class FlowNetwork(Network):
     def meta(self) -> dict:
         return {"model": self.name, "links": len(self.fabric.names), "topology": self.fabric.topology is not None}
 
-    def _sample_arrays(self) -> tuple[array, array, array, list[int]]:
-        """The samples as flat arrays (time, channel, load bytes/us) and the order that
-        sorts them by time (stable: ties keep event order). Solo intervals are expanded
-        into the arrays: a few bytes per sample, as there can be millions."""
+    def _sample_arrays(self) -> tuple[array, array, array]:
+        """The samples as flat arrays (time, channel, load bytes/us), in event order. Solo
+        intervals are expanded into the arrays: a few bytes per sample, as there can be
+        millions."""
         st, sc, sv = self._s_t, self._s_c, self._s_v
         at, demands, t0s, t1s, rates = self._solo_at, self._solo_demands, self._solo_t0, self._solo_t1, self._solo_rate
         t, c, v = array("d"), array("i"), array("d")
@@ -614,7 +614,7 @@ class FlowNetwork(Network):
                 c.extend([ch for d in run for _ in (0, 1) for ch, _w in d])
                 v.extend([x for d, rate in zip(run, rates[j:k]) for x in [w * rate for _c, w in d] + [0.0] * len(d)])
             j = k
-        return t, c, v, sorted(range(len(t)), key=t.__getitem__)
+        return t, c, v
 
     def link_stats(self, makespan_us: float) -> list[LinkStat]:
         fabric = self.fabric
@@ -710,14 +710,16 @@ class FlowNetwork(Network):
         back-to-back collectives on the same links cost two samples per link, not two each."""
         fabric = self.fabric
         names, capacity = fabric.names, fabric.capacity
-        t, c, v, order = self._sample_arrays()
+        t, c, v = self._sample_arrays()
+        in_order = chain.from_iterable(zip(map(t.__getitem__, order), map(c.__getitem__, order), map(v.__getitem__, order))
+                                       for order in time_order(t))  # fmt: skip
         shown: dict[int, float] = {}
         pending: dict[int, float] = {}
         """The last sample of each channel at the instant `now`."""
         now = None
         # In time order, then a sentinel whose time differs from every sample's: it shows
         # the last instant's samples and is itself never shown.
-        for tk, ck, vk in chain(zip(map(t.__getitem__, order), map(c.__getitem__, order), map(v.__getitem__, order)), ((None, -1, 0.0),)):
+        for tk, ck, vk in chain(in_order, ((None, -1, 0.0),)):
             if tk != now:
                 for ch, val in pending.items():
                     if shown.get(ch, 0.0 if val == 0.0 else -1.0) != val:
@@ -748,6 +750,33 @@ class FlowNetwork(Network):
                 about = described[spec] = (latency, name, len({c for leg in legs for c, _ in leg.demands}))
             out.append(FlowStat.of(log.transfers[spec], log.ops(i), log.start_us(i), log.end[i], *about))
         return out
+
+
+_ORDER_BLOCK = 1 << 16
+"""Samples `time_order` sorts at once (about): its memory beyond the arrays."""
+
+
+def time_order(t: array, block: int = _ORDER_BLOCK) -> Iterator[list[int]]:
+    """The positions of `t` sorted by time, stably (ties keep position order), in lists
+    of about `block`: what `sorted(range(len(t)), key=t.__getitem__)` lists, without
+    holding it (no list is empty). Samples are logged nearly in time order (a solo interval's start is
+    written when it ends), so the positions up to a block's end that are no later than
+    every time after it are final; the others wait for the next block."""
+    n = len(t)
+    # Per block, the earliest time in it or any block after it.
+    earliest = list(accumulate(reversed([min(t[lo : lo + block]) for lo in range(0, n, block)]), min))[::-1]
+    carry: list[int] = []  # sorted by time, then position; every one before the next block
+    for b, lo in enumerate(range(0, n, block)):
+        # Stable: tied with a block's position, a carried one (earlier) stays first.
+        batch = sorted(chain(carry, range(lo, min(lo + block, n))), key=t.__getitem__)
+        if b + 1 == len(earliest):
+            yield batch
+            return
+        cut = bisect_right(batch, earliest[b + 1], key=t.__getitem__)
+        carry = batch[cut:]
+        del batch[cut:]
+        if batch:
+            yield batch
 
 
 def _busy_and_top(t: array, v: array) -> tuple[float, float]:

@@ -15,7 +15,7 @@ from array import array
 from bisect import bisect_left
 from collections.abc import Callable, Iterator, Sequence
 from itertools import chain, compress, islice, repeat
-from operator import add, and_, attrgetter, eq, ge, gt, is_, rshift, sub
+from operator import add, and_, attrgetter, eq, ge, getitem, gt, is_, rshift, sub
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -42,8 +42,10 @@ _PEER_MEMCPY = _MEMCPY_NAMES[CopyDir.PEER]
 _COMM_KINDS = frozenset(k for k in OpKind if k.is_comm)
 _KIND_VALUE = {k: k.value for k in OpKind}
 
-_WINDOW_SPANS = 1 << 14
+_WINDOW_SPANS = 1 << 12
 """Spans sorted at once by `write_trace` (about): its memory beyond the arrays."""
+_NARROW = 1 << 16
+"""Span formats and tracks `_SpanRuns` numbers in 2 bytes each (`_holding`)."""
 _INDEX_TEXTS = 1 << 16
 """Op indexes whose decimal texts `write_trace` makes once (up to a rank's ops)."""
 
@@ -168,8 +170,8 @@ _CHUNK = 1 << 14
 
 class _SpanRuns:
     """Every span of a simulation as a code, g * 2 + role (0 EXEC, 1 ISSUE), grouped per
-    track ("run") in arrays of codes and starts; per code, its end and its event's
-    pieces of text (`SpanEncoder.span_pieces`); the comm queues of each rank; and the
+    track ("run") in arrays of codes and starts; per code, its event's pieces of text
+    (`SpanEncoder.span_pieces`; its end is read from the op's arrays); the comm queues of each rank; and the
     matched sends and their recvs, for flow arrows.
 
     The ops of a statement on a rank with one algo and protocol share their spec, so a
@@ -183,10 +185,10 @@ class _SpanRuns:
         base, n = raw.base, len(raw.ops)
         algos, protos = raw.algos, raw.protos
         encoder = SpanEncoder()
-        # Per code, its end (the op's, or its issue span's).
-        self.end = array("d", bytes(16 * n))
-        self.end[0::2], self.end[1::2] = raw.end, raw.issue_end
-        self.sign_clear = sign_clear(raw.start) and sign_clear(raw.issue_start) and sign_clear(self.end)
+        self.end_of_role = (raw.end, raw.issue_end)
+        """Per role (a code's lowest bit), the ends of the ops' spans: a code's end is
+        end_of_role[code & 1][code >> 1]."""
+        self.sign_clear = all(map(sign_clear, (raw.start, raw.issue_start, raw.end, raw.issue_end)))
         """No time is negative or -0.0: `DecimalTexts` may keep their texts."""
         self.width = max((len(r) for r in program.ops), default=0)
         """The most ops of a rank."""
@@ -203,13 +205,13 @@ class _SpanRuns:
         key_index: dict[tuple, int] = {}
         issue_format: dict[tuple, int] = {}
         exec_format: list[dict[str, int]] = []  # per key index, op name -> format
-        self.format_of = array("i", bytes(8 * n))
-        """Per code, the index of its pieces in heads, middles and tails."""
+        self.format_of = array("H", bytes(4 * n))
+        """Per code, the index of its pieces in heads, middles and tails (`_holding`)."""
         self.runs: dict[tuple[int, str], tuple[array, array]] = {}
         self.places: dict[tuple[int, str], int] = {}
         """(rank, track) of the ops' EXEC spans -> its number, for `place_of`."""
-        self.place_of = array("i", bytes(4 * n))
-        """Per op, the (rank, track) of its EXEC span, numbered (`places`)."""
+        self.place_of = array("H", bytes(2 * n))
+        """Per op, the (rank, track) of its EXEC span, numbered (`places`; `_holding`)."""
         self.comm_tracks: dict[int, set[str]] = {}
         """Per rank, its comm queues (`_known_tracks`)."""
         first, last = math.inf, -math.inf
@@ -234,7 +236,8 @@ class _SpanRuns:
                 class_issue.append(issue_format[issue])
             cls = list(map(classes.__getitem__, statements))
             place_of_class = {c: self._place(rank, class_track[c]) for c in set(cls)}
-            self.place_of[b : b + m] = array("i", map(place_of_class.__getitem__, cls))
+            self.place_of = _holding(self.place_of, len(self.places))
+            self.place_of[b : b + m] = array(self.place_of.typecode, map(place_of_class.__getitem__, cls))
             self.comm_tracks[rank] = {class_track[c] for c in set(cls) if class_queue[c]}
             by_name = list(map(exec_format.__getitem__, map(class_key.__getitem__, cls)))
             op_names = list(map(_NAME, rank_ops))
@@ -246,8 +249,9 @@ class _SpanRuns:
                     entry = names.exec_entry(op, keys[class_key[cls[i]]], algos[b + i], protos[b + i])
                     f = by_name[i][op_names[i]] = self._add(encoder.span_pieces(_KIND_VALUE[op.kind], "exec", *entry))
                 formats[i] = f
-            self.format_of[2 * b : 2 * (b + m) : 2] = array("i", formats)
-            self.format_of[2 * b + 1 : 2 * (b + m) : 2] = array("i", map(class_issue.__getitem__, cls))
+            self.format_of = _holding(self.format_of, len(self.heads))
+            self.format_of[2 * b : 2 * (b + m) : 2] = array(self.format_of.typecode, formats)
+            self.format_of[2 * b + 1 : 2 * (b + m) : 2] = array(self.format_of.typecode, map(class_issue.__getitem__, cls))
             # Each track's codes and starts: the host's ISSUE spans (ops it issues with a span
             # of their own), then each track's EXEC spans, in op order.
             runs: dict[str, tuple[array, array]] = {}
@@ -312,8 +316,9 @@ class _SpanRuns:
             track_texts.append(track_piece(rank, tid_of[(rank, track)]))
         del key_of
         # The arrays per code go with the generator (the counters after the spans take memory of their own).
-        heads, middles, tails, format_of, end = self.heads, self.middles, self.tails, self.format_of, self.end
-        del self.heads, self.middles, self.tails, self.format_of, self.end
+        heads, middles, tails, format_of = self.heads, self.middles, self.tails, self.format_of
+        del self.heads, self.middles, self.tails, self.format_of
+        end_of_role = self.end_of_role.__getitem__
         pos = [0] * len(runs)
         total, done = sum(len(r[0]) for r in runs), 0
         for bound in _windows([r[1] for r in runs]):
@@ -343,7 +348,8 @@ class _SpanRuns:
             pieces[1::8] = map(rank_texts.__getitem__, ks)
             pieces[2::8] = map(local_text.__getitem__, locals_) if local_text is not None else map(str, map(rshift, locals_, repeat(1)))
             pieces[3::8] = map(middles.__getitem__, fs)
-            pieces[4::8] = times.texts(map(sub, map(end.__getitem__, codes), starts), self.sign_clear)
+            ends = map(getitem, map(end_of_role, map(and_, codes, repeat(1))), map(rshift, codes, repeat(1)))
+            pieces[4::8] = times.texts(map(sub, ends, starts), self.sign_clear)
             pieces[5::8] = map(tails.__getitem__, fs)
             pieces[6::8] = map(track_texts.__getitem__, ks)
             pieces[7::8] = times.texts(starts, self.sign_clear)
@@ -353,6 +359,9 @@ class _SpanRuns:
             done += n
             if progress is not None:
                 progress(done, total)
+        # The texts kept are spread over memory the windows' objects have freed, and would
+        # keep the allocator from handing it back for the counters' arrays.
+        times.clear()
 
     def flow_entries(self) -> Iterator[str]:
         """`otherData.commdsl.flows`'s entries of the matched sends, encoded."""
@@ -386,7 +395,14 @@ class _SpanRuns:
                                list(map(place_pid.__getitem__, a)), list(map(place_tid.__getitem__, a)), list(map(start.__getitem__, sends)),
                                list(map(place_pid.__getitem__, b)), list(map(place_tid.__getitem__, b)), list(map(start.__getitem__, recvs)),
                                times)  # fmt: skip
+        times.clear()  # as after the spans
 
+
+def _holding(numbers: array, count: int) -> array:
+    """`numbers` (unsigned 2-byte numbers, `_NARROW` of them: most schedules have fewer
+    span formats and tracks), or a 4-byte copy where they must hold numbers up to
+    `count` - 1 and cannot."""
+    return array("i", numbers) if numbers.typecode == "H" and count > _NARROW else numbers
 
 
 def _in_time_order(codes: array, starts: array, first_code: int, key_of: array) -> tuple[array, array]:
@@ -437,8 +453,8 @@ def _flows(raw: RawResult) -> Iterator[tuple[str, str, str]]:
 def _matched_sends(raw: RawResult) -> tuple[array, array]:
     """Every send matched with a recv (global numbers, in op order), and its recv."""
     matched = map(and_, map(is_, map(_KIND, raw.ops), repeat(OpKind.SEND)), map(ge, raw.partner, repeat(0)))
-    sends = array("q", compress(range(len(raw.ops)), matched))
-    return sends, array("q", map(raw.partner.__getitem__, sends))
+    sends = array("i", compress(range(len(raw.ops)), matched))
+    return sends, array("i", map(raw.partner.__getitem__, sends))
 
 
 def _known_tracks(program: Program, comm_tracks: dict[int, set[str]]) -> dict[int, list[str]]:
