@@ -439,7 +439,7 @@ def write_chrome_trace(path: str | Path, flag: str, *, other: dict, flows: Itera
 
 _CHUNK = 1 << 14
 """Counter samples and flow arrows encoded at once."""
-_WRITE_CHARS = 1 << 22
+_WRITE_CHARS = 1 << 20
 """Characters of events joined into one write."""
 
 
@@ -469,7 +469,7 @@ def _write_joined(out: TextIO, items: Iterable[str]) -> None:
         size += len(item)
         if size >= _WRITE_CHARS:
             out.write(sep)  # apart: a window of spans is megabytes, joined with it a copy
-            out.write(",".join(pending))
+            out.write(item if len(pending) == 1 else ",".join(pending))  # one item: no copy
             pending, size, sep = [], 0, ","
     if pending:
         out.write(sep)

@@ -16,6 +16,7 @@ import pytest
 from commdsl.api import load
 from commdsl.machine import resolve_machine
 from commdsl.sim import simulate, trace
+from commdsl import timeline
 from commdsl.timeline import CounterSample, Flow, Span, SpanRole, Timeline
 
 
@@ -249,3 +250,14 @@ def test_span_numbers_widen_past_two_bytes():
     wide = trace._holding(numbers, (1 << 16) + 1)
     wide[0] = 1 << 16  # an 'H' array refuses it
     assert wide.typecode == "i" and list(wide) == [1 << 16, 65535]
+
+
+@pytest.mark.parametrize("write_chars", [1, 200])
+def test_written_in_any_batches_the_trace_is_the_same(write_chars, tmp_path: Path, monkeypatch):
+    """Items as long as a batch are written alone, shorter ones joined until one is full."""
+    monkeypatch.setattr(timeline, "_WRITE_CHARS", write_chars)
+    program = load("1f1b", stages=4, microbatches=6)
+    result = simulate(program, resolve_machine("h100-nvlink"))
+    out = tmp_path / "t.json"
+    result.write_trace(out)
+    assert out.read_text() == _whole(result.timeline, program.streams)

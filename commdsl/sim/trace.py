@@ -42,7 +42,7 @@ _PEER_MEMCPY = _MEMCPY_NAMES[CopyDir.PEER]
 _COMM_KINDS = frozenset(k for k in OpKind if k.is_comm)
 _KIND_VALUE = {k: k.value for k in OpKind}
 
-_WINDOW_SPANS = 1 << 12
+_WINDOW_SPANS = 1 << 13
 """Spans sorted at once by `write_trace` (about): its memory beyond the arrays."""
 _NARROW = 1 << 16
 """Span formats and tracks `_SpanRuns` numbers in 2 bytes each (`_holding`)."""
@@ -355,7 +355,11 @@ class _SpanRuns:
             pieces[7::8] = times.texts(starts, self.sign_clear)
             pieces[0] = pieces[0][2:]  # type: ignore[index]
             pieces.append("}")
-            yield "".join(pieces)  # type: ignore[arg-type]
+            text = "".join(pieces)  # type: ignore[arg-type]
+            # Only the window's text is held while it is written, and not past it.
+            del order, codes, starts, ks, fs, locals_, ends, pieces, w_codes, w_starts, w_locals, w_runs
+            yield text
+            del text
             done += n
             if progress is not None:
                 progress(done, total)
