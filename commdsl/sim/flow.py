@@ -758,10 +758,10 @@ _ORDER_BLOCK = 1 << 16
 
 def time_order(t: array, block: int = _ORDER_BLOCK) -> Iterator[list[int]]:
     """The positions of `t` sorted by time, stably (ties keep position order), in lists
-    of about `block`: what `sorted(range(len(t)), key=t.__getitem__)` lists, without
-    holding it (no list is empty). Samples are logged nearly in time order (a solo interval's start is
-    written when it ends), so the positions up to a block's end that are no later than
-    every time after it are final; the others wait for the next block."""
+    of about `block`, none empty: what `sorted(range(len(t)), key=t.__getitem__)` lists,
+    without holding it. Samples are logged nearly in time order (a solo interval's start
+    is written when it ends), so the positions up to a block's end that are no later
+    than every time after it are final; the others wait for the next block."""
     n = len(t)
     # Per block, the earliest time in it or any block after it.
     earliest = list(accumulate(reversed([min(t[lo : lo + block]) for lo in range(0, n, block)]), min))[::-1]

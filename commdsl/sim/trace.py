@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from commdsl.ir import HOST_STREAM, CopyDir, Op, OpKind, Program, Protocol, Transport
-from commdsl.sim.entities import ALGOS, PROTOS, RawResult
+from commdsl.sim.entities import ALGOS, PROTOS, RawResult, op_index_typecode
 from commdsl.sim.memory import MEMORY_TRACK, memory_counters, memory_profile
 from commdsl.sim.simulate import gc_paused
 from commdsl.timeline import (COMM_TRACK_PREFIX, MEMORY_PEAK_META, CounterSample, DecimalTexts, Flow, Span, SpanEncoder, SpanRole,
@@ -171,8 +171,8 @@ _CHUNK = 1 << 14
 class _SpanRuns:
     """Every span of a simulation as a code, g * 2 + role (0 EXEC, 1 ISSUE), grouped per
     track ("run") in arrays of codes and starts; per code, its event's pieces of text
-    (`SpanEncoder.span_pieces`; its end is read from the op's arrays); the comm queues of each rank; and the
-    matched sends and their recvs, for flow arrows.
+    (`SpanEncoder.span_pieces`; its end is read from the ops' arrays); the comm queues of
+    each rank; and the matched sends and their recvs, for flow arrows.
 
     The ops of a statement on a rank with one algo and protocol share their spec, so a
     "class" (spec, kind, algo, protocol) gives their EXEC track and
@@ -457,8 +457,9 @@ def _flows(raw: RawResult) -> Iterator[tuple[str, str, str]]:
 def _matched_sends(raw: RawResult) -> tuple[array, array]:
     """Every send matched with a recv (global numbers, in op order), and its recv."""
     matched = map(and_, map(is_, map(_KIND, raw.ops), repeat(OpKind.SEND)), map(ge, raw.partner, repeat(0)))
-    sends = array("i", compress(range(len(raw.ops)), matched))
-    return sends, array("i", map(raw.partner.__getitem__, sends))
+    typecode = op_index_typecode(len(raw.ops))
+    sends = array(typecode, compress(range(len(raw.ops)), matched))
+    return sends, array(typecode, map(raw.partner.__getitem__, sends))
 
 
 def _known_tracks(program: Program, comm_tracks: dict[int, set[str]]) -> dict[int, list[str]]:
