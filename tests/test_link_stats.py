@@ -76,7 +76,9 @@ def check(net: FlowNetwork, makespan_us: float) -> int:
     assert [samples[k] for k in chain.from_iterable(time_order(t))] == sorted(samples, key=lambda s: s[0])
     for ch, (times, loads) in enumerate(net._channel_samples()):
         assert list(zip(times, loads)) == [(tk, vk) for tk, ck, vk in samples if ck == ch], ch
-    assert list(net.counter_samples()) == reference_counters(net, samples)
+    counters = reference_counters(net, samples)
+    assert list(net.counter_samples()) == counters
+    assert list(chain.from_iterable(zip(*columns) for columns in net.counter_columns(1))) == counters  # a chunk per instant
     want = reference_stats(samples)
     stats = net.link_stats(makespan_us)
     names = net.fabric.names

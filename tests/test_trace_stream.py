@@ -252,10 +252,12 @@ def test_span_numbers_widen_past_two_bytes():
     assert wide.typecode == "i" and list(wide) == [1 << 16, 65535]
 
 
-@pytest.mark.parametrize("write_chars", [1, 200])
-def test_written_in_any_batches_the_trace_is_the_same(write_chars, tmp_path: Path, monkeypatch):
-    """Items as long as a batch are written alone, shorter ones joined until one is full."""
+@pytest.mark.parametrize(("write_chars", "chunk"), [(1, 3), (200, 1 << 14)])
+def test_written_in_any_batches_the_trace_is_the_same(write_chars, chunk, tmp_path: Path, monkeypatch):
+    """Items as long as a batch are written alone, shorter ones joined until one is full;
+    flows, arrows and counters encoded a few at a time or all at once."""
     monkeypatch.setattr(timeline, "_WRITE_CHARS", write_chars)
+    monkeypatch.setattr(trace, "_CHUNK", chunk)
     program = load("1f1b", stages=4, microbatches=6)
     result = simulate(program, resolve_machine("h100-nvlink"))
     out = tmp_path / "t.json"

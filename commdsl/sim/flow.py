@@ -703,11 +703,12 @@ class FlowNetwork(Network):
             j = k
         return per
 
-    def counter_samples(self) -> Iterator[tuple[float, str, float]]:
-        """(time, channel name, utilisation 0..1) in time order, for trace counters: only
-        changes. Of several samples of a channel at one instant the last wins (a flow that
-        ends as the next starts), and a value equal to the channel's last one is dropped, so
-        back-to-back collectives on the same links cost two samples per link, not two each."""
+    def counter_columns(self, chunk: int) -> Iterator[tuple[list[float], list[str], list[float]]]:
+        """(times, channel names, utilisations 0..1) of the trace counters' samples in time
+        order, about `chunk` at a time: only changes. Of several samples of a channel at one
+        instant the last wins (a flow that ends as the next starts), and a value equal to
+        the channel's last one is dropped, so back-to-back collectives on the same links
+        cost two samples per link, not two each."""
         fabric = self.fabric
         names, capacity = fabric.names, fabric.capacity
         t, c, v = self._sample_arrays()
@@ -717,6 +718,9 @@ class FlowNetwork(Network):
         pending: dict[int, float] = {}
         """The last sample of each channel at the instant `now`."""
         now = None
+        times: list[float] = []
+        links: list[str] = []
+        utils: list[float] = []
         # In time order, then a sentinel whose time differs from every sample's: it shows
         # the last instant's samples and is itself never shown.
         for tk, ck, vk in chain(in_order, ((None, -1, 0.0),)):
@@ -725,10 +729,17 @@ class FlowNetwork(Network):
                     if shown.get(ch, 0.0 if val == 0.0 else -1.0) != val:
                         shown[ch] = val
                         cap = capacity[ch]
-                        yield now, names[ch], val / cap if cap < _INF else 0.0
+                        times.append(now)
+                        links.append(names[ch])
+                        utils.append(val / cap if cap < _INF else 0.0)
                 pending.clear()
+                if len(times) >= chunk:
+                    yield times, links, utils
+                    times, links, utils = [], [], []
                 now = tk
             pending[ck] = vk
+        if times:
+            yield times, links, utils
 
     def flow_stats(self) -> list[FlowStat]:
         fabric = self.fabric

@@ -30,7 +30,8 @@ from __future__ import annotations
 
 import abc
 from array import array
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
+from itertools import chain
 from dataclasses import dataclass
 
 import simpy
@@ -282,6 +283,11 @@ class Network(abc.ABC):
         """Every link direction that carried bytes (none without a link model)."""
         return []
 
-    def counter_samples(self) -> Iterable[tuple[float, str, float]]:
-        """(time, link name, utilisation 0..1) in time order, for trace counters."""
-        return ()
+    def counter_columns(self, chunk: int) -> Iterator[tuple[list[float], list[str], list[float]]]:
+        """(times, link names, utilisations 0..1) of the trace counters' samples in time
+        order, about `chunk` at a time (none without a link model)."""
+        return iter(())
+
+    def counter_samples(self) -> Iterator[tuple[float, str, float]]:
+        """(time, link name, utilisation 0..1) of each trace counter sample, in time order."""
+        return chain.from_iterable(zip(*columns) for columns in self.counter_columns(1 << 14))

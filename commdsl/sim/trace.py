@@ -14,7 +14,7 @@ import math
 from array import array
 from bisect import bisect_left
 from collections.abc import Callable, Iterator, Sequence
-from itertools import chain, compress, islice, repeat
+from itertools import chain, compress, repeat
 from operator import add, and_, attrgetter, eq, ge, getitem, gt, is_, rshift, sub
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -511,13 +511,11 @@ def _counters(result: SimResult) -> Iterator[tuple[str, int, float, float]]:
 
 def _counter_columns(result: SimResult) -> Iterator[tuple[Sequence[str], Sequence[int], Sequence[float], Sequence[float]]]:
     """`_counters` as `commdsl.timeline.counter_events`' chunks (tracks, ranks, times,
-    values), `_CHUNK` samples at a time."""
+    values), about `_CHUNK` samples at a time."""
     if result.network_model is not None:
         tracks = _LinkTracks()
-        samples = result.network_model.counter_samples()
-        while chunk := list(islice(samples, _CHUNK)):
-            times, names, values = zip(*chunk)
-            yield list(map(tracks.__getitem__, names)), (-1,) * len(chunk), times, values
+        for times, names, values in result.network_model.counter_columns(_CHUNK):
+            yield list(map(tracks.__getitem__, names)), (-1,) * len(times), times, values
     ranks, times, values = memory_counters(result.raw)
     for lo in range(0, len(ranks), _CHUNK):
         hi = lo + _CHUNK
