@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import subprocess
@@ -117,3 +118,25 @@ def test_the_command_ends_the_interpreters_way_under_a_profiler(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["makespan_us"] > 0
     assert stats.stat().st_size > 0
+
+
+def test_simulate_keeps_the_program_out_of_collections_until_it_ends(capsys, monkeypatch):
+    """From the simulation to the output the loaded program is frozen (the cyclic collector
+    does not walk its ops), and unfrozen when the command ends: a caller keeps no freeze."""
+    from commdsl.commands import simulate as command
+
+    seen = []
+
+    def summarize(result):
+        ops = {id(op) for op in result.program.ops[0] if gc.is_tracked(op)}
+        seen.append((len(ops), sum(id(x) in ops for x in gc.get_objects())))  # the permanent generation is not listed
+        return real(result)
+
+    real = command.summarize
+    monkeypatch.setattr(command, "summarize", summarize)
+    assert gc.get_freeze_count() == 0
+    assert main(["simulate", "1f1b", "--json"]) == 0
+    ((tracked, collectable),) = seen
+    assert tracked > 0 and collectable == 0
+    assert gc.get_freeze_count() == 0
+    assert json.loads(capsys.readouterr().out)["makespan_us"] > 0

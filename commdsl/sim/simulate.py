@@ -124,6 +124,22 @@ def simulate(program: Program, machine: Machine, network: str = DEFAULT_NETWORK,
 
 
 @contextmanager
+def frozen() -> Iterator[None]:
+    """Every object made so far out of the cyclic collector's walks for the block (in its
+    permanent generation, `gc.freeze`), and back after; a caller's own freeze is left as
+    it is (nothing is frozen or unfrozen then). For objects that live through the block
+    and hold no garbage, such as a loaded program's millions of ops."""
+    freeze = gc.get_freeze_count() == 0
+    if freeze:
+        gc.freeze()
+    try:
+        yield
+    finally:
+        if freeze:
+            gc.unfreeze()
+
+
+@contextmanager
 def gc_paused() -> Iterator[None]:
     """Python's cyclic garbage collector off for the block, as it was after. The engine
     allocates millions of small objects that live until the end of the run and form no
@@ -186,11 +202,8 @@ def _simulate(program: Program, machine: Machine, network: str, samples: int, se
     # A network out of the running, like each finished engine, is a reference cycle: only
     # a collection frees it. Frozen, the objects made before (the program's) are left out
     # of collections, which then walk what the samples made: a few objects per entity and
-    # transfer shape, not per op. (A caller's own freeze is left as it is.)
-    freeze = gc.get_freeze_count() == 0
-    if freeze:
-        gc.freeze()
-    try:
+    # transfer shape, not per op.
+    with frozen():
         for i in range(samples):
             raw, engine, makespan = _run(program, machine, network, random.Random(seed + i), run_progress(i), wiring, fold, issued)
             wiring, issued = engine.wiring, engine.issued
@@ -203,9 +216,6 @@ def _simulate(program: Program, machine: Machine, network: str, samples: int, se
             if dropped:
                 del dropped
                 gc.collect()
-    finally:
-        if freeze:
-            gc.unfreeze()
     # The median sample stands for the run: its causes, flows and links.
     like, like_network, like_nominal = kept[ranked[(samples - 1) // 2][1]]
     columns = [_medians(list(column)) for column in zip(*times)]
