@@ -69,21 +69,22 @@ OPS_PER_MICROBATCH = 509
 """1F1B on 64 stages: ops per microbatch (130,240 ops at 256 microbatches)."""
 
 
+def cpu_once(run: Callable[[], object], min_s: float = 0.0) -> float:
+    """CPU time of one `run()`, after a collection; a run that takes less than `min_s` is
+    repeated until that much has passed, and counted per call."""
+    gc.collect()
+    calls, c0 = 0, time.process_time()
+    while True:
+        run()
+        calls += 1
+        spent = time.process_time() - c0
+        if spent >= min_s:
+            return spent / calls
+
+
 def cpu_s(run: Callable[[], object], repeats: int, min_s: float = 0.0) -> float:
-    """Median over `repeats` of the CPU time of one `run()`; a run that takes less than
-    `min_s` is repeated until that much has passed, and counted per call."""
-    times = []
-    for _ in range(repeats):
-        gc.collect()
-        calls, c0 = 0, time.process_time()
-        while True:
-            run()
-            calls += 1
-            spent = time.process_time() - c0
-            if spent >= min_s:
-                break
-        times.append(spent / calls)
-    return statistics.median(times)
+    """Median over `repeats` of `cpu_once(run, min_s)`."""
+    return statistics.median(cpu_once(run, min_s) for _ in range(repeats))
 
 
 def cpu_s_alternating(a: Callable[[], object], b: Callable[[], object], repeats: int) -> tuple[float, float]:
@@ -91,10 +92,7 @@ def cpu_s_alternating(a: Callable[[], object], b: Callable[[], object], repeats:
     times: tuple[list[float], list[float]] = ([], [])
     for _ in range(repeats):
         for run, spent in zip((a, b), times):
-            gc.collect()
-            c0 = time.process_time()
-            run()
-            spent.append(time.process_time() - c0)
+            spent.append(cpu_once(run))
     return statistics.median(times[0]), statistics.median(times[1])
 
 
@@ -154,7 +152,6 @@ def throughputs(quick: bool, repeats: int) -> None:
                note=f"  (predicted {simulate(chained, ring, 'flow', fold=False).makespan_us / 1e3:.3f} ms)")  # fmt: skip
 
 
-
 def cost_per_op(quick: bool, repeats: int) -> None:
     h100 = resolve_machine("h100-nvlink")
     print("cost per op, 1F1B 64 stages (flow network)")
@@ -162,7 +159,6 @@ def cost_per_op(quick: bool, repeats: int) -> None:
         program = one_f_one_b(64, max(1, round(ops / OPS_PER_MICROBATCH)))
         s = cpu_s(lambda: simulate(program, h100, "flow"), repeats, min_s=0.2)
         print(f"  {program.num_ops:>9,} ops {s:>8.3f} s {s / program.num_ops * 1e6:>6.2f} us/op {bytes_per_op(program, h100):>6.0f} B/op", flush=True)
-
 
 
 def samples(quick: bool, repeats: int, n: int) -> None:

@@ -31,8 +31,8 @@ from __future__ import annotations
 import abc
 from array import array
 from collections.abc import Callable, Iterator
-from itertools import chain
 from dataclasses import dataclass
+from itertools import chain
 
 import simpy
 
