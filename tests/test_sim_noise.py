@@ -3,9 +3,9 @@ op with a seed, reported as per-op medians over the samples."""
 
 from __future__ import annotations
 
+import importlib
 import json
 import random
-import importlib
 import statistics
 import weakref
 from array import array

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
+from commdsl import timeline
 from commdsl.api import load
 from commdsl.machine import resolve_machine
 from commdsl.sim import simulate, trace
-from commdsl import timeline
 from commdsl.timeline import CounterSample, Flow, Span, SpanRole, Timeline
 
 

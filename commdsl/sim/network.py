@@ -32,12 +32,11 @@ import abc
 from array import array
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from itertools import chain
 
 import simpy
 
 from commdsl.errors import MachineError, ScheduleError
-from commdsl.ir import Dtype, Algo, Op, OpKind, Protocol, ReduceOp, Transport
+from commdsl.ir import Algo, Dtype, Op, OpKind, Protocol, ReduceOp, Transport
 from commdsl.machine.model import LinkKind, Machine
 from commdsl.sim.collectives import DEFAULT_ALGO, CommPlan, plan, resolve_algo
 from commdsl.sim.fabric import Fabric
@@ -287,7 +286,3 @@ class Network(abc.ABC):
         """(times, link names, utilisations 0..1) of the trace counters' samples in time
         order, about `chunk` at a time (none without a link model)."""
         return iter(())
-
-    def counter_samples(self) -> Iterator[tuple[float, str, float]]:
-        """(time, link name, utilisation 0..1) of each trace counter sample, in time order."""
-        return chain.from_iterable(zip(*columns) for columns in self.counter_columns(1 << 14))
