@@ -191,6 +191,9 @@ def main() -> None:
     subprocess.run([sys.executable, "-m", "compileall", "-q", str(Path(commdsl.__file__).parent)], check=True)
     print(f"commdsl scale bench, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {os.cpu_count()} CPUs, "
           f"CPU s and peak RSS of the whole process, median of {repeats}", flush=True)  # fmt: skip
+    from commdsl.sim import ENGINE_BUILD  # the commands it times run the same engine
+
+    print(f"engine: {ENGINE_BUILD.describe()}", flush=True)
     only = set(args.only or FIGURES)
     with tempfile.TemporaryDirectory() as tmp:
         if "chained" in only:

@@ -45,7 +45,7 @@ from commdsl.dsl import load_schedule, load_schedule_text
 from commdsl.ir import Program
 from commdsl.machine import load_machine_text, resolve_machine
 from commdsl.machine.model import ComputeNoise, Machine
-from commdsl.sim import simulate
+from commdsl.sim import ENGINE_BUILD, simulate
 
 DP_STEP = """
 name: dp_step
@@ -123,6 +123,7 @@ def main() -> None:
     parser.add_argument("--only", action="append", choices=BLOCKS, help="run this block only (repeatable)")
     args = parser.parse_args()
     only = set(args.only or BLOCKS)
+    print(f"engine: {ENGINE_BUILD.describe()}")
     if "throughput" in only:
         throughputs(args.quick, args.repeats)
     if "cost" in only:

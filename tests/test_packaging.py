@@ -61,15 +61,18 @@ def test_installed_wheel_runs_outside_the_checkout(wheel: Path, tmp_path: Path) 
     (Path(purelib) / "outer_dependencies.pth").write_text("".join(f"{d}\n" for d in _dependency_dirs()))
     subprocess.run([str(py), "-m", "pip", "install", "-q", "--no-deps", "--no-index", str(wheel)], check=True, timeout=300)
     proc = subprocess.run(
-        [str(py), "-c", "import commdsl, commdsl.resources as r, commdsl.cli as c; print(commdsl.__file__); print(r.grammar_path()); "
-                        "raise SystemExit(c.main(['check', '1f1b']))"],
+        [str(py), "-c", "import commdsl, commdsl.resources as r, commdsl.cli as c, commdsl.sim as s; print(commdsl.__file__); "
+                        "print(r.grammar_path()); print(s.ENGINE_BUILD.describe()); raise SystemExit(c.main(['check', '1f1b']))"],
         capture_output=True, text=True, cwd=tmp_path, timeout=120, env={**os.environ, "PYTHONPATH": ""},
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
-    package, grammar = proc.stdout.splitlines()[:2]
+    package, grammar, engine = proc.stdout.splitlines()[:3]
     assert package.startswith(purelib), f"commdsl must come from the installed wheel, not {package}"
     assert grammar.startswith(purelib), "grammar must come from the installed package"
     assert "1f1b: ok" in proc.stdout
+    # A wheel built with the compiled engine runs it (its stamp matches the sources it holds).
+    compiled = "commdsl/sim/compiled.sha256" in zipfile.ZipFile(wheel).namelist()
+    assert (engine == "compiled (Cython)") == compiled, engine
 
 
 def test_ci_runs_the_readmes_test_command_in_a_fresh_venv() -> None:

@@ -57,6 +57,7 @@ from array import array
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import simpy
 
@@ -90,6 +91,17 @@ PROGRESS_EVENTS = 20_000
 """`Engine.run` with a progress callback reports after every this many SimPy events."""
 
 
+class Columns(NamedTuple):
+    """The per-op arrays the engine writes, indexed by g: what `RawResult` holds."""
+
+    issue_start: array
+    issue_end: array
+    cause: array
+    start: array
+    end: array
+    state: bytearray
+
+
 @dataclass(frozen=True)
 class Issued:
     """What the hosts' first pass left where every host issued its whole program without
@@ -97,8 +109,8 @@ class Issued:
     alone, so another run of the program (a sampled simulation's next sample) starts from
     it rather than issuing again."""
 
-    columns: tuple
-    """Copies of the per-op arrays the pass writes (`Engine._issue_columns`)."""
+    columns: Columns
+    """Copies of the per-op arrays the pass writes (a host op runs in it: start, end, state)."""
     hosts: tuple[tuple[int, float, int], ...]
     """Per host that ran, its (pc, clock, cause) after the pass."""
     stream_fifos: tuple[tuple[int, str, array], ...]
@@ -132,13 +144,12 @@ class Engine:
         self.ops = ops
         n = len(ops)
         zeros = array("d", bytes(8 * n))
-        self.issue_start = array("d", zeros)
-        self.issue_end = array("d", zeros)
+        self.columns = Columns(array("d", zeros), array("d", zeros), array(op_index_typecode(n), [-1]) * n, array("d", zeros),
+                               array("d", zeros), bytearray(n))  # fmt: skip
+        # The same memory under the names the hot paths read: where the engine is compiled
+        # (`commdsl.sim.native`), typed views of the arrays.
+        self.issue_start, self.issue_end, self.cause, self.start, self.end, self.state = self.columns
         self.ready = self.issue_end  # when the op reaches its stream (host launch done)
-        self.start = array("d", zeros)
-        self.end = array("d", zeros)
-        self.state = bytearray(n)
-        self.cause = array(op_index_typecode(n), [-1]) * n
         self.waiters: dict[int, list[Entity]] = {}
         self._todo: deque[Entity] = deque()
         self.hosts = [Host(r, self.base[r], self.base[r] + len(program.ops[r])) for r in range(program.world_size)]
@@ -215,23 +226,24 @@ class Engine:
         speed, as `env.run()`."""
         self._issue(self.hosts[:1] if self.folded else self.hosts)
         self._drain()
+        c = self.columns
         if progress is None:
             self.env.run()
         else:
-            step, state = self.env.step, self.state
+            step = self.env.step
             ranks = self.program.world_size if self.folded else 1  # ops done, as if every rank ran
             try:
                 while True:
                     for _ in range(PROGRESS_EVENTS):
                         step()
-                    progress(ranks * state.count(DONE))
+                    progress(ranks * c.state.count(DONE))
             except simpy.core.EmptySchedule:
-                progress(ranks * state.count(DONE))
-        if self.folded and self.state.count(DONE, 0, m := len(self.program.ops[0])) == m:  # else `simulate` runs every rank
-            replicate(self.program.world_size, m, [self.issue_start, self.issue_end, self.start, self.end], self.state, self.cause,
-                      self.nominal_us)  # fmt: skip
-        return RawResult(self.ops, self.base, self.issue_start, self.issue_end, self.start, self.end, self.state, self.cause, self.partner, self.algos,
-                         self.protos, self.kind)  # fmt: skip
+                progress(ranks * c.state.count(DONE))
+        if self.folded and c.state.count(DONE, 0, m := len(self.program.ops[0])) == m:  # else `simulate` runs every rank
+            replicate(self.program.world_size, m, [c.issue_start, c.issue_end, c.start, c.end], c.state, c.cause, self.nominal_us)
+        w = self.wiring
+        return RawResult(self.ops, self.base, c.issue_start, c.issue_end, c.start, c.end, c.state, c.cause, w.partner, self.algos,
+                         self.protos, w.kinds)  # fmt: skip
 
     def _issue(self, hosts: list[Host]) -> None:
         """The hosts' first pass, in rank order, before any stream runs (as a drain of the
@@ -240,7 +252,7 @@ class Engine:
         left is the same in every run of the program: `issued` restores it instead."""
         todo, streams = self._todo, self.streams
         if (issued := self.issued) is not None:
-            for column, saved in zip(self._issue_columns(), issued.columns):
+            for column, saved in zip(self.columns, issued.columns):
                 column[:] = saved
             for h, (pc, t, cause) in zip(hosts, issued.hosts):
                 h.pc, h.t, h.cause = pc, t, cause
@@ -258,19 +270,16 @@ class Engine:
         if not self._keep_issued or any(h.pc != h.end or h.block_g >= 0 for h in hosts) or any(e.kind != STREAM for e in todo):
             return
         self.issued = Issued(
-            columns=tuple(array(c.typecode, c) if isinstance(c, array) else bytes(c) for c in self._issue_columns()),
+            columns=Columns(*(array(c.typecode, c) if isinstance(c, array) else bytes(c) for c in self.columns)),
             hosts=tuple((h.pc, h.t, h.cause) for h in hosts),
             stream_fifos=tuple((s.rank, s.name, array(s.fifo.typecode, s.fifo)) for rank in streams for s in rank.values() if s.fifo),
             queue_fifos=tuple((q.number, array(q.fifo.typecode, q.fifo)) for q in self.queue_list if q.fifo),
             kicked=tuple((s.rank, s.name) for s in todo),
         )  # fmt: skip
 
-    def _issue_columns(self) -> tuple:
-        """The per-op arrays the hosts' pass writes (a host op runs in it: start, end, state)."""
-        return self.issue_start, self.issue_end, self.cause, self.start, self.end, self.state
-
     def unfinished(self) -> bool:
-        return self.state.count(DONE) != len(self.state)
+        state = self.columns.state
+        return state.count(DONE) != len(state)
 
     def _kick(self, e: Entity) -> None:
         if not e.kicked:
@@ -788,8 +797,9 @@ class Engine:
             queues = (q,)
         else:
             queues = multi
-            if any(x.active or x.head() != item for x in queues):
-                return  # a batch over several groups waits for the head of each queue
+            for x in queues:
+                if x.active or x.head() != item:
+                    return  # a batch over several groups waits for the head of each queue
         members = range(item, self.batch_last[item] + 1)
         for g in members:
             if state[g] != ELIGIBLE:

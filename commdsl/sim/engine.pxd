@@ -1,0 +1,52 @@
+# Cython's declarations for engine.py (hatch_build.py compiles it; commdsl.sim.native
+# says when the build runs). engine.py stays the source and runs as it is without them.
+# Compiled, Engine is a C-struct class: the per-op arrays are typed views of `columns`,
+# the flags and rates C values, and the hot methods C calls with typed locals.
+cimport cython
+from commdsl.sim.entities cimport Entity, Host, Stream, Queue, Collective
+
+cdef class Engine:
+    cdef public object program, machine, env, network, base, ops, columns
+    cdef public double[:] issue_start, issue_end, ready, start, end
+    cdef public unsigned char[:] state, kind, on_stream
+    cdef public int[:] cause, queue_at, partner, coll_at, batch_last
+    cdef public object waiters, _todo, hosts, streams, group_ranks, contention, wiring, queues, queue_list
+    cdef public object collectives, batch_multi, algos, batch_gloo, protos, _advance
+    cdef public object copy_engines, pair_fifo, _transfers, _p2p_shapes, _pair_of, _on_transfer_done, nominal_us, issued
+    cdef public bint folded, kernels, traffic, timed, noisy, _keep_issued
+    cdef public double stretch
+
+    cpdef _kick(self, Entity e)
+    cpdef _drain(self)
+    cpdef _wait_on(self, Py_ssize_t g, Entity e)
+    @cython.locals(w=list)
+    cpdef _finish(self, Py_ssize_t g, double t)
+    @cython.locals(state=cython.uchar[:], d=Py_ssize_t)
+    cpdef Py_ssize_t _first_pending(self, deps)
+    @cython.locals(end=cython.double[:], best=Py_ssize_t, d=Py_ssize_t)
+    cpdef Py_ssize_t _latest(self, deps)
+    @cython.locals(g=Py_ssize_t, end=Py_ssize_t, t=double, k=int, memory=bint, launch_us=double, comm_launch_us=double,
+                   first=Py_ssize_t, sync=bint, blocking=bint, s=Stream, kinds=cython.uchar[:], on_stream=cython.uchar[:],
+                   issue_start=cython.double[:], issue_end=cython.double[:], cause=cython.int[:], queue_at=cython.int[:])
+    cpdef _advance_host(self, Host h)
+    @cython.locals(g=Py_ssize_t, t=double, d=Py_ssize_t)
+    cpdef bint _host_unblocked(self, Host h)
+    @cython.locals(now=double, entry=Py_ssize_t, g=Py_ssize_t, tag=int, t=double, c=Py_ssize_t, duration=double, woke=bint,
+                   k=int, b=Py_ssize_t, d=Py_ssize_t, x=Py_ssize_t, i=Py_ssize_t, start=double, q=Queue,
+                   ready=cython.double[:], cause=cython.int[:], end=cython.double[:], kinds=cython.uchar[:], state=cython.uchar[:],
+                   queue_at=cython.int[:])
+    cpdef _advance_stream(self, Stream s)
+    cpdef bint _went_on_late(self, Stream s, Py_ssize_t c, double t)
+    cpdef _on_stream_timer(self, ev)
+    @cython.locals(g=Py_ssize_t, tag=int, q=Queue, w=list)
+    cpdef _complete_entry(self, Stream s, Py_ssize_t entry, double t, Py_ssize_t c)
+    @cython.locals(item=Py_ssize_t, now=double, c=Py_ssize_t, g=Py_ssize_t, inst=Collective, x=Queue,
+                   state=cython.uchar[:], start=cython.double[:], cause=cython.int[:], queue_at=cython.int[:])
+    cpdef _advance_queue(self, Queue q)
+    @cython.locals(c=Py_ssize_t, inst=Collective, k=int, p=Py_ssize_t)
+    cpdef _activated(self, Py_ssize_t g, double now)
+    @cython.locals(start=cython.double[:], cause=cython.int[:], m=Py_ssize_t)
+    cpdef _all_arrived(self, Collective inst, Py_ssize_t g, double now)
+    @cython.locals(now=double, g=Py_ssize_t, q=Queue, s=Stream, w=list, on_stream=cython.uchar[:], queue_at=cython.int[:],
+                   end=cython.double[:], state=cython.uchar[:])
+    cpdef _transfer_done(self, transfer, members, engines=*)

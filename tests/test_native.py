@@ -1,0 +1,80 @@
+"""The compiled engine (hatch_build.py) against the Python source it is built from, and
+`commdsl.sim.native` choosing between them."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from commdsl.sim import ENGINE_BUILD, native
+
+ROOT = Path(__file__).resolve().parents[1]
+SIM = ROOT / "commdsl" / "sim"
+needs_build = pytest.mark.skipif(not ENGINE_BUILD.compiled, reason=f"the engine runs as {ENGINE_BUILD.describe()}")
+
+
+def _run(code: str, env: dict[str, str], cwd: Path = ROOT) -> str:
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=cwd, env={**os.environ, **env})
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout
+
+
+@needs_build
+def test_the_compiled_engine_simulates_every_bundled_schedule_as_the_source_does():
+    # Each in its own process: the source run loads both modules from the .py files.
+    script = (ROOT / "tests" / "engine_digests.py").read_text()
+    compiled = _run(script, {native.PURE_ENV: ""}).splitlines()
+    source = _run(script, {native.PURE_ENV: "1"}).splitlines()
+    assert compiled[0] == "engine: compiled (Cython)"
+    assert source[0] == f"engine: Python source ({native.PURE_ENV} is set)"
+    assert len(compiled) > 100 and sum("Error" not in line for line in compiled) > 100
+    assert compiled[1:] == source[1:]
+
+
+def _copy_package(tmp_path: Path) -> Path:
+    """The package, with its build, in a folder of its own (to edit without touching ours)."""
+    shutil.copytree(ROOT / "commdsl", tmp_path / "commdsl", ignore=shutil.ignore_patterns("__pycache__"))
+    return tmp_path / "commdsl" / "sim"
+
+
+SHOW = "import commdsl.sim as s, commdsl.sim.engine as e, commdsl.sim.entities as n; print(s.ENGINE_BUILD.describe()); print(e.__file__); print(n.__file__)"
+
+
+@needs_build
+def test_an_engine_edited_since_the_build_runs_from_its_source(tmp_path):
+    sim = _copy_package(tmp_path)
+    env = {"PYTHONPATH": str(tmp_path), native.PURE_ENV: ""}
+    described, engine, entities = _run(SHOW, env, tmp_path).splitlines()
+    assert described == "compiled (Cython)" and engine.endswith(".so") and entities.endswith(".so")
+    with open(sim / "engine.py", "a") as f:
+        f.write("\n# edited\n")
+    described, engine, entities = _run(SHOW, env, tmp_path).splitlines()
+    assert described.startswith("Python source (the compiled modules were built from other sources")
+    assert (engine, entities) == (str(sim / "engine.py"), str(sim / "entities.py"))  # both: the compiled engine needs compiled entities
+
+
+def test_with_no_build_the_engine_runs_from_its_source(tmp_path):
+    sim = _copy_package(tmp_path)
+    for name in native.MODULES:
+        for built in native.compiled_files(sim, name):
+            built.unlink()
+    described, engine, entities = _run(SHOW, {"PYTHONPATH": str(tmp_path), native.PURE_ENV: ""}, tmp_path).splitlines()
+    assert described == "Python source (not compiled at install: no Cython or no C compiler)"
+    assert (engine, entities) == (str(sim / "engine.py"), str(sim / "entities.py"))
+
+
+def test_the_stamp_covers_every_source_the_build_reads(tmp_path):
+    for name in native.SOURCES:
+        shutil.copy(SIM / name, tmp_path / name)
+    before = native.source_digest(tmp_path)
+    for name in native.SOURCES:
+        original = (tmp_path / name).read_bytes()
+        (tmp_path / name).write_bytes(original + b"\n")
+        assert native.source_digest(tmp_path) != before, name
+        (tmp_path / name).write_bytes(original)
+    assert native.source_digest(tmp_path) == before
