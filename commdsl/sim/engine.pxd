@@ -11,7 +11,7 @@ cdef class Engine:
     cdef public unsigned char[:] state, kind, on_stream
     cdef public int[:] cause, queue_at, partner, coll_at, batch_last
     cdef public object waiters, _todo, hosts, streams, group_ranks, contention, wiring, queues, queue_list
-    cdef public object collectives, batch_multi, algos, batch_gloo, protos, _advance
+    cdef public object collectives, batch_multi, algos, batch_gloo, protos
     cdef public object copy_engines, pair_fifo, _transfers, _p2p_shapes, _pair_of, _on_transfer_done, nominal_us, issued
     cdef public bint folded, kernels, traffic, timed, noisy, _keep_issued
     cdef public double stretch
@@ -50,3 +50,8 @@ cdef class Engine:
     @cython.locals(now=double, g=Py_ssize_t, q=Queue, s=Stream, w=list, on_stream=cython.uchar[:], queue_at=cython.int[:],
                    end=cython.double[:], state=cython.uchar[:])
     cpdef _transfer_done(self, transfer, members, engines=*)
+    @cython.locals(key=tuple, shape=tuple, members=tuple)
+    cpdef _start_p2p(self, Py_ssize_t send, Py_ssize_t recv)
+    cpdef _start_transfer(self, transfer, members, engines=*)
+    @cython.locals(first=Py_ssize_t)
+    cpdef _start_collective(self, Collective inst)

@@ -48,6 +48,11 @@ plan, no transfer and no callback.
 
 Where every rank runs the same ops and nothing tells ranks apart (`commdsl.sim.symmetry`),
 the engine runs rank 0 alone (`folded`) and copies its outcome to the others.
+
+This module is the engine's source, and also what the install compiles with Cython where
+it can (`engine.pxd` types it; `commdsl.sim.native` says which runs): what the compiled
+engine cannot do, such as a closure in a method it makes a C call, stays out of its hot
+methods.
 """
 
 from __future__ import annotations
@@ -57,6 +62,7 @@ from array import array
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import NamedTuple
 
 import simpy
@@ -66,7 +72,7 @@ from commdsl.machine.model import Machine
 from commdsl.sim.collectives import plan
 from commdsl.sim.contention import compute_us, contention_model
 from commdsl.sim.copy_engines import CopyEngines
-from commdsl.sim.entities import (ACTIVE, ALGOS, DONE, HOST, KIND_CODE, PROTOS, ELIGIBLE, EXEC, MARK, QUEUE, STREAM, SYNC,
+from commdsl.sim.entities import (ACTIVE, ALGOS, DONE, KIND_CODE, PROTOS, ELIGIBLE, EXEC, MARK, QUEUE, STREAM, SYNC,
                                   Collective, Entity, Host, Queue, RawResult, Stream, entry_typecode, kind_table, op_index_typecode)
 from commdsl.sim.network import Network, Transfer
 from commdsl.sim.symmetry import interchangeable, replicate
@@ -179,8 +185,6 @@ class Engine:
         """Per op, 1 for a memcpy transfer: it runs on its stream (no comm queue)."""
         self.kind = w.kinds
         """Per op, its kind code (`KIND_CODE`)."""
-        self._advance = {HOST: self._advance_host, STREAM: self._advance_stream, QUEUE: self._advance_queue}
-        """Entity kind -> its advance."""
         topo = machine.topology
         self.copy_engines = CopyEngines(topo.copy_engines, program.world_size) if topo is not None and topo.copy_engines else None
         """The GPUs' copy engines (None: not limited)."""
@@ -288,11 +292,16 @@ class Engine:
 
     def _drain(self) -> None:
         todo = self._todo
-        advance = self._advance
         while todo:
             e = todo.popleft()
             e.kicked = False
-            advance[e.kind](e)
+            kind = e.kind
+            if kind == STREAM:
+                self._advance_stream(e)
+            elif kind == QUEUE:
+                self._advance_queue(e)
+            else:
+                self._advance_host(e)
 
     def _wait_on(self, g: int, e: Entity) -> None:
         w = self.waiters.get(g)
@@ -854,7 +863,10 @@ class Engine:
         it holds its copy engines; NCCL once the group's earlier transfers from the same
         rank to the same rank are done (NCCL runs them in order); others at once."""
         so = self.ops[send]
-        members = (send, recv) if recv >= 0 else (send,)
+        if recv >= 0:  # (a statement, not a conditional expression: Cython types each tuple)
+            members = (send, recv)
+        else:  # a peer copy
+            members = (send,)
         # The shape is the op's spec (peer, size, transport, group, forced algo and protocol,
         # from which `wire` chose its algo and protocol), its kind and its rank.
         key = (id(so.spec), self.kind[send], so.rank)
@@ -863,7 +875,7 @@ class Engine:
             shape = self._p2p_shapes[key] = self._p2p_shape(so, send)
         transfer, pair, gpus = shape
         if gpus is not None:
-            self.copy_engines.acquire(gpus, lambda: self._start_transfer(transfer, members, gpus))
+            self.copy_engines.acquire(gpus, partial(self._start_transfer, transfer, members, gpus))
         elif pair is not None:
             waiting = self.pair_fifo.get(pair, _IDLE)
             if waiting is _IDLE:
@@ -905,7 +917,7 @@ class Engine:
 
     def _start_transfer(self, transfer: Transfer, members: tuple[int, ...], engines: tuple[int, ...] = ()) -> None:
         if engines:
-            self.network.start(transfer, members, lambda t, ops: self._transfer_done(t, ops, engines))
+            self.network.start(transfer, members, partial(self._transfer_done, engines=engines))
         else:
             self.network.start(transfer, members, self._on_transfer_done)
         if self.traffic:

@@ -20,9 +20,10 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-MODULES = ("entities", "engine")
-"""The compiled modules, in import order (the compiled engine needs the compiled entities)."""
-SOURCES = ("entities.py", "entities.pxd", "engine.py", "engine.pxd")
+MODULES = ("entities", "network", "flow", "wiring", "engine")
+"""The compiled modules, in import order (each needs the compiled classes of those before
+it that it types with: the entities, the network's base class)."""
+SOURCES = tuple(f"{m}.{x}" for m in MODULES for x in ("py", "pxd"))
 """The files the compiled modules are built from (`source_digest`)."""
 STAMP = "compiled.sha256"
 """Beside the sources: the digest of the sources the compiled modules were built from."""

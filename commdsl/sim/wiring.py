@@ -90,7 +90,7 @@ def wire(program: Program, ops: list[Op], base: list[int], machine: Machine, net
     protos = bytearray(n)
     on_stream = bytearray(n)
     kinds = bytearray(n)
-    group_ranks = {g.id: g.ranks for g in program.groups}
+    group_ranks = {group.id: group.ranks for group in program.groups}
     unmatched: dict[tuple, deque[int]] = {}
     """(src, dst, group, kind) -> the sends (or recvs) not matched yet, in issue order."""
     instances: dict[str, list[Collective]] = {}
