@@ -5,6 +5,10 @@
 cimport cython
 from commdsl.sim.entities cimport Entity, Host, Stream, Queue, Collective
 
+# The constants the hot paths compare with (imported or bound in engine.py): C ints.
+cdef int ACTIVE, DONE, ELIGIBLE, EXEC, MARK, SYNC, STREAM, QUEUE
+cdef int _K_COMPUTE, _K_COPY, _K_SEND, _K_WAIT, _K_WAIT_EVENT
+
 cdef class Engine:
     cdef public object program, machine, env, network, base, ops, columns
     cdef public double[:] issue_start, issue_end, ready, start, end

@@ -3,6 +3,10 @@
 cimport cython
 from commdsl.sim.network cimport Network
 
+# The module's constants: C values.
+cdef int _ACTIVATE, _FINISH
+cdef double _INF, _UNSCHEDULED
+
 cdef class _Flow:
     cdef public object demands, then, leg, transfer, ops
     cdef public double cap, solo, remaining, total, rate, t_upd
