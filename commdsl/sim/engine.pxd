@@ -44,7 +44,7 @@ cdef class Engine:
     cpdef _on_stream_timer(self, ev)
     @cython.locals(g=Py_ssize_t, tag=int, q=Queue, w=list)
     cpdef _complete_entry(self, Stream s, Py_ssize_t entry, double t, Py_ssize_t c)
-    @cython.locals(item=Py_ssize_t, now=double, c=Py_ssize_t, g=Py_ssize_t, inst=Collective, x=Queue,
+    @cython.locals(item=Py_ssize_t, last=Py_ssize_t, now=double, c=Py_ssize_t, g=Py_ssize_t, inst=Collective, x=Queue,
                    state=cython.uchar[:], start=cython.double[:], cause=cython.int[:], queue_at=cython.int[:])
     cpdef _advance_queue(self, Queue q)
     @cython.locals(c=Py_ssize_t, inst=Collective, k=int, p=Py_ssize_t)
@@ -53,7 +53,7 @@ cdef class Engine:
     cpdef _all_arrived(self, Collective inst, Py_ssize_t g, double now)
     @cython.locals(now=double, g=Py_ssize_t, q=Queue, s=Stream, w=list, on_stream=cython.uchar[:], queue_at=cython.int[:],
                    end=cython.double[:], state=cython.uchar[:])
-    cpdef _transfer_done(self, transfer, members, engines=*)
+    cpdef _transfer_done(self, transfer, tuple members, engines=*)
     @cython.locals(key=tuple, shape=tuple, members=tuple)
     cpdef _start_p2p(self, Py_ssize_t send, Py_ssize_t recv)
     cpdef _start_transfer(self, transfer, members, engines=*)

@@ -809,8 +809,8 @@ class Engine:
             for x in queues:
                 if x.active or x.head() != item:
                     return  # a batch over several groups waits for the head of each queue
-        members = range(item, self.batch_last[item] + 1)
-        for g in members:
+        last = self.batch_last[item]
+        for g in range(item, last + 1):
             if state[g] != ELIGIBLE:
                 return
         now = self.env.now
@@ -818,7 +818,7 @@ class Engine:
             x.active = True
             x.remaining = 0
         start, cause, queue_list, queue_at = self.start, self.cause, self.queue_list, self.queue_at
-        for g in members:
+        for g in range(item, last + 1):
             x = queue_list[queue_at[g]]
             x.remaining += 1
             # Queue-bound if the previous item on the queue ended after the op was ready.
@@ -828,7 +828,7 @@ class Engine:
             start[g] = now
             if self.kernels and self.ops[g].transport is _NCCL:
                 self._kernel_changed(g, True)
-        for g in members:
+        for g in range(item, last + 1):
             self._activated(g, now)
 
     def _activated(self, g: int, now: float) -> None:
