@@ -22,7 +22,8 @@ from commdsl.sim import simulate
 from commdsl.sim.contention import poisson
 from commdsl.sim.engine import Engine
 from commdsl.sim.models import NETWORKS
-from commdsl.sim.simulate import _medians, _run, out_of_the_running
+from commdsl.sim.medians import medians
+from commdsl.sim.simulate import _run, out_of_the_running
 from commdsl.timeline import Timeline
 
 simulate_module = importlib.import_module("commdsl.sim.simulate")  # the module: `commdsl.sim.simulate` is also the function
@@ -165,7 +166,7 @@ def test_later_samples_start_from_the_first_samples_hosts_pass(text: str, shared
     result = simulate(program, m, samples=5, seed=3)
     assert result.sampling["sample_makespans_us"] == [round(max(max(r.end), max(r.issue_end)), 3) for r in runs]
     for name in ("issue_start", "issue_end", "start", "end"):
-        assert getattr(result.raw, name) == _medians([getattr(r, name) for r in runs]), name
+        assert getattr(result.raw, name) == medians([getattr(r, name) for r in runs]), name
     assert len(set(result.sampling["sample_makespans_us"])) > 1
 
 
@@ -324,7 +325,20 @@ compute_noise: {stalls_per_s: 20, stall_us: 4000}
 @given(st.integers(min_value=1, max_value=9).flatmap(
     lambda n: st.lists(st.lists(st.floats(min_value=0.0, max_value=1e12), min_size=n, max_size=n), min_size=1, max_size=20)))
 def test_sample_medians_are_statistics_median(rows: list[list[float]]) -> None:
-    """A sampled run's per-op medians (`_medians`, C-level passes) are exactly
-    `statistics.median` of the samples' values, odd and even sample counts alike."""
+    """A sampled run's per-op medians (`medians`: C-level passes, or compiled a C loop for
+    three samples) are exactly `statistics.median` of the samples' values, odd and even
+    sample counts alike; of an odd count, the very value `sorted` puts in the middle."""
     columns = [array("d", column) for column in zip(*rows)]
-    assert list(_medians(columns)) == [statistics.median(row) for row in rows]
+    got = medians(columns)
+    assert list(got) == [statistics.median(row) for row in rows]
+    if len(columns) % 2:
+        assert got.tobytes() == array("d", [sorted(row)[len(row) // 2] for row in rows]).tobytes()
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.lists(st.sampled_from([0.0, -0.0, 1.0, 2.5]), min_size=3, max_size=3), min_size=1, max_size=20))
+def test_three_samples_median_is_the_middle_value_bit_for_bit(rows: list[list[float]]) -> None:
+    """Of three samples with ties and signed zeros, the median is the value a stable sort
+    puts in the middle, to the bit (the compiled C loop's case)."""
+    columns = [array("d", column) for column in zip(*rows)]
+    assert medians(columns).tobytes() == array("d", [sorted(row)[1] for row in rows]).tobytes()

@@ -20,7 +20,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-MODULES = ("entities", "network", "flow", "wiring", "engine")
+MODULES = ("entities", "network", "flow", "wiring", "engine", "medians")
 """The compiled modules, in import order (each needs the compiled classes of those before
 it that it types with: the entities, the network's base class)."""
 SOURCES = tuple(f"{m}.{x}" for m in MODULES for x in ("py", "pxd"))

@@ -16,8 +16,6 @@ from contextlib import contextmanager
 from array import array
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from itertools import repeat
-from operator import add, itemgetter, truediv
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -28,6 +26,7 @@ from commdsl.limits import HORIZON_US
 from commdsl.machine.model import Machine, timeless_machine
 from commdsl.sim.engine import Engine, Issued
 from commdsl.sim.entities import RawResult
+from commdsl.sim.medians import medians
 from commdsl.sim.memory import check_memory
 from commdsl.sim.models import DEFAULT_NETWORK, NETWORKS
 from commdsl.sim.network import FlowStat, LinkStat, Network
@@ -218,7 +217,7 @@ def _simulate(program: Program, machine: Machine, network: str, samples: int, se
                 gc.collect()
     # The median sample stands for the run: its causes, flows and links.
     like, like_network, like_nominal = kept[ranked[(samples - 1) // 2][1]]
-    columns = [_medians(list(column)) for column in zip(*times)]
+    columns = [medians(list(column)) for column in zip(*times)]
     raw = RawResult(like.ops, like.base, *columns, like.state, like.cause, like.partner, like.algos, like.protos, like.kinds)
     check_memory(raw, machine)
     sampling = {"samples": samples, "seed": seed, "stat": "median", "sample_makespans_us": [round(m, 3) for m in makespans]}
@@ -233,24 +232,6 @@ def out_of_the_running(ranked: list[tuple[float, int]], samples: int) -> list[in
     samples still to run (those come after it on a tie: their numbers are higher)."""
     middle, left = (samples - 1) // 2, samples - len(ranked)
     return [i for r, (_, i) in enumerate(ranked) if r > middle or r + left < middle]
-
-
-def _medians(columns: list[array]) -> array:
-    """Per position, `statistics.median` of the columns' values there (the middle value;
-    of an even count, the mean of the middle two), in C-level passes: it runs once per op
-    and column. Columns the samples agree on (host issue times that no stall reached, for
-    one) are their own median."""
-    first = columns[0].tobytes()  # bytes compare in C (+0.0 and -0.0 differ: they take the long way)
-    if all(column.tobytes() == first for column in columns):
-        return array("d", columns[0])
-    n = len(columns)
-    mid = n // 2
-    if n % 2:
-        return array("d", map(itemgetter(mid), map(sorted, zip(*columns))))
-    if n == 2:  # the mean of both, in either order (a + b is b + a, bit for bit)
-        return array("d", map(truediv, map(add, *columns), repeat(2)))
-    ordered = list(map(sorted, zip(*columns)))
-    return array("d", map(truediv, map(add, map(itemgetter(mid - 1), ordered), map(itemgetter(mid), ordered)), repeat(2)))
 
 
 def _run(program: Program, machine: Machine, network: str, rng: random.Random | None,
