@@ -1,8 +1,8 @@
 """The package build's hook: compile the simulation engine with Cython where it can.
 
-`commdsl/sim/engine.py` and `entities.py` compile, with the declarations in the `.pxd`
-files beside them, into extension modules of the same names; `commdsl/sim/native.py`
-says when they run. The build never fails for want of a compiler: it warns and the
+The simulator's hot modules (`commdsl.sim.native.MODULES`) compile, with the declarations
+in the `.pxd` file beside each, into extension modules of the same names;
+`commdsl/sim/native.py` says when they run. The build never fails for want of a compiler: it warns and the
 package runs the Python source.
 
     pip install -e .          # an editable install builds them in place, in commdsl/sim

@@ -29,7 +29,7 @@ def digest(result) -> str:
     h = hashlib.sha256()
     for column in (raw.issue_start, raw.issue_end, raw.start, raw.end, raw.state, raw.cause, raw.partner, raw.algos, raw.protos, raw.kinds):
         h.update(bytes(column))
-    h.update(repr(sorted(result.nominal_us.items()) if hasattr(result, "nominal_us") else "").encode())
+    h.update(repr(sorted(result.nominal_us.items())).encode())
     return h.hexdigest()[:16]
 
 

@@ -1,10 +1,11 @@
 """Which engine runs: the compiled one where the install built it, else the Python source.
 
-`engine.py` and `entities.py` are the engine's source, and run as they are anywhere.
-Where the package build could compile them (`hatch_build.py` at the repository root:
-Cython, from the declarations in `engine.pxd` and `entities.pxd` beside them, and a C
-compiler), the compiled modules sit beside the sources, and Python imports a compiled
-module before the `.py` of the same name. `select` keeps them only where they were built
+The simulator's hot modules (`MODULES`: the engine, its entities, the wiring, the
+networks, the sample medians) are their `.py` source, and run as it anywhere. Where the
+package build could compile them (`hatch_build.py` at the repository root: Cython, from
+the declarations in the `.pxd` file beside each, and a C compiler), the compiled modules
+sit beside the sources, and Python imports a compiled module before the `.py` of the
+same name. `select` keeps them only where they were built
 from the sources as they are now: the build writes a digest of the sources (`STAMP`); a
 source edited since, a module missing, or `COMMDSL_PURE_PYTHON=1` in the environment
 loads every source instead. Either way a simulation comes out the same, op for op.
@@ -78,8 +79,6 @@ def select() -> EngineBuild:
         return EngineBuild(True, "")
     for name in MODULES:
         full = f"commdsl.sim.{name}"
-        if full in sys.modules:
-            continue
         spec = importlib.util.spec_from_file_location(full, folder / f"{name}.py")
         module = importlib.util.module_from_spec(spec)
         sys.modules[full] = module
