@@ -1,11 +1,11 @@
-"""The package build's hook: compile the simulation engine with Cython where it can.
+"""The package build's hook: compile the hot modules with Cython where it can.
 
-The simulator's hot modules (`commdsl.sim.native.MODULES`) compile, with the declarations
-in the `.pxd` file beside each, into extension modules of the same names;
-`commdsl/sim/native.py` says when they run. The build never fails for want of a compiler: it warns and the
-package runs the Python source.
+The simulation engine and the trace writer (`commdsl.native.MODULES`) compile, with the
+declarations in the `.pxd` file beside each, into extension modules of the same names;
+`commdsl/native.py` says when they run. The build never fails for want of a compiler: it
+warns and the package runs the Python source.
 
-    pip install -e .          # an editable install builds them in place, in commdsl/sim
+    pip install -e .          # an editable install builds them in place, beside the sources
     pip install .             # a wheel carries them
     python hatch_build.py     # rebuild in place (with hatchling and Cython installed)
 """
@@ -23,23 +23,28 @@ from pathlib import Path
 
 from hatchling.builders.hooks.plugin.interface import BuildHookInterface
 
-SIM = Path(__file__).resolve().parent / "commdsl" / "sim"
-# commdsl/sim/native.py alone (it needs only the standard library; the package needs its
+PACKAGE = Path(__file__).resolve().parent / "commdsl"
+# commdsl/native.py alone (it needs only the standard library; the package needs its
 # dependencies, which a build does not have).
-_spec = importlib.util.spec_from_file_location("commdsl_native", SIM / "native.py")
+_spec = importlib.util.spec_from_file_location("commdsl_native", PACKAGE / "native.py")
 native = sys.modules[_spec.name] = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(native)
 
 DIRECTIVES = ("annotation_typing=False", "boundscheck=False", "wraparound=False", "language_level=3")
 """Type hints stay hints (the `.pxd` files declare the C types); indexes are in range and
 never negative (the engine's op numbers)."""
+MODULE_DIRECTIVES = {"timeline": ("infer_types=False",), "sim.trace": ("infer_types=False",)}
+"""Per module, directives of its own. The trace writer's batch encoders assign maps to
+extended slices of lists, which Cython's inferred list type would reject: their
+variables stay Python objects but where the `.pxd` types them."""
 
 
 def compile_module(name: str, out: Path, work: Path) -> Path:
-    """Compile `commdsl/sim/<name>.py` into `out`, the C file in `work`; the built file."""
+    """Compile module `name` (of `native.MODULES`) into the package folder `out` (its
+    place there), the C file in `work`; the built file."""
     c_file = work / f"{name}.c"
-    cython = [sys.executable, "-m", "cython", str(SIM / f"{name}.py"), "-o", str(c_file)]
-    for directive in DIRECTIVES:
+    cython = [sys.executable, "-m", "cython", str(native.source_path(PACKAGE, name)), "-o", str(c_file)]
+    for directive in (*DIRECTIVES, *MODULE_DIRECTIVES.get(name, ())):
         cython += ["-X", directive]
     subprocess.run(cython, check=True, capture_output=True, text=True)
     obj = work / f"{name}.o"
@@ -47,14 +52,15 @@ def compile_module(name: str, out: Path, work: Path) -> Path:
     cc, ccshared, ldshared = (sysconfig.get_config_var(v) or "" for v in ("CC", "CCSHARED", "LDSHARED"))
     subprocess.run([*cc.split(), *ccshared.split(), "-O2", f"-I{include}", "-c", str(c_file), "-o", str(obj)], check=True,
                    capture_output=True, text=True)  # fmt: skip
-    target = out / f"{name}{sysconfig.get_config_var('EXT_SUFFIX')}"
+    target = native.source_path(out, name, sysconfig.get_config_var("EXT_SUFFIX"))
+    target.parent.mkdir(parents=True, exist_ok=True)
     subprocess.run([*ldshared.split(), str(obj), "-o", str(target)], check=True, capture_output=True, text=True)
     return target
 
 
 def build(out: Path) -> list[Path]:
-    """Compile the engine's modules into `out` and write the stamp of their sources; the
-    files written. Raises where Cython or the compiler is missing or fails."""
+    """Compile the hot modules into the package folder `out` and write the stamp of their
+    sources; the files written. Raises where Cython or the compiler is missing or fails."""
     for name in native.MODULES:  # an earlier build of another Python's, or a stale one
         for old in native.compiled_files(out, name):
             old.unlink()
@@ -62,7 +68,7 @@ def build(out: Path) -> list[Path]:
     with tempfile.TemporaryDirectory() as work, ThreadPoolExecutor() as pool:
         built = list(pool.map(lambda name: compile_module(name, out, Path(work)), native.MODULES))
     stamp = out / native.STAMP
-    stamp.write_text(native.source_digest(SIM) + "\n")
+    stamp.write_text(native.source_digest(PACKAGE) + "\n")
     return [*built, stamp]
 
 
@@ -74,24 +80,24 @@ def _why(error: Exception) -> str:
 
 
 class CustomBuildHook(BuildHookInterface):
-    """Compiles the engine for the wheel (in place for an editable install)."""
+    """Compiles the hot modules for the wheel (in place for an editable install)."""
 
     def initialize(self, version: str, build_data: dict) -> None:
         if self.target_name != "wheel":
             return
         editable = version == "editable"
-        out = SIM if editable else Path(tempfile.mkdtemp(prefix="commdsl-build-"))
+        out = PACKAGE if editable else Path(tempfile.mkdtemp(prefix="commdsl-build-"))
         try:
             built = build(out)
         except (OSError, subprocess.CalledProcessError) as error:
-            self.app.display_warning(f"commdsl: the simulation engine is not compiled ({_why(error)}); it runs as Python")
+            self.app.display_warning(f"commdsl: the simulation engine and trace writer are not compiled ({_why(error)}); they run as Python")
             return
-        self.app.display_info(f"commdsl: compiled the simulation engine ({', '.join(p.name for p in built[:-1])})")
+        self.app.display_info(f"commdsl: compiled the simulation engine and trace writer ({', '.join(p.name for p in built[:-1])})")
         if not editable:  # the editable install finds them in place
             build_data["pure_python"] = False
             build_data["infer_tag"] = True
             for path in built:
-                build_data["force_include"][str(path)] = f"commdsl/sim/{path.name}"
+                build_data["force_include"][str(path)] = f"commdsl/{path.relative_to(out).as_posix()}"
             self._out = out
 
     def finalize(self, version: str, build_data: dict, artifact_path: str) -> None:
@@ -101,5 +107,5 @@ class CustomBuildHook(BuildHookInterface):
 
 
 if __name__ == "__main__":
-    for path in build(SIM):
-        print(f"built {path.relative_to(SIM.parent.parent)}")
+    for path in build(PACKAGE):
+        print(f"built {path.relative_to(PACKAGE.parent)}")

@@ -14,6 +14,13 @@ from __future__ import annotations
 
 import importlib
 
+# First: whether the compiled modules or their sources load is decided before anything
+# imports them.
+from commdsl import native  # isort: skip
+
+ENGINE_BUILD = native.select()
+"""The build this process runs: compiled or the Python source (`commdsl.native`)."""
+
 __version__ = "0.1.0"
 
 _EXPORTS = {
@@ -40,7 +47,7 @@ _EXPORTS = {
 }
 """Public name -> the module that defines it."""
 
-__all__ = ["__version__", *_EXPORTS]
+__all__ = ["ENGINE_BUILD", "__version__", *_EXPORTS]
 
 
 def __getattr__(name: str):

@@ -372,44 +372,65 @@ _THOUSANDTHS = tuple(f".{r:03d}".rstrip("0") if r else ".0" for r in range(1000)
 """The decimals of a repr() of a float rounded to 3 decimals, by its thousandths."""
 
 
-class DecimalTexts(dict):
+class DecimalTexts:
     """Floats -> the JSON text of each rounded to `digits` decimals (`_dumps(round(x,
-    digits))`), each distinct float formatted once: a trace's durations and values are a
-    few hundred distinct numbers, its times repeat across ranks. `texts` reads a batch.
+    digits))`), the texts of the last `_DECIMALS_KEPT` distinct floats kept: a trace's
+    durations and values are a few hundred distinct numbers, its times repeat across
+    ranks. `get` reads one, `texts` a batch.
 
     -0.0 and 0.0 are one key to a dict but have two texts: `texts` keeps the texts of a
     batch only where no float of it has its sign bit set (`sign_clear`)."""
 
     def __init__(self, digits: int):
-        super().__init__()
         self.digits = digits
+        """Decimals each float is rounded to."""
+        self.kept: dict[float, str] = {}
+        """Float -> its text, for the floats met since the last `clear`."""
 
-    def __missing__(self, x: float) -> str:
-        if self.digits == 3 and type(x) is float:
-            # x * 1000 rounded to a float lies on the same side of every half-integer (which
-            # floats below 2**52 hold) as the exact product: unless it is one, round() of it
-            # is the integer of round(x, 3)'s decimals. Below 10**15 those are at most 15
-            # digits, which repr() writes back as they are.
-            y = x * 1000.0
-            if 0.0 < y < 1e15 and y - int(y) != 0.5:
-                thousandths = round(y)
-                text = self[x] = f"{thousandths // 1000}{_THOUSANDTHS[thousandths % 1000]}"
-                return text
-        rounded = round(x, self.digits)
-        # A finite float's JSON is its repr (one call less than `text`).
-        text = self[x] = float.__repr__(rounded) if type(rounded) is float and rounded - rounded == 0.0 else json_text(rounded)
+    def get(self, x: float) -> str:
+        """The text of `x` (not -0.0: its text would be kept for 0.0), kept."""
+        text = self.kept.get(x)
+        if text is None:
+            if len(self.kept) >= _DECIMALS_KEPT:
+                self.kept.clear()
+            text = self.kept[x] = self.text(x)
         return text
 
     def text(self, x: float) -> str:
-        """The text of one float, not kept."""
-        return json_text(round(x, self.digits))
+        """The text of `x`, not kept."""
+        if self.digits == 3 and type(x) is float:
+            text = thousandths_text(x)
+            if text is not None:
+                return text
+        rounded = round(x, self.digits)
+        # A finite float's JSON is its repr (one call less than `json_text`).
+        return float.__repr__(rounded) if type(rounded) is float and rounded - rounded == 0.0 else json_text(rounded)
 
     def texts(self, values: Iterable[float], signs_clear: bool) -> Iterator[str]:
         """The texts of `values` (floats); kept only where `signs_clear`: none of them is
         negative or -0.0 (`sign_clear`)."""
-        if len(self) > _DECIMALS_KEPT:
-            self.clear()
-        return map(self.__getitem__ if signs_clear else self.text, values)
+        return map(self.get if signs_clear else self.text, values)
+
+    def clear(self) -> None:
+        """Forget the texts kept (to hand their memory back)."""
+        self.kept.clear()
+
+
+def thousandths_text(x: float) -> str | None:
+    """The JSON text of `round(x, 3)` where `x` is positive, below 10**12 and not halfway
+    between two thousandths once multiplied by 1000; else None."""
+    # x * 1000 rounded to a float lies on the same side of every half-integer (which
+    # floats below 2**52 hold) as the exact product: unless it is one, round() of it is
+    # the integer of round(x, 3)'s decimals. Below 10**15 those are at most 15 digits,
+    # which repr() writes back as they are.
+    y = x * 1000.0
+    if not 0.0 < y < 1e15:
+        return None
+    whole = int(y)
+    if y - whole == 0.5:
+        return None
+    thousandths = whole + 1 if y - whole > 0.5 else whole
+    return f"{thousandths // 1000}{_THOUSANDTHS[thousandths % 1000]}"
 
 
 def sign_clear(values: array) -> bool:

@@ -1,14 +1,17 @@
 """Print a digest of every per-op outcome of every bundled schedule, simulated on a few
-machines with every network model (and sampled, and unfolded): what `test_native`
-compares between the compiled engine and the Python source, each in its own process.
+machines with every network model (and sampled, and unfolded), and of the trace of each
+flow-network run: what `test_native` compares between the compiled modules and the
+Python source, each in its own process.
 
-    python tests/engine_digests.py            # the engine `commdsl.sim.native` picks
+    python tests/engine_digests.py            # the engine `commdsl.native` picks
     COMMDSL_PURE_PYTHON=1 python tests/engine_digests.py
 """
 
 from __future__ import annotations
 
 import hashlib
+import tempfile
+from pathlib import Path
 
 from commdsl.dsl import load_schedule
 from commdsl.errors import CommdslError
@@ -33,6 +36,13 @@ def digest(result) -> str:
     return h.hexdigest()[:16]
 
 
+def trace_digest(result, folder: Path) -> str:
+    """The digest of the Chrome trace `write_trace` streams for `result`."""
+    path = folder / "trace.json"
+    result.write_trace(path)
+    return hashlib.sha256(path.read_bytes()).hexdigest()[:16]
+
+
 def main() -> None:
     print(f"engine: {ENGINE_BUILD.describe()}")
     noisy = load_machine_text((PRESETS_DIR / "cpu-loopback.yaml").read_text() + NOISE, "noisy.yaml")
@@ -43,7 +53,11 @@ def main() -> None:
         runs += [("h100-nvlink", "flow", {"fold": False}), (noisy, "flow", {"samples": 3, "seed": 7})]
         for machine, network, options in runs:
             try:
-                outcome = digest(simulate(program, resolve_machine(machine) if isinstance(machine, str) else machine, network, **options))
+                result = simulate(program, resolve_machine(machine) if isinstance(machine, str) else machine, network, **options)
+                outcome = digest(result)
+                if network == "flow":  # the network with link counters in its trace
+                    with tempfile.TemporaryDirectory() as folder:
+                        outcome += " trace " + trace_digest(result, Path(folder))
             except CommdslError as error:
                 outcome = f"{type(error).__name__}: {error}"
             print(name, params, machine if isinstance(machine, str) else "noisy cpu-loopback", network, options, outcome)

@@ -1,5 +1,5 @@
-"""The compiled engine (hatch_build.py) against the Python source it is built from, and
-`commdsl.sim.native` choosing between them."""
+"""The compiled modules (hatch_build.py) against the Python source they are built from,
+and `commdsl.native` choosing between them."""
 
 from __future__ import annotations
 
@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from commdsl.sim import ENGINE_BUILD, native
+from commdsl import ENGINE_BUILD, native
 
 ROOT = Path(__file__).resolve().parents[1]
-SIM = ROOT / "commdsl" / "sim"
+PACKAGE = ROOT / "commdsl"
 needs_build = pytest.mark.skipif(not ENGINE_BUILD.compiled, reason=f"the engine runs as {ENGINE_BUILD.describe()}")
 
 
@@ -25,7 +25,7 @@ def _run(code: str, env: dict[str, str], cwd: Path = ROOT) -> str:
 
 
 @needs_build
-def test_the_compiled_engine_simulates_every_bundled_schedule_as_the_source_does():
+def test_the_compiled_modules_simulate_and_trace_every_bundled_schedule_as_the_source_does():
     # Each in its own process: the source run loads both modules from the .py files.
     script = (ROOT / "tests" / "engine_digests.py").read_text()
     compiled = _run(script, {native.PURE_ENV: ""}).splitlines()
@@ -33,17 +33,20 @@ def test_the_compiled_engine_simulates_every_bundled_schedule_as_the_source_does
     assert compiled[0] == "engine: compiled (Cython)"
     assert source[0] == f"engine: Python source ({native.PURE_ENV} is set)"
     assert len(compiled) > 100 and sum("Error" not in line for line in compiled) > 100
+    assert sum(" trace " in line for line in compiled) > 30
     assert compiled[1:] == source[1:]
 
 
 def _copy_package(tmp_path: Path) -> Path:
     """The package, with its build, in a folder of its own (to edit without touching ours)."""
-    shutil.copytree(ROOT / "commdsl", tmp_path / "commdsl", ignore=shutil.ignore_patterns("__pycache__"))
-    return tmp_path / "commdsl" / "sim"
+    shutil.copytree(PACKAGE, tmp_path / "commdsl", ignore=shutil.ignore_patterns("__pycache__"))
+    return tmp_path / "commdsl"
 
 
-SHOW = ("import sys, commdsl.sim as s; print(s.ENGINE_BUILD.describe()); "
-        f"print(*(sys.modules['commdsl.sim.' + m].__file__ for m in {native.MODULES!r}), sep=chr(10))")
+# Imports every compiled module (the timeline first: it is imported before the simulator
+# where a measured trace is read).
+SHOW = ("import sys, commdsl.timeline, commdsl.sim.trace, commdsl.sim as s; print(s.ENGINE_BUILD.describe()); "
+        f"print(*(sys.modules['commdsl.' + m].__file__ for m in {native.MODULES!r}), sep=chr(10))")
 
 
 def _show(tmp_path: Path, env: dict[str, str]) -> tuple[str, list[str]]:
@@ -53,31 +56,33 @@ def _show(tmp_path: Path, env: dict[str, str]) -> tuple[str, list[str]]:
 
 
 @needs_build
-def test_an_engine_edited_since_the_build_runs_from_its_source(tmp_path):
-    sim = _copy_package(tmp_path)
+def test_modules_edited_since_the_build_run_from_their_source(tmp_path):
+    package = _copy_package(tmp_path)
     env = {"PYTHONPATH": str(tmp_path), native.PURE_ENV: ""}
     described, files = _show(tmp_path, env)
     assert described == "compiled (Cython)" and all(f.endswith(".so") for f in files), files
-    with open(sim / "engine.py", "a") as f:
+    with open(package / "sim" / "engine.py", "a") as f:
         f.write("\n# edited\n")
     described, files = _show(tmp_path, env)
     assert described.startswith("Python source (the compiled modules were built from other sources")
-    assert files == [str(sim / f"{m}.py") for m in native.MODULES]  # every one: they type with each other's classes
+    # Every one: they type with each other's classes.
+    assert files == [str(native.source_path(package, m)) for m in native.MODULES]
 
 
-def test_with_no_build_the_engine_runs_from_its_source(tmp_path):
-    sim = _copy_package(tmp_path)
+def test_with_no_build_the_modules_run_from_their_source(tmp_path):
+    package = _copy_package(tmp_path)
     for name in native.MODULES:
-        for built in native.compiled_files(sim, name):
+        for built in native.compiled_files(package, name):
             built.unlink()
     described, files = _show(tmp_path, {"PYTHONPATH": str(tmp_path), native.PURE_ENV: ""})
     assert described == "Python source (not compiled at install: no Cython or no C compiler)"
-    assert files == [str(sim / f"{m}.py") for m in native.MODULES]
+    assert files == [str(native.source_path(package, m)) for m in native.MODULES]
 
 
 def test_the_stamp_covers_every_source_the_build_reads(tmp_path):
     for name in native.SOURCES:
-        shutil.copy(SIM / name, tmp_path / name)
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(PACKAGE / name, tmp_path / name)
     before = native.source_digest(tmp_path)
     for name in native.SOURCES:
         original = (tmp_path / name).read_bytes()

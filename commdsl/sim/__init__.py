@@ -5,12 +5,7 @@
     result.timeline.write("trace.json")
 """
 
-# First: whether the engine's modules load compiled or from the source is decided before
-# anything imports them.
-from commdsl.sim import native  # isort: skip
-
-ENGINE_BUILD = native.select()
-"""The engine this process runs (`commdsl.sim.native`)."""
+from commdsl import ENGINE_BUILD  # the build this process runs (`commdsl.native`)
 
 from commdsl.sim.analytic import AnalyticNetwork
 from commdsl.sim.flow import FlowNetwork, SteppedFlowNetwork

@@ -1,4 +1,4 @@
-# Cython's declarations for engine.py (hatch_build.py compiles it; commdsl.sim.native
+# Cython's declarations for engine.py (hatch_build.py compiles it; commdsl.native
 # says when the build runs). engine.py stays the source and runs as it is without them.
 # Compiled, Engine is a C-struct class: the per-op arrays are typed views of `columns`,
 # the flags and rates C values, and the hot methods C calls with typed locals.

@@ -50,7 +50,7 @@ Where every rank runs the same ops and nothing tells ranks apart (`commdsl.sim.s
 the engine runs rank 0 alone (`folded`) and copies its outcome to the others.
 
 This module is the engine's source, and also what the install compiles with Cython where
-it can (`engine.pxd` types it; `commdsl.sim.native` says which runs): what the compiled
+it can (`engine.pxd` types it; `commdsl.native` says which runs): what the compiled
 engine cannot do, such as a closure in a method it makes a C call, stays out of its hot
 methods.
 """
@@ -153,7 +153,7 @@ class Engine:
         self.columns = Columns(array("d", zeros), array("d", zeros), array(op_index_typecode(n), [-1]) * n, array("d", zeros),
                                array("d", zeros), bytearray(n))  # fmt: skip
         # The same memory under the names the hot paths read: where the engine is compiled
-        # (`commdsl.sim.native`), typed views of the arrays.
+        # (`commdsl.native`), typed views of the arrays.
         self.issue_start, self.issue_end, self.cause, self.start, self.end, self.state = self.columns
         self.ready = self.issue_end  # when the op reaches its stream (host launch done)
         self.waiters: dict[int, list[Entity]] = {}

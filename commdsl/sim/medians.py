@@ -1,7 +1,7 @@
 """Per-op medians over a sampled simulation's samples (`simulate(samples=N)`).
 
 As Python, `medians` runs in C-level passes over the columns. Compiled (`medians.pxd`,
-`commdsl.sim.native`), three samples, the common case, take a C loop instead: the middle
+`commdsl.native`), three samples, the common case, take a C loop instead: the middle
 value of each op's three, the one `sorted` puts in the middle.
 """
 

@@ -15,7 +15,7 @@ from array import array
 from bisect import bisect_left
 from collections.abc import Callable, Iterator, Sequence
 from itertools import chain, compress, repeat
-from operator import add, and_, attrgetter, eq, ge, getitem, gt, is_, rshift, sub
+from operator import add, and_, attrgetter, eq, ge, gt, is_, sub
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -176,15 +176,13 @@ class _SpanRuns:
 
     The ops of a statement on a rank with one algo and protocol share their spec, so a
     "class" (spec, kind, algo, protocol) gives their EXEC track and
-    `SpanNames.exec_key`, and (key, name) their pieces: both are found for a rank's ops
-    in a few C-level passes, and only an op that starts a class or a name is looked at
-    in Python."""
+    `SpanNames.exec_key`, and (key, name) their pieces (`_Classes`): one pass over a
+    rank's ops finds them (`_classify`), another sorts its spans into runs
+    (`_rank_runs`), and only an op that starts a class or a name is looked at further."""
 
     def __init__(self, result: SimResult, names: SpanNames):
         program, raw = result.program, result.raw
         base, n = raw.base, len(raw.ops)
-        algos, protos = raw.algos, raw.protos
-        encoder = SpanEncoder()
         self.end_of_role = (raw.end, raw.issue_end)
         """Per role (a code's lowest bit), the ends of the ops' spans: a code's end is
         end_of_role[code & 1][code >> 1]."""
@@ -196,15 +194,6 @@ class _SpanRuns:
         """Per format, its `span_pieces` head after "},", which closes the event before."""
         self.middles: list[str] = []
         self.tails: list[str] = []
-        classes: dict[tuple, int] = {}  # (id of the op's spec, kind, algo, protocol) -> the op's class
-        class_track: list[str] = []
-        class_queue: list[bool] = []  # class -> its track is a comm queue
-        class_key: list[int] = []  # class -> its exec_key's key, as an index into keys
-        class_issue: list[int] = []  # class -> the format of its ISSUE spans
-        keys: list[tuple] = []
-        key_index: dict[tuple, int] = {}
-        issue_format: dict[tuple, int] = {}
-        exec_format: list[dict[str, int]] = []  # per key index, op name -> format
         self.format_of = array("H", bytes(4 * n))
         """Per code, the index of its pieces in heads, middles and tails (`_holding`)."""
         self.runs: dict[tuple[int, str], tuple[array, array]] = {}
@@ -214,65 +203,35 @@ class _SpanRuns:
         """Per op, the (rank, track) of its EXEC span, numbered (`places`; `_holding`)."""
         self.comm_tracks: dict[int, set[str]] = {}
         """Per rank, its comm queues (`_known_tracks`)."""
-        first, last = math.inf, -math.inf
+        known = _Classes(names, raw.algos, raw.protos, self._add)
+        bounds = array("d", (math.inf, -math.inf))  # the first start and the last end of any span
+        cls, formats = array("i"), array("i")  # per op of a rank (from 0)
         for rank, rank_ops in enumerate(program.ops):
             b, m = base[rank], len(rank_ops)
-            statements = list(zip(map(id, map(_SPEC, rank_ops)), map(_KIND, rank_ops), algos[b : b + m], protos[b : b + m]))
-            for i in sorted(map(statements.index, set(statements) - classes.keys())):  # each new class's first op
-                statement = statements[i]
-                op = rank_ops[i]
-                track, key = names.exec_key(op, algos[b + i], protos[b + i])
-                classes[statement] = len(class_track)
-                class_track.append(track)
-                class_queue.append(_on_comm_queue(op))
-                if key not in key_index:
-                    key_index[key] = len(keys)
-                    keys.append(key)
-                    exec_format.append({})
-                class_key.append(key_index[key])
-                issue = (op.kind, op.transport, op.copy_dir)
-                if issue not in issue_format:
-                    issue_format[issue] = self._add(encoder.span_pieces(_KIND_VALUE[op.kind], "issue", names.issue_name(op), ()))
-                class_issue.append(issue_format[issue])
-            cls = list(map(classes.__getitem__, statements))
-            place_of_class = {c: self._place(rank, class_track[c]) for c in set(cls)}
-            self.place_of = _holding(self.place_of, len(self.places))
-            self.place_of[b : b + m] = array(self.place_of.typecode, map(place_of_class.__getitem__, cls))
-            self.comm_tracks[rank] = {class_track[c] for c in set(cls) if class_queue[c]}
-            by_name = list(map(exec_format.__getitem__, map(class_key.__getitem__, cls)))
-            op_names = list(map(_NAME, rank_ops))
-            formats = list(map(dict.get, by_name, op_names))
-            for i in compress(range(m), map(is_, formats, repeat(None))):  # an op that may start a name
-                f = by_name[i].get(op_names[i])
-                if f is None:
-                    op = rank_ops[i]
-                    entry = names.exec_entry(op, keys[class_key[cls[i]]], algos[b + i], protos[b + i])
-                    f = by_name[i][op_names[i]] = self._add(encoder.span_pieces(_KIND_VALUE[op.kind], "exec", *entry))
-                formats[i] = f
+            for column in (cls, formats):
+                column.extend(bytes(4 * max(m - len(column), 0)))
+            _classify(rank_ops, b, raw.algos, raw.protos, known, cls, formats)
+            present = sorted(set(cls[:m]))
+            # The rank's tracks: the host's first (its ISSUE spans), then its classes' tracks.
+            tracks = list(dict.fromkeys([HOST_STREAM, *map(known.track.__getitem__, present)]))
+            track_of = array("i", bytes(4 * len(known.track)))  # class -> its track's number in tracks
+            places = array("i", bytes(4 * len(known.track)))  # class -> its place
+            for c in present:
+                track_of[c] = tracks.index(known.track[c])
+                places[c] = self._place(rank, known.track[c])
+            self.comm_tracks[rank] = {known.track[c] for c in present if known.queue[c]}
             self.format_of = _holding(self.format_of, len(self.heads))
-            self.format_of[2 * b : 2 * (b + m) : 2] = array(self.format_of.typecode, formats)
-            self.format_of[2 * b + 1 : 2 * (b + m) : 2] = array(self.format_of.typecode, map(class_issue.__getitem__, cls))
-            # Each track's codes and starts: the host's ISSUE spans (ops it issues with a span
-            # of their own), then each track's EXEC spans, in op order.
-            runs: dict[str, tuple[array, array]] = {}
-            issuing = list(map(gt, raw.issue_end[b : b + m], raw.issue_start[b : b + m]))
-            if any(issuing):
-                issue_starts = array("d", compress(raw.issue_start[b : b + m], issuing))
-                runs[HOST_STREAM] = (array("i", compress(range(2 * b + 1, 2 * (b + m) + 1, 2), issuing)), issue_starts)
-                first = min(first, min(issue_starts))
-                last = max(last, max(compress(raw.issue_end[b : b + m], issuing)))
-            if m:
-                first, last = min(first, min(raw.start[b : b + m])), max(last, max(raw.end[b : b + m]))
-            tracks = list(map(class_track.__getitem__, cls))
-            for track in dict.fromkeys(tracks):
-                on_track = list(map(eq, tracks, repeat(track)))
-                codes, starts = runs.setdefault(track, (array("i"), array("d")))
-                codes.extend(compress(range(2 * b, 2 * (b + m), 2), on_track))
-                starts.extend(compress(raw.start[b : b + m], on_track))
-            for track, run in runs.items():
-                self.runs[(rank, track)] = run
+            self.format_of[2 * b : 2 * (b + m) : 2] = array(self.format_of.typecode, formats[:m])
+            self.format_of[2 * b + 1 : 2 * (b + m) : 2] = array(self.format_of.typecode, map(known.issue.__getitem__, cls[:m]))
+            self.place_of = _holding(self.place_of, len(self.places))
+            self.place_of[b : b + m] = array(self.place_of.typecode, map(places.__getitem__, cls[:m]))
+            codes, starts, ends = _rank_runs(cls, track_of, len(tracks), b, m, self.end_of_role, raw.start, raw.issue_start, bounds)
+            for k, track in enumerate(tracks):
+                lo = ends[k - 1] if k else 0
+                if ends[k] > lo:
+                    self.runs[(rank, track)] = (codes[lo : ends[k]], starts[lo : ends[k]])
         self.base = base
-        self.makespan_us = last - first if self.runs else 0.0
+        self.makespan_us = bounds[1] - bounds[0] if self.runs else 0.0
         self.ops, self.start = raw.ops, raw.start
         self.sends, self.recvs = _matched_sends(raw)
 
@@ -316,20 +275,20 @@ class _SpanRuns:
             track_texts.append(track_piece(rank, tid_of[(rank, track)]))
         del key_of
         # The arrays per code go with the generator (the counters after the spans take memory of their own).
-        heads, middles, tails, format_of = self.heads, self.middles, self.tails, self.format_of
+        texts = _EventTexts(self.heads, self.middles, self.tails, rank_texts, track_texts, local_text)
+        format_of, ends = self.format_of, self.end_of_role
         del self.heads, self.middles, self.tails, self.format_of
-        end_of_role = self.end_of_role.__getitem__
         pos = [0] * len(runs)
         total, done = sum(len(r[0]) for r in runs), 0
+        firsts = array("i", (first_code for _, _, first_code in runs))
         for bound in _windows([r[1] for r in runs]):
-            w_codes, w_starts, w_locals, w_runs = array("i"), array("d"), array("i"), array("i")
-            for k, (codes, starts, first_code) in enumerate(runs):
+            w_codes, w_starts, w_runs = array("i"), array("d"), array("i")
+            for k, (codes, starts, _) in enumerate(runs):
                 p = pos[k]
                 j = bisect_left(starts, bound, p)
                 if j > p:
                     w_codes += codes[p:j]
                     w_starts += starts[p:j]
-                    w_locals += array("i", map(sub, codes[p:j], repeat(first_code)))
                     w_runs += array("i", (k,)) * (j - p)
                     pos[k] = j
             n = len(w_codes)
@@ -338,26 +297,9 @@ class _SpanRuns:
             # Stable: spans tied in time keep their runs' order (rank, tid), then their
             # order within the run (op id as text, role).
             order = sorted(range(n), key=w_starts.__getitem__)
-            codes = list(map(w_codes.__getitem__, order))
-            starts = list(map(w_starts.__getitem__, order))
-            ks = list(map(w_runs.__getitem__, order))
-            fs = list(map(format_of.__getitem__, codes))
-            locals_ = map(w_locals.__getitem__, order)
-            pieces: list[str | None] = [None] * (8 * n)
-            pieces[0::8] = map(heads.__getitem__, fs)
-            pieces[1::8] = map(rank_texts.__getitem__, ks)
-            pieces[2::8] = map(local_text.__getitem__, locals_) if local_text is not None else map(str, map(rshift, locals_, repeat(1)))
-            pieces[3::8] = map(middles.__getitem__, fs)
-            ends = map(getitem, map(end_of_role, map(and_, codes, repeat(1))), map(rshift, codes, repeat(1)))
-            pieces[4::8] = times.texts(map(sub, ends, starts), self.sign_clear)
-            pieces[5::8] = map(tails.__getitem__, fs)
-            pieces[6::8] = map(track_texts.__getitem__, ks)
-            pieces[7::8] = times.texts(starts, self.sign_clear)
-            pieces[0] = pieces[0][2:]  # type: ignore[index]
-            pieces.append("}")
-            text = "".join(pieces)  # type: ignore[arg-type]
+            text = _window_text(order, w_codes, w_starts, w_runs, firsts, format_of, texts, ends, times, self.sign_clear)
             # Only the window's text is held while it is written, and not past it.
-            del order, codes, starts, ks, fs, locals_, ends, pieces, w_codes, w_starts, w_locals, w_runs
+            del order, w_codes, w_starts, w_runs
             yield text
             del text
             done += n
@@ -400,6 +342,147 @@ class _SpanRuns:
                                list(map(place_pid.__getitem__, b)), list(map(place_tid.__getitem__, b)), list(map(start.__getitem__, recvs)),
                                times)  # fmt: skip
         times.clear()  # as after the spans
+
+
+class _Classes:
+    """The classes of ops met so far (see `_SpanRuns`), each's EXEC track and formats."""
+
+    def __init__(self, names: SpanNames, algos: bytearray, protos: bytearray, add: Callable[[tuple[str, str, str] | None], int]):
+        self.names, self.algos, self.protos, self.add = names, algos, protos, add
+        self.encoder = SpanEncoder()
+        self.of: dict[tuple, int] = {}
+        """(id of the op's spec, kind, algo, protocol) -> its class."""
+        self.track: list[str] = []
+        """Per class, its EXEC spans' track."""
+        self.queue: list[bool] = []
+        """Per class, whether that track is a comm queue."""
+        self.key: list[int] = []
+        """Per class, its `SpanNames.exec_key` key, as an index into `keys`."""
+        self.issue: list[int] = []
+        """Per class, the format of its ISSUE spans."""
+        self.keys: list[tuple] = []
+        self.key_index: dict[tuple, int] = {}
+        self.issue_format: dict[tuple, int] = {}
+        self.exec_format: list[dict[str, int]] = []
+        """Per key index, op name -> the format of its EXEC spans."""
+
+    def new(self, op: Op, g: int) -> int:
+        """The class of `op` (number `g`), met first."""
+        track, key = self.names.exec_key(op, self.algos[g], self.protos[g])
+        c = self.of[(id(op.spec), op.kind, self.algos[g], self.protos[g])] = len(self.track)
+        self.track.append(track)
+        self.queue.append(_on_comm_queue(op))
+        if key not in self.key_index:
+            self.key_index[key] = len(self.keys)
+            self.keys.append(key)
+            self.exec_format.append({})
+        self.key.append(self.key_index[key])
+        issue = (op.kind, op.transport, op.copy_dir)
+        if issue not in self.issue_format:
+            self.issue_format[issue] = self.add(self.encoder.span_pieces(_KIND_VALUE[op.kind], "issue", self.names.issue_name(op), ()))
+        self.issue.append(self.issue_format[issue])
+        return c
+
+    def new_format(self, c: int, op: Op, g: int) -> int:
+        """The format of the EXEC span of `op` (number `g`, class `c`), its name met first
+        in its class's key."""
+        entry = self.names.exec_entry(op, self.keys[self.key[c]], self.algos[g], self.protos[g])
+        f = self.exec_format[self.key[c]][op.name] = self.add(self.encoder.span_pieces(_KIND_VALUE[op.kind], "exec", *entry))
+        return f
+
+
+def _classify(rank_ops: tuple[Op, ...], b: int, algos: bytearray, protos: bytearray, known: _Classes, cls: array, formats: array) -> None:
+    """Each op's class and the format of its EXEC span, into `cls` and `formats` (from 0,
+    for the rank's ops numbered from `b`)."""
+    of, key, exec_format = known.of, known.key, known.exec_format
+    for i in range(len(rank_ops)):
+        op = rank_ops[i]
+        c = of.get((id(op.spec), op.kind, algos[b + i], protos[b + i]))
+        if c is None:
+            c = known.new(op, b + i)
+        cls[i] = c
+        f = exec_format[key[c]].get(op.name)
+        if f is None:
+            f = known.new_format(c, op, b + i)
+        formats[i] = f
+
+
+def _rank_runs(cls: array, track_of: array, tracks: int, b: int, m: int, ends: tuple[array, array], start: array, issue_start: array,
+               bounds: array) -> tuple[array, array, array]:  # fmt: skip
+    """A rank's spans grouped by track, in op order, its ops numbered from `b`, their
+    classes `cls` and each class's track `track_of` (of `tracks`, the host's 0): (codes,
+    starts, each track's end in them). Each op has its EXEC span; an op that its host
+    issues for a time has an ISSUE span on track 0. `ends` are per role the ops' ends;
+    `bounds` (first start, last end of any span) takes in the rank's spans."""
+    end, issue_end = ends
+    count_array = array("i", bytes(4 * (tracks + 1)))
+    count = count_array  # compiled: a typed view of the array
+    spans = 0
+    for i in range(m):
+        count[track_of[cls[i]] + 1] += 1
+        if issue_end[b + i] > issue_start[b + i]:
+            count[1] += 1
+            spans += 1
+    for k in range(tracks):
+        count[k + 1] += count[k]
+    code_array, start_array = array("i", bytes(4 * (m + spans))), array("d", bytes(8 * (m + spans)))
+    codes, starts = code_array, start_array
+    first, last = bounds[0], bounds[1]
+    for i in range(m):
+        g = b + i
+        if issue_end[g] > issue_start[g]:
+            j = count[0]
+            codes[j], starts[j] = 2 * g + 1, issue_start[g]
+            count[0] = j + 1
+            first, last = min(first, issue_start[g]), max(last, issue_end[g])
+        k = track_of[cls[i]]
+        j = count[k]
+        codes[j], starts[j] = 2 * g, start[g]
+        count[k] = j + 1
+        first, last = min(first, start[g]), max(last, end[g])
+    bounds[0], bounds[1] = first, last
+    return code_array, start_array, count_array[:tracks]
+
+
+class _EventTexts:
+    """The pieces of text the spans' events are joined from (`_window_text`)."""
+
+    def __init__(self, heads: list[str], middles: list[str], tails: list[str], ranks: list[str], tracks: list[str], indexes: list[str] | None):
+        self.heads, self.middles, self.tails = heads, middles, tails
+        """Per format (`_SpanRuns.format_of`), its `SpanEncoder.span_pieces`, the head after
+        "},", which closes the event before."""
+        self.ranks = ranks
+        """Per run, its rank's op id prefix ("rank:")."""
+        self.tracks = tracks
+        """Per run, its `track_piece`."""
+        self.indexes = indexes
+        """Per local code (index x 2 + role), the index's text; None for ranks too wide."""
+
+
+def _window_text(order: list[int], codes: array, starts: array, runs: array, firsts: array, format_of: array, texts: _EventTexts,
+                 ends: tuple[array, array], times: DecimalTexts, keep: bool) -> str:  # fmt: skip
+    """A window's spans' events in `order` (indexes into codes, starts and runs: per span
+    its code, start and run), comma-separated; `firsts` per run its rank's first code,
+    `format_of` per code its format, `ends` per role the ops' ends; `keep`: no time of
+    them is negative or -0.0 (`DecimalTexts.texts`)."""
+    heads, middles, tails, ranks, tracks, indexes = texts.heads, texts.middles, texts.tails, texts.ranks, texts.tracks, texts.indexes
+    exec_ends, issue_ends = ends
+    pieces: list[str] = []
+    for i in order:
+        code, k, start = codes[i], runs[i], starts[i]
+        f, local = format_of[code], code - firsts[k]
+        end = issue_ends[code >> 1] if code & 1 else exec_ends[code >> 1]
+        pieces.append(heads[f])
+        pieces.append(ranks[k])
+        pieces.append(indexes[local] if indexes is not None else str(local >> 1))
+        pieces.append(middles[f])
+        pieces.append(times.get(end - start) if keep else times.text(end - start))
+        pieces.append(tails[f])
+        pieces.append(tracks[k])
+        pieces.append(times.get(start) if keep else times.text(start))
+    pieces[0] = pieces[0][2:]
+    pieces.append("}")
+    return "".join(pieces)
 
 
 def _holding(numbers: array, count: int) -> array:
