@@ -161,7 +161,7 @@ def _write_trace(result: SimResult, path: str | Path, flag: str, progress: Calla
     write_chrome_trace(path, flag, other=other, flows=spans.flow_entries(), events=events)
 
 
-_SPEC, _KIND, _NAME, _RANK, _INDEX = (attrgetter(a) for a in ("spec", "kind", "name", "rank", "index"))
+_KIND, _RANK, _INDEX = (attrgetter(a) for a in ("kind", "rank", "index"))
 _OP_ID = "{}:{}".format
 """An op's id from its rank and index (`Op.id`)."""
 _CHUNK = 1 << 14
@@ -267,10 +267,12 @@ class _SpanRuns:
         for position, index in enumerate(sorted(range(self.width), key=str)):
             key_of[2 * index], key_of[2 * index + 1] = 2 * position, 2 * position + 1
         runs = []
+        firsts = array("i")  # per run, its rank's first code
         rank_texts, track_texts = [], []
         for rank, track in sorted(self.runs, key=lambda rt: (rt[0], tid_of[rt])):
             codes, starts = self.runs.pop((rank, track))
-            runs.append((*_in_time_order(codes, starts, 2 * self.base[rank], key_of), 2 * self.base[rank]))
+            runs.append(_in_time_order(codes, starts, 2 * self.base[rank], key_of))
+            firsts.append(2 * self.base[rank])
             rank_texts.append(f"{rank}:")  # an op id is "rank:index"
             track_texts.append(track_piece(rank, tid_of[(rank, track)]))
         del key_of
@@ -280,10 +282,9 @@ class _SpanRuns:
         del self.heads, self.middles, self.tails, self.format_of
         pos = [0] * len(runs)
         total, done = sum(len(r[0]) for r in runs), 0
-        firsts = array("i", (first_code for _, _, first_code in runs))
         for bound in _windows([r[1] for r in runs]):
             w_codes, w_starts, w_runs = array("i"), array("d"), array("i")
-            for k, (codes, starts, _) in enumerate(runs):
+            for k, (codes, starts) in enumerate(runs):
                 p = pos[k]
                 j = bisect_left(starts, bound, p)
                 if j > p:
