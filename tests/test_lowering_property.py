@@ -18,7 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from commdsl.dsl import load_schedule_text
-from commdsl.pipelining import parse_csv, schedule_text
+from commdsl.interop.pipelining import parse_csv, schedule_text
 from commdsl.sim import check_deadlock
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))

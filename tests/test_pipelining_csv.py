@@ -14,7 +14,7 @@ import pytest
 from commdsl.dsl import load_schedule, load_schedule_text
 from commdsl.errors import ScheduleError
 from commdsl.ir import OpKind
-from commdsl.pipelining import csv_rows, format_csv, parse_csv, schedule_text
+from commdsl.interop.pipelining import csv_rows, format_csv, parse_csv, schedule_text
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from test_pytorch_orders import FAMILIES, actions  # noqa: E402

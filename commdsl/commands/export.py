@@ -32,7 +32,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from commdsl.pipelining import csv_rows, format_csv
+    from commdsl.interop.pipelining import csv_rows, format_csv
 
     require_output_folder("-o", args.out)
     program = load_from_args(args)

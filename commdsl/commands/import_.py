@@ -4,7 +4,7 @@
     commdsl import pipelining schedule.csv                    # the YAML on stdout
 
 The CSV is what `_PipelineScheduleRuntime._dump_csv` writes (one row of actions per
-rank), compute-only or with transfers; see commdsl/pipelining.py. The schedule is
+rank), compute-only or with transfers; see commdsl/interop/pipelining.py. The schedule is
 loaded once before it is written, so what comes out checks and simulates.
 """
 
@@ -29,7 +29,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from commdsl.dsl import load_schedule_text
-    from commdsl.pipelining import read_csv, schedule_text
+    from commdsl.interop.pipelining import read_csv, schedule_text
 
     require_output_folder("-o", args.out)
     name = args.name or Path(args.out or args.file).stem
