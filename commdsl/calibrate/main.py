@@ -31,7 +31,7 @@ from rich.table import Table
 from commdsl.calibrate.fit import LinearFit, StepFit, comm_mean_us, expected_us, fit_linear, fit_steps, monotone, pass_ratios
 from commdsl.dsl.values import ValueFault, format_bytes, parse_quantity, Unit
 from commdsl.errors import CommdslError, UsageError, require_output_folder
-from commdsl.ir import Dtype, OpKind, ReduceOp
+from commdsl.ir import CopyDir, Dtype, OpKind, ReduceOp
 from commdsl.limits import MIN_BANDWIDTH_GB_PER_S
 from commdsl.machine.model import ANY_DTYPE, Calibration
 from commdsl.progress import Progress
@@ -214,7 +214,9 @@ def add_arguments(p: argparse.ArgumentParser) -> list[argparse.Action]:
     add("--from-nccl-tests", nargs="+", metavar="LOG", default=(),
         help="fit a GPU cluster's NCCL model to these nccl-tests logs (TOOL=LOG for a log that does not name its "
              "tool) instead of measuring; needs no torch")  # fmt: skip
-    add("--machine", help="with --from-nccl-tests: base preset or file with the cluster's topology (default: by GPU name)")
+    add("--machine", help="with --from-nccl-tests: base preset or file with the cluster's topology (default: by GPU name); "
+        "with one rank: the preset or file whose transports the file takes, which one rank cannot measure "
+        "(default: h100-nvlink on a GPU, cpu-loopback on a CPU)")  # fmt: skip
     add("--nccl-algo", help="with --from-nccl-tests: NCCL_ALGO of runs whose logs do not report it (ring, tree, nvls, ...)")
     add("--nccl-proto", help="with --from-nccl-tests: NCCL_PROTO of runs whose logs do not report it (ll, ll128, simple)")
     return add.actions
@@ -292,9 +294,6 @@ def _calibrate(cfg: CalibrateConfig) -> int:
     if backend == "nccl" and not torch.cuda.is_available():
         raise UsageError("--backend nccl needs CUDA, which this torch cannot see")
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    if world < 2:
-        raise UsageError("calibrate needs at least 2 ranks to measure communication",
-                         hint="torchrun --nproc_per_node=2 -m commdsl.calibrate --out machine.yaml")  # fmt: skip
     local_rank = int(os.environ.get("LOCAL_RANK", rank))
     if backend == "nccl":
         torch.cuda.set_device(local_rank)
@@ -371,6 +370,8 @@ class Results:
     peer_copy: list[tuple[int, float]] = dataclasses.field(default_factory=list)
     """Peer copies (rank 0 into rank 1's memory) inside the executor, per size; empty
     where the probe could not run (`skipped` says why)."""
+    to_host_copy: list[tuple[int, float]] = dataclasses.field(default_factory=list)
+    """Device -> host copies (`host_copy` is host -> device), per size."""
     overlaps: dict[tuple[OpKind, Dtype | None], OverlapPieces] = dataclasses.field(default_factory=dict)
     """Per comm op kind and dtype (None: any), its interference with compute inside the
     executor (`executor_probes.interference`, OVERLAP_PIECES pieces); the fp32
@@ -407,6 +408,7 @@ class Results:
             "matmul_us": {d.value: pts for d, pts in self.matmul.items()},
             "copy_us": self.copy,
             "host_copy_us": self.host_copy,
+            "to_host_copy_us": self.to_host_copy,
             "p2p_us": self.p2p,
             "exchange_us": self.exchange,
             "collectives_us": {k.value: pts for k, pts in self.collectives.items()},
@@ -453,10 +455,15 @@ def _measure_all(probe, sizes, matmul_sizes, dtypes, measure, effort: Effort) ->
                                                    peer_copy_us)  # fmt: skip
 
     # Every series measured in passes (label, its sizes, time of one pass at a size), in
-    # the order of a pass: matmuls (side n) and communication (bytes).
-    pass_series: list[tuple[str, tuple[int, ...], Callable[[int, measure.Pooled], float]]] = [
-        *((f"matmul {dtype.value}", matmul_sizes, lambda n, pooled, dtype=dtype: measure.matmul_us(probe, n, dtype, pooled=pooled))
-          for dtype in dtypes),
+    # the order of a pass: matmuls (side n) and communication (bytes). One rank has
+    # nothing to communicate with: its compute, copies and launches only.
+    single = probe.world_size == 1
+    Series = tuple[str, tuple[int, ...], Callable[[int, measure.Pooled], float]]
+    pass_series: list[Series] = [
+        (f"matmul {dtype.value}", matmul_sizes, lambda n, pooled, dtype=dtype: measure.matmul_us(probe, n, dtype, pooled=pooled))
+        for dtype in dtypes
+    ]
+    pass_series += [] if single else [
         ("p2p", sizes, lambda s, pooled: measure.p2p_us(probe, s, pooled=pooled)),
         ("exchange", sizes, lambda s, pooled: measure.exchange_us(probe, s, pooled=pooled)),
         *((kind.value, sizes, lambda s, pooled, kind=kind: measure.collective_us(probe, kind, s, pooled=pooled)) for kind in COLLECTIVES),
@@ -468,7 +475,8 @@ def _measure_all(probe, sizes, matmul_sizes, dtypes, measure, effort: Effort) ->
           for dtype in (Dtype.FP32, *REDUCED_DTYPES) for kind in effort.averaging),
     ]  # fmt: skip
     passes = effort.passes
-    steps = (passes * sum(len(xs) for _, xs, _ in pass_series) + 2 * len(sizes) + effort.overlap_pieces * (len(effort.overlap_ops) + 1)
+    steps = (passes * sum(len(xs) for _, xs, _ in pass_series) + 2 * len(sizes)
+             + effort.overlap_pieces * ((0 if single else len(effort.overlap_ops)) + 1)
              + 3 + effort.noise_pieces)  # fmt: skip
     res = Results({}, [], [], [], [], {}, {}, 0.0, 0.0, 0.0, [])
     with Progress("commdsl calibrate", enabled=probe.rank == 0) as progress:
@@ -493,8 +501,9 @@ def _measure_all(probe, sizes, matmul_sizes, dtypes, measure, effort: Effort) ->
             return points if len(points) >= 2 else None
 
         for s in sizes:
-            res.copy.append((s, measure.copy_us(probe, s, host_to_device=False)))
-            res.host_copy.append((s, measure.copy_us(probe, s, host_to_device=True)))
+            res.copy.append((s, measure.copy_us(probe, s, CopyDir.D2D)))
+            res.host_copy.append((s, measure.copy_us(probe, s, CopyDir.H2D)))
+            res.to_host_copy.append((s, measure.copy_us(probe, s, CopyDir.D2H)))
             step(f"copies {format_bytes(s)}")
             step(f"copies {format_bytes(s)}")
         # `passes` passes over every series and size, each point's runs pooled over the
@@ -517,35 +526,41 @@ def _measure_all(probe, sizes, matmul_sizes, dtypes, measure, effort: Effort) ->
         for dtype in dtypes:
             if points[f"matmul {dtype.value}"]:
                 res.matmul[dtype] = points[f"matmul {dtype.value}"]
-        if not points["p2p"] or not points["exchange"]:
+        if single:
+            pass
+        elif not points["p2p"] or not points["exchange"]:
             raise CommdslError(f"calibrate could not time point-to-point messages: {'; '.join(res.skipped)}")
-        res.p2p, res.exchange = points["p2p"], points["exchange"]
+        else:
+            res.p2p, res.exchange = points["p2p"], points["exchange"]
         for kind in COLLECTIVES:
-            if points[kind.value]:
+            if points.get(kind.value):
                 res.collectives[kind] = points[kind.value]
         for dtype in REDUCED_DTYPES:
             for kind in REDUCING:
-                if points[f"{kind.value} {dtype.value}"]:
+                if points.get(f"{kind.value} {dtype.value}"):
                     res.reductions_by_dtype.setdefault(dtype, {})[kind] = points[f"{kind.value} {dtype.value}"]
         for dtype in (Dtype.FP32, *REDUCED_DTYPES):
             for kind in effort.averaging:
-                if points[f"{kind.value} {dtype.value} avg"]:
+                if points.get(f"{kind.value} {dtype.value} avg"):
                     res.reductions_by_op.setdefault(ReduceOp.AVG, {}).setdefault(dtype, {})[kind] = points[f"{kind.value} {dtype.value} avg"]
         # The barrier and interference are timed inside the executor, with its own threads
         # and compute ops.
-        res.barrier_us = barrier_us(probe)
+        if single:
+            res.skipped.append("communication, the barrier and peer copies: one rank has no one to talk to")
+        else:
+            res.barrier_us = barrier_us(probe)
+            try:
+                res.peer_copy = peer_copy_us(probe, [s for s in sizes if s <= PEER_COPY_MAX_BYTES] or sizes[:1])
+            except PeerCopyFailed as e:
+                res.skipped.append(f"peer copy (memcpy keeps the P2P link): {e}")
         step("barrier inside the executor")
-        try:
-            res.peer_copy = peer_copy_us(probe, [s for s in sizes if s <= PEER_COPY_MAX_BYTES] or sizes[:1])
-        except PeerCopyFailed as e:
-            res.skipped.append(f"peer copy (memcpy keeps the P2P link): {e}")
         step("peer copies inside the executor")
         size = max([s for s in sizes if s <= SLOWDOWN_SIZE_BYTES], default=sizes[0])
 
         # (op, dtype, bytes, its loop time alone: it sizes the probe's compute ops and, for
         # comm ops, is the denominator of the op's slowdown), the copy from host last.
         overlap_ops = [(kind, dtype, size, _measured_at(res, kind, dtype, size)) for kind, dtype in effort.overlap_ops
-                       if not (kind.is_p2p and probe.world_size % 2)]  # the probe pairs ranks  # fmt: skip
+                       if not single and not (kind.is_p2p and probe.world_size % 2)]  # the probe pairs ranks  # fmt: skip
         copy_bytes = min(sizes[-1], SLOWDOWN_SIZE_BYTES)
         overlap_ops.append((OpKind.COPY, None, copy_bytes, dict(res.host_copy)[copy_bytes]))
         # Round robin, so that each op's pieces lie a minute apart and one slow spell of
@@ -575,8 +590,9 @@ class FitReport:
     compute: dict[Dtype, LinearFit]
     memory: LinearFit
     host_link: LinearFit
-    p2p: LinearFit
-    exchange: LinearFit
+    p2p: LinearFit | None
+    """None: one rank, no communication measured (as `exchange`)."""
+    exchange: LinearFit | None
     collectives: dict[OpKind, StepFit]
     p2p_model_residuals: dict[OpKind, tuple[float, ...]]
     """Per collective, residuals (%) of the analytic model with the P2P-fitted link."""
@@ -584,6 +600,10 @@ class FitReport:
     """The group size the collectives were measured on (the calibration's world)."""
     peer_copy: LinearFit | None = None
     """Peer copies' line (the `memcpy` transport); None: not measured, memcpy has the P2P link."""
+    to_host: LinearFit | None = None
+    """Device -> host copies' line (`host_link` is host -> device's); None: not measured."""
+    transports_from: str | None = None
+    """One rank: the preset or file the machine's transports were taken from (not measured)."""
 
 
 def build_machine(cfg: CalibrateConfig, res: Results, world: int, backend: str, device, torch_version: str) -> tuple[dict, FitReport]:
@@ -599,6 +619,9 @@ def build_machine(cfg: CalibrateConfig, res: Results, world: int, backend: str, 
     # A copy reads and writes every byte.
     memory = fit_linear([2.0 * s for s, _ in res.copy], [t for _, t in res.copy])
     host_link = fit_linear([float(s) for s, _ in res.host_copy], [t for _, t in res.host_copy])
+    to_host = fit_linear([float(s) for s, _ in res.to_host_copy], [t for _, t in res.to_host_copy]) if len(res.to_host_copy) >= 2 else None
+    if world == 1:
+        return _one_rank_machine(cfg, res, backend, device, torch_version, compute, block_tflops, memory, host_link, to_host)
     p2p = fit_linear([float(s) for s, _ in res.p2p], [t for _, t in res.p2p])
     exchange = fit_linear([float(s) for s, _ in res.exchange], [t for _, t in res.exchange])
     collectives, p2p_resid = {}, {}
@@ -617,13 +640,6 @@ def build_machine(cfg: CalibrateConfig, res: Results, world: int, backend: str, 
     peer_copy = fit_linear([float(s) for s, _ in res.peer_copy], [t for _, t in res.peer_copy]) if len(res.peer_copy) >= 2 else None
     memcpy_link = dict(link) if peer_copy is None else {"latency_us": round(peer_copy.intercept, 3),
                                                         "bandwidth_gb_per_s": _gb_per_s(peer_copy.rate / 1e3)}  # fmt: skip
-    if device.type == "cuda":
-        import torch
-
-        props = torch.cuda.get_device_properties(device)
-        dev_name, sms = props.name, props.multi_processor_count
-    else:
-        dev_name, sms = f"{platform.machine()} CPU ({platform.processor() or 'unknown'})", 1
     by_op: dict[str, dict[str, dict[str, float]]] = {}
     for (kind, dtype), o in res.overlaps.items():
         if (kind, dtype) in ((OpKind.ALL_REDUCE, Dtype.FP32), (OpKind.COPY, None)):
@@ -632,21 +648,7 @@ def build_machine(cfg: CalibrateConfig, res: Results, world: int, backend: str, 
         for k in (OpKind.SEND, OpKind.RECV) if kind.is_p2p else (kind,):
             by_op.setdefault(k.value, {})[dtype.value if dtype else ANY_DTYPE] = factors
     machine = {
-        "name": cfg.name,
-        "doc": (ROUGH_DOC if cfg.effort.rough else "") + f"calibrated on {socket.gethostname()} with {world} {backend} ranks, torch {torch_version}",
-        "calibration": dataclasses.asdict(Calibration.now("commdsl calibrate", f"{socket.gethostname()}, {world} {backend} ranks, "
-                                                          f"torch {torch_version}", quick=cfg.effort.rough)),  # fmt: skip
-        "devices": world,
-        "device": {
-            "name": dev_name,
-            "peak_tflops": {d.value: float(f"{tflops:.6g}") for d, tflops in block_tflops.items()},  # 6 significant digits
-            "memory_bandwidth_gb_per_s": _gb_per_s(memory.rate / 1e3),
-            "sm_count": sms,
-            "kind": "gpu" if device.type == "cuda" else "cpu",
-        },
-        "kernel_launch_us": round(res.kernel_launch_us, 3),
-        "comm_launch_us": round(res.comm_launch_us, 3),
-        "host_link": {"latency_us": round(host_link.intercept, 3), "bandwidth_gb_per_s": _gb_per_s(host_link.rate / 1e3)},
+        **_device_entries(cfg, res, world, backend, device, torch_version, block_tflops, memory, host_link),
         # The executor runs nccl and gloo ops on the active backend, so both get the
         # measured P2P link; memcpy gets the peer copies' (a copy into the other rank's
         # memory, as the executor runs `copy ... to RANK`). Each collective keeps its own
@@ -658,9 +660,7 @@ def build_machine(cfg: CalibrateConfig, res: Results, world: int, backend: str, 
             "memcpy": memcpy_link,
         },
         "chunk_bytes": CHUNK_BYTES,
-        # Copies run from the caches when small and from memory when large: keep their
-        # measured profiles too (the lines above stay for what a profile does not cover).
-        "copy_measured_us": {"host": _table(res.host_copy), "device": _table(res.copy)},
+        "copy_measured_us": _copy_profiles(res),
         # Measured inside the executor: compute's slowdown while an fp32 all_reduce runs.
         "comm_compute_slowdown": round(max(res.slowdown, 1.0), 3),
         # Measured inside the executor: an fp32 all_reduce's slowdown while compute runs.
@@ -669,14 +669,90 @@ def build_machine(cfg: CalibrateConfig, res: Results, world: int, backend: str, 
         # all_reduce's are the machine-wide factors above).
         **({"interference_by_op": by_op} if by_op else {}),
     }
-    if device.type != "cuda":  # the CPU-host model's own knobs: threads sharing the cores
+    machine.update(_host_model_entries(res, device))
+    return machine, FitReport(compute, memory, host_link, p2p, exchange, collectives, p2p_resid, world, peer_copy, to_host)
+
+
+def _device_entries(cfg: CalibrateConfig, res: Results, world: int, backend: str, device, torch_version: str,
+                    block_tflops: dict[Dtype, float], memory: LinearFit, host_link: LinearFit) -> dict:
+    """The machine file's entries about its devices, host and launches (every world size)."""
+    if device.type == "cuda":
+        import torch
+
+        props = torch.cuda.get_device_properties(device)
+        dev_name, sms = props.name, props.multi_processor_count
+    else:
+        dev_name, sms = f"{platform.machine()} CPU ({platform.processor() or 'unknown'})", 1
+    where = f"{socket.gethostname()}, {world} {backend} rank{'s' if world != 1 else ''}, torch {torch_version}"
+    return {
+        "name": cfg.name,
+        "doc": (ROUGH_DOC if cfg.effort.rough else "") + f"calibrated on {where}",
+        "calibration": dataclasses.asdict(Calibration.now("commdsl calibrate", where, quick=cfg.effort.rough)),
+        "devices": world,
+        "device": {
+            "name": dev_name,
+            "peak_tflops": {d.value: float(f"{tflops:.6g}") for d, tflops in block_tflops.items()},  # 6 significant digits
+            "memory_bandwidth_gb_per_s": _gb_per_s(memory.rate / 1e3),
+            "sm_count": sms,
+            "kind": "gpu" if device.type == "cuda" else "cpu",
+        },
+        "kernel_launch_us": round(res.kernel_launch_us, 3),
+        "comm_launch_us": round(res.comm_launch_us, 3),
+        "host_link": {"latency_us": round(host_link.intercept, 3), "bandwidth_gb_per_s": _gb_per_s(host_link.rate / 1e3)},
+    }
+
+
+def _copy_profiles(res: Results) -> dict[str, list[list]]:
+    """Copies run from the caches when small and from memory when large: their measured
+    profiles per direction (the host link's line stays for what a profile does not cover)."""
+    out = {"host": _table(res.host_copy), "device": _table(res.copy)}
+    if res.to_host_copy:
+        out["to_host"] = _table(res.to_host_copy)
+    return out
+
+
+def _host_model_entries(res: Results, device) -> dict:
+    """The CPU-host model's own knobs (threads sharing the cores); none on a GPU, whose
+    copies run on copy engines (their measured interference is in the report and --raw)."""
+    if device.type == "cuda":
+        return {}
+    out = {
         # Measured: a matmul loop's time while copies run on every rank, over its time alone.
-        machine["copy_compute_slowdown"] = round(max(res.copy_slowdown, 1.0), 3)
+        "copy_compute_slowdown": round(max(res.copy_slowdown, 1.0), 3),
         # Measured: a copy's time while a matmul loop runs on every rank, over its time alone.
-        machine["compute_copy_slowdown"] = round(max(res.copy_slowed, 1.0), 3)
-        if res.noise is not None:  # compute ops' stalls inside the executor (drawn by `simulate --samples N`)
-            machine["compute_noise"] = res.noise.machine_json()
-    return machine, FitReport(compute, memory, host_link, p2p, exchange, collectives, p2p_resid, world, peer_copy)
+        "compute_copy_slowdown": round(max(res.copy_slowed, 1.0), 3),
+    }
+    if res.noise is not None:  # compute ops' stalls inside the executor (drawn by `simulate --samples N`)
+        out["compute_noise"] = res.noise.machine_json()
+    return out
+
+
+def _one_rank_machine(cfg: CalibrateConfig, res: Results, backend: str, device, torch_version: str, compute: dict[Dtype, LinearFit],
+                      block_tflops: dict[Dtype, float], memory: LinearFit, host_link: LinearFit,
+                      to_host: LinearFit | None) -> tuple[dict, FitReport]:  # fmt: skip
+    """A one-rank calibration's machine: its device, host link, copies and launches as
+    measured; its transports, which one rank cannot measure, from the base machine
+    (`--machine`, by default `one_rank_base(device)`), and the file says so."""
+    from commdsl.machine import resolve_machine
+
+    base_name = cfg.base_machine or one_rank_base(device.type)
+    base = resolve_machine(base_name).to_json()
+    machine = {
+        **_device_entries(cfg, res, 1, backend, device, torch_version, block_tflops, memory, host_link),
+        # Not measured (one rank): the base machine's, as its file gives them.
+        "transports": base["transports"],
+        "chunk_bytes": base.get("chunk_bytes", CHUNK_BYTES),
+        "copy_measured_us": _copy_profiles(res),
+        **_host_model_entries(res, device),
+    }
+    report = FitReport(compute, memory, host_link, None, None, {}, {}, 1, None, to_host, transports_from=base_name)
+    return machine, report
+
+
+def one_rank_base(device_type: str) -> str:
+    """The preset whose transports a one-rank calibration's file takes where `--machine`
+    names none: a one-GPU machine gets a GPU node's, a CPU the loopback host's."""
+    return "h100-nvlink" if device_type == "cuda" else "cpu-loopback"
 
 
 def _table(points: list[tuple[int, float]]) -> list[list]:
@@ -723,10 +799,11 @@ def _header(cfg: CalibrateConfig, world: int, backend: str, torch_version: str, 
     lines = [
         f"# Machine description written by commdsl.calibrate on {socket.gethostname()}, {now}.",
         *([f"# {ROUGH_DOC}made by `commdsl calibrate --quick`."] if cfg.effort.rough else []),
-        f"# {world} ranks, backend {backend}, torch {torch_version}, sizes {format_bytes(cfg.min_size_bytes)}"
+        f"# {world} rank{'s' if world != 1 else ''}, backend {backend}, torch {torch_version}, sizes {format_bytes(cfg.min_size_bytes)}"
         f"..{format_bytes(cfg.max_size_bytes)}, at least {cfg.repeats} runs a point (in {cfg.effort.passes} pass(es)).",
-        f"# P2P fit: latency {report.p2p.intercept:.2f} us, {report.p2p.rate / 1e3:.3f} GB/s, R^2 {report.p2p.r2:.4f}, "
-        f"worst residual {report.p2p.max_abs_residual_pct:.1f}%.",
+        (f"# P2P fit: latency {p2p.intercept:.2f} us, {p2p.rate / 1e3:.3f} GB/s, R^2 {p2p.r2:.4f}, "
+         f"worst residual {p2p.max_abs_residual_pct:.1f}%." if (p2p := report.p2p) is not None
+         else f"# One rank: communication not measured; the transports are {report.transports_from}'s."),
         (f"# Peer copy fit (memcpy): latency {pc.intercept:.2f} us, {pc.rate / 1e3:.3f} GB/s, R^2 {pc.r2:.4f}."
          if (pc := report.peer_copy) is not None else "# Peer copies not measured: memcpy has the P2P link."),
     ]
@@ -734,7 +811,8 @@ def _header(cfg: CalibrateConfig, world: int, backend: str, torch_version: str, 
         lines.append(f"# Passes, time over the pooled time (median over points): {_pass_speeds(res.pass_ratios)}.")
     for kind, fit in report.collectives.items():
         lines.append(f"# {kind.value}: {_step_law(fit, 2)}, R^2 {fit.r2:.4f}, worst residual {fit.max_abs_residual_pct:.1f}%.")
-    lines += [f"# {line}" for line in _collective_notes(report)]
+    if report.collectives:
+        lines += [f"# {line}" for line in _collective_notes(report)]
     return "\n".join(lines) + "\n"
 
 
@@ -800,8 +878,11 @@ def _print_report(report: FitReport, res: Results, effort: Effort) -> None:
         row(f"matmul {d.value}", f"{f.rate * 1e6 / 1e12:.4f} TFLOP/s + {f.intercept:.1f} us", f.r2, f.residuals_pct)
     row("memory copy", f"{report.memory.rate / 1e3:.2f} GB/s", report.memory.r2, report.memory.residuals_pct)
     row("host link", f"{report.host_link.rate / 1e3:.2f} GB/s + {report.host_link.intercept:.1f} us", report.host_link.r2, report.host_link.residuals_pct)
-    row("p2p", f"{report.p2p.intercept:.1f} us + {report.p2p.rate / 1e3:.3f} GB/s", report.p2p.r2, report.p2p.residuals_pct)
-    row("exchange", f"{report.exchange.intercept:.1f} us + {report.exchange.rate / 1e3:.3f} GB/s each way", report.exchange.r2, report.exchange.residuals_pct)
+    if (th := report.to_host) is not None:
+        row("device to host", f"{th.rate / 1e3:.2f} GB/s + {th.intercept:.1f} us", th.r2, th.residuals_pct)
+    if (p2p := report.p2p) is not None and (ex := report.exchange) is not None:
+        row("p2p", f"{p2p.intercept:.1f} us + {p2p.rate / 1e3:.3f} GB/s", p2p.r2, p2p.residuals_pct)
+        row("exchange", f"{ex.intercept:.1f} us + {ex.rate / 1e3:.3f} GB/s each way", ex.r2, ex.residuals_pct)
     if (pc := report.peer_copy) is not None:
         row("peer copy", f"{pc.intercept:.1f} us + {pc.rate / 1e3:.3f} GB/s (memcpy)", pc.r2, pc.residuals_pct)
     for kind, f in report.collectives.items():
@@ -809,7 +890,7 @@ def _print_report(report: FitReport, res: Results, effort: Effort) -> None:
         resid = report.p2p_model_residuals[kind]
         table.add_row("  (p2p link)", "analytic model with the p2p link", "", f"{max(abs(r) for r in resid):.1f}%", " ".join(f"{r:+.0f}" for r in resid))
     console.print(table)
-    for note in _collective_notes(report):
+    for note in _collective_notes(report) if report.collectives else ():
         console.print(note)
     console.print(f"host issue: kernel {res.kernel_launch_us:.1f} us, comm {res.comm_launch_us:.1f} us; barrier {res.barrier_us:.1f} us")
     if res.overlaps:

@@ -30,7 +30,7 @@ import torch.distributed as dist
 
 from commdsl.calibrate.fit import comm_mean_us, expected_us, precise
 from commdsl.errors import SourceLoc
-from commdsl.ir import REDUCING_KINDS, Dtype, Op, OpKind, ReduceOp, Transport
+from commdsl.ir import REDUCING_KINDS, CopyDir, Dtype, Op, OpKind, ReduceOp, Transport
 from commdsl.run.comm import launch, make_plan
 from commdsl.run.tensors import TORCH_DTYPE, BufferPool
 from commdsl.run.timing import now_ns
@@ -302,16 +302,22 @@ COPY_FOOTPRINT_BYTES = 256 * 2**20
 starts with cold caches, as copies of distinct tensors in a real schedule do."""
 
 
-def copy_us(probe: Probe, size_bytes: int, *, host_to_device: bool) -> float:
-    """Time of a device-memory copy (or a pinned host-to-device copy) of size_bytes."""
+def copy_us(probe: Probe, size_bytes: int, direction: CopyDir) -> float:
+    """Time of a copy of size_bytes: within device memory (D2D), from a pinned host
+    buffer to the device (H2D) or back (D2H); on a CPU the "host" buffer is ordinary
+    memory too."""
     numel = max(size_bytes // 4, 1)
     buffers = max(1, min(64, COPY_FOOTPRINT_BYTES // max(size_bytes, 1)))
-    pinned = host_to_device and probe.device.type == "cuda"
-    pairs = [
-        (torch.zeros(numel, pin_memory=True) if pinned else torch.zeros(numel, device=probe.device),
-         torch.zeros(numel, device=probe.device))
-        for _ in range(buffers)
-    ]  # fmt: skip
+    pinned = direction is not CopyDir.D2D and probe.device.type == "cuda"
+
+    def host() -> torch.Tensor:
+        return torch.zeros(numel, pin_memory=True) if pinned else torch.zeros(numel, device=probe.device)
+
+    def device() -> torch.Tensor:
+        return torch.zeros(numel, device=probe.device)
+
+    src_of, dst_of = {CopyDir.D2D: (device, device), CopyDir.H2D: (host, device), CopyDir.D2H: (device, host)}[direction]
+    pairs = [(src_of(), dst_of()) for _ in range(buffers)]
     turn = iter(range(1 << 62))
 
     def copy() -> None:

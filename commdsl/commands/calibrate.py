@@ -2,6 +2,7 @@
 
     commdsl calibrate -n 2 --out my.yaml            # minutes: every series, three passes
     commdsl calibrate -n 2 --quick --out rough.yaml # a minute or two: a rough first file
+    commdsl calibrate -n 1 --out gpu.yaml           # one device: compute, copies, launches
     commdsl calibrate --from-nccl-tests all_reduce.log --out cluster.yaml   # a GPU cluster from its logs (no ranks)
 
 The same options as `torchrun -m commdsl.calibrate` (checked here before any rank
@@ -19,7 +20,7 @@ from commdsl.run.launch import add_nproc_argument, launch, rank_argv
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     actions = calibrate_main.add_arguments(parser)
-    add_nproc_argument(parser, 2, "default 2, at least 2: calibration measures communication")
+    add_nproc_argument(parser, 2, "default 2; with 1, the device, copies and launches only (no communication)")
     parser.set_defaults(_rank_actions=actions)
 
 
@@ -29,6 +30,6 @@ def run(args: argparse.Namespace) -> int:
         from commdsl.calibrate.nccl_tests import main_from_nccl_tests
 
         return main_from_nccl_tests(list(cfg.from_nccl_tests), cfg.out, cfg.base_machine, cfg.nccl_algo, cfg.nccl_proto)
-    if args.nproc < 2:
-        raise UsageError(f"calibrate needs at least 2 ranks to measure communication, got -n {args.nproc}")
+    if args.nproc < 1:
+        raise UsageError(f"calibrate needs at least 1 rank, got -n {args.nproc}")
     return launch("commdsl.calibrate", rank_argv(args._rank_actions, args), args.nproc, "commdsl calibrate")

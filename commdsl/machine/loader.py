@@ -311,7 +311,7 @@ class _MachineReader:
             num_devices = topology.num_devices
         copies = {}
         if "copy_measured_us" in top:
-            for key, (_, vnode) in self.mapping(top["copy_measured_us"][1], "copy_measured_us", ("host", "device")).items():
+            for key, (_, vnode) in self.mapping(top["copy_measured_us"][1], "copy_measured_us", ("host", "to_host", "device")).items():
                 copies[key] = self.profile(vnode, f"copy_measured_us.{key}")
         contention = self.contention(top, device)
         nccl = None
@@ -336,6 +336,7 @@ class _MachineReader:
             collective_overrides=tuple(overrides),
             collective_profiles=tuple(profiles),
             host_copy_profile=copies.get("host", ()),
+            to_host_copy_profile=copies.get("to_host", ()),
             device_copy_profile=copies.get("device", ()),
             contention=contention,
             nccl=nccl,

@@ -326,10 +326,15 @@ class Machine:
     (both directions at once) takes about twice a one-way send. Calibration measures it
     from a batched exchange. Transports not listed share only the links they cross."""
     host_copy_profile: tuple[tuple[float, float], ...] = ()
-    """Measured time of one host <-> device copy by size, [[size_bytes, time_us], ...]
+    """Measured time of one host -> device copy by size, [[size_bytes, time_us], ...]
     (`copy_measured_us: {host: ...}`, written by calibration), interpolated per op like
     a collective's profile; empty: `host_link`. A line fits copies badly where small
-    ones run from the caches and large ones from memory."""
+    ones run from the caches and large ones from memory. Device -> host copies too,
+    unless `to_host_copy_profile` gives theirs."""
+    to_host_copy_profile: tuple[tuple[float, float], ...] = ()
+    """The same for a device -> host copy (`copy_measured_us: {to_host: ...}`); empty:
+    as a host -> device copy (the two directions of a PCIe link run at different rates
+    on some GPUs, which calibration measures)."""
     device_copy_profile: tuple[tuple[float, float], ...] = ()
     """The same for a device-memory copy (`copy_measured_us: {device: ...}`); empty:
     `device.memory_bandwidth_gb_per_s`, every byte read and written."""
@@ -343,8 +348,10 @@ class Machine:
     (`commdsl.sim.nccl`); without it they take the nccl transport's latency per step and
     bandwidth."""
 
-    def host_copy_us(self, size_bytes: float) -> float:
-        """Time of a copy of size_bytes between host and device."""
+    def host_copy_us(self, size_bytes: float, to_host: bool = False) -> float:
+        """Time of a copy of size_bytes from host to device, or (`to_host`) back."""
+        if to_host and self.to_host_copy_profile:
+            return _interpolate(self.to_host_copy_profile, size_bytes)
         if self.host_copy_profile:
             return _interpolate(self.host_copy_profile, size_bytes)
         return self.host_link.transfer_us(size_bytes)
@@ -471,9 +478,10 @@ class Machine:
             **({"shared_bandwidth_gb_per_s": {t.value: bw for t, bw in self.shared}} if self.shared else {}),
             **({"collectives": {f"{t.value}.{k.value}": _link_json(s) for t, k, s in self.collective_overrides}}
                if self.collective_overrides else {}),
-            **({"copy_measured_us": {name: [list(p) for p in pts] for name, pts in
-                                     (("host", self.host_copy_profile), ("device", self.device_copy_profile)) if pts}}
-               if self.host_copy_profile or self.device_copy_profile else {}),
+            **({"copy_measured_us": profiles} if (profiles := {
+                name: [list(p) for p in pts] for name, pts in
+                (("host", self.host_copy_profile), ("to_host", self.to_host_copy_profile), ("device", self.device_copy_profile))
+                if pts}) else {}),
             **_contention_json(self.contention),
             **({"nccl": self.nccl.to_json()} if self.nccl is not None else {}),
             **({"calibration": asdict(self.calibration)} if self.calibration is not None else {}),

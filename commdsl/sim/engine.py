@@ -768,7 +768,7 @@ class Engine:
         if op.kind is _COPY:
             if op.copy_dir is CopyDir.D2D:
                 return self.machine.device_copy_us(op.size_bytes)
-            return self.machine.host_copy_us(op.size_bytes)
+            return self.machine.host_copy_us(op.size_bytes, op.copy_dir is CopyDir.D2H)
         return 0.0  # record, wait_event, wait: ordering only
 
     # ---- comm queues, matching, transfers -----------------------------------------------
