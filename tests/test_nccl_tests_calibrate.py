@@ -53,34 +53,6 @@ HEADER = """# nccl-tests version 2.17.9 nccl-headers=22602 nccl-library=22602
 ROW = "        1024           256     float     sum      -1    10.00    0.10    0.10       0    10.00    0.10    0.10       0\n"
 END = "# Out of bounds values : 0 OK\n# Avg bus bandwidth    : 0.1\n#\n# Collective test concluded: all_reduce_perf\n"
 
-BAD_LOGS = [
-    ("another tool", "---\nRDMA_Write BW Test\n #bytes  #iterations  BW peak[Gb/sec]\n 65536  5000  97.5\n", 1, "not nccl-tests output"),
-    ("cut mid-line", HEADER + ROW + "        2048           512     float     sum      -1    10.5", 12, "cut-off result line"),
-    ("no summary", HEADER + ROW, 11, "truncated"),
-    ("no results", HEADER, 10, "no results"),
-    ("two runs", HEADER + ROW + END + HEADER.split("\n", 2)[2], 16, "second run's header"),
-    ("rank listed twice", HEADER.replace("#  Rank  1 Group", "#  Rank  0 Group") + ROW + END, 7, "rank 0 is listed twice"),
-    ("mixed GPU counts", HEADER.replace("#  Rank  1 Group  0 Pid   4000", "#  Rank  1 Group  0 Pid   4001").replace("nGpus 2", "nGpus 1")
-     .replace("#\n#       size", "#  Rank  2 Group  0 Pid   4001 on      node0 device  2 [0000:1a:00] NVIDIA H100 80GB HBM3\n#\n#       size")
-     + ROW + END, 3, "processes drive different numbers of GPUs"),  # fmt: skip
-    ("ranks not a multiple", HEADER.replace("nGpus 2", "nGpus 4") + ROW + END, 3, "not a multiple of nGpus 4"),
-    ("unknown type", HEADER + ROW.replace("float", "quad") + END, 11, "type 'quad'"),
-    ("time not a number", HEADER + ROW.replace("10.00    0.10", "oops    0.10", 1) + END, 11, "time 'oops'"),
-    ("result before header", ROW + HEADER + ROW + END, 1, "comes before nccl-tests' `# nThread"),
-    ("unknown tool", HEADER.replace("all_reduce_perf", "hypercube_perf", 1) + ROW + END, 2, "hypercube_perf"),
-    ("mixed GPUs", HEADER.replace("device  1 [0000:19:00] NVIDIA H100 80GB HBM3", "device  1 [0000:19:00] NVIDIA A100-SXM4-80GB") + ROW + END,
-     3, "mixes GPUs"),  # fmt: skip
-]
-
-
-@pytest.mark.parametrize("name,text,line,message", BAD_LOGS, ids=[b[0] for b in BAD_LOGS])
-def test_bad_logs_are_errors_naming_the_line(name, text, line, message):
-    with pytest.raises(LogError) as info:
-        parse_log(text, "bad.log")
-    assert message in info.value.message
-    assert info.value.loc is not None and info.value.loc.file == "bad.log" and info.value.loc.line == line
-
-
 def test_a_log_without_its_tool_line_needs_the_tool_named(tmp_path):
     text = HEADER.replace("# Collective test starting: all_reduce_perf\n", "") + ROW + END
     with pytest.raises(LogError) as info:

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import yaml
 
-from commdsl.calibrate.nccl_logs import NcclTestsLog, read_logs
+from commdsl.calibrate.nccl_logs import Channels, NcclTestsLog, read_logs
 from commdsl.dsl import load_schedule_text
 from commdsl.errors import SourceLoc, UsageError, require_output_folder
 from commdsl.ir import Algo, Dtype, Op, OpKind, Protocol, Transport
@@ -72,29 +72,43 @@ class Run:
     proto: Protocol | None = None
     max_channels: int | None = None
     """NCCL_MAX_NCHANNELS of the run (None: NCCL's own)."""
+    ranks_per_node: int | None = None
+    """GPUs of the run on each node (None: the base machine's nodes filled in turn)."""
+    channels: Channels | None = None
+    """NCCL's channel counts as the run's log reports them (None: the machine's)."""
 
     @staticmethod
     def of(log: NcclTestsLog, algo: Algo | None = None, proto: Protocol | None = None) -> Run:
         """The run a log records; NCCL_ALGO / NCCL_PROTO from the log, else `algo` / `proto`."""
         a = next(iter(log.algos)) if log.algos is not None and len(log.algos) == 1 else algo
         p = next(iter(log.protos)) if log.protos is not None and len(log.protos) == 1 else proto
-        return Run(log.op, log.ranks, log.gpus_per_process, log.graph, log.dtype, a, p)
+        per_node = log.ranks_per_node if log.nodes > 1 else None
+        return Run(log.op, log.ranks, log.gpus_per_process, log.graph, log.dtype, a, p, ranks_per_node=per_node, channels=log.channels)
 
 
-def bench_machine(machine: Machine, ranks: int, max_channels: int | None = None) -> Machine:
-    """The machine with enough nodes for `ranks` GPUs (and at most `max_channels` channels)."""
+def bench_machine(machine: Machine, run: Run) -> Machine:
+    """The machine with enough nodes for the run's GPUs, and NCCL's channels as the run had them."""
     topo, cfg = machine.topology, machine.nccl
     if topo is None or cfg is None:
         raise UsageError(f"machine {machine.name} has no NCCL model (nccl: and topology:), so nccl-tests cannot be simulated on it",
                          hint="use a preset such as dgx-h100 or dgx-a100")  # fmt: skip
-    nodes = -(-ranks // topo.gpus_per_node)
+    if run.ranks_per_node is not None and run.ranks_per_node != topo.gpus_per_node:
+        # Fabric numbers rank k of node n as GPU k of it: a run on part of each node is another topology.
+        raise UsageError(f"the run has {run.ranks_per_node} GPU(s) on each of {run.ranks // run.ranks_per_node} nodes, and machine "
+                         f"{machine.name} has {topo.gpus_per_node} per node: commdsl simulates runs on whole nodes",
+                         hint="calibrate with the logs of runs that use every GPU of their nodes (or of one node)")  # fmt: skip
+    nodes = -(-run.ranks // topo.gpus_per_node)
     m = machine if nodes == topo.nodes else machine.with_nodes(nodes)
-    if max_channels is not None:
-        p2p = min(cfg.p2p_channels, 1 << (max_channels - 1).bit_length())
-        cfg = replace(cfg, channels=min(cfg.channels, max_channels), nvls_channels=min(cfg.nvls_channels, max_channels),
+    if run.max_channels is not None:
+        p2p = min(cfg.p2p_channels, 1 << (run.max_channels - 1).bit_length())
+        cfg = replace(cfg, channels=min(cfg.channels, run.max_channels), nvls_channels=min(cfg.nvls_channels, run.max_channels),
                       p2p_channels=p2p, p2p_channels_per_peer=min(cfg.p2p_channels_per_peer, p2p))  # fmt: skip
-        m = replace(m, nccl=cfg)
-    return m
+    if run.channels is not None:
+        ch = run.channels
+        cfg = replace(cfg, channels=max(ch.coll, 1), p2p_channels=max(ch.p2p, 1), p2p_channels_per_peer=max(ch.p2p_per_peer, 1))
+        if ch.nvls is not None:  # 0: NCCL found no NVLS (or it was turned off)
+            cfg = replace(cfg, nvls=cfg.nvls and ch.nvls > 0, nvls_channels=max(ch.nvls, 1))
+    return m if cfg is machine.nccl else replace(m, nccl=cfg)
 
 
 def _op(run: Run, size: int, rank: int = 0) -> Op:
@@ -147,7 +161,7 @@ def _body(run: Run, size: int) -> str:
 def simulate_run(machine: Machine, run: Run, size: int, network: str = "flow") -> float:
     """nccl-tests' time per op (us) for `size` on `machine`, by the simulator: ITERS ops in
     a row on every rank, the steady-state time between two ends on rank 0."""
-    m = bench_machine(machine, run.ranks, run.max_channels)
+    m = bench_machine(machine, run)
     c = choice(m, run, size)
     m = replace(m, comm_launch_us=host_us(m, run, c), kernel_launch_us=0.0)
     program = load_schedule_text(_SCHEDULE.format(iters=ITERS, ranks=run.ranks, body=_body(run, size)), "<nccl-tests>")
@@ -194,7 +208,7 @@ class _Point:
 def _points(machine: Machine, logs: list[NcclTestsLog], runs: list[Run]) -> list[_Point]:
     out = []
     for li, (log, run) in enumerate(zip(logs, runs)):
-        m = bench_machine(machine, run.ranks, run.max_channels)
+        m = bench_machine(machine, run)
         flows = NcclFlows(Fabric(m, run.ranks), m.nccl)
         cls = _classes(flows.fabric)
         for p in log.points:
