@@ -45,6 +45,9 @@ SHAPES = [
      [(1, "all_reduce_perf", 8, 8, 1, False, Dtype.FP32, "Tesla V100-SXM2-32GB", None, None, None, None, 24, 8, 18.0, 18.18)]),
     ("per_iteration_graph_threads.log",
      [(3, "all_gather_perf", 16, 4, 2, True, Dtype.FP32, "NVIDIA H200", None, None, "2.28.3", None, 13, 65536, 30.38, 30.69)]),
+    ("sweep_with_failed_run.log",
+     [(3, "alltoall_perf", 8, 4, 2, False, Dtype.FP64, H100, None, None, "2.26.2", None, 4, 33554432, 814.0, 822.14),
+      (51, "all_reduce_perf", 8, 4, 2, False, Dtype.FP64, H100, None, None, "2.26.2", None, 4, 33554432, 1548.01, 1563.49)]),
     ("mpirun_tag_output.log",
      [(2, "broadcast_perf", 8, 1, 1, False, Dtype.FP16, H100, None, None, None, None, 22, 8, 9.0, 9.09)]),
 ]  # fmt: skip
@@ -89,3 +92,20 @@ def test_what_a_log_does_not_say_is_asked_for_with_the_line(spec, hint):
     with pytest.raises(LogError) as info:
         read_logs([_arg(spec)])
     assert hint in info.value.hint and info.value.loc.line in (1, 3)
+
+
+def test_a_failed_run_of_a_sweep_is_skipped_and_told():
+    notes: list[str] = []
+    logs = read_logs([str(DATA / "sweep_with_failed_run.log")], notes)
+    assert [log.tool for log in logs] == ["alltoall_perf", "all_reduce_perf"]
+    assert notes == [f"skipped {DATA / 'sweep_with_failed_run.log'}:30: sendrecv_perf ended before its first result "
+                     "(cnode2-001: Test NCCL failure common.cu:401 'remote process exited or there was a network error / ')"]
+
+
+def test_a_log_whose_only_run_failed_is_an_error_quoting_the_failure(tmp_path):
+    text = (DATA / "sweep_with_failed_run.log").read_text().split("\n")
+    only = tmp_path / "failed.log"
+    only.write_text("\n".join(text[27:50]) + "\n")
+    with pytest.raises(LogError) as info:
+        read_logs([str(only)])
+    assert "no results: the run of line 3 ends before its first result line: cnode2-001: Test NCCL failure" in info.value.message

@@ -162,17 +162,17 @@ def parse_given(arg: str) -> tuple[Given, str]:
     return Given(_tool_name(tool), ranks), rest
 
 
-def read_logs(args: list[str]) -> list[NcclTestsLog]:
+def read_logs(args: list[str], notes: list[str] | None = None) -> list[NcclTestsLog]:
     """Each argument is a log file, or `TOOL=FILE` / `TOOL:GPUS=FILE` for one that does not
     say which tool wrote it (or how many GPUs ran it); a file with several runs gives a log
-    per run."""
+    per run. Runs that failed before their first result are skipped, and told in `notes`."""
     logs = []
     for arg in args:
         given, path = parse_given(arg)
         if not is_file(path):
             raise UsageError(f"cannot read nccl-tests log {path}: {'not a regular file' if _exists(path) else 'no such file'}",
                              hint="pass the text file nccl-tests' output was saved to")  # fmt: skip
-        logs += parse_logs(read_text(path, path, LogError, "nccl-tests log"), path, given)
+        logs += parse_logs(read_text(path, path, LogError, "nccl-tests log"), path, given, notes)
     devices = {log.device for log in logs if log.device}
     if len(devices) > 1:
         raise LogError(f"the logs come from different GPUs ({', '.join(sorted(devices))}); calibrate one machine at a time",
@@ -197,12 +197,13 @@ def parse_log(text: str, path: str = "<log>", given: Given | str | None = None) 
     return logs[0]
 
 
-def parse_logs(text: str, path: str = "<log>", given: Given | str | None = None) -> list[NcclTestsLog]:
-    """Every run of an nccl-tests log, in order (see the module doc). `given`: what the
-    command line says of runs that do not (a tool name alone is a `Given` of it)."""
+def parse_logs(text: str, path: str = "<log>", given: Given | str | None = None, notes: list[str] | None = None) -> list[NcclTestsLog]:
+    """Every run of an nccl-tests log with results, in order (see the module doc). `given`:
+    what the command line says of runs that do not (a tool name alone is a `Given` of it);
+    `notes` hears of runs skipped because they failed before their first result."""
     if isinstance(given, str) or given is None:
         given = Given(_tool_name(given) if given else None)
-    return _Reader(source_lines(text), path, given).read()
+    return _Reader(source_lines(text), path, given, notes).read()
 
 
 def _tool_name(word: str | None) -> str | None:
@@ -237,12 +238,14 @@ class _Run:
     version: str | None = None
     channels: Channels | None = None
     closed: bool = False
+    failure: str | None = None
+    """The first line saying the test failed (`Test NCCL failure ...`)."""
     last: int = 0
     """The last line read into it."""
 
 
 class _Reader:
-    def __init__(self, lines: tuple[str, ...], path: str, given: Given):
+    def __init__(self, lines: tuple[str, ...], path: str, given: Given, notes: list[str] | None):
         self.lines = lines
         self.path = path
         self.given = given
@@ -251,6 +254,9 @@ class _Reader:
         # What the text between runs says of the next one.
         self.next_tool: tuple[str, int] | None = None
         self.next_version: str | None = None
+        self.failed: list[str] = []
+        """Runs that ended before their first result (a sweep's failed test), as `notes` tells them."""
+        self.notes = notes
 
     def loc(self, i: int, col: int = 1) -> SourceLoc:
         return SourceLoc(self.path, i + 1, col, self.lines[i] if i < len(self.lines) else "")
@@ -263,6 +269,12 @@ class _Reader:
             line = _PREFIX.sub("", stripped, count=1)
             if line:
                 self._line(i, line, raw.find(line) + 1 if line in raw else 1)
+        if self.run is not None and not self.run.closed and not self.run.points and self.runs[:-1]:
+            self._failed(self.run)  # the last run of a sweep failed; the others stand
+        if not self.runs and self.failed:
+            raise LogError(f"no results: every run of the log failed before its first result ({'; '.join(self.failed[:3])})",
+                           SourceLoc(self.path, len(self.lines), 1, self.lines[-1] if self.lines else ""),
+                           hint="the runs failed or the log is cut off")  # fmt: skip
         if not self.runs:
             raise LogError("not nccl-tests output: no `# nThread ... nGpus ...` header and no result table",
                            SourceLoc(self.path, 1, 1, self.lines[0] if self.lines else ""),
@@ -287,6 +299,8 @@ class _Reader:
             self.run.columns = ()
             self._result(i, line, col)
             return
+        if run is not None and not run.closed and run.failure is None and "failure" in line.lower():
+            run.failure = line[:120]  # nccl-tests' "Test NCCL failure common.cu:401 '...'", told if the run has no results
         # Other text (a command echo, a banner, a warning, a code fence, an env dump): read past,
         # except a command that runs an nccl-tests tool, which names the next run's tool.
         for word in tokens:
@@ -330,17 +344,24 @@ class _Reader:
         if run is not None and not run.header and run.points:
             run.closed = True  # a pasted table has no summary: the next run ends it
         if run is not None and not run.closed:
-            if run.points or run.columns:
+            if run.points:
                 raise LogError(f"a new run starts here but the run of line {run.line} has no closing `# Avg bus bandwidth` "
                                "summary: it was cut off", self.loc(i), hint="rerun the cut-off test, or cut its lines out")  # fmt: skip
-            # A header without results (the run failed at init) is dropped for the one that follows.
-            self.runs.pop()
+            self._failed(run)
         self.run = _Run(i + 1, header)
         self.runs.append(self.run)
         if self.next_tool is not None:
             self.run.tool, self.run.tool_line = self.next_tool
         self.run.version = self.next_version
         self.next_tool = None
+
+    def _failed(self, run: _Run) -> None:
+        """Drop a run that ended before its first result: it measured nothing."""
+        self.runs.remove(run)
+        what = f"{self.path}:{run.line}: {run.tool or 'a run'} ended before its first result" + (f" ({run.failure})" if run.failure else "")
+        self.failed.append(what)
+        if self.notes is not None:
+            self.notes.append(f"skipped {what}")
 
     def _comment(self, i: int, line: str, col: int) -> None:
         m = _TOOL.match(line)
@@ -462,7 +483,8 @@ class _Reader:
         end = run.last or run.line
         if not run.closed:
             if not run.points:
-                raise LogError("no results: the log ends before the run's first result line", at(len(self.lines)),
+                failure = f": {run.failure}" if run.failure else ""
+                raise LogError(f"no results: the run of line {run.line} ends before its first result line{failure}", at(len(self.lines)),
                                hint="the run failed or the log is cut off")  # fmt: skip
             if run.header:
                 raise LogError(f"truncated: the run of line {run.line} ends at line {end} without nccl-tests' closing "
