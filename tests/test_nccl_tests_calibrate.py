@@ -1,10 +1,10 @@
-"""Reading nccl-tests logs and calibrating a GPU cluster from them (`--from-nccl-tests`).
+"""Calibrating a GPU cluster from its nccl-tests logs (`--from-nccl-tests`).
 
 The fixture logs (tests/data/nccl_tests) are in nccl-tests 2.17's format: one process
 driving 8 GPUs with NCCL INFO lines, one process per GPU under mpirun --tag-output, and
 two nodes of 8. Their times come from dgx-h100 with other protocol latencies, Simple
 efficiency, launch cost, P2P channel rate and NIC rate; calibrating dgx-h100 on them must
-reproduce them.
+reproduce them. (How logs are read: tests/test_nccl_logs_*.py.)
 """
 
 from __future__ import annotations
@@ -52,34 +52,6 @@ HEADER = """# nccl-tests version 2.17.9 nccl-headers=22602 nccl-library=22602
 """
 ROW = "        1024           256     float     sum      -1    10.00    0.10    0.10       0    10.00    0.10    0.10       0\n"
 END = "# Out of bounds values : 0 OK\n# Avg bus bandwidth    : 0.1\n#\n# Collective test concluded: all_reduce_perf\n"
-
-BAD_LOGS = [
-    ("another tool", "---\nRDMA_Write BW Test\n #bytes  #iterations  BW peak[Gb/sec]\n 65536  5000  97.5\n", 1, "not nccl-tests output"),
-    ("cut mid-line", HEADER + ROW + "        2048           512     float     sum      -1    10.5", 12, "cut-off result line"),
-    ("no summary", HEADER + ROW, 11, "truncated"),
-    ("no results", HEADER, 10, "no results"),
-    ("two runs", HEADER + ROW + END + HEADER.split("\n", 2)[2], 16, "second run's header"),
-    ("rank listed twice", HEADER.replace("#  Rank  1 Group", "#  Rank  0 Group") + ROW + END, 7, "rank 0 is listed twice"),
-    ("mixed GPU counts", HEADER.replace("#  Rank  1 Group  0 Pid   4000", "#  Rank  1 Group  0 Pid   4001").replace("nGpus 2", "nGpus 1")
-     .replace("#\n#       size", "#  Rank  2 Group  0 Pid   4001 on      node0 device  2 [0000:1a:00] NVIDIA H100 80GB HBM3\n#\n#       size")
-     + ROW + END, 3, "processes drive different numbers of GPUs"),  # fmt: skip
-    ("ranks not a multiple", HEADER.replace("nGpus 2", "nGpus 4") + ROW + END, 3, "not a multiple of nGpus 4"),
-    ("unknown type", HEADER + ROW.replace("float", "quad") + END, 11, "type 'quad'"),
-    ("time not a number", HEADER + ROW.replace("10.00    0.10", "oops    0.10", 1) + END, 11, "time 'oops'"),
-    ("result before header", ROW + HEADER + ROW + END, 1, "comes before nccl-tests' `# nThread"),
-    ("unknown tool", HEADER.replace("all_reduce_perf", "hypercube_perf", 1) + ROW + END, 2, "hypercube_perf"),
-    ("mixed GPUs", HEADER.replace("device  1 [0000:19:00] NVIDIA H100 80GB HBM3", "device  1 [0000:19:00] NVIDIA A100-SXM4-80GB") + ROW + END,
-     3, "mixes GPUs"),  # fmt: skip
-]
-
-
-@pytest.mark.parametrize("name,text,line,message", BAD_LOGS, ids=[b[0] for b in BAD_LOGS])
-def test_bad_logs_are_errors_naming_the_line(name, text, line, message):
-    with pytest.raises(LogError) as info:
-        parse_log(text, "bad.log")
-    assert message in info.value.message
-    assert info.value.loc is not None and info.value.loc.file == "bad.log" and info.value.loc.line == line
-
 
 def test_a_log_without_its_tool_line_needs_the_tool_named(tmp_path):
     text = HEADER.replace("# Collective test starting: all_reduce_perf\n", "") + ROW + END
@@ -141,3 +113,119 @@ def test_the_command_line_reports_a_bad_log_with_its_line(tmp_path):
     missing = subprocess.run([sys.executable, "-m", "commdsl.calibrate", "--from-nccl-tests", str(tmp_path / "nope.log"),
                               "--out", str(tmp_path / "m.yaml")], capture_output=True, text=True, timeout=120)  # fmt: skip
     assert missing.returncode == 2 and "cannot read nccl-tests log" in missing.stderr
+
+
+def _fitted(paths):
+    from commdsl.calibrate.nccl_tests import fit
+    from commdsl.machine import resolve_machine
+
+    base = resolve_machine("dgx-h100")
+    logs = read_logs([str(p) for p in paths])
+    runs = [Run.of(log) for log in logs]
+    return base, logs, runs, fit(base, Path(base.source).read_text(), logs, runs, [str(p) for p in paths])
+
+
+def test_the_fit_is_the_simulator_on_the_training_points():
+    from commdsl.calibrate.nccl_tests import _parameters, _points, _predict
+
+    base, logs, runs, fitted = _fitted([AR, AG, A2A])
+    points = _points(fitted.machine, base, logs, runs)
+    closed = _predict(points, {**_parameters(base), **fitted.values})
+    for p, c in zip(points, closed):
+        # The machine file rounds each value to 4 digits: the closed form and the simulator agree to that.
+        assert simulate_run(fitted.machine, runs[p.log], int(p.size)) == pytest.approx(c, rel=1e-3), (p.log, p.size)
+    assert {"launch_us", "protocols.simple.efficiency", "scale.nic", "p2p_net_efficiency"} <= set(fitted.values)
+    assert "scale.nic" in fitted.uses[2] and "scale.nic" not in fitted.uses[0]  # only the 2-node log crosses the network
+
+
+def test_the_report_is_the_simulators_error_at_every_point(tmp_path):
+    from commdsl.calibrate.nccl_tests import simulated_errors
+
+    lines: list[str] = []
+    machine = from_nccl_tests([str(AR), str(A2A)], str(tmp_path / "m.yaml"), "dgx-h100", echo=lines.append)
+    logs = read_logs([str(AR), str(A2A)])
+    errors = simulated_errors(machine, logs, [Run.of(log) for log in logs])
+    for log, errs in zip(logs, errors):
+        errs = [abs(e) for e in errs]
+        want = (f"  {log.path}: {log.tool} on {log.ranks} GPUs ({log.nodes} node(s)): simulator's error median "
+                f"{100 * statistics.median(errs):.1f}%, worst {100 * max(errs):.1f}% over {len(log.points)} sizes")
+        assert want in lines, lines
+    fitted_lines = [line for line in lines if line.startswith("    fitted: ")]
+    assert len(fitted_lines) == 2 and "scale.nic" in fitted_lines[1] and "scale.nic" not in fitted_lines[0]
+    assert any(line.startswith("  not fitted (no point depends on them), from dgx-h100: ") and "nvls_latency_us" in line for line in lines)
+
+
+def test_calibrate_then_predict_within_five_percent():
+    from commdsl.calibrate.nccl_tests import holdout_errors
+    from commdsl.machine import resolve_machine
+
+    logs = read_logs([str(AR), str(AG), str(A2A)])
+    out = holdout_errors(resolve_machine("dgx-h100"), logs, [Run.of(log) for log in logs])
+    assert set(out) == {"small->large", "large->small"}
+    for direction, errors in out.items():
+        assert statistics.median(abs(e) for e in errors) <= 0.05, (direction, errors)
+
+
+def _log_text(tool: str, run: Run, points: list[tuple[int, float]]) -> str:
+    """An nccl-tests log of `run` (one process per GPU, 8 per node) with the given times."""
+    ranks = "".join(f"#  Rank {r:2d} Group  0 Pid {5000 + r:6d} on {'n%d' % (r // 8):>10} device {r % 8:2d} [0000:18:00] NVIDIA H100 80GB HBM3\n"
+                    for r in range(run.ranks))  # fmt: skip
+    rows = "".join(f"{s:12d}  {s // 8:12d}    double    none      -1  {t:7.2f}    0.00    0.00       0  {t:7.2f}    0.00    0.00     N/A\n"
+                   for s, t in points)  # fmt: skip
+    return (f"# Collective test starting: {tool}\n# nThread 1 nGpus 1 minBytes 8 maxBytes 8 step: 2(factor) warmup iters: 5 iters: 20 "
+            f"agg iters: 1 validation: 1 graph: 0\n#\n# Using devices\n{ranks}#\n"
+            "#       size         count      type   redop    root     time   algbw   busbw  #wrong     time   algbw   busbw  #wrong\n"
+            f"{rows}# Out of bounds values : 0 OK\n# Avg bus bandwidth    : 1\n#\n")
+
+
+def test_the_pcie_rate_is_fitted_where_the_logs_depend_on_it(tmp_path):
+    # Two DGX H100 nodes whose GPU-to-NIC PCIe runs at 30 GB/s (the preset says 55): an
+    # all_to_all between the nodes is bound by it, and calibrate must fit it. (On this
+    # topology the PCIe and the NIC rates lie on one path: the logs fix the slower of the two.)
+    from commdsl.calibrate.nccl_tests import RATES, fitted_machine_text
+    from commdsl.machine import load_machine_text, resolve_machine
+
+    base = resolve_machine("dgx-h100")
+    text = Path(base.source).read_text()
+    truth = load_machine_text(fitted_machine_text(text, {"scale.pcie": 30 / 55}, ["truth"]), "truth.yaml")
+    run = Run(OpKind.ALL_TO_ALL, 16, dtype=Run(OpKind.ALL_TO_ALL, 16).dtype)
+    sizes = [2**k for k in range(20, 33, 2)]
+    log = tmp_path / "a2a_pcie.log"
+    log.write_text(_log_text("alltoall_perf", run, [(s, simulate_run(truth, run, s)) for s in sizes]))
+    lines: list[str] = []
+    machine = from_nccl_tests([str(log)], str(tmp_path / "m.yaml"), "dgx-h100", echo=lines.append)
+    for s in sizes:
+        assert simulate_run(machine, run, s) == pytest.approx(simulate_run(truth, run, s), rel=0.03), s
+    assert simulate_run(base, run, sizes[-1]) < 0.85 * simulate_run(truth, run, sizes[-1])  # the preset alone is far off
+    assert "scale.pcie" in next(line for line in lines if line.startswith("    fitted: "))
+    assert {r.name for r in RATES} >= {"nvlink", "pcie", "nic", "shm", "memory"}
+
+
+def test_a_failed_calibration_leaves_no_machine_file(tmp_path, monkeypatch):
+    from commdsl.calibrate import nccl_tests
+    from commdsl.errors import CommdslError
+
+    out = tmp_path / "m.yaml"
+
+    def fail(*args, **kwargs):
+        raise LogError("the simulation failed")
+
+    monkeypatch.setattr(nccl_tests, "simulated_errors", fail)
+    with pytest.raises(CommdslError):
+        from_nccl_tests([str(AR)], str(out), "dgx-h100", echo=lambda _: None)
+    assert list(tmp_path.iterdir()) == []
+    out.write_text("an older machine file\n")
+    with pytest.raises(CommdslError):
+        from_nccl_tests([str(AR)], str(out), "dgx-h100", echo=lambda _: None)
+    assert out.read_text() == "an older machine file\n" and list(tmp_path.iterdir()) == [out]
+
+
+def test_outputs_and_layouts_it_cannot_take_are_refused_before_any_work(tmp_path):
+    from commdsl.errors import UsageError
+
+    with pytest.raises(UsageError, match="a folder"):
+        from_nccl_tests([str(AR)], str(tmp_path), "dgx-h100", echo=lambda _: None)
+    part = Path(__file__).parent / "data" / "nccl_logs" / "sweep_with_failed_run.log"  # 4 GPUs on each of 2 nodes
+    with pytest.raises(UsageError, match="4 GPU\\(s\\) on each of 2 nodes, and machine dgx-h100 has 8 per node"):
+        from_nccl_tests([str(part)], str(tmp_path / "m.yaml"), "dgx-h100", echo=lambda _: None)
+    assert not (tmp_path / "m.yaml").exists()

@@ -235,3 +235,44 @@ def precise(samples: list[float], min_runs: int, *, earlier: list[float] | tuple
     pooled = [*earlier, *samples]
     mean = statistics.fmean(pooled)
     return mean <= 0 or statistics.stdev(pooled) / math.sqrt(len(pooled)) <= PRECISION * mean
+
+
+def nelder_mead(f: Callable[[list[float]], float], x0: list[float], progress: Callable[[str], None], rounds: int = 4) -> list[float]:
+    """A local minimum of f near x0 by Nelder-Mead's simplex (no derivatives needed: the
+    closed form of an NCCL time is a max of terms), restarted `rounds` times from the best
+    point so far; `progress` hears the loss after each round."""
+    x = list(x0)
+    n = len(x)
+    if n == 0:
+        return x
+    for r in range(rounds):
+        simplex = [list(x)] + [[xi + (0.3 if i == j else 0.0) for j, xi in enumerate(x)] for i in range(n)]
+        values = [f(s) for s in simplex]
+        for _ in range(400 * n):
+            order = sorted(range(n + 1), key=values.__getitem__)
+            simplex = [simplex[i] for i in order]
+            values = [values[i] for i in order]
+            if values[-1] - values[0] < 1e-9 * (1.0 + abs(values[0])):
+                break
+            centre = [sum(s[j] for s in simplex[:-1]) / n for j in range(n)]
+            worst = simplex[-1]
+            refl = [c + (c - w) for c, w in zip(centre, worst)]
+            fr = f(refl)
+            if fr < values[0]:
+                exp = [c + 2.0 * (c - w) for c, w in zip(centre, worst)]
+                fe = f(exp)
+                simplex[-1], values[-1] = (exp, fe) if fe < fr else (refl, fr)
+            elif fr < values[-2]:
+                simplex[-1], values[-1] = refl, fr
+            else:
+                contr = [c + 0.5 * (w - c) for c, w in zip(centre, worst)]
+                fc = f(contr)
+                if fc < values[-1]:
+                    simplex[-1], values[-1] = contr, fc
+                else:
+                    best = simplex[0]
+                    simplex = [best] + [[b + 0.5 * (s - b) for b, s in zip(best, p)] for p in simplex[1:]]
+                    values = [values[0]] + [f(p) for p in simplex[1:]]
+        x = simplex[min(range(n + 1), key=values.__getitem__)]
+        progress(f"fit round {r + 1}/{rounds}: loss {min(values):.4g}")
+    return x

@@ -1,25 +1,42 @@
-"""Read nccl-tests output (`all_reduce_perf`, `all_gather_perf`, ... of NVIDIA/nccl-tests).
+"""Read nccl-tests output (`all_reduce_perf`, `all_gather_perf`, ... of NVIDIA/nccl-tests)
+as users save it.
 
-A log is the text one run of a `*_perf` tool prints: a header (`# nThread 1 nGpus 8
-minBytes ... graph: 0`, one `#  Rank  N Group G Pid P on HOST device D [BUS] NAME` line per
-rank), the column titles, one line per size (`size count type redop root`, then `time
-algbw busbw #wrong` out of place and in place), and a closing summary (`# Avg bus
-bandwidth`). One process may drive several GPUs (`-g N`) or each GPU has its own
-process (MPI, srun); lines may carry an MPI prefix (`[1,0]<stdout>:`). NCCL_DEBUG=INFO
-lines in the log are skipped, except those saying NCCL_ALGO / NCCL_PROTO were set.
+A run of a `*_perf` tool prints (src/common.cu, src/util.cu): `# nccl-tests version V
+nccl-headers=H nccl-library=L`, `# Collective test starting: TOOL`, a header (`# nThread T
+nGpus G minBytes ... graph: 0`), one `#  Rank N Group G Pid P on HOST device D [BUS] NAME`
+line per rank, the column titles (`size count type redop root time algbw busbw #wrong`, out
+of place then in place; older versions have no `root`, newer ones may add per-iteration
+columns), one line per size, and a closing summary (`# Avg bus bandwidth`, `# Collective test
+concluded`). One process may drive several GPUs (`-g N`) or each GPU has its own process
+(MPI, srun).
 
-Every problem (another tool's output, a cut-off log, a line that is not a result, two
-runs in one file) is a `LogError` naming the file and line.
+A saved log carries more, all of it read past or used:
+
+- text before a run: the launcher's echo of the command (`mpirun ... ./all_reduce_perf -b 8
+  ...`: it names the tool), Slurm/MPI banners, ssh warnings, markdown code fences;
+- `NCCL version 2.x.y+cudaZ` and NCCL_DEBUG=INFO/WARN lines, interleaved anywhere: the NCCL
+  version, `NCCL_ALGO` / `NCCL_PROTO set by environment to ...` and the channel counts
+  (`N coll channels, ... M p2p channels, K p2p channels per peer`) are taken from them;
+- a launcher's prefix on every line (`[1,0]<stdout>:` of mpirun --tag-output, `0: ` of srun
+  --label);
+- several runs one after another (a sweep of ops or of GPU counts): each is a log of its own;
+- a table pasted without its header lines: what it does not say (the tool, the GPU count)
+  must be given with the file (`TOOL:GPUS=FILE`), and the error names the line it stopped at.
+
+Every value is checked where it is read, against the bounds of `commdsl.limits`; every
+problem is a `LogError` naming the file and line.
 """
 
 from __future__ import annotations
 
+import math
 import re
-from dataclasses import dataclass
-from pathlib import Path
+from dataclasses import dataclass, field
 
 from commdsl.errors import LogError, SourceLoc, UsageError
+from commdsl.files import is_file, read_text, source_lines
 from commdsl.ir import Algo, Dtype, OpKind, Protocol
+from commdsl.limits import MAX_MACHINE_TIME_US, MAX_SIZE_BYTES, MAX_WORLD_SIZE
 from commdsl.machine.nccl import NCCL_ALGOS, PROTOCOLS
 
 TOOLS = {
@@ -30,18 +47,34 @@ TOOLS = {
 """The nccl-tests tools read, and the op each times (sendrecv: every rank sends to the
 next and receives from the previous at once)."""
 
+OTHER_TOOLS = ("gather_perf", "scatter_perf", "hypercube_perf", "alltoallv_perf")
+"""nccl-tests tools calibrate does not read: a log of one is refused by name."""
+
 TYPES = {
     "float": Dtype.FP32, "half": Dtype.FP16, "bfloat16": Dtype.BF16, "double": Dtype.FP64, "int8": Dtype.INT8,
     "uint8": Dtype.UINT8, "int32": Dtype.INT32, "int64": Dtype.INT64, "f8e4m3": Dtype.FP8, "fp8_e4m3": Dtype.FP8,
 }  # fmt: skip
 """nccl-tests' `-d` type names (src/common.cu `test_typenames`) that have a commdsl dtype."""
 
-_HEADER = re.compile(r"#\s*nThread\s+(\d+)\s+nGpus\s+(\d+).*?(?:graph:\s*(\d+))?\s*$")
-_RANK = re.compile(r"#\s+Rank\s+(\d+)\s+(?:Group\s+\d+\s+)?Pid\s+(\d+)\s+on\s+(\S+)\s+device\s+(\d+)\s+\[[^\]]*\]\s+(.+?)\s*$")
+MAX_DIGITS = 20
+"""Most digits a whole number of a log may have (2^64 has 20): a longer one is refused
+before it is converted."""
+
+_HEADER = re.compile(r"#\s*nThread\s+(\S+)\s+nGpus\s+(\S+)(.*)$")
+_GRAPH = re.compile(r"graph:\s*(\S+)")
+_RANK = re.compile(r"#\s+Rank\s+(\S+)\s+(?:Group\s+\S+\s+)?Pid\s+(\S+)\s+on\s+(\S+)\s+device\s+(\S+)\s+\[[^\]]*\]\s+(.+?)\s*$")
 _TOOL = re.compile(r"#\s*Collective test starting:\s*(\S+)")
+_TESTS_VERSION = re.compile(r"#\s*nccl-tests version \S+.*?nccl-library=(\d{1,8})\b")
+_NCCL_VERSION = re.compile(r"NCCL version (\d{1,4}\.\d{1,4}\.\d{1,4})")
 _ENV = re.compile(r"NCCL_(ALGO|PROTO) set by environment to (\S+)")
-_PREFIX = re.compile(r"^(?:\[[^\]]*\](?:<std(?:out|err)>:)?\s*|\S+:\s+(?=\d))")
-"""What MPI or a launcher puts before a line: `[1,0]<stdout>:`, `[0] `, `host: `."""
+_CHANNELS = re.compile(r"\b(\d{1,6}) coll channels,(?: (\d{1,6}) collnet channels,)?(?: (\d{1,6}) nvls channels,)? (\d{1,6}) p2p channels,"
+                       r" (\d{1,6}) p2p channels per peer")  # fmt: skip
+_PREFIX = re.compile(r"^(?:\[[^\]]{0,40}\](?:<std(?:out|err)>)?:?\s*|\d{1,6}:\s+)")
+"""What a launcher puts before a line: `[1,0]<stdout>:` (mpirun --tag-output), `[1,0]:`,
+`[0] `, `12: ` (srun --label)."""
+_NUMBER = re.compile(r"[-+]?(?:\d|\.\d)")
+"""How a result line starts (a size, maybe mangled: a sign, a fraction)."""
+_TIME_COLUMNS = ("time", "cputime")
 
 
 @dataclass(frozen=True)
@@ -53,197 +86,475 @@ class Point:
     time_us: float
     """Out-of-place time per op, microseconds (what the simulator predicts)."""
     in_place_us: float | None
+    """In-place time per op, microseconds (None: not run)."""
     line: int
 
 
 @dataclass(frozen=True)
+class Channels:
+    """NCCL's channel counts, as an NCCL_DEBUG=INFO log reports them at init."""
+
+    coll: int
+    """Channels of ring and tree collectives (`N coll channels`)."""
+    nvls: int | None
+    """Channels of NVLS collectives (None: the NCCL version does not report them; 0: no NVLS)."""
+    p2p: int
+    """Channels of point-to-point transfers (`M p2p channels`)."""
+    p2p_per_peer: int
+    """Most channels one peer pair uses (`K p2p channels per peer`)."""
+
+
+@dataclass(frozen=True)
 class NcclTestsLog:
-    """One parsed log."""
+    """One run of an nccl-tests tool, as its log records it."""
 
     path: str
+    """The file, with `:LINE` of the run's first line when the file holds several runs."""
     tool: str
     op: OpKind
     ranks: int
-    """GPUs in the run (the `# Rank` lines)."""
+    """GPUs in the run (the `# Rank` lines, or the GPU count given with a headerless table)."""
     gpus_per_process: int
-    """`nGpus`: GPUs one process (one thread) drives; the host launches for all of them."""
+    """GPUs one thread drives (nGpus); the thread launches each op on all of them in turn."""
     nodes: int
     """Distinct hosts of the ranks."""
+    ranks_per_node: int
+    """GPUs of the run on each host."""
     graph: bool
     """Ops were launched from CUDA graphs (`-G N`): no per-op host launch."""
     dtype: Dtype
     device: str
-    """The GPUs' name as nccl-tests prints it (`NVIDIA H100 80GB HBM3`)."""
+    """The GPUs' name as nccl-tests prints it (`NVIDIA H100 80GB HBM3`); "" when not said."""
     points: tuple[Point, ...]
     algos: frozenset[Algo] | None
     """NCCL_ALGO as the log's NCCL INFO lines report it; None: not reported."""
     protos: frozenset[Protocol] | None
+    nccl_version: str | None = None
+    """NCCL's version (`NCCL version 2.24.3+cuda12.6`, or nccl-tests' `nccl-library=22403`)."""
+    channels: Channels | None = None
+    """NCCL's channel counts from the INFO lines; None: not reported."""
+    line: int = 1
+    """The run's first line in the file."""
 
 
-def read_logs(args: list[str]) -> list[NcclTestsLog]:
-    """Each argument is a log file, or `TOOL=FILE` for a log without nccl-tests' header
-    line naming its tool (nccl-tests before 2.13)."""
+@dataclass(frozen=True)
+class Given:
+    """What the command line says about a log that the log may not (`TOOL[:GPUS]=FILE`)."""
+
+    tool: str | None = None
+    ranks: int | None = None
+
+
+def parse_given(arg: str) -> tuple[Given, str]:
+    """`TOOL=FILE`, `TOOL:GPUS=FILE` or `FILE`: what is given, and the file."""
+    name, sep, rest = arg.partition("=")
+    if not sep:
+        return Given(), arg
+    tool, colon, gpus = name.partition(":")
+    if _tool_name(tool) is None:
+        return Given(), arg  # a file whose name holds "="
+    ranks = None
+    if colon:
+        if not gpus.isdigit() or len(gpus) > MAX_DIGITS or not 1 <= int(gpus) <= MAX_WORLD_SIZE:
+            raise UsageError(f"{name}=...: the GPU count after '{tool}:' must be a whole number from 1 to {MAX_WORLD_SIZE}, got {gpus!r}",
+                             hint=f"e.g. {tool}:8={rest}")  # fmt: skip
+        ranks = int(gpus)
+    return Given(_tool_name(tool), ranks), rest
+
+
+def read_logs(args: list[str], notes: list[str] | None = None) -> list[NcclTestsLog]:
+    """Each argument is a log file, or `TOOL=FILE` / `TOOL:GPUS=FILE` for one that does not
+    say which tool wrote it (or how many GPUs ran it); a file with several runs gives a log
+    per run. Runs that failed before their first result are skipped, and told in `notes`."""
     logs = []
     for arg in args:
-        tool = None
-        name, sep, rest = arg.partition("=")
-        if sep and name in TOOLS:
-            tool, arg = name, rest
-        try:
-            text = Path(arg).read_text()
-        except (OSError, UnicodeDecodeError) as e:
-            raise UsageError(f"cannot read nccl-tests log {arg}: {e}") from None
-        logs.append(parse_log(text, arg, tool))
-    devices = {log.device for log in logs}
+        given, path = parse_given(arg)
+        if not is_file(path):
+            raise UsageError(f"cannot read nccl-tests log {path}: {'not a regular file' if _exists(path) else 'no such file'}",
+                             hint="pass the text file nccl-tests' output was saved to")  # fmt: skip
+        logs += parse_logs(read_text(path, path, LogError, "nccl-tests log"), path, given, notes)
+    devices = {log.device for log in logs if log.device}
     if len(devices) > 1:
         raise LogError(f"the logs come from different GPUs ({', '.join(sorted(devices))}); calibrate one machine at a time",
                        hint="pass the logs of one cluster")  # fmt: skip
     return logs
 
 
-def parse_log(text: str, path: str = "<log>", tool: str | None = None) -> NcclTestsLog:
-    """One nccl-tests log (see the module doc); `tool` when the log does not name it."""
-    lines = text.splitlines()
+def _exists(path: str) -> bool:
+    try:
+        from pathlib import Path
 
-    def loc(i: int, col: int = 1) -> SourceLoc:
-        return SourceLoc(path, i + 1, col, lines[i] if i < len(lines) else "")
+        return Path(path).exists()
+    except (OSError, ValueError):
+        return False
 
-    header: tuple[int, int, bool, int] | None = None  # nThread, nGpus, graph, line
-    ranks: dict[int, tuple[str, str, int]] = {}
-    has_root = True
-    columns_seen = False
-    points: list[Point] = []
-    algos = protos = None
-    dtype = None
-    closed = False
-    for i, raw in enumerate(lines):
-        line = _PREFIX.sub("", raw.strip(), count=1) if raw.strip() else ""
-        if not line:
-            continue
+
+def parse_log(text: str, path: str = "<log>", given: Given | str | None = None) -> NcclTestsLog:
+    """The one run of a log (see `parse_logs`); a log of several runs is an error."""
+    logs = parse_logs(text, path, given)
+    if len(logs) > 1:
+        raise LogError(f"{len(logs)} runs in one log where one was expected", SourceLoc(path, logs[1].line, 1, ""))
+    return logs[0]
+
+
+def parse_logs(text: str, path: str = "<log>", given: Given | str | None = None, notes: list[str] | None = None) -> list[NcclTestsLog]:
+    """Every run of an nccl-tests log with results, in order (see the module doc). `given`:
+    what the command line says of runs that do not (a tool name alone is a `Given` of it);
+    `notes` hears of runs skipped because they failed before their first result."""
+    if isinstance(given, str) or given is None:
+        given = Given(_tool_name(given) if given else None)
+    return _Reader(source_lines(text), path, given, notes).read()
+
+
+def _tool_name(word: str | None) -> str | None:
+    """The tool a program name is (`all_reduce_perf`, `./build/all_reduce_perf_mpi`), or None."""
+    if not word:
+        return None
+    base = word.strip("'\"").rsplit("/", 1)[-1]
+    if base.endswith("_mpi"):
+        base = base[: -len("_mpi")]
+    return base if base in TOOLS or base in OTHER_TOOLS else None
+
+
+@dataclass
+class _Run:
+    """A run being read."""
+
+    line: int
+    """Its first line (the header, or the first line of a headerless table), 1-based."""
+    header: bool
+    tool: str | None = None
+    tool_line: int = 0
+    threads: int = 1
+    gpus: int = 1
+    graph: bool = False
+    ranks: dict[int, tuple[str, str, str]] = field(default_factory=dict)
+    """Rank: (host, device name, pid)."""
+    columns: tuple[str, ...] | None = None
+    points: list[Point] = field(default_factory=list)
+    dtype: Dtype | None = None
+    algos: frozenset[Algo] | None = None
+    protos: frozenset[Protocol] | None = None
+    version: str | None = None
+    channels: Channels | None = None
+    closed: bool = False
+    failure: str | None = None
+    """The first line saying the test failed (`Test NCCL failure ...`)."""
+    last: int = 0
+    """The last line read into it."""
+
+
+class _Reader:
+    def __init__(self, lines: tuple[str, ...], path: str, given: Given, notes: list[str] | None):
+        self.lines = lines
+        self.path = path
+        self.given = given
+        self.runs: list[_Run] = []
+        self.run: _Run | None = None
+        # What the text between runs says of the next one.
+        self.next_tool: tuple[str, int] | None = None
+        self.next_version: str | None = None
+        self.failed: list[str] = []
+        """Runs that ended before their first result (a sweep's failed test), as `notes` tells them."""
+        self.notes = notes
+
+    def loc(self, i: int, col: int = 1) -> SourceLoc:
+        return SourceLoc(self.path, i + 1, col, self.lines[i] if i < len(self.lines) else "")
+
+    def read(self) -> list[NcclTestsLog]:
+        for i, raw in enumerate(self.lines):
+            stripped = raw.strip()
+            if not stripped:
+                continue
+            line = _PREFIX.sub("", stripped, count=1)
+            if line:
+                self._line(i, line, raw.find(line) + 1 if line in raw else 1)
+        if self.run is not None and not self.run.closed and not self.run.points and self.runs[:-1]:
+            self._failed(self.run)  # the last run of a sweep failed; the others stand
+        if not self.runs and self.failed:
+            raise LogError(f"no results: every run of the log failed before its first result ({'; '.join(self.failed[:3])})",
+                           SourceLoc(self.path, len(self.lines), 1, self.lines[-1] if self.lines else ""),
+                           hint="the runs failed or the log is cut off")  # fmt: skip
+        if not self.runs:
+            raise LogError("not nccl-tests output: no `# nThread ... nGpus ...` header and no result table",
+                           SourceLoc(self.path, 1, 1, self.lines[0] if self.lines else ""),
+                           hint="pass the output of nccl-tests *_perf runs (all_reduce_perf, ...)")  # fmt: skip
+        return [self._finish(run, k) for k, run in enumerate(self.runs)]
+
+    def _line(self, i: int, line: str, col: int) -> None:
+        run = self.run
+        if "NCCL INFO" in line or "NCCL WARN" in line or _NCCL_VERSION.match(line):
+            self._nccl(i, line)
+            return
+        if line.startswith("#"):
+            self._comment(i, line, col)
+            return
+        open_table = run is not None and not run.closed and run.columns is not None
+        if open_table and _NUMBER.match(line):
+            self._result(i, line, col)
+            return
+        tokens = line.split()
+        if (run is None or run.closed) and len(tokens) >= 8 and tokens[0].isdigit() and tokens[1].isdigit():
+            self._start(i, header=False)  # a table pasted without its header
+            self.run.columns = ()
+            self._result(i, line, col)
+            return
+        if run is not None and not run.closed and run.failure is None and "failure" in line.lower():
+            run.failure = line[:120]  # nccl-tests' "Test NCCL failure common.cu:401 '...'", told if the run has no results
+        # Other text (a command echo, a banner, a warning, a code fence, an env dump): read past,
+        # except a command that runs an nccl-tests tool, which names the next run's tool.
+        for word in tokens:
+            tool = _tool_name(word)
+            if tool is not None and (run is None or run.closed):
+                self.next_tool = (tool, i + 1)
+                break
+
+    def _nccl(self, i: int, line: str) -> None:
+        run = self.run
+        target_open = run is not None and not run.closed
+        m = _NCCL_VERSION.search(line)
+        if m:
+            if target_open:
+                run.version = m.group(1)
+            else:
+                self.next_version = m.group(1)
+            return
+        if not target_open:
+            return  # NCCL's lines after a run (teardown) say nothing of the next
         m = _ENV.search(line)
         if m:
             names = [x for x in re.split(r"[,;]", m.group(2)) if x and ":" not in x and not x.startswith("^")]
             if m.group(1) == "ALGO":
                 known = {a.value.replace("_", ""): a for a in NCCL_ALGOS}
-                algos = frozenset(known[n.lower()] for n in names if n.lower() in known) or None
+                run.algos = frozenset(known[n.lower()] for n in names if n.lower() in known) or None
             else:
-                protos = frozenset(p for p in PROTOCOLS if p.value in {n.lower() for n in names}) or None
-            continue
-        if "NCCL INFO" in line or "NCCL WARN" in line:
-            continue
-        if not line.startswith("#"):
-            if header is None:
-                raise LogError("not nccl-tests output: this line comes before nccl-tests' `# nThread ... nGpus ...` header", loc(i),
-                               hint="pass the output of one nccl-tests *_perf run")  # fmt: skip
-            if closed:
-                raise LogError("a result line after the run's closing summary (two runs in one file?)", loc(i))
-            point, dt = _result(line, has_root, lambda col: loc(i, col))
-            if dtype is not None and dt is not dtype:
-                raise LogError(f"type {dt.value} after {dtype.value}: one run times one type", loc(i))
-            dtype = dt
-            if point[0] > 0:
-                points.append(Point(point[0], point[1], point[2], i + 1))
-            continue
+                run.protos = frozenset(p for p in PROTOCOLS if p.value in {n.lower() for n in names}) or None
+            return
+        m = _CHANNELS.search(line)
+        if m:
+            coll, _, nvls, p2p, per_peer = (int(g) if g is not None else None for g in m.groups())
+            new = Channels(coll, nvls, p2p, per_peer)
+            # Every rank reports them; NCCL agrees on one count across ranks, so the least is kept.
+            run.channels = new if run.channels is None else Channels(
+                min(run.channels.coll, coll), None if nvls is None or run.channels.nvls is None else min(run.channels.nvls, nvls),
+                min(run.channels.p2p, p2p), min(run.channels.p2p_per_peer, per_peer))  # fmt: skip
+
+    def _start(self, i: int, header: bool) -> None:
+        run = self.run
+        if run is not None and not run.header and run.points:
+            run.closed = True  # a pasted table has no summary: the next run ends it
+        if run is not None and not run.closed:
+            if run.points:
+                raise LogError(f"a new run starts here but the run of line {run.line} has no closing `# Avg bus bandwidth` "
+                               "summary: it was cut off", self.loc(i), hint="rerun the cut-off test, or cut its lines out")  # fmt: skip
+            self._failed(run)
+        self.run = _Run(i + 1, header)
+        self.runs.append(self.run)
+        if self.next_tool is not None:
+            self.run.tool, self.run.tool_line = self.next_tool
+        self.run.version = self.next_version
+        self.next_tool = None
+
+    def _failed(self, run: _Run) -> None:
+        """Drop a run that ended before its first result: it measured nothing."""
+        self.runs.remove(run)
+        what = f"{self.path}:{run.line}: {run.tool or 'a run'} ended before its first result" + (f" ({run.failure})" if run.failure else "")
+        self.failed.append(what)
+        if self.notes is not None:
+            self.notes.append(f"skipped {what}")
+
+    def _comment(self, i: int, line: str, col: int) -> None:
         m = _TOOL.match(line)
         if m:
-            if m.group(1) not in TOOLS:
-                raise LogError(f"nccl-tests tool '{m.group(1)}' is not one calibrate reads (it reads: {', '.join(TOOLS)})", loc(i))
-            if tool is not None and tool != m.group(1):
-                raise LogError(f"the log is {m.group(1)}'s, not {tool}'s", loc(i))
-            tool = m.group(1)
-            continue
+            tool = _tool_name(m.group(1))
+            if tool is None:
+                raise LogError(f"nccl-tests tool '{m.group(1)}' is not one calibrate reads (it reads: {', '.join(TOOLS)})", self.loc(i))
+            self.next_tool = (tool, i + 1)
+            return
+        m = _TESTS_VERSION.match(line)
+        if m:
+            code = int(m.group(1))  # NCCL_VERSION_CODE: major * 10000 + minor * 100 + patch since 2.9
+            self.next_version = f"{code // 10000}.{code // 100 % 100}.{code % 100}" if code >= 20900 else None
+            return
         m = _HEADER.match(line)
         if m:
-            if header is not None:
-                raise LogError(f"a second run's header (first at line {header[3]}): one log per file", loc(i))
-            header = (int(m.group(1)), int(m.group(2)), bool(int(m.group(3) or 0)), i + 1)
-            continue
-        m = _RANK.match(line)
-        if m:
-            r = int(m.group(1))
-            if r in ranks:
-                raise LogError(f"rank {r} is listed twice (mixed runs in one file?)", loc(i))
-            ranks[r] = (m.group(3), m.group(5), int(m.group(2)))
-            continue
+            self._start(i, header=True)
+            run = self.run
+            run.threads = self._int(m.group(1), "nThread", i, col + m.start(1), 1, MAX_WORLD_SIZE)
+            run.gpus = self._int(m.group(2), "nGpus", i, col + m.start(2), 1, MAX_WORLD_SIZE)
+            g = _GRAPH.search(line, m.start(3))
+            if g:
+                run.graph = self._int(g.group(1), "graph", i, col + g.start(1), 0, 1 << 30) > 0
+            return
+        run = self.run
         tokens = line.lstrip("#").split()
         if tokens[:2] == ["size", "count"]:
-            columns_seen = True
-            has_root = "root" in tokens
-            continue
-        if line.startswith("# Avg bus bandwidth") or line.startswith("# Out of bounds"):
-            closed = True
-    return _finish(path, lines, tool, header, ranks, columns_seen, points, dtype, algos, protos, closed)
+            if run is None or run.closed or run.columns is not None:
+                self._start(i, header=False)  # column titles pasted without the header above them
+                run = self.run
+            run.columns = tuple(tokens)
+            if not any(t in _TIME_COLUMNS for t in tokens) or "type" not in tokens:
+                raise LogError("column titles without `time` and `type`: not nccl-tests' table", self.loc(i, col))
+            return
+        if run is None or run.closed:
+            return  # a comment before any run, or between runs (`# Collective test concluded`)
+        m = _RANK.match(line)
+        if m:
+            r = self._int(m.group(1), "rank", i, col + m.start(1), 0, MAX_WORLD_SIZE - 1,
+                          hint=f"a run has at most {MAX_WORLD_SIZE} ranks (commdsl.limits.MAX_WORLD_SIZE)")  # fmt: skip
+            if r in run.ranks:
+                raise LogError(f"rank {r} is listed twice (mixed runs in one file?)", self.loc(i))
+            if len(run.ranks) >= MAX_WORLD_SIZE:
+                raise LogError(f"more than {MAX_WORLD_SIZE} ranks: the most a run may have (commdsl.limits.MAX_WORLD_SIZE)", self.loc(i))
+            self._int(m.group(4), "device", i, col + m.start(4), 0, MAX_WORLD_SIZE)
+            run.ranks[r] = (m.group(3), m.group(5), m.group(2))
+            return
+        if line.startswith("# Avg bus bandwidth"):
+            if run.columns is None or not run.points:
+                raise LogError("a closing summary with no results before it", self.loc(i), hint="the run failed; rerun it")
+            run.closed = True
+            run.last = i + 1
 
+    def _result(self, i: int, line: str, col: int) -> None:
+        run = self.run
+        tokens = line.split()
+        starts = _starts(line)
+        columns = run.columns or _guess_columns(tokens)
+        if not run.columns:
+            run.columns = columns
+        need = len(columns)
+        if len(tokens) < need:
+            raise LogError(f"a cut-off result line: {len(tokens)} columns, the table has {need} ({' '.join(columns)})", self.loc(i),
+                           hint="the log is truncated or mangled; rerun the test or drop the line")  # fmt: skip
 
-def _result(line: str, has_root: bool, loc) -> tuple[tuple[int, float, float | None], Dtype]:
-    """(size, out-of-place us, in-place us) and the type of one result line."""
-    tokens = line.split()
-    need = (5 if has_root else 4) + 4
-    if len(tokens) < need:
-        raise LogError(f"a cut-off result line: {len(tokens)} columns, nccl-tests writes {need + 4} "
-                       "(size count type redop [root] and time algbw busbw #wrong twice)", loc(1),
-                       hint="the log is truncated or mangled; rerun the test or drop the line")  # fmt: skip
-    try:
-        size = int(tokens[0])
-        int(tokens[1])
-    except ValueError:
-        raise LogError(f"not a result line: size and count must be whole numbers, got {tokens[0]!r} {tokens[1]!r}", loc(1)) from None
-    type_name = tokens[2]
-    if type_name not in TYPES:
-        raise LogError(f"type '{type_name}' has no commdsl dtype (known: {', '.join(TYPES)})", loc(line.index(type_name) + 1))
-    t = 5 if has_root else 4
-    times = []
-    for k in (t, t + 4):
-        word = tokens[k] if k < len(tokens) else "N/A"
-        if word == "N/A":
-            times.append(None)
-            continue
+        def at(k: int) -> int:
+            return col + starts[k]
+
+        size = self._int(tokens[0], "size", i, at(0), 0, MAX_SIZE_BYTES)
+        self._int(tokens[1], "count", i, at(1), 0, MAX_SIZE_BYTES)
+        t = columns.index("type")
+        type_name = tokens[t]
+        if type_name not in TYPES:
+            raise LogError(f"type '{type_name}' has no commdsl dtype (known: {', '.join(TYPES)})", self.loc(i, at(t)))
+        dtype = TYPES[type_name]
+        if run.dtype is not None and dtype is not run.dtype:
+            raise LogError(f"type {dtype.value} after {run.dtype.value}: one run times one type", self.loc(i, at(t)))
+        run.dtype = dtype
+        times: list[float | None] = []
+        for k in [k for k, c in enumerate(columns) if c in _TIME_COLUMNS][:2]:
+            word = tokens[k]
+            if word == "N/A":
+                times.append(None)
+                continue
+            times.append(self._time(word, size, i, at(k)))
+        times += [None] * (2 - len(times))
+        if times[0] is None and times[1] is None:
+            raise LogError("no time on this result line (N/A out of place and in place)", self.loc(i, at(0)))
+        run.last = i + 1
+        if size > 0:
+            # Out of place is what a schedule's op does; a run of in-place ops only times that.
+            run.points.append(Point(size, times[0] if times[0] is not None else times[1], times[1], i + 1))
+
+    def _time(self, word: str, size: int, i: int, col: int) -> float:
         try:
-            v = float(word)
+            v = float(word) if len(word) <= 40 else math.nan
         except ValueError:
-            raise LogError(f"time {word!r} is not a number", loc(line.index(word) + 1)) from None
-        if not v > 0.0 and size > 0:
-            raise LogError(f"time {word} us of a {size}-byte op: times are positive", loc(line.index(word) + 1))
-        times.append(v)
-    if times[0] is None:
-        raise LogError("no out-of-place time on this line", loc(1))
-    return (size, times[0], times[1]), TYPES[type_name]
+            raise LogError(f"time {_short(word)!r} is not a number", self.loc(i, col)) from None
+        if not math.isfinite(v) or v < 0.0 or (v == 0.0 and size > 0):
+            raise LogError(f"time {_short(word)} us: times are positive finite numbers", self.loc(i, col))
+        if v > MAX_MACHINE_TIME_US:
+            raise LogError(f"time {_short(word)} us is above the limit of {MAX_MACHINE_TIME_US:g} us (commdsl.limits.MAX_MACHINE_TIME_US)", self.loc(i, col))
+        return v
+
+    def _int(self, word: str, what: str, i: int, col: int, lo: int, hi: int, hint: str | None = None) -> int:
+        digits = word.lstrip("+-")
+        if not digits.isdigit() or not digits.isascii():
+            raise LogError(f"{what} {_short(word)!r} is not a whole number", self.loc(i, col))
+        if len(digits) > MAX_DIGITS or not lo <= int(word) <= hi:
+            raise LogError(f"{what} {_short(word)} is out of range: it must be from {lo} to {hi}", self.loc(i, col), hint=hint)
+        return int(word)
+
+    def _finish(self, run: _Run, k: int) -> NcclTestsLog:
+        path = self.path if len(self.runs) == 1 else f"{self.path}:{run.line}"
+
+        def at(line: int) -> SourceLoc:
+            return SourceLoc(self.path, line, 1, self.lines[line - 1] if 0 < line <= len(self.lines) else "")
+
+        end = run.last or run.line
+        if not run.closed:
+            if not run.points:
+                failure = f": {run.failure}" if run.failure else ""
+                raise LogError(f"no results: the run of line {run.line} ends before its first result line{failure}", at(len(self.lines)),
+                               hint="the run failed or the log is cut off")  # fmt: skip
+            if run.header:
+                raise LogError(f"truncated: the run of line {run.line} ends at line {end} without nccl-tests' closing "
+                               "`# Avg bus bandwidth` summary", at(len(self.lines)),
+                               hint="the run did not finish; rerun it, or cut the log after its last whole line and add the summary")  # fmt: skip
+        given = self.given
+        tool = run.tool
+        if given.tool is not None and tool is not None and given.tool != tool:
+            raise LogError(f"the log is {tool}'s, not {given.tool}'s as the command line says", at(run.tool_line))
+        tool = tool or given.tool
+        if tool is None and not run.header and given.ranks is None:
+            raise LogError(f"a result table without nccl-tests' header (line {run.line}): the log does not say which tool wrote it "
+                           "or how many GPUs ran it", at(run.line), hint=f"name both: TOOL:GPUS=FILE, e.g. all_reduce_perf:8={self.path}")  # fmt: skip
+        if tool is None:
+            raise LogError(f"cannot tell which nccl-tests tool wrote the run of line {run.line} (no `# Collective test starting:` "
+                           "line, no command naming it)", at(run.line), hint=f"name it: TOOL=FILE, e.g. all_reduce_perf={self.path}")  # fmt: skip
+        if tool not in TOOLS:
+            raise LogError(f"nccl-tests tool '{tool}' is not one calibrate reads (it reads: {', '.join(TOOLS)})", at(run.tool_line or run.line))
+        if not run.header:
+            if given.ranks is None:
+                raise LogError(f"a result table without nccl-tests' header (line {run.line}): the log does not say how many GPUs ran it",
+                               at(run.line), hint=f"name the tool and the GPU count: {tool}:GPUS=FILE, e.g. {tool}:8={self.path}")  # fmt: skip
+            return NcclTestsLog(path, tool, TOOLS[tool], given.ranks, 1, 1, given.ranks, False, run.dtype, "", tuple(run.points),
+                                run.algos, run.protos, run.version, run.channels, run.line)  # fmt: skip
+        ranks = run.ranks
+        if not ranks:
+            raise LogError("no `# Rank N ... on HOST device D` lines: cannot tell the GPUs", at(run.line))
+        n = len(ranks)
+        if max(ranks) != n - 1:
+            missing = sorted(set(range(max(ranks) + 1)) - set(ranks))[:10]
+            raise LogError(f"ranks {missing} are missing from the rank list (ranks 0..{max(ranks)})", at(run.line))
+        if given.ranks is not None and given.ranks != n:
+            raise LogError(f"the run has {n} GPUs, not {given.ranks} as the command line says", at(run.line))
+        devices = {name for _, name, _ in ranks.values()}
+        if len(devices) > 1:
+            raise LogError(f"the run mixes GPUs ({', '.join(sorted(devices))})", at(run.line))
+        per_thread = run.gpus
+        if n % per_thread:
+            raise LogError(f"{n} ranks is not a multiple of nGpus {per_thread} (each thread drives nGpus GPUs): mixed runs?", at(run.line))
+        per_process: dict[tuple[str, str], int] = {}
+        per_host: dict[str, int] = {}
+        for host, _, pid in ranks.values():
+            per_process[(host, pid)] = per_process.get((host, pid), 0) + 1
+            per_host[host] = per_host.get(host, 0) + 1
+        if any(c != per_thread * run.threads for c in per_process.values()):
+            counts = sorted(set(per_process.values()))
+            raise LogError(f"processes drive different numbers of GPUs ({', '.join(map(str, counts))}; nThread x nGpus is "
+                           f"{per_thread * run.threads}): mixed runs?", at(run.line))  # fmt: skip
+        if len(set(per_host.values())) > 1:
+            counts = ", ".join(f"{h}: {c}" for h, c in sorted(per_host.items())[:8])
+            raise LogError(f"the hosts run different numbers of GPUs ({counts}): calibrate reads runs with the same GPUs on every node",
+                           at(run.line))  # fmt: skip
+        per_node = next(iter(per_host.values()))
+        return NcclTestsLog(path, tool, TOOLS[tool], n, per_thread, len(per_host), per_node, run.graph, run.dtype, devices.pop(),
+                            tuple(run.points), run.algos, run.protos, run.version, run.channels, run.line)  # fmt: skip
 
 
-def _finish(path, lines, tool, header, ranks, columns_seen, points, dtype, algos, protos, closed) -> NcclTestsLog:
-    def at(line: int) -> SourceLoc:
-        return SourceLoc(path, line, 1, lines[line - 1] if 0 < line <= len(lines) else "")
+def _starts(line: str) -> list[int]:
+    """The offset of each whitespace-separated token of `line`."""
+    return [m.start() for m in re.finditer(r"\S+", line)]
 
-    last = len(lines)
-    if header is None:
-        raise LogError("not nccl-tests output: no `# nThread ... nGpus ...` header", at(1),
-                       hint="pass the output of one nccl-tests *_perf run (all_reduce_perf, ...)")  # fmt: skip
-    if tool is None:
-        raise LogError("cannot tell which nccl-tests tool wrote this log (no `# Collective test starting:` line)", at(1),
-                       hint=f"name it: TOOL=FILE, e.g. all_reduce_perf={path}")  # fmt: skip
-    if not ranks:
-        raise LogError("no `# Rank N ... on HOST device D` lines: cannot tell the GPUs", at(header[3]))
-    if sorted(ranks) != list(range(len(ranks))):
-        missing = sorted(set(range(max(ranks) + 1)) - set(ranks))
-        raise LogError(f"ranks {missing} are missing from the rank list (ranks 0..{max(ranks)})", at(header[3]))
-    devices = {name for _, name, _ in ranks.values()}
-    if len(devices) > 1:
-        raise LogError(f"the run mixes GPUs ({', '.join(sorted(devices))})", at(header[3]))
-    n = len(ranks)
-    gpus = header[1]
-    if n % gpus:
-        raise LogError(f"{n} ranks is not a multiple of nGpus {gpus} (each process drives nGpus GPUs): mixed runs?", at(header[3]))
 
-    per_process: dict[tuple[str, int], int] = {}
-    for host, _, pid in ranks.values():
-        per_process[(host, pid)] = per_process.get((host, pid), 0) + 1
-    if any(c != gpus for c in per_process.values()):
-        counts = sorted(set(per_process.values()))
-        raise LogError(f"processes drive different numbers of GPUs ({', '.join(map(str, counts))}; nGpus is {gpus}): mixed runs?", at(header[3]))
-    if not columns_seen or not points:
-        raise LogError("no results: the log ends before its first result line", at(last), hint="the run failed or the log is cut off")
-    if not closed:
-        raise LogError(f"truncated: the log ends after line {last} without nccl-tests' closing `# Avg bus bandwidth` summary",
-                       at(last), hint="the run did not finish; rerun it, or cut the log after its last whole line and add the summary")  # fmt: skip
-    hosts = {host for host, _, _ in ranks.values()}
-    return NcclTestsLog(path, tool, TOOLS[tool], n, gpus, len(hosts), header[2], dtype, devices.pop(), tuple(points), algos, protos)
+def _guess_columns(tokens: list[str]) -> tuple[str, ...]:
+    """The columns of a table pasted without its titles: nccl-tests' current ones (with
+    `root`, a whole number) or those before root was added."""
+    with_root = len(tokens) > 4 and tokens[4].lstrip("-").isdigit()
+    head = ("size", "count", "type", "redop") + (("root",) if with_root else ())
+    return head + ("time", "algbw", "busbw", "#wrong", "time", "algbw", "busbw", "#wrong")
+
+
+def _short(word: str) -> str:
+    """A word of the log as a message quotes it: a long one clipped, with its length."""
+    return word if len(word) <= 30 else f"{word[:12]}... ({len(word)} characters)"

@@ -22,21 +22,25 @@ prints the error per log.
 from __future__ import annotations
 
 import math
+import os
 import statistics
 import sys
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import yaml
 
-from commdsl.calibrate.nccl_logs import NcclTestsLog, read_logs
+from commdsl.calibrate.nccl_logs import Channels, NcclTestsLog, read_logs
 from commdsl.dsl import load_schedule_text
+from commdsl.calibrate.fit import nelder_mead
 from commdsl.errors import SourceLoc, UsageError, require_output_folder
+from commdsl.files import write_text
 from commdsl.ir import Algo, Dtype, Op, OpKind, Protocol, Transport
-from commdsl.machine.loader import load_machine, resolve_machine
+from commdsl.machine.loader import load_machine, load_machine_text, resolve_machine
 from commdsl.machine.model import NETWORK_VERTEX, Calibration, LinkKind, Machine
 from commdsl.machine.nccl import HopKind, NcclConfig
+from commdsl.progress import Progress
 from commdsl.sim import nccl
 from commdsl.sim.fabric import Fabric
 from commdsl.sim.nccl_flows import NcclFlows
@@ -72,29 +76,43 @@ class Run:
     proto: Protocol | None = None
     max_channels: int | None = None
     """NCCL_MAX_NCHANNELS of the run (None: NCCL's own)."""
+    ranks_per_node: int | None = None
+    """GPUs of the run on each node (None: the base machine's nodes filled in turn)."""
+    channels: Channels | None = None
+    """NCCL's channel counts as the run's log reports them (None: the machine's)."""
 
     @staticmethod
     def of(log: NcclTestsLog, algo: Algo | None = None, proto: Protocol | None = None) -> Run:
         """The run a log records; NCCL_ALGO / NCCL_PROTO from the log, else `algo` / `proto`."""
         a = next(iter(log.algos)) if log.algos is not None and len(log.algos) == 1 else algo
         p = next(iter(log.protos)) if log.protos is not None and len(log.protos) == 1 else proto
-        return Run(log.op, log.ranks, log.gpus_per_process, log.graph, log.dtype, a, p)
+        per_node = log.ranks_per_node if log.nodes > 1 else None
+        return Run(log.op, log.ranks, log.gpus_per_process, log.graph, log.dtype, a, p, ranks_per_node=per_node, channels=log.channels)
 
 
-def bench_machine(machine: Machine, ranks: int, max_channels: int | None = None) -> Machine:
-    """The machine with enough nodes for `ranks` GPUs (and at most `max_channels` channels)."""
+def bench_machine(machine: Machine, run: Run) -> Machine:
+    """The machine with enough nodes for the run's GPUs, and NCCL's channels as the run had them."""
     topo, cfg = machine.topology, machine.nccl
     if topo is None or cfg is None:
         raise UsageError(f"machine {machine.name} has no NCCL model (nccl: and topology:), so nccl-tests cannot be simulated on it",
                          hint="use a preset such as dgx-h100 or dgx-a100")  # fmt: skip
-    nodes = -(-ranks // topo.gpus_per_node)
+    if run.ranks_per_node is not None and run.ranks_per_node != topo.gpus_per_node:
+        # Fabric numbers rank k of node n as GPU k of it: a run on part of each node is another topology.
+        raise UsageError(f"the run has {run.ranks_per_node} GPU(s) on each of {run.ranks // run.ranks_per_node} nodes, and machine "
+                         f"{machine.name} has {topo.gpus_per_node} per node: commdsl simulates runs on whole nodes",
+                         hint="calibrate with the logs of runs that use every GPU of their nodes (or of one node)")  # fmt: skip
+    nodes = -(-run.ranks // topo.gpus_per_node)
     m = machine if nodes == topo.nodes else machine.with_nodes(nodes)
-    if max_channels is not None:
-        p2p = min(cfg.p2p_channels, 1 << (max_channels - 1).bit_length())
-        cfg = replace(cfg, channels=min(cfg.channels, max_channels), nvls_channels=min(cfg.nvls_channels, max_channels),
+    if run.max_channels is not None:
+        p2p = min(cfg.p2p_channels, 1 << (run.max_channels - 1).bit_length())
+        cfg = replace(cfg, channels=min(cfg.channels, run.max_channels), nvls_channels=min(cfg.nvls_channels, run.max_channels),
                       p2p_channels=p2p, p2p_channels_per_peer=min(cfg.p2p_channels_per_peer, p2p))  # fmt: skip
-        m = replace(m, nccl=cfg)
-    return m
+    if run.channels is not None:
+        ch = run.channels
+        cfg = replace(cfg, channels=max(ch.coll, 1), p2p_channels=max(ch.p2p, 1), p2p_channels_per_peer=max(ch.p2p_per_peer, 1))
+        if ch.nvls is not None:  # 0: NCCL found no NVLS (or it was turned off)
+            cfg = replace(cfg, nvls=cfg.nvls and ch.nvls > 0, nvls_channels=max(ch.nvls, 1))
+    return m if cfg is machine.nccl else replace(m, nccl=cfg)
 
 
 def _op(run: Run, size: int, rank: int = 0) -> Op:
@@ -147,7 +165,7 @@ def _body(run: Run, size: int) -> str:
 def simulate_run(machine: Machine, run: Run, size: int, network: str = "flow") -> float:
     """nccl-tests' time per op (us) for `size` on `machine`, by the simulator: ITERS ops in
     a row on every rank, the steady-state time between two ends on rank 0."""
-    m = bench_machine(machine, run.ranks, run.max_channels)
+    m = bench_machine(machine, run)
     c = choice(m, run, size)
     m = replace(m, comm_launch_us=host_us(m, run, c), kernel_launch_us=0.0)
     program = load_schedule_text(_SCHEDULE.format(iters=ITERS, ranks=run.ranks, body=_body(run, size)), "<nccl-tests>")
@@ -164,14 +182,66 @@ def busbw_gb_per_s(op: OpKind, ranks: int, size: int, time_us: float) -> float:
 
 # ---- the closed form the fit uses ------------------------------------------------------
 
-_FIXED, _NVLINK, _NIC = 0, 1, 2
-"""Link classes whose bandwidth the fit scales (NVLink, the NICs' links to the network)."""
+
+@dataclass(frozen=True)
+class Rate:
+    """A bandwidth of the machine the fit scales: the channels of one kind of link (or an
+    implied channel), scaled together by the parameter `scale.NAME`."""
+
+    name: str
+    covers: Callable[[LinkKind, bool], bool]
+    """Whether a fabric channel of this kind (and touching the network or not) is this rate's."""
+    write: Callable[[dict, float], None]
+    """Scale it in a machine file (YAML as a dict) by the factor."""
+    ring_reference: bool = False
+    """NCCL's protocol efficiencies are measured against it: where a ring or tree crosses it,
+    the time fits the protocol's efficiency, and only NVLS and P2P fit the rate."""
+
+
+def _scale_links(doc: dict, factor: float, match: Callable[[dict], bool]) -> None:
+    for link in (doc.get("topology") or {}).get("links", ()):
+        if match(link):
+            link["bandwidth_gb_per_s"] = _round(float(link["bandwidth_gb_per_s"]) * factor)
+
+
+def _touches_network(link: dict) -> bool:
+    return NETWORK_VERTEX in {e for pair in link["between"] for e in pair}
+
+
+def _scale_entry(doc: dict, keys: tuple[str, ...], factor: float) -> None:
+    entry = doc
+    for key in keys[:-1]:
+        entry = entry.get(key) or {}
+    if isinstance(entry.get(keys[-1]), (int, float)):
+        entry[keys[-1]] = _round(float(entry[keys[-1]]) * factor)
+
+
+RATES = (
+    Rate("nic", lambda kind, net: net, lambda doc, f: _scale_links(doc, f, _touches_network)),
+    Rate("nvlink", lambda kind, net: kind is LinkKind.NVLINK, lambda doc, f: _scale_links(doc, f, lambda l: l["kind"] == "nvlink"),
+         ring_reference=True),
+    Rate("pcie", lambda kind, net: kind is LinkKind.PCIE and not net, lambda doc, f: _scale_links(doc, f, lambda l: l["kind"] == "pcie" and not _touches_network(l))),
+    Rate("numa", lambda kind, net: kind is LinkKind.NUMA, lambda doc, f: _scale_links(doc, f, lambda l: l["kind"] == "numa")),
+    Rate("memory", lambda kind, net: kind is LinkKind.MEMORY, lambda doc, f: _scale_entry(doc, ("topology", "host_memory_bandwidth_gb_per_s"), f)),
+    Rate("shm", lambda kind, net: kind is LinkKind.SHM, lambda doc, f: _scale_entry(doc, ("transports", "nccl", "staged", "bandwidth_gb_per_s"), f)),
+)  # fmt: skip
+"""Every rate the fit may scale, the first that covers a channel being its rate: a new
+one (a transport of a new model) is one entry. A channel none covers keeps its rate."""
+_NIC = 0
+_FIXED = len(RATES)
+
+NCCL_SCALARS = ("launch_us", "launch_per_channel_us", "nvls_latency_us", "nvls_efficiency", "p2p_channel_bandwidth_gb_per_s",
+                "p2p_net_efficiency")  # fmt: skip
+"""The `nccl:` numbers the fit may set (`NcclConfig` fields), beside each protocol's
+latencies, efficiency and per-channel rate (`PROTOCOL_SCALARS`) and the rates (`RATES`)."""
+PROTOCOL_SCALARS = ("base_latency_us", "efficiency", "channel_bandwidth_gb_per_s")
 
 
 @dataclass
 class _Point:
-    """One measured point and what its predicted time depends on, precomputed on the base
-    machine (the choice, loads and hops do not depend on the fitted rates)."""
+    """One measured point and what its predicted time depends on, precomputed on a machine
+    (the choice, loads and hops do not depend on the fitted rates; `fit` recomputes them
+    on the fitted machine until NCCL's choices stay the same)."""
 
     log: int
     size: float
@@ -181,47 +251,47 @@ class _Point:
     p2p: bool
     latency: tuple[float, float, float, float]
     """Latency = [base, intra hop, network hop, nvls latency] . these coefficients."""
-    per_byte: tuple[float, float, float]
-    """Per link class, the largest data bytes per byte of size over the base capacity (us/B)."""
+    per_byte: tuple[float, ...]
+    """Per rate of `RATES` (and last, the channels none covers), the largest data bytes per
+    byte of size over the base machine's capacity (us/B)."""
     channels: int
     serial: float
-    host_channels: int
     host_gpus: int
     intra: HopKind
     """What the run's steps inside a node cross (NVLink or PCIe)."""
+    choice: tuple
+    """NCCL's choice (algorithm, protocol, channels) the coefficients hold for."""
 
 
-def _points(machine: Machine, logs: list[NcclTestsLog], runs: list[Run]) -> list[_Point]:
+def _points(machine: Machine, base: Machine, logs: list[NcclTestsLog], runs: list[Run]) -> list[_Point]:
+    """The points of the logs on `machine` (a fitted one), rates relative to `base`'s."""
     out = []
     for li, (log, run) in enumerate(zip(logs, runs)):
-        m = bench_machine(machine, run.ranks, run.max_channels)
+        m = bench_machine(machine, run)
         flows = NcclFlows(Fabric(m, run.ranks), m.nccl)
-        cls = _classes(flows.fabric)
+        base_fabric = Fabric(bench_machine(base, run), run.ranks)
+        cls = _classes(base_fabric)
         for p in log.points:
             c = choice(m, run, p.size_bytes, flows)
-            out.append(_point(li, m, flows, cls, run, p.size_bytes, p.time_us, c))
+            out.append(_point(li, m, flows, base_fabric.capacity, cls, run, p.size_bytes, p.time_us, c))
     return out
 
 
 def _classes(fabric: Fabric) -> list[int]:
-    ends = fabric.ends
+    """Per channel of the fabric, the index of its rate in `RATES` (`_FIXED`: none)."""
     out = []
     for c, kind in enumerate(fabric.kinds):
-        if kind is LinkKind.NVLINK:
-            out.append(_NVLINK)
-        elif NETWORK_VERTEX in ends[c]:
-            out.append(_NIC)
-        else:
-            out.append(_FIXED)
+        net = NETWORK_VERTEX in fabric.ends[c]
+        out.append(next((k for k, r in enumerate(RATES) if r.covers(kind, net)), _FIXED))
     return out
 
 
-def _point(li: int, m: Machine, flows: NcclFlows, cls: list[int], run: Run, size: int, measured: float, c: nccl.Choice) -> _Point:
+def _point(li: int, m: Machine, flows: NcclFlows, capacity, cls: list[int], run: Run, size: int, measured: float, c: nccl.Choice) -> _Point:
     ranks = tuple(range(run.ranks))
     lay = flows.layout(ranks)
     kind = run.op
     pairs = [(r, (r + 1) % run.ranks) for r in ranks] if kind is OpKind.SEND else [ranks]
-    per = [0.0, 0.0, 0.0]
+    per = [0.0] * (len(RATES) + 1)
     serial = 1.0
     root = 0 if kind in (OpKind.BROADCAST, OpKind.REDUCE) else None
     undo = m.nccl.p2p_net_efficiency if kind in nccl.P2P_BASED else 1.0  # kept apart: a parameter of its own
@@ -231,7 +301,7 @@ def _point(li: int, m: Machine, flows: NcclFlows, cls: list[int], run: Run, size
         eff = nccl.efficiency(m.nccl, used)
         for ch, wire in co.channel_bytes:
             data = wire * eff * (undo if cls[ch] == _NIC else 1.0)
-            per[cls[ch]] = max(per[cls[ch]], data / flows.fabric.capacity[ch])
+            per[cls[ch]] = max(per[cls[ch]], data / capacity[ch])
         if co.cap < math.inf:
             serial = nccl.channel_cap_gb_per_s(m.nccl, used, kind) * 1e3 / co.cap
     # Latency is linear in the four latency parameters: read its coefficients off unit machines.
@@ -240,8 +310,8 @@ def _point(li: int, m: Machine, flows: NcclFlows, cls: list[int], run: Run, size
         cfg = _unit_latencies(m.nccl, c.proto, unit)
         coeff.append(nccl.latency_us(cfg, kind, flows.layout(pairs[0]), c.algo, c.proto))
     return _Point(li, float(size), measured, c.proto, c.algo in (Algo.NVLS, Algo.NVLS_TREE), kind in nccl.P2P_BASED,
-                  tuple(coeff), tuple(per), c.channels, serial, c.channels, 0 if run.graph else run.gpus_per_process,
-                  lay.intra_hop)  # fmt: skip
+                  tuple(coeff), tuple(per), c.channels, serial, 0 if run.graph else run.gpus_per_process, lay.intra_hop,
+                  (c.algo, c.proto, c.channels))  # fmt: skip
 
 
 def _unit_latencies(cfg: NcclConfig, proto: Protocol, unit: int) -> NcclConfig:
@@ -253,81 +323,72 @@ def _unit_latencies(cfg: NcclConfig, proto: Protocol, unit: int) -> NcclConfig:
     return replace(cfg, protocols=protocols, nvls_latency_us=1.0 if unit == 3 else 0.0)
 
 
-@dataclass(frozen=True)
-class _Param:
-    name: str
-    """Its path in the machine file (`nccl.protocols.ll.base_latency_us`, `links.nvlink`)."""
-    start: float
-
-
-def _predict(points: list[_Point], values: dict[str, float], cfg: NcclConfig) -> list[float]:
+def _predict(points: list[_Point], values: dict[str, float]) -> list[float]:
+    """Each point's time by the closed form, with the parameters' `values`."""
     out = []
     for p in points:
         proto = p.proto.value
-        base = values.get(f"protocols.{proto}.base_latency_us", 0.0)
-        lat = (p.latency[0] * base + p.latency[1] * values.get(f"protocols.{proto}.hop.{p.intra.value}", 0.0)
+        lat = (p.latency[0] * values[f"protocols.{proto}.base_latency_us"] + p.latency[1] * values.get(f"protocols.{proto}.hop.{p.intra.value}", 0.0)
                + p.latency[2] * values.get(f"protocols.{proto}.hop.network", 0.0) + p.latency[3] * values["nvls_latency_us"])  # fmt: skip
         eff = values["nvls_efficiency"] if p.nvls else values[f"protocols.{proto}.efficiency"]
-        nic = values["scale.nic"] * (values["p2p_net_efficiency"] if p.p2p else 1.0)
-        worst = max(p.per_byte[_FIXED], p.per_byte[_NVLINK] / values["scale.nvlink"], p.per_byte[_NIC] / nic)
+        worst = p.per_byte[_FIXED]
+        for k, rate in enumerate(RATES):
+            if p.per_byte[k]:
+                scale = values[f"scale.{rate.name}"] * (values["p2p_net_efficiency"] if p.p2p and k == _NIC else 1.0)
+                worst = max(worst, p.per_byte[k] / scale)
         rate = eff / worst if worst > 0 else math.inf
-        per_channel = values["p2p_channel_bandwidth_gb_per_s"] if p.p2p else values.get(f"protocols.{proto}.channel_bandwidth_gb_per_s", math.inf)
+        per_channel = values["p2p_channel_bandwidth_gb_per_s"] if p.p2p else values[f"protocols.{proto}.channel_bandwidth_gb_per_s"]
         if not p.nvls:
             rate = min(rate, p.channels * per_channel * 1e3 / p.serial)
         kernel = lat + p.size / rate
-        host = p.host_gpus * (values["launch_us"] + values["launch_per_channel_us"] * p.host_channels)
+        host = p.host_gpus * (values["launch_us"] + values["launch_per_channel_us"] * p.channels)
         out.append(max(kernel, host))
     return out
 
 
-def _parameters(machine: Machine, points: list[_Point]) -> dict[str, float]:
-    """Every parameter's value on the base machine (those the points do not use included)."""
+def _parameters(machine: Machine) -> dict[str, float]:
+    """Every parameter's value on the machine (`RATES` as factors of 1)."""
     cfg = machine.nccl
-    vals = {"scale.nvlink": 1.0, "scale.nic": 1.0}
-    for name in ("launch_us", "launch_per_channel_us", "nvls_latency_us", "nvls_efficiency", "p2p_channel_bandwidth_gb_per_s",
-                 "p2p_net_efficiency"):  # fmt: skip
+    vals = {f"scale.{r.name}": 1.0 for r in RATES}
+    for name in NCCL_SCALARS:
         vals[name] = getattr(cfg, name)
-    intra = next((p.intra for p in points if p.latency[1]), HopKind.NVLINK)
     for proto, spec in cfg.protocols:
         v = proto.value
-        vals[f"protocols.{v}.base_latency_us"] = spec.base_latency_us
-        vals[f"protocols.{v}.hop.{intra.value}"] = spec.hop_us(intra)
-        vals[f"protocols.{v}.hop.network"] = spec.hop_us(HopKind.NETWORK)
-        vals[f"protocols.{v}.channel_bandwidth_gb_per_s"] = spec.channel_bandwidth_gb_per_s
-        vals[f"protocols.{v}.efficiency"] = spec.efficiency
+        for name in PROTOCOL_SCALARS:
+            vals[f"protocols.{v}.{name}"] = getattr(spec, name)
+        for hop, us in spec.hop_latency_us:
+            vals[f"protocols.{v}.hop.{hop.value}"] = us
     return vals
 
 
-def _free(points: list[_Point], vals: dict[str, float]) -> list[str]:
-    """The parameters some point's time depends on (the rest keep the base machine's)."""
+def _uses(p: _Point, vals: dict[str, float]) -> set[str]:
+    """The parameters a point's time depends on."""
+    v = p.proto.value
     used: set[str] = set()
-    for p in points:
-        v = p.proto.value
-        if p.host_gpus:
-            used |= {"launch_us", "launch_per_channel_us"}
-        if p.latency[0]:
-            used.add(f"protocols.{v}.base_latency_us")
-        if p.latency[1]:
-            used.add(f"protocols.{v}.hop.{p.intra.value}")
-        if p.latency[2]:
-            used.add(f"protocols.{v}.hop.network")
-        if p.latency[3]:
-            used.add("nvls_latency_us")
-        if p.nvls:
-            used.add("nvls_efficiency")
-        elif not p.p2p and p.proto is not Protocol.LL and (p.per_byte[_NVLINK] or p.per_byte[_NIC]):
-            used.add(f"protocols.{v}.efficiency")  # LL's is its format: half of every word is flag
-        if p.per_byte[_NVLINK] and (p.nvls or p.p2p):
-            used.add("scale.nvlink")  # else the protocols' efficiencies stand for it
+    if p.host_gpus:
+        used |= {"launch_us", "launch_per_channel_us"}
+    if p.latency[0]:
+        used.add(f"protocols.{v}.base_latency_us")
+    if p.latency[1]:
+        used.add(f"protocols.{v}.hop.{p.intra.value}")
+    if p.latency[2]:
+        used.add(f"protocols.{v}.hop.network")
+    if p.latency[3]:
+        used.add("nvls_latency_us")
+    if p.nvls:
+        used.add("nvls_efficiency")
+    elif not p.p2p and p.proto is not Protocol.LL and any(p.per_byte[:_FIXED]):
+        used.add(f"protocols.{v}.efficiency")  # LL's is its format: half of every word is flag
+    for k, rate in enumerate(RATES):
+        if p.per_byte[k] and (p.nvls or p.p2p or not rate.ring_reference):
+            used.add(f"scale.{rate.name}")  # a ring over the reference link fits the efficiency instead
+    if p.p2p:
+        used.add("p2p_channel_bandwidth_gb_per_s")
         if p.per_byte[_NIC]:
-            used.add("scale.nic")
-        if p.p2p:
-            used.add("p2p_channel_bandwidth_gb_per_s")
-            if p.per_byte[_NIC]:
-                used.add("p2p_net_efficiency")
-        elif not p.nvls and math.isfinite(vals[f"protocols.{v}.channel_bandwidth_gb_per_s"]):
-            used.add(f"protocols.{v}.channel_bandwidth_gb_per_s")
-    return [k for k in vals if k in used and vals[k] > 0 and math.isfinite(vals[k])]
+            used.add("p2p_net_efficiency")
+    elif not p.nvls and math.isfinite(vals[f"protocols.{v}.channel_bandwidth_gb_per_s"]):
+        used.add(f"protocols.{v}.channel_bandwidth_gb_per_s")
+    return {k for k in used if k in vals and vals[k] > 0 and math.isfinite(vals[k])}
 
 
 PRIOR = 0.0002
@@ -336,89 +397,87 @@ the ones the logs barely constrain where NCCL's constants put them."""
 SCALE = 0.05
 """Relative error at which a point's loss turns from square to linear (soft-L1): a
 noisy point (nccl-tests has them) pulls the fit less than a systematic error."""
+ROUNDS = 4
+"""Most fits of the closed form, each on the machine the one before wrote (NCCL's choices
+of algorithm, protocol and channels follow the fitted rates)."""
 
 
-def fit(machine: Machine, logs: list[NcclTestsLog], runs: list[Run], progress: Callable[[str], None] = lambda _: None) -> tuple[dict[str, float], list[_Point]]:
-    """The values of the parameters the points depend on, fitted (see the module doc), and
-    the points."""
-    points = _points(machine, logs, runs)
-    vals = _parameters(machine, points)
-    free = _free(points, vals)
-    start = [math.log(vals[k]) for k in free]
-    cfg = machine.nccl
+@dataclass(frozen=True)
+class Fitted:
+    """What `fit` found."""
+
+    values: dict[str, float]
+    """The fitted parameters (machine-file names: `launch_us`, `protocols.ll.base_latency_us`, `scale.nic`)."""
+    machine: Machine
+    """The base machine with them, as its machine file holds them (rounded)."""
+    text: str
+    """That machine file."""
+    uses: tuple[frozenset[str], ...]
+    """Per log, the parameters its points depend on."""
+
+
+def fit(base: Machine, base_text: str, logs: list[NcclTestsLog], runs: list[Run], sources: list[str],
+        progress: Callable[[str], None] = lambda _: None) -> Fitted:  # fmt: skip
+    """Fit the parameters the logs' points depend on (see the module doc): the closed form
+    is minimised on the choices of the machine of the round before, until the fitted
+    machine makes the same choices (the closed form then is the simulator's model)."""
+    start_vals = _parameters(base)
+    values: dict[str, float] = {}
+    machine, text = base, base_text
+    points = _points(base, base, logs, runs)
+    for r in range(ROUNDS):
+        free = sorted(set().union(*(_uses(p, start_vals) for p in points)))
+        values = _minimise(points, start_vals, free, {**start_vals, **values}, lambda msg: progress(f"round {r + 1}: {msg}"))
+        text = fitted_machine_text(base_text, values, sources)
+        machine = load_machine_text(text, "<fitted machine>")
+        again = _points(machine, base, logs, runs)
+        if [p.choice for p in again] == [p.choice for p in points]:
+            points = again
+            break
+        changed = sum(a.choice != b.choice for a, b in zip(again, points))
+        progress(f"round {r + 1}: NCCL's choice moved at {changed} of {len(points)} points on the fitted machine; fitting again")
+        points = again
+    uses = tuple(frozenset(set().union(*(_uses(p, start_vals) for p in points if p.log == li))) for li in range(len(logs)))
+    return Fitted(values, machine, text, uses)
+
+
+def _minimise(points: list[_Point], base_vals: dict[str, float], free: list[str], start: dict[str, float],
+              progress: Callable[[str], None]) -> dict[str, float]:  # fmt: skip
+    """The free parameters' values minimising the points' soft-L1 log error, pulled towards
+    `base_vals` (`PRIOR`), from `start`."""
+    centre = [math.log(base_vals[k]) for k in free]
+    x0 = [math.log(start[k]) for k in free]
     measured = [p.measured_us for p in points]
+    vals = dict(start)
 
     def loss(x: list[float]) -> float:
-        v = dict(vals)
         for k, xi in zip(free, x):
-            v[k] = math.exp(xi)
-        if any(v[k] > 1.0 for k in free if k.endswith("efficiency")):
+            vals[k] = math.exp(xi)
+        if any(vals[k] > 1.0 for k in free if k.endswith("efficiency")):
             return math.inf  # a fraction of the link
         total = 0.0
-        for pred, meas in zip(_predict(points, v, cfg), measured):
+        for pred, meas in zip(_predict(points, vals), measured):
             e = math.log(pred / meas) / SCALE
             total += 2.0 * (math.sqrt(1.0 + e * e) - 1.0)
-        return total + PRIOR / SCALE**2 * sum((xi - si) ** 2 for xi, si in zip(x, start))
+        return total + PRIOR / SCALE**2 * sum((xi - si) ** 2 for xi, si in zip(x, centre))
 
-    best = _nelder_mead(loss, start, progress)
-    return {k: math.exp(xi) for k, xi in zip(free, best)}, points
-
-
-def _nelder_mead(f: Callable[[list[float]], float], x0: list[float], progress: Callable[[str], None], rounds: int = 4) -> list[float]:
-    """Minimise f from x0 (Nelder-Mead, restarted `rounds` times from the best point)."""
-    x = list(x0)
-    n = len(x)
-    if n == 0:
-        return x
-    for r in range(rounds):
-        simplex = [list(x)] + [[xi + (0.3 if i == j else 0.0) for j, xi in enumerate(x)] for i in range(n)]
-        values = [f(s) for s in simplex]
-        for _ in range(400 * n):
-            order = sorted(range(n + 1), key=values.__getitem__)
-            simplex = [simplex[i] for i in order]
-            values = [values[i] for i in order]
-            if values[-1] - values[0] < 1e-9 * (1.0 + abs(values[0])):
-                break
-            centre = [sum(s[j] for s in simplex[:-1]) / n for j in range(n)]
-            worst = simplex[-1]
-            refl = [c + (c - w) for c, w in zip(centre, worst)]
-            fr = f(refl)
-            if fr < values[0]:
-                exp = [c + 2.0 * (c - w) for c, w in zip(centre, worst)]
-                fe = f(exp)
-                simplex[-1], values[-1] = (exp, fe) if fe < fr else (refl, fr)
-            elif fr < values[-2]:
-                simplex[-1], values[-1] = refl, fr
-            else:
-                contr = [c + 0.5 * (w - c) for c, w in zip(centre, worst)]
-                fc = f(contr)
-                if fc < values[-1]:
-                    simplex[-1], values[-1] = contr, fc
-                else:
-                    best = simplex[0]
-                    simplex = [best] + [[b + 0.5 * (s - b) for b, s in zip(best, p)] for p in simplex[1:]]
-                    values = [values[0]] + [f(p) for p in simplex[1:]]
-        x = simplex[min(range(n + 1), key=values.__getitem__)]
-        progress(f"fit round {r + 1}/{rounds}: loss {min(values):.4g}")
-    return x
+    best = nelder_mead(loss, x0, progress)
+    return {k: math.exp(xi) for k, xi in zip(free, best)}
 
 
 # ---- the machine file -------------------------------------------------------------------
 
 
-def fitted_machine_dict(base_text: str, values: dict[str, float], sources: list[str]) -> dict:
-    """The base machine file (YAML, as a dict) with the fitted values in place."""
+def fitted_machine_text(base_text: str, values: dict[str, float], sources: list[str]) -> str:
+    """The base machine file with the fitted values in place (YAML)."""
     doc = yaml.safe_load(base_text)
     nccl_doc = doc.setdefault("nccl", {})
     protocols = nccl_doc.setdefault("protocols", {})
+    rates = {f"scale.{r.name}": r for r in RATES}
     for name, v in values.items():
         parts = name.split(".")
-        if parts[0] == "scale":
-            kind = parts[1]
-            for link in doc["topology"]["links"]:
-                is_nic = NETWORK_VERTEX in {e for pair in link["between"] for e in pair}
-                if (kind == "nvlink" and link["kind"] == "nvlink") or (kind == "nic" and is_nic):
-                    link["bandwidth_gb_per_s"] = _round(float(link["bandwidth_gb_per_s"]) * v)
+        if name in rates:
+            rates[name].write(doc, v)
         elif parts[0] == "protocols":
             entry = protocols.setdefault(parts[1], {})
             if parts[2] == "hop":
@@ -429,7 +488,7 @@ def fitted_machine_dict(base_text: str, values: dict[str, float], sources: list[
         else:
             nccl_doc[name] = _round(v)
     doc["doc"] = f"{doc.get('doc', '')} NCCL physics fitted to nccl-tests logs ({', '.join(Path(s).name for s in sources)})."
-    return doc
+    return yaml.safe_dump(doc, sort_keys=False)
 
 
 def _round(v: float) -> float:
@@ -437,50 +496,104 @@ def _round(v: float) -> float:
 
 
 def from_nccl_tests(paths: list[str], out: str, base: str | None = None, algo: Algo | None = None, proto: Protocol | None = None,
-                    echo: Callable[[str], None] = print) -> Machine:  # fmt: skip
+                    echo: Callable[[str], None] = print, progress: Progress | None = None) -> Machine:  # fmt: skip
     """Fit a machine to nccl-tests logs and write it to `out` (see the module doc); returns
     the machine read back from the file. `algo`/`proto`: NCCL_ALGO / NCCL_PROTO of the
-    runs whose logs do not say (NCCL INFO lines)."""
+    runs whose logs do not say (NCCL INFO lines). Nothing is left at `out` if it fails."""
     require_output_folder("--out", out)
-    logs = read_logs(paths)
+    if Path(out).is_dir():
+        raise UsageError(f"--out {out}: a folder; give the path of the machine file to write", hint="e.g. --out cluster.yaml")
+    progress = progress or Progress("calibrate", enabled=False)
+    notes: list[str] = []
+    logs = read_logs(paths, notes)
+    for note in notes:
+        echo(f"calibrate: {note}")
     preset = base or DEVICE_PRESETS.get(logs[0].device)
     if preset is None:
-        raise UsageError(f"no base machine for GPU '{logs[0].device}': name one with --machine (a preset or file with "
-                         "nccl: and the cluster's node topology)", hint="e.g. --machine dgx-h100")  # fmt: skip
+        raise UsageError(f"no base machine for GPU '{logs[0].device or 'not named in the logs'}': name one with --machine (a preset "
+                         "or file with nccl: and the cluster's node topology)", hint="e.g. --machine dgx-h100")  # fmt: skip
     machine = resolve_machine(preset)
     if machine.nccl is None:
         raise UsageError(f"machine {machine.name} has no nccl: section to fit", hint="use dgx-h100 or dgx-a100 as the base")
     runs = [Run.of(log, algo, proto) for log in logs]
+    for run in runs:
+        bench_machine(machine, run)  # the layout is one the base machine can run, before any work
     echo(f"calibrate: {sum(len(l.points) for l in logs)} points in {len(logs)} log(s), base machine {machine.name}")
-    fitted, points = fit(machine, logs, runs, lambda msg: echo(f"calibrate: {msg}"))
-    doc = fitted_machine_dict(Path(machine.source).read_text(), fitted, paths)
+    progress.phase("fitting")
+    fitted = fit(machine, Path(machine.source).read_text(), logs, runs, paths, lambda msg: progress.phase(f"fitting, {msg}"))
+    doc = yaml.safe_load(fitted.text)
     doc["name"] = Path(out).stem
     doc["calibration"] = asdict(Calibration.now("commdsl calibrate --from-nccl-tests", ", ".join(Path(p).name for p in paths)))
     header = (f"# Written by `commdsl calibrate --from-nccl-tests` from {len(logs)} nccl-tests log(s):\n"
               + "".join(f"#   {p}\n" for p in paths) + f"# base machine: {machine.name} ({machine.source})\n")  # fmt: skip
-    Path(out).write_text(header + yaml.safe_dump(doc, sort_keys=False))
-    machine_out = load_machine(out)
-    _report(machine_out, logs, runs, points, {**_parameters(machine, points), **fitted}, echo)
-    return machine_out
+    text = header + yaml.safe_dump(doc, sort_keys=False)
+    machine_out = load_machine_text(text, out)
+    report = simulated_errors(machine_out, logs, runs, progress)
+    # Written last, in one rename: a failure before leaves nothing claiming to be a calibration.
+    tmp = Path(out).with_name(f".{Path(out).name}.{os.getpid()}.tmp")
+    try:
+        write_text(tmp, text, "--out")
+        os.replace(tmp, out)
+    finally:
+        tmp.unlink(missing_ok=True)
+    _report(machine, logs, fitted, report, echo)
+    return load_machine(out)
 
 
-def _report(machine: Machine, logs: list[NcclTestsLog], runs: list[Run], points: list[_Point], values: dict[str, float],
-            echo: Callable[[str], None]) -> None:  # fmt: skip
-    """Per log: the simulator's error on its points (the closed form's, for many points)."""
-    pred = _predict(points, values, machine.nccl)
+def simulated_errors(machine: Machine, logs: list[NcclTestsLog], runs: list[Run], progress: Progress | None = None) -> list[list[float]]:
+    """Per log, the simulator's relative error (predicted / measured - 1) at every point."""
+    progress = progress or Progress("calibrate", enabled=False)
+    progress.phase("simulating the logs' points on the fitted machine", sum(len(log.points) for log in logs), "points")
+    out = []
+    for log, run in zip(logs, runs):
+        errs = []
+        for p in log.points:
+            errs.append(simulate_run(machine, run, p.size_bytes) / p.time_us - 1.0)
+            progress.advance()
+        out.append(errs)
+    return out
+
+
+SPLIT_BYTES = 64 * 2**20
+"""Calibrate-then-predict (`holdout_errors`) splits each log's sizes here."""
+
+
+def holdout_errors(base: Machine, logs: list[NcclTestsLog], runs: list[Run], split_bytes: int = SPLIT_BYTES,
+                   progress: Callable[[str], None] = lambda _: None) -> dict[str, list[float]]:  # fmt: skip
+    """Calibrate-then-predict: fit the logs' sizes <= `split_bytes` and simulate the larger
+    ones on the fitted machine, then the reverse. The simulator's relative errors on the
+    points left out, by direction ("small->large", "large->small"); a direction whose
+    training or held-out side is empty in every log is left out."""
+    text = Path(base.source).read_text()
+    out = {}
+    for name, train_small in (("small->large", True), ("large->small", False)):
+        train, held, kept = [], [], []
+        for log, run in zip(logs, runs):
+            small = tuple(p for p in log.points if p.size_bytes <= split_bytes)
+            large = tuple(p for p in log.points if p.size_bytes > split_bytes)
+            fit_pts, test_pts = (small, large) if train_small else (large, small)
+            if fit_pts:
+                train.append(replace(log, points=fit_pts))
+                kept.append(run)
+                held.append((run, test_pts))
+        if not train or not any(pts for _, pts in held):
+            continue
+        fitted = fit(base, text, train, kept, [log.path for log in train], progress)
+        out[name] = [simulate_run(fitted.machine, run, p.size_bytes) / p.time_us - 1.0 for run, pts in held for p in pts]
+    return out
+
+
+def _report(base: Machine, logs: list[NcclTestsLog], fitted: Fitted, errors: list[list[float]], echo: Callable[[str], None]) -> None:
+    """Per log: the simulator's error on its points, and which parameters the logs fitted."""
+    every = set(_parameters(base))
     for li, log in enumerate(logs):
-        errs = [abs(p / pt.measured_us - 1.0) for p, pt in zip(pred, points) if pt.log == li]
-        sims = [abs(simulate_run(machine, runs[li], pt.size_bytes) / pt.time_us - 1.0) for pt in _spread(log.points, 6)]
-        echo(f"  {Path(log.path).name}: {log.tool} on {log.ranks} GPUs ({log.nodes} node(s)): median error "
-             f"{100 * statistics.median(errs):.1f}%, worst {100 * max(errs):.1f}% over {len(errs)} sizes; simulator at "
-             f"{len(sims)} sizes: worst {100 * max(sims):.1f}%")  # fmt: skip
-
-
-def _spread(points: Iterable, k: int) -> list:
-    pts = list(points)
-    if len(pts) <= k:
-        return pts
-    return [pts[round(i * (len(pts) - 1) / (k - 1))] for i in range(k)]
+        errs = [abs(e) for e in errors[li]]
+        used = sorted(fitted.uses[li] & set(fitted.values))
+        echo(f"  {log.path}: {log.tool} on {log.ranks} GPUs ({log.nodes} node(s)): simulator's error median "
+             f"{100 * statistics.median(errs):.1f}%, worst {100 * max(errs):.1f}% over {len(errs)} sizes")  # fmt: skip
+        echo(f"    fitted: {', '.join(used) or 'nothing'}; from {base.name}: the other {len(every) - len(used)} parameters and the topology")
+    rest = sorted(every - set(fitted.values))
+    echo(f"  not fitted (no point depends on them), from {base.name}: {', '.join(rest)}")
 
 
 def main_from_nccl_tests(paths: list[str], out: str | None, base: str | None, algo: str | None, proto: str | None) -> int:
@@ -489,7 +602,8 @@ def main_from_nccl_tests(paths: list[str], out: str | None, base: str | None, al
         raise UsageError("--from-nccl-tests needs --out FILE (the machine file to write)")
     a = _enum(Algo, algo, "--nccl-algo")
     p = _enum(Protocol, proto, "--nccl-proto")
-    from_nccl_tests(paths, out, base, a, p, echo=lambda s: print(s, file=sys.stderr, flush=True))
+    with Progress("calibrate") as progress:
+        from_nccl_tests(paths, out, base, a, p, echo=lambda s: print(s, file=sys.stderr, flush=True), progress=progress)
     print(out)
     return 0
 

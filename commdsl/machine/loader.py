@@ -17,6 +17,7 @@ from commdsl.files import is_file, read_text
 from commdsl.ir import COLLECTIVE_KINDS, REDUCING_KINDS, Dtype, OpKind, ReduceOp, Transport
 from commdsl.limits import (MAX_FACTOR, MAX_MACHINE_COUNT, MAX_MACHINE_TIME_US, MAX_SIZE_BYTES, MAX_STALLS_PER_S, MAX_WORLD_SIZE,
                             MIN_BANDWIDTH_GB_PER_S, MIN_TFLOPS)
+from commdsl.machine.nccl_loader import read_nccl
 from commdsl.machine.model import (ANY_DTYPE, IMPLIED_LINK_KINDS, NETWORK_VERTEX, Calibration, ComputeNoise, CpuContention,
                                    DeviceKind, DeviceSpec, GpuContention, LinkKind, LinkSpec, Machine, OpInterference, Topology,
                                    TopologyLink, VertexKind)
@@ -316,8 +317,6 @@ class _MachineReader:
         contention = self.contention(top, device)
         nccl = None
         if "nccl" in top:
-            from commdsl.machine.nccl_loader import read_nccl  # a machine with NCCL's model only
-
             nccl = read_nccl(self, top["nccl"][1], topology)
         return Machine(
             name=self.string(top["name"][1], "name") if "name" in top else default_name,

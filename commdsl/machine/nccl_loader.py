@@ -24,8 +24,9 @@
 
 from __future__ import annotations
 
+import enum
 from dataclasses import replace
-from typing import TYPE_CHECKING
+from typing import Protocol as Interface
 
 import yaml
 
@@ -36,8 +37,24 @@ from commdsl.machine.model import Topology, VertexKind
 from commdsl.machine.nccl import (NCCL_ALGOS, PROTOCOLS, CpuVendor, Generation, HopKind, NcclConfig, ProtocolSpec,
                                   default_protocol)  # fmt: skip
 
-if TYPE_CHECKING:
-    from commdsl.machine.loader import _MachineReader
+
+
+class FieldReader(Interface):
+    """What `read_nccl` needs of the machine file's reader (`commdsl.machine.loader`): the
+    checked reading of one field each, failures naming the field's line. Declared here so
+    that this module needs nothing of the loader, which imports it."""
+
+    def fail(self, message: str, node: yaml.Node, hint: str | None = None) -> Exception: ...
+    def mapping(self, node: yaml.Node, what: str, known: tuple[str, ...] | None, required: tuple[str, ...] = ()) -> dict[str, tuple[yaml.Node, yaml.Node]]: ...
+    def number(self, node: yaml.Node, what: str, *, positive: bool = False, allow_inf: bool = False, minimum: float | None = None,
+               maximum: float | None = None) -> float: ...  # fmt: skip
+    def time_us(self, node: yaml.Node, what: str, *, positive: bool = False) -> float: ...
+    def rate(self, node: yaml.Node, what: str, minimum: float) -> float: ...
+    def integer(self, node: yaml.Node, what: str, minimum: int, maximum: int = ...) -> int: ...
+    def string(self, node: yaml.Node, what: str) -> str: ...
+    def text(self, node: yaml.Node) -> str: ...
+    def value(self, node: yaml.Node) -> object: ...
+    def enum(self, node: yaml.Node, enum_cls: type[enum.Enum], what: str) -> enum.Enum: ...
 
 _KEYS = (
     "generation", "channels", "cpu", "nvls", "nvls_channels", "nvls_latency_us", "nvls_efficiency", "collnet", "p2p_channels",
@@ -47,7 +64,7 @@ _PROTOCOL_KEYS = ("base_latency_us", "hop_latency_us", "efficiency", "channel_ba
 _MAX_CHANNELS = 64  # NCCL's MAXCHANNELS
 
 
-def read_nccl(r: _MachineReader, node: yaml.Node, topology: Topology | None) -> NcclConfig:
+def read_nccl(r: FieldReader, node: yaml.Node, topology: Topology | None) -> NcclConfig:
     """`nccl:` (see the module doc); needs a topology: NCCL's rings run over its links."""
     keys = r.mapping(node, "nccl", _KEYS, ("generation", "channels"))
     if topology is None:
@@ -91,7 +108,7 @@ def read_nccl(r: _MachineReader, node: yaml.Node, topology: Topology | None) -> 
     return cfg
 
 
-def _flag(r: _MachineReader, keys: dict, name: str) -> bool:
+def _flag(r: FieldReader, keys: dict, name: str) -> bool:
     if name not in keys:
         return False
     node = keys[name][1]
@@ -101,7 +118,7 @@ def _flag(r: _MachineReader, keys: dict, name: str) -> bool:
     return v
 
 
-def _count(r: _MachineReader, keys: dict, name: str, low: int, high: int) -> int:
+def _count(r: FieldReader, keys: dict, name: str, low: int, high: int) -> int:
     node = keys[name][1]
     v = r.integer(node, f"nccl.{name}", low)
     if v > high:
@@ -109,14 +126,14 @@ def _count(r: _MachineReader, keys: dict, name: str, low: int, high: int) -> int
     return v
 
 
-def _fraction(r: _MachineReader, node: yaml.Node, what: str) -> float:
+def _fraction(r: FieldReader, node: yaml.Node, what: str) -> float:
     v = r.number(node, what, positive=True)
     if v > 1.0:
         raise r.fail(f"{what} is a fraction of the link's bandwidth: more than 0 and at most 1, got {node.value}", node)
     return v
 
 
-def _names(r: _MachineReader, node: yaml.Node, what: str, known: dict) -> list:
+def _names(r: FieldReader, node: yaml.Node, what: str, known: dict) -> list:
     """A name or a list of names (NCCL_ALGO / NCCL_PROTO style), each one of `known`."""
     items = node.value if isinstance(node, yaml.SequenceNode) else [node]
     if not items:
@@ -130,7 +147,7 @@ def _names(r: _MachineReader, node: yaml.Node, what: str, known: dict) -> list:
     return out
 
 
-def _algos(r: _MachineReader, node: yaml.Node, cfg: NcclConfig) -> frozenset[Algo]:
+def _algos(r: FieldReader, node: yaml.Node, cfg: NcclConfig) -> frozenset[Algo]:
     algos = frozenset(_names(r, node, "nccl.algo", {a.value: a for a in NCCL_ALGOS}))
     lacking = {Algo.NVLS: cfg.nvls, Algo.NVLS_TREE: cfg.nvls, Algo.COLLNET_DIRECT: cfg.collnet, Algo.COLLNET_CHAIN: cfg.collnet}
     for a in sorted(algos, key=NCCL_ALGOS.index):
@@ -140,7 +157,7 @@ def _algos(r: _MachineReader, node: yaml.Node, cfg: NcclConfig) -> frozenset[Alg
     return algos
 
 
-def _protocols(r: _MachineReader, node: yaml.Node, cfg: NcclConfig) -> tuple[tuple[Protocol, ProtocolSpec], ...]:
+def _protocols(r: FieldReader, node: yaml.Node, cfg: NcclConfig) -> tuple[tuple[Protocol, ProtocolSpec], ...]:
     given = r.mapping(node, "nccl.protocols", tuple(p.value for p in PROTOCOLS))
     out = []
     for proto in PROTOCOLS:
@@ -167,7 +184,7 @@ def _protocols(r: _MachineReader, node: yaml.Node, cfg: NcclConfig) -> tuple[tup
     return tuple(out)
 
 
-def _check_nvswitch(r: _MachineReader, node: yaml.Node, topology: Topology) -> None:
+def _check_nvswitch(r: FieldReader, node: yaml.Node, topology: Topology) -> None:
     """NVLS reduces in an NVSwitch: every GPU needs a link to a vertex of kind nvswitch."""
     switches = {name for name, kind in topology.vertices if kind is VertexKind.NVSWITCH}
     for i in range(topology.gpus_per_node):

@@ -1,0 +1,161 @@
+"""nccl-tests logs that cannot be read (issue 43 points 1 and 2): a table per class, each
+row a `LogError` (or a usage error) naming the file and the line, never a traceback or a
+hang; every number is checked where it is read, against commdsl.limits."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from commdsl.calibrate.nccl_logs import parse_given, parse_logs, read_logs
+from commdsl.errors import CommdslError, LogError, UsageError
+from commdsl.limits import MAX_WORLD_SIZE
+
+HEADER = """# nccl-tests version 2.17.9 nccl-headers=22602 nccl-library=22602
+# Collective test starting: all_reduce_perf
+# nThread 1 nGpus 2 minBytes 8 maxBytes 1024 step: 2(factor) warmup iters: 5 iters: 20 agg iters: 1 validation: 1 graph: 0
+#
+# Using devices
+#  Rank  0 Group  0 Pid   4000 on      node0 device  0 [0000:18:00] NVIDIA H100 80GB HBM3
+#  Rank  1 Group  0 Pid   4000 on      node0 device  1 [0000:19:00] NVIDIA H100 80GB HBM3
+#
+#       size         count      type   redop    root     time   algbw   busbw  #wrong     time   algbw   busbw  #wrong
+#        (B)    (elements)                               (us)  (GB/s)  (GB/s)             (us)  (GB/s)  (GB/s)
+"""
+ROW = "        1024           256     float     sum      -1    10.00    0.10    0.10       0    10.00    0.10    0.10       0\n"
+END = "# Out of bounds values : 0 OK\n# Avg bus bandwidth    : 0.1\n#\n# Collective test concluded: all_reduce_perf\n"
+GOOD = HEADER + ROW + END
+BIG = "1" + "0" * 5000
+
+
+def _row(old: str, new: str) -> str:
+    return HEADER + ROW.replace(old, new, 1) + END
+
+
+# (name, text, line, column or None, message)
+STRUCTURE = [
+    ("another tool", "---\nRDMA_Write BW Test\n #bytes  #iterations  BW peak[Gb/sec]\n 65536  5000  97.5\n", 1, None, "not nccl-tests output"),
+    ("cut mid-line", HEADER + ROW + "        2048           512     float     sum      -1    10.5", 12, 1, "cut-off result line"),
+    ("no summary", HEADER + ROW, 11, None, "truncated: the run of line 3"),
+    ("no results", HEADER, 10, None, "no results"),
+    ("a run cut off before the next", HEADER + ROW + HEADER.split("\n", 1)[1] + ROW + END, 13, None, "run of line 3 has no closing"),
+    ("rank listed twice", HEADER.replace("#  Rank  1 Group", "#  Rank  0 Group") + ROW + END, 7, None, "rank 0 is listed twice"),
+    ("mixed GPU counts", HEADER.replace("#  Rank  1 Group  0 Pid   4000", "#  Rank  1 Group  0 Pid   4001").replace("nGpus 2", "nGpus 1")
+     .replace("#\n#       size", "#  Rank  2 Group  0 Pid   4001 on      node0 device  2 [0000:1a:00] NVIDIA H100 80GB HBM3\n#\n#       size")
+     + ROW + END, 3, None, "processes drive different numbers of GPUs"),
+    ("hosts with different GPU counts", HEADER.replace("nGpus 2", "nGpus 1").replace("Pid   4000 on      node0 device  1", "Pid   4001 on      node1 device  0")
+     .replace("#\n#       size", "#  Rank  2 Group  0 Pid   4002 on      node1 device  1 [0000:1a:00] NVIDIA H100 80GB HBM3\n#\n#       size")
+     + ROW + END, 3, None, "the hosts run different numbers of GPUs"),
+    ("ranks not a multiple", HEADER.replace("nGpus 2", "nGpus 4") + ROW + END, 3, None, "not a multiple of nGpus 4"),
+    ("missing ranks", HEADER.replace("Rank  1 Group", "Rank  3 Group") + ROW + END, 3, None, "ranks [1, 2] are missing"),
+    ("unknown type", _row("float", "quad"), 11, 32, "type 'quad'"),
+    ("two types", HEADER + ROW + ROW.replace("float", " half") + END, 12, 33, "type fp16 after fp32"),
+    ("time not a number", _row("10.00    0.10", "oops    0.10"), 11, 57, "time 'oops' is not a number"),
+    ("unknown tool", HEADER.replace("all_reduce_perf", "hypercube_perf", 1) + ROW + END, 2, None, "hypercube_perf"),
+    ("mixed GPUs", HEADER.replace("device  1 [0000:19:00] NVIDIA H100 80GB HBM3", "device  1 [0000:19:00] NVIDIA A100-SXM4-80GB") + ROW + END,
+     3, None, "mixes GPUs"),
+    ("summary without results", HEADER + END, 12, None, "closing summary with no results"),
+    ("titles without a time", HEADER.replace("  time", "  tiem") + ROW + END, 9, None, "without `time` and `type`"),
+    ("no rank lines", "".join(line + "\n" for line in HEADER.splitlines() if "Rank" not in line) + ROW + END, 3, None, "no `# Rank N"),
+]  # fmt: skip
+
+NUMBERS = [
+    ("size of 5,000 digits", _row("        1024", BIG), 11, 1, "size 100000000000... (5001 characters) is out of range"),
+    ("count of 5,000 digits", _row("256", BIG), 11, 24, "count 100000000000... (5001 characters) is out of range"),
+    ("negative size", _row("        1024", "       -1024"), 11, 8, "size -1024 is out of range: it must be from 0 to 1125899906842624"),
+    ("size past 1 PiB", _row("        1024", "1125899906842625"), 11, 1, "size 1125899906842625 is out of range"),
+    ("fractional size", _row("        1024", "      1024.5"), 11, 7, "size '1024.5' is not a whole number"),
+    ("time inf", _row("10.00    0.10", "inf    0.10"), 11, 57, "time inf us: times are positive finite numbers"),
+    ("time nan", _row("10.00    0.10", "nan    0.10"), 11, 57, "time nan us"),
+    ("time 1e300", _row("10.00    0.10", "1e300    0.10"), 11, 57, "time 1e300 us is above the limit of 1e+09 us"),
+    ("time negative", _row("10.00    0.10", "-3.0    0.10"), 11, 57, "time -3.0 us"),
+    ("time zero", _row("10.00    0.10", "0.00    0.10"), 11, 57, "time 0.00 us"),
+    ("time of 5,000 digits", _row("10.00    0.10", BIG + "    0.10"), 11, 57, "time 100000000000... (5001 characters) us: times are positive"),
+    ("nGpus 0", HEADER.replace("nGpus 2", "nGpus 0") + ROW + END, 3, 19, "nGpus 0 is out of range: it must be from 1 to 65536"),
+    ("nThread 0", HEADER.replace("nThread 1", "nThread 0") + ROW + END, 3, 11, "nThread 0 is out of range"),
+    ("nGpus of 5,000 digits", HEADER.replace("nGpus 2", f"nGpus {BIG}") + ROW + END, 3, 19, "nGpus 100000000000... (5001 characters) is out of range"),
+    ("nGpus not a number", HEADER.replace("nGpus 2", "nGpus two") + ROW + END, 3, 19, "nGpus 'two' is not a whole number"),
+    ("rank 10^11", HEADER.replace("Rank  1 Group", "Rank 100000000000 Group") + ROW + END, 7, 9, "rank 100000000000 is out of range: it must be from 0 to 65535"),
+    ("rank of 5,000 digits", HEADER.replace("Rank  1 Group", f"Rank {BIG} Group") + ROW + END, 7, 9, "rank 100000000000... (5001 characters)"),
+    ("device 10^30", HEADER.replace("device  1 [", f"device {10**30} ["), 7, 53, "device 100000000000... (31 characters) is out of range: it must be from 0 to 65536"),
+    ("graph of 5,000 digits", HEADER.replace("graph: 0", f"graph: {BIG}") + ROW + END, 3, 122, "graph 100000000000... (5001 characters)"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("name,text,line,column,message", STRUCTURE + NUMBERS, ids=[r[0] for r in STRUCTURE + NUMBERS])
+def test_bad_logs_are_errors_naming_the_line(name, text, line, column, message):
+    with pytest.raises(LogError) as info:
+        parse_logs(text, "bad.log")
+    assert message in info.value.message
+    loc = info.value.loc
+    assert loc is not None and loc.file == "bad.log" and loc.line == line, loc
+    if column is not None:
+        assert loc.column == column, loc
+    assert "Traceback" not in info.value.format()
+
+
+def test_a_world_past_the_limit_is_refused_at_its_rank_line():
+    ranks = "".join(f"#  Rank {r:2d} Group  0 Pid {r:6d} on      n{r // 8:05d} device  {r % 8} [0000:18:00] NVIDIA H100 80GB HBM3\n"
+                    for r in range(70_000))  # fmt: skip
+    text = HEADER.replace("nGpus 2", "nGpus 1").split("#  Rank", 1)[0] + ranks + ROW + END
+    with pytest.raises(LogError) as info:
+        parse_logs(text, "huge.log")
+    assert info.value.loc.file == "huge.log" and info.value.loc.line == 6 + MAX_WORLD_SIZE
+    assert f"rank {MAX_WORLD_SIZE} is out of range" in info.value.message
+
+
+GIVEN = [
+    ("all_reduce_perf:0=x.log", "the GPU count after 'all_reduce_perf:' must be a whole number from 1 to 65536, got '0'"),
+    ("all_reduce_perf:eight=x.log", "got 'eight'"),
+    (f"all_reduce_perf:{BIG}=x.log", "must be a whole number"),
+    ("all_reduce_perf:70000=x.log", "got '70000'"),
+]
+
+
+@pytest.mark.parametrize("arg,message", GIVEN, ids=[g[0][:30] for g in GIVEN])
+def test_bad_given_values_are_usage_errors(arg, message):
+    with pytest.raises(UsageError) as info:
+        parse_given(arg)
+    assert message in info.value.message
+
+
+def test_given_values_must_agree_with_the_log(tmp_path):
+    log = tmp_path / "a.log"
+    log.write_text(GOOD)
+    with pytest.raises(LogError, match="the log is all_reduce_perf's, not all_gather_perf's") as info:
+        read_logs([f"all_gather_perf={log}"])
+    assert info.value.loc.line == 2
+    with pytest.raises(LogError, match="the run has 2 GPUs, not 4 as the command line says"):
+        read_logs([f"all_reduce_perf:4={log}"])
+    (weird := tmp_path / "a=b.log").write_text(GOOD)  # a file name with "=" that names no tool
+    assert read_logs([str(weird)])[0].ranks == 2
+
+
+def _special_files(tmp_path) -> list[tuple[str, str]]:
+    fifo = tmp_path / "fifo.log"
+    os.mkfifo(fifo)
+    loop = tmp_path / "loop.log"
+    loop.symlink_to(loop)
+    (bad := tmp_path / "latin1.log").write_bytes(GOOD.encode().replace(b"node0", b"n\xe9ud0"))
+    return [(str(fifo), "not a regular file"), (str(tmp_path), "not a regular file"), (str(loop), "cannot read nccl-tests log"),
+            (str(tmp_path / "nope.log"), "no such file"), (str(bad), "not UTF-8 text")]  # fmt: skip
+
+
+def test_files_that_are_not_logs_are_refused_without_blocking(tmp_path):
+    for path, message in _special_files(tmp_path):
+        with pytest.raises(CommdslError) as info:
+            read_logs([path])
+        assert message in info.value.message, (path, info.value.message)
+
+
+def test_the_command_line_refuses_a_fifo_without_blocking(tmp_path):
+    fifo = tmp_path / "fifo.log"
+    os.mkfifo(fifo)
+    r = subprocess.run([sys.executable, "-m", "commdsl.calibrate", "--from-nccl-tests", str(fifo), "--out", str(tmp_path / "m.yaml")],
+                       capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert f"cannot read nccl-tests log {fifo}: not a regular file" in r.stderr
+    assert not (tmp_path / "m.yaml").exists()

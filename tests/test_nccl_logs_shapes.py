@@ -1,0 +1,111 @@
+"""nccl-tests logs as users save them (issue 39 point 1): one fixture per shape in
+tests/data/nccl_logs (written for these tests in nccl-tests' and NCCL's formats), each read
+and checked for what it says: the tool, the GPU count and layout, the type, NCCL's version,
+NCCL_ALGO / NCCL_PROTO and channel counts where the INFO lines give them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from commdsl.calibrate.nccl_logs import Channels, read_logs
+from commdsl.calibrate.nccl_tests import Run
+from commdsl.errors import LogError
+from commdsl.ir import Algo, Dtype, OpKind, Protocol
+
+DATA = Path(__file__).parent / "data" / "nccl_logs"
+H100 = "NVIDIA H100 80GB HBM3"
+
+# file (with what the command line adds), then per run: (line of the run, tool, ranks, GPUs per
+# thread, nodes, graph, dtype, device, algos, protos, NCCL version, channels, points, first size, its time, its in-place time)
+SHAPES = [
+    ("echo_banners_no_tool_line.log",
+     [(5, "all_reduce_perf", 8, 8, 1, False, Dtype.FP32, H100, None, None, None, None, 25, 8, 30.0, 30.3)]),
+    ("markdown_fenced.md",
+     [(8, "all_gather_perf", 8, 1, 1, False, Dtype.FP32, H100, None, None, "2.26.2", None, 21, 1024, 12.0, 12.12)]),
+    ("nccl_info_interleaved.log",
+     [(7, "all_reduce_perf", 16, 1, 2, False, Dtype.FP32, H100, {Algo.TREE}, {Protocol.SIMPLE}, "2.23.4", Channels(24, 0, 32, 32),
+       19, 1024, 45.02, 45.47)]),
+    ("srun_label_prefix.log",
+     [(3, "reduce_scatter_perf", 8, 1, 1, False, Dtype.BF16, "NVIDIA A100-SXM4-80GB", None, None, "2.26.2", None, 16, 2048, 15.01, 15.16)]),
+    ("sweep_ops.log",
+     [(3, "all_reduce_perf", 16, 1, 2, False, Dtype.FP64, H100, None, None, "2.26.2", None, 6, 33554432, 1458.1, 1472.68),
+      (40, "all_gather_perf", 16, 1, 2, False, Dtype.FP64, H100, None, None, "2.26.2", None, 6, 33554432, 759.05, 766.64),
+      (77, "alltoall_perf", 16, 1, 2, False, Dtype.FP64, H100, None, None, "2.26.2", None, 6, 33554432, 759.05, 766.64),
+      (114, "sendrecv_perf", 16, 1, 2, False, Dtype.FP64, H100, None, None, "2.26.2", None, 6, 33554432, 805.65, 813.71),
+      (151, "broadcast_perf", 16, 1, 2, False, Dtype.FP64, H100, None, None, "2.26.2", None, 6, 33554432, 805.65, 813.71)]),
+    ("sweep_gpu_counts.log",
+     [(5, "all_reduce_perf", 2, 2, 1, False, Dtype.FP32, H100, None, None, "2.18.5", None, 25, 8, 14.0, 14.14),
+      (46, "all_reduce_perf", 4, 4, 1, False, Dtype.FP32, H100, None, None, "2.18.5", None, 25, 8, 18.0, 18.18),
+      (89, "all_reduce_perf", 8, 8, 1, False, Dtype.FP32, H100, None, None, "2.18.5", None, 25, 8, 26.0, 26.26)]),
+    ("all_reduce_perf:8=headerless_table.txt",
+     [(3, "all_reduce_perf", 8, 1, 1, False, Dtype.FP32, "", None, None, None, None, 11, 1048576, 35.79, 36.15)]),
+    ("all_reduce_perf=old_format_no_root.log",
+     [(1, "all_reduce_perf", 8, 8, 1, False, Dtype.FP32, "Tesla V100-SXM2-32GB", None, None, None, None, 24, 8, 18.0, 18.18)]),
+    ("per_iteration_graph_threads.log",
+     [(3, "all_gather_perf", 16, 4, 2, True, Dtype.FP32, "NVIDIA H200", None, None, "2.28.3", None, 13, 65536, 30.38, 30.69)]),
+    ("sweep_with_failed_run.log",
+     [(3, "alltoall_perf", 8, 4, 2, False, Dtype.FP64, H100, None, None, "2.26.2", None, 4, 33554432, 814.0, 822.14),
+      (51, "all_reduce_perf", 8, 4, 2, False, Dtype.FP64, H100, None, None, "2.26.2", None, 4, 33554432, 1548.01, 1563.49)]),
+    ("mpirun_tag_output.log",
+     [(2, "broadcast_perf", 8, 1, 1, False, Dtype.FP16, H100, None, None, None, None, 22, 8, 9.0, 9.09)]),
+]  # fmt: skip
+
+
+def _arg(spec: str) -> str:
+    given, eq, name = spec.rpartition("=")
+    return f"{given}={DATA / name}" if eq else str(DATA / name)
+
+
+def test_every_fixture_is_in_the_table():
+    named = {spec.rpartition("=")[2] for spec, _ in SHAPES}
+    assert named == {p.name for p in DATA.iterdir()}
+
+
+@pytest.mark.parametrize("spec,runs", SHAPES, ids=[s for s, _ in SHAPES])
+def test_each_shape_reads_as_the_runs_it_records(spec, runs):
+    logs = read_logs([_arg(spec)])
+    assert len(logs) == len(runs)
+    path = str(DATA / spec.rpartition("=")[2])
+    for log, want in zip(logs, runs):
+        line, tool, ranks, per_thread, nodes, graph, dtype, device, algos, protos, version, channels, n, size, t, t_in = want
+        assert log.path == (path if len(runs) == 1 else f"{path}:{line}") and log.line == line
+        assert (log.tool, log.ranks, log.gpus_per_process, log.nodes, log.graph) == (tool, ranks, per_thread, nodes, graph)
+        assert log.ranks_per_node == ranks // nodes
+        assert (log.dtype, log.device, log.nccl_version, log.channels) == (dtype, device, version, channels)
+        assert log.algos == (frozenset(algos) if algos else None) and log.protos == (frozenset(protos) if protos else None)
+        assert len(log.points) == n and (log.points[0].size_bytes, log.points[0].time_us, log.points[0].in_place_us) == (size, t, t_in)
+        assert all(b.size_bytes == 2 * a.size_bytes for a, b in zip(log.points, log.points[1:]))
+
+
+def test_the_run_of_a_log_carries_its_layout_and_channels():
+    (log,) = read_logs([str(DATA / "nccl_info_interleaved.log")])
+    run = Run.of(log)
+    assert (run.op, run.ranks, run.ranks_per_node, run.algo, run.proto, run.channels) == (
+        OpKind.ALL_REDUCE, 16, 8, Algo.TREE, Protocol.SIMPLE, Channels(24, 0, 32, 32))
+
+
+@pytest.mark.parametrize("spec,hint", [("headerless_table.txt", "all_reduce_perf:8="), ("all_reduce_perf=headerless_table.txt", ":GPUS=FILE"),
+                                       ("old_format_no_root.log", "TOOL=FILE")])  # fmt: skip
+def test_what_a_log_does_not_say_is_asked_for_with_the_line(spec, hint):
+    with pytest.raises(LogError) as info:
+        read_logs([_arg(spec)])
+    assert hint in info.value.hint and info.value.loc.line in (1, 3)
+
+
+def test_a_failed_run_of_a_sweep_is_skipped_and_told():
+    notes: list[str] = []
+    logs = read_logs([str(DATA / "sweep_with_failed_run.log")], notes)
+    assert [log.tool for log in logs] == ["alltoall_perf", "all_reduce_perf"]
+    assert notes == [f"skipped {DATA / 'sweep_with_failed_run.log'}:30: sendrecv_perf ended before its first result "
+                     "(cnode2-001: Test NCCL failure common.cu:401 'remote process exited or there was a network error / ')"]
+
+
+def test_a_log_whose_only_run_failed_is_an_error_quoting_the_failure(tmp_path):
+    text = (DATA / "sweep_with_failed_run.log").read_text().split("\n")
+    only = tmp_path / "failed.log"
+    only.write_text("\n".join(text[27:50]) + "\n")
+    with pytest.raises(LogError) as info:
+        read_logs([str(only)])
+    assert "no results: the run of line 3 ends before its first result line: cnode2-001: Test NCCL failure" in info.value.message
