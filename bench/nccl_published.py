@@ -31,7 +31,8 @@ from commdsl.sim import simulate
 
 DATA = Path(__file__).parent / "data" / "nccl_published.csv"
 OPS = {"all_reduce": OpKind.ALL_REDUCE, "all_gather": OpKind.ALL_GATHER, "reduce_scatter": OpKind.REDUCE_SCATTER,
-       "alltoall": OpKind.ALL_TO_ALL, "sendrecv": OpKind.SEND}  # fmt: skip
+       "alltoall": OpKind.ALL_TO_ALL, "sendrecv": OpKind.SEND,
+       "broadcast": OpKind.BROADCAST, "reduce": OpKind.REDUCE}  # fmt: skip
 BANDS = ((64 * 2**10, "<= 64 KiB"), (64 * 2**20, "<= 64 MiB"), (float("inf"), "> 64 MiB"))
 TARGET_MEDIAN, TARGET_WORST = 0.05, 0.15
 

@@ -33,8 +33,9 @@ from dataclasses import dataclass
 
 from commdsl.errors import ScheduleError
 from commdsl.ir import Algo, Op, OpKind, Protocol
-from commdsl.machine.nccl import (MAX_THREADS, P2P_CHUNK_BYTES, P2P_LL_THRESHOLD_BYTES, PROTOCOLS,
-                                  THREAD_THRESHOLD_BYTES, CpuVendor, Generation, HopKind, NcclConfig)  # fmt: skip
+from commdsl.machine.nccl import (MAX_THREADS, NVLS_CHUNK_BYTES, NVLS_PIPELINE_CHUNKS, NVLS_TREE_MAX_CHUNK_BYTES_4_NODES,
+                                  P2P_CHUNK_BYTES, P2P_LL_THRESHOLD_BYTES, PROTOCOLS, THREAD_THRESHOLD_BYTES, CpuVendor,
+                                  Generation, HopKind, NcclConfig)  # fmt: skip
 
 NCCL_KINDS = frozenset({OpKind.ALL_REDUCE, OpKind.ALL_GATHER, OpKind.REDUCE_SCATTER, OpKind.BROADCAST, OpKind.REDUCE})
 """Collectives NCCL runs with its own algorithms (the rest are point-to-point based)."""
@@ -194,7 +195,7 @@ def nccl_table(cfg: NcclConfig, kind: OpKind, layout: Layout) -> dict[tuple[Algo
                 continue
             lat = t.base_latency_us[algo][p]
             intra_lat = t.hop_latency_us[intra_hw][algo][p]
-            inter_lat = t.hop_latency_us[HopKind.NETWORK][Algo.TREE if ppn == 1 else algo][p]
+            inter_lat = t.hop_latency_us[HopKind.NETWORK][Algo.TREE if ppn == 1 else algo][p] + cfg.net_message_us(proto)
             if algo is Algo.RING:
                 if kind in (OpKind.BROADCAST, OpKind.REDUCE):
                     lat += t.hop_latency_us[hw][algo][p]
@@ -341,7 +342,7 @@ def latency_us(cfg: NcclConfig, kind: OpKind, layout: Layout, algo: Algo, proto:
     """The latency part of a collective's time on this machine (see the module doc)."""
     spec = cfg.protocol(proto)
     intra = spec.hop_us(layout.intra_hop)
-    net = spec.hop_us(HopKind.NETWORK)
+    net = spec.hop_us(HopKind.NETWORK) + cfg.net_message_us(proto)
     n, nodes = layout.n, layout.num_nodes
     if n <= 1:
         return 0.0
@@ -368,6 +369,33 @@ def latency_us(cfg: NcclConfig, kind: OpKind, layout: Layout, algo: Algo, proto:
     if algo is Algo.COLLNET_CHAIN:
         return spec.base_latency_us + 2 * (layout.ppn - 1) * intra + net
     raise AssertionError(f"no latency for {algo}")
+
+
+def nvls_chunk_bytes(algo: Algo, layout: Layout, channels: int, size_bytes: float) -> int:
+    """The chunk an NVLS kernel moves per channel and head (enqueue.cc `calcCollChunking`):
+    NCCL_NVLS_CHUNKSIZE, halved while the op is small against the lanes (channels x heads,
+    a head per GPU of the node) x chunk: below 64, 8 and 2 lanes' chunks for NVLS (down to
+    64, 32, 16 KiB), below 32, 16, 4 and 1 for NVLS_TREE (256, 128, 64, 32 KiB)."""
+    lanes = channels * layout.ppn
+    if algo is Algo.NVLS:
+        chunk, steps = NVLS_CHUNK_BYTES, ((64, 65536), (8, 32768), (2, 16384))
+    else:
+        chunk = NVLS_CHUNK_BYTES if layout.num_nodes < 4 else min(NVLS_CHUNK_BYTES, NVLS_TREE_MAX_CHUNK_BYTES_4_NODES)
+        steps = ((32, 262144), (16, 131072), (4, 65536), (1, 32768))
+    for lanes_chunks, smaller in steps:
+        if size_bytes < lanes_chunks * lanes * chunk and chunk > smaller:
+            chunk = smaller
+    return chunk
+
+
+def nvls_fill_bytes(algo: Algo, layout: Layout, channels: int, size_bytes: float) -> float:
+    """The pipeline fill of an NVLS kernel, in bytes of the op moved at its rate: every
+    lane (channel x head) streams once `NVLS_PIPELINE_CHUNKS` of its chunks are in flight,
+    so the op takes as long as if it were that many chunks per lane larger. Small ops get
+    small chunks (`nvls_chunk_bytes`) and so a small fill; at 32-64 MiB on 8 H100 the
+    fill is about a third of the op. A lane never waits for more than the op holds."""
+    lanes = channels * layout.ppn
+    return NVLS_PIPELINE_CHUNKS * min(nvls_chunk_bytes(algo, layout, channels, size_bytes) * lanes, size_bytes)
 
 
 def channel_cap_gb_per_s(cfg: NcclConfig, choice: Choice, kind: OpKind) -> float:
