@@ -51,7 +51,12 @@ def test_nccl_picks_by_size_and_machine_as_its_tuning_table_does():
     # A100 has no NVLS; across nodes small all_reduces take the double binary tree.
     assert pick(A100, OpKind.ALL_REDUCE, 8, 1 << 30) == ("ring", "simple")
     assert pick(A100, OpKind.ALL_REDUCE, 32, 4096) == ("tree", "ll")
-    assert pick(H100, OpKind.ALL_REDUCE, 32, 1 << 30) == ("ring", "simple")
+    # Four H100 nodes: NVLS inside each node and a tree of the nodes (NCCL 2.27+'s NVLS
+    # bandwidth: the switch's x2 for an all_reduce, the NICs', perChMaxNVLSTreeBw) up to
+    # a few GiB, where the ring's bandwidth outweighs its longer latency.
+    assert pick(H100, OpKind.ALL_REDUCE, 32, 1 << 30) == ("nvls_tree", "simple")
+    assert pick(H100, OpKind.ALL_REDUCE, 32, 8 << 30) == ("ring", "simple")
+    assert pick(H100, OpKind.ALL_REDUCE, 80, 1 << 30) == ("nvls_tree", "simple")
 
 
 def test_the_op_or_the_machine_can_force_algorithm_and_protocol():

@@ -159,10 +159,18 @@ def nccl_table(cfg: NcclConfig, kind: OpKind, layout: Layout) -> dict[tuple[Algo
                 continue
             collnet = algo in (Algo.COLLNET_DIRECT, Algo.COLLNET_CHAIN)
             bw = bw_intra if nodes <= 2 or collnet else bw_inter
-            if algo is Algo.NVLS:
-                bw = min(bw_intra, bw_inter)
-            elif algo is Algo.NVLS_TREE:
-                bw = min(bw_intra, bw_inter if nodes <= 2 else bw_inter / 2)
+            if algo in (Algo.NVLS, Algo.NVLS_TREE):
+                # the switch's bus bandwidth per channel (NCCL 2.27+): the graph's intra
+                # bandwidth x nvlsEfficiency x (channels-1)/channels, twice for an
+                # all_reduce (it pipelines its reduce and its multicast); the network's,
+                # twice on two nodes for NVLS_TREE; at most perChMaxNVLSTreeBw
+                nvls_intra = bw_intra * t.nvls_efficiency * (nch - 1) / nch
+                nvls_intra *= 2.0 if kind is OpKind.ALL_REDUCE else (ppn - 1) / ppn
+                # (on one node nothing crosses the network: the switch alone limits it)
+                nvls_inter = math.inf if nodes == 1 else bw_inter * (2.0 if nodes <= 2 and algo is Algo.NVLS_TREE else 1.0)
+                bw = min(nvls_intra, nvls_inter)
+                if algo is Algo.NVLS_TREE:
+                    bw = min(bw, t.nvls_tree_channel_gb_per_s[index2])
             bus = nch * bw
             if algo is Algo.RING and proto is Protocol.LL:
                 bus = min(ll_max, bus * 0.5)
@@ -188,7 +196,7 @@ def nccl_table(cfg: NcclConfig, kind: OpKind, layout: Layout) -> dict[tuple[Algo
                 if algo is Algo.RING:
                     bus *= n / nsteps
                 elif algo in (Algo.NVLS, Algo.NVLS_TREE):
-                    bus *= 5.0 / 6.0
+                    bus *= n / nsteps
                 else:
                     bus *= 0.5
             if bus <= 0.0:
@@ -357,7 +365,11 @@ def latency_us(cfg: NcclConfig, kind: OpKind, layout: Layout, algo: Algo, proto:
             steps, inter = n - 1, nodes - 1
         else:
             steps, inter = n, nodes - 1
-        return spec.base_latency_us + (steps - inter) * intra + inter * net
+        if kind in (OpKind.BROADCAST, OpKind.REDUCE) or nodes == 1:
+            return spec.base_latency_us + (steps - inter) * intra + inter * net
+        # every rank takes a step at once and waits for its predecessor's piece: across
+        # nodes each step of the ring lasts as long as its slowest hop, the network's
+        return spec.base_latency_us + steps * max(intra, net)
     if algo is Algo.TREE:
         return spec.base_latency_us + 2 * ((layout.ppn - 1) * intra + log2i(nodes) * net)
     if algo is Algo.NVLS:
