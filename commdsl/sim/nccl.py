@@ -371,11 +371,11 @@ def latency_us(cfg: NcclConfig, kind: OpKind, layout: Layout, algo: Algo, proto:
         # nodes each step of the ring lasts as long as its slowest hop, the network's
         return spec.base_latency_us + steps * max(intra, net)
     if algo is Algo.TREE:
-        return spec.base_latency_us + 2 * ((layout.ppn - 1) * intra + log2i(nodes) * net)
+        return spec.base_latency_us + 2 * ((layout.ppn - 1) * intra + log2i(nodes) * _tree_net_hop_us(cfg, algo, proto, net))
     if algo is Algo.NVLS:
         return cfg.nvls_latency_us + (net if nodes > 1 else 0.0)
     if algo is Algo.NVLS_TREE:
-        return cfg.nvls_latency_us + 2 * log2i(nodes) * net
+        return cfg.nvls_latency_us + 2 * log2i(nodes) * _tree_net_hop_us(cfg, algo, proto, net)
     if algo is Algo.COLLNET_DIRECT:
         return spec.base_latency_us + 2 * intra + net
     if algo is Algo.COLLNET_CHAIN:
@@ -408,6 +408,17 @@ def nvls_fill_bytes(algo: Algo, layout: Layout, channels: int, size_bytes: float
     fill is about a third of the op. A lane never waits for more than the op holds."""
     lanes = channels * layout.ppn
     return NVLS_PIPELINE_CHUNKS * min(nvls_chunk_bytes(algo, layout, channels, size_bytes) * lanes, size_bytes)
+
+
+def _tree_net_hop_us(cfg: NcclConfig, algo: Algo, proto: Protocol, ring_net_us: float) -> float:
+    """A tree level across nodes: a parent takes its two children's pieces before it sends
+    up, so a level costs more than a ring's network step. NCCL's table says how much more
+    (hwLat NET, tree or NVLS_TREE column over the ring column: LL 5.0/2.7, LL128 8.5/4.0,
+    Simple 14/14, NVLS_TREE 20.9/14); the machine's own network step scales it."""
+    hw = cfg.tuning.hop_latency_us[HopKind.NETWORK]
+    i = PROTOCOLS.index(proto)
+    ring = hw[Algo.RING][i]
+    return ring_net_us * hw[algo][i] / ring if ring > 0 else ring_net_us
 
 
 def channel_cap_gb_per_s(cfg: NcclConfig, choice: Choice, kind: OpKind) -> float:
