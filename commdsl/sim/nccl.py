@@ -14,16 +14,22 @@ Time is the machine's physics for the chosen pair (`latency_us` here; the bandwi
 is the flow network's, over the links the algorithm loads, see `commdsl.sim.flow`):
 
     ring        base + one hop per step: 2(n-1) steps (all_reduce), n-1 (all_gather,
-                reduce_scatter), n (broadcast, reduce); steps that cross nodes (2(N-1)
-                or N-1 of them) cost a network hop, the rest an NVLink or PCIe hop
-    tree        base + 2 x ((ppn-1) intra hops + log2(N) network hops)
+                reduce_scatter), n (broadcast, reduce). On one node an NVLink or PCIe
+                hop each; across nodes every step a network hop (all ranks step at once
+                and wait for their predecessor's piece); broadcast and reduce, a
+                pipeline, pay each hop of the chain once
+    tree        base + 2 x ((ppn-1) intra hops + log2(N) tree levels), a level being a
+                network hop x NCCL's tree-over-ring network latency ratio
     nvls        the machine's NVLS latency (+ one network hop across nodes)
-    nvls_tree   NVLS latency + 2 log2(N) network hops
+    nvls_tree   NVLS latency + 2 log2(N) tree levels (NCCL's NVLS_TREE ratio)
     collnet     base + 2 intra hops + one network hop (direct); 2(ppn-1) intra (chain)
     p2p         base + one hop of its path
 
-with n ranks over N nodes, ppn per node. Channels shrink for small messages as NCCL does
-(`collective_channels`): a channel per `threads x threshold` bytes.
+with n ranks over N nodes, ppn per node; every network hop also pays the network's own
+latency per message (`nccl.net_latency_us`, twice with Simple). NVLS kernels stream once
+a few chunks per lane are in flight (`nvls_fill_bytes`, NCCL's chunk rule). Channels
+shrink for small messages as NCCL does (`collective_channels`): a channel per `threads x
+threshold` bytes.
 """
 
 from __future__ import annotations
