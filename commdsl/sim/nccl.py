@@ -375,7 +375,8 @@ def latency_us(cfg: NcclConfig, kind: OpKind, layout: Layout, algo: Algo, proto:
             return spec.base_latency_us + (steps - inter) * intra + inter * net
         # every rank takes a step at once and waits for its predecessor's piece: across
         # nodes each step of the ring lasts as long as its slowest hop, the network's
-        return spec.base_latency_us + steps * max(intra, net)
+        # (kept linear in the hop latencies, as the calibration's closed form needs)
+        return spec.base_latency_us + steps * net
     if algo is Algo.TREE:
         return spec.base_latency_us + 2 * ((layout.ppn - 1) * intra + log2i(nodes) * _tree_net_hop_us(cfg, algo, proto, net))
     if algo is Algo.NVLS:
