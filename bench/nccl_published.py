@@ -1,4 +1,5 @@
-"""How close the simulator comes to published nccl-tests measurements of DGX H100 / A100.
+"""How close the simulator comes to published nccl-tests measurements of H100 / A100 systems
+(1 to 10 nodes; the sources and run conditions are in bench/data/README.md).
 
     python bench/nccl_published.py            # every point; docs/validation.md quotes it
     python bench/nccl_published.py --quick    # every point, no 4,096-rank all_to_all
@@ -31,7 +32,8 @@ from commdsl.sim import simulate
 
 DATA = Path(__file__).parent / "data" / "nccl_published.csv"
 OPS = {"all_reduce": OpKind.ALL_REDUCE, "all_gather": OpKind.ALL_GATHER, "reduce_scatter": OpKind.REDUCE_SCATTER,
-       "alltoall": OpKind.ALL_TO_ALL, "sendrecv": OpKind.SEND}  # fmt: skip
+       "alltoall": OpKind.ALL_TO_ALL, "sendrecv": OpKind.SEND,
+       "broadcast": OpKind.BROADCAST, "reduce": OpKind.REDUCE}  # fmt: skip
 BANDS = ((64 * 2**10, "<= 64 KiB"), (64 * 2**20, "<= 64 MiB"), (float("inf"), "> 64 MiB"))
 TARGET_MEDIAN, TARGET_WORST = 0.05, 0.15
 

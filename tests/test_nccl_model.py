@@ -11,6 +11,7 @@ from commdsl.dsl import load_schedule_text
 from commdsl.errors import MachineError, ScheduleError
 from commdsl.ir import Algo, OpKind, Protocol, Transport
 from commdsl.machine import load_machine_text, resolve_machine
+from commdsl.machine.nccl import PROTOCOLS as PROTOS
 from commdsl.machine.nccl import HopKind
 from commdsl.sim import nccl, simulate
 from commdsl.sim.fabric import Fabric
@@ -51,7 +52,12 @@ def test_nccl_picks_by_size_and_machine_as_its_tuning_table_does():
     # A100 has no NVLS; across nodes small all_reduces take the double binary tree.
     assert pick(A100, OpKind.ALL_REDUCE, 8, 1 << 30) == ("ring", "simple")
     assert pick(A100, OpKind.ALL_REDUCE, 32, 4096) == ("tree", "ll")
-    assert pick(H100, OpKind.ALL_REDUCE, 32, 1 << 30) == ("ring", "simple")
+    # Four H100 nodes: NVLS inside each node and a tree of the nodes (NCCL 2.27+'s NVLS
+    # bandwidth: the switch's x2 for an all_reduce, the NICs', perChMaxNVLSTreeBw) up to
+    # a few GiB, where the ring's bandwidth outweighs its longer latency.
+    assert pick(H100, OpKind.ALL_REDUCE, 32, 1 << 30) == ("nvls_tree", "simple")
+    assert pick(H100, OpKind.ALL_REDUCE, 32, 8 << 30) == ("ring", "simple")
+    assert pick(H100, OpKind.ALL_REDUCE, 80, 1 << 30) == ("nvls_tree", "simple")
 
 
 def test_the_op_or_the_machine_can_force_algorithm_and_protocol():
@@ -227,6 +233,7 @@ BAD_NCCL = [
     ("per peer", "  p2p_channels: 8\n  p2p_channels_per_peer: 16\n", "more than nccl.p2p_channels"),
     ("protocol", "  protocols:\n    ll256: {efficiency: 0.5}\n", "unknown key 'll256'"),
     ("hop", "  protocols:\n    ll: {hop_latency_us: {infiniband: 2}}\n", "unknown key 'infiniband'"),
+    ("net latency", "  net_latency_us: fast\n", "nccl.net_latency_us"),
 ]
 
 
@@ -284,3 +291,88 @@ def test_point_to_point_has_no_ll128():
     with pytest.raises(ScheduleError, match="run LL or Simple, not LL128") as info:
         simulate(one_op(8, "all_to_all x 8MiB proto=ll128"), H100)
     assert info.value.loc.line == 5
+
+
+# ---- mechanisms from NCCL's source ----------------------------------------------------------
+
+
+def nccl_tests_time(machine, op: OpKind, ranks: int, size: int) -> float:
+    from commdsl.calibrate.nccl_tests import Run, simulate_run
+
+    return simulate_run(machine, Run(op, ranks), size)
+
+
+def test_nvls_chunks_shrink_for_smaller_ops_as_enqueue_cc_does():
+    _, lay = flows(H100, 8)
+    lanes = 16 * 8  # 16 NVLS channels x a head per GPU
+    chunk = lambda size: nccl.nvls_chunk_bytes(Algo.NVLS, lay, 16, size)  # noqa: E731
+    assert chunk(1 << 30) == 128 << 10  # 64 lanes' chunks of 128 KiB = 1 GiB: not below
+    assert chunk((1 << 30) - 1) == 64 << 10
+    assert chunk(8 * lanes * (64 << 10) - 1) == 32 << 10
+    assert chunk(2 * lanes * (32 << 10) - 1) == 16 << 10
+    assert chunk(128) == 16 << 10
+    # The fill is a few chunks per lane, never more than the op holds.
+    assert nccl.nvls_fill_bytes(Algo.NVLS, lay, 16, 1 << 30) == 3 * (128 << 10) * lanes
+    assert nccl.nvls_fill_bytes(Algo.NVLS, lay, 16, 4096) == 3 * 4096
+
+
+def test_nvls_bus_bandwidth_ramps_with_its_chunk_size():
+    bus = {size: size / nccl_tests_time(H100, OpKind.ALL_REDUCE, 8, size) for size in (32 << 20, 256 << 20, 8 << 30)}
+    assert nccl.select(H100.nccl, OpKind.ALL_REDUCE, flows(H100, 8)[1], 32 << 20).algo is Algo.NVLS
+    # 32 MiB moves in 32 KiB chunks, 256 MiB in 64 KiB, 8 GiB in 128 KiB: the fill weighs less and less.
+    assert bus[32 << 20] < 0.8 * bus[8 << 30]
+    assert bus[32 << 20] < bus[256 << 20] < bus[8 << 30]
+    _, lay = flows(H100, 8)
+    assert nccl.nvls_fill_bytes(Algo.NVLS, lay, 16, 8 << 30) / (8 << 30) < 0.01
+
+
+def test_ring_steps_across_nodes_last_as_long_as_the_network_hop():
+    _, lay = flows(H100, 16)
+    spec = H100.nccl.protocol(Protocol.LL128)
+    net = spec.hop_us(HopKind.NETWORK)
+    assert net > spec.hop_us(HopKind.NVLINK)
+    got = nccl.latency_us(H100.nccl, OpKind.ALL_GATHER, lay, Algo.RING, Protocol.LL128)
+    assert got == pytest.approx(spec.base_latency_us + 15 * net)
+    # On one node the steps are the NVLink's.
+    _, one = flows(H100, 8)
+    got = nccl.latency_us(H100.nccl, OpKind.ALL_GATHER, one, Algo.RING, Protocol.LL128)
+    assert got == pytest.approx(spec.base_latency_us + 7 * spec.hop_us(HopKind.NVLINK))
+
+
+def test_a_tree_level_across_nodes_costs_what_ncclS_table_says_over_a_ring_step():
+    _, lay = flows(H100, 32)
+    spec = H100.nccl.protocol(Protocol.LL)
+    level = spec.hop_us(HopKind.NETWORK) * 5.0 / 2.7  # tuning.cc hwLat NET: tree LL 5.0, ring LL 2.7
+    want = spec.base_latency_us + 2 * (7 * spec.hop_us(HopKind.NVLINK) + 2 * level)
+    assert nccl.latency_us(H100.nccl, OpKind.ALL_REDUCE, lay, Algo.TREE, Protocol.LL) == pytest.approx(want)
+
+
+def test_the_networks_own_latency_is_paid_on_every_network_step():
+    slow = load_machine_text(BASE + "  net_latency_us: 50\n", "tcpxo.yaml")
+    assert slow.nccl.net_latency_us == 50
+    _, lay = flows(H100, 16)
+    for proto, times in ((Protocol.LL, 1), (Protocol.SIMPLE, 2)):  # Simple: the data, then the flush
+        base = nccl.latency_us(H100.nccl, OpKind.ALL_REDUCE, lay, Algo.TREE, proto)
+        more = nccl.latency_us(slow.nccl, OpKind.ALL_REDUCE, lay, Algo.TREE, proto)
+        ratio = H100.nccl.tuning.hop_latency_us[HopKind.NETWORK][Algo.TREE][PROTOS.index(proto)]
+        ratio /= H100.nccl.tuning.hop_latency_us[HopKind.NETWORK][Algo.RING][PROTOS.index(proto)]
+        assert more - base == pytest.approx(2 * 1 * 50 * times * ratio)  # 2 x log2(2 nodes) levels
+    # A small all_reduce over two nodes pays it; one node does not.
+    assert nccl_tests_time(slow, OpKind.ALL_REDUCE, 16, 8) > nccl_tests_time(H100, OpKind.ALL_REDUCE, 16, 8) + 50
+    assert nccl_tests_time(slow, OpKind.ALL_REDUCE, 8, 8) == nccl_tests_time(H100, OpKind.ALL_REDUCE, 8, 8)
+
+
+def test_nvls_tree_wins_across_h100_nodes_as_ncclS_newer_table_says():
+    _, lay = flows(H100, 32)
+    table = nccl.nccl_table(H100.nccl, OpKind.ALL_REDUCE, lay)
+    _, nvls_tree_bw = table[(Algo.NVLS_TREE, Protocol.SIMPLE)]
+    # 8 channels x min(switch 40 x 0.85 x 7/8 x 2, NIC 47, perChMaxNVLSTreeBw 45.5) x 32/62
+    assert nvls_tree_bw == pytest.approx(8 * 45.5 * 32 / 62)
+
+
+def test_h800s_eight_nvlinks_give_it_less_than_half_an_h100s_bus_bandwidth():
+    h800, h200 = resolve_machine("hgx-h800"), resolve_machine("dgx-h200")
+    t100 = nccl_tests_time(H100, OpKind.ALL_GATHER, 8, 1 << 30)
+    assert nccl_tests_time(h800, OpKind.ALL_GATHER, 8, 1 << 30) / t100 == pytest.approx(370.8 / 164.8, rel=0.05)
+    assert nccl_tests_time(h200, OpKind.ALL_GATHER, 8, 1 << 30) == pytest.approx(t100)
+    assert h200.device.memory_bandwidth_gb_per_s > H100.device.memory_bandwidth_gb_per_s

@@ -123,6 +123,18 @@ P2P_LL_THRESHOLD_BYTES = 16384
 P2P_CHUNK_BYTES = {HopKind.NVLINK: 1 << 19, HopKind.PCIE: 1 << 17, HopKind.NETWORK: 1 << 17}
 """NCCL_P2P_{NVL,PCI,NET}_CHUNKSIZE (init.cc): the step of a P2P transfer by path."""
 
+NVLS_CHUNK_BYTES = 128 * 1024
+"""NCCL_NVLS_CHUNKSIZE (transport/nvls.cc): the largest chunk an NVLS kernel moves per
+channel and head; enqueue.cc `calcCollChunking` halves it for smaller ops."""
+NVLS_TREE_MAX_CHUNK_BYTES_4_NODES = 64 * 1024
+"""NVLS_TREE's chunk limit from 4 nodes on (nvls.cc `ncclNvlsTuning`, NCCL 2.29)."""
+NVLS_PIPELINE_CHUNKS = 3
+"""Chunks of one NVLS lane (channel x head) in flight before the lane streams: a chunk
+is read and reduced by the switch (multimem load-reduce), then multicast back (multimem
+store), and the lane's flags go round between them. The depth is set by the 1-node NVLS
+all_reduce curves of bench/data (NCCL 2.24 and 2.29, 16 MiB to 8 GiB); the chunk sizes it
+multiplies are NCCL's own (`commdsl.sim.nccl.nvls_chunk_bytes`)."""
+
 
 @dataclass(frozen=True)
 class ProtocolSpec:
@@ -179,6 +191,12 @@ class NcclConfig:
     p2p_net_efficiency: float = 1.0
     """Fraction of a NIC's bandwidth point-to-point transfers (send/recv, all_to_all) reach
     over the network: many chunks to many peers use a NIC less well than a ring's streams."""
+    net_latency_us: float = 0.0
+    """Latency the network adds to every message NCCL sends across nodes, us, beyond NCCL's
+    own hop: what the network plugin reports as its `latency` (ncclNetProperties_t; NCCL
+    adds it to every network step, twice with Simple for the flush that follows a
+    receive, tuning.cc). 0 for InfiniBand and RoCE through NCCL's own transport; tens of
+    us for TCP-offload GPU networking (GPUDirect-TCPX/TCPXO)."""
     launch_us: float = 0.0
     """Host time NCCL takes to enqueue and launch one collective's kernel on one GPU, us
     (what a loop of back-to-back ops costs the thread that issues them)."""
@@ -203,6 +221,11 @@ class NcclConfig:
     def net_overhead_us(self) -> float:
         return NET_OVERHEAD_US[self.cpu]
 
+    def net_message_us(self, proto: Protocol) -> float:
+        """What the network itself adds to one network step of `proto` (`net_latency_us`;
+        Simple pays it twice: the data, then the flush of the receive)."""
+        return self.net_latency_us * (2 if proto is Protocol.SIMPLE else 1)
+
     def launch_host_us(self, channels: int) -> float:
         """Host time of one launch using `channels` channels."""
         return self.launch_us + self.launch_per_channel_us * channels
@@ -221,6 +244,7 @@ class NcclConfig:
             "p2p_channels_per_peer": self.p2p_channels_per_peer,
             "p2p_channel_bandwidth_gb_per_s": _num(self.p2p_channel_bandwidth_gb_per_s),
             "p2p_net_efficiency": self.p2p_net_efficiency,
+            "net_latency_us": self.net_latency_us,
             "launch_us": self.launch_us,
             "launch_per_channel_us": self.launch_per_channel_us,
             **({"algo": sorted(a.value for a in self.algos)} if self.algos is not None else {}),

@@ -13,6 +13,7 @@
       p2p_channels_per_peer: 32
       p2p_channel_bandwidth_gb_per_s: 10
       p2p_net_efficiency: 0.78
+      net_latency_us: 0           # the network's own latency per message (TCPXO: tens of us)
       launch_us: 4.2
       launch_per_channel_us: 0.04
       algo: [ring, tree]          # as NCCL_ALGO (optional)
@@ -58,7 +59,7 @@ class FieldReader(Interface):
 
 _KEYS = (
     "generation", "channels", "cpu", "nvls", "nvls_channels", "nvls_latency_us", "nvls_efficiency", "collnet", "p2p_channels",
-    "p2p_channels_per_peer", "p2p_channel_bandwidth_gb_per_s", "p2p_net_efficiency", "launch_us", "launch_per_channel_us", "algo", "proto", "protocols",
+    "p2p_channels_per_peer", "p2p_channel_bandwidth_gb_per_s", "p2p_net_efficiency", "net_latency_us", "launch_us", "launch_per_channel_us", "algo", "proto", "protocols",
 )  # fmt: skip
 _PROTOCOL_KEYS = ("base_latency_us", "hop_latency_us", "efficiency", "channel_bandwidth_gb_per_s")
 _MAX_CHANNELS = 64  # NCCL's MAXCHANNELS
@@ -81,7 +82,7 @@ def read_nccl(r: FieldReader, node: yaml.Node, topology: Topology | None) -> Ncc
         collnet=_flag(r, keys, "collnet"),
     )
     numbers = {}
-    for name in ("nvls_latency_us", "launch_us", "launch_per_channel_us"):
+    for name in ("nvls_latency_us", "net_latency_us", "launch_us", "launch_per_channel_us"):
         if name in keys:
             numbers[name] = r.time_us(keys[name][1], f"nccl.{name}")
     if "p2p_channel_bandwidth_gb_per_s" in keys:

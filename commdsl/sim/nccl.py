@@ -14,16 +14,22 @@ Time is the machine's physics for the chosen pair (`latency_us` here; the bandwi
 is the flow network's, over the links the algorithm loads, see `commdsl.sim.flow`):
 
     ring        base + one hop per step: 2(n-1) steps (all_reduce), n-1 (all_gather,
-                reduce_scatter), n (broadcast, reduce); steps that cross nodes (2(N-1)
-                or N-1 of them) cost a network hop, the rest an NVLink or PCIe hop
-    tree        base + 2 x ((ppn-1) intra hops + log2(N) network hops)
+                reduce_scatter), n (broadcast, reduce). On one node an NVLink or PCIe
+                hop each; across nodes every step a network hop (all ranks step at once
+                and wait for their predecessor's piece); broadcast and reduce, a
+                pipeline, pay each hop of the chain once
+    tree        base + 2 x ((ppn-1) intra hops + log2(N) tree levels), a level being a
+                network hop x NCCL's tree-over-ring network latency ratio
     nvls        the machine's NVLS latency (+ one network hop across nodes)
-    nvls_tree   NVLS latency + 2 log2(N) network hops
+    nvls_tree   NVLS latency + 2 log2(N) tree levels (NCCL's NVLS_TREE ratio)
     collnet     base + 2 intra hops + one network hop (direct); 2(ppn-1) intra (chain)
     p2p         base + one hop of its path
 
-with n ranks over N nodes, ppn per node. Channels shrink for small messages as NCCL does
-(`collective_channels`): a channel per `threads x threshold` bytes.
+with n ranks over N nodes, ppn per node; every network hop also pays the network's own
+latency per message (`nccl.net_latency_us`, twice with Simple). NVLS kernels stream once
+a few chunks per lane are in flight (`nvls_fill_bytes`, NCCL's chunk rule). Channels
+shrink for small messages as NCCL does (`collective_channels`): a channel per `threads x
+threshold` bytes.
 """
 
 from __future__ import annotations
@@ -33,8 +39,9 @@ from dataclasses import dataclass
 
 from commdsl.errors import ScheduleError
 from commdsl.ir import Algo, Op, OpKind, Protocol
-from commdsl.machine.nccl import (MAX_THREADS, P2P_CHUNK_BYTES, P2P_LL_THRESHOLD_BYTES, PROTOCOLS,
-                                  THREAD_THRESHOLD_BYTES, CpuVendor, Generation, HopKind, NcclConfig)  # fmt: skip
+from commdsl.machine.nccl import (MAX_THREADS, NVLS_CHUNK_BYTES, NVLS_PIPELINE_CHUNKS, NVLS_TREE_MAX_CHUNK_BYTES_4_NODES,
+                                  P2P_CHUNK_BYTES, P2P_LL_THRESHOLD_BYTES, PROTOCOLS, THREAD_THRESHOLD_BYTES, CpuVendor,
+                                  Generation, HopKind, NcclConfig)  # fmt: skip
 
 NCCL_KINDS = frozenset({OpKind.ALL_REDUCE, OpKind.ALL_GATHER, OpKind.REDUCE_SCATTER, OpKind.BROADCAST, OpKind.REDUCE})
 """Collectives NCCL runs with its own algorithms (the rest are point-to-point based)."""
@@ -158,10 +165,18 @@ def nccl_table(cfg: NcclConfig, kind: OpKind, layout: Layout) -> dict[tuple[Algo
                 continue
             collnet = algo in (Algo.COLLNET_DIRECT, Algo.COLLNET_CHAIN)
             bw = bw_intra if nodes <= 2 or collnet else bw_inter
-            if algo is Algo.NVLS:
-                bw = min(bw_intra, bw_inter)
-            elif algo is Algo.NVLS_TREE:
-                bw = min(bw_intra, bw_inter if nodes <= 2 else bw_inter / 2)
+            if algo in (Algo.NVLS, Algo.NVLS_TREE):
+                # the switch's bus bandwidth per channel (NCCL 2.27+): the graph's intra
+                # bandwidth x nvlsEfficiency x (channels-1)/channels, twice for an
+                # all_reduce (it pipelines its reduce and its multicast); the network's,
+                # twice on two nodes for NVLS_TREE; at most perChMaxNVLSTreeBw
+                nvls_intra = bw_intra * t.nvls_efficiency * (nch - 1) / nch
+                nvls_intra *= 2.0 if kind is OpKind.ALL_REDUCE else (ppn - 1) / ppn
+                # (on one node nothing crosses the network: the switch alone limits it)
+                nvls_inter = math.inf if nodes == 1 else bw_inter * (2.0 if nodes <= 2 and algo is Algo.NVLS_TREE else 1.0)
+                bw = min(nvls_intra, nvls_inter)
+                if algo is Algo.NVLS_TREE:
+                    bw = min(bw, t.nvls_tree_channel_gb_per_s[index2])
             bus = nch * bw
             if algo is Algo.RING and proto is Protocol.LL:
                 bus = min(ll_max, bus * 0.5)
@@ -187,14 +202,14 @@ def nccl_table(cfg: NcclConfig, kind: OpKind, layout: Layout) -> dict[tuple[Algo
                 if algo is Algo.RING:
                     bus *= n / nsteps
                 elif algo in (Algo.NVLS, Algo.NVLS_TREE):
-                    bus *= 5.0 / 6.0
+                    bus *= n / nsteps
                 else:
                     bus *= 0.5
             if bus <= 0.0:
                 continue
             lat = t.base_latency_us[algo][p]
             intra_lat = t.hop_latency_us[intra_hw][algo][p]
-            inter_lat = t.hop_latency_us[HopKind.NETWORK][Algo.TREE if ppn == 1 else algo][p]
+            inter_lat = t.hop_latency_us[HopKind.NETWORK][Algo.TREE if ppn == 1 else algo][p] + cfg.net_message_us(proto)
             if algo is Algo.RING:
                 if kind in (OpKind.BROADCAST, OpKind.REDUCE):
                     lat += t.hop_latency_us[hw][algo][p]
@@ -341,7 +356,7 @@ def latency_us(cfg: NcclConfig, kind: OpKind, layout: Layout, algo: Algo, proto:
     """The latency part of a collective's time on this machine (see the module doc)."""
     spec = cfg.protocol(proto)
     intra = spec.hop_us(layout.intra_hop)
-    net = spec.hop_us(HopKind.NETWORK)
+    net = spec.hop_us(HopKind.NETWORK) + cfg.net_message_us(proto)
     n, nodes = layout.n, layout.num_nodes
     if n <= 1:
         return 0.0
@@ -356,18 +371,61 @@ def latency_us(cfg: NcclConfig, kind: OpKind, layout: Layout, algo: Algo, proto:
             steps, inter = n - 1, nodes - 1
         else:
             steps, inter = n, nodes - 1
-        return spec.base_latency_us + (steps - inter) * intra + inter * net
+        if kind in (OpKind.BROADCAST, OpKind.REDUCE) or nodes == 1:
+            return spec.base_latency_us + (steps - inter) * intra + inter * net
+        # every rank takes a step at once and waits for its predecessor's piece: across
+        # nodes each step of the ring lasts as long as its slowest hop, the network's
+        # (kept linear in the hop latencies, as the calibration's closed form needs)
+        return spec.base_latency_us + steps * net
     if algo is Algo.TREE:
-        return spec.base_latency_us + 2 * ((layout.ppn - 1) * intra + log2i(nodes) * net)
+        return spec.base_latency_us + 2 * ((layout.ppn - 1) * intra + log2i(nodes) * _tree_net_hop_us(cfg, algo, proto, net))
     if algo is Algo.NVLS:
         return cfg.nvls_latency_us + (net if nodes > 1 else 0.0)
     if algo is Algo.NVLS_TREE:
-        return cfg.nvls_latency_us + 2 * log2i(nodes) * net
+        return cfg.nvls_latency_us + 2 * log2i(nodes) * _tree_net_hop_us(cfg, algo, proto, net)
     if algo is Algo.COLLNET_DIRECT:
         return spec.base_latency_us + 2 * intra + net
     if algo is Algo.COLLNET_CHAIN:
         return spec.base_latency_us + 2 * (layout.ppn - 1) * intra + net
     raise AssertionError(f"no latency for {algo}")
+
+
+def nvls_chunk_bytes(algo: Algo, layout: Layout, channels: int, size_bytes: float) -> int:
+    """The chunk an NVLS kernel moves per channel and head (enqueue.cc `calcCollChunking`):
+    NCCL_NVLS_CHUNKSIZE, halved while the op is small against the lanes (channels x heads,
+    a head per GPU of the node) x chunk: below 64, 8 and 2 lanes' chunks for NVLS (down to
+    64, 32, 16 KiB), below 32, 16, 4 and 1 for NVLS_TREE (256, 128, 64, 32 KiB)."""
+    lanes = channels * layout.ppn
+    if algo is Algo.NVLS:
+        chunk, steps = NVLS_CHUNK_BYTES, ((64, 65536), (8, 32768), (2, 16384))
+    else:
+        chunk = NVLS_CHUNK_BYTES if layout.num_nodes < 4 else min(NVLS_CHUNK_BYTES, NVLS_TREE_MAX_CHUNK_BYTES_4_NODES)
+        steps = ((32, 262144), (16, 131072), (4, 65536), (1, 32768))
+    for lanes_chunks, smaller in steps:
+        if size_bytes < lanes_chunks * lanes * chunk and chunk > smaller:
+            chunk = smaller
+    return chunk
+
+
+def nvls_fill_bytes(algo: Algo, layout: Layout, channels: int, size_bytes: float) -> float:
+    """The pipeline fill of an NVLS kernel, in bytes of the op moved at its rate: every
+    lane (channel x head) streams once `NVLS_PIPELINE_CHUNKS` of its chunks are in flight,
+    so the op takes as long as if it were that many chunks per lane larger. Small ops get
+    small chunks (`nvls_chunk_bytes`) and so a small fill; at 32-64 MiB on 8 H100 the
+    fill is about a third of the op. A lane never waits for more than the op holds."""
+    lanes = channels * layout.ppn
+    return NVLS_PIPELINE_CHUNKS * min(nvls_chunk_bytes(algo, layout, channels, size_bytes) * lanes, size_bytes)
+
+
+def _tree_net_hop_us(cfg: NcclConfig, algo: Algo, proto: Protocol, ring_net_us: float) -> float:
+    """A tree level across nodes: a parent takes its two children's pieces before it sends
+    up, so a level costs more than a ring's network step. NCCL's table says how much more
+    (hwLat NET, tree or NVLS_TREE column over the ring column: LL 5.0/2.7, LL128 8.5/4.0,
+    Simple 14/14, NVLS_TREE 20.9/14); the machine's own network step scales it."""
+    hw = cfg.tuning.hop_latency_us[HopKind.NETWORK]
+    i = PROTOCOLS.index(proto)
+    ring = hw[Algo.RING][i]
+    return ring_net_us * hw[algo][i] / ring if ring > 0 else ring_net_us
 
 
 def channel_cap_gb_per_s(cfg: NcclConfig, choice: Choice, kind: OpKind) -> float:

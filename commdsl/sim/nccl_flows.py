@@ -151,6 +151,10 @@ class NcclFlows:
             shape = self._shapes[key] = self._shape(kind, lay, choice, root)
         loads, serial = shape
         eff = nccl.efficiency(self.cfg, choice)
+        if choice.algo in (Algo.NVLS, Algo.NVLS_TREE) and size > 0:
+            # the pipeline fill, as bytes moved at the op's rate (`nccl.nvls_fill_bytes`)
+            grow = 1.0 + nccl.nvls_fill_bytes(choice.algo, lay, choice.channels, size) / size
+            loads = {c: b * grow for c, b in loads.items()}
         if kind in nccl.P2P_BASED and self.cfg.p2p_net_efficiency != 1.0:
             net = self._network_channels
             loads = {c: (b / self.cfg.p2p_net_efficiency if c in net else b) for c, b in loads.items()}
