@@ -139,9 +139,12 @@ def check_trace_folder(flag: str, folder: str | None) -> None:
     if folder is None:
         return
     path = Path(folder)
-    if path.exists() and not path.is_dir():
-        raise UsageError(f"{flag} {folder}: a file of that name exists; give a folder", hint=f"e.g. {flag} traces/")
-    parent = next((p for p in path.absolute().parents if p.exists()), None)
+    try:
+        if path.exists() and not path.is_dir():
+            raise UsageError(f"{flag} {folder}: a file of that name exists; give a folder", hint=f"e.g. {flag} traces/")
+        parent = next((p for p in path.parents if p.exists()), None)  # as the user wrote it, for the message
+    except OSError as e:  # e.g. a name too long to look up
+        raise UsageError(f"cannot make {flag} {folder}: {e.strerror or e}") from None
     if parent is not None and not parent.is_dir():
         raise UsageError(f"{flag} {folder}: {parent} is not a folder")
 
