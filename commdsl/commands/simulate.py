@@ -2,6 +2,7 @@
 
     commdsl simulate 1f1b                              # summary, critical path, Gantt
     commdsl simulate 1f1b --machine a100-nvlink --trace predicted.json
+    commdsl simulate ddp_overlap --trace-dir traces/   # Kineto traces per rank, for HTA
     commdsl simulate my.yaml -p stages=8 --json        # summary as JSON (makespan_us, ranks, links, ...)
     commdsl simulate memcpy_vs_nccl --machine pcie-nvlink-pairs --links   # busiest links
     commdsl simulate tp_mlp --machine dgx-h100 --nodes 2 -p dp=2 -p tp=8  # a 2-node cluster
@@ -17,6 +18,7 @@ from contextlib import ExitStack
 
 from commdsl.cli import add_schedule_arguments, count_at_least, load_from_args
 from commdsl.errors import UsageError, require_output_folder
+from commdsl.interop.kineto_write import check_trace_folder
 from commdsl.machine import DEFAULT_MACHINE, resolve_machine
 from commdsl.progress import Progress
 from commdsl.sim import NETWORKS, simulate
@@ -49,6 +51,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_machine_arguments(parser)
     parser.add_argument("--trace", metavar="OUT.json", default=None,
                         help="write the predicted timeline as Chrome-trace JSON (opens in Perfetto)")  # fmt: skip
+    parser.add_argument("--trace-dir", metavar="DIR", default=None,
+                        help="write the predicted timeline as PyTorch profiler (Kineto) traces, one JSON per rank, "
+                             "which Holistic Trace Analysis and Perfetto read")  # fmt: skip
     parser.add_argument("--json", action="store_true",
                         help="print the summary as JSON (per rank, per link and per kind of transfer)")  # fmt: skip
     parser.add_argument("--flows", action="store_true",
@@ -72,6 +77,7 @@ def run(args: argparse.Namespace) -> int:
     if args.flows and not args.json:
         raise UsageError("--flows lists every transfer in the --json output", hint="add --json")
     require_output_folder("--trace", args.trace)  # before the simulation, which can take seconds
+    check_trace_folder("--trace-dir", args.trace_dir)
     with ExitStack() as to_the_end:
         with Progress("commdsl simulate") as progress:
             progress.phase(f"expanding {args.schedule}")
@@ -86,6 +92,12 @@ def run(args: argparse.Namespace) -> int:
             if args.trace:
                 progress.phase(f"writing the trace {args.trace}", unit="spans")
                 result.write_trace(args.trace, flag="--trace", progress=progress.update)
+            if args.trace_dir:
+                from commdsl.interop.kineto_write import machine_device, write_kineto_traces
+
+                progress.phase(f"writing Kineto traces into {args.trace_dir}", unit="ranks")
+                backend, device = machine_device(machine)
+                write_kineto_traces(result.timeline, program, args.trace_dir, backend=backend, device=device, progress=progress.update)
             progress.phase("summarising")
             summary = summarize(result)
         if args.json:

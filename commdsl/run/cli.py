@@ -15,6 +15,7 @@ import time
 
 from commdsl.errors import CommdslError, UsageError, require_output_folder
 from commdsl.run.config import BackendChoice, DurationMode, RunConfig
+from commdsl.interop.kineto_write import check_trace_folder
 from commdsl.run.launch import ArgumentRecorder, torch_required
 
 PROG = "torchrun --nproc_per_node=N -m commdsl.run"
@@ -51,6 +52,8 @@ def add_arguments(p: argparse.ArgumentParser) -> list[argparse.Action]:
     add("schedule", help="schedule file, or the name of a bundled schedule")
     add("-p", "--param", action="append", default=[], metavar="KEY=VALUE", help="override a param (repeatable)")
     add("--out", default="measured.json", help="measured timeline, written by rank 0 (default: measured.json)")
+    add("--trace-dir", metavar="DIR", default=None,
+        help="rank 0 also writes the measured timeline as PyTorch profiler (Kineto) traces, one JSON per rank")  # fmt: skip
     add("--warmup", type=int, default=2, metavar="K", help="warm-up iterations (default 2)")
     add("--iters", type=int, default=5, metavar="N", help="measured iterations; spans are per-op medians (default 5)")
     add("--check", action="store_true", help="fill rank-dependent values and verify every communication result")
@@ -95,6 +98,7 @@ def config_from_args(a: argparse.Namespace) -> RunConfig:
         raise UsageError(f"--max-ops must be at least 1, got {a.max_ops}")
     for flag, path in (("--out", a.out), ("--records", a.records), ("--dump-values", a.dump_values)):
         require_output_folder(flag, path)
+    check_trace_folder("--trace-dir", a.trace_dir)
     if (a.machine is not None or a.network is not None) and not a.compare:
         raise UsageError("--machine and --network only apply with --compare")
     if a.compare:
@@ -111,7 +115,7 @@ def config_from_args(a: argparse.Namespace) -> RunConfig:
         iters=a.iters, check=a.check, timeout_s=a.timeout, backend=BackendChoice(a.backend),
         duration_mode=DurationMode(a.duration_mode), values_file=a.values, dump_values=a.dump_values, records_out=a.records,
         validate=not a.no_validate, max_ops=a.max_ops, quiet=a.quiet, compare=a.compare, machine=a.machine,
-        network=a.network or "analytic",
+        network=a.network or "analytic", trace_dir=a.trace_dir,
     )  # fmt: skip
 
 

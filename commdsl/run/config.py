@@ -61,6 +61,8 @@ class RunConfig:
     """Machine for --compare (preset or file); None: cpu-loopback on gloo, the simulator's default on NCCL."""
     network: str = "analytic"
     """Network model for --compare."""
+    trace_dir: str | None = None
+    """Where rank 0 also writes the measured timeline as Kineto traces, one per rank."""
 
 
 def load_program(config: RunConfig, progress: Progress | None = None) -> Program:

@@ -170,6 +170,10 @@ def _report(program: Program, config: RunConfig, results: list[RankResult], meta
     tl = build_timeline(program, results, meta)
     out = Path(config.out)
     tl.write(out, streams=program.streams)
+    if config.trace_dir:
+        from commdsl.interop.kineto_write import torch_device, write_kineto_traces
+
+        write_kineto_traces(tl, program, config.trace_dir, backend=meta["backend"], device=torch_device(meta["device"], program.world_size))
     if config.records_out:
         Path(config.records_out).write_text(json.dumps(iteration_records(program, results)) + "\n")
     if config.dump_values:
