@@ -12,6 +12,7 @@ import argparse
 import os
 import sys
 import time
+from pathlib import Path
 
 from commdsl.errors import CommdslError, UsageError, require_output_folder
 from commdsl.run.config import BackendChoice, DurationMode, RunConfig
@@ -74,6 +75,8 @@ def add_arguments(p: argparse.ArgumentParser) -> list[argparse.Action]:
         help="machine for --compare (default: cpu-loopback on gloo, the simulator's default on NCCL; "
         "best: a file from `commdsl calibrate -n N --out FILE`)")  # fmt: skip
     add("--network", default=None, help="network model for --compare (default analytic)")
+    add("--profile", metavar="DIR", default=None,
+        help="run the measured iterations under torch.profiler; every rank writes its Kineto trace to DIR")  # fmt: skip
     return add.actions
 
 
@@ -95,6 +98,10 @@ def config_from_args(a: argparse.Namespace) -> RunConfig:
         raise UsageError(f"--max-ops must be at least 1, got {a.max_ops}")
     for flag, path in (("--out", a.out), ("--records", a.records), ("--dump-values", a.dump_values)):
         require_output_folder(flag, path)
+    if a.profile is not None:
+        require_output_folder("--profile", a.profile)  # its parent: the folder itself is made if missing
+        if Path(a.profile).exists() and not Path(a.profile).is_dir():
+            raise UsageError(f"--profile {a.profile}: not a folder", hint="--profile names a folder for one trace per rank")
     if (a.machine is not None or a.network is not None) and not a.compare:
         raise UsageError("--machine and --network only apply with --compare")
     if a.compare:
@@ -111,7 +118,7 @@ def config_from_args(a: argparse.Namespace) -> RunConfig:
         iters=a.iters, check=a.check, timeout_s=a.timeout, backend=BackendChoice(a.backend),
         duration_mode=DurationMode(a.duration_mode), values_file=a.values, dump_values=a.dump_values, records_out=a.records,
         validate=not a.no_validate, max_ops=a.max_ops, quiet=a.quiet, compare=a.compare, machine=a.machine,
-        network=a.network or "analytic",
+        network=a.network or "analytic", profile_dir=a.profile,
     )  # fmt: skip
 
 
