@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from commdsl.errors import UsageError
-from commdsl.ir import OpKind
+from commdsl.ir import Dtype, OpKind
 
 STEP_RANGE = re.compile(r"ProfilerStep#(\d+)")
 """The range `torch.profiler.profile.step` (and `commdsl run --profile`) puts around a step."""
@@ -62,17 +62,19 @@ NCCL_KERNEL = re.compile(r"nccl(?:Dev)?Kernel_([A-Za-z]+)")
 
 GLOO_RANGE = re.compile(r"gloo:([a-z_]+)")
 
-TORCH_TYPE_BYTES = {
-    "float": 4, "double": 8, "c10::Half": 2, "c10::BFloat16": 2, "long int": 8, "int": 4, "short int": 2,
-    "signed char": 1, "unsigned char": 1, "bool": 1, "c10::Float8_e4m3fn": 1, "c10::Float8_e5m2": 1,
+TORCH_TYPE_DTYPE = {
+    "float": Dtype.FP32, "double": Dtype.FP64, "c10::Half": Dtype.FP16, "c10::BFloat16": Dtype.BF16,
+    "long int": Dtype.INT64, "int": Dtype.INT32, "short int": Dtype.INT16, "signed char": Dtype.INT8,
+    "unsigned char": Dtype.UINT8, "bool": Dtype.BOOL, "c10::Float8_e4m3fn": Dtype.FP8, "c10::Float8_e5m2": Dtype.FP8,
 }  # fmt: skip
-"""Bytes per element of the `Input type` names torch's profiler records."""
+"""The dtype of the `Input type` names torch's profiler records (C++ type names)."""
 
-NCCL_DTYPE_BYTES = {
-    "Float": 4, "Double": 8, "Half": 2, "BFloat16": 2, "Long": 8, "Int": 4, "Short": 2, "Char": 1, "Byte": 1,
-    "Bool": 1, "Float8_e4m3fn": 1, "Float8_e5m2": 1,
+NCCL_DTYPE = {
+    "Float": Dtype.FP32, "Double": Dtype.FP64, "Half": Dtype.FP16, "BFloat16": Dtype.BF16, "Long": Dtype.INT64,
+    "Int": Dtype.INT32, "Short": Dtype.INT16, "Char": Dtype.INT8, "Byte": Dtype.UINT8, "Bool": Dtype.BOOL,
+    "Float8_e4m3fn": Dtype.FP8, "Float8_e5m2": Dtype.FP8,
 }  # fmt: skip
-"""Bytes per element of the `dtype` names of NCCL kernel args (torch's ScalarType names)."""
+"""The dtype of the `dtype` names of NCCL kernel args (torch's ScalarType names)."""
 
 
 class TraceError(UsageError):
@@ -115,6 +117,8 @@ class TraceComm:
     """What it can be: one kind, or {send, recv} for an NCCL SendRecv kernel without args."""
     in_bytes: int | None
     """Bytes of its input (as `In msg nelems` x dtype, or gloo's `Input Dims`); None: unknown."""
+    dtype: Dtype | None
+    """Its elements' type where the trace names it."""
     group: tuple[int, ...] | None
     """Its process group's ranks where the trace names them."""
     track: str
@@ -371,12 +375,12 @@ def _nccl_comm(name: str, args: dict, track: str, ts: float, end: float, groups:
         kinds = frozenset({OpKind.SEND, OpKind.RECV}) if k is None else frozenset({k})
     else:
         kinds = frozenset()  # an NCCL kernel of a kind commdsl does not model: listed, never paired
-    nelems, itemsize = args.get("In msg nelems"), NCCL_DTYPE_BYTES.get(str(args.get("dtype")))
-    in_bytes = int(nelems) * itemsize if isinstance(nelems, int) and itemsize else None
+    nelems, dtype = args.get("In msg nelems"), NCCL_DTYPE.get(str(args.get("dtype")))
+    in_bytes = int(nelems) * dtype.itemsize if isinstance(nelems, int) and dtype else None
     group = _ranks_arg(args.get("Process Group Ranks"))
     if group is None and str(args.get("Process Group Name")) in groups:
         group = groups[str(args.get("Process Group Name"))]
-    return TraceComm(name, kinds, in_bytes, group, track, Place.DEVICE, ts, end)
+    return TraceComm(name, kinds, in_bytes, dtype, group, track, Place.DEVICE, ts, end)
 
 
 def _gloo_comm(collective: str, name: str, args: dict, track: str, ts: float, end: float) -> TraceComm | None:
@@ -384,11 +388,11 @@ def _gloo_comm(collective: str, name: str, args: dict, track: str, ts: float, en
     if kind is None:
         return None
     dims, types = args.get("Input Dims"), args.get("Input type")
-    in_bytes = None
+    in_bytes, dtype = None, None
     if isinstance(dims, list) and dims and isinstance(dims[0], list) and isinstance(types, list) and types:
-        itemsize = TORCH_TYPE_BYTES.get(str(types[0]))
-        if itemsize and all(isinstance(d, int) for d in dims[0]):
-            in_bytes = math.prod(dims[0]) * itemsize
+        dtype = TORCH_TYPE_DTYPE.get(str(types[0]))
+        if dtype and all(isinstance(d, int) for d in dims[0]):
+            in_bytes = math.prod(dims[0]) * dtype.itemsize
     elif kind is OpKind.BARRIER:
         in_bytes = 0
-    return TraceComm(name, frozenset({kind}), in_bytes, None, track, Place.HOST, ts, end)
+    return TraceComm(name, frozenset({kind}), in_bytes, dtype, None, track, Place.HOST, ts, end)
