@@ -246,6 +246,8 @@ class Comparison:
     """Per rank with compute ops of explicit duration, how they ran against their requests."""
     calibration_hint: str | None = None
     """Set when the prediction's machine is not calibrated (`calibration_hint`)."""
+    unmatched: list[str] = field(default_factory=list)
+    """Against profiler traces (`compare_trace`): the ops and trace events left unpaired."""
 
     @property
     def makespan_error_pct(self) -> float:
@@ -300,6 +302,7 @@ class Comparison:
             "memory_source": self.memory_source,
             "compute_duration_drift": [d.to_json() for d in self.duration_drifts],
             "machine_calibrated": self.calibration_hint is None,
+            "unmatched": self.unmatched,
             "ops": [
                 {
                     "op_id": e.op_id, "kind": e.kind, "name": e.name, "source": e.source,
@@ -419,3 +422,123 @@ def combined_trace(predicted: Timeline, measured: Timeline, streams: tuple[str, 
             events.append(ev)
     return {"traceEvents": events, "displayTimeUnit": "ms"}
 
+
+
+# ---- a real job's profiler traces as the measured side ------------------------------------
+
+@dataclass
+class TraceMatch:
+    """A predicted timeline's ops found in a job's profiler traces (`match_trace`)."""
+
+    measured: Timeline
+    """The trace's spans of the matched ops, under the predicted op ids."""
+    step_us: float
+    """The trace's step time (first start to last end over the ranks)."""
+    unmatched: list[str] = field(default_factory=list)
+    """Ops and trace events left unpaired, and names found more or fewer times than the
+    schedule has ops of that name, one line each."""
+    skipped: int = 0
+    """Predicted waits, records and synchronizes the trace has no range for (they do no
+    work of their own; real jobs do not annotate them)."""
+
+
+def _pred_in_bytes(span: Span) -> int:
+    """The input bytes of a predicted comm op (its `In msg nelems` x its dtype's size)."""
+    args = dict(span.args)
+    return int(args.get("In msg nelems", 0)) * Dtype(str(args.get("dtype", "fp32"))).itemsize
+
+
+def _align(preds: list[Span], comms: list, fits) -> list[tuple[int, int]]:
+    """The longest in-order pairing of `preds` with `comms` where `fits(p, c)` (an LCS):
+    issue order is kept on both sides; anything out of order is left unpaired."""
+    n, m = len(preds), len(comms)
+    best = [[0] * (m + 1) for _ in range(n + 1)]
+    for i in range(n - 1, -1, -1):
+        row, below = best[i], best[i + 1]
+        for j in range(m - 1, -1, -1):
+            row[j] = below[j + 1] + 1 if fits(preds[i], comms[j]) else max(below[j], row[j + 1])
+    pairs, i, j = [], 0, 0
+    while i < n and j < m:
+        if fits(preds[i], comms[j]) and best[i][j] == best[i + 1][j + 1] + 1:
+            pairs.append((i, j))
+            i, j = i + 1, j + 1
+        elif best[i + 1][j] >= best[i][j + 1]:
+            i += 1
+        else:
+            j += 1
+    return pairs
+
+
+def match_trace(predicted: Timeline, job) -> TraceMatch:
+    """Find each predicted op in `job` (a `commdsl.interop.kineto_read.KinetoJob`):
+      * compute, copies, host work and memory ops by name: a rank's ops named N pair, in
+        order, with its ranges named N (device ranges where the trace has them, else host
+        ranges) when there are as many of each; otherwise every one is listed as ambiguous;
+      * communication by kind and input size, in issue order per rank: the longest
+        in-order pairing of its comm ops with the trace's NCCL kernels or gloo ranges.
+    Nothing is paired on a guess: what does not pair is listed in `unmatched`."""
+    pred = sorted((s for s in predicted.spans if s.role is SpanRole.EXEC), key=lambda s: _op_key(s.op_id))
+    measured = Timeline("measured", predicted.schedule, job.world_size,
+                        meta={"trace": job.folder, "step": next(iter(job.ranks.values())).step,
+                              "profiler": sorted({t.profiler.split(", trace_id")[0] for t in job.ranks.values()})})  # fmt: skip
+    match = TraceMatch(measured, job.step_us)
+    for rank in sorted({s.rank for s in pred}):
+        trace = job.ranks.get(rank)
+        mine = [s for s in pred if s.rank == rank]
+        if trace is None:
+            match.unmatched.append(f"rank {rank}: no trace of this rank ({len(mine)} ops)")
+            continue
+        comm = [s for s in mine if OpKind(s.kind).is_comm]
+        by_name: dict[str, list[Span]] = {}
+        for s in mine:
+            if not OpKind(s.kind).is_comm:
+                by_name.setdefault(_arg(s, "name", s.name), []).append(s)
+        ranges: dict[str, list] = {}
+        for r in trace.ranges:
+            ranges.setdefault(r.name, []).append(r)
+        for name, ops in by_name.items():
+            found = ranges.get(name, [])
+            device = [r for r in found if r.place.value == "device"]
+            found = device or found
+            if not found:
+                busy = [s for s in ops if s.kind not in NON_BUSY_KINDS]
+                match.skipped += len(ops) - len(busy)
+                match.unmatched += [f"rank {rank}: {s.kind} {name} (op {s.op_id}): no range named {name} in the trace" for s in busy]
+            elif len(found) != len(ops):
+                match.unmatched.append(f"rank {rank}: {name}: ambiguous, {len(ops)} op(s) of this name ({', '.join(s.op_id for s in ops)}) "
+                                       f"and {len(found)} range(s) in the trace; none paired")  # fmt: skip
+            else:
+                for s, r in zip(ops, found):
+                    measured.spans.append(Span(s.op_id, rank, r.track, SpanRole.EXEC, s.kind, s.name, r.start_us, r.end_us, s.args))
+
+        def fits(p: Span, c) -> bool:
+            return OpKind(p.kind) in c.kinds and (c.in_bytes is None or c.in_bytes == _pred_in_bytes(p)) and (
+                c.group is None or len(c.group) == int(dict(p.args).get("Group size", len(c.group))))
+
+        comms = sorted(trace.comms, key=lambda c: (c.start_us, c.end_us))
+        pairs = _align(comm, comms, fits)
+        for i, j in pairs:
+            p, c = comm[i], comms[j]
+            measured.spans.append(Span(p.op_id, rank, c.track, SpanRole.EXEC, p.kind, c.name, c.start_us, c.end_us, p.args))
+        paired_p, paired_c = {i for i, _ in pairs}, {j for _, j in pairs}
+        match.unmatched += [f"rank {rank}: {p.kind} {_arg(p, 'name', p.name)} (op {p.op_id}, {_pred_in_bytes(p)} B in): "
+                            "not in the trace in this order" for i, p in enumerate(comm) if i not in paired_p]  # fmt: skip
+        match.unmatched += [f"rank {rank}: {c.name} ({'/'.join(sorted(k.value for k in c.kinds))}, "
+                            f"{'?' if c.in_bytes is None else c.in_bytes} B in) at {c.start_us - trace.step_start_us:.1f} us "
+                            "into the step: in the trace, not in the schedule in this order" for j, c in enumerate(comms) if j not in paired_c]  # fmt: skip
+    return match
+
+
+def compare_trace(predicted: Timeline, job, *, min_duration_us: float = 10.0) -> tuple[Comparison, TraceMatch]:
+    """`compare_timelines` against a job's profiler traces (`match_trace`): the measured
+    makespan is the trace's step time, and what did not pair is in `Comparison.unmatched`."""
+    if predicted.world_size != job.world_size:
+        raise UsageError(f"the prediction has {predicted.world_size} ranks, the traces' job {job.world_size} ({job.folder})")
+    match = match_trace(predicted, job)
+    if not match.measured.spans:
+        raise UsageError(f"no op of {predicted.schedule} was found in the traces of {job.folder}",
+                         hint="ops are found by record_function ranges named as the schedule names them, comm ops by kind and size")  # fmt: skip
+    cmp = compare_timelines(predicted, match.measured, min_duration_us=min_duration_us)
+    cmp.measured_makespan_us = match.step_us
+    cmp.unmatched = match.unmatched
+    return cmp, match

@@ -11,19 +11,25 @@ from rich.table import Table
 
 from commdsl.api import compare_named
 from commdsl.cli import non_negative_number
-from commdsl.comparison import Comparison, combined_trace
+from commdsl.comparison import Comparison, combined_trace, compare_trace
 from commdsl.dsl.values import format_bytes, format_us
-from commdsl.errors import require_output_folder
+from commdsl.errors import UsageError, require_output_folder
+from commdsl.interop.kineto_read import is_trace_path, read_job
 from commdsl.files import write_text
 from commdsl.timeline import Timeline
 
 EXIT_OVER_MAX_ERROR = 4
 """Exit code when the makespan error exceeds --max-error."""
+MAX_UNMATCHED_SHOWN = 20
+"""Unpaired ops and trace events the terminal report lists (--json lists all)."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("predicted", help="predicted timeline (commdsl simulate --trace)")
-    parser.add_argument("measured", help="measured timeline (torchrun -m commdsl.run --out)")
+    parser.add_argument("measured", help="measured timeline (torchrun -m commdsl.run --out), or a folder of PyTorch profiler "
+                        "(Kineto) traces of any job, one per rank (commdsl run --profile, torch.profiler)")
+    parser.add_argument("--step", type=int, default=None, metavar="N",
+                        help="with profiler traces: compare step ProfilerStep#N (default: the last step every rank holds)")
     parser.add_argument("--json", action="store_true", help="print the comparison as JSON")
     parser.add_argument("--html", metavar="OUT", help="write a self-contained HTML report")
     parser.add_argument("--trace", metavar="OUT", help="write one Chrome trace holding both timelines")
@@ -66,7 +72,11 @@ def print_comparison(cmp: Comparison, console: Console) -> None:
     console.print(f"{len(cmp.ops)} ops compared")
     for warning in cmp.warnings():
         console.print(f"[yellow]warning[/]: {escape(warning)}")
-    if cmp.only_predicted or cmp.only_measured:
+    if cmp.unmatched:
+        shown = "\n  ".join(escape(u) for u in cmp.unmatched[:MAX_UNMATCHED_SHOWN])
+        more = f"\n  ... and {len(cmp.unmatched) - MAX_UNMATCHED_SHOWN} more (--json lists all)" if len(cmp.unmatched) > MAX_UNMATCHED_SHOWN else ""
+        console.print(f"[yellow]not paired[/] ({len(cmp.unmatched)}):\n  {shown}{more}")
+    elif cmp.only_predicted or cmp.only_measured:
         console.print(f"[yellow]warning[/]: {len(cmp.only_predicted)} ops only predicted, {len(cmp.only_measured)} only measured "
                       f"(e.g. {(cmp.only_predicted + cmp.only_measured)[:3]})")  # fmt: skip
 
@@ -85,8 +95,16 @@ def print_memory_peaks(cmp: Comparison, console: Console) -> None:
 
 def run(args: argparse.Namespace) -> int:
     require_output_folder("--html", args.html)
-    predicted, measured = Timeline.read(args.predicted), Timeline.read(args.measured)
-    cmp = compare_named(predicted, measured, args.predicted, args.measured, args.min_duration)
+    predicted = Timeline.read(args.predicted)
+    if is_trace_path(args.measured):
+        job = read_job(args.measured, args.step)
+        cmp, match = compare_trace(predicted, job, min_duration_us=args.min_duration)
+        measured = match.measured
+    else:
+        if args.step is not None:
+            raise UsageError("--step applies to profiler traces; a measured timeline holds per-op medians already")
+        measured = Timeline.read(args.measured)
+        cmp = compare_named(predicted, measured, args.predicted, args.measured, args.min_duration)
     if args.json:
         print(json.dumps(cmp.to_json(), indent=1))
         for warning in cmp.warnings():  # on stderr, so that stdout stays JSON

@@ -2,10 +2,13 @@
 
     commdsl import pipelining schedule.csv -o schedule.yaml   # torch.distributed.pipelining's CSV
     commdsl import pipelining schedule.csv                    # the YAML on stdout
+    commdsl import kineto traces/ -o job.yaml                 # a job's profiler traces, one per rank
 
 The CSV is what `_PipelineScheduleRuntime._dump_csv` writes (one row of actions per
 rank), compute-only or with transfers; see commdsl/interop/pipelining.py. The schedule is
-loaded once before it is written, so what comes out checks and simulates.
+loaded once before it is written, so what comes out checks and simulates. A folder of
+PyTorch profiler (Kineto) traces becomes a schedule that replays one step of the job
+(commdsl/interop/kineto_import.py); it is also checked to finish (no deadlock).
 """
 
 from __future__ import annotations
@@ -17,12 +20,17 @@ from pathlib import Path
 
 from commdsl.errors import CommdslError, UsageError, require_output_folder
 
-FORMATS = ("pipelining",)
+FORMATS = ("pipelining", "kineto")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("format", choices=FORMATS, help="what the file is: pipelining (torch.distributed.pipelining's schedule CSV)")
-    parser.add_argument("file", help="the file to import")
+    parser.add_argument("format", choices=FORMATS, help="what the file is: pipelining (torch.distributed.pipelining's schedule CSV), "
+                        "kineto (a folder of PyTorch profiler traces, one per rank)")
+    parser.add_argument("file", help="the file (or, for kineto, the folder of traces) to import")
+    parser.add_argument("--step", type=int, default=None, metavar="N",
+                        help="kineto: replay step ProfilerStep#N (default: the last step every rank's trace holds)")
+    parser.add_argument("--tolerance", type=float, default=None, metavar="US",
+                        help="kineto: an op starting this close to another stream's op ending waited for it (default 20 us)")
     parser.add_argument("-o", "--out", default=None, metavar="OUT.yaml", help="write the schedule here (default: stdout)")
     parser.add_argument("--name", default=None, help="the schedule's name (default: the output's or the input's file stem)")
 
@@ -35,6 +43,10 @@ def run(args: argparse.Namespace) -> int:
     name = args.name or Path(args.out or args.file).stem
     if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_.-]*", name):
         raise UsageError(f"--name {name!r}: a schedule name is letters, digits, _ . -")
+    if args.format == "kineto":
+        return _import_kineto(args, name)
+    if args.step is not None or args.tolerance is not None:
+        raise UsageError("--step and --tolerance apply to kineto traces")
     schedule = read_csv(args.file)
     text = schedule_text(schedule, name)
     shown = args.out or f"<{name} imported from {args.file}>"
@@ -47,6 +59,35 @@ def run(args: argparse.Namespace) -> int:
         Path(args.out).write_text(text)
         print(f"wrote {args.out}: {len(schedule.ranks)} ranks, {schedule.num_stages} stages, {schedule.microbatches} microbatches "
               f"({'with' if schedule.with_transfers else 'without'} transfers in the file)", file=sys.stderr)  # fmt: skip
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
+def _import_kineto(args: argparse.Namespace, name: str) -> int:
+    from commdsl.dsl import load_schedule_text
+    from commdsl.interop.kineto_import import DEFAULT_TOLERANCE_US, schedule_text
+    from commdsl.interop.kineto_read import read_job
+    from commdsl.progress import Progress
+    from commdsl.sim import check_deadlock
+
+    tolerance = DEFAULT_TOLERANCE_US if args.tolerance is None else args.tolerance
+    if not 0 <= tolerance < float("inf"):
+        raise UsageError(f"--tolerance must be a number of microseconds >= 0, got {args.tolerance}")
+    with Progress("commdsl import kineto") as progress:
+        progress.phase(f"reading the traces in {args.file}")
+        job = read_job(args.file, args.step)
+        progress.phase("writing the schedule")
+        text = schedule_text(job, name, tolerance)
+        progress.phase("checking the schedule loads and finishes", unit="ops")
+        shown = args.out or f"<{name} imported from {args.file}>"
+        program = load_schedule_text(text, shown)
+        check_deadlock(program, progress.update)
+    if args.out:
+        Path(args.out).write_text(text)
+        step = next(iter(job.ranks.values())).step or "the whole trace"
+        print(f"wrote {args.out}: {job.world_size} ranks, {sum(len(o) for o in program.ops)} ops, replaying {step} "
+              f"({job.step_us / 1e3:.3f} ms in the trace)", file=sys.stderr)  # fmt: skip
     else:
         sys.stdout.write(text)
     return 0

@@ -77,6 +77,8 @@ def add_arguments(p: argparse.ArgumentParser) -> list[argparse.Action]:
         help="machine for --compare (default: cpu-loopback on gloo, the simulator's default on NCCL; "
         "best: a file from `commdsl calibrate -n N --out FILE`)")  # fmt: skip
     add("--network", default=None, help="network model for --compare (default analytic)")
+    add("--profile", metavar="DIR", default=None,
+        help="run the measured iterations under torch.profiler; every rank writes its Kineto trace to DIR")  # fmt: skip
     return add.actions
 
 
@@ -99,6 +101,7 @@ def config_from_args(a: argparse.Namespace) -> RunConfig:
     for flag, path in (("--out", a.out), ("--records", a.records), ("--dump-values", a.dump_values)):
         require_output_folder(flag, path)
     check_trace_folder("--trace-dir", a.trace_dir)
+    check_trace_folder("--profile", a.profile)
     if (a.machine is not None or a.network is not None) and not a.compare:
         raise UsageError("--machine and --network only apply with --compare")
     if a.compare:
@@ -115,7 +118,7 @@ def config_from_args(a: argparse.Namespace) -> RunConfig:
         iters=a.iters, check=a.check, timeout_s=a.timeout, backend=BackendChoice(a.backend),
         duration_mode=DurationMode(a.duration_mode), values_file=a.values, dump_values=a.dump_values, records_out=a.records,
         validate=not a.no_validate, max_ops=a.max_ops, quiet=a.quiet, compare=a.compare, machine=a.machine,
-        network=a.network or "analytic", trace_dir=a.trace_dir,
+        network=a.network or "analytic", trace_dir=a.trace_dir, profile_dir=a.profile,
     )  # fmt: skip
 
 

@@ -11,6 +11,11 @@ if TYPE_CHECKING:
     from commdsl.progress import Progress
 
 
+PROFILE_FILE = "rank{rank}.pt.trace.json"
+"""A rank's Kineto trace in the `--profile` folder (`.pt.trace.json`, as PyTorch's
+`tensorboard_trace_handler` names its files)."""
+
+
 class BackendChoice(str, enum.Enum):
     AUTO = "auto"
     GLOO = "gloo"
@@ -63,6 +68,10 @@ class RunConfig:
     """Network model for --compare."""
     trace_dir: str | None = None
     """Where rank 0 also writes the measured timeline as Kineto traces, one per rank."""
+    profile_dir: str | None = None
+    """`--profile DIR`: the measured iterations run under `torch.profiler`, and every rank
+    writes its Kineto trace there (`rank<R>.pt.trace.json`), with a `record_function`
+    range per op named as the schedule names it."""
 
 
 def load_program(config: RunConfig, progress: Progress | None = None) -> Program:

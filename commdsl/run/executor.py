@@ -28,6 +28,7 @@ Per op kind (docs/simulator.md, "Execution semantics", rules 1-4):
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from dataclasses import dataclass
@@ -105,6 +106,12 @@ class Executor:
         """What the host is doing outside the ops (a barrier...), and since when (ns)."""
         self.host_op: int | None = None
         """Index of the op the host is issuing right now."""
+        self.profiling = setup.config.profile_dir is not None
+        """`--profile`: each op runs inside a `record_function` range named as the schedule
+        names it (`op_range`), which the profiler's trace shows."""
+        self.step_name: str | None = None
+        """`--profile`: the name of the range around this iteration's ops (after the
+        iteration-start barrier, so the step holds the schedule's work alone)."""
         self._plan()
 
     # ---- planning ----------------------------------------------------------------
@@ -156,6 +163,15 @@ class Executor:
                 kernels.prepare(op.stream, spec)
                 self.kernel[op.index] = spec
 
+    def op_range(self, op: Op) -> contextlib.AbstractContextManager:
+        """A `record_function` range named after `op` while profiling, else nothing."""
+        return torch.profiler.record_function(op.name) if self.profiling else contextlib.nullcontext()
+
+    def issue_range(self, op: Op) -> contextlib.AbstractContextManager:
+        """The range around the host's issue of `op` (`op_range` where the device's
+        profiler projects host ranges onto the streams' work, as CUDA's does)."""
+        return contextlib.nullcontext()
+
     def leads(self, indices: tuple[int, ...]) -> list[int]:
         """The distinct issuing ops behind a handle's op indices."""
         return sorted({self.lead_of[i] for i in indices})
@@ -175,14 +191,16 @@ class Executor:
         self.phase = None
         rec.begin_ns = self.anchor()
         try:
-            for op in self.ops:
-                i = op.index
-                self.host_op = i
-                rec.issue_start[i] = now_ns()
-                self.issue(op)
-                rec.issue_end[i] = now_ns()
-            self.host_op = None
-            self.drain()
+            with torch.profiler.record_function(self.step_name) if self.step_name else contextlib.nullcontext():
+                for op in self.ops:
+                    i = op.index
+                    self.host_op = i
+                    rec.issue_start[i] = now_ns()
+                    with self.issue_range(op):
+                        self.issue(op)
+                    rec.issue_end[i] = now_ns()
+                self.host_op = None
+                self.drain()
             if self.peers.used:  # every copy of the iteration has landed before anyone looks
                 self.phase = ("the iteration-end barrier (copies to other ranks landing)", now_ns())
                 dist.barrier(group=self.setup.control)
@@ -306,7 +324,9 @@ def make_executor(setup: RankSetup) -> Executor:
 
 
 class CpuExecutor(Executor):
-    """gloo on CPU: streams and comm queues are worker threads (see streams.py)."""
+    """gloo on CPU: streams and comm queues are worker threads (see streams.py). While
+    profiling, an op's range is on the thread that runs it (its stream's, its group's
+    comm queue's, or the host's), spanning its execution."""
 
     def __init__(self, setup: RankSetup):
         super().__init__(setup)
@@ -321,6 +341,10 @@ class CpuExecutor(Executor):
         self.done = {i: threading.Event() for i in self.comm}
         self.events = {op.index: threading.Event() for op in self.ops if op.kind is OpKind.RECORD}
 
+    def issue_range(self, op: Op) -> contextlib.AbstractContextManager:
+        # Host work runs in the issue itself; every other op runs in a `_timed` task, which has its range.
+        return self.op_range(op) if op.kind is OpKind.HOST else contextlib.nullcontext()
+
     def _timed(self, op: Op, fn):
         i = op.index
 
@@ -328,7 +352,8 @@ class CpuExecutor(Executor):
             rec = self.rec
             rec.exec_start[i] = now_ns()
             try:
-                fn()
+                with self.op_range(op):
+                    fn()
             except (Aborted, CommdslError):
                 raise
             except Exception as e:
@@ -400,8 +425,9 @@ class CpuExecutor(Executor):
             for i in rec_ops:
                 rec.exec_start[i] = t0
             try:
-                for work in launch(plan):
-                    work.wait()
+                with self.op_range(lead):
+                    for work in launch(plan):
+                        work.wait()
             except Exception as e:
                 raise OpFailed(f"{lead.kind.value} {lead.name} failed on rank {self.rank}: {type(e).__name__}: {e}",
                                lead.loc, rank=self.rank) from e  # fmt: skip
@@ -465,6 +491,9 @@ class CudaExecutor(Executor):
                 self.prev_in_group[i] = last[g]
             last[g] = i
         self.device_ops = [op.index for op in self.ops if _on_device(op)]
+
+    def issue_range(self, op: Op) -> contextlib.AbstractContextManager:
+        return self.op_range(op)  # CUDA's profiler shows it on the GPU too (gpu_user_annotation)
 
     def anchor(self) -> int:
         torch.cuda.synchronize(self.setup.device)

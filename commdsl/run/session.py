@@ -28,7 +28,7 @@ from commdsl.run.backend import (DistEnv, all_gather_objects, broadcast_object, 
 from commdsl.run.check import Checker, CheckError, Fill, load_values
 from commdsl.run.compute import MATMUL_DTYPES, Kernels, compute_threads
 from commdsl.run.compute_timing import ComputeTiming, skew_from_environ
-from commdsl.run.config import DurationMode, RunConfig, load_program
+from commdsl.run.config import PROFILE_FILE, DurationMode, RunConfig, load_program
 from commdsl.run.executor import Executor, RankSetup, make_executor
 from commdsl.run.tensors import declared_peak_bytes, estimate_bytes
 from commdsl.run.timing import ClockSync, IterRecord, RankResult, build_timeline, iteration_records, measure_clock, now_ns
@@ -92,6 +92,7 @@ def run(config: RunConfig) -> int:
             watchdog.abort([err.format()], err.exit_code)
             raise
         meta = {
+            **({"profile": config.profile_dir} if config.profile_dir else {}),
             "params": dict(program.params), "backend": backend, "device": device.type, "torch": torch.__version__,
             "warmup": config.warmup, "iters": config.iters, "stat": "median", "check": config.check,
             "duration_mode": config.duration_mode.value, "hosts": hosts,
@@ -108,8 +109,11 @@ def run(config: RunConfig) -> int:
         total = config.warmup + config.iters
         checking = ", checking every result" if filled else ""
         progress.phase(f"running {config.warmup} warm-up + {config.iters} measured iterations{checking}", total=total, unit="iterations")
+        profiler = RankProfiler(config.profile_dir, rank, device) if config.profile_dir else None
         try:
             for it in range(total):
+                if profiler is not None and it == config.warmup:
+                    profiler.start()
                 if timing is not None and it > 0:
                     watchdog.phase = ("re-checking the compute timing (waiting for the other ranks)", now_ns())
                     if timing.recheck(it):
@@ -120,12 +124,17 @@ def run(config: RunConfig) -> int:
                     if device.type == "cuda":
                         torch.cuda.reset_peak_memory_stats(device)
                         cuda_base = torch.cuda.memory_allocated(device)
+                if profiler is not None and it >= config.warmup:
+                    executor.step_name = PROFILER_STEP.format(step=it - config.warmup)
                 rec = executor.run_iteration()
                 if it >= config.warmup:
                     records.append(rec)
                 if not failures:
                     failures = executor.verify()
                 progress.advance(1)
+            if profiler is not None:
+                progress.phase(f"writing the profiler's trace to {config.profile_dir}")
+                profiler.write()
             if config.dump_values:
                 values_dump = executor.dump_values()
         except CommdslError as err:
@@ -292,3 +301,37 @@ def _check_memory(program: Program, env: DistEnv, device: torch.device, *, per_o
             f"{where}",
             hint="use smaller params (e.g. -p act=1MiB) for CPU runs",
         )
+
+
+PROFILER_STEP = "ProfilerStep#{step}"
+"""The range around each measured iteration, named as `torch.profiler.profile.step` names
+its steps (Kineto trace readers, HTA and `commdsl compare` split a trace into steps by it)."""
+
+
+class RankProfiler:
+    """`--profile DIR`: `torch.profiler` over the measured iterations of one rank (the
+    executor puts each in a `ProfilerStep#<k>` range); `write` saves the rank's Kineto
+    trace (PROFILE_FILE).
+
+    On CPU the ops run on the executor's stream and comm-queue threads, which the
+    profiler records only with `profile_all_threads`; on CUDA it records the GPU's
+    kernels, copies and NCCL kernels too."""
+
+    def __init__(self, folder: str, rank: int, device: torch.device):
+        from torch.profiler import ProfilerActivity, profile
+
+        self.path = Path(folder) / PROFILE_FILE.format(rank=rank)
+        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+        config = torch._C._profiler._ExperimentalConfig(profile_all_threads=True)
+        self.prof = profile(activities=activities, record_shapes=True, experimental_config=config)
+
+    def start(self) -> None:
+        self.prof.start()
+
+    def write(self) -> None:
+        self.prof.stop()
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            self.prof.export_chrome_trace(str(self.path))
+        except OSError as err:
+            raise UsageError(f"--profile: cannot write {self.path}: {err.strerror or err}") from None

@@ -1,0 +1,223 @@
+"""A job's profiler traces as a schedule: `commdsl import kineto DIR -o job.yaml`.
+
+Per rank, the step's device-side work in stream order (`KinetoJob` from kineto_read):
+on GPUs the kernels, copies and NCCL kernels of each CUDA stream; on CPU the ranges of
+each worker thread (the outermost ones, those that wrap no gloo range) and gloo's ranges.
+  * compute runs its measured duration, named after the innermost range around it
+    (`gpu_user_annotation` on its stream) or else its kernel;
+  * copies keep their bytes and direction; memsets run their measured duration;
+  * collectives and P2P come from the NCCL kernels' args (kind, size, dtype, group
+    ranks) or gloo's ranges, each waited on its stream (async: the host goes on);
+  * a cross-stream dependency (an op starting within `tolerance_us` of another
+    stream's op ending, after its own stream went idle) becomes `record` / `wait`;
+  * any other idle time before an op is a host gap: the host had not launched it yet,
+    and the schedule's host waits as long (`host gap[k] ...`) before issuing it.
+Simulated on a machine like the traced one, the schedule's makespan is the trace's step
+time give or take the machine's model of communication (docs/interop.md).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from commdsl.interop.kineto_read import KinetoJob, RankTrace, TraceComm, TraceError, TraceRange
+from commdsl.ir import OpKind
+
+DEFAULT_TOLERANCE_US = 20.0
+"""An op that starts within this long of another stream's op ending, after its own
+stream went idle, waited for it (a dependency); a later start is a host gap."""
+
+MAX_NAME = 40
+"""Longest op name taken from a range or kernel (the rest is cut)."""
+
+
+@dataclass
+class _Work:
+    """One device-side op of a rank, in its stream."""
+
+    stream: str
+    start_us: float
+    end_us: float
+    name: str
+    statement: str
+    """The op statement without its name and stream (`compute {name} 35.2us`)."""
+    waits_on: list[int] = field(default_factory=list)
+    """Indices (in the rank's list) of ops on other streams this one waited for."""
+    p2p: bool = False
+    batch: list[_Work] = field(default_factory=list)
+    """P2P ops that ran at once with this one on its stream (batch_isend_irecv): one unit."""
+
+
+def _identifier(text: str) -> str:
+    """A schedule op name from a range or kernel name: letters, digits and _ only."""
+    text = text.split("(")[0].split("<")[0]
+    name = re.sub(r"[^A-Za-z0-9_]+", "_", text).strip("_")[:MAX_NAME].strip("_") or "op"
+    return name if not name[0].isdigit() else f"k_{name}"
+
+
+def _stream(track: str) -> str:
+    kind, _, ident = track.partition(" ")
+    return ("s" if kind == "stream" else "t") + re.sub(r"[^A-Za-z0-9_]", "_", ident)
+
+
+def _size(n: int) -> str:
+    return f"{n}B"
+
+
+def _us(x: float) -> str:
+    return f"{max(x, 0.0):.3f}us"
+
+
+def _comm_statement(c: TraceComm, rank: int, trace: RankTrace, world: int, group_name: str) -> str:
+    if len(c.kinds) != 1:
+        raise TraceError(f"{trace.path}: {c.name} at {c.start_us - trace.step_start_us:.1f} us into the step has no args "
+                         "saying whether it sends or receives (a profiler before torch 2.2 records none)",
+                         hint="profile with torch >= 2.2, whose NCCL kernels carry 'Collective name'")  # fmt: skip
+    kind = next(iter(c.kinds))
+    if c.in_bytes is None:
+        raise TraceError(f"{trace.path}: {c.name} at {c.start_us - trace.step_start_us:.1f} us into the step gives no size")
+    size = len(c.group) if c.group else world
+    if kind in (OpKind.ALL_GATHER, OpKind.GATHER):
+        total = c.in_bytes * size  # commdsl's size: the gathered output
+    else:
+        total = c.in_bytes
+    dtype = f" dtype={c.dtype.value}" if c.dtype is not None and total % c.dtype.itemsize == 0 else " dtype=uint8"
+    if kind in (OpKind.SEND, OpKind.RECV):
+        members = c.group or tuple(range(world))
+        others = [r for r in members if r != rank]
+        if len(others) != 1:
+            raise TraceError(f"{trace.path}: {c.name} at {c.start_us - trace.step_start_us:.1f} us into the step: the trace names "
+                             f"no peer, and its group has {len(members)} ranks")  # fmt: skip
+        verb = "isend" if kind is OpKind.SEND else "irecv"
+        where = "to" if kind is OpKind.SEND else "from"
+        return f"{verb} {{name}} {_size(total)} {where} {others[0]} group={group_name}{dtype}"
+    if kind is OpKind.BARRIER:
+        return f"barrier group={group_name}"
+    if kind in (OpKind.BROADCAST, OpKind.REDUCE, OpKind.GATHER, OpKind.SCATTER):
+        raise TraceError(f"{trace.path}: {c.name}: the trace does not name the {kind.value}'s root")
+    return f"{kind.value} {{name}} {_size(total)} group={group_name}{dtype}"
+
+
+def _device_work(trace: RankTrace, world: int, groups: dict[tuple[int, ...], str]) -> list[_Work]:
+    out: list[_Work] = []
+    annotations = [r for r in trace.ranges if r.place.value == "device"]
+    gpu = bool(trace.kernels or trace.copies or any(c.place.value == "device" for c in trace.comms))
+    if gpu:
+        for k in trace.kernels:
+            inner = [a for a in annotations if a.track == k.track and a.start_us <= k.start_us and k.end_us <= a.end_us]
+            label = min(inner, key=lambda a: a.duration_us).name if inner else k.name
+            out.append(_Work(_stream(k.track), k.start_us, k.end_us, _identifier(label), f"compute {{name}} {_us(k.duration_us)}"))
+        for c in trace.copies:
+            direction = " from host" if "HtoD" in c.name else " to host" if "DtoH" in c.name else ""
+            out.append(_Work(_stream(c.track), c.start_us, c.end_us, "copy", f"copy {{name}} {_size(c.size_bytes)}{direction}"))
+    else:
+        gloo = [c for c in trace.comms]
+        host = [r for r in trace.ranges if r.place.value == "host"]
+        for r in host:
+            wraps_comm = any(c.track == r.track and r.start_us <= c.start_us and c.end_us <= r.end_us for c in gloo)
+            inside = any(o is not r and o.track == r.track and o.start_us <= r.start_us and r.end_us <= o.end_us
+                         and (o.start_us, -o.end_us) != (r.start_us, -r.end_us) for o in host)  # fmt: skip
+            if not wraps_comm and not inside:
+                out.append(_Work(_stream(r.track), r.start_us, r.end_us, _identifier(r.name), f"compute {{name}} {_us(r.duration_us)}"))
+    batch_end: dict[str, tuple[_Work, float]] = {}
+    for c in sorted(trace.comms, key=lambda c: (c.start_us, c.end_us)):
+        group = groups[c.group] if c.group and c.group in groups else "world"
+        w = _Work(_stream(c.track), c.start_us, c.end_us, _identifier(f"{next(iter(c.kinds)).value}" if len(c.kinds) == 1 else "p2p"),
+                  _comm_statement(c, trace.rank, trace, world, group), p2p=c.kinds <= {OpKind.SEND, OpKind.RECV})  # fmt: skip
+        lead = batch_end.get(w.stream)
+        if w.p2p and lead is not None and w.start_us < lead[1]:  # it began before the last P2P on its stream ended
+            lead[0].batch.append(w)
+            batch_end[w.stream] = (lead[0], max(lead[1], w.end_us))
+            continue
+        batch_end[w.stream] = (w, w.end_us) if w.p2p else None  # type: ignore[assignment]
+        if not w.p2p:
+            del batch_end[w.stream]
+        out.append(w)
+    out.sort(key=lambda w: (w.start_us, w.end_us))
+    return out
+
+
+def _dependencies(work: list[_Work], step_start_us: float, tolerance_us: float) -> None:
+    """Mark the cross-stream waits the trace shows (see the module docstring)."""
+    last_end: dict[str, float] = {}
+    for i, w in enumerate(work):
+        idle_from = last_end.get(w.stream, step_start_us)
+        if w.start_us - idle_from > tolerance_us:
+            ended = [j for j in range(i) if work[j].stream != w.stream and w.start_us - tolerance_us <= work[j].end_us <= w.start_us]
+            if ended:
+                w.waits_on.append(max(ended, key=lambda j: work[j].end_us))
+        last_end[w.stream] = max(last_end.get(w.stream, step_start_us), w.end_us)
+
+
+def _rank_program(trace: RankTrace, work: list[_Work], t0: float, tolerance_us: float) -> list[str]:
+    """The rank's statements: ops in start order, with host gaps, events and waits."""
+    lines: list[str] = []
+    counts: dict[str, int] = {}
+    recorded = {j for w in work for j in w.waits_on}
+    last_end: dict[str, float] = {}
+    host_us = 0.0
+    gaps = 0
+    for i, w in enumerate(work):
+        at = w.start_us - t0
+        idle_from = last_end.get(w.stream, 0.0)
+        explained = at - idle_from <= tolerance_us or bool(w.waits_on)
+        # The replay's host moves only by its gaps: ops it issues early wait on their streams.
+        if not explained and at - host_us > tolerance_us:
+            lines.append(f"host gap[{gaps}] {_us(at - host_us)}")
+            gaps += 1
+            host_us = at
+        for j in w.waits_on:
+            lines.append(f"wait ev[{j}] on {w.stream}")
+        stmts = []
+        for member in (w, *w.batch):
+            k = counts[member.name] = counts.get(member.name, -1) + 1
+            stmts.append(member.statement.format(name=f"{member.name}[{k}]"))
+        if w.batch or (w.p2p and len(stmts) == 1):
+            lines.append(f"on {w.stream}:")
+            lines.append(f"    c[{i}] = batch:" if w.batch else f"    c[{i}] = {stmts[0]}")
+            lines += [f"        {x}" for x in stmts] if w.batch else []
+            lines.append(f"    wait c[{i}]")
+        elif stmts[0].startswith(("compute", "copy", "barrier")):
+            lines.append(f"{stmts[0]} on {w.stream}")
+        else:
+            lines.append(f"c[{i}] = {stmts[0]} on {w.stream}")
+            lines.append(f"wait c[{i}] on {w.stream}")
+        if i in recorded:
+            lines.append(f"record ev[{i}] on {w.stream}")
+        last_end[w.stream] = max(idle_from, max(m.end_us for m in (w, *w.batch)) - t0)
+    return lines
+
+
+def schedule_text(job: KinetoJob, name: str, tolerance_us: float = DEFAULT_TOLERANCE_US) -> str:
+    """The schedule (YAML text) that replays `job`'s step (see the module docstring)."""
+    missing = sorted(set(range(job.world_size)) - set(job.ranks))
+    if missing:
+        raise TraceError(f"{job.folder} holds the traces of ranks {sorted(job.ranks)} of a {job.world_size}-rank job; "
+                         f"ranks {missing[:8]}{'...' if len(missing) > 8 else ''} are missing",
+                         hint="a replay needs every rank's trace of the same step (one file per rank in the folder)")  # fmt: skip
+    world = job.world_size
+    group_ranks = sorted({c.group for t in job.ranks.values() for c in t.comms if c.group and len(c.group) < world})
+    groups = {g: f"g{i}" for i, g in enumerate(group_ranks)}
+    t0 = min(t.step_start_us for t in job.ranks.values())
+    bodies, streams = [], set()
+    for rank, trace in sorted(job.ranks.items()):
+        work = _device_work(trace, world, groups)
+        _dependencies(work, trace.step_start_us, tolerance_us)
+        streams |= {w.stream for w in work}
+        bodies.append((rank, _rank_program(trace, work, t0, tolerance_us)))
+    step = next(iter(job.ranks.values())).step or "the whole trace"
+    out = [f"name: {name}",
+           f"# Replays {step} of the profiler traces in {job.folder}: per rank, its device-side work in stream",
+           "# order with measured compute durations, copies and communication from the trace, cross-stream",
+           "# waits, and host gaps (commdsl import kineto; docs/interop.md).",
+           f"world: {world}",
+           f"streams: [{', '.join(sorted(streams))}]"]  # fmt: skip
+    if groups:
+        out.append("groups:")
+        out += [f"  {n}: [{', '.join(map(str, g))}]" for g, n in groups.items()]
+    out.append("program: |")
+    for rank, lines in bodies:
+        out.append(f"  {'if' if rank == 0 else 'elif'} rank == {rank}:")
+        out += [f"      {line}" for line in lines] or ["      pass"]
+    return "\n".join(out) + "\n"

@@ -1,0 +1,398 @@
+"""Reading PyTorch profiler (Kineto) traces: one JSON per rank, as `torch.profiler`'s
+`export_chrome_trace` and `tensorboard_trace_handler` write them (`.json` or `.json.gz`).
+
+A trace folder becomes a `KinetoJob`: per rank, one profiler step's
+  * ranges: `user_annotation` (host `record_function`) and `gpu_user_annotation` (the
+    same ranges projected by CUDA's profiler onto the streams that ran their kernels);
+  * communication: NCCL kernels (their `Collective name`, `In msg nelems`, `dtype` and
+    `Process Group Ranks` args, which PyTorch's profiler gives NCCL kernels since 2.2),
+    and on CPU the `gloo:<collective>` ranges gloo's worker threads record (their
+    `Input Dims` and `Input type`; gloo names no process group);
+  * kernels (GPU compute) and copies (`gpu_memcpy`, with their bytes).
+Times are microseconds on the trace's clock. Device work is assigned to the step whose
+host range launched it (its `correlation` id to a `cuda_runtime` launch), since a GPU
+runs it after the host moved on.
+
+Formats read: Kineto `schemaVersion` 1 traces of torch 2.x's profiler (the traces that
+HTA's test data holds, with and without `distributedInfo.pg_config`, NCCL 2.17 args;
+torch 2.13's CPU traces with gloo ranges). Anything else (another tool's Chrome trace, a
+commdsl timeline, a truncated or corrupt file) is a `TraceError` naming the file.
+"""
+
+from __future__ import annotations
+
+import enum
+import gzip
+import json
+import math
+import re
+import zlib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from commdsl.errors import UsageError
+from commdsl.ir import Dtype, OpKind
+
+STEP_RANGE = re.compile(r"ProfilerStep#(\d+)")
+"""The range `torch.profiler.profile.step` (and `commdsl run --profile`) puts around a step."""
+
+TRACE_SUFFIXES = (".json", ".json.gz")
+
+NCCL_COLLECTIVE: dict[str, OpKind] = {
+    "allreduce": OpKind.ALL_REDUCE, "all_reduce": OpKind.ALL_REDUCE, "allreduce_coalesced": OpKind.ALL_REDUCE,
+    "allgather": OpKind.ALL_GATHER, "all_gather": OpKind.ALL_GATHER, "_allgather_base": OpKind.ALL_GATHER,
+    "all_gather_into_tensor": OpKind.ALL_GATHER, "allgather_into_tensor_coalesced": OpKind.ALL_GATHER,
+    "reduce_scatter": OpKind.REDUCE_SCATTER, "_reduce_scatter_base": OpKind.REDUCE_SCATTER,
+    "reduce_scatter_tensor": OpKind.REDUCE_SCATTER, "reduce_scatter_tensor_coalesced": OpKind.REDUCE_SCATTER,
+    "broadcast": OpKind.BROADCAST, "reduce": OpKind.REDUCE, "gather": OpKind.GATHER, "scatter": OpKind.SCATTER,
+    "all_to_all": OpKind.ALL_TO_ALL, "alltoall": OpKind.ALL_TO_ALL, "alltoall_base": OpKind.ALL_TO_ALL,
+    "all_to_allv": OpKind.ALL_TO_ALL, "send": OpKind.SEND, "recv": OpKind.RECV, "barrier": OpKind.BARRIER,
+}  # fmt: skip
+"""`Collective name` of the profiler's NCCL kernel args (and of `record_param_comms`)."""
+
+NCCL_KERNEL_COLLECTIVE: dict[str, OpKind | None] = {
+    "AllReduce": OpKind.ALL_REDUCE, "AllGather": OpKind.ALL_GATHER, "ReduceScatter": OpKind.REDUCE_SCATTER,
+    "Broadcast": OpKind.BROADCAST, "Reduce": OpKind.REDUCE, "SendRecv": None,
+}  # fmt: skip
+"""The collective in an NCCL kernel's name (`ncclKernel_AllReduce_RING_LL_Sum_float`,
+`ncclDevKernel_SendRecv`), for traces whose kernels carry no args; None: a send or a recv
+(one kernel runs both)."""
+
+NCCL_KERNEL = re.compile(r"nccl(?:Dev)?Kernel_([A-Za-z]+)")
+
+GLOO_RANGE = re.compile(r"gloo:([a-z_]+)")
+
+TORCH_TYPE_DTYPE = {
+    "float": Dtype.FP32, "double": Dtype.FP64, "c10::Half": Dtype.FP16, "c10::BFloat16": Dtype.BF16,
+    "long int": Dtype.INT64, "int": Dtype.INT32, "short int": Dtype.INT16, "signed char": Dtype.INT8,
+    "unsigned char": Dtype.UINT8, "bool": Dtype.BOOL, "c10::Float8_e4m3fn": Dtype.FP8, "c10::Float8_e5m2": Dtype.FP8,
+}  # fmt: skip
+"""The dtype of the `Input type` names torch's profiler records (C++ type names)."""
+
+NCCL_DTYPE = {
+    "Float": Dtype.FP32, "Double": Dtype.FP64, "Half": Dtype.FP16, "BFloat16": Dtype.BF16, "Long": Dtype.INT64,
+    "Int": Dtype.INT32, "Short": Dtype.INT16, "Char": Dtype.INT8, "Byte": Dtype.UINT8, "Bool": Dtype.BOOL,
+    "Float8_e4m3fn": Dtype.FP8, "Float8_e5m2": Dtype.FP8,
+}  # fmt: skip
+"""The dtype of the `dtype` names of NCCL kernel args (torch's ScalarType names)."""
+
+
+class TraceError(UsageError):
+    """A file given as a profiler trace that is not one (exit code 2)."""
+
+    kind = "trace error"
+
+
+class Place(str, enum.Enum):
+    HOST = "host"
+    """A host thread (CPU work, and on CPU-only runs everything)."""
+    DEVICE = "device"
+    """A GPU stream."""
+
+
+@dataclass(frozen=True)
+class TraceRange:
+    """A named range of one rank's step: a `record_function` range, a kernel or a copy."""
+
+    name: str
+    track: str
+    """"thread <tid>" on the host, "stream <id>" on a GPU."""
+    place: Place
+    start_us: float
+    end_us: float
+    size_bytes: int = 0
+    """A copy's bytes (0 for the rest)."""
+
+    @property
+    def duration_us(self) -> float:
+        return self.end_us - self.start_us
+
+
+@dataclass(frozen=True)
+class TraceComm:
+    """A communication op as the trace shows it: an NCCL kernel or a gloo range."""
+
+    name: str
+    kinds: frozenset[OpKind]
+    """What it can be: one kind, or {send, recv} for an NCCL SendRecv kernel without args."""
+    in_bytes: int | None
+    """Bytes of its input (as `In msg nelems` x dtype, or gloo's `Input Dims`); None: unknown."""
+    dtype: Dtype | None
+    """Its elements' type where the trace names it."""
+    group: tuple[int, ...] | None
+    """Its process group's ranks where the trace names them."""
+    track: str
+    place: Place
+    start_us: float
+    end_us: float
+
+    @property
+    def duration_us(self) -> float:
+        return self.end_us - self.start_us
+
+
+@dataclass
+class RankTrace:
+    """One rank's trace, cut to one profiler step."""
+
+    path: str
+    rank: int
+    world_size: int
+    backend: str
+    profiler: str
+    """What wrote it, as the trace says (schema version, trace id)."""
+    step: str
+    """The step's range name (`ProfilerStep#7`), or "" for a trace without steps."""
+    step_start_us: float
+    step_end_us: float
+    """The step's span: its host range, widened to the device work it launched."""
+    groups: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    """Process group name -> ranks (`distributedInfo.pg_config`)."""
+    ranges: list[TraceRange] = field(default_factory=list)
+    comms: list[TraceComm] = field(default_factory=list)
+    kernels: list[TraceRange] = field(default_factory=list)
+    """GPU compute kernels (neither NCCL nor copies)."""
+    copies: list[TraceRange] = field(default_factory=list)
+
+    @property
+    def step_us(self) -> float:
+        return self.step_end_us - self.step_start_us
+
+
+@dataclass
+class KinetoJob:
+    """Every rank's trace of a job, cut to the same profiler step."""
+
+    folder: str
+    ranks: dict[int, RankTrace]
+    world_size: int
+
+    @property
+    def step_us(self) -> float:
+        """The step's time: first start to last end over the ranks."""
+        return max(r.step_end_us for r in self.ranks.values()) - min(r.step_start_us for r in self.ranks.values())
+
+
+def trace_files(path: str | Path) -> list[Path]:
+    """The trace files of a folder (`*.json`, `*.json.gz`), or the one file named."""
+    p = Path(path)
+    if p.is_dir():
+        files = sorted(f for f in p.iterdir() if f.is_file() and f.name.endswith(TRACE_SUFFIXES))
+        if not files:
+            raise TraceError(f"{path}: the folder holds no profiler traces (*.json, *.json.gz)")
+        return files
+    if p.is_file():
+        return [p]
+    raise UsageError(f"no such trace file or folder: {path}")
+
+
+def load_trace(path: str | Path) -> dict:
+    """The JSON of one profiler trace (gzip or not), checked to be a Kineto trace."""
+    p = Path(path)
+    try:
+        raw = p.read_bytes()
+    except OSError as e:
+        raise UsageError(f"cannot read trace {p}: {e.strerror or e}") from None
+    if raw[:2] == b"\x1f\x8b":
+        try:
+            raw = gzip.decompress(raw)
+        except (OSError, EOFError, zlib.error) as e:
+            raise TraceError(f"{p}: a gzip file that does not decompress ({e}); truncated?") from None
+    try:
+        data = json.loads(raw)
+    except json.JSONDecodeError as e:
+        truncated = " (it ends early: truncated?)" if e.pos >= len(raw.rstrip()) else ""
+        raise TraceError(f"{p} is not a JSON profiler trace: {e.msg} at line {e.lineno} column {e.colno}{truncated}") from None
+    except (UnicodeDecodeError, RecursionError) as e:
+        raise TraceError(f"{p} is not a JSON profiler trace ({type(e).__name__})") from None
+    if not isinstance(data, dict) or not isinstance(data.get("traceEvents"), list):
+        raise TraceError(f"{p} is not a Kineto trace: no traceEvents list",
+                         hint="give the JSON files torch.profiler writes (export_chrome_trace, tensorboard_trace_handler)")  # fmt: skip
+    if isinstance(data.get("otherData"), dict) and "commdsl" in data["otherData"]:
+        raise TraceError(f"{p} is a commdsl timeline, not a profiler trace", hint="give it as a file, not in a trace folder")
+    if "schemaVersion" not in data and not any(e.get("cat") == "Trace" for e in data["traceEvents"][:1000] if isinstance(e, dict)):
+        raise TraceError(f"{p} is a Chrome trace but not a PyTorch profiler (Kineto) trace: it has no schemaVersion",
+                         hint="traces come from torch.profiler (export_chrome_trace, tensorboard_trace_handler)")  # fmt: skip
+    return data
+
+
+def is_trace_path(path: str | Path) -> bool:
+    """Whether `path` is a folder, or a file holding a Kineto trace rather than a commdsl
+    timeline (which keeps its meta in `otherData.commdsl`)."""
+    p = Path(path)
+    if p.is_dir():
+        return True
+    if not p.is_file():
+        return False
+    with open(p, "rb") as f:
+        head = f.read(2)
+    if head == b"\x1f\x8b":
+        return True
+    try:
+        return "schemaVersion" in json.loads(p.read_bytes()) if p.stat().st_size < 1 << 31 else False
+    except (json.JSONDecodeError, UnicodeDecodeError, TypeError, RecursionError):
+        return False
+
+
+def read_job(path: str | Path, step: int | None = None) -> KinetoJob:
+    """Every rank's trace in `path` (a folder, or one file), cut to profiler step `step`
+    (its number in `ProfilerStep#N`); None: the last step every rank's trace holds."""
+    files = trace_files(path)
+    traces = [(f, load_trace(f)) for f in files]
+    ranks: dict[int, tuple[Path, dict]] = {}
+    world = 0
+    for f, data in traces:
+        info = data.get("distributedInfo") or {}
+        rank = info.get("rank", 0 if len(traces) == 1 else None)
+        if not isinstance(rank, int):
+            raise TraceError(f"{f}: the trace names no rank (distributedInfo.rank)", hint="profile with torch.distributed initialised")
+        if rank in ranks:
+            raise TraceError(f"{f} and {ranks[rank][0]} are both rank {rank}'s trace", hint="one trace per rank in the folder")
+        ranks[rank] = (f, data)
+        world = max(world, int(info.get("world_size", 1)))
+    steps = [set(_steps(data)) for _, data in ranks.values()]
+    common = set.intersection(*steps) if steps else set()
+    if step is None:
+        chosen = max(common) if common else None
+        if chosen is None and any(steps):
+            raise TraceError(f"{path}: the ranks' traces share no profiler step (ProfilerStep#N)")
+    else:
+        if step not in common:
+            raise UsageError(f"--step {step}: not a profiler step of every rank's trace (common steps: {sorted(common) or 'none'})")
+        chosen = step
+    out = {r: _rank_trace(str(f), data, r, world, chosen) for r, (f, data) in sorted(ranks.items())}
+    return KinetoJob(str(path), out, max(world, max(out) + 1))
+
+
+def _steps(data: dict) -> list[int]:
+    out = []
+    for e in data["traceEvents"]:
+        if isinstance(e, dict) and e.get("ph") == "X":
+            m = STEP_RANGE.fullmatch(str(e.get("name", "")))
+            if m and e.get("cat") in ("user_annotation", "cpu_op", "python_function"):
+                out.append(int(m.group(1)))
+    return out
+
+
+def _number(e: dict, key: str, f: str) -> float:
+    v = e.get(key)
+    if not isinstance(v, (int, float)) or not math.isfinite(v):
+        raise TraceError(f"{f}: an event ({e.get('name')!r}) has no numeric '{key}'")
+    return float(v)
+
+
+def _rank_trace(f: str, data: dict, rank: int, world: int, step: int | None) -> RankTrace:
+    info = data.get("distributedInfo") or {}
+    groups = {}
+    for pg in info.get("pg_config") or []:
+        if isinstance(pg, dict) and isinstance(pg.get("ranks"), list):
+            groups[str(pg.get("pg_name"))] = tuple(int(r) for r in pg["ranks"])
+    events = [e for e in data["traceEvents"] if isinstance(e, dict) and e.get("ph") == "X"]
+    name = f"ProfilerStep#{step}" if step is not None else ""
+    lo, hi = -math.inf, math.inf
+    if step is not None:
+        marks = [e for e in events if e.get("name") == name and e.get("cat") != "gpu_user_annotation"]
+        lo = _number(marks[0], "ts", f)
+        hi = lo + _number(marks[0], "dur", f)
+    # Device work belongs to the step whose host range launched it.
+    launched = {e["args"].get("correlation") for e in events if e.get("cat") == "cuda_runtime" and isinstance(e.get("args"), dict)
+                and lo <= _number(e, "ts", f) <= hi}  # fmt: skip
+    trace = RankTrace(f, rank, world, str(info.get("backend", "")), _profiler(data), name, lo, hi, groups)
+    device_lo, device_hi = math.inf, -math.inf
+    annotations = []
+    for e in events:
+        cat, ename = e.get("cat"), str(e.get("name", ""))
+        args = e.get("args") if isinstance(e.get("args"), dict) else {}
+        ts = _number(e, "ts", f)
+        end = ts + _number(e, "dur", f)
+        if cat in ("kernel", "gpu_memcpy", "gpu_memset"):
+            if step is not None and args.get("correlation") not in launched:
+                continue
+            device_lo, device_hi = min(device_lo, ts), max(device_hi, end)
+            track = f"stream {args.get('stream', e.get('tid'))}"
+            comm = _nccl_comm(ename, args, track, ts, end, groups)
+            if comm is not None:
+                trace.comms.append(comm)
+            elif cat == "kernel":
+                trace.kernels.append(TraceRange(ename, track, Place.DEVICE, ts, end))
+            elif cat == "gpu_memcpy":
+                trace.copies.append(TraceRange(ename, track, Place.DEVICE, ts, end, int(args.get("bytes", 0) or 0)))
+        elif cat == "gpu_user_annotation":
+            annotations.append(TraceRange(ename, f"stream {e.get('tid')}", Place.DEVICE, ts, end))
+        elif cat == "user_annotation" and lo <= ts and end <= hi and ename != name:
+            m = GLOO_RANGE.fullmatch(ename)
+            if m:
+                comm = _gloo_comm(m.group(1), ename, args, f"thread {e.get('tid')}", ts, end)
+                if comm is not None:
+                    trace.comms.append(comm)
+                    continue
+            trace.ranges.append(TraceRange(ename, f"thread {e.get('tid')}", Place.HOST, ts, end))
+    # A device range belongs to the step if it overlaps the device work the step launched.
+    trace.ranges += [a for a in annotations if step is None or (a.start_us < device_hi and a.end_us > device_lo)]
+    if device_hi > device_lo:
+        trace.step_start_us = min(trace.step_start_us, device_lo) if step is not None else device_lo
+        trace.step_end_us = max(trace.step_end_us, device_hi) if step is not None else device_hi
+    if step is None:
+        spans = [(x.start_us, x.end_us) for x in (*trace.ranges, *trace.comms, *trace.kernels, *trace.copies)]
+        trace.step_start_us = min((s for s, _ in spans), default=0.0)
+        trace.step_end_us = max((e for _, e in spans), default=0.0)
+    for xs in (trace.ranges, trace.comms, trace.kernels, trace.copies):
+        xs.sort(key=lambda x: (x.start_us, x.end_us, x.name))
+    return trace
+
+
+def _profiler(data: dict) -> str:
+    parts = [f"Kineto schemaVersion {data.get('schemaVersion', '?')}"]
+    if data.get("trace_id"):
+        parts.append(f"trace_id {data['trace_id']}")
+    nccl = (data.get("distributedInfo") or {}).get("nccl_version")
+    if nccl:
+        parts.append(f"NCCL {nccl}")
+    return ", ".join(parts)
+
+
+def _ranks_arg(value: object) -> tuple[int, ...] | None:
+    if isinstance(value, list):
+        return tuple(int(r) for r in value)
+    if isinstance(value, str):
+        try:
+            parsed = json.loads(value)
+        except json.JSONDecodeError:
+            return None
+        return tuple(int(r) for r in parsed) if isinstance(parsed, list) else None
+    return None
+
+
+def _nccl_comm(name: str, args: dict, track: str, ts: float, end: float, groups: dict[str, tuple[int, ...]]) -> TraceComm | None:
+    m = NCCL_KERNEL.match(name)
+    if not m:
+        return None
+    collective = args.get("Collective name")
+    if isinstance(collective, str) and collective in NCCL_COLLECTIVE:
+        kinds = frozenset({NCCL_COLLECTIVE[collective]})
+    elif m.group(1) in NCCL_KERNEL_COLLECTIVE:
+        k = NCCL_KERNEL_COLLECTIVE[m.group(1)]
+        kinds = frozenset({OpKind.SEND, OpKind.RECV}) if k is None else frozenset({k})
+    else:
+        kinds = frozenset()  # an NCCL kernel of a kind commdsl does not model: listed, never paired
+    nelems, dtype = args.get("In msg nelems"), NCCL_DTYPE.get(str(args.get("dtype")))
+    in_bytes = int(nelems) * dtype.itemsize if isinstance(nelems, int) and dtype else None
+    group = _ranks_arg(args.get("Process Group Ranks"))
+    if group is None and str(args.get("Process Group Name")) in groups:
+        group = groups[str(args.get("Process Group Name"))]
+    return TraceComm(name, kinds, in_bytes, dtype, group, track, Place.DEVICE, ts, end)
+
+
+def _gloo_comm(collective: str, name: str, args: dict, track: str, ts: float, end: float) -> TraceComm | None:
+    kind = NCCL_COLLECTIVE.get(collective)
+    if kind is None:
+        return None
+    dims, types = args.get("Input Dims"), args.get("Input type")
+    in_bytes, dtype = None, None
+    if isinstance(dims, list) and dims and isinstance(dims[0], list) and isinstance(types, list) and types:
+        dtype = TORCH_TYPE_DTYPE.get(str(types[0]))
+        if dtype and all(isinstance(d, int) for d in dims[0]):
+            in_bytes = math.prod(dims[0]) * dtype.itemsize
+    elif kind is OpKind.BARRIER:
+        in_bytes = 0
+    return TraceComm(name, frozenset({kind}), in_bytes, dtype, None, track, Place.HOST, ts, end)
