@@ -32,6 +32,7 @@ _EXPORTS = {
     "metrics": "commdsl.api",
     "Metrics": "commdsl.api",
     "Builder": "commdsl.builder",
+    "sweep": "commdsl.sweeps",
     "Program": "commdsl.ir",
     "Op": "commdsl.ir",
     "Machine": "commdsl.machine.model",
