@@ -121,17 +121,23 @@ class Metrics:
 
 def metrics(result: SimResult) -> Metrics:
     """Makespan, bubble fraction, exposed communication and peak memory per rank of a
-    simulation, as plain values."""
-    summary = result.summary()
-    peaks = [0] * summary.world_size
-    for m in summary.memory:
+    simulation, as plain values: the summary's (`SimResult.summary()`) per-rank figures
+    and memory peaks, without the parts a planner's loop does not read (links,
+    transfers, critical path), which cost it more than these."""
+    from commdsl.sim.memory import memory_profile
+    from commdsl.sim.summary import _rank_summaries
+
+    ranks = _rank_summaries(result)
+    bubbles = [r.bubble_fraction for r in ranks if r.bubble_fraction is not None]
+    peaks = [0] * result.program.world_size
+    for m in memory_profile(result.raw):
         peaks[m.rank] = m.peak_bytes
     return Metrics(
-        makespan_us=summary.makespan_us,
-        bubble_fraction=summary.bubble_fraction,
-        exposed_comm_us=tuple(r.exposed_comm_us for r in summary.ranks),
+        makespan_us=result.makespan_us,
+        bubble_fraction=sum(bubbles) / len(bubbles) if bubbles else None,  # as the summary's
+        exposed_comm_us=tuple(r.exposed_comm_us for r in ranks),
         peak_memory_bytes=tuple(peaks),
-        compute_us=tuple(r.compute_us for r in summary.ranks),
+        compute_us=tuple(r.compute_us for r in ranks),
     )
 
 

@@ -189,3 +189,14 @@ def test_machines_load_once():
     assert commdsl.load_machine("dgx-h100", nodes=2).num_devices == 16
     with pytest.raises(commdsl.UsageError):
         commdsl.load_machine("no-such-machine")
+
+
+@pytest.mark.parametrize("schedule,params", [("1f1b", {"stages": 4}), ("tp_mlp", {}), ("fsdp", {})])
+def test_metrics_are_the_summarys(schedule, params):
+    result = commdsl.simulate(commdsl.load(schedule, **params), "dgx-h100")
+    summary, m = result.summary(), commdsl.metrics(result)
+    assert m.makespan_us == summary.makespan_us and m.bubble_fraction == summary.bubble_fraction
+    assert m.exposed_comm_us == tuple(r.exposed_comm_us for r in summary.ranks)
+    assert m.compute_us == tuple(r.compute_us for r in summary.ranks)
+    peaks = {mem.rank: mem.peak_bytes for mem in summary.memory}
+    assert m.peak_memory_bytes == tuple(peaks.get(r, 0) for r in range(summary.world_size))

@@ -138,7 +138,7 @@ def test_parquet(exchange, tmp_path):
     (["--max-memory", "80ms"], "give a size"),
     (["--address", "auto"], "use it with --executor ray"),
     (["-p", "order=0", "-p", "order=1"], "given twice"),
-    (["-p", "order"], "KEY=VALUES"),
+    (["-p", "order"], "KEY=VALUE"),
 ])  # fmt: skip
 def test_bad_input_is_one_message_before_any_work(exchange, tmp_path, capsys, monkeypatch, args, words):
     monkeypatch.chdir(tmp_path)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import os
 
-from commdsl.cli import count_at_least
+from commdsl.cli import count_at_least, parse_overrides
 from commdsl.dsl import DEFAULT_MAX_OPS
 from commdsl.errors import UsageError
 from commdsl.progress import Progress
@@ -52,23 +52,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="a point whose schedule expands to more than N ops fails (default 5,000,000)")  # fmt: skip
 
 
-def parse_param_values(items: list[str]) -> dict[str, str]:
-    """`-p KEY=VALUES` items, each key once (the values are parsed by the sweep)."""
-    from commdsl.dsl.parser import is_name
-
-    out: dict[str, str] = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        key, value = key.strip(), value.strip()
-        if not sep or not is_name(key) or not value:
-            raise UsageError(f"-p takes KEY=VALUES with KEY a param's name, got '{item}'",
-                             hint="e.g. -p stages=2,4,8 or -p microbatches=8:64:x2")  # fmt: skip
-        if key in out:
-            raise UsageError(f"-p {key} is given twice", hint=f"give every value once: -p {key}=a,b,c")
-        out[key] = value
-    return out
-
-
 def parse_memory(text: str | None) -> int | None:
     """--max-memory: a size such as 80GiB."""
     if text is None:
@@ -107,7 +90,7 @@ def run(args: argparse.Namespace) -> int:
     objective = Objective(args.objective)
     with Progress("commdsl sweep") as progress:
         progress.phase("checking the sweep")
-        checked = plan(args.schedules, parse_param_values(args.param), machines=args.machine.split(","),
+        checked = plan(args.schedules, parse_overrides(args.param), machines=args.machine.split(","),
                        nodes=parse_nodes(args.nodes), network=args.network, max_ops=args.max_ops or DEFAULT_MAX_OPS)  # fmt: skip
         progress.phase(f"simulating ({args.executor}, {args.jobs} jobs)", len(checked.points), unit="points")
         rows = run_plan(checked, jobs=args.jobs, executor=args.executor, address=args.address, progress=progress.update)
