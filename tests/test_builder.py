@@ -184,8 +184,15 @@ def test_op_limit_and_single_use():
         b.build()
 
 
-def test_machines_load_once():
+def test_machines_load_once(tmp_path):
     assert commdsl.load_machine("dgx-h100") is commdsl.load_machine("dgx-h100")
+    path = tmp_path / "mine.yaml"
+    text = (ROOT / "commdsl" / "machine" / "presets" / "h100-nvlink.yaml").read_text()
+    path.write_text(text)
+    first = commdsl.load_machine(path)
+    assert commdsl.load_machine(str(path)) is first
+    path.write_text(text + "\n# changed\n")  # another size: the file is read again
+    assert commdsl.load_machine(path) is not first
     assert commdsl.load_machine("dgx-h100", nodes=2).num_devices == 16
     with pytest.raises(commdsl.UsageError):
         commdsl.load_machine("no-such-machine")
