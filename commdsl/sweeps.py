@@ -31,6 +31,7 @@ import re
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -365,10 +366,22 @@ def _run_local(tasks: list[_Task], jobs: int, report: Callable[[int, int], None]
     with ProcessPoolExecutor(max_workers=jobs) as pool:
         futures = {pool.submit(evaluate, task): i for i, task in enumerate(tasks)}
         for future in as_completed(futures):
-            rows = results[futures[future]] = future.result()
+            try:
+                rows = results[futures[future]] = future.result()
+            except BrokenProcessPool:
+                raise _worker_died(tasks[futures[future]], "a worker process ended abruptly") from None
             done += len(rows)
             report(done, total)
     return results  # type: ignore[return-value]
+
+
+def _worker_died(task: _Task, what: str) -> CommdslError:
+    """The error of a sweep whose worker died (not a point's failure: the process that
+    ran it is gone, e.g. killed for memory by the system)."""
+    first = task.points[0]
+    return CommdslError(f"{what} while simulating {first.schedule} {' '.join(f'{k}={v}' for k, v in first.params)} "
+                        f"on {first.machine} (or one of the {len(task.points) - 1} points after it in its task)",
+                        hint="the system may have stopped it for memory: run fewer jobs (-j), or sweep smaller points")  # fmt: skip
 
 
 def _run_ray(tasks: list[_Task], jobs: int, address: str | None, report: Callable[[int, int], None],
@@ -393,7 +406,10 @@ def _run_ray(tasks: list[_Task], jobs: int, address: str | None, report: Callabl
         while pending:
             ready, pending = ray.wait(pending, num_returns=1)
             for ref in ready:
-                rows = results[index[ref]] = ray.get(ref)
+                try:
+                    rows = results[index[ref]] = ray.get(ref)
+                except ray.exceptions.RayError as err:
+                    raise _worker_died(tasks[index[ref]], f"a Ray task failed ({type(err).__name__})") from None
                 done += len(rows)
             report(done, total)
         return results  # type: ignore[return-value]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+import os
 from pathlib import Path
 
 import pytest
@@ -180,3 +181,20 @@ def test_ray_executor_gives_the_same_rows(exchange):
     strip = lambda rows: [(r.params, r.makespan_us, r.peak_memory_bytes_per_rank, r.error_kind, r.error) for r in rows]  # noqa: E731
     assert strip(on_ray) == strip(local)
     assert {r.error_kind for r in on_ray} == {None, "DeadlockError", "ScheduleError"}
+
+
+def _die(task):
+    os._exit(3)  # as the system's OOM killer ends a worker: no exception, no result
+
+
+def test_a_worker_that_dies_is_one_message(exchange, monkeypatch):
+    """Not a point's failure but the process's: one error naming the task's first point."""
+    import multiprocessing
+
+    import commdsl.sweeps as sweeps
+
+    if multiprocessing.get_start_method() != "fork":
+        pytest.skip("the poisoned evaluate reaches the workers only when they are forked")
+    monkeypatch.setattr(sweeps, "evaluate", _die)  # the workers are forked: they run it too
+    with pytest.raises(commdsl.CommdslError, match="a worker process ended abruptly while simulating .*order=0"):
+        commdsl.sweep([exchange], {"order": "0,1"}, machines=["dgx-h100"], network="analytic", jobs=2)
