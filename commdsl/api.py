@@ -19,7 +19,9 @@ torch: running a schedule for real is `commdsl run` (or `torchrun -m commdsl.run
 
 from __future__ import annotations
 
+import functools
 import os
+from dataclasses import dataclass
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
@@ -49,7 +51,22 @@ def load(schedule: PathLike, params: Mapping[str, object] | None = None, /, *, m
 
 def load_machine(name: PathLike | None = None, *, nodes: int | None = None) -> Machine:
     """A machine: a preset name (`dgx-h100`; None: the default preset) or a machine file
-    (from `commdsl calibrate`); `nodes` makes a cluster of a machine with a topology."""
+    (from `commdsl calibrate`); `nodes` makes a cluster of a machine with a topology.
+    Machines are immutable, so a repeated call returns the machine already loaded (a
+    file's is loaded again once it changes): a planner that simulates thousands of
+    candidates by machine name loads each machine once."""
+    text = None if name is None else os.fspath(name)
+    try:
+        stat = os.stat(text) if text is not None else None
+        stamp = (stat.st_mtime_ns, stat.st_size) if stat is not None else None
+    except OSError:
+        stamp = None  # a preset name, or no such file (resolve_machine says so)
+    return _cached_machine(text, nodes, stamp)
+
+
+@functools.lru_cache(maxsize=64)
+def _cached_machine(name: str | None, nodes: int | None, stamp: tuple[int, int] | None) -> Machine:
+    """`resolve_machine(name, nodes=nodes)`, once per (name, nodes, file's mtime and size)."""
     from commdsl.machine import resolve_machine
 
     return resolve_machine(name, nodes=nodes)
@@ -64,17 +81,64 @@ def simulate(program: Program | PathLike, machine: Machine | PathLike | None = N
     CPU machine's noise and reports per-op medians. Raises `DeadlockError` (with every
     stuck rank's op and source line) if the program cannot finish."""
     from commdsl.ir import Program
-    from commdsl.machine import resolve_machine
     from commdsl.machine.model import Machine
     from commdsl.sim import simulate as run_simulation
 
     if not isinstance(program, Program):
         program = load(program)
     if not isinstance(machine, Machine):
-        machine = resolve_machine(machine, nodes=nodes)
+        machine = load_machine(machine, nodes=nodes)
     elif nodes is not None:
         machine = machine.with_nodes(nodes)
     return run_simulation(program, machine, network, samples=samples, seed=seed)
+
+
+@dataclass(frozen=True)
+class Metrics:
+    """What a planner compares candidates by, as plain values (from `SimResult.summary()`)."""
+
+    makespan_us: float
+    """From the first op's start to the last op's end."""
+    bubble_fraction: float | None
+    """Mean over the ranks that compute of the idle fraction of their compute streams;
+    None when no rank computes."""
+    exposed_comm_us: tuple[float, ...]
+    """Per rank, communication time not overlapped by its compute."""
+    peak_memory_bytes: tuple[int, ...]
+    """Per rank, its peak of declared buffers (`alloc`/`free`); zeros where none are declared."""
+    compute_us: tuple[float, ...]
+    """Per rank, time covered by its compute ops."""
+
+    @property
+    def max_peak_memory_bytes(self) -> int:
+        """The largest rank's peak: what must fit in one device."""
+        return max(self.peak_memory_bytes, default=0)
+
+    @property
+    def max_exposed_comm_us(self) -> float:
+        return max(self.exposed_comm_us, default=0.0)
+
+
+def metrics(result: SimResult) -> Metrics:
+    """Makespan, bubble fraction, exposed communication and peak memory per rank of a
+    simulation, as plain values: the summary's (`SimResult.summary()`) per-rank figures
+    and memory peaks, without the parts a planner's loop does not read (links,
+    transfers, critical path), which cost it more than these."""
+    from commdsl.sim.memory import memory_profile
+    from commdsl.sim.summary import _rank_summaries
+
+    ranks = _rank_summaries(result)
+    bubbles = [r.bubble_fraction for r in ranks if r.bubble_fraction is not None]
+    peaks = [0] * result.program.world_size
+    for m in memory_profile(result.raw):
+        peaks[m.rank] = m.peak_bytes
+    return Metrics(
+        makespan_us=result.makespan_us,
+        bubble_fraction=sum(bubbles) / len(bubbles) if bubbles else None,  # as the summary's
+        exposed_comm_us=tuple(r.exposed_comm_us for r in ranks),
+        peak_memory_bytes=tuple(peaks),
+        compute_us=tuple(r.compute_us for r in ranks),
+    )
 
 
 def read_timeline(path: PathLike) -> Timeline:

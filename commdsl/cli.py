@@ -29,6 +29,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "show": ("commdsl.commands.show", "print each rank's op order (grid and listing)"),
     "list": ("commdsl.commands.listing", "list the bundled schedules"),
     "simulate": ("commdsl.commands.simulate", "predict a schedule's timeline on a machine (summary, Gantt, trace)"),
+    "sweep": ("commdsl.commands.sweep", "simulate every combination of schedules, params, machines and nodes; the best points"),
     "compare": ("commdsl.commands.compare", "compare a predicted and a measured timeline op by op"),
     "import": ("commdsl.commands.import_", "turn another tool's schedule (torch.distributed.pipelining CSV) into a schedule"),
     "export": ("commdsl.commands.export", "write a schedule as another tool's schedule (torch.distributed.pipelining CSV)"),
