@@ -40,6 +40,8 @@ OVERRIDES: dict[str, list[dict[str, str]]] = {
     "1f1b": [{"stages": "2", "microbatches": "1"}, {"stages": "8", "microbatches": "32"},
              {"stages": "5", "microbatches": "3", "act": "1KiB", "t_fwd": "10us", "t_bwd": "20us"},
              {"stages": "1", "microbatches": "4"}],
+    "llm_3d": [{"gpipe": "true", "microbatches": "1"}, {"fsdp": "true", "sequence_parallel": "true", "pp": "4", "microbatches": "6"},
+               {"tp": "1", "pp": "1", "dp": "4", "fsdp": "true"}, {"tp": "4", "dp": "1", "pp": "2", "microbatches": "1"}],
     "gpipe": [{"stages": "2", "microbatches": "1"}, {"stages": "8", "microbatches": "32"},
               {"stages": "3", "microbatches": "5", "act": "1KiB"}],
     "interleaved_1f1b": [{"stages": "2", "chunks": "2", "microbatches": "2"},
