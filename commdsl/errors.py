@@ -12,7 +12,6 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from pathlib import Path
 
 
 @dataclass(frozen=True)
@@ -177,12 +176,9 @@ class UsageError(CommdslError):
 
 
 def require_output_folder(flag: str, path: str | None) -> None:
-    """A command's output file must have an existing folder: checked at start, as outputs
-    are written only after minutes of work (a run, a calibration)."""
-    if path is None:
-        return
-    if path == "-":  # the Unix "standard output": these outputs are files beside what stdout prints
-        raise UsageError(f"{flag} -: give the path of a file to write", hint=f"e.g. {flag} out.json")
-    folder = Path(path).parent  # as the user wrote it, for the message
-    if not folder.resolve().is_dir():
-        raise UsageError(f"{flag} {path}: the folder {folder} does not exist")
+    """A command's output file must be one it can write: checked at start, as outputs
+    are written only after minutes of work (a run, a calibration). See
+    `commdsl.files.check_output_path`, which this is."""
+    from commdsl.files import check_output_path  # files imports this module
+
+    check_output_path(flag, path)

@@ -14,7 +14,7 @@ from commdsl.cli import non_negative_number
 from commdsl.comparison import Comparison, combined_trace
 from commdsl.dsl.values import format_bytes, format_us
 from commdsl.errors import require_output_folder
-from commdsl.files import write_text
+from commdsl.files import OutputPath, write_text
 from commdsl.timeline import Timeline
 
 EXIT_OVER_MAX_ERROR = 4
@@ -25,8 +25,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("predicted", help="predicted timeline (commdsl simulate --trace)")
     parser.add_argument("measured", help="measured timeline (torchrun -m commdsl.run --out)")
     parser.add_argument("--json", action="store_true", help="print the comparison as JSON")
-    parser.add_argument("--html", metavar="OUT", help="write a self-contained HTML report")
-    parser.add_argument("--trace", metavar="OUT", help="write one Chrome trace holding both timelines")
+    parser.add_argument("--html", metavar="OUT", action=OutputPath, help="write a self-contained HTML report")
+    parser.add_argument("--trace", metavar="OUT", action=OutputPath, help="write one Chrome trace holding both timelines")
     parser.add_argument("--max-error", type=non_negative_number, metavar="PCT",
                         help=f"exit {EXIT_OVER_MAX_ERROR} when |makespan error| exceeds PCT percent")  # fmt: skip
     parser.add_argument("--min-duration", type=non_negative_number, default=10.0, metavar="US",

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from commdsl.errors import ScheduleError, SourceLoc, UsageError
+from commdsl.files import exists, read_text
 from commdsl.ir import OpKind, PipelineAction, Program
 
 
@@ -98,13 +99,9 @@ class CsvSchedule:
 
 def read_csv(path: str | Path) -> CsvSchedule:
     """Read and check a schedule CSV written by torch.distributed.pipelining."""
-    try:
-        text = Path(path).read_text()
-    except FileNotFoundError:
-        raise UsageError(f"no such file: {path}") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise UsageError(f"cannot read {path}: {e}") from None
-    return parse_csv(text, str(path))
+    if not exists(path):
+        raise UsageError(f"no such file: {path}")
+    return parse_csv(read_text(path, str(path), ScheduleError, "CSV"), str(path))
 
 
 def parse_csv(text: str, file: str = "<csv>") -> CsvSchedule:
@@ -362,8 +359,6 @@ _COMMON_BLOCKS = """\
 
 def schedule_text(schedule: CsvSchedule, name: str) -> str:
     """A commdsl schedule (YAML text) that runs `schedule`'s order."""
-    rank_of = schedule.stage_rank
-    last = schedule.num_stages - 1
     fmt = "compute_comms" if schedule.with_transfers else "compute_only"
     transfers = ("The file's transfers stay where it puts them: irecv where it receives, isend where it sends."
                  if schedule.with_transfers else
@@ -372,34 +367,52 @@ def schedule_text(schedule: CsvSchedule, name: str) -> str:
                           mbs=schedule.microbatches, transfers=transfers, name=name)]  # fmt: skip
     out.append(_TRANSFER_BLOCKS if schedule.with_transfers else _STAGE_BLOCKS)
     out.append(_COMMON_BLOCKS)
-    for rank, actions in enumerate(schedule.ranks):
-        out.append(f"  {'if' if rank == 0 else 'elif'} pp.rank == {rank}:")
-        for s in sorted({a.stage for a in actions if a.type in COMPUTE_TYPES}):
-            out.append(f"      stage_memory({s})")
-        sends = []
-        for a in actions:
-            s, mb = a.stage, a.microbatch
-            prev = rank_of[s - 1] if s > 0 and rank_of[s - 1] != rank else -1
-            nxt = rank_of[s + 1] if s < last and rank_of[s + 1] != rank else -1
-            if not schedule.with_transfers:
-                call = {ActionType.F: f"forward({s}, {mb}, {prev}, {nxt})", ActionType.B: f"backward({s}, {mb}, {nxt}, {prev})",
-                        ActionType.I: f"backward_input({s}, {mb}, {nxt}, {prev})", ActionType.W: f"backward_weight({s}, {mb})"}[a.type]  # fmt: skip
-                out.append(f"      {call}")
-                continue
-            if a.type is ActionType.F:
-                out.append(f"      forward({s}, {mb}, {str(prev >= 0).lower()})")
-            elif a.type in (ActionType.B, ActionType.I):
-                block = "backward" if a.type is ActionType.B else "backward_input"
-                out.append(f"      {block}({s}, {mb}, {str(nxt >= 0).lower()})")
-            elif a.type is ActionType.W:
-                out.append(f"      backward_weight({s}, {mb})")
-            else:
-                out.append("      " + _transfer_statement(a, rank_of))
-                if a.type in (ActionType.SEND_F, ActionType.SEND_B):
-                    sends.append(_send_handle(a))
-        for handle in sends:
-            out.append(f"      wait {handle}")
+    bodies = [_rank_body(schedule, rank, actions) for rank, actions in enumerate(schedule.ranks)]
+    _rank_tree(out, bodies, 0, len(bodies), "  ")
     return "\n".join(out) + "\n"
+
+
+def _rank_tree(out: list[str], bodies: list[list[str]], lo: int, hi: int, indent: str) -> None:
+    """Append the statements that run `bodies[r]` on rank r, for ranks lo..hi-1: a
+    balanced tree of `if pp.rank < mid:` / `else:`, so that each rank's program walks
+    log2(ranks) conditions, not an `elif` per rank before it (which made importing N
+    ranks take N^2 steps)."""
+    if hi - lo == 1:
+        out.extend(indent + line for line in bodies[lo])
+        return
+    mid = (lo + hi) // 2
+    out.append(f"{indent}if pp.rank < {mid}:")
+    _rank_tree(out, bodies, lo, mid, indent + "    ")
+    out.append(f"{indent}else:")
+    _rank_tree(out, bodies, mid, hi, indent + "    ")
+
+
+def _rank_body(schedule: CsvSchedule, rank: int, actions: tuple[Action, ...]) -> list[str]:
+    """The statements rank `rank` runs: its stages' memory, then its actions in order."""
+    rank_of = schedule.stage_rank
+    last = schedule.num_stages - 1
+    body = [f"stage_memory({s})" for s in sorted({a.stage for a in actions if a.type in COMPUTE_TYPES})]
+    sends = []
+    for a in actions:
+        s, mb = a.stage, a.microbatch
+        prev = rank_of[s - 1] if s > 0 and rank_of[s - 1] != rank else -1
+        nxt = rank_of[s + 1] if s < last and rank_of[s + 1] != rank else -1
+        if not schedule.with_transfers:
+            body.append({ActionType.F: f"forward({s}, {mb}, {prev}, {nxt})", ActionType.B: f"backward({s}, {mb}, {nxt}, {prev})",
+                         ActionType.I: f"backward_input({s}, {mb}, {nxt}, {prev})", ActionType.W: f"backward_weight({s}, {mb})"}[a.type])  # fmt: skip
+        elif a.type is ActionType.F:
+            body.append(f"forward({s}, {mb}, {str(prev >= 0).lower()})")
+        elif a.type in (ActionType.B, ActionType.I):
+            block = "backward" if a.type is ActionType.B else "backward_input"
+            body.append(f"{block}({s}, {mb}, {str(nxt >= 0).lower()})")
+        elif a.type is ActionType.W:
+            body.append(f"backward_weight({s}, {mb})")
+        else:
+            body.append(_transfer_statement(a, rank_of))
+            if a.type in (ActionType.SEND_F, ActionType.SEND_B):
+                sends.append(_send_handle(a))
+    body += [f"wait {handle}" for handle in sends]
+    return body
 
 
 def _send_handle(a: Action) -> str:
