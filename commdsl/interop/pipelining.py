@@ -30,8 +30,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from commdsl.errors import ScheduleError, SourceLoc, UsageError
-from commdsl.files import exists, read_text
+from commdsl.files import exists, read_text, source_lines
 from commdsl.ir import OpKind, PipelineAction, Program
+from commdsl.limits import MAX_WORLD_SIZE
 
 
 class ActionType(str, enum.Enum):
@@ -104,14 +105,31 @@ def read_csv(path: str | Path) -> CsvSchedule:
     return parse_csv(read_text(path, str(path), ScheduleError, "CSV"), str(path))
 
 
+MAX_CELLS = 250_000
+"""Most cells a CSV may hold, over all rows: each action expands to a few ops (its
+transfers, memory, the compute), so this keeps an import within the default op budget
+(`commdsl.limits.DEFAULT_MAX_OPS`) and its memory bounded; checked before a row is split."""
+MAX_INDEX_DIGITS = 9
+"""Most digits of a stage or microbatch index (below 10^9); a larger one is refused as it
+is read, before it is made a number."""
+
+
 def parse_csv(text: str, file: str = "<csv>") -> CsvSchedule:
-    lines = text.splitlines()
+    lines = list(source_lines(text))
     while lines and not lines[-1].strip():
         lines.pop()
     if not lines:
         raise ScheduleError("the CSV has no rows: a pipeline schedule has one row of actions per rank", SourceLoc(file, 1, 1))
+    if len(lines) > MAX_WORLD_SIZE:
+        raise ScheduleError(f"the CSV has {len(lines):,} rows, one per rank: more than the limit of {MAX_WORLD_SIZE:,} ranks",
+                            SourceLoc(file, MAX_WORLD_SIZE + 1, 1, lines[MAX_WORLD_SIZE]))  # fmt: skip
     ranks = []
+    cells = 0
     for row, line in enumerate(lines, start=1):
+        cells += line.count(",") + 1
+        if cells > MAX_CELLS:
+            raise ScheduleError(f"the CSV holds more than {MAX_CELLS:,} cells by row {row}: more than an import expands within "
+                                "the op budget", SourceLoc(file, row, 1, line))  # fmt: skip
         actions = tuple(_parse_row(line, row, file))
         if not any(a.type in COMPUTE_TYPES for a in actions):
             raise ScheduleError(f"row {row} has no compute action: rank {row - 1} would hold no stage",
@@ -156,6 +174,10 @@ def _parse_action(text: str, loc: SourceLoc) -> Action:
             "or (0F7;7B3)OVERLAP_F_B",
         )
     stage, kind, mb = m.groups()
+    for what, digits in (("stage", stage), ("microbatch", mb)):
+        if len(digits) > MAX_INDEX_DIGITS:
+            shown = digits if len(digits) <= 20 else f"{digits[:10]}...({len(digits):,} digits)"
+            raise ScheduleError(f"{what} {shown} in row {loc.line}, column {loc.column} has more than {MAX_INDEX_DIGITS} digits", loc)
     atype = ActionType(kind)
     if atype not in SKIPPED_TYPES and not mb:
         raise ScheduleError(f"action {text!r} names no microbatch (row {loc.line}, column {loc.column})", loc,
@@ -165,6 +187,18 @@ def _parse_action(text: str, loc: SourceLoc) -> Action:
 
 def _check(file: str, ranks: tuple[tuple[Action, ...], ...], lines: list[str]) -> CsvSchedule:
     """What PyTorch's runtime relies on, with the row and column of the first violation."""
+    computes = [a for actions in ranks for a in actions if a.type in COMPUTE_TYPES]
+    forward_count = sum(a.type is ActionType.F for a in computes)
+    # Stages are 0..S-1, each with a compute action, and microbatches 0..M-1, each with a
+    # forward per stage: an index past the count of those actions leaves one without,
+    # and would make the checks below count to it.
+    for a in (a for actions in ranks for a in actions):
+        if a.stage >= len(computes):
+            raise ScheduleError(f"{a}: stage {a.stage} is past the {len(computes):,} compute actions of the file (each stage "
+                                "from 0 up has one)", a.loc)  # fmt: skip
+        if a.microbatch is not None and a.microbatch >= max(forward_count, 1):
+            raise ScheduleError(f"{a}: microbatch {a.microbatch} is past the {forward_count:,} forward actions of the file "
+                                "(each microbatch from 0 up has one)", a.loc)  # fmt: skip
     owner: dict[int, Action] = {}
     for actions in ranks:
         for a in actions:
