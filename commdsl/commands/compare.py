@@ -6,13 +6,13 @@ import argparse
 import json
 
 from rich.console import Console
-from rich.markup import escape
 from rich.table import Table
 
 from commdsl.api import compare_named
 from commdsl.cli import non_negative_number
 from commdsl.comparison import Comparison, combined_trace
 from commdsl.dsl.values import format_bytes, format_us
+from commdsl.errors import escape_markup as escape
 from commdsl.errors import require_output_folder
 from commdsl.files import OutputPath, write_text
 from commdsl.timeline import Timeline
