@@ -12,7 +12,6 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from pathlib import Path
 
 
 @dataclass(frozen=True)
@@ -88,8 +87,33 @@ MAX_LINE_CHARS = 600
 line is left out (a name or value the user wrote may be that long)."""
 
 
+def printable(text: str) -> str:
+    """`text` (a name, a value, a path, a line a user wrote) with every character a
+    terminal would act on written as an escape instead: control characters (ESC starts
+    the sequences that recolour, move the cursor or retitle the window; a newline or
+    carriage return would fake a line of output), C1 controls, format characters such as
+    bidirectional overrides, line and paragraph separators (a tab is kept). Everything commdsl prints
+    from user input goes through this (error messages, `check`, `show`, `simulate`)."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() or c == "\t" else _escaped(c) for c in text)
+
+
+def _escaped(c: str) -> str:
+    code = ord(c)
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"
+
+
+def escape_markup(text: str) -> str:
+    """`printable(text)` with rich's markup escaped too (a user's "[bold]" printed as
+    written), for text printed through a rich console."""
+    from rich.markup import escape  # only the commands that print with rich need it
+
+    return escape(printable(text))
+
+
 def _clip(text: str) -> str:
-    return "\n".join(_clip_line(line) for line in text.split("\n"))
+    return "\n".join(_clip_line(printable(line)) for line in text.split("\n"))
 
 
 def _clip_line(line: str) -> str:
@@ -177,12 +201,9 @@ class UsageError(CommdslError):
 
 
 def require_output_folder(flag: str, path: str | None) -> None:
-    """A command's output file must have an existing folder: checked at start, as outputs
-    are written only after minutes of work (a run, a calibration)."""
-    if path is None:
-        return
-    if path == "-":  # the Unix "standard output": these outputs are files beside what stdout prints
-        raise UsageError(f"{flag} -: give the path of a file to write", hint=f"e.g. {flag} out.json")
-    folder = Path(path).parent  # as the user wrote it, for the message
-    if not folder.resolve().is_dir():
-        raise UsageError(f"{flag} {path}: the folder {folder} does not exist")
+    """A command's output file must be one it can write: checked at start, as outputs
+    are written only after minutes of work (a run, a calibration). See
+    `commdsl.files.check_output_path`, which this is."""
+    from commdsl.files import check_output_path  # files imports this module
+
+    check_output_path(flag, path)

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import TextIO
 
 from commdsl.errors import SourceLoc, UsageError
-from commdsl.files import is_file, output_file, read_text, source_lines
+from commdsl.files import exists, output_file, read_text, source_lines
 from commdsl.ir import HOST_STREAM, Op, OpKind
 
 FORMAT_VERSION = 1
@@ -194,7 +194,7 @@ class Timeline:
     @classmethod
     def read(cls, path: str | Path) -> Timeline:
         """Read a timeline written by `write` (predicted or measured)."""
-        if not is_file(path):
+        if not exists(path):
             raise UsageError(f"no such timeline file: {path}")
         text = read_text(path, str(path), UsageError, "timeline")
         try:

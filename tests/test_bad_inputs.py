@@ -269,6 +269,8 @@ CASES = [
     Case("world_string", "world: four\nprogram: |\n  pass\n", "unknown name 'four'", 1, 8),
     Case("world_float", "world: 2.5\nprogram: |\n  pass\n", "world must be an integer >= 1, got 2.5", 1, 8),
     Case("world_list", "world: [1, 2]\nprogram: |\n  pass\n", "world must be a single value", 1, 8),
+    Case("world_empty_mesh", "world: {}\nprogram: |\n  pass\n", "`world: {}` names no mesh axis", 1, 8, cli=True,
+         hint="world: 4, or world: {pp: 4}"),
     Case("world_too_big", "world: 100000\nprogram: |\n  pass\n", "exceeds the limit of 65,536", 1, 8, error=LimitError),
     Case("mesh_axis_zero", "world: {pp: 2, dp: 0}\nprogram: |\n  pass\n", "mesh axis 'dp' must be an integer >= 1", 1, 20),
     Case("group_rank_out_of_range", "world: 4\ngroups:\n  pairs: [[0, 1], [2, 9]]\nprogram: |\n  pass\n",

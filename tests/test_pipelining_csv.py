@@ -5,6 +5,7 @@ reads what PyTorch writes, and bad CSVs fail with their row and column."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -114,6 +115,16 @@ BAD = [
     ("send_unmatched", "0F0,0SEND_F0,0B0\n1RECV_F0,1F0,1B0\n1F1\n", "stage 1 is on rows 2 and 3", 3, 1),
     ("overlap_with_transfer", "(0F0;0SEND_F0)OVERLAP_F_B,0B0\n", "OVERLAP_F_B holds compute actions only", 1, 1),
     ("no_rows", "\n\n", "the CSV has no rows", 1, 1),
+    # Values out of range: refused where they are read, at their cell, before any loop counts to them.
+    ("stage_of_5000_digits", "0F0,0B0,1" + "9" * 4999 + "F0\n", "stage 1999999999...(5,000 digits) in row 1, column 9 has more than 9 digits", 1, 9),
+    ("microbatch_of_5000_digits", "0F0,0B0\n1F" + "9" * 5000 + "\n", "microbatch 9999999999...(5,000 digits) in row 2, column 1", 2, 1),
+    ("stage_10_to_the_11", "0F0,0B0,100000000000F0\n", "stage 100000000000 in row 1, column 9 has more than 9 digits", 1, 9),
+    ("stage_past_the_actions", "0F0,0B0\n999999999F0,999999999B0\n", "999999999F0: stage 999999999 is past the 4 compute actions", 2, 1),
+    ("microbatch_past_the_forwards", "0F0,0B0,0F999999999\n", "0F999999999: microbatch 999999999 is past the 2 forward actions", 1, 9),
+    ("transfer_microbatch_past", "0F0,0SEND_F99999,0B0\n1RECV_F0,1F0,1B0\n", "0SEND_F99999: microbatch 99999 is past the 2 forward", 1, 5),
+    ("too_many_rows", "0F0,0B0\n" * 65_537, "the CSV has 65,537 rows, one per rank: more than the limit of 65,536 ranks", 65_537, 1),
+    ("too_many_cells", "0F0,0B0," + "," * 250_000 + "\n", "the CSV holds more than 250,000 cells by row 1", 1, 1),
+    ("vertical_tab_is_no_line_break", "0F0,0B0\x0b1F0,1B0\n", "unknown action '0B0\\x0b1F0'", 1, 5),
 ]
 
 
@@ -198,3 +209,93 @@ def test_a_cyclic_order_is_a_deadlock_naming_the_file(tmp_path):
     assert proc.returncode == 3, proc.stderr
     assert proc.stderr.startswith("deadlock: the pipeline's compute order is cyclic")
     assert f"the order comes from {bad} as written" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_a_head_to_head_csv_writes_nothing(tmp_path):
+    """Rank 0 runs its backward before sending the forward's output that rank 1's
+    backward (whose gradient rank 0 waits for) needs: the ranks wait on each other. The
+    import checks as `commdsl check` does, exits 3 and writes nothing."""
+    bad = tmp_path / "h2h.csv"
+    bad.write_text("0F0,0RECV_B0,0B0,0SEND_F0\n1RECV_F0,1F0,1B0,1SEND_B0\n")
+    out = tmp_path / "h2h.yaml"
+    proc = _cli("import", "pipelining", str(bad), "-o", str(out), cwd=tmp_path)
+    assert proc.returncode == 3, proc.stderr
+    assert proc.stderr.startswith("deadlock:") and "nothing was written" in proc.stderr, proc.stderr
+    assert not out.exists() and sorted(p.name for p in tmp_path.iterdir()) == ["h2h.csv"]
+
+
+def _rows(ranks: int, microbatches: int) -> str:
+    """A 1F1B-like compute-only CSV of `ranks` rows, one stage each."""
+    return "".join(",".join([f"{r}F{m}" for m in range(microbatches)] + [f"{r}B{m}" for m in range(microbatches)]) + "\n"
+                   for r in range(ranks))  # fmt: skip
+
+
+def test_import_is_linear_in_rows():
+    """Each rank's program walks a balanced tree of rank tests: the schedule's size, and
+    the conditions any rank evaluates, grow as ranks x log2(ranks), not ranks^2."""
+    for ranks in (3, 64, 1000):
+        text = schedule_text(parse_csv(_rows(ranks, 2), "r.csv"), "r")
+        tests = text.count("if pp.rank <")
+        assert tests == ranks - 1
+        depth = max(len(line) - len(line.lstrip()) for line in text.splitlines() if "if pp.rank <" in line)
+        assert depth <= 2 + 4 * (ranks - 1).bit_length()
+    program = load_schedule_text(schedule_text(parse_csv(_rows(64, 2), "r.csv"), "r"), "r.yaml")
+    assert [actions(program, r) for r in range(64)] == [f"{r}F0 {r}F1 {r}B0 {r}B1" for r in range(64)]
+
+
+# ---- a seeded fuzz: mutated CSVs fail only with commdsl's errors ------------------------------------
+
+CSV_FUZZ_SEED = 43
+CSV_FUZZ_CASES = 10_000
+_CSV_PIECES = ["", ",", ";", "(", ")", "OVERLAP_F_B", "F", "B", "I", "W", "SEND_F", "RECV_B", "UNSHARD", "REDUCE_GRAD", '"', "\n",
+               "\r", "\x00", "\x0b", "\u2028", "-1", "0", "9" * 12, "9" * 5000, "999999999", "1e3", " ", "é", "\ufeff"]  # fmt: skip
+
+
+def _mutate_csv(rng, text: str) -> str:
+    for _ in range(rng.randint(1, 3)):
+        i = rng.randrange(len(text) + 1)
+        j = min(len(text), i + rng.choice((0, 0, 1, 2, 5)))
+        op = rng.random()
+        if op < 0.5:
+            text = text[:i] + rng.choice(_CSV_PIECES) + text[j:]
+        elif op < 0.7:
+            text = text[:i] + text[j:]
+        elif op < 0.85:  # a digit becomes another
+            text = re.sub(r"\d", lambda m: str(rng.randrange(10)) if rng.random() < 0.2 else m.group(0), text)
+        else:  # a row repeated or dropped
+            rows = text.split("\n")
+            k = rng.randrange(len(rows))
+            rows[k:k + 1] = [rows[k]] * rng.choice((0, 2))
+            text = "\n".join(rows)
+    return text
+
+
+def test_seeded_csv_fuzz_raises_only_commdsl_errors():
+    """10,000 mutations of exported CSVs (both formats) read with `parse_csv`; every
+    50th that reads is also imported and loaded. Nothing but a commdsl error, with a
+    location inside the file, may come out."""
+    import random
+
+    from commdsl.errors import CommdslError
+
+    seeds = []
+    for name, params in sorted(SMALL.items()):
+        program = load_schedule(name, params)
+        kinds = (False, True) if name in ("looped_bfs", "interleaved_zb", "zbv", "dualpipev") else (False,)
+        seeds += [format_csv(csv_rows(program, with_transfers=t)) for t in kinds]
+    read = loaded = 0
+    for case in range(CSV_FUZZ_CASES):
+        rng = random.Random(f"{CSV_FUZZ_SEED}:{case}")
+        text = _mutate_csv(rng, rng.choice(seeds))
+        try:
+            schedule = parse_csv(text, "fuzz.csv")
+            read += 1
+            if read % 50 == 0:
+                load_schedule_text(schedule_text(schedule, "fuzz"), "fuzz.yaml")
+                loaded += 1
+        except CommdslError as err:
+            assert err.loc is None or 1 <= err.loc.line <= max(text.count("\n") + 1, 1), (case, err.format())
+            err.format()
+        except Exception as e:  # pragma: no cover - the failure names the case that replays it
+            raise AssertionError(f"case {case} (seed {CSV_FUZZ_SEED}): {type(e).__name__}: {e}\n{text[:500]!r}") from e
+    assert read > 100 and loaded > 2, (read, loaded)

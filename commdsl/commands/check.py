@@ -11,6 +11,7 @@ from rich.table import Table
 
 from commdsl.cli import add_schedule_arguments, load_from_args
 from commdsl.dsl.values import format_bytes
+from commdsl.errors import escape_markup
 from commdsl.ir import Program
 from commdsl.progress import Progress
 
@@ -57,11 +58,13 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(summary, indent=2))
         return 0
     console = Console(highlight=False)
-    mesh = " × ".join(f"{a}={n}" for a, n in program.mesh) or "flat"
-    console.print(f"[bold]{program.name}[/]: ok  ({program.source})")
-    console.print(f"  ranks {program.world_size} (mesh {mesh}), streams {', '.join(program.streams)}, groups {len(program.groups)}")
+    # Names, values and paths are the user's: printed with their control characters and
+    # rich markup escaped (`escape_markup`).
+    mesh = escape_markup(" × ".join(f"{a}={n}" for a, n in program.mesh) or "flat")
+    console.print(f"[bold]{escape_markup(program.name)}[/]: ok  ({escape_markup(program.source)})")
+    console.print(f"  ranks {program.world_size} (mesh {mesh}), streams {escape_markup(', '.join(program.streams))}, groups {len(program.groups)}")
     if program.params:  # one line each, however long: a list of names wrapped mid-name reads badly
-        console.print("  params " + ", ".join(f"{k}={v}" for k, v in program.params), soft_wrap=True)
+        console.print("  params " + escape_markup(", ".join(f"{k}={v}" for k, v in program.params)), soft_wrap=True)
     table = Table(box=None, show_header=True, pad_edge=False)
     table.add_column("op kind")
     table.add_column("count", justify="right")
@@ -72,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
     if summary["bytes_by_transport"]:
         console.print("  bytes by transport: " + ", ".join(f"{t} {format_bytes(b)}" for t, b in summary["bytes_by_transport"].items()))
     for warning in program.warnings[:20]:
-        console.print(f"[yellow]warning[/]: {warning}")
+        console.print(f"[yellow]warning[/]: {escape_markup(warning)}")
     if len(program.warnings) > 20:
         console.print(f"[yellow]... and {len(program.warnings) - 20} more warnings[/]")
     return 0

@@ -6,7 +6,6 @@ import argparse
 import json
 
 from rich.console import Console
-from rich.markup import escape
 from rich.table import Table
 
 from commdsl.api import compare_named
@@ -14,8 +13,9 @@ from commdsl.cli import non_negative_number
 from commdsl.comparison import Comparison, combined_trace, compare_trace
 from commdsl.dsl.values import format_bytes, format_us
 from commdsl.errors import UsageError, require_output_folder
+from commdsl.errors import escape_markup as escape
+from commdsl.files import OutputPath, write_text
 from commdsl.interop.kineto_read import is_trace_path, read_job
-from commdsl.files import write_text
 from commdsl.timeline import Timeline
 
 EXIT_OVER_MAX_ERROR = 4
@@ -31,8 +31,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--step", type=int, default=None, metavar="N",
                         help="with profiler traces: compare step ProfilerStep#N (default: the last step every rank holds)")
     parser.add_argument("--json", action="store_true", help="print the comparison as JSON")
-    parser.add_argument("--html", metavar="OUT", help="write a self-contained HTML report")
-    parser.add_argument("--trace", metavar="OUT", help="write one Chrome trace holding both timelines")
+    parser.add_argument("--html", metavar="OUT", action=OutputPath, help="write a self-contained HTML report")
+    parser.add_argument("--trace", metavar="OUT", action=OutputPath, help="write one Chrome trace holding both timelines")
     parser.add_argument("--max-error", type=non_negative_number, metavar="PCT",
                         help=f"exit {EXIT_OVER_MAX_ERROR} when |makespan error| exceeds PCT percent")  # fmt: skip
     parser.add_argument("--min-duration", type=non_negative_number, default=10.0, metavar="US",

@@ -13,10 +13,9 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
 from commdsl.cli import add_schedule_arguments, load_from_args
-from commdsl.errors import UsageError, require_output_folder
+from commdsl.files import OutputPath, write_text
 
 FORMATS = ("pipelining",)
 CSV_FORMATS = ("compute_only", "compute_comms")
@@ -25,7 +24,7 @@ CSV_FORMATS = ("compute_only", "compute_comms")
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("format", choices=FORMATS, help="what to write: pipelining (torch.distributed.pipelining's schedule CSV)")
     add_schedule_arguments(parser)
-    parser.add_argument("-o", "--out", default=None, metavar="OUT.csv", help="write here (default: stdout)")
+    parser.add_argument("-o", "--out", default=None, action=OutputPath, metavar="OUT.csv", help="write here (default: stdout)")
     parser.add_argument("--csv-format", choices=CSV_FORMATS, default="compute_only",
                         help="compute_only (default): compute actions, PyTorch places the transfers; "
                              "compute_comms: with the schedule's own transfers")  # fmt: skip
@@ -34,14 +33,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from commdsl.interop.pipelining import csv_rows, format_csv
 
-    require_output_folder("-o", args.out)
     program = load_from_args(args)
     text = format_csv(csv_rows(program, with_transfers=args.csv_format == "compute_comms"))
     if args.out:
-        try:
-            Path(args.out).write_text(text)
-        except OSError as e:
-            raise UsageError(f"cannot write {args.out}: {e}") from None
+        write_text(args.out, text, "-o")
         print(f"wrote {args.out}: {program.world_size} ranks ({args.csv_format})", file=sys.stderr)
     else:
         sys.stdout.write(text)

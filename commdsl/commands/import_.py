@@ -6,7 +6,8 @@
 
 The CSV is what `_PipelineScheduleRuntime._dump_csv` writes (one row of actions per
 rank), compute-only or with transfers; see commdsl/interop/pipelining.py. The schedule is
-loaded once before it is written, so what comes out checks and simulates. A folder of
+loaded, validated and checked for deadlock (as `commdsl check` does) before anything is
+written: a CSV whose ranks would wait on each other writes nothing and exits 3. A folder of
 PyTorch profiler (Kineto) traces becomes a schedule that replays one step of the job
 (commdsl/interop/kineto_import.py); it is also checked to finish (no deadlock).
 """
@@ -18,7 +19,9 @@ import re
 import sys
 from pathlib import Path
 
-from commdsl.errors import CommdslError, UsageError, require_output_folder
+from commdsl.errors import CommdslError, UsageError
+from commdsl.files import OutputPath, write_text
+from commdsl.progress import Progress
 
 FORMATS = ("pipelining", "kineto")
 
@@ -31,15 +34,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="kineto: replay step ProfilerStep#N (default: the last step every rank's trace holds)")
     parser.add_argument("--tolerance", type=float, default=None, metavar="US",
                         help="kineto: an op starting this close to another stream's op ending waited for it (default 20 us)")
-    parser.add_argument("-o", "--out", default=None, metavar="OUT.yaml", help="write the schedule here (default: stdout)")
+    parser.add_argument("-o", "--out", default=None, action=OutputPath, metavar="OUT.yaml", help="write the schedule here (default: stdout)")
     parser.add_argument("--name", default=None, help="the schedule's name (default: the output's or the input's file stem)")
 
 
 def run(args: argparse.Namespace) -> int:
     from commdsl.dsl import load_schedule_text
     from commdsl.interop.pipelining import read_csv, schedule_text
+    from commdsl.sim import check_deadlock
 
-    require_output_folder("-o", args.out)
     name = args.name or Path(args.out or args.file).stem
     if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_.-]*", name):
         raise UsageError(f"--name {name!r}: a schedule name is letters, digits, _ . -")
@@ -47,16 +50,21 @@ def run(args: argparse.Namespace) -> int:
         return _import_kineto(args, name)
     if args.step is not None or args.tolerance is not None:
         raise UsageError("--step and --tolerance apply to kineto traces")
-    schedule = read_csv(args.file)
-    text = schedule_text(schedule, name)
-    shown = args.out or f"<{name} imported from {args.file}>"
-    try:
-        load_schedule_text(text, shown)
-    except CommdslError as err:  # e.g. a cyclic order: the file's, as written
-        err.hint = (err.hint + "; " if err.hint else "") + f"the order comes from {args.file} as written"
-        raise
+    with Progress("commdsl import") as progress:
+        progress.phase(f"reading {args.file}")
+        schedule = read_csv(args.file)
+        text = schedule_text(schedule, name)
+        shown = args.out or f"<{name} imported from {args.file}>"
+        try:
+            progress.phase(f"expanding {shown}")
+            program = load_schedule_text(text, shown)
+            progress.phase("checking that every rank finishes", unit="ops")
+            check_deadlock(program, progress.update)
+        except CommdslError as err:  # e.g. ranks that wait on each other: the file's order, as written
+            err.hint = (err.hint + "; " if err.hint else "") + f"the order comes from {args.file} as written; nothing was written"
+            raise
     if args.out:
-        Path(args.out).write_text(text)
+        write_text(args.out, text, "-o")
         print(f"wrote {args.out}: {len(schedule.ranks)} ranks, {schedule.num_stages} stages, {schedule.microbatches} microbatches "
               f"({'with' if schedule.with_transfers else 'without'} transfers in the file)", file=sys.stderr)  # fmt: skip
     else:
@@ -68,7 +76,6 @@ def _import_kineto(args: argparse.Namespace, name: str) -> int:
     from commdsl.dsl import load_schedule_text
     from commdsl.interop.kineto_import import DEFAULT_TOLERANCE_US, schedule_text
     from commdsl.interop.kineto_read import read_job
-    from commdsl.progress import Progress
     from commdsl.sim import check_deadlock
 
     tolerance = DEFAULT_TOLERANCE_US if args.tolerance is None else args.tolerance
@@ -84,7 +91,7 @@ def _import_kineto(args: argparse.Namespace, name: str) -> int:
         program = load_schedule_text(text, shown)
         check_deadlock(program, progress.update)
     if args.out:
-        Path(args.out).write_text(text)
+        write_text(args.out, text, "-o")
         step = next(iter(job.ranks.values())).step or "the whole trace"
         print(f"wrote {args.out}: {job.world_size} ranks, {sum(len(o) for o in program.ops)} ops, replaying {step} "
               f"({job.step_us / 1e3:.3f} ms in the trace)", file=sys.stderr)  # fmt: skip

@@ -8,7 +8,7 @@ import re
 
 from commdsl.cli import add_schedule_arguments, count_at_least, load_from_args
 from commdsl.dsl.values import format_bytes, format_flops, format_us
-from commdsl.errors import UsageError
+from commdsl.errors import UsageError, printable
 from commdsl.ir import HOST_STREAM, Op, OpKind, Program
 from commdsl.progress import Progress
 
@@ -133,6 +133,12 @@ def run(args: argparse.Namespace) -> int:
                     lines.append("")
                     lines += listing_lines(program, r)
                     progress.advance(len(program.ops[r]))
-            text = "\n".join(lines)
+            text = printable_lines("\n".join(lines))
     print(text)
     return 0
+
+
+def printable_lines(text: str) -> str:
+    """`text`'s lines, each with the control characters of the user's names and source
+    lines escaped (`commdsl.errors.printable`)."""
+    return "\n".join(map(printable, text.split("\n")))

@@ -18,6 +18,7 @@ from contextlib import ExitStack
 
 from commdsl.cli import add_schedule_arguments, count_at_least, load_from_args
 from commdsl.errors import UsageError, require_output_folder
+from commdsl.files import OutputPath
 from commdsl.interop.kineto_write import check_trace_folder
 from commdsl.machine import DEFAULT_MACHINE, resolve_machine
 from commdsl.progress import Progress
@@ -49,7 +50,7 @@ def machine_from_args(args: argparse.Namespace):
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_schedule_arguments(parser)
     add_machine_arguments(parser)
-    parser.add_argument("--trace", metavar="OUT.json", default=None,
+    parser.add_argument("--trace", metavar="OUT.json", default=None, action=OutputPath,
                         help="write the predicted timeline as Chrome-trace JSON (opens in Perfetto)")  # fmt: skip
     parser.add_argument("--trace-dir", metavar="DIR", default=None,
                         help="write the predicted timeline as PyTorch profiler (Kineto) traces, one JSON per rank, "

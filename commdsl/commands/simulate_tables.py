@@ -7,9 +7,9 @@ from collections.abc import Sequence
 from typing import TypeVar
 
 from rich.console import Console
-from rich.markup import escape
 from rich.table import Table
 
+from commdsl.errors import escape_markup as escape
 from commdsl.sim.gantt import fits, gantt_lines
 from commdsl.sim.simulate import SimResult
 from commdsl.sim.summary import Summary, format_bytes, format_us

@@ -280,6 +280,9 @@ def _layout(doc: _YamlFile, top, env: dict) -> WorldLayout:
     mesh: tuple[tuple[str, int], ...]
     if isinstance(wnode, yaml.MappingNode):
         axes = doc.mapping(wnode, "world")
+        if not axes:
+            raise ScheduleError("`world: {}` names no mesh axis: give a rank count or a mesh such as {pp: 4, dp: 2}",
+                                doc.loc(wnode), hint="e.g. world: 4, or world: {pp: 4}")  # fmt: skip
         mesh = tuple((axis, _int_value(doc, v, env, f"mesh axis '{axis}'", 1)) for axis, (_, v) in axes.items())
         for axis, (knode, _) in axes.items():
             if axis in ("world", "host"):

@@ -8,18 +8,16 @@ user edits.
 from __future__ import annotations
 
 import functools
-import os
 import re
-import sys
 from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 
-import lark
 from lark import Lark, Token, Tree
 from lark.exceptions import LarkError, UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, UnexpectedToken
 from lark.indenter import DedentError, Indenter
 
+from commdsl.dsl.parse_cache import lark_parser
 from commdsl.dsl.values import UNIT_SUFFIXES
 from commdsl.errors import ScheduleError, SourceLoc, did_you_mean
 from commdsl.resources import grammar_path
@@ -74,41 +72,14 @@ class _ProgramIndenter(Indenter):
 
 @functools.cache
 def _lark() -> Lark:
-    # Built once per process; the Lark object is not mutated after construction.
-    return Lark(
-        grammar_path().read_text(),
-        parser="lalr",
-        postlex=_ProgramIndenter(),
-        propagate_positions=True,
-        maybe_placeholders=True,
-        cache=_cache_file("program"),
-    )
+    # Built once per process (its tables kept between processes: parse_cache); the Lark
+    # object is not mutated after construction.
+    return lark_parser(grammar_path().read_text(), "start", postlex=_ProgramIndenter(), propagate_positions=True, maybe_placeholders=True)
 
 
 @functools.cache
 def _expression_lark() -> Lark:
-    return Lark(
-        grammar_path().read_text(),
-        parser="lalr",
-        start="expr",
-        propagate_positions=True,
-        maybe_placeholders=True,
-        cache=_cache_file("expr"),
-    )
-
-
-def _cache_file(start: str) -> str | bool:
-    """Where lark keeps the grammar's parse tables between processes (building them is
-    most of a small command's start-up): a file in the user's own cache folder, never a
-    shared temporary folder, since lark's cache is a pickle. lark checks the grammar's
-    digest before using the file and rebuilds the tables when it differs or cannot be
-    read. False (no cache) where the folder cannot be made."""
-    try:
-        folder = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "commdsl"
-        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
-    except (OSError, RuntimeError):  # no home folder, or not writable
-        return False
-    return str(folder / f"grammar-{start}-py{sys.version_info[0]}{sys.version_info[1]}-lark{lark.__version__}.pickle")
+    return lark_parser(grammar_path().read_text(), "expr", propagate_positions=True, maybe_placeholders=True)
 
 
 # Human names for the grammar's terminals, used in "expected ..." messages.

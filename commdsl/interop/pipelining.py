@@ -30,7 +30,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from commdsl.errors import ScheduleError, SourceLoc, UsageError
+from commdsl.files import exists, read_text, source_lines
 from commdsl.ir import OpKind, PipelineAction, Program
+from commdsl.limits import MAX_WORLD_SIZE
 
 
 class ActionType(str, enum.Enum):
@@ -98,23 +100,36 @@ class CsvSchedule:
 
 def read_csv(path: str | Path) -> CsvSchedule:
     """Read and check a schedule CSV written by torch.distributed.pipelining."""
-    try:
-        text = Path(path).read_text()
-    except FileNotFoundError:
-        raise UsageError(f"no such file: {path}") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise UsageError(f"cannot read {path}: {e}") from None
-    return parse_csv(text, str(path))
+    if not exists(path):
+        raise UsageError(f"no such file: {path}")
+    return parse_csv(read_text(path, str(path), ScheduleError, "CSV"), str(path))
+
+
+MAX_CELLS = 250_000
+"""Most cells a CSV may hold, over all rows: each action expands to a few ops (its
+transfers, memory, the compute), so this keeps an import within the default op budget
+(`commdsl.limits.DEFAULT_MAX_OPS`) and its memory bounded; checked before a row is split."""
+MAX_INDEX_DIGITS = 9
+"""Most digits of a stage or microbatch index (below 10^9); a larger one is refused as it
+is read, before it is made a number."""
 
 
 def parse_csv(text: str, file: str = "<csv>") -> CsvSchedule:
-    lines = text.splitlines()
+    lines = list(source_lines(text))
     while lines and not lines[-1].strip():
         lines.pop()
     if not lines:
         raise ScheduleError("the CSV has no rows: a pipeline schedule has one row of actions per rank", SourceLoc(file, 1, 1))
+    if len(lines) > MAX_WORLD_SIZE:
+        raise ScheduleError(f"the CSV has {len(lines):,} rows, one per rank: more than the limit of {MAX_WORLD_SIZE:,} ranks",
+                            SourceLoc(file, MAX_WORLD_SIZE + 1, 1, lines[MAX_WORLD_SIZE]))  # fmt: skip
     ranks = []
+    cells = 0
     for row, line in enumerate(lines, start=1):
+        cells += line.count(",") + 1
+        if cells > MAX_CELLS:
+            raise ScheduleError(f"the CSV holds more than {MAX_CELLS:,} cells by row {row}: more than an import expands within "
+                                "the op budget", SourceLoc(file, row, 1, line))  # fmt: skip
         actions = tuple(_parse_row(line, row, file))
         if not any(a.type in COMPUTE_TYPES for a in actions):
             raise ScheduleError(f"row {row} has no compute action: rank {row - 1} would hold no stage",
@@ -159,6 +174,10 @@ def _parse_action(text: str, loc: SourceLoc) -> Action:
             "or (0F7;7B3)OVERLAP_F_B",
         )
     stage, kind, mb = m.groups()
+    for what, digits in (("stage", stage), ("microbatch", mb)):
+        if len(digits) > MAX_INDEX_DIGITS:
+            shown = digits if len(digits) <= 20 else f"{digits[:10]}...({len(digits):,} digits)"
+            raise ScheduleError(f"{what} {shown} in row {loc.line}, column {loc.column} has more than {MAX_INDEX_DIGITS} digits", loc)
     atype = ActionType(kind)
     if atype not in SKIPPED_TYPES and not mb:
         raise ScheduleError(f"action {text!r} names no microbatch (row {loc.line}, column {loc.column})", loc,
@@ -168,6 +187,18 @@ def _parse_action(text: str, loc: SourceLoc) -> Action:
 
 def _check(file: str, ranks: tuple[tuple[Action, ...], ...], lines: list[str]) -> CsvSchedule:
     """What PyTorch's runtime relies on, with the row and column of the first violation."""
+    computes = [a for actions in ranks for a in actions if a.type in COMPUTE_TYPES]
+    forward_count = sum(a.type is ActionType.F for a in computes)
+    # Stages are 0..S-1, each with a compute action, and microbatches 0..M-1, each with a
+    # forward per stage: an index past the count of those actions leaves one without,
+    # and would make the checks below count to it.
+    for a in (a for actions in ranks for a in actions):
+        if a.stage >= len(computes):
+            raise ScheduleError(f"{a}: stage {a.stage} is past the {len(computes):,} compute actions of the file (each stage "
+                                "from 0 up has one)", a.loc)  # fmt: skip
+        if a.microbatch is not None and a.microbatch >= max(forward_count, 1):
+            raise ScheduleError(f"{a}: microbatch {a.microbatch} is past the {forward_count:,} forward actions of the file "
+                                "(each microbatch from 0 up has one)", a.loc)  # fmt: skip
     owner: dict[int, Action] = {}
     for actions in ranks:
         for a in actions:
@@ -362,8 +393,6 @@ _COMMON_BLOCKS = """\
 
 def schedule_text(schedule: CsvSchedule, name: str) -> str:
     """A commdsl schedule (YAML text) that runs `schedule`'s order."""
-    rank_of = schedule.stage_rank
-    last = schedule.num_stages - 1
     fmt = "compute_comms" if schedule.with_transfers else "compute_only"
     transfers = ("The file's transfers stay where it puts them: irecv where it receives, isend where it sends."
                  if schedule.with_transfers else
@@ -372,34 +401,52 @@ def schedule_text(schedule: CsvSchedule, name: str) -> str:
                           mbs=schedule.microbatches, transfers=transfers, name=name)]  # fmt: skip
     out.append(_TRANSFER_BLOCKS if schedule.with_transfers else _STAGE_BLOCKS)
     out.append(_COMMON_BLOCKS)
-    for rank, actions in enumerate(schedule.ranks):
-        out.append(f"  {'if' if rank == 0 else 'elif'} pp.rank == {rank}:")
-        for s in sorted({a.stage for a in actions if a.type in COMPUTE_TYPES}):
-            out.append(f"      stage_memory({s})")
-        sends = []
-        for a in actions:
-            s, mb = a.stage, a.microbatch
-            prev = rank_of[s - 1] if s > 0 and rank_of[s - 1] != rank else -1
-            nxt = rank_of[s + 1] if s < last and rank_of[s + 1] != rank else -1
-            if not schedule.with_transfers:
-                call = {ActionType.F: f"forward({s}, {mb}, {prev}, {nxt})", ActionType.B: f"backward({s}, {mb}, {nxt}, {prev})",
-                        ActionType.I: f"backward_input({s}, {mb}, {nxt}, {prev})", ActionType.W: f"backward_weight({s}, {mb})"}[a.type]  # fmt: skip
-                out.append(f"      {call}")
-                continue
-            if a.type is ActionType.F:
-                out.append(f"      forward({s}, {mb}, {str(prev >= 0).lower()})")
-            elif a.type in (ActionType.B, ActionType.I):
-                block = "backward" if a.type is ActionType.B else "backward_input"
-                out.append(f"      {block}({s}, {mb}, {str(nxt >= 0).lower()})")
-            elif a.type is ActionType.W:
-                out.append(f"      backward_weight({s}, {mb})")
-            else:
-                out.append("      " + _transfer_statement(a, rank_of))
-                if a.type in (ActionType.SEND_F, ActionType.SEND_B):
-                    sends.append(_send_handle(a))
-        for handle in sends:
-            out.append(f"      wait {handle}")
+    bodies = [_rank_body(schedule, rank, actions) for rank, actions in enumerate(schedule.ranks)]
+    _rank_tree(out, bodies, 0, len(bodies), "  ")
     return "\n".join(out) + "\n"
+
+
+def _rank_tree(out: list[str], bodies: list[list[str]], lo: int, hi: int, indent: str) -> None:
+    """Append the statements that run `bodies[r]` on rank r, for ranks lo..hi-1: a
+    balanced tree of `if pp.rank < mid:` / `else:`, so that each rank's program walks
+    log2(ranks) conditions, not an `elif` per rank before it (which made importing N
+    ranks take N^2 steps)."""
+    if hi - lo == 1:
+        out.extend(indent + line for line in bodies[lo])
+        return
+    mid = (lo + hi) // 2
+    out.append(f"{indent}if pp.rank < {mid}:")
+    _rank_tree(out, bodies, lo, mid, indent + "    ")
+    out.append(f"{indent}else:")
+    _rank_tree(out, bodies, mid, hi, indent + "    ")
+
+
+def _rank_body(schedule: CsvSchedule, rank: int, actions: tuple[Action, ...]) -> list[str]:
+    """The statements rank `rank` runs: its stages' memory, then its actions in order."""
+    rank_of = schedule.stage_rank
+    last = schedule.num_stages - 1
+    body = [f"stage_memory({s})" for s in sorted({a.stage for a in actions if a.type in COMPUTE_TYPES})]
+    sends = []
+    for a in actions:
+        s, mb = a.stage, a.microbatch
+        prev = rank_of[s - 1] if s > 0 and rank_of[s - 1] != rank else -1
+        nxt = rank_of[s + 1] if s < last and rank_of[s + 1] != rank else -1
+        if not schedule.with_transfers:
+            body.append({ActionType.F: f"forward({s}, {mb}, {prev}, {nxt})", ActionType.B: f"backward({s}, {mb}, {nxt}, {prev})",
+                         ActionType.I: f"backward_input({s}, {mb}, {nxt}, {prev})", ActionType.W: f"backward_weight({s}, {mb})"}[a.type])  # fmt: skip
+        elif a.type is ActionType.F:
+            body.append(f"forward({s}, {mb}, {str(prev >= 0).lower()})")
+        elif a.type in (ActionType.B, ActionType.I):
+            block = "backward" if a.type is ActionType.B else "backward_input"
+            body.append(f"{block}({s}, {mb}, {str(nxt >= 0).lower()})")
+        elif a.type is ActionType.W:
+            body.append(f"backward_weight({s}, {mb})")
+        else:
+            body.append(_transfer_statement(a, rank_of))
+            if a.type in (ActionType.SEND_F, ActionType.SEND_B):
+                sends.append(_send_handle(a))
+    body += [f"wait {handle}" for handle in sends]
+    return body
 
 
 def _send_handle(a: Action) -> str:

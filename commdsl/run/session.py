@@ -21,6 +21,7 @@ import torch.distributed as dist
 
 from commdsl.comparison import DURATION_DRIFT_PCT, duration_drifts
 from commdsl.errors import CommdslError, UsageError
+from commdsl.files import write_text
 from commdsl.ir import OpKind, Program
 from commdsl.progress import Progress
 from commdsl.run.backend import (DistEnv, all_gather_objects, broadcast_object, connect_store, gather_objects, hostname,
@@ -184,12 +185,12 @@ def _report(program: Program, config: RunConfig, results: list[RankResult], meta
 
         write_kineto_traces(tl, program, config.trace_dir, backend=meta["backend"], device=torch_device(meta["device"], program.world_size))
     if config.records_out:
-        Path(config.records_out).write_text(json.dumps(iteration_records(program, results)) + "\n")
+        write_text(config.records_out, json.dumps(iteration_records(program, results)) + "\n", "--records")
     if config.dump_values:
         merged = {}
         for r in results:
             merged.update(r.values)
-        Path(config.dump_values).write_text(json.dumps(merged, indent=1, sort_keys=True) + "\n")
+        write_text(config.dump_values, json.dumps(merged, indent=1, sort_keys=True) + "\n", "--dump-values")
     failures = [f for r in results for f in r.check_failures]
     if not config.quiet:
         spans = tl.meta["iteration_makespans_us"]
