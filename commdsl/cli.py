@@ -84,24 +84,9 @@ def non_negative_number(text: str) -> float:
     return value
 
 
-def parse_overrides(items: list[str]) -> dict[str, str]:
-    from commdsl.dsl.parser import is_name
-
-    out: dict[str, str] = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        key, value = key.strip(), value.strip()
-        if not sep or not is_name(key) or not value:
-            raise UsageError(f"-p takes KEY=VALUE with KEY a param's name, got '{item}'", hint="e.g. -p stages=8 or -p act=64MiB")
-        if key in out:
-            raise UsageError(f"-p {key} is given twice")
-        out[key] = value
-    return out
-
-
 def load_from_args(args: argparse.Namespace, *, validate: bool = True):
     """Load the schedule named by a command's arguments."""
-    from commdsl.dsl import DEFAULT_MAX_OPS, load_schedule
+    from commdsl.dsl import DEFAULT_MAX_OPS, load_schedule, parse_overrides
 
     max_ops = args.max_ops if args.max_ops is not None else DEFAULT_MAX_OPS
     return load_schedule(args.schedule, parse_overrides(args.param), max_ops=max_ops, validate=validate)

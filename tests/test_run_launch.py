@@ -1,5 +1,5 @@
-"""`commdsl run FILE -n N` and `commdsl calibrate -n N`: the ranks start through torch's
-elastic launcher; errors end in one commdsl message and the rank's exit code, with no
+"""`commdsl run FILE -n N` and `commdsl calibrate -n N`: the ranks start through
+commdsl.run.launch; errors end in one commdsl message and the rank's exit code, with no
 launcher traceback."""
 
 from __future__ import annotations

@@ -6,7 +6,7 @@
     commdsl calibrate --from-nccl-tests all_reduce.log --out cluster.yaml   # a GPU cluster from its logs (no ranks)
 
 The same options as `torchrun -m commdsl.calibrate` (checked here before any rank
-starts); `commdsl.run.launch` starts the ranks through torch's elastic launcher.
+starts); `commdsl.run.launch` starts the ranks and watches them.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ The same options as `torchrun -m commdsl.run` (docs/executor.md), which stays th
 to run on several nodes or under Slurm. The schedule is loaded and checked here first
 (`load_program`), so a schedule error, a deadlock or a wrong -n stops before any rank
 starts; then `commdsl.run.launch` starts the
-ranks through torch's elastic launcher and exits with their exit code.
+ranks, watches them and exits with the code of the rank that failed first.
 """
 
 from __future__ import annotations

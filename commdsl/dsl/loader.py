@@ -97,6 +97,21 @@ def load_schedule(
     return load_schedule_text(text, display, overrides, max_ops=max_ops, validate=validate)
 
 
+def parse_overrides(items: list[str]) -> dict[str, str]:
+    """`-p KEY=VALUE` options (in command-line order) as `load_schedule`'s overrides;
+    a malformed or repeated one is a usage error."""
+    out: dict[str, str] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        key, value = key.strip(), value.strip()
+        if not sep or not is_name(key) or not value:
+            raise UsageError(f"-p takes KEY=VALUE with KEY a param's name, got '{item}'", hint="e.g. -p stages=8 or -p act=64MiB")
+        if key in out:
+            raise UsageError(f"-p {key} is given twice")
+        out[key] = value
+    return out
+
+
 def load_schedule_text(
     text: str,
     file: str = "<schedule>",

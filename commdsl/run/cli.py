@@ -9,14 +9,22 @@ measured timeline. Exit codes: 0 ok, 1 schedule error / check failure / failed o
 from __future__ import annotations
 
 import argparse
+import errno
 import os
+import stat
 import sys
 import time
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 from commdsl.errors import CommdslError, UsageError, require_output_folder
 from commdsl.run.config import BackendChoice, DurationMode, RunConfig
 from commdsl.interop.kineto_write import check_trace_folder
 from commdsl.run.launch import ArgumentRecorder, torch_required
+
+if TYPE_CHECKING:
+    from commdsl.ir import Program
+    from commdsl.timeline import Timeline
 
 PROG = "torchrun --nproc_per_node=N -m commdsl.run"
 
@@ -88,7 +96,7 @@ def parse_config(argv: list[str] | None) -> RunConfig:
 
 def config_from_args(a: argparse.Namespace) -> RunConfig:
     """The run's settings from parsed options (`add_arguments`), every value checked."""
-    from commdsl.cli import parse_overrides
+    from commdsl.dsl import parse_overrides
 
     if a.warmup < 0:
         raise UsageError(f"--warmup must be >= 0, got {a.warmup}")
@@ -99,6 +107,7 @@ def config_from_args(a: argparse.Namespace) -> RunConfig:
     if a.max_ops is not None and a.max_ops < 1:
         raise UsageError(f"--max-ops must be at least 1, got {a.max_ops}")
     for flag, path in (("--out", a.out), ("--records", a.records), ("--dump-values", a.dump_values)):
+        _require_writable(flag, path)
         require_output_folder(flag, path)
     check_trace_folder("--trace-dir", a.trace_dir)
     check_trace_folder("--profile", a.profile)
@@ -120,6 +129,60 @@ def config_from_args(a: argparse.Namespace) -> RunConfig:
         validate=not a.no_validate, max_ops=a.max_ops, quiet=a.quiet, compare=a.compare, machine=a.machine,
         network=a.network or "analytic", trace_dir=a.trace_dir, profile_dir=a.profile,
     )  # fmt: skip
+
+
+def _require_writable(flag: str, path: str | None) -> None:
+    """Rank 0 writes the run's outputs only after the whole run: what makes one
+    unwritable is found here, before any rank starts (an existing folder, a symlink
+    loop, a file or folder without write permission)."""
+    if path is None:
+        return
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        folder = Path(path).parent  # one that does not exist: require_output_folder says so
+        if folder.is_dir() and not os.access(folder, os.W_OK | os.X_OK):
+            raise UsageError(f"{flag} {path}: cannot create a file in the folder {folder} (no write permission)") from None
+        return
+    except OSError as e:  # a symlink loop, a name too long, a part of the path that is a file
+        reason = "a symbolic link that loops" if e.errno == errno.ELOOP else e.strerror
+        raise UsageError(f"{flag} {path}: cannot write there: {reason}") from None
+    if stat.S_ISDIR(mode):
+        raise UsageError(f"{flag} {path}: is a folder; give the path of a file to write", hint=f"e.g. {flag} {Path(path) / 'out.json'}")
+    if not os.access(path, os.W_OK):
+        raise UsageError(f"{flag} {path}: the file exists and is not writable")
+
+
+def print_run_comparison(program: Program, config: RunConfig, measured: Timeline, meta: dict) -> None:
+    """Rank 0, --compare: simulate the very Program that ran and print the comparison
+    (`commdsl.run.session.Comparer`)."""
+    from rich.console import Console
+
+    from commdsl.commands.compare import print_comparison
+    from commdsl.comparison import compare_timelines, run_flop_rates
+    from commdsl.dsl.values import format_us
+    from commdsl.machine import DEFAULT_MACHINE, resolve_machine
+    from commdsl.progress import Progress
+    from commdsl.sim import simulate
+
+    machine_name = config.machine or ("cpu-loopback" if meta["backend"] == "gloo" else DEFAULT_MACHINE)
+    machine = resolve_machine(machine_name)
+    # A machine with random compute stalls is sampled as often as the run iterated: both
+    # sides are then per-op medians over as many draws.
+    samples = config.iters if machine.compute_noise is not None else 1
+    with Progress("commdsl run --compare") as progress:
+        progress.phase(f"simulating on {machine_name}", unit="ops")
+        predicted = simulate(program, machine, config.network, samples=samples, progress=progress.update).timeline
+    console = Console(highlight=False)
+    drawn = f", median of {samples} samples" if samples > 1 else ""
+    console.print(f"\npredicted on {machine_name} ({config.network} network{drawn}) vs measured:")
+    print_comparison(compare_timelines(predicted, measured), console)
+    rates = run_flop_rates(measured)
+    if rates:
+        again = simulate(program, machine.with_peak_tflops(rates), config.network, samples=samples).timeline
+        shown = ", ".join(f"{d.value} {r:.3g}" for d, r in rates.items())
+        console.print(f"at this run's FLOP rate ({shown} TFLOP/s): predicted {format_us(again.makespan_us)}, makespan error "
+                      f"{compare_timelines(again, measured).makespan_error_pct:+.2f}% (the machine's speed that day taken out)")  # fmt: skip
 
 
 COMMON_ERROR_GRACE_S = 10.0
@@ -145,7 +208,7 @@ def main(argv: list[str] | None = None) -> int:
         config = parse_config(argv)
         with torch_required("python -m commdsl.run"):
             from commdsl.run.session import run
-        return run(config)
+        return run(config, print_run_comparison)
     except CommdslError as err:
         if first:
             print(err.format(), file=sys.stderr, flush=True)

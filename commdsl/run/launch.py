@@ -1,13 +1,23 @@
-"""Launch N local ranks of a commdsl module through torch's elastic launcher.
+"""Launch N local ranks of a commdsl module and watch them.
 
 `commdsl run FILE -n N` and `commdsl calibrate -n N` start their ranks here, on this
-machine: what `torchrun --standalone --nproc_per_node=N -m MODULE ...` does, through
-torch's own API (`torch.distributed.launcher.api.elastic_launch`), with a rendezvous on
-a free local port. Each rank is `python -m MODULE ARGS` and prints its own errors (rank 0
-those every rank hits alike); the launcher keeps torch's failure report (a
-`ChildFailedError` traceback) from the user and exits with the failed rank's exit code:
-1 schedule error or failed op, 2 usage error, 3 watchdog (an op hung), 128 + N after
-signal N. Several nodes or Slurm: `torchrun ... -m commdsl.run` (docs/executor.md).
+machine, as `torchrun --standalone --nproc_per_node=N -m MODULE ...` would: the launcher
+hosts the rendezvous store (a `TCPStore` on a port the system picks) and starts each
+rank as `python -m MODULE ARGS` with torchrun's environment (RANK, WORLD_SIZE,
+MASTER_ADDR, MASTER_PORT, TORCHELASTIC_USE_AGENT_STORE=True, ...). Several nodes or
+Slurm: `torchrun ... -m commdsl.run` (docs/executor.md).
+
+The launcher watches the ranks itself rather than through torch's elastic agent,
+because a run under faults needs three things the agent does not give: the rank that
+failed first (the agent's failure records carry whole-second timestamps, so a rank it
+stopped itself ties with the one that died, and wins on the lower rank), an end within
+seconds when a rank does not stop (the agent waits 30 s after SIGTERM before SIGKILL,
+and a stopped rank never acts on SIGTERM), and Ctrl-C as one line (under the agent the
+terminal's SIGINT reaches every rank, and gloo's threads abort each process). Each rank
+prints its own errors (rank 0 those every rank hits alike); the launcher exits with the
+code of the rank that failed first: 1 schedule error or failed op, 2 usage error,
+3 watchdog (an op hung), 128 + N for a rank killed by signal N (said in one line);
+130 after Ctrl-C.
 
 Importing this module does not import torch; `launch` does, and says how to install it
 where it is missing.
@@ -16,19 +26,24 @@ where it is missing.
 from __future__ import annotations
 
 import argparse
-import logging
+import datetime
 import os
 import signal
+import subprocess
 import sys
-import tempfile
-import uuid
+import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 from commdsl.errors import UsageError
 
-ELASTIC_LOGGERS = ("torch.distributed.elastic", "torch.distributed.launcher")
-"""Loggers of torch's launcher, kept to errors that are not the workers' (see `launch`)."""
+POLL_S = 0.05
+"""How often the launcher looks at its ranks."""
+STOP_GRACE_S = 5.0
+"""After SIGTERM, how long a rank has to exit before it is killed with SIGKILL."""
+STORE_TIMEOUT_S = 300.0
+"""The launcher's store: how long a request to it may wait."""
 
 
 class ArgumentRecorder:
@@ -85,53 +100,141 @@ def torch_required(command: str) -> Iterator[None]:
 
 
 def launch(module: str, argv: list[str], nproc: int, command: str) -> int:
-    """Run `python -m module argv` as `nproc` local ranks; returns the exit code."""
+    """Run `python -m module argv` as `nproc` local ranks; returns the exit code: 0 when
+    every rank succeeded, else that of the rank that failed first (128 + N for a rank
+    killed by signal N, said in one line), 130 after Ctrl-C, 128 + N after signal N to
+    the launcher."""
     if nproc < 1:
         raise UsageError(f"-n must be at least 1, got {nproc}")
     with torch_required(command):
-        from torch.distributed.elastic.multiprocessing.api import DefaultLogsSpecs, SignalException
-        from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-        from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+        from torch.distributed import TCPStore
+    env = dict(os.environ)
     if nproc > 1:
         # As torchrun: one intra-op thread per rank unless the user says otherwise, so
         # that N ranks do not start N thread teams as wide as the machine.
-        os.environ.setdefault("OMP_NUM_THREADS", "1")
-    levels = {name: logging.getLogger(name).level for name in ELASTIC_LOGGERS}
-    with tempfile.TemporaryDirectory(prefix="commdsl-launch-") as log_dir:
-        config = LaunchConfig(
-            min_nodes=1, max_nodes=1, nproc_per_node=nproc, run_id=str(uuid.uuid4()), rdzv_backend="c10d",
-            rdzv_endpoint="localhost:0", max_restarts=0, monitor_interval=0.1, start_method="spawn",
-            logs_specs=DefaultLogsSpecs(log_dir=log_dir),
-        )  # fmt: skip
+        env.setdefault("OMP_NUM_THREADS", "1")
+    # The launcher hosts the rendezvous store, as torchrun's agent does, on a port the
+    # system picks (no race for a "free" port); every rank connects to it as a client.
+    store = TCPStore("127.0.0.1", 0, nproc, True, datetime.timedelta(seconds=STORE_TIMEOUT_S), wait_for_workers=False)
+    env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(store.port), WORLD_SIZE=str(nproc), LOCAL_WORLD_SIZE=str(nproc),
+               GROUP_RANK="0", TORCHELASTIC_USE_AGENT_STORE="True", TORCHELASTIC_RESTART_COUNT="0")  # fmt: skip
+    ranks = Ranks()
+    with _signals_raise(signal.SIGTERM, signal.SIGHUP):
         try:
-            # The ranks print their own errors; torch's launcher would add a report and
-            # a traceback of the failure after them (and a log line per worker).
-            for name in ELASTIC_LOGGERS:
-                logging.getLogger(name).setLevel(logging.CRITICAL)
-            elastic_launch(config, sys.executable)("-m", module, *argv)
-        except ChildFailedError as failed:
-            return _exit_code(failed.failures, command)
-        except SignalException as stopped:
-            print(f"{command}: stopped by {stopped.sigval.name}", file=sys.stderr, flush=True)
-            return 128 + int(stopped.sigval)
-        finally:
-            for name, level in levels.items():
-                logging.getLogger(name).setLevel(level)
-    return 0
+            for rank in range(nproc):
+                # Each rank in a process group of its own: a terminal's Ctrl-C reaches
+                # the launcher only, which stops the ranks (else every rank would print
+                # its own interruption, and gloo's threads abort the process).
+                ranks.procs.append(subprocess.Popen([sys.executable, "-m", module, *argv], start_new_session=True,
+                                                    env=dict(env, RANK=str(rank), LOCAL_RANK=str(rank))))  # fmt: skip
+            failed = ranks.wait_first_failure()
+        except KeyboardInterrupt:
+            ranks.stop()
+            print(f"{command}: interrupted", file=sys.stderr, flush=True)
+            return 130
+        except Stopped as stopped:
+            ranks.stop()
+            print(f"{command}: stopped by {stopped.sig.name}", file=sys.stderr, flush=True)
+            return 128 + int(stopped.sig)
+        except BaseException:
+            ranks.stop()
+            raise
+    if failed is None:
+        return 0
+    rank, code = failed
+    killed = ranks.stop()
+    if killed:
+        print(f"{command}: rank(s) {', '.join(map(str, killed))} did not stop within {STOP_GRACE_S:g}s of SIGTERM "
+              "and were killed (stopped, or stuck in a call that ignores signals)", file=sys.stderr, flush=True)  # fmt: skip
+    if code > 0:
+        return code  # the rank printed its own error
+    print(f"{command}: rank {rank} was killed by {_signal_name(-code)}", file=sys.stderr, flush=True)
+    return 128 - code
 
 
-def _exit_code(failures: dict, command: str) -> int:
-    """The exit code of the rank that failed first with an exit status of its own (the
-    others were usually stopped by the launcher); a rank killed by a signal, which
-    printed nothing, is reported here."""
-    by_time = sorted(failures.items(), key=lambda rf: (rf[1].timestamp, rf[0]))
-    exited = [(rank, f) for rank, f in by_time if f.exitcode > 0]
-    rank, failure = (exited or by_time)[0]
-    if failure.exitcode > 0:
-        return failure.exitcode
+class Stopped(Exception):
+    """The launcher itself got a signal that ends the run (SIGTERM, SIGHUP)."""
+
+    def __init__(self, sig: signal.Signals):
+        super().__init__(sig.name)
+        self.sig = sig
+
+
+@contextmanager
+def _signals_raise(*signals: signal.Signals) -> Iterator[None]:
+    """Inside, `signals` raise `Stopped` in the main thread (as SIGINT raises
+    KeyboardInterrupt), so that the ranks are stopped before the launcher exits."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum: int, _frame) -> None:
+        raise Stopped(signal.Signals(signum))
+
+    previous = {sig: signal.signal(sig, handler) for sig in signals}
     try:
-        name = signal.Signals(-failure.exitcode).name
+        yield
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+
+
+class Ranks:
+    """The rank processes, in rank order, and how they ended."""
+
+    def __init__(self) -> None:
+        self.procs: list[subprocess.Popen] = []
+
+    def wait_first_failure(self) -> tuple[int, int] | None:
+        """Waits until every rank succeeded (None) or one failed: (rank, its return
+        code, -N for signal N). Ranks seen to fail in the same look are ordered killed
+        by a signal first (a signal comes from outside, an error exit is often a peer's
+        echo of it), then by rank."""
+        running = set(range(len(self.procs)))
+        while running:
+            failed = []
+            for rank in sorted(running):
+                code = self.procs[rank].poll()
+                if code is not None:
+                    running.discard(rank)
+                    if code != 0:
+                        failed.append((code > 0, rank, code))
+            if failed:
+                _, rank, code = min(failed)
+                return rank, code
+            if running:
+                time.sleep(POLL_S)
+        return None
+
+    def stop(self) -> list[int]:
+        """Stops every rank still running: SIGTERM (and SIGCONT, so that a stopped
+        rank acts on it), then SIGKILL for those alive after `STOP_GRACE_S`. Returns
+        the ranks that had to be killed."""
+        alive = [(rank, p) for rank, p in enumerate(self.procs) if p.poll() is None]
+        for _, p in alive:
+            _signal(p, signal.SIGTERM)
+            _signal(p, signal.SIGCONT)
+        deadline = time.monotonic() + STOP_GRACE_S
+        killed = []
+        for rank, p in alive:
+            try:
+                p.wait(max(deadline - time.monotonic(), 0.0))
+            except subprocess.TimeoutExpired:
+                _signal(p, signal.SIGKILL)
+                p.wait()
+                killed.append(rank)
+        return killed
+
+
+def _signal(p: subprocess.Popen, sig: signal.Signals) -> None:
+    try:
+        p.send_signal(sig)
+    except ProcessLookupError:  # it exited meanwhile
+        pass
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
     except ValueError:
-        name = f"signal {-failure.exitcode}"
-    print(f"{command}: rank {rank} was killed by {name}", file=sys.stderr, flush=True)
-    return 128 - failure.exitcode
+        return f"signal {number}"

@@ -1,8 +1,9 @@
 """One-sided copies into another rank's buffer (`copy x SIZE to RANK [into NAME]`).
 
 Every rank holds the whole Program, so before the first iteration every rank knows
-which of its buffers other ranks copy into (its *landing buffers*, `landings`) and
-which buffers of other ranks its own copies write. At start-up (`PeerBuffers.open`):
+which of its buffers other ranks copy into (its *landing buffers*) and
+which buffers of other ranks its own copies write (`commdsl.run.tensors.landings`, beside
+the rank's other buffers). At start-up (`PeerBuffers.open`):
 
   1. each rank allocates its landing buffers where another process can write them: on
      CPU a file under /dev/shm (the temp folder where /dev/shm lacks room) mapped shared
@@ -41,46 +42,11 @@ import torch.distributed as dist
 
 from commdsl.dsl.values import format_bytes
 from commdsl.errors import UsageError
-from commdsl.ir import Dtype, Op, Program
-from commdsl.run.tensors import TORCH_DTYPE
+from commdsl.ir import Op, Program
+from commdsl.run.tensors import TORCH_DTYPE, Landing, landing_key, landings
 
 _SHM_DIR = "/dev/shm"
 """Where CPU landing buffers live (a tmpfs on Linux); the temp folder where it is missing."""
-
-
-@dataclass(frozen=True)
-class Landing:
-    """One buffer of a rank that peer copies write."""
-
-    rank: int
-    """The rank that holds it (the copies' destination)."""
-    key: tuple
-    """What tells it apart on its rank: (name, dtype, elements), or with per-op buffers
-    (`--check`) the copy's (source rank, op index)."""
-    dtype: Dtype
-    numel: int
-
-
-def landing_key(op: Op, per_op: bool) -> tuple:
-    """The key of the landing buffer peer copy `op` writes (see `Landing.key`)."""
-    if per_op:
-        return (op.rank, op.index)
-    return (op.dest, op.dtype.value, op.size_bytes // op.dtype.itemsize)
-
-
-def landings(program: Program, per_op: bool) -> dict[int, list[Landing]]:
-    """Per destination rank, its landing buffers in Program order: every rank computes the
-    same lists, so list positions name the buffers in the store."""
-    out: dict[int, list[Landing]] = {}
-    seen: set[tuple[int, tuple]] = set()
-    for op in program.all_ops():
-        if not op.is_peer_copy:
-            continue
-        key = landing_key(op, per_op)
-        if (op.peer, key) not in seen:
-            seen.add((op.peer, key))
-            out.setdefault(op.peer, []).append(Landing(op.peer, key, op.dtype, op.size_bytes // op.dtype.itemsize))
-    return out
 
 
 class PeerBuffers:

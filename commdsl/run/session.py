@@ -13,6 +13,7 @@ import json
 import os
 import statistics
 import sys
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 
@@ -36,8 +37,16 @@ from commdsl.run.timing import ClockSync, IterRecord, RankResult, build_timeline
 from commdsl.run.watchdog import Watchdog
 from commdsl.timeline import FLOP_RATE_META, MEMORY_PEAK_META, Timeline
 
+Comparer = Callable[[Program, RunConfig, Timeline, dict], None]
+"""What prints `--compare`'s comparison, given the program that ran, the run's settings,
+the measured timeline and its meta."""
 
-def run(config: RunConfig) -> int:
+
+def run(config: RunConfig, compare: Comparer | None = None) -> int:
+    """Runs `config` on this rank; returns the exit code every rank agreed on. Rank 0
+    writes the outputs, prints the summary, and with `config.compare` hands the program,
+    the measured timeline and its meta to `compare` (the command line prints the
+    comparison: `commdsl.run.cli`)."""
     program = load_program(config)
     env = DistEnv.from_environ(program.world_size)
     backend = resolve_backend(config.backend, env)
@@ -154,7 +163,7 @@ def run(config: RunConfig) -> int:
         gathered: list[RankResult] | None = gather_objects(mine, groups.control, env.world_size, rank)
     code = 0
     if rank == 0:
-        code = _report(program, config, gathered, meta)
+        code = _report(program, config, gathered, meta, compare)
     status = broadcast_object(code, groups.control, rank)
     watchdog.stop()
     executor.close()
@@ -164,7 +173,7 @@ def run(config: RunConfig) -> int:
     return status
 
 
-def _report(program: Program, config: RunConfig, results: list[RankResult], meta: dict) -> int:
+def _report(program: Program, config: RunConfig, results: list[RankResult], meta: dict, compare: Comparer | None) -> int:
     """Rank 0: write the timeline (and values), print the summary; 1 if a check failed."""
     meta["clock"] = {str(r.rank): asdict(r.clock) for r in results}
     meta["calibration_us_per_matmul"] = {str(r.rank): round(r.calibration_us, 3) for r in results}
@@ -217,8 +226,8 @@ def _report(program: Program, config: RunConfig, results: list[RankResult], meta
         for d in duration_drifts(tl):
             if d.drifted:
                 print(f"warning: {d.warning()}", file=sys.stderr, flush=True)
-    if config.compare:
-        _compare(program, config, tl, meta)
+    if config.compare and compare is not None:
+        compare(program, config, tl, meta)
     return 1 if failures else 0
 
 
@@ -243,36 +252,6 @@ def _duration_lines(tl: Timeline, *, warn: bool) -> list[str]:
     if warn:
         lines += [f"warning: {d.warning()}" for d in drifts if d.drifted]
     return lines
-
-
-def _compare(program: Program, config: RunConfig, measured, meta: dict) -> None:
-    """Rank 0, --compare: simulate the very Program that ran and print the comparison."""
-    from rich.console import Console
-
-    from commdsl.commands.compare import print_comparison
-    from commdsl.comparison import compare_timelines, run_flop_rates
-    from commdsl.dsl.values import format_us
-    from commdsl.machine import DEFAULT_MACHINE, resolve_machine
-    from commdsl.sim import simulate
-
-    machine_name = config.machine or ("cpu-loopback" if meta["backend"] == "gloo" else DEFAULT_MACHINE)
-    machine = resolve_machine(machine_name)
-    # A machine with random compute stalls is sampled as often as the run iterated: both
-    # sides are then per-op medians over as many draws.
-    samples = config.iters if machine.compute_noise is not None else 1
-    with Progress("commdsl run --compare") as progress:
-        progress.phase(f"simulating on {machine_name}", unit="ops")
-        predicted = simulate(program, machine, config.network, samples=samples, progress=progress.update).timeline
-    console = Console(highlight=False)
-    drawn = f", median of {samples} samples" if samples > 1 else ""
-    console.print(f"\npredicted on {machine_name} ({config.network} network{drawn}) vs measured:")
-    print_comparison(compare_timelines(predicted, measured), console)
-    rates = run_flop_rates(measured)
-    if rates:
-        again = simulate(program, machine.with_peak_tflops(rates), config.network, samples=samples).timeline
-        shown = ", ".join(f"{d.value} {r:.3g}" for d, r in rates.items())
-        console.print(f"at this run's FLOP rate ({shown} TFLOP/s): predicted {format_us(again.makespan_us)}, makespan error "
-                      f"{compare_timelines(again, measured).makespan_error_pct:+.2f}% (the machine's speed that day taken out)")  # fmt: skip
 
 
 def _check_summary(results: list[RankResult]) -> str:

@@ -17,7 +17,8 @@ values of each op can be filled before the iteration and verified after it.
 Copies (`copy x 1MiB from host`) get a host buffer and a device buffer; on CUDA the
 host side is pinned memory so the copy is a real asynchronous DMA. A copy to another
 rank (`copy x 1MiB to 2`) gets its source buffer here; the buffer it writes is the
-destination's, opened at start-up (`commdsl.run.peer`).
+destination's (its *landing buffer*, `landings`), opened at start-up by
+`commdsl.run.peer`, which builds on this module.
 """
 
 from __future__ import annotations
@@ -190,11 +191,44 @@ class DeclaredMemory:
             self.live_at_peak = []
 
 
+@dataclass(frozen=True)
+class Landing:
+    """One buffer of a rank that peer copies write."""
+
+    rank: int
+    """The rank that holds it (the copies' destination)."""
+    key: tuple
+    """What tells it apart on its rank: (name, dtype, elements), or with per-op buffers
+    (`--check`) the copy's (source rank, op index)."""
+    dtype: Dtype
+    numel: int
+
+
+def landing_key(op: Op, per_op: bool) -> tuple:
+    """The key of the landing buffer peer copy `op` writes (see `Landing.key`)."""
+    if per_op:
+        return (op.rank, op.index)
+    return (op.dest, op.dtype.value, op.size_bytes // op.dtype.itemsize)
+
+
+def landings(program: Program, per_op: bool) -> dict[int, list[Landing]]:
+    """Per destination rank, its landing buffers in Program order: every rank computes the
+    same lists, so list positions name the buffers in the store."""
+    out: dict[int, list[Landing]] = {}
+    seen: set[tuple[int, tuple]] = set()
+    for op in program.all_ops():
+        if not op.is_peer_copy:
+            continue
+        key = landing_key(op, per_op)
+        if (op.peer, key) not in seen:
+            seen.add((op.peer, key))
+            out.setdefault(op.peer, []).append(Landing(op.peer, key, op.dtype, op.size_bytes // op.dtype.itemsize))
+    return out
+
+
 def estimate_bytes(program: Program, rank: int, per_op: bool) -> int:
     """Upper bound of the bytes one rank allocates for comm and copy buffers, and for the
     buffers other ranks copy into."""
-    from commdsl.run.peer import landings  # it builds on this module
-
     seen: set[tuple] = set()
     total = 0
     for op in program.ops[rank]:
