@@ -16,6 +16,7 @@ from commdsl.dsl.values import format_bytes, format_us
 from commdsl.errors import UsageError, require_output_folder
 from commdsl.interop.kineto_read import is_trace_path, read_job
 from commdsl.files import write_text
+from commdsl.progress import Progress
 from commdsl.timeline import Timeline
 
 EXIT_OVER_MAX_ERROR = 4
@@ -97,8 +98,11 @@ def run(args: argparse.Namespace) -> int:
     require_output_folder("--html", args.html)
     predicted = Timeline.read(args.predicted)
     if is_trace_path(args.measured):
-        job = read_job(args.measured, args.step)
-        cmp, match = compare_trace(predicted, job, min_duration_us=args.min_duration)
+        with Progress("commdsl compare") as progress:
+            progress.phase(f"reading the profiler traces in {args.measured}")
+            job = read_job(args.measured, args.step)
+            progress.phase("finding the schedule's ops in the traces")
+            cmp, match = compare_trace(predicted, job, min_duration_us=args.min_duration)
         measured = match.measured
     else:
         if args.step is not None:
