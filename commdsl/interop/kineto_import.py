@@ -49,9 +49,15 @@ class _Work:
     """P2P ops that ran at once with this one on its stream (batch_isend_irecv): one unit."""
 
 
+def _kernel_identifier(signature: str) -> str:
+    """A kernel's function name without return type, namespaces, template and arguments
+    (`void at::native::vectorized_elementwise_kernel<4, ...>(...)` -> its last name)."""
+    head = signature.split("(")[0].split("<")[0].split()
+    return _identifier(head[-1].split("::")[-1] if head else signature)
+
+
 def _identifier(text: str) -> str:
     """A schedule op name from a range or kernel name: letters, digits and _ only."""
-    text = text.split("(")[0].split("<")[0]
     name = re.sub(r"[^A-Za-z0-9_]+", "_", text).strip("_")[:MAX_NAME].strip("_") or "op"
     return name if not name[0].isdigit() else f"k_{name}"
 
@@ -106,8 +112,8 @@ def _device_work(trace: RankTrace, world: int, groups: dict[tuple[int, ...], str
     if gpu:
         for k in trace.kernels:
             inner = [a for a in annotations if a.track == k.track and a.start_us <= k.start_us and k.end_us <= a.end_us]
-            label = min(inner, key=lambda a: a.duration_us).name if inner else k.name
-            out.append(_Work(_stream(k.track), k.start_us, k.end_us, _identifier(label), f"compute {{name}} {_us(k.duration_us)}"))
+            label = _identifier(min(inner, key=lambda a: a.duration_us).name) if inner else _kernel_identifier(k.name)
+            out.append(_Work(_stream(k.track), k.start_us, k.end_us, label, f"compute {{name}} {_us(k.duration_us)}"))
         for c in trace.copies:
             direction = " from host" if "HtoD" in c.name else " to host" if "DtoH" in c.name else ""
             out.append(_Work(_stream(c.track), c.start_us, c.end_us, "copy", f"copy {{name}} {_size(c.size_bytes)}{direction}"))
