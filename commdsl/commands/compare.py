@@ -16,7 +16,6 @@ from commdsl.dsl.values import format_bytes, format_us
 from commdsl.errors import UsageError, require_output_folder
 from commdsl.interop.kineto_read import is_trace_path, read_job
 from commdsl.files import write_text
-from commdsl.progress import Progress
 from commdsl.timeline import Timeline
 
 EXIT_OVER_MAX_ERROR = 4
@@ -98,6 +97,8 @@ def run(args: argparse.Namespace) -> int:
     require_output_folder("--html", args.html)
     predicted = Timeline.read(args.predicted)
     if is_trace_path(args.measured):
+        from commdsl.progress import Progress
+
         with Progress("commdsl compare") as progress:
             progress.phase(f"reading the profiler traces in {args.measured}")
             job = read_job(args.measured, args.step)
