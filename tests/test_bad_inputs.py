@@ -541,6 +541,13 @@ USAGE_CASES = [
     (["compare", "{trace}", "{trace}", "--min-duration", "nan"], "argument --min-duration: must be a finite number >= 0, got 'nan'"),
     (["compare", "{trace}", "{trace}", "--max-error", "-1"], "argument --max-error: must be a finite number >= 0, got '-1'"),
     (["compare", "{trace}", "{trace}", "--html", "{dir}/" + LONG_NAME + ".html"], "cannot write --html"),
+    # profiler traces (a folder of them: {dir} holds deep.json first)
+    (["compare", "{trace}", "{dir}"], "trace error: {dir}/deep.json is not a profiler trace: its JSON nests too deeply"),
+    (["import", "kineto", "{dir}"], "trace error: {dir}/deep.json is not a profiler trace: its JSON nests too deeply"),
+    (["import", "kineto", "{dir}/no_such_folder"], "no such trace file or folder: {dir}/no_such_folder"),
+    (["compare", "{trace}", "{trace}", "--step", "1"], "--step applies to profiler traces"),
+    (["import", "kineto", "{dir}", "--tolerance", "-1"], "--tolerance must be a number of microseconds >= 0, got -1.0"),
+    (["run", "{ok}", "--profile", "{trace}"], "--profile {trace}: not a folder"),
 ]  # fmt: skip
 
 

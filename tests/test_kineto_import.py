@@ -75,3 +75,22 @@ def test_a_folder_that_is_not_traces_is_a_clear_error(capsys, tmp_path):
     err = capsys.readouterr().err
     assert "rank1.pt.trace.json is not a JSON profiler trace" in err and "truncated?" in err
     assert main(["import", "pipelining", str(folder / "rank0.pt.trace.json"), "--step", "1"]) == 2
+
+
+def test_a_real_gpu_jobs_step_replays_within_5_percent(tmp_path, capsys):
+    """HTA's ResNet trace (one V100): kernels named after their innermost range or their
+    function, copies with their bytes, the host's gaps; simulated on an A100 machine (its
+    compute is the trace's, only copies are modelled) it takes the step's time."""
+    v100 = DATA / "hta_resnet_v100"
+    out = tmp_path / "resnet.yaml"
+    assert main(["import", "kineto", str(v100), "-o", str(out)]) == 0
+    program = load_schedule(str(out), {})
+    names = {op.name.split("[")[0] for op in program.ops[0] if op.kind is OpKind.COMPUTE}
+    assert {"DistributedDataParallel_forward", "vectorized_elementwise_kernel", "volta_sgemm_64x64_nt"} <= names
+    copies = [op for op in program.ops[0] if op.kind is OpKind.COPY]
+    assert copies and all(op.size_bytes > 0 for op in copies)
+    capsys.readouterr()
+    assert main(["simulate", str(out), "--machine", "a100-nvlink", "--json"]) == 0
+    makespan_us = json.loads(capsys.readouterr().out)["makespan_us"]
+    step_us = read_job(v100).step_us
+    assert abs(makespan_us - step_us) / step_us < 0.05, (makespan_us, step_us)

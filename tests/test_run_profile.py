@@ -59,3 +59,16 @@ def test_profile_into_a_file_is_a_usage_error(tmp_path):
     f.write_text("x")
     assert main(["run", "1f1b", "-n", "2", "--profile", str(f)]) == 2
     assert main(["run", "1f1b", "-n", "2", "--profile", str(tmp_path / "no" / "such")]) == 2
+
+
+def test_the_runs_traces_compare_with_every_op_paired_and_replay(profiled, tmp_path, capsys):
+    prof, _ = profiled
+    predicted = tmp_path / "predicted.json"
+    assert main(["simulate", "1f1b", *SMALL, "--machine", "cpu-loopback", "--trace", str(predicted), "--gantt", "never"]) == 0
+    capsys.readouterr()
+    assert main(["compare", str(predicted), str(prof), "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["unmatched"] == [] and data["ops_compared"] == len(Timeline.read(predicted).exec_spans())
+    job = tmp_path / "job.yaml"
+    assert main(["import", "kineto", str(prof), "-o", str(job)]) == 0
+    assert main(["simulate", str(job), "--machine", "cpu-loopback", "--gantt", "never"]) == 0

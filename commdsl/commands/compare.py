@@ -97,8 +97,13 @@ def run(args: argparse.Namespace) -> int:
     require_output_folder("--html", args.html)
     predicted = Timeline.read(args.predicted)
     if is_trace_path(args.measured):
-        job = read_job(args.measured, args.step)
-        cmp, match = compare_trace(predicted, job, min_duration_us=args.min_duration)
+        from commdsl.progress import Progress
+
+        with Progress("commdsl compare") as progress:
+            progress.phase(f"reading the profiler traces in {args.measured}")
+            job = read_job(args.measured, args.step)
+            progress.phase("finding the schedule's ops in the traces")
+            cmp, match = compare_trace(predicted, job, min_duration_us=args.min_duration)
         measured = match.measured
     else:
         if args.step is not None:

@@ -21,7 +21,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from commdsl.interop.kineto_read import KinetoJob, RankTrace, TraceComm, TraceError, TraceRange
+from commdsl.interop.kineto_read import KinetoJob, Place, RankTrace, TraceComm, TraceError
 from commdsl.ir import OpKind
 
 DEFAULT_TOLERANCE_US = 20.0
@@ -49,9 +49,15 @@ class _Work:
     """P2P ops that ran at once with this one on its stream (batch_isend_irecv): one unit."""
 
 
+def _kernel_identifier(signature: str) -> str:
+    """A kernel's function name without return type, namespaces, template and arguments
+    (`void at::native::vectorized_elementwise_kernel<4, ...>(...)` -> its last name)."""
+    head = signature.split("(")[0].split("<")[0].split()
+    return _identifier(head[-1].split("::")[-1] if head else signature)
+
+
 def _identifier(text: str) -> str:
     """A schedule op name from a range or kernel name: letters, digits and _ only."""
-    text = text.split("(")[0].split("<")[0]
     name = re.sub(r"[^A-Za-z0-9_]+", "_", text).strip("_")[:MAX_NAME].strip("_") or "op"
     return name if not name[0].isdigit() else f"k_{name}"
 
@@ -101,21 +107,20 @@ def _comm_statement(c: TraceComm, rank: int, trace: RankTrace, world: int, group
 
 def _device_work(trace: RankTrace, world: int, groups: dict[tuple[int, ...], str]) -> list[_Work]:
     out: list[_Work] = []
-    annotations = [r for r in trace.ranges if r.place.value == "device"]
-    gpu = bool(trace.kernels or trace.copies or any(c.place.value == "device" for c in trace.comms))
+    annotations = [r for r in trace.ranges if r.place is Place.DEVICE]
+    gpu = bool(trace.kernels or trace.copies or any(c.place is Place.DEVICE for c in trace.comms))
     if gpu:
         for k in trace.kernels:
             inner = [a for a in annotations if a.track == k.track and a.start_us <= k.start_us and k.end_us <= a.end_us]
-            label = min(inner, key=lambda a: a.duration_us).name if inner else k.name
-            out.append(_Work(_stream(k.track), k.start_us, k.end_us, _identifier(label), f"compute {{name}} {_us(k.duration_us)}"))
+            label = _identifier(min(inner, key=lambda a: a.duration_us).name) if inner else _kernel_identifier(k.name)
+            out.append(_Work(_stream(k.track), k.start_us, k.end_us, label, f"compute {{name}} {_us(k.duration_us)}"))
         for c in trace.copies:
             direction = " from host" if "HtoD" in c.name else " to host" if "DtoH" in c.name else ""
             out.append(_Work(_stream(c.track), c.start_us, c.end_us, "copy", f"copy {{name}} {_size(c.size_bytes)}{direction}"))
     else:
-        gloo = [c for c in trace.comms]
-        host = [r for r in trace.ranges if r.place.value == "host"]
+        host = [r for r in trace.ranges if r.place is Place.HOST]
         for r in host:
-            wraps_comm = any(c.track == r.track and r.start_us <= c.start_us and c.end_us <= r.end_us for c in gloo)
+            wraps_comm = any(c.track == r.track and r.start_us <= c.start_us and c.end_us <= r.end_us for c in trace.comms)
             inside = any(o is not r and o.track == r.track and o.start_us <= r.start_us and r.end_us <= o.end_us
                          and (o.start_us, -o.end_us) != (r.start_us, -r.end_us) for o in host)  # fmt: skip
             if not wraps_comm and not inside:
@@ -130,24 +135,26 @@ def _device_work(trace: RankTrace, world: int, groups: dict[tuple[int, ...], str
             lead[0].batch.append(w)
             batch_end[w.stream] = (lead[0], max(lead[1], w.end_us))
             continue
-        batch_end[w.stream] = (w, w.end_us) if w.p2p else None  # type: ignore[assignment]
-        if not w.p2p:
-            del batch_end[w.stream]
+        if w.p2p:
+            batch_end[w.stream] = (w, w.end_us)
+        else:
+            batch_end.pop(w.stream, None)
         out.append(w)
     out.sort(key=lambda w: (w.start_us, w.end_us))
     return out
 
 
-def _dependencies(work: list[_Work], step_start_us: float, tolerance_us: float) -> None:
-    """Mark the cross-stream waits the trace shows (see the module docstring)."""
+def _dependencies(work: list[_Work], t0: float, tolerance_us: float) -> None:
+    """Mark the cross-stream waits the trace shows (see the module docstring); a stream
+    is idle from `t0` until its first op."""
     last_end: dict[str, float] = {}
     for i, w in enumerate(work):
-        idle_from = last_end.get(w.stream, step_start_us)
+        idle_from = last_end.get(w.stream, t0)
         if w.start_us - idle_from > tolerance_us:
             ended = [j for j in range(i) if work[j].stream != w.stream and w.start_us - tolerance_us <= work[j].end_us <= w.start_us]
             if ended:
                 w.waits_on.append(max(ended, key=lambda j: work[j].end_us))
-        last_end[w.stream] = max(last_end.get(w.stream, step_start_us), w.end_us)
+        last_end[w.stream] = max(last_end.get(w.stream, t0), w.end_us)
 
 
 def _rank_program(trace: RankTrace, work: list[_Work], t0: float, tolerance_us: float) -> list[str]:
@@ -203,7 +210,7 @@ def schedule_text(job: KinetoJob, name: str, tolerance_us: float = DEFAULT_TOLER
     bodies, streams = [], set()
     for rank, trace in sorted(job.ranks.items()):
         work = _device_work(trace, world, groups)
-        _dependencies(work, trace.step_start_us, tolerance_us)
+        _dependencies(work, t0, tolerance_us)
         streams |= {w.stream for w in work}
         bodies.append((rank, _rank_program(trace, work, t0, tolerance_us)))
     step = next(iter(job.ranks.values())).step or "the whole trace"

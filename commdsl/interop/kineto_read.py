@@ -38,6 +38,9 @@ STEP_RANGE = re.compile(r"ProfilerStep#(\d+)")
 
 TRACE_SUFFIXES = (".json", ".json.gz")
 
+TRACE_HEAD_BYTES = 1 << 16
+"""How much of a file `is_trace_path` reads to find Kineto's leading `schemaVersion`."""
+
 NCCL_COLLECTIVE: dict[str, OpKind] = {
     "allreduce": OpKind.ALL_REDUCE, "all_reduce": OpKind.ALL_REDUCE, "allreduce_coalesced": OpKind.ALL_REDUCE,
     "allgather": OpKind.ALL_GATHER, "all_gather": OpKind.ALL_GATHER, "_allgather_base": OpKind.ALL_GATHER,
@@ -203,8 +206,10 @@ def load_trace(path: str | Path) -> dict:
     except json.JSONDecodeError as e:
         truncated = " (it ends early: truncated?)" if e.pos >= len(raw.rstrip()) else ""
         raise TraceError(f"{p} is not a JSON profiler trace: {e.msg} at line {e.lineno} column {e.colno}{truncated}") from None
-    except (UnicodeDecodeError, RecursionError) as e:
-        raise TraceError(f"{p} is not a JSON profiler trace ({type(e).__name__})") from None
+    except UnicodeDecodeError as e:
+        raise TraceError(f"{p} is not a JSON profiler trace: byte {e.start} is not UTF-8") from None
+    except RecursionError:
+        raise TraceError(f"{p} is not a profiler trace: its JSON nests too deeply") from None
     if not isinstance(data, dict) or not isinstance(data.get("traceEvents"), list):
         raise TraceError(f"{p} is not a Kineto trace: no traceEvents list",
                          hint="give the JSON files torch.profiler writes (export_chrome_trace, tensorboard_trace_handler)")  # fmt: skip
@@ -226,12 +231,9 @@ def is_trace_path(path: str | Path) -> bool:
         return False
     with open(p, "rb") as f:
         head = f.read(2)
-    if head == b"\x1f\x8b":
-        return True
-    try:
-        return "schemaVersion" in json.loads(p.read_bytes()) if p.stat().st_size < 1 << 31 else False
-    except (json.JSONDecodeError, UnicodeDecodeError, TypeError, RecursionError):
-        return False
+        start = head + f.read(TRACE_HEAD_BYTES)
+    # Kineto writes its schemaVersion first; a commdsl timeline has none.
+    return head == b"\x1f\x8b" or b'"schemaVersion"' in start
 
 
 def read_job(path: str | Path, step: int | None = None) -> KinetoJob:

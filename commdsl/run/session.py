@@ -57,6 +57,7 @@ def run(config: RunConfig, compare: Comparer | None = None) -> int:
     values = load_values(config.values_file) if config.values_file else None
     filled = config.check or values is not None or config.dump_values is not None
     _check_memory(program, env, device, per_op=filled)
+    profiler = RankProfiler(config.profile_dir, env.rank, device) if config.profile_dir else None
 
     store = connect_store(env, config.timeout_s + 60, host=True)
     groups = init_distributed(env, backend, store, program, pg_timeout_s=config.timeout_s + 120)
@@ -119,7 +120,6 @@ def run(config: RunConfig, compare: Comparer | None = None) -> int:
         total = config.warmup + config.iters
         checking = ", checking every result" if filled else ""
         progress.phase(f"running {config.warmup} warm-up + {config.iters} measured iterations{checking}", total=total, unit="iterations")
-        profiler = RankProfiler(config.profile_dir, rank, device) if config.profile_dir else None
         try:
             for it in range(total):
                 if profiler is not None and it == config.warmup:
@@ -301,9 +301,15 @@ class RankProfiler:
         from torch.profiler import ProfilerActivity, profile
 
         self.path = Path(folder) / PROFILE_FILE.format(rank=rank)
-        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
-        config = torch._C._profiler._ExperimentalConfig(profile_all_threads=True)
-        self.prof = profile(activities=activities, record_shapes=True, experimental_config=config)
+        if device.type == "cuda":  # the ranges are on the host thread, around the launches
+            self.prof = profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], record_shapes=True)
+            return
+        try:
+            config = torch._C._profiler._ExperimentalConfig(profile_all_threads=True)
+        except TypeError:  # an older torch's profiler records the thread that started it only
+            raise UsageError(f"--profile on CPU needs a torch whose profiler records every thread (profile_all_threads); "
+                             f"this is torch {torch.__version__}", hint="pip install torch==2.13.0") from None
+        self.prof = profile(activities=[ProfilerActivity.CPU], record_shapes=True, experimental_config=config)
 
     def start(self) -> None:
         self.prof.start()
