@@ -19,6 +19,11 @@ shared. Figures:
      seconds, peak memory and bytes of peak memory per op;
   3. the cost per op of the 1F1B schedule from 1k to 1M ops (is it flat?);
   4. `--samples 8` against one sample on the same schedule.
+  5. the pipeline where every rank runs: 512 stages x 200 microbatches, 1 ms compute,
+     64 MiB sends between neighbours, each stage receive -> compute -> send on its own
+     stream (715,600 ops; the ring machine of figure 1 with 512 devices): the whole
+     command's CPU time, and where it goes (measured in this process: expansion, the
+     checks across ranks, `simulate()`, the summary and its JSON).
 
 The simulator's own rate (`simulate()` alone) is bench/sim_scale.py's, expansion's is
 bench/expand.py's.
@@ -40,7 +45,7 @@ from pathlib import Path
 
 from contention import CHAINED, RING_MACHINE  # bench/contention.py (the script's folder is on the path)
 
-FIGURES = ("chained", "1f1b", "cost", "samples")
+FIGURES = ("chained", "1f1b", "cost", "samples", "pipeline")
 """The figures below, by the name `--only` takes."""
 OPS_PER_MICROBATCH_64 = 508.75
 """Ops of the bundled 1f1b per microbatch at 64 stages (130,240 ops at 256 microbatches)."""
@@ -174,6 +179,64 @@ def samples(tmp: Path, repeats: int, microbatches: int) -> None:
           f"= {eight['cpu_s'] / one['cpu_s']:.2f}x (budget 8x)")  # fmt: skip
 
 
+PIPELINE = """
+name: every_rank_pipeline
+params: {stages: 512, microbatches: 200, t_compute: 1ms, act: 64MiB}
+world: stages
+streams: [compute, recv, send]
+program: |
+  for mb in range(microbatches):
+      if rank > 0:
+          recv act[mb] act from rank - 1 on recv
+          record got[mb] on recv
+          wait got[mb] on compute
+      compute F[mb] t_compute
+      if rank < stages - 1:
+          record done[mb] on compute
+          wait done[mb] on send
+          send out[mb] act to rank + 1 on send
+"""
+"""Each middle stage 7 ops per microbatch, the first and last 4: 715,600 ops at 512 x 200."""
+
+
+def pipeline(tmp: Path, repeats: int, stages: int, microbatches: int) -> None:
+    import io
+
+    from commdsl.dsl import load_schedule_text
+    from commdsl.machine import load_machine_text
+    from commdsl.sim import simulate
+    from commdsl.sim.summary import summarize
+    from commdsl.validate import validate_program
+
+    schedule, machine_file, out = tmp / "pipeline.yaml", tmp / "ring-512.yaml", tmp / "pipeline.json"
+    schedule.write_text(PIPELINE)
+    machine_text = RING_MACHINE.replace("devices: 64", f"devices: {stages}")
+    machine_file.write_text(machine_text)
+    params = ["-p", f"stages={stages}", "-p", f"microbatches={microbatches}"]
+    r = measure(simulate_argv(str(schedule), *params, "--machine", str(machine_file), "--network", "flow", "--json"), repeats, out)
+    ops = json.loads(out.read_text())["num_ops"]
+    print(f"5. every rank runs: {stages} stages x {microbatches} microbatches = {ops:,} ops (flow, --json): "
+          f"{r['cpu_s']:.2f} s CPU, {r['rss_bytes'] / 2**20:.0f} MiB peak")  # fmt: skip
+    # Where the time goes, phase by phase, in this process (one run; CPU time).
+    overrides = {"stages": str(stages), "microbatches": str(microbatches)}
+    machine = load_machine_text(machine_text, str(machine_file))
+    phases = []
+    t = time.process_time()
+    program = load_schedule_text(PIPELINE, str(schedule), overrides, validate=False)
+    phases.append(("expansion", time.process_time() - t))
+    t = time.process_time()
+    validate_program(program)
+    phases.append(("checks across ranks", time.process_time() - t))
+    t = time.process_time()
+    result = simulate(program, machine, "flow")
+    phases.append(("simulate()", time.process_time() - t))
+    t = time.process_time()
+    summarize(result).write_json(io.StringIO())
+    phases.append(("summary and JSON", time.process_time() - t))
+    total = sum(s for _, s in phases)
+    print("   " + ", ".join(f"{name} {s:.2f} s ({s / total:.0%})" for name, s in phases))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="smaller sizes, one repeat")
@@ -204,6 +267,8 @@ def main() -> None:
             cost_per_op(Path(tmp), repeats, (1_000, 10_000, 100_000) if args.quick else (1_000, 10_000, 100_000, 1_000_000))
         if "samples" in only:
             samples(Path(tmp), repeats, 16 if args.quick else 64)
+        if "pipeline" in only:
+            pipeline(Path(tmp), repeats, 64 if args.quick else 512, 20 if args.quick else 200)
 
 
 if __name__ == "__main__":
