@@ -9,6 +9,7 @@ of resident memory (the machine is shared), and its row says so.
 
     python bench/llm_3d.py                      # dp = 1, 2, 4, 8, 128
     python bench/llm_3d.py --dp 1,128 --timeout 900
+    python bench/llm_3d.py --dp 128 --commands check
     python bench/llm_3d.py --json results.json
 
 The model: 16 layers (one per stage), hidden 8192 with 64 heads and 8 KV heads, SwiGLU
@@ -104,6 +105,7 @@ def measure(command: str, dp: int, timeout_s: float, max_rss_gib: float, folder:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--dp", default="1,2,4,8,128", help="data-parallel widths, comma-separated (ranks = 128 x dp)")
+    parser.add_argument("--commands", default="check,simulate", help="which commands to time, comma-separated")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds before a command is stopped")
     parser.add_argument("--max-rss-gib", type=float, default=3.0, help="resident memory at which a command is stopped")
     parser.add_argument("--json", type=Path, help="write the rows here")
@@ -113,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'command':>9} {'ranks':>7} {'ops':>11} {'CPU s':>8} {'wall s':>8} {'peak RSS MiB':>13}  outcome")
     folder = Path(tempfile.mkdtemp(prefix="llm_3d_bench."))
     for dp in (int(x) for x in args.dp.split(",")):
-        for command in ("check", "simulate"):
+        for command in args.commands.split(","):
             row = measure(command, dp, args.timeout, args.max_rss_gib, folder)
             rows.append(row)
             ops = f"{row.ops:,}" if row.ops else "-"

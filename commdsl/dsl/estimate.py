@@ -142,16 +142,6 @@ def defines_blocks(stmts: Sequence[Callable]) -> bool:
     return False
 
 
-def block_facts(ctx, body: Sequence[Callable]) -> tuple[frozenset[str], bool]:
-    """(`assigned_names(body)`, `defines_blocks(body)`) of a `def` block's body, computed
-    once per expansion (`InternTables.block_facts`: every rank calls the same blocks)."""
-    cache = ctx.tables.block_facts
-    facts = cache.get(id(body))
-    if facts is None or facts[0] is not body:
-        facts = cache[id(body)] = (body, assigned_names(body), defines_blocks(body))
-    return facts[1], facts[2]
-
-
 def _shapes(stmts: Sequence[Callable]):
     for stmt in stmts:
         shape = getattr(stmt, "shape", None)
@@ -165,7 +155,7 @@ def check_loop(ctx, env: dict, shape: ForShape, trips: int, loc: SourceLoc) -> N
     if trips <= 0:
         return
     unknown = shape.body_assigned
-    if any(block_facts(ctx, body)[1] for _, body in ctx.functions.values()):
+    if any(defines_blocks(body) for _, body in ctx.functions.values()):
         unknown = unknown | {_DEFINES}  # a call may redefine the blocks the loop calls
     ops, steps = _Bound(ctx).of(shape.body, env, unknown, 0)
     budget = ctx.budget
@@ -241,8 +231,7 @@ class _Bound:
             else:
                 local[name] = value[0]
         # Globals the caller's loop may change are unknown inside the block too.
-        assigned, defines = block_facts(ctx, body)
-        callee_unknown = unknown | unset | assigned | ({_DEFINES} if defines else set())
+        callee_unknown = unknown | unset | assigned_names(body) | ({_DEFINES} if defines_blocks(body) else set())
         ops, steps = self.of(body, local, frozenset(callee_unknown), depth + 1)
         return ops, steps + 1
 

@@ -150,10 +150,6 @@ class InternTables:
     annotated: dict[tuple[int, PipelineAction, int], OpSpec] = field(default_factory=dict)
     """(id of a stage_recv's spec, action, stage) -> that spec with the action and stage
     of the compute op the recv feeds (`RankExpander._annotated`)."""
-    block_facts: dict[int, tuple[tuple, frozenset[str], bool]] = field(default_factory=dict)
-    """id of a `def` block's body -> (the body, the names it assigns, whether it defines
-    blocks): facts of compiled code, which the loop estimates (`commdsl.dsl.estimate`) ask
-    of the same blocks at every loop of every rank. The body is kept so its id stays its own."""
     indices: list[int] = field(default_factory=list)
     """0, 1, 2, ...: op indices past 256 are objects of their own in Python, so every rank's
     op i takes its index from here rather than holding an int of its own."""
