@@ -547,7 +547,7 @@ USAGE_CASES = [
     (["import", "kineto", "{dir}/no_such_folder"], "no such trace file or folder: {dir}/no_such_folder"),
     (["compare", "{trace}", "{trace}", "--step", "1"], "--step applies to profiler traces"),
     (["import", "kineto", "{dir}", "--tolerance", "-1"], "--tolerance must be a number of microseconds >= 0, got -1.0"),
-    (["run", "{ok}", "--profile", "{trace}"], "--profile {trace}: not a folder"),
+    (["run", "{ok}", "--profile", "{trace}"], "--profile {trace}: a file of that name exists; give a folder"),
 ]  # fmt: skip
 
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 import argparse
 import os
 
-from commdsl.cli import count_at_least, parse_overrides
-from commdsl.dsl import DEFAULT_MAX_OPS
+from commdsl.cli import count_at_least
+from commdsl.dsl import DEFAULT_MAX_OPS, parse_overrides
 from commdsl.errors import UsageError
 from commdsl.progress import Progress
 from commdsl.sweeps import OUT_SUFFIXES, Executor, Objective, check_output
