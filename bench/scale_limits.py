@@ -8,7 +8,8 @@ Each case runs in a child process of its own under a memory cap (`--memory-gib`,
 default 4) and a wall-clock cap (`--timeout`, default 60 s), so a case that runs away
 is reported as such instead of taking the machine with it. The figure is the child's
 wall time, from the start of the case's work (imports excluded) to its end: the
-simulation finished, or the error it ended with, whose first line is printed.
+simulation finished, or the error it ended with, whose first line is printed; and its
+peak resident memory (`ru_maxrss`, imports included).
 
 Cases (the targets, see docs/limits.md):
   * world_16k: `check` and `simulate` of one all_reduce over a 16,384-rank world on the
@@ -17,7 +18,11 @@ Cases (the targets, see docs/limits.md):
   * mesh_65k_check: `check` of a 65,536-rank mesh {dp: 8192, tp: 8} with one all_reduce
     per axis (it must end, in seconds);
   * all_to_all_4k: `simulate` of one all_to_all over 4,096 ranks on 512 DGX H100 nodes
-    (target: seconds);
+    (target: seconds); all_to_all_4k_nvlink: the same on the `h100-nvlink` preset, one
+    node of 4,096 GPUs (target: within a minute and 2 GiB, or refused up front);
+  * check_1f1b_60k: `commdsl check 1f1b -p stages=60000` (4.0 M ops, under the op
+    budget; target: within a minute and 2 GiB); its outcome line gives the time of each
+    phase (expansion, the static checks, the deadlock check);
   * nodes_1e8: `simulate --machine dgx-h100 --nodes 100000000`: refused up front;
   * gpus_per_node_1e9: a machine file with `gpus_per_node: 1000000000`: refused up front;
   * nested_loops_1e15 / nested_blocks_1e15: a program that would expand to 10^15 ops
@@ -131,6 +136,23 @@ def _simulate(text: str, name: str, machine_name: str = "h100-nvlink", nodes: in
     return f"ok: {program.world_size:,} ranks, makespan {result.makespan_us / 1e3:.3f} ms"
 
 
+def _check_1f1b(stages: int) -> str:
+    """`commdsl check 1f1b -p stages=N`, phase by phase (as `commdsl check` runs them)."""
+    from commdsl.dsl import load_schedule
+    from commdsl.sim import check_deadlock
+    from commdsl.validate import validate_program
+
+    start = time.perf_counter()
+    program = load_schedule("1f1b", {"stages": str(stages)}, validate=False)
+    expanded = time.perf_counter()
+    validate_program(program)
+    validated = time.perf_counter()
+    check_deadlock(program)
+    checked = time.perf_counter()
+    return (f"ok: {program.num_ops:,} ops; expand {expanded - start:.1f} s, validate {validated - expanded:.1f} s, "
+            f"deadlock check {checked - validated:.1f} s")
+
+
 def _refused_nodes() -> str:
     from commdsl.cli import main
 
@@ -143,6 +165,8 @@ CASES = {
     "world_16k_dgx": lambda: _simulate(WORLD_16K, "world_16k", "dgx-h100", nodes=2048),
     "mesh_65k_check": lambda: _check(MESH_65K, "mesh_65k"),
     "all_to_all_4k": lambda: _simulate(ALL_TO_ALL_4K, "all_to_all_4k", "dgx-h100", nodes=512),
+    "all_to_all_4k_nvlink": lambda: _simulate(ALL_TO_ALL_4K, "all_to_all_4k"),
+    "check_1f1b_60k": lambda: _check_1f1b(60_000),
     "nodes_1e8": _refused_nodes,
     "gpus_per_node_1e9": lambda: _simulate("world: 2\nprogram: |\n  all_reduce g 4MiB\n", "small", machine_text=_machine_text(10**9)),
     "nested_loops_1e15": lambda: _check(NESTED_LOOPS, "nested_loops"),
@@ -164,7 +188,9 @@ def _child(case: str, memory_gib: float) -> None:
         outcome = f"MemoryError at {memory_gib:g} GiB"
     except Exception as e:  # the figure is what happened, whatever it was
         outcome = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
-    print(json.dumps({"seconds": time.perf_counter() - start, "outcome": outcome[:160]}), flush=True)
+    seconds = time.perf_counter() - start
+    peak_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+    print(json.dumps({"seconds": seconds, "peak_mib": peak_mib, "outcome": outcome[:160]}), flush=True)
 
 
 def main() -> None:
@@ -181,21 +207,21 @@ def main() -> None:
     if args.list:
         print("\n".join(CASES))
         return
-    print(f"{'case':22} {'seconds':>8}  outcome")
+    print(f"{'case':22} {'seconds':>8} {'peak MiB':>9}  outcome")
     for case in args.case or CASES:
         cmd = [sys.executable, __file__, "--child", case, "--memory-gib", str(args.memory_gib)]
         try:
             proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
         except subprocess.TimeoutExpired:
-            print(f"{case:22} {'>' + format(args.timeout, 'g'):>8}  still running after {args.timeout:g} s (killed)", flush=True)
+            print(f"{case:22} {'>' + format(args.timeout, 'g'):>8} {'-':>9}  still running after {args.timeout:g} s (killed)", flush=True)
             continue
         lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
         if not lines:
             tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
-            print(f"{case:22} {'-':>8}  died (exit {proc.returncode}): {tail[:160]}", flush=True)
+            print(f"{case:22} {'-':>8} {'-':>9}  died (exit {proc.returncode}): {tail[:160]}", flush=True)
             continue
         r = json.loads(lines[-1])
-        print(f"{case:22} {r['seconds']:>8.2f}  {r['outcome']}", flush=True)
+        print(f"{case:22} {r['seconds']:>8.2f} {r['peak_mib']:>9.0f}  {r['outcome']}", flush=True)
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@ launcher traceback."""
 from __future__ import annotations
 
 import argparse
+import os
 import subprocess
 import sys
 
@@ -155,3 +156,28 @@ def test_an_error_every_rank_hits_is_printed_by_rank_0_while_the_others_wait(ran
     assert code == 2
     assert ("--iters must be >= 1" in capsys.readouterr().err) is prints
     assert slept == ([run_cli.COMMON_ERROR_GRACE_S] if waits else [])
+
+
+def test_the_first_failure_seen_is_reported_and_a_signal_death_comes_first_in_a_tie():
+    """Ranks that ended before the launcher looked: the one killed by a signal is the
+    cause (a rank's error exit is often its peer's echo of it), whatever its rank."""
+    from commdsl.run.launch import Ranks
+
+    ranks = Ranks()
+    ranks.procs = [subprocess.Popen(["sh", "-c", cmd]) for cmd in ("exit 1", "kill -9 $$", "exit 0")]
+    for p in ranks.procs:  # wait for all three to end without reaping them
+        os.waitid(os.P_PID, p.pid, os.WEXITED | os.WNOWAIT)
+    assert ranks.wait_first_failure() == (1, -9)
+    assert ranks.stop() == []
+
+
+def test_a_lone_error_exit_is_the_first_failure():
+    from commdsl.run.launch import Ranks
+
+    ranks = Ranks()
+    ranks.procs = [subprocess.Popen(["sh", "-c", cmd]) for cmd in ("sleep 60", "exit 4")]
+    try:
+        assert ranks.wait_first_failure() == (1, 4)
+    finally:
+        assert ranks.stop() == []  # SIGTERM ends the sleeping rank at once
+    assert ranks.procs[0].returncode == -15

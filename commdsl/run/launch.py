@@ -128,6 +128,7 @@ def launch(module: str, argv: list[str], nproc: int, command: str) -> int:
                 ranks.procs.append(subprocess.Popen([sys.executable, "-m", module, *argv], start_new_session=True,
                                                     env=dict(env, RANK=str(rank), LOCAL_RANK=str(rank))))  # fmt: skip
             failed = ranks.wait_first_failure()
+            killed = ranks.stop() if failed is not None else []
         except KeyboardInterrupt:
             ranks.stop()
             print(f"{command}: interrupted", file=sys.stderr, flush=True)
@@ -142,7 +143,6 @@ def launch(module: str, argv: list[str], nproc: int, command: str) -> int:
     if failed is None:
         return 0
     rank, code = failed
-    killed = ranks.stop()
     if killed:
         print(f"{command}: rank(s) {', '.join(map(str, killed))} did not stop within {STOP_GRACE_S:g}s of SIGTERM "
               "and were killed (stopped, or stuck in a call that ignores signals)", file=sys.stderr, flush=True)  # fmt: skip
