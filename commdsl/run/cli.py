@@ -9,12 +9,9 @@ measured timeline. Exit codes: 0 ok, 1 schedule error / check failure / failed o
 from __future__ import annotations
 
 import argparse
-import errno
 import os
-import stat
 import sys
 import time
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from commdsl.errors import CommdslError, UsageError, require_output_folder
@@ -107,8 +104,7 @@ def config_from_args(a: argparse.Namespace) -> RunConfig:
     if a.max_ops is not None and a.max_ops < 1:
         raise UsageError(f"--max-ops must be at least 1, got {a.max_ops}")
     for flag, path in (("--out", a.out), ("--records", a.records), ("--dump-values", a.dump_values)):
-        _require_writable(flag, path)
-        require_output_folder(flag, path)
+        require_output_folder(flag, path)  # written by rank 0 after the whole run: checked before any rank starts
     check_trace_folder("--trace-dir", a.trace_dir)
     check_trace_folder("--profile", a.profile)
     if (a.machine is not None or a.network is not None) and not a.compare:
@@ -129,28 +125,6 @@ def config_from_args(a: argparse.Namespace) -> RunConfig:
         validate=not a.no_validate, max_ops=a.max_ops, quiet=a.quiet, compare=a.compare, machine=a.machine,
         network=a.network or "analytic", trace_dir=a.trace_dir, profile_dir=a.profile,
     )  # fmt: skip
-
-
-def _require_writable(flag: str, path: str | None) -> None:
-    """Rank 0 writes the run's outputs only after the whole run: what makes one
-    unwritable is found here, before any rank starts (an existing folder, a symlink
-    loop, a file or folder without write permission)."""
-    if path is None:
-        return
-    try:
-        mode = os.stat(path).st_mode
-    except FileNotFoundError:
-        folder = Path(path).parent  # one that does not exist: require_output_folder says so
-        if folder.is_dir() and not os.access(folder, os.W_OK | os.X_OK):
-            raise UsageError(f"{flag} {path}: cannot create a file in the folder {folder} (no write permission)") from None
-        return
-    except OSError as e:  # a symlink loop, a name too long, a part of the path that is a file
-        reason = "a symbolic link that loops" if e.errno == errno.ELOOP else e.strerror
-        raise UsageError(f"{flag} {path}: cannot write there: {reason}") from None
-    if stat.S_ISDIR(mode):
-        raise UsageError(f"{flag} {path}: is a folder; give the path of a file to write", hint=f"e.g. {flag} {Path(path) / 'out.json'}")
-    if not os.access(path, os.W_OK):
-        raise UsageError(f"{flag} {path}: the file exists and is not writable")
 
 
 def print_run_comparison(program: Program, config: RunConfig, measured: Timeline, meta: dict) -> None:
