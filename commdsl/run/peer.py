@@ -35,7 +35,6 @@ from __future__ import annotations
 import os
 import pickle
 import tempfile
-from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
