@@ -9,6 +9,7 @@ reproduce them. (How logs are read: tests/test_nccl_logs_*.py.)
 
 from __future__ import annotations
 
+import os
 import statistics
 import subprocess
 import sys
@@ -225,6 +226,14 @@ def test_outputs_and_layouts_it_cannot_take_are_refused_before_any_work(tmp_path
 
     with pytest.raises(UsageError, match="a folder"):
         from_nccl_tests([str(AR)], str(tmp_path), "dgx-h100", echo=lambda _: None)
+    (loop := tmp_path / "loop.yaml").symlink_to(loop)
+    with pytest.raises(UsageError, match="Symlink loop"):
+        from_nccl_tests([str(AR)], str(loop), "dgx-h100", echo=lambda _: None)
+    loop.unlink()
+    os.mkfifo(fifo := tmp_path / "fifo.yaml")
+    with pytest.raises(UsageError, match="not a regular file"):
+        from_nccl_tests([str(AR)], str(fifo), "dgx-h100", echo=lambda _: None)
+    fifo.unlink()
     part = Path(__file__).parent / "data" / "nccl_logs" / "sweep_with_failed_run.log"  # 4 GPUs on each of 2 nodes
     with pytest.raises(UsageError, match="4 GPU\\(s\\) on each of 2 nodes, and machine dgx-h100 has 8 per node"):
         from_nccl_tests([str(part)], str(tmp_path / "m.yaml"), "dgx-h100", echo=lambda _: None)

@@ -209,8 +209,8 @@ def add_arguments(p: argparse.ArgumentParser) -> list[argparse.Action]:
         help="keep every rank busy with matrix multiplies this long before measuring, so that a machine "
              "that was idle is measured at the speed it runs under load (default 0)")  # fmt: skip
     add("--from-nccl-tests", nargs="+", metavar="LOG", default=(),
-        help="fit a GPU cluster's NCCL model to these nccl-tests logs (TOOL=LOG for a log that does not name its "
-             "tool) instead of measuring; needs no torch")  # fmt: skip
+        help="fit a GPU cluster's NCCL model to these nccl-tests logs, as saved (TOOL=LOG for a log that does not name "
+             "its tool, TOOL:GPUS=LOG for a table without nccl-tests' header) instead of measuring; needs no torch")  # fmt: skip
     add("--machine", help="with --from-nccl-tests: base preset or file with the cluster's topology (default: by GPU name)")
     add("--nccl-algo", help="with --from-nccl-tests: NCCL_ALGO of runs whose logs do not report it (ring, tree, nvls, ...)")
     add("--nccl-proto", help="with --from-nccl-tests: NCCL_PROTO of runs whose logs do not report it (ll, ll128, simple)")

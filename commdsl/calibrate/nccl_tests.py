@@ -500,9 +500,7 @@ def from_nccl_tests(paths: list[str], out: str, base: str | None = None, algo: A
     """Fit a machine to nccl-tests logs and write it to `out` (see the module doc); returns
     the machine read back from the file. `algo`/`proto`: NCCL_ALGO / NCCL_PROTO of the
     runs whose logs do not say (NCCL INFO lines). Nothing is left at `out` if it fails."""
-    require_output_folder("--out", out)
-    if Path(out).is_dir():
-        raise UsageError(f"--out {out}: a folder; give the path of the machine file to write", hint="e.g. --out cluster.yaml")
+    target = _output_path(out)
     progress = progress or Progress("calibrate", enabled=False)
     notes: list[str] = []
     logs = read_logs(paths, notes)
@@ -530,14 +528,29 @@ def from_nccl_tests(paths: list[str], out: str, base: str | None = None, algo: A
     machine_out = load_machine_text(text, out)
     report = simulated_errors(machine_out, logs, runs, progress)
     # Written last, in one rename: a failure before leaves nothing claiming to be a calibration.
-    tmp = Path(out).with_name(f".{Path(out).name}.{os.getpid()}.tmp")
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
     try:
         write_text(tmp, text, "--out")
-        os.replace(tmp, out)
+        os.replace(tmp, target)
     finally:
         tmp.unlink(missing_ok=True)
     _report(machine, logs, fitted, report, echo)
     return load_machine(out)
+
+
+def _output_path(out: str) -> Path:
+    """The file `--out` names (a symlink's target), checked before any work: its folder
+    exists, and it is a regular file or nothing yet (a folder, a device, a FIFO or a
+    symlink loop is refused, never replaced)."""
+    require_output_folder("--out", out)
+    try:
+        target = Path(out).resolve()
+    except (OSError, RuntimeError) as e:  # RuntimeError: a symlink loop
+        raise UsageError(f"--out {out}: {e}") from None
+    if target.exists() and not target.is_file():
+        kind = "a folder" if target.is_dir() else "not a regular file"
+        raise UsageError(f"--out {out}: {kind}; give the path of the machine file to write", hint="e.g. --out cluster.yaml")
+    return target
 
 
 def simulated_errors(machine: Machine, logs: list[NcclTestsLog], runs: list[Run], progress: Progress | None = None) -> list[list[float]]:
