@@ -233,8 +233,41 @@ _FIXED = len(RATES)
 NCCL_SCALARS = ("launch_us", "launch_per_channel_us", "nvls_latency_us", "nvls_efficiency", "p2p_channel_bandwidth_gb_per_s",
                 "p2p_net_efficiency")  # fmt: skip
 """The `nccl:` numbers the fit may set (`NcclConfig` fields), beside each protocol's
-latencies, efficiency and per-channel rate (`PROTOCOL_SCALARS`) and the rates (`RATES`)."""
+latencies, efficiency and per-channel rate (`PROTOCOL_SCALARS`) and the rates (`RATES`).
+How each enters an op's time is the closed form's (`_predict`): the latencies through
+`LATENCIES`, the rates through `RATES`."""
 PROTOCOL_SCALARS = ("base_latency_us", "efficiency", "channel_bandwidth_gb_per_s")
+
+
+def _set_hops(cfg: NcclConfig, proto: Protocol, value: float, network: bool) -> NcclConfig:
+    spec = cfg.protocol(proto)
+    hops = tuple((h, value if (h is HopKind.NETWORK) == network else us) for h, us in spec.hop_latency_us)
+    return _with_protocol(cfg, proto, replace(spec, hop_latency_us=hops))
+
+
+def _with_protocol(cfg: NcclConfig, proto: Protocol, spec) -> NcclConfig:
+    return replace(cfg, protocols=tuple((p, spec if p is proto else s) for p, s in cfg.protocols))
+
+
+@dataclass(frozen=True)
+class Latency:
+    """A latency of NCCL's model the fit sets: an op's latency is linear in them, and its
+    coefficient (how many of it the op pays) is read off the model with this latency at 1
+    and every other at 0."""
+
+    name: Callable[[Protocol, HopKind], str]
+    """Its parameter's name for a point of this protocol whose steps inside a node cross this hop kind."""
+    set: Callable[[NcclConfig, Protocol, float], NcclConfig]
+
+
+LATENCIES = (
+    Latency(lambda proto, intra: f"protocols.{proto.value}.base_latency_us",
+            lambda cfg, proto, v: _with_protocol(cfg, proto, replace(cfg.protocol(proto), base_latency_us=v))),
+    Latency(lambda proto, intra: f"protocols.{proto.value}.hop.{intra.value}", lambda cfg, proto, v: _set_hops(cfg, proto, v, False)),
+    Latency(lambda proto, intra: f"protocols.{proto.value}.hop.network", lambda cfg, proto, v: _set_hops(cfg, proto, v, True)),
+    Latency(lambda proto, intra: "nvls_latency_us", lambda cfg, proto, v: replace(cfg, nvls_latency_us=v)),
+)  # fmt: skip
+"""Every latency the fit may set: a new one of NCCL's model is one entry."""
 
 
 @dataclass
@@ -249,8 +282,8 @@ class _Point:
     proto: Protocol
     nvls: bool
     p2p: bool
-    latency: tuple[float, float, float, float]
-    """Latency = [base, intra hop, network hop, nvls latency] . these coefficients."""
+    latency: tuple[float, ...]
+    """Per entry of `LATENCIES`, how many of it the point's latency is."""
     per_byte: tuple[float, ...]
     """Per rate of `RATES` (and last, the channels none covers), the largest data bytes per
     byte of size over the base machine's capacity (us/B)."""
@@ -304,23 +337,14 @@ def _point(li: int, m: Machine, flows: NcclFlows, capacity, cls: list[int], run:
             per[cls[ch]] = max(per[cls[ch]], data / capacity[ch])
         if co.cap < math.inf:
             serial = nccl.channel_cap_gb_per_s(m.nccl, used, kind) * 1e3 / co.cap
-    # Latency is linear in the four latency parameters: read its coefficients off unit machines.
-    coeff = []
-    for unit in range(4):
-        cfg = _unit_latencies(m.nccl, c.proto, unit)
-        coeff.append(nccl.latency_us(cfg, kind, flows.layout(pairs[0]), c.algo, c.proto))
+    # Latency is linear in the latency parameters: read its coefficients off unit machines.
+    zero = m.nccl
+    for lat in LATENCIES:
+        zero = lat.set(zero, c.proto, 0.0)
+    coeff = tuple(nccl.latency_us(lat.set(zero, c.proto, 1.0), kind, flows.layout(pairs[0]), c.algo, c.proto) for lat in LATENCIES)
     return _Point(li, float(size), measured, c.proto, c.algo in (Algo.NVLS, Algo.NVLS_TREE), kind in nccl.P2P_BASED,
-                  tuple(coeff), tuple(per), c.channels, serial, 0 if run.graph else run.gpus_per_process, lay.intra_hop,
+                  coeff, tuple(per), c.channels, serial, 0 if run.graph else run.gpus_per_process, lay.intra_hop,
                   (c.algo, c.proto, c.channels))  # fmt: skip
-
-
-def _unit_latencies(cfg: NcclConfig, proto: Protocol, unit: int) -> NcclConfig:
-    spec = cfg.protocol(proto)
-    hops = tuple((h, 1.0 if (unit == 1 and h is not HopKind.NETWORK) or (unit == 2 and h is HopKind.NETWORK) else 0.0)
-                 for h, _ in spec.hop_latency_us)  # fmt: skip
-    spec = replace(spec, base_latency_us=1.0 if unit == 0 else 0.0, hop_latency_us=hops)
-    protocols = tuple((p, spec if p is proto else s) for p, s in cfg.protocols)
-    return replace(cfg, protocols=protocols, nvls_latency_us=1.0 if unit == 3 else 0.0)
 
 
 def _predict(points: list[_Point], values: dict[str, float]) -> list[float]:
@@ -328,8 +352,7 @@ def _predict(points: list[_Point], values: dict[str, float]) -> list[float]:
     out = []
     for p in points:
         proto = p.proto.value
-        lat = (p.latency[0] * values[f"protocols.{proto}.base_latency_us"] + p.latency[1] * values.get(f"protocols.{proto}.hop.{p.intra.value}", 0.0)
-               + p.latency[2] * values.get(f"protocols.{proto}.hop.network", 0.0) + p.latency[3] * values["nvls_latency_us"])  # fmt: skip
+        lat = sum(k * values[entry.name(p.proto, p.intra)] for k, entry in zip(p.latency, LATENCIES) if k)
         eff = values["nvls_efficiency"] if p.nvls else values[f"protocols.{proto}.efficiency"]
         worst = p.per_byte[_FIXED]
         for k, rate in enumerate(RATES):
@@ -367,14 +390,7 @@ def _uses(p: _Point, vals: dict[str, float]) -> set[str]:
     used: set[str] = set()
     if p.host_gpus:
         used |= {"launch_us", "launch_per_channel_us"}
-    if p.latency[0]:
-        used.add(f"protocols.{v}.base_latency_us")
-    if p.latency[1]:
-        used.add(f"protocols.{v}.hop.{p.intra.value}")
-    if p.latency[2]:
-        used.add(f"protocols.{v}.hop.network")
-    if p.latency[3]:
-        used.add("nvls_latency_us")
+    used |= {entry.name(p.proto, p.intra) for k, entry in zip(p.latency, LATENCIES) if k}
     if p.nvls:
         used.add("nvls_efficiency")
     elif not p.p2p and p.proto is not Protocol.LL and any(p.per_byte[:_FIXED]):
