@@ -238,3 +238,15 @@ def test_outputs_and_layouts_it_cannot_take_are_refused_before_any_work(tmp_path
     with pytest.raises(UsageError, match="4 GPU\\(s\\) on each of 2 nodes, and machine dgx-h100 has 8 per node"):
         from_nccl_tests([str(part)], str(tmp_path / "m.yaml"), "dgx-h100", echo=lambda _: None)
     assert not (tmp_path / "m.yaml").exists()
+
+
+def test_a_headerless_table_calibrates_with_what_the_command_line_gives(tmp_path):
+    from commdsl.errors import UsageError
+
+    table = Path(__file__).parent / "data" / "nccl_logs" / "headerless_table.txt"
+    with pytest.raises(UsageError, match="no base machine for GPU 'not named in the logs'"):
+        from_nccl_tests([f"all_reduce_perf:8={table}"], str(tmp_path / "m.yaml"), echo=lambda _: None)
+    lines: list[str] = []
+    from_nccl_tests([f"all_reduce_perf:8={table}"], str(tmp_path / "m.yaml"), "dgx-h100", echo=lines.append)
+    assert any(line.startswith(f"  {table}: all_reduce_perf on 8 GPUs: simulator's error median") for line in lines), lines
+    assert load_machine(tmp_path / "m.yaml").nccl is not None

@@ -32,6 +32,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from commdsl.errors import LogError, SourceLoc, UsageError
 from commdsl.files import is_file, read_text, source_lines
@@ -116,10 +117,10 @@ class NcclTestsLog:
     """GPUs in the run (the `# Rank` lines, or the GPU count given with a headerless table)."""
     gpus_per_process: int
     """GPUs one thread drives (nGpus); the thread launches each op on all of them in turn."""
-    nodes: int
-    """Distinct hosts of the ranks."""
-    ranks_per_node: int
-    """GPUs of the run on each host."""
+    nodes: int | None
+    """Distinct hosts of the ranks (None: not said, a table without its header)."""
+    ranks_per_node: int | None
+    """GPUs of the run on each host (None: not said)."""
     graph: bool
     """Ops were launched from CUDA graphs (`-G N`): no per-op host launch."""
     dtype: Dtype
@@ -182,8 +183,6 @@ def read_logs(args: list[str], notes: list[str] | None = None) -> list[NcclTests
 
 def _exists(path: str) -> bool:
     try:
-        from pathlib import Path
-
         return Path(path).exists()
     except (OSError, ValueError):
         return False
@@ -507,7 +506,7 @@ class _Reader:
             if given.ranks is None:
                 raise LogError(f"a result table without nccl-tests' header (line {run.line}): the log does not say how many GPUs ran it",
                                at(run.line), hint=f"name the tool and the GPU count: {tool}:GPUS=FILE, e.g. {tool}:8={self.path}")  # fmt: skip
-            return NcclTestsLog(path, tool, TOOLS[tool], given.ranks, 1, 1, given.ranks, False, run.dtype, "", tuple(run.points),
+            return NcclTestsLog(path, tool, TOOLS[tool], given.ranks, 1, None, None, False, run.dtype, "", tuple(run.points),
                                 run.algos, run.protos, run.version, run.channels, run.line)  # fmt: skip
         ranks = run.ranks
         if not ranks:

@@ -86,7 +86,7 @@ class Run:
         """The run a log records; NCCL_ALGO / NCCL_PROTO from the log, else `algo` / `proto`."""
         a = next(iter(log.algos)) if log.algos is not None and len(log.algos) == 1 else algo
         p = next(iter(log.protos)) if log.protos is not None and len(log.protos) == 1 else proto
-        per_node = log.ranks_per_node if log.nodes > 1 else None
+        per_node = log.ranks_per_node if log.nodes is not None and log.nodes > 1 else None
         return Run(log.op, log.ranks, log.gpus_per_process, log.graph, log.dtype, a, p, ranks_per_node=per_node, channels=log.channels)
 
 
@@ -618,7 +618,8 @@ def _report(base: Machine, logs: list[NcclTestsLog], fitted: Fitted, errors: lis
     for li, log in enumerate(logs):
         errs = [abs(e) for e in errors[li]]
         used = sorted(fitted.uses[li] & set(fitted.values))
-        echo(f"  {log.path}: {log.tool} on {log.ranks} GPUs ({log.nodes} node(s)): simulator's error median "
+        where = f" ({log.nodes} node(s))" if log.nodes is not None else ""
+        echo(f"  {log.path}: {log.tool} on {log.ranks} GPUs{where}: simulator's error median "
              f"{100 * statistics.median(errs):.1f}%, worst {100 * max(errs):.1f}% over {len(errs)} sizes")  # fmt: skip
         echo(f"    fitted: {', '.join(used) or 'nothing'}; from {base.name}: the other {len(every) - len(used)} parameters and the topology")
     rest = sorted(every - set(fitted.values))
