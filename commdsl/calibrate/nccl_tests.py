@@ -11,12 +11,16 @@ only every G launches: its issue cost is G x NCCL's launch (`nccl.launch_us` +
 `nccl.launch_per_channel_us` x channels); with CUDA graphs (`-G`) there is none.
 
 `from_nccl_tests` fits the NCCL physics of a base machine (a preset with the topology of
-the cluster) to the logs: protocol latencies, the NVLink and NIC rates NCCL reaches, the
-per-channel rates, NVLS, P2P and the launch cost, whichever the logs' points depend on
-(a parameter no point depends on keeps the base machine's value). It minimises the
-squared log error of every point, each point timed by the closed form of the same model
-(`_Point`), then checks the fit with the simulator itself, writes the machine file and
-prints the error per log.
+the cluster) to the logs: every parameter of `LATENCIES`, `NCCL_SCALARS`,
+`PROTOCOL_SCALARS` and `RATES` that some point depends on (the rest keep the base
+machine's values). It minimises a soft-L1 log error of every point, each point timed by
+a closed form of the simulator's model (`_Point`: NCCL's choice, the loads and the
+latency coefficients taken from the model on the machine, linear in the parameters),
+then writes the fitted machine file and recomputes the points on it, again until NCCL's
+choices no longer move, so that the closed form is the simulator on the training points.
+The report is the simulator's: every point of every log simulated on the written machine
+(`simulated_errors`), with the parameters each log fitted. `holdout_errors` fits part of
+each log's sizes and predicts the rest (calibrate-then-predict).
 """
 
 from __future__ import annotations
