@@ -250,3 +250,19 @@ def test_a_headerless_table_calibrates_with_what_the_command_line_gives(tmp_path
     from_nccl_tests([f"all_reduce_perf:8={table}"], str(tmp_path / "m.yaml"), "dgx-h100", echo=lines.append)
     assert any(line.startswith(f"  {table}: all_reduce_perf on 8 GPUs: simulator's error median") for line in lines), lines
     assert load_machine(tmp_path / "m.yaml").nccl is not None
+
+
+def test_a_point_the_simulator_refuses_is_named_at_its_log_line(monkeypatch):
+    from commdsl.calibrate import nccl_tests
+    from commdsl.errors import ScheduleError, SourceLoc
+    from commdsl.machine import resolve_machine
+
+    def refuse(*args, **kwargs):
+        raise ScheduleError("ops end past the horizon", SourceLoc("<nccl-tests>", 4, 8))
+
+    monkeypatch.setattr(nccl_tests, "simulate_run", refuse)
+    logs = read_logs([str(AR)])
+    with pytest.raises(LogError) as info:
+        nccl_tests.simulated_errors(resolve_machine("dgx-h100"), logs, [Run.of(log) for log in logs])
+    assert info.value.loc.file == str(AR) and info.value.loc.line == logs[0].points[0].line
+    assert "cannot simulate this point: ops end past the horizon" in info.value.message

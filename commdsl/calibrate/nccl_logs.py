@@ -136,6 +136,8 @@ class NcclTestsLog:
     """NCCL's channel counts from the INFO lines; None: not reported."""
     line: int = 1
     """The run's first line in the file."""
+    file: str = ""
+    """The file, as the user named it (`path` without the run's line)."""
 
 
 @dataclass(frozen=True)
@@ -507,7 +509,7 @@ class _Reader:
                 raise LogError(f"a result table without nccl-tests' header (line {run.line}): the log does not say how many GPUs ran it",
                                at(run.line), hint=f"name the tool and the GPU count: {tool}:GPUS=FILE, e.g. {tool}:8={self.path}")  # fmt: skip
             return NcclTestsLog(path, tool, TOOLS[tool], given.ranks, 1, None, None, False, run.dtype, "", tuple(run.points),
-                                run.algos, run.protos, run.version, run.channels, run.line)  # fmt: skip
+                                run.algos, run.protos, run.version, run.channels, run.line, self.path)  # fmt: skip
         ranks = run.ranks
         if not ranks:
             raise LogError("no `# Rank N ... on HOST device D` lines: cannot tell the GPUs", at(run.line))
@@ -538,7 +540,7 @@ class _Reader:
                            at(run.line))  # fmt: skip
         per_node = next(iter(per_host.values()))
         return NcclTestsLog(path, tool, TOOLS[tool], n, per_thread, len(per_host), per_node, run.graph, run.dtype, devices.pop(),
-                            tuple(run.points), run.algos, run.protos, run.version, run.channels, run.line)  # fmt: skip
+                            tuple(run.points), run.algos, run.protos, run.version, run.channels, run.line, self.path)  # fmt: skip
 
 
 def _starts(line: str) -> list[int]:

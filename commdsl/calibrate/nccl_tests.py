@@ -38,7 +38,7 @@ import yaml
 from commdsl.calibrate.nccl_logs import Channels, NcclTestsLog, read_logs
 from commdsl.dsl import load_schedule_text
 from commdsl.calibrate.fit import nelder_mead
-from commdsl.errors import SourceLoc, UsageError, require_output_folder
+from commdsl.errors import CommdslError, LogError, SourceLoc, UsageError, require_output_folder
 from commdsl.files import write_text
 from commdsl.ir import Algo, Dtype, Op, OpKind, Protocol, Transport
 from commdsl.machine.loader import load_machine, load_machine_text, resolve_machine
@@ -581,7 +581,10 @@ def simulated_errors(machine: Machine, logs: list[NcclTestsLog], runs: list[Run]
     for log, run in zip(logs, runs):
         errs = []
         for p in log.points:
-            errs.append(simulate_run(machine, run, p.size_bytes) / p.time_us - 1.0)
+            try:
+                errs.append(simulate_run(machine, run, p.size_bytes) / p.time_us - 1.0)
+            except CommdslError as e:  # named at the log's line, not the simulated schedule's
+                raise LogError(f"the fitted machine cannot simulate this point: {e.message}", SourceLoc(log.file, p.line, 1)) from None
             progress.advance()
         out.append(errs)
     return out
