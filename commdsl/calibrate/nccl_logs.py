@@ -255,9 +255,8 @@ class _Reader:
         # What the text between runs says of the next one.
         self.next_tool: tuple[str, int] | None = None
         self.next_version: str | None = None
-        self.failed: list[str] = []
-        """Runs that ended before their first result (a sweep's failed test), as `notes` tells them."""
         self.notes = notes
+        """Hears of the runs that ended before their first result (a sweep's failed test)."""
 
     def loc(self, i: int, col: int = 1) -> SourceLoc:
         return SourceLoc(self.path, i + 1, col, self.lines[i] if i < len(self.lines) else "")
@@ -272,15 +271,11 @@ class _Reader:
                 self._line(i, line, raw.find(line) + 1 if line in raw else 1)
         if self.run is not None and not self.run.closed and not self.run.points and self.runs[:-1]:
             self._failed(self.run)  # the last run of a sweep failed; the others stand
-        if not self.runs and self.failed:
-            raise LogError(f"no results: every run of the log failed before its first result ({'; '.join(self.failed[:3])})",
-                           SourceLoc(self.path, len(self.lines), 1, self.lines[-1] if self.lines else ""),
-                           hint="the runs failed or the log is cut off")  # fmt: skip
         if not self.runs:
             raise LogError("not nccl-tests output: no `# nThread ... nGpus ...` header and no result table",
                            SourceLoc(self.path, 1, 1, self.lines[0] if self.lines else ""),
                            hint="pass the output of nccl-tests *_perf runs (all_reduce_perf, ...)")  # fmt: skip
-        return [self._finish(run, k) for k, run in enumerate(self.runs)]
+        return [self._finish(run) for run in self.runs]
 
     def _line(self, i: int, line: str, col: int) -> None:
         run = self.run
@@ -360,7 +355,6 @@ class _Reader:
         """Drop a run that ended before its first result: it measured nothing."""
         self.runs.remove(run)
         what = f"{self.path}:{run.line}: {run.tool or 'a run'} ended before its first result" + (f" ({run.failure})" if run.failure else "")
-        self.failed.append(what)
         if self.notes is not None:
             self.notes.append(f"skipped {what}")
 
@@ -475,7 +469,7 @@ class _Reader:
             raise LogError(f"{what} {_short(word)} is out of range: it must be from {lo} to {hi}", self.loc(i, col), hint=hint)
         return int(word)
 
-    def _finish(self, run: _Run, k: int) -> NcclTestsLog:
+    def _finish(self, run: _Run) -> NcclTestsLog:
         path = self.path if len(self.runs) == 1 else f"{self.path}:{run.line}"
 
         def at(line: int) -> SourceLoc:
