@@ -8,7 +8,7 @@ does not reproduce. So these are measured where they happen: small probe schedul
 through `commdsl.run`'s own executor on every rank (`run_probe`).
 
 Stalls. Compute ops stall (run a scheduler slice longer) far more often inside a
-schedule than in a compute loop alone (docs/validation.md, calibration's design figures). `STALL_PROBE` runs compute ops
+schedule than in a compute loop alone (docs/validation.md, Calibration's design figures). `STALL_PROBE` runs compute ops
 between exchanges and all_reduces, and every compute op's time over its requested
 duration gives the stalls:
 
@@ -26,7 +26,7 @@ op's time over its requested duration (1 + typical excess / duration), which the
 simulator applies to every op with an explicit duration. The executor times its work at
 start-up, alone; inside a schedule, beside the comm threads, the same work runs a few
 percent longer at the median, and without the stretch schedules of compute on one
-stream are predicted that much short (docs/validation.md, calibration's design figures).
+stream are predicted that much short (docs/validation.md, Calibration's design figures).
 
 Interference. `OVERLAP_PROBE` runs one comm op alone, a compute op alone, then the same
 comm op on a comm stream beside a compute op started with it (`overlap`); or a copy
@@ -149,14 +149,14 @@ class NoiseResult:
 PROBE_ITERS = 50
 """Iterations of one piece of the probe (calibration runs `NOISE_PIECES` and keeps the
 median piece, `combine_pieces`): stalls are rare, so their rate is a Poisson count,
-and its standard error is one over the square root of the stalls counted (docs/validation.md, calibration's design figures)."""
+and its standard error is one over the square root of the stalls counted (docs/validation.md, Calibration's design figures)."""
 
 
 def combine_pieces(pieces: list[NoiseResult]) -> NoiseResult:
     """The piece with the median stall rate (the lower of two middle ones), with the median
     of the pieces' typical excess. Stalls come in episodes: a probe run in one burst can
     meet one and count several times the usual rate; an episode moves the typical excess
-    too, and may do so in a piece with a middle stall rate (docs/validation.md, calibration's design figures)."""
+    too, and may do so in a piece with a middle stall rate (docs/validation.md, Calibration's design figures)."""
     kept = sorted(pieces, key=lambda p: p.stalls_per_s)[(len(pieces) - 1) // 2]
     typical = statistics.median_low(p.compute.typical_us for p in pieces)
     return replace(kept, compute=replace(kept.compute, typical_us=typical))
@@ -223,7 +223,7 @@ program: |
 """
 """The barrier probe. Inside the executor a barrier goes from a stream to a comm queue
 thread and wakes the stream and the host when done, which costs several times a barrier
-loop's (barrier after barrier on the calling thread) (docs/validation.md, calibration's design figures)."""
+loop's (barrier after barrier on the calling thread) (docs/validation.md, Calibration's design figures)."""
 
 
 def _group_span(spans: Iterable[tuple[float, float]]) -> float:
@@ -407,7 +407,7 @@ def overlap_from(records: list[list[dict[str, tuple[float, float]]]], rounds: in
 class OverlapPieces:
     """One comm op's overlap probe run in pieces minutes apart; each factor is the median
     of the pieces' (a single burst can time a factor far from every other calibration's
-    (docs/validation.md, calibration's design figures)). Medians of factors, not factors of median times: the compute slowdown is
+    (docs/validation.md, Calibration's design figures)). Medians of factors, not factors of median times: the compute slowdown is
     the slowest rank's, which may be another rank in each piece.
 
     With `loop_alone_us`, the op's slowdown beside compute is its median time beside
@@ -415,7 +415,7 @@ class OverlapPieces:
     makes it reproduce the probe's time beside compute is to that time, not to the
     probe's own time alone. The probe runs its op alone right after compute, and there
     it is slow and noisy, and the higher it comes out the shorter schedules are
-    predicted (docs/validation.md, calibration's design figures)."""
+    predicted (docs/validation.md, Calibration's design figures)."""
 
     pieces: tuple[Overlap, ...]
     loop_alone_us: float | None = None

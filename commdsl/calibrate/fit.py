@@ -175,7 +175,7 @@ scheduler stalls gloo's calls meet on a shared CPU (one scheduler slice each) st
 def comm_mean_us(samples: list[float]) -> float:
     """Expected time of a communication point: the plain mean of its runs, wild ones out
     (`WILD_US`). Not a trimmed mean: gloo's run times are skewed, a few runs far above
-    the median, and dropping the slowest run takes a real share of the mean off (docs/validation.md, calibration's design figures)."""
+    the median, and dropping the slowest run takes a real share of the mean off (docs/validation.md, Calibration's design figures)."""
     if not samples:
         raise ValueError("no samples")
     median = statistics.median(samples)
@@ -216,7 +216,7 @@ def precise(samples: list[float], min_runs: int, *, earlier: list[float] | tuple
     The time floor is there because stopping as soon as the runs agree favours
     stretches without stalls: gloo calls on a small shared CPU stall for a scheduler
     slice in a fraction of runs, and stopping on the standard error alone puts such
-    points below their mean (docs/validation.md, calibration's design figures); see tests/test_calibrate_fit.py).
+    points below their mean (docs/validation.md, Calibration's design figures); see tests/test_calibrate_fit.py).
 
     A point measured in `passes` passes (see `measure.Pooled`): `samples` are this pass's
     runs and `earlier` those of the passes before it. Each pass takes its share of the

@@ -53,15 +53,15 @@ REDUCING = (OpKind.ALL_REDUCE, OpKind.REDUCE_SCATTER, OpKind.REDUCE)
 AVERAGING = (OpKind.ALL_REDUCE, OpKind.REDUCE_SCATTER)
 """Reductions also timed with op=avg, in fp32 and REDUCED_DTYPES: data parallelism
 averages gradients with them (DDP, FSDP), and gloo's avg costs more than its sum
-(docs/validation.md, calibration's design figures)."""
+(docs/validation.md, Calibration's design figures)."""
 PASSES = 3
 """Compute rates and communication are measured in this many passes over every series
 and size, each point's runs pooled (`measure.Pooled`): a point then averages the
 machine's speed over the calibration instead of taking that of the few seconds it was
-measured in (docs/validation.md, calibration's design figures)."""
+measured in (docs/validation.md, Calibration's design figures)."""
 PASS_DRIFT_WARN = 0.15
 """calibrate warns when one pass ran this much slower than another (`fit.pass_ratios`):
-a shared machine's speed moves between a calibration and the runs after it (docs/validation.md, calibration's design figures)."""
+a shared machine's speed moves between a calibration and the runs after it (docs/validation.md, Calibration's design figures)."""
 REPEATS = 30
 """Timed runs per point at least, over its passes (`--repeats`)."""
 NOISE_PIECES = 3

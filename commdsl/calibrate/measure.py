@@ -84,7 +84,7 @@ def _local_time_us(probe: Probe, fn: Callable[[], None], *, warmup: int | None =
 class Pooled:
     """One point (a communication, a matmul) measured in several passes spread over the
     calibration, its runs pooled: a shared machine's communication speed drifts within a
-    minute (docs/validation.md, calibration's design figures), and a point measured in one burst takes the speed of its moment.
+    minute (docs/validation.md, Calibration's design figures), and a point measured in one burst takes the speed of its moment.
     Each pass adds its share of the runs (`fit.precise`); every rank holds the same
     samples, so all ranks stop after the same chunk."""
 
