@@ -30,7 +30,7 @@ import os
 import statistics
 import sys
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 
 import yaml
@@ -234,8 +234,9 @@ one (a transport of a new model) is one entry. A channel none covers keeps its r
 _NIC = 0
 _FIXED = len(RATES)
 
-NCCL_SCALARS = ("launch_us", "launch_per_channel_us", "nvls_latency_us", "nvls_efficiency", "p2p_channel_bandwidth_gb_per_s",
-                "p2p_net_efficiency")  # fmt: skip
+_CONFIG_FIELDS = frozenset(f.name for f in fields(NcclConfig))
+NCCL_SCALARS = tuple(name for name in ("launch_us", "launch_per_channel_us", "nvls_latency_us", "net_latency_us", "nvls_efficiency",
+                                       "p2p_channel_bandwidth_gb_per_s", "p2p_net_efficiency") if name in _CONFIG_FIELDS)  # fmt: skip
 """The `nccl:` numbers the fit may set (`NcclConfig` fields), beside each protocol's
 latencies, efficiency and per-channel rate (`PROTOCOL_SCALARS`) and the rates (`RATES`).
 How each enters an op's time is the closed form's (`_predict`): the latencies through
@@ -270,8 +271,13 @@ LATENCIES = (
     Latency(lambda proto, intra: f"protocols.{proto.value}.hop.{intra.value}", lambda cfg, proto, v: _set_hops(cfg, proto, v, False)),
     Latency(lambda proto, intra: f"protocols.{proto.value}.hop.network", lambda cfg, proto, v: _set_hops(cfg, proto, v, True)),
     Latency(lambda proto, intra: "nvls_latency_us", lambda cfg, proto, v: replace(cfg, nvls_latency_us=v)),
+    # The network's own latency per message (TCPXO, RoCE), in NCCL models that have it.
+    *([Latency(lambda proto, intra: "net_latency_us", lambda cfg, proto, v: replace(cfg, net_latency_us=v))]
+      if "net_latency_us" in _CONFIG_FIELDS else []),
 )  # fmt: skip
 """Every latency the fit may set: a new one of NCCL's model is one entry."""
+LATENCY_FLOOR_US = 0.1
+"""Where the fit starts a latency the base machine has at 0 (it fits logarithms)."""
 
 
 @dataclass
@@ -408,7 +414,8 @@ def _uses(p: _Point, vals: dict[str, float]) -> set[str]:
             used.add("p2p_net_efficiency")
     elif not p.nvls and math.isfinite(vals[f"protocols.{v}.channel_bandwidth_gb_per_s"]):
         used.add(f"protocols.{v}.channel_bandwidth_gb_per_s")
-    return {k for k in used if k in vals and vals[k] > 0 and math.isfinite(vals[k])}
+    latencies = {entry.name(p.proto, p.intra) for entry in LATENCIES}
+    return {k for k in used if k in vals and math.isfinite(vals[k]) and (vals[k] > 0 or (k in latencies and vals[k] == 0))}
 
 
 PRIOR = 0.0002
@@ -465,8 +472,8 @@ def _minimise(points: list[_Point], base_vals: dict[str, float], free: list[str]
               progress: Callable[[str], None]) -> dict[str, float]:  # fmt: skip
     """The free parameters' values minimising the points' soft-L1 log error, pulled towards
     `base_vals` (`PRIOR`), from `start`."""
-    centre = [math.log(base_vals[k]) for k in free]
-    x0 = [math.log(start[k]) for k in free]
+    centre = [math.log(base_vals[k] or LATENCY_FLOOR_US) for k in free]
+    x0 = [math.log(start[k] or LATENCY_FLOOR_US) for k in free]
     measured = [p.measured_us for p in points]
     vals = dict(start)
 
