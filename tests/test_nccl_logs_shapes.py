@@ -40,7 +40,7 @@ SHAPES = [
       (46, "all_reduce_perf", 4, 4, 1, False, Dtype.FP32, H100, None, None, "2.18.5", None, 25, 8, 18.0, 18.18),
       (89, "all_reduce_perf", 8, 8, 1, False, Dtype.FP32, H100, None, None, "2.18.5", None, 25, 8, 26.0, 26.26)]),
     ("all_reduce_perf:8=headerless_table.txt",
-     [(3, "all_reduce_perf", 8, 1, 1, False, Dtype.FP32, "", None, None, None, None, 11, 1048576, 35.79, 36.15)]),
+     [(3, "all_reduce_perf", 8, 1, None, False, Dtype.FP32, "", None, None, None, None, 11, 1048576, 35.79, 36.15)]),
     ("all_reduce_perf=old_format_no_root.log",
      [(1, "all_reduce_perf", 8, 8, 1, False, Dtype.FP32, "Tesla V100-SXM2-32GB", None, None, None, None, 24, 8, 18.0, 18.18)]),
     ("per_iteration_graph_threads.log",
@@ -72,7 +72,7 @@ def test_each_shape_reads_as_the_runs_it_records(spec, runs):
         line, tool, ranks, per_thread, nodes, graph, dtype, device, algos, protos, version, channels, n, size, t, t_in = want
         assert log.path == (path if len(runs) == 1 else f"{path}:{line}") and log.line == line
         assert (log.tool, log.ranks, log.gpus_per_process, log.nodes, log.graph) == (tool, ranks, per_thread, nodes, graph)
-        assert log.ranks_per_node == ranks // nodes
+        assert log.ranks_per_node == (ranks // nodes if nodes else None)
         assert (log.dtype, log.device, log.nccl_version, log.channels) == (dtype, device, version, channels)
         assert log.algos == (frozenset(algos) if algos else None) and log.protos == (frozenset(protos) if protos else None)
         assert len(log.points) == n and (log.points[0].size_bytes, log.points[0].time_us, log.points[0].in_place_us) == (size, t, t_in)

@@ -7,8 +7,8 @@ threads, comm queues, gloo's I/O, the host) sharing the cores, which a benchmark
 does not reproduce. So these are measured where they happen: small probe schedules run
 through `commdsl.run`'s own executor on every rank (`run_probe`).
 
-Stalls. 10 ms compute ops ran 10.1 ms at the median and about 14 ms in 12% of runs
-inside a schedule, against 2% in a compute loop alone. `STALL_PROBE` runs compute ops
+Stalls. Compute ops stall (run a scheduler slice longer) far more often inside a
+schedule than in a compute loop alone (docs/validation.md, Calibration's design figures). `STALL_PROBE` runs compute ops
 between exchanges and all_reduces, and every compute op's time over its requested
 duration gives the stalls:
 
@@ -24,10 +24,9 @@ sampled run (`simulate --samples N`).
 The typical excess itself is not noise: it gives `duration_stretch`, the median compute
 op's time over its requested duration (1 + typical excess / duration), which the
 simulator applies to every op with an explicit duration. The executor times its work at
-start-up, alone; inside a schedule, beside the comm threads, the same work ran 1.3-2%
-longer at the median in the bundled schedules (36 runs) and 2-4% in this probe, and
-schedules of compute on one stream were predicted 1-4% short. Re-simulating those 36
-runs with a stretch of 1.02-1.04 met both accuracy targets in 23-24 of them, against 21.
+start-up, alone; inside a schedule, beside the comm threads, the same work runs a few
+percent longer at the median, and without the stretch schedules of compute on one
+stream are predicted that much short (docs/validation.md, Calibration's design figures).
 
 Interference. `OVERLAP_PROBE` runs one comm op alone, a compute op alone, then the same
 comm op on a comm stream beside a compute op started with it (`overlap`); or a copy
@@ -93,8 +92,8 @@ all_reduce every other round, so compute shares the cores with comm threads, as 
 bundled schedules."""
 
 STALL_MIN_US = 1000.0
-"""An op stalled if it ran this much longer than the typical op (a scheduler slice is
-4 ms here; calibrated durations are within a few hundred microseconds)."""
+"""An op stalled if it ran this much longer than the typical op: below a scheduler
+slice, above the spread of calibrated durations."""
 
 
 @dataclass(frozen=True)
@@ -149,18 +148,15 @@ class NoiseResult:
 
 PROBE_ITERS = 50
 """Iterations of one piece of the probe (calibration runs `NOISE_PIECES` and keeps the
-median piece, `combine_pieces`): stalls are rare (2-11 per second of compute), so
-their rate is a Poisson count; 50 iterations (6 s of compute over 2 ranks) count 12-65
-of them, a standard error of 12-30%."""
+median piece, `combine_pieces`): stalls are rare, so their rate is a Poisson count,
+and its standard error is one over the square root of the stalls counted (docs/validation.md, Calibration's design figures)."""
 
 
 def combine_pieces(pieces: list[NoiseResult]) -> NoiseResult:
     """The piece with the median stall rate (the lower of two middle ones), with the median
-    of the pieces' typical excess. Stalls come in episodes: one calibration's single
-    100-iteration probe counted 30 stalls a second against 3-11 in eleven others, and
-    predicted eight of ten schedules 9-14% long; an episode moves the typical excess too
-    (a piece's median compute op ran 1.14x its duration where the other two ran 1.02x and
-    1.03x), and may do so in a piece with a middle stall rate."""
+    of the pieces' typical excess. Stalls come in episodes: a probe run in one burst can
+    meet one and count several times the usual rate; an episode moves the typical excess
+    too, and may do so in a piece with a middle stall rate (docs/validation.md, Calibration's design figures)."""
     kept = sorted(pieces, key=lambda p: p.stalls_per_s)[(len(pieces) - 1) // 2]
     typical = statistics.median_low(p.compute.typical_us for p in pieces)
     return replace(kept, compute=replace(kept.compute, typical_us=typical))
@@ -225,10 +221,9 @@ program: |
       barrier
       barrier
 """
-"""The barrier probe. A barrier loop (barrier after barrier on the calling thread) timed
-0.26 ms a barrier; inside the executor, where a barrier goes from a stream to a comm
-queue thread and wakes the stream and the host when done, the same machine's barriers
-took about 1 ms (memcpy_vs_nccl, ten barriers an iteration, was predicted 7-8% short)."""
+"""The barrier probe. Inside the executor a barrier goes from a stream to a comm queue
+thread and wakes the stream and the host when done, which costs several times a barrier
+loop's (barrier after barrier on the calling thread) (docs/validation.md, Calibration's design figures)."""
 
 
 def _group_span(spans: Iterable[tuple[float, float]]) -> float:
@@ -369,8 +364,7 @@ class Overlap:
     def comm_compute_slowdown(self) -> float:
         """Compute's slowdown while the comm op runs, on the rank it slows most (at least 1;
         at most MAX_SLOWDOWN). The most, not a middle value: ranks meet at every comm op,
-        so the slowest one paces the schedule, and on a shared CPU they differ (an fp32
-        all_reduce slowed one rank's compute 1.58x and the other's 1.19x)."""
+        so the slowest one paces the schedule, and on a shared CPU they differ widely."""
         return max(map(_compute_slowdown, self.compute_alone_us, self.compute_beside_us, self.overlap_us))
 
 
@@ -412,20 +406,16 @@ def overlap_from(records: list[list[dict[str, tuple[float, float]]]], rounds: in
 @dataclass(frozen=True)
 class OverlapPieces:
     """One comm op's overlap probe run in pieces minutes apart; each factor is the median
-    of the pieces' (one calibration's single burst timed an all_gather at 6.7 ms alone and
-    7.5 ms beside compute, x1.1 where fourteen others said x1.4-2.6, and predicted fsdp
-    19% short). Medians of factors, not factors of median times: the compute slowdown is
+    of the pieces' (a single burst can time a factor far from every other calibration's
+    (docs/validation.md, Calibration's design figures)). Medians of factors, not factors of median times: the compute slowdown is
     the slowest rank's, which may be another rank in each piece.
 
     With `loop_alone_us`, the op's slowdown beside compute is its median time beside
     compute over that: the simulator scales the loop-calibrated time, so the ratio that
     makes it reproduce the probe's time beside compute is to that time, not to the
     probe's own time alone. The probe runs its op alone right after compute, and there
-    it is slow and noisy: an all_gather alone took 4.8-10.0 ms in the probe where the
-    loops said 5.0-6.9 ms, and the higher it came out the shorter fsdp was predicted
-    (correlation -0.41 over 27 calibrations; -15.1% with the probe's all_gather alone at
-    1.68x the loop's). Re-simulated against the same 27 runs' measurements, the loop's
-    time met both accuracy targets in 19 runs instead of 17."""
+    it is slow and noisy, and the higher it comes out the shorter schedules are
+    predicted (docs/validation.md, Calibration's design figures)."""
 
     pieces: tuple[Overlap, ...]
     loop_alone_us: float | None = None

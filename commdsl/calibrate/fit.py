@@ -169,15 +169,13 @@ def expected_us(samples: list[float]) -> float:
 WILD_US = 50_000.0
 """A communication run more than this much (and more than its median again) above the
 median of its point is wild, a preempted VM or a page storm, and is left out; the
-scheduler stalls gloo's calls meet on a shared CPU (one slice, 3-10 ms) stay in."""
+scheduler stalls gloo's calls meet on a shared CPU (one scheduler slice each) stay in."""
 
 
 def comm_mean_us(samples: list[float]) -> float:
     """Expected time of a communication point: the plain mean of its runs, wild ones out
-    (`WILD_US`). Not a trimmed mean: gloo's run times are skewed (a 1 KiB-4 MiB
-    broadcast, gather or scatter runs over twice its median in 2-6.5% of runs, its
-    slowest run 7-48x its mean), and dropping the slowest run took 12-16% off such 4 MiB
-    points in 30 runs, and more at small sizes (CI VM samples)."""
+    (`WILD_US`). Not a trimmed mean: gloo's run times are skewed, a few runs far above
+    the median, and dropping the slowest run takes a real share of the mean off (docs/validation.md, Calibration's design figures)."""
     if not samples:
         raise ValueError("no samples")
     median = statistics.median(samples)
@@ -216,10 +214,9 @@ def precise(samples: list[float], min_runs: int, *, earlier: list[float] | tuple
     within `PRECISION` of it; or the run or time budget spent.
 
     The time floor is there because stopping as soon as the runs agree favours
-    stretches without stalls. gloo calls on a small shared CPU stall for ~4 ms in a
-    fraction of runs that ranges from a few percent (broadcast, gather, scatter) to half
-    (small all_reduces); stopping on the standard error alone, such points came out
-    5-13% below their mean (CI VM samples resampled; see tests/test_calibrate_fit.py).
+    stretches without stalls: gloo calls on a small shared CPU stall for a scheduler
+    slice in a fraction of runs, and stopping on the standard error alone puts such
+    points below their mean (docs/validation.md, Calibration's design figures); see tests/test_calibrate_fit.py).
 
     A point measured in `passes` passes (see `measure.Pooled`): `samples` are this pass's
     runs and `earlier` those of the passes before it. Each pass takes its share of the

@@ -48,23 +48,20 @@ COLLECTIVES = (
 )  # fmt: skip
 REDUCED_DTYPES = (Dtype.BF16,)
 """Reductions are also timed in these dtypes: a reduction's cost depends on the element
-type (gloo reduces bf16 at an eighth of fp32's speed per byte on a CPU)."""
+type (gloo reduces bf16 far slower per byte than fp32 on a CPU)."""
 REDUCING = (OpKind.ALL_REDUCE, OpKind.REDUCE_SCATTER, OpKind.REDUCE)
 AVERAGING = (OpKind.ALL_REDUCE, OpKind.REDUCE_SCATTER)
 """Reductions also timed with op=avg, in fp32 and REDUCED_DTYPES: data parallelism
 averages gradients with them (DDP, FSDP), and gloo's avg costs more than its sum
-(interleaved on the CPU VM, 16 MiB in bf16: 11.4 against 9.8 ms for a reduce_scatter,
-9.8 against 8.1 ms for an all_reduce; 4 MiB fp32 all_reduce: 2.3 against 1.6 ms)."""
+(docs/validation.md, Calibration's design figures)."""
 PASSES = 3
 """Compute rates and communication are measured in this many passes over every series
-and size, each point's runs pooled (`measure.Pooled`): a point then averages the VM's
-speed over the calibration instead of taking that of the few seconds it was measured in
-(one calibration's bf16 matmul, timed in one burst, came out at 0.33 TFLOP/s where
-others said 0.37-0.45, and predicted tp_mlp 31% long)."""
+and size, each point's runs pooled (`measure.Pooled`): a point then averages the
+machine's speed over the calibration instead of taking that of the few seconds it was
+measured in (docs/validation.md, Calibration's design figures)."""
 PASS_DRIFT_WARN = 0.15
-"""calibrate warns when one pass ran this much slower than another (`fit.pass_ratios`).
-On the CI VM the bench's schedules moved 10-20% with the machine's speed between a
-calibration and the runs after it."""
+"""calibrate warns when one pass ran this much slower than another (`fit.pass_ratios`):
+a shared machine's speed moves between a calibration and the runs after it (docs/validation.md, Calibration's design figures)."""
 REPEATS = 30
 """Timed runs per point at least, over its passes (`--repeats`)."""
 NOISE_PIECES = 3
@@ -212,8 +209,8 @@ def add_arguments(p: argparse.ArgumentParser) -> list[argparse.Action]:
         help="keep every rank busy with matrix multiplies this long before measuring, so that a machine "
              "that was idle is measured at the speed it runs under load (default 0)")  # fmt: skip
     add("--from-nccl-tests", nargs="+", metavar="LOG", default=(),
-        help="fit a GPU cluster's NCCL model to these nccl-tests logs (TOOL=LOG for a log that does not name its "
-             "tool) instead of measuring; needs no torch")  # fmt: skip
+        help="fit a GPU cluster's NCCL model to these nccl-tests logs, as saved (TOOL=LOG for a log that does not name "
+             "its tool, TOOL:GPUS=LOG for a table without nccl-tests' header) instead of measuring; needs no torch")  # fmt: skip
     add("--machine", help="with --from-nccl-tests: base preset or file with the cluster's topology (default: by GPU name); "
         "with one rank: the preset or file whose transports the file takes, which one rank cannot measure "
         "(default: h100-nvlink on a GPU, cpu-loopback on a CPU)")  # fmt: skip

@@ -83,9 +83,8 @@ def _local_time_us(probe: Probe, fn: Callable[[], None], *, warmup: int | None =
 @dataclass
 class Pooled:
     """One point (a communication, a matmul) measured in several passes spread over the
-    calibration, its runs pooled: the VM's communication speed drifts by 10-20% within a minute
-    (five back-to-back estimates of a 16 MiB all_reduce, each to a 5% standard error,
-    gave 4.9-6.1 ms), and a point measured in one burst takes the speed of its moment.
+    calibration, its runs pooled: a shared machine's communication speed drifts within a
+    minute (docs/validation.md, Calibration's design figures), and a point measured in one burst takes the speed of its moment.
     Each pass adds its share of the runs (`fit.precise`); every rank holds the same
     samples, so all ranks stop after the same chunk."""
 
@@ -120,9 +119,8 @@ class Pooled:
 
 TIMING_CHUNK = 5
 """Communication runs timed between two exchanges of their timings: one all_reduce per
-chunk instead of one per run saves about half of the ~1.2 ms each run spent outside its
-own timing on the CI VM (a barrier and an exchange), which pays for the runs that
-`fit.precise` asks for."""
+chunk instead of one per run saves most of what each run spends outside its own timing
+(a barrier and an exchange), which pays for the runs that `fit.precise` asks for."""
 
 
 def _group_time_us(probe: Probe, fn: Callable[[], None], *, member: bool = True, warmup: int | None = None,

@@ -32,6 +32,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from commdsl.errors import LogError, SourceLoc, UsageError
 from commdsl.files import is_file, read_text, source_lines
@@ -116,10 +117,10 @@ class NcclTestsLog:
     """GPUs in the run (the `# Rank` lines, or the GPU count given with a headerless table)."""
     gpus_per_process: int
     """GPUs one thread drives (nGpus); the thread launches each op on all of them in turn."""
-    nodes: int
-    """Distinct hosts of the ranks."""
-    ranks_per_node: int
-    """GPUs of the run on each host."""
+    nodes: int | None
+    """Distinct hosts of the ranks (None: not said, a table without its header)."""
+    ranks_per_node: int | None
+    """GPUs of the run on each host (None: not said)."""
     graph: bool
     """Ops were launched from CUDA graphs (`-G N`): no per-op host launch."""
     dtype: Dtype
@@ -135,6 +136,8 @@ class NcclTestsLog:
     """NCCL's channel counts from the INFO lines; None: not reported."""
     line: int = 1
     """The run's first line in the file."""
+    file: str = ""
+    """The file, as the user named it (`path` without the run's line)."""
 
 
 @dataclass(frozen=True)
@@ -182,8 +185,6 @@ def read_logs(args: list[str], notes: list[str] | None = None) -> list[NcclTests
 
 def _exists(path: str) -> bool:
     try:
-        from pathlib import Path
-
         return Path(path).exists()
     except (OSError, ValueError):
         return False
@@ -254,9 +255,8 @@ class _Reader:
         # What the text between runs says of the next one.
         self.next_tool: tuple[str, int] | None = None
         self.next_version: str | None = None
-        self.failed: list[str] = []
-        """Runs that ended before their first result (a sweep's failed test), as `notes` tells them."""
         self.notes = notes
+        """Hears of the runs that ended before their first result (a sweep's failed test)."""
 
     def loc(self, i: int, col: int = 1) -> SourceLoc:
         return SourceLoc(self.path, i + 1, col, self.lines[i] if i < len(self.lines) else "")
@@ -271,15 +271,11 @@ class _Reader:
                 self._line(i, line, raw.find(line) + 1 if line in raw else 1)
         if self.run is not None and not self.run.closed and not self.run.points and self.runs[:-1]:
             self._failed(self.run)  # the last run of a sweep failed; the others stand
-        if not self.runs and self.failed:
-            raise LogError(f"no results: every run of the log failed before its first result ({'; '.join(self.failed[:3])})",
-                           SourceLoc(self.path, len(self.lines), 1, self.lines[-1] if self.lines else ""),
-                           hint="the runs failed or the log is cut off")  # fmt: skip
         if not self.runs:
             raise LogError("not nccl-tests output: no `# nThread ... nGpus ...` header and no result table",
                            SourceLoc(self.path, 1, 1, self.lines[0] if self.lines else ""),
                            hint="pass the output of nccl-tests *_perf runs (all_reduce_perf, ...)")  # fmt: skip
-        return [self._finish(run, k) for k, run in enumerate(self.runs)]
+        return [self._finish(run) for run in self.runs]
 
     def _line(self, i: int, line: str, col: int) -> None:
         run = self.run
@@ -359,7 +355,6 @@ class _Reader:
         """Drop a run that ended before its first result: it measured nothing."""
         self.runs.remove(run)
         what = f"{self.path}:{run.line}: {run.tool or 'a run'} ended before its first result" + (f" ({run.failure})" if run.failure else "")
-        self.failed.append(what)
         if self.notes is not None:
             self.notes.append(f"skipped {what}")
 
@@ -474,7 +469,7 @@ class _Reader:
             raise LogError(f"{what} {_short(word)} is out of range: it must be from {lo} to {hi}", self.loc(i, col), hint=hint)
         return int(word)
 
-    def _finish(self, run: _Run, k: int) -> NcclTestsLog:
+    def _finish(self, run: _Run) -> NcclTestsLog:
         path = self.path if len(self.runs) == 1 else f"{self.path}:{run.line}"
 
         def at(line: int) -> SourceLoc:
@@ -507,8 +502,8 @@ class _Reader:
             if given.ranks is None:
                 raise LogError(f"a result table without nccl-tests' header (line {run.line}): the log does not say how many GPUs ran it",
                                at(run.line), hint=f"name the tool and the GPU count: {tool}:GPUS=FILE, e.g. {tool}:8={self.path}")  # fmt: skip
-            return NcclTestsLog(path, tool, TOOLS[tool], given.ranks, 1, 1, given.ranks, False, run.dtype, "", tuple(run.points),
-                                run.algos, run.protos, run.version, run.channels, run.line)  # fmt: skip
+            return NcclTestsLog(path, tool, TOOLS[tool], given.ranks, 1, None, None, False, run.dtype, "", tuple(run.points),
+                                run.algos, run.protos, run.version, run.channels, run.line, self.path)  # fmt: skip
         ranks = run.ranks
         if not ranks:
             raise LogError("no `# Rank N ... on HOST device D` lines: cannot tell the GPUs", at(run.line))
@@ -539,7 +534,7 @@ class _Reader:
                            at(run.line))  # fmt: skip
         per_node = next(iter(per_host.values()))
         return NcclTestsLog(path, tool, TOOLS[tool], n, per_thread, len(per_host), per_node, run.graph, run.dtype, devices.pop(),
-                            tuple(run.points), run.algos, run.protos, run.version, run.channels, run.line)  # fmt: skip
+                            tuple(run.points), run.algos, run.protos, run.version, run.channels, run.line, self.path)  # fmt: skip
 
 
 def _starts(line: str) -> list[int]:

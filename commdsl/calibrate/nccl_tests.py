@@ -11,12 +11,16 @@ only every G launches: its issue cost is G x NCCL's launch (`nccl.launch_us` +
 `nccl.launch_per_channel_us` x channels); with CUDA graphs (`-G`) there is none.
 
 `from_nccl_tests` fits the NCCL physics of a base machine (a preset with the topology of
-the cluster) to the logs: protocol latencies, the NVLink and NIC rates NCCL reaches, the
-per-channel rates, NVLS, P2P and the launch cost, whichever the logs' points depend on
-(a parameter no point depends on keeps the base machine's value). It minimises the
-squared log error of every point, each point timed by the closed form of the same model
-(`_Point`), then checks the fit with the simulator itself, writes the machine file and
-prints the error per log.
+the cluster) to the logs: every parameter of `LATENCIES`, `NCCL_SCALARS`,
+`PROTOCOL_SCALARS` and `RATES` that some point depends on (the rest keep the base
+machine's values). It minimises a soft-L1 log error of every point, each point timed by
+a closed form of the simulator's model (`_Point`: NCCL's choice, the loads and the
+latency coefficients taken from the model on the machine, linear in the parameters),
+then writes the fitted machine file and recomputes the points on it, again until NCCL's
+choices no longer move, so that the closed form is the simulator on the training points.
+The report is the simulator's: every point of every log simulated on the written machine
+(`simulated_errors`), with the parameters each log fitted. `holdout_errors` fits part of
+each log's sizes and predicts the rest (calibrate-then-predict).
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ import os
 import statistics
 import sys
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 
 import yaml
@@ -34,7 +38,7 @@ import yaml
 from commdsl.calibrate.nccl_logs import Channels, NcclTestsLog, read_logs
 from commdsl.dsl import load_schedule_text
 from commdsl.calibrate.fit import nelder_mead
-from commdsl.errors import SourceLoc, UsageError, require_output_folder
+from commdsl.errors import CommdslError, LogError, SourceLoc, UsageError, require_output_folder
 from commdsl.files import write_text
 from commdsl.ir import Algo, Dtype, Op, OpKind, Protocol, Transport
 from commdsl.machine.loader import load_machine, load_machine_text, resolve_machine
@@ -86,7 +90,7 @@ class Run:
         """The run a log records; NCCL_ALGO / NCCL_PROTO from the log, else `algo` / `proto`."""
         a = next(iter(log.algos)) if log.algos is not None and len(log.algos) == 1 else algo
         p = next(iter(log.protos)) if log.protos is not None and len(log.protos) == 1 else proto
-        per_node = log.ranks_per_node if log.nodes > 1 else None
+        per_node = log.ranks_per_node if log.nodes is not None and log.nodes > 1 else None
         return Run(log.op, log.ranks, log.gpus_per_process, log.graph, log.dtype, a, p, ranks_per_node=per_node, channels=log.channels)
 
 
@@ -230,11 +234,50 @@ one (a transport of a new model) is one entry. A channel none covers keeps its r
 _NIC = 0
 _FIXED = len(RATES)
 
-NCCL_SCALARS = ("launch_us", "launch_per_channel_us", "nvls_latency_us", "nvls_efficiency", "p2p_channel_bandwidth_gb_per_s",
-                "p2p_net_efficiency")  # fmt: skip
+_CONFIG_FIELDS = frozenset(f.name for f in fields(NcclConfig))
+NCCL_SCALARS = tuple(name for name in ("launch_us", "launch_per_channel_us", "nvls_latency_us", "net_latency_us", "nvls_efficiency",
+                                       "p2p_channel_bandwidth_gb_per_s", "p2p_net_efficiency") if name in _CONFIG_FIELDS)  # fmt: skip
 """The `nccl:` numbers the fit may set (`NcclConfig` fields), beside each protocol's
-latencies, efficiency and per-channel rate (`PROTOCOL_SCALARS`) and the rates (`RATES`)."""
+latencies, efficiency and per-channel rate (`PROTOCOL_SCALARS`) and the rates (`RATES`).
+How each enters an op's time is the closed form's (`_predict`): the latencies through
+`LATENCIES`, the rates through `RATES`."""
 PROTOCOL_SCALARS = ("base_latency_us", "efficiency", "channel_bandwidth_gb_per_s")
+
+
+def _set_hops(cfg: NcclConfig, proto: Protocol, value: float, network: bool) -> NcclConfig:
+    spec = cfg.protocol(proto)
+    hops = tuple((h, value if (h is HopKind.NETWORK) == network else us) for h, us in spec.hop_latency_us)
+    return _with_protocol(cfg, proto, replace(spec, hop_latency_us=hops))
+
+
+def _with_protocol(cfg: NcclConfig, proto: Protocol, spec) -> NcclConfig:
+    return replace(cfg, protocols=tuple((p, spec if p is proto else s) for p, s in cfg.protocols))
+
+
+@dataclass(frozen=True)
+class Latency:
+    """A latency of NCCL's model the fit sets: an op's latency is linear in them, and its
+    coefficient (how many of it the op pays) is read off the model with this latency at 1
+    and every other at 0."""
+
+    name: Callable[[Protocol, HopKind], str]
+    """Its parameter's name for a point of this protocol whose steps inside a node cross this hop kind."""
+    set: Callable[[NcclConfig, Protocol, float], NcclConfig]
+
+
+LATENCIES = (
+    Latency(lambda proto, intra: f"protocols.{proto.value}.base_latency_us",
+            lambda cfg, proto, v: _with_protocol(cfg, proto, replace(cfg.protocol(proto), base_latency_us=v))),
+    Latency(lambda proto, intra: f"protocols.{proto.value}.hop.{intra.value}", lambda cfg, proto, v: _set_hops(cfg, proto, v, False)),
+    Latency(lambda proto, intra: f"protocols.{proto.value}.hop.network", lambda cfg, proto, v: _set_hops(cfg, proto, v, True)),
+    Latency(lambda proto, intra: "nvls_latency_us", lambda cfg, proto, v: replace(cfg, nvls_latency_us=v)),
+    # The network's own latency per message (TCPXO, RoCE), in NCCL models that have it.
+    *([Latency(lambda proto, intra: "net_latency_us", lambda cfg, proto, v: replace(cfg, net_latency_us=v))]
+      if "net_latency_us" in _CONFIG_FIELDS else []),
+)  # fmt: skip
+"""Every latency the fit may set: a new one of NCCL's model is one entry."""
+LATENCY_FLOOR_US = 0.1
+"""Where the fit starts a latency the base machine has at 0 (it fits logarithms)."""
 
 
 @dataclass
@@ -249,8 +292,8 @@ class _Point:
     proto: Protocol
     nvls: bool
     p2p: bool
-    latency: tuple[float, float, float, float]
-    """Latency = [base, intra hop, network hop, nvls latency] . these coefficients."""
+    latency: tuple[float, ...]
+    """Per entry of `LATENCIES`, how many of it the point's latency is."""
     per_byte: tuple[float, ...]
     """Per rate of `RATES` (and last, the channels none covers), the largest data bytes per
     byte of size over the base machine's capacity (us/B)."""
@@ -304,23 +347,14 @@ def _point(li: int, m: Machine, flows: NcclFlows, capacity, cls: list[int], run:
             per[cls[ch]] = max(per[cls[ch]], data / capacity[ch])
         if co.cap < math.inf:
             serial = nccl.channel_cap_gb_per_s(m.nccl, used, kind) * 1e3 / co.cap
-    # Latency is linear in the four latency parameters: read its coefficients off unit machines.
-    coeff = []
-    for unit in range(4):
-        cfg = _unit_latencies(m.nccl, c.proto, unit)
-        coeff.append(nccl.latency_us(cfg, kind, flows.layout(pairs[0]), c.algo, c.proto))
+    # Latency is linear in the latency parameters: read its coefficients off unit machines.
+    zero = m.nccl
+    for lat in LATENCIES:
+        zero = lat.set(zero, c.proto, 0.0)
+    coeff = tuple(nccl.latency_us(lat.set(zero, c.proto, 1.0), kind, flows.layout(pairs[0]), c.algo, c.proto) for lat in LATENCIES)
     return _Point(li, float(size), measured, c.proto, c.algo in (Algo.NVLS, Algo.NVLS_TREE), kind in nccl.P2P_BASED,
-                  tuple(coeff), tuple(per), c.channels, serial, 0 if run.graph else run.gpus_per_process, lay.intra_hop,
+                  coeff, tuple(per), c.channels, serial, 0 if run.graph else run.gpus_per_process, lay.intra_hop,
                   (c.algo, c.proto, c.channels))  # fmt: skip
-
-
-def _unit_latencies(cfg: NcclConfig, proto: Protocol, unit: int) -> NcclConfig:
-    spec = cfg.protocol(proto)
-    hops = tuple((h, 1.0 if (unit == 1 and h is not HopKind.NETWORK) or (unit == 2 and h is HopKind.NETWORK) else 0.0)
-                 for h, _ in spec.hop_latency_us)  # fmt: skip
-    spec = replace(spec, base_latency_us=1.0 if unit == 0 else 0.0, hop_latency_us=hops)
-    protocols = tuple((p, spec if p is proto else s) for p, s in cfg.protocols)
-    return replace(cfg, protocols=protocols, nvls_latency_us=1.0 if unit == 3 else 0.0)
 
 
 def _predict(points: list[_Point], values: dict[str, float]) -> list[float]:
@@ -328,8 +362,7 @@ def _predict(points: list[_Point], values: dict[str, float]) -> list[float]:
     out = []
     for p in points:
         proto = p.proto.value
-        lat = (p.latency[0] * values[f"protocols.{proto}.base_latency_us"] + p.latency[1] * values.get(f"protocols.{proto}.hop.{p.intra.value}", 0.0)
-               + p.latency[2] * values.get(f"protocols.{proto}.hop.network", 0.0) + p.latency[3] * values["nvls_latency_us"])  # fmt: skip
+        lat = sum(k * values[entry.name(p.proto, p.intra)] for k, entry in zip(p.latency, LATENCIES) if k)
         eff = values["nvls_efficiency"] if p.nvls else values[f"protocols.{proto}.efficiency"]
         worst = p.per_byte[_FIXED]
         for k, rate in enumerate(RATES):
@@ -367,14 +400,7 @@ def _uses(p: _Point, vals: dict[str, float]) -> set[str]:
     used: set[str] = set()
     if p.host_gpus:
         used |= {"launch_us", "launch_per_channel_us"}
-    if p.latency[0]:
-        used.add(f"protocols.{v}.base_latency_us")
-    if p.latency[1]:
-        used.add(f"protocols.{v}.hop.{p.intra.value}")
-    if p.latency[2]:
-        used.add(f"protocols.{v}.hop.network")
-    if p.latency[3]:
-        used.add("nvls_latency_us")
+    used |= {entry.name(p.proto, p.intra) for k, entry in zip(p.latency, LATENCIES) if k}
     if p.nvls:
         used.add("nvls_efficiency")
     elif not p.p2p and p.proto is not Protocol.LL and any(p.per_byte[:_FIXED]):
@@ -388,7 +414,8 @@ def _uses(p: _Point, vals: dict[str, float]) -> set[str]:
             used.add("p2p_net_efficiency")
     elif not p.nvls and math.isfinite(vals[f"protocols.{v}.channel_bandwidth_gb_per_s"]):
         used.add(f"protocols.{v}.channel_bandwidth_gb_per_s")
-    return {k for k in used if k in vals and vals[k] > 0 and math.isfinite(vals[k])}
+    latencies = {entry.name(p.proto, p.intra) for entry in LATENCIES}
+    return {k for k in used if k in vals and math.isfinite(vals[k]) and (vals[k] > 0 or (k in latencies and vals[k] == 0))}
 
 
 PRIOR = 0.0002
@@ -445,8 +472,8 @@ def _minimise(points: list[_Point], base_vals: dict[str, float], free: list[str]
               progress: Callable[[str], None]) -> dict[str, float]:  # fmt: skip
     """The free parameters' values minimising the points' soft-L1 log error, pulled towards
     `base_vals` (`PRIOR`), from `start`."""
-    centre = [math.log(base_vals[k]) for k in free]
-    x0 = [math.log(start[k]) for k in free]
+    centre = [math.log(base_vals[k] or LATENCY_FLOOR_US) for k in free]
+    x0 = [math.log(start[k] or LATENCY_FLOOR_US) for k in free]
     measured = [p.measured_us for p in points]
     vals = dict(start)
 
@@ -500,9 +527,7 @@ def from_nccl_tests(paths: list[str], out: str, base: str | None = None, algo: A
     """Fit a machine to nccl-tests logs and write it to `out` (see the module doc); returns
     the machine read back from the file. `algo`/`proto`: NCCL_ALGO / NCCL_PROTO of the
     runs whose logs do not say (NCCL INFO lines). Nothing is left at `out` if it fails."""
-    require_output_folder("--out", out)
-    if Path(out).is_dir():
-        raise UsageError(f"--out {out}: a folder; give the path of the machine file to write", hint="e.g. --out cluster.yaml")
+    target = _output_path(out)
     progress = progress or Progress("calibrate", enabled=False)
     notes: list[str] = []
     logs = read_logs(paths, notes)
@@ -530,14 +555,29 @@ def from_nccl_tests(paths: list[str], out: str, base: str | None = None, algo: A
     machine_out = load_machine_text(text, out)
     report = simulated_errors(machine_out, logs, runs, progress)
     # Written last, in one rename: a failure before leaves nothing claiming to be a calibration.
-    tmp = Path(out).with_name(f".{Path(out).name}.{os.getpid()}.tmp")
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
     try:
         write_text(tmp, text, "--out")
-        os.replace(tmp, out)
+        os.replace(tmp, target)
     finally:
         tmp.unlink(missing_ok=True)
     _report(machine, logs, fitted, report, echo)
     return load_machine(out)
+
+
+def _output_path(out: str) -> Path:
+    """The file `--out` names (a symlink's target), checked before any work: its folder
+    exists, and it is a regular file or nothing yet (a folder, a device, a FIFO or a
+    symlink loop is refused, never replaced)."""
+    require_output_folder("--out", out)
+    try:
+        target = Path(out).resolve()
+    except (OSError, RuntimeError) as e:  # RuntimeError: a symlink loop
+        raise UsageError(f"--out {out}: {e}") from None
+    if target.exists() and not target.is_file():
+        kind = "a folder" if target.is_dir() else "not a regular file"
+        raise UsageError(f"--out {out}: {kind}; give the path of the machine file to write", hint="e.g. --out cluster.yaml")
+    return target
 
 
 def simulated_errors(machine: Machine, logs: list[NcclTestsLog], runs: list[Run], progress: Progress | None = None) -> list[list[float]]:
@@ -548,7 +588,10 @@ def simulated_errors(machine: Machine, logs: list[NcclTestsLog], runs: list[Run]
     for log, run in zip(logs, runs):
         errs = []
         for p in log.points:
-            errs.append(simulate_run(machine, run, p.size_bytes) / p.time_us - 1.0)
+            try:
+                errs.append(simulate_run(machine, run, p.size_bytes) / p.time_us - 1.0)
+            except CommdslError as e:  # named at the log's line, not the simulated schedule's
+                raise LogError(f"the fitted machine cannot simulate this point: {e.message}", SourceLoc(log.file, p.line, 1)) from None
             progress.advance()
         out.append(errs)
     return out
@@ -589,7 +632,8 @@ def _report(base: Machine, logs: list[NcclTestsLog], fitted: Fitted, errors: lis
     for li, log in enumerate(logs):
         errs = [abs(e) for e in errors[li]]
         used = sorted(fitted.uses[li] & set(fitted.values))
-        echo(f"  {log.path}: {log.tool} on {log.ranks} GPUs ({log.nodes} node(s)): simulator's error median "
+        where = f" ({log.nodes} node(s))" if log.nodes is not None else ""
+        echo(f"  {log.path}: {log.tool} on {log.ranks} GPUs{where}: simulator's error median "
              f"{100 * statistics.median(errs):.1f}%, worst {100 * max(errs):.1f}% over {len(errs)} sizes")  # fmt: skip
         echo(f"    fitted: {', '.join(used) or 'nothing'}; from {base.name}: the other {len(every) - len(used)} parameters and the topology")
     rest = sorted(every - set(fitted.values))

@@ -309,11 +309,10 @@ class Machine:
     for groups of that size only (others use the fitted line, which scales with the
     group). `measured_us` is measured in fp32 (reductions with op=sum; reduce op None
     here); an op of another dtype uses its own table where there is one (a reduction's
-    cost depends on the element type: gloo reduces bf16 at an eighth of fp32's speed per
-    byte on a CPU), the fp32 table otherwise (moving bytes costs the same in any dtype).
-    A reduction with another op uses that op's table where there is one (gloo's avg ran
-    15-20% longer than sum for 16 MiB bf16 on the CPU VM; see `profile_for` for the
-    order of the fallbacks). Real
+    cost depends on the element type: gloo reduces bf16 far slower per byte than fp32
+    on a CPU), the fp32 table otherwise (moving bytes costs the same in any dtype).
+    A reduction with another op uses that op's table where there is one (gloo's avg
+    costs more than its sum; see `profile_for` for the order of the fallbacks). Real
     implementations are not linear in size (gloo on a CPU slows per byte once tensors
     outgrow the caches), so at an op's size the time is interpolated between the measured
     points (log-log; beyond the largest point, bandwidth-bound) and the op's bandwidth term
