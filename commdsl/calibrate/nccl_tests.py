@@ -26,7 +26,6 @@ each log's sizes and predicts the rest (calibrate-then-predict).
 from __future__ import annotations
 
 import math
-import os
 import statistics
 import sys
 from collections.abc import Callable
@@ -527,7 +526,7 @@ def from_nccl_tests(paths: list[str], out: str, base: str | None = None, algo: A
     """Fit a machine to nccl-tests logs and write it to `out` (see the module doc); returns
     the machine read back from the file. `algo`/`proto`: NCCL_ALGO / NCCL_PROTO of the
     runs whose logs do not say (NCCL INFO lines). Nothing is left at `out` if it fails."""
-    target = _output_path(out)
+    require_output_folder("--out", out)  # before any work
     progress = progress or Progress("calibrate", enabled=False)
     notes: list[str] = []
     logs = read_logs(paths, notes)
@@ -554,30 +553,11 @@ def from_nccl_tests(paths: list[str], out: str, base: str | None = None, algo: A
     text = header + yaml.safe_dump(doc, sort_keys=False)
     machine_out = load_machine_text(text, out)
     report = simulated_errors(machine_out, logs, runs, progress)
-    # Written last, in one rename: a failure before leaves nothing claiming to be a calibration.
-    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-    try:
-        write_text(tmp, text, "--out")
-        os.replace(tmp, target)
-    finally:
-        tmp.unlink(missing_ok=True)
+    # Written last (through a temporary file renamed into place): a failure before leaves
+    # nothing claiming to be a calibration.
+    write_text(out, text, "--out")
     _report(machine, logs, fitted, report, echo)
     return load_machine(out)
-
-
-def _output_path(out: str) -> Path:
-    """The file `--out` names (a symlink's target), checked before any work: its folder
-    exists, and it is a regular file or nothing yet (a folder, a device, a FIFO or a
-    symlink loop is refused, never replaced)."""
-    require_output_folder("--out", out)
-    try:
-        target = Path(out).resolve()
-    except (OSError, RuntimeError) as e:  # RuntimeError: a symlink loop
-        raise UsageError(f"--out {out}: {e}") from None
-    if target.exists() and not target.is_file():
-        kind = "a folder" if target.is_dir() else "not a regular file"
-        raise UsageError(f"--out {out}: {kind}; give the path of the machine file to write", hint="e.g. --out cluster.yaml")
-    return target
 
 
 def simulated_errors(machine: Machine, logs: list[NcclTestsLog], runs: list[Run], progress: Progress | None = None) -> list[list[float]]:
