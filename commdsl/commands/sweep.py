@@ -15,6 +15,7 @@ from commdsl.cli import count_at_least
 from commdsl.dsl import DEFAULT_MAX_OPS, parse_overrides
 from commdsl.errors import UsageError
 from commdsl.progress import Progress
+from commdsl.sim.models import DEFAULT_NETWORK, NETWORKS
 from commdsl.sweeps import OUT_SUFFIXES, Executor, Objective, check_output
 
 DEFAULT_TOP = 10
@@ -30,8 +31,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="machine presets or files, separated by commas (default dgx-h100)")  # fmt: skip
     parser.add_argument("--nodes", default=None, metavar="COUNTS",
                         help="node counts of machines with a topology, separated by commas (e.g. 1,2,4)")  # fmt: skip
-    parser.add_argument("--network", default="flow", choices=("flow", "analytic", "flow-steps"),
-                        help="network model (default flow; analytic: no contention, the fastest)")  # fmt: skip
+    parser.add_argument("--network", default=DEFAULT_NETWORK, choices=sorted(NETWORKS),
+                        help=f"network model (default {DEFAULT_NETWORK}; analytic: no contention, the fastest)")  # fmt: skip
     parser.add_argument("-j", "--jobs", type=count_at_least(1), default=os.cpu_count() or 1, metavar="N",
                         help="worker processes (or CPUs of a local Ray instance); default: this machine's CPUs")  # fmt: skip
     parser.add_argument("--executor", default=Executor.LOCAL.value, choices=[e.value for e in Executor],
