@@ -32,8 +32,12 @@ def _no_constant(name: str) -> float:
     raise ValueError(f"{name} is not a JSON number")
 
 
-_DECODER = json.JSONDecoder(parse_constant=_no_constant)
-"""The standard decoder, refusing NaN, Infinity and -Infinity (Python's extension)."""
+_STRICT = json.JSONDecoder(parse_constant=_no_constant)
+"""The standard decoder, refusing NaN, Infinity and -Infinity (Python's extension to JSON):
+for the elements of streamed arrays (a trace's events)."""
+_LENIENT = json.JSONDecoder()
+"""The standard decoder as `json.loads` is, for the other members (a timeline's meta
+holds a machine's infinite bandwidths as Infinity, as `json.dumps` writes them)."""
 _WHITESPACE = " \t\n\r"
 
 
@@ -107,13 +111,15 @@ class ObjectStream:
         self._pos += 1
         return c
 
-    def value(self) -> object:
-        """Decode the next value whole (reading more text while it is cut off)."""
+    def value(self, strict: bool = True) -> object:
+        """Decode the next value whole (reading more text while it is cut off); `strict`:
+        NaN and Infinity are errors."""
+        decoder = _STRICT if strict else _LENIENT
         self._peek()
         want = CHUNK_CHARS
         while True:
             try:
-                value, end = _DECODER.raw_decode(self._buf, self._pos)
+                value, end = decoder.raw_decode(self._buf, self._pos)
             except json.JSONDecodeError as e:
                 # Cut off by the chunk's end: read on, in growing chunks, and decode again.
                 if not self._eof and (e.pos >= len(self._buf) - 64 or e.msg.startswith("Unterminated")):
@@ -154,7 +160,7 @@ class ObjectStream:
                     for place, value in self._elements(key):
                         element(key, value, place)
                 else:
-                    others[key] = self.value()
+                    others[key] = self.value(strict=False)
                 if self._expect(",}", "',' or '}'") == "}":
                     break
         if self._peek():

@@ -130,3 +130,13 @@ def test_a_timeline_reads_back_as_written(trace_data, tmp_path):
     again = tmp_path / "again.json"
     whole.write(again)
     assert json.loads(again.read_text()) == trace_data
+
+
+def test_infinite_values_in_meta_are_read(trace_data, tmp_path):
+    """A machine's infinite bandwidth (a barrier's) sits in the meta as Infinity, as
+    json.dumps writes it: read back as it is; only the events' numbers must be finite."""
+    data = json.loads(json.dumps(trace_data))
+    data["otherData"]["commdsl"]["meta"]["bandwidth_gb_per_s"] = float("inf")
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps(data))
+    assert Timeline.read(path).meta["bandwidth_gb_per_s"] == float("inf")
