@@ -26,17 +26,25 @@ Cases (the targets, see docs/limits.md):
   * nodes_1e8: `simulate --machine dgx-h100 --nodes 100000000`: refused up front;
   * gpus_per_node_1e9: a machine file with `gpus_per_node: 1000000000`: refused up front;
   * nested_loops_1e15 / nested_blocks_1e15: a program that would expand to 10^15 ops
-    (loops nested, or blocks calling blocks): the op limit trips within a second.
+    (loops nested, or blocks calling blocks): the op limit trips within a second;
+  * compare_300mb: `commdsl compare --json` of two timelines of about 300 MB each (1F1B,
+    8 stages, 9,000 microbatches, predicted on two machines; written once, before the
+    timed part, into the temporary folder): target well under 2 GiB and within a minute.
+
+Each line also gives the child's peak resident memory (ru_maxrss).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import resource
 import subprocess
 import sys
+import tempfile
 import time
+from pathlib import Path
 
 WORLD_16K = """
 name: world_16k
@@ -160,6 +168,38 @@ def _refused_nodes() -> str:
     return f"exit {code}"
 
 
+BIG_TRACES = Path(tempfile.gettempdir()) / "commdsl-bench-compare"
+BIG_TRACE_PARAMS = ["-p", "stages=8", "-p", "microbatches=9000"]
+
+
+def _big_traces() -> tuple[str, str]:
+    """Two timelines of about 300 MB each of the same schedule (predicted on two
+    machines), written once into `BIG_TRACES`."""
+    BIG_TRACES.mkdir(exist_ok=True)
+    paths = []
+    for machine in ("h100-nvlink", "a100-nvlink"):
+        path = BIG_TRACES / f"1f1b-{machine}.json"
+        if not path.exists():
+            cmd = [sys.executable, "-m", "commdsl.cli", "simulate", "1f1b", *BIG_TRACE_PARAMS, "--machine", machine, "--trace", str(path), "--json"]
+            subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+        paths.append(str(path))
+    return paths[0], paths[1]
+
+
+def _compare_big() -> str:
+    from commdsl.cli import main
+
+    predicted, measured = (str(BIG_TRACES / f"1f1b-{m}.json") for m in ("h100-nvlink", "a100-nvlink"))
+    size_mb = (os.path.getsize(predicted) + os.path.getsize(measured)) / 2 / 1e6
+    with open(os.devnull, "w") as devnull:
+        stdout, sys.stdout = sys.stdout, devnull
+        try:
+            code = main(["compare", predicted, measured, "--json"])
+        finally:
+            sys.stdout = stdout
+    return f"exit {code}: two traces of {size_mb:.0f} MB each"
+
+
 CASES = {
     "world_16k": lambda: _simulate(WORLD_16K, "world_16k"),
     "world_16k_dgx": lambda: _simulate(WORLD_16K, "world_16k", "dgx-h100", nodes=2048),
@@ -171,7 +211,10 @@ CASES = {
     "gpus_per_node_1e9": lambda: _simulate("world: 2\nprogram: |\n  all_reduce g 4MiB\n", "small", machine_text=_machine_text(10**9)),
     "nested_loops_1e15": lambda: _check(NESTED_LOOPS, "nested_loops"),
     "nested_blocks_1e15": lambda: _check(NESTED_BLOCKS, "nested_blocks"),
+    "compare_300mb": _compare_big,
 }
+SETUP = {"compare_300mb": _big_traces}
+"""Cases' inputs made before the child starts (not timed)."""
 
 
 def _child(case: str, memory_gib: float) -> None:
@@ -209,6 +252,8 @@ def main() -> None:
         return
     print(f"{'case':22} {'seconds':>8} {'peak MiB':>9}  outcome")
     for case in args.case or CASES:
+        if case in SETUP:
+            SETUP[case]()
         cmd = [sys.executable, __file__, "--child", case, "--memory-gib", str(args.memory_gib)]
         try:
             proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)

@@ -25,8 +25,8 @@ from json.encoder import encode_basestring_ascii
 from pathlib import Path
 from typing import TextIO
 
-from commdsl.errors import SourceLoc, UsageError
-from commdsl.files import exists, output_file, read_text, source_lines
+from commdsl.errors import UsageError
+from commdsl.files import output_file
 from commdsl.ir import HOST_STREAM, Op, OpKind
 
 FORMAT_VERSION = 1
@@ -193,22 +193,11 @@ class Timeline:
 
     @classmethod
     def read(cls, path: str | Path) -> Timeline:
-        """Read a timeline written by `write` (predicted or measured)."""
-        if not exists(path):
-            raise UsageError(f"no such timeline file: {path}")
-        text = read_text(path, str(path), UsageError, "timeline")
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise UsageError(f"{path} is not a timeline JSON file: {e.msg}", SourceLoc(str(path), e.lineno, e.colno, _line(text, e.lineno))) from None
-        except RecursionError:
-            raise UsageError(f"{path} is not a commdsl timeline: its JSON nests too deeply") from None
-        try:
-            return cls.from_chrome_trace(data, str(path))
-        except (KeyError, ValueError, TypeError, IndexError, AttributeError) as e:
-            why = f"no field '{e.args[0]}'" if isinstance(e, KeyError) and e.args else str(e) or "a field of the wrong type"
-            raise UsageError(f"{path} is a malformed commdsl timeline ({why})",
-                             hint="timelines come from `commdsl simulate --trace` or `commdsl.run --out`") from None
+        """Read a timeline written by `write` (predicted or measured), streamed and
+        checked value by value (`commdsl.timeline_reader`)."""
+        from commdsl.timeline_reader import read_timeline  # it imports this module
+
+        return read_timeline(path)
 
     @classmethod
     def from_chrome_trace(cls, data: dict, origin: str = "<trace>") -> Timeline:
@@ -582,12 +571,6 @@ class _CounterMiddles(dict):
         text = self[key] = '},"name":' + json_text(track) + ',"ph":"C","pid":' + track_piece(rank if rank >= 0 else self.links_pid, 0)
         return text
 
-
-
-def _line(text: str, number: int) -> str:
-    """Line `number` (1-based) of `text`, or "" past its end."""
-    lines = source_lines(text)
-    return lines[number - 1] if 0 < number <= len(lines) else ""
 
 
 def _ts(us: float) -> float:

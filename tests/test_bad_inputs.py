@@ -536,8 +536,8 @@ USAGE_CASES = [
     (["simulate", "{ok}", "--trace-dir", "{dir}/" + LONG_NAME], "cannot make --trace-dir {dir}/" + LONG_NAME + ": File name too long"),
     (["compare", "{trace}", "{trace}", "--html", "-"], "--html -: give the path of a file to write"),
     (["compare", "{dir}/" + LONG_NAME + ".json", "{trace}"], "no such timeline file"),
-    (["compare", "{deep}", "{deep}"], "its JSON nests too deeply"),
-    (["compare", "{ok}", "{trace}"], "is not a timeline JSON file: Expecting value"),
+    (["compare", "{deep}", "{deep}"], "is not a timeline JSON file: the JSON nests too deeply"),
+    (["compare", "{ok}", "{trace}"], "is not a timeline JSON file: expected a JSON object"),
     (["compare", "{trace}", "{trace}", "--min-duration", "nan"], "argument --min-duration: must be a finite number >= 0, got 'nan'"),
     (["compare", "{trace}", "{trace}", "--max-error", "-1"], "argument --max-error: must be a finite number >= 0, got '-1'"),
     (["compare", "{trace}", "{trace}", "--html", "{dir}/" + LONG_NAME + ".html"], "cannot write --html"),
@@ -559,7 +559,7 @@ def cli_files(tmp_path) -> dict[str, str]:
     ok = tmp_path / "ok.yaml"
     ok.write_text(prog("compute F t_fwd"))
     deep = tmp_path / "deep.json"
-    deep.write_text("[" * 100_000 + "]" * 100_000)
+    deep.write_text('{"traceEvents": [' + "[" * 100_000 + "]" * 100_000 + "]}")
     trace = tmp_path / "predicted.json"
     assert main(["simulate", str(ok), "--trace", str(trace), "--json"]) == 0
     return {"ok": str(ok), "dir": str(tmp_path), "deep": str(deep), "trace": str(trace)}

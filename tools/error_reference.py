@@ -108,7 +108,7 @@ def usage_rows(bad) -> list[tuple[str, str, str]]:
     rows = []
     with tempfile.TemporaryDirectory() as tmp, _inside(tmp):
         Path("ok.yaml").write_text(bad.prog("compute F t_fwd"))
-        Path("deep.json").write_text("[" * 100_000 + "]" * 100_000)
+        Path("deep.json").write_text('{"traceEvents": [' + "[" * 100_000 + "]" * 100_000 + "]}")
         Path("folder").mkdir()
         with contextlib.redirect_stdout(io.StringIO()):
             assert main(["simulate", "ok.yaml", "--trace", "predicted.json"]) == 0
