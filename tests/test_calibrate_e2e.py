@@ -174,7 +174,8 @@ def test_simulate_run_compare_loop(machine_file: Path, tmp_path: Path) -> None:
     num_ops = load_schedule("1f1b", dict(a.split("=") for a in SMALL[1::2])).num_ops
     assert data["ops_compared"] == num_ops and not data["only_predicted"] and not data["only_measured"]
     assert data["measured_makespan_us"] > 0 and data["predicted_makespan_us"] > 0
-    assert "<svg" in (tmp_path / "r.html").read_text()
+    page = (tmp_path / "r.html").read_text()
+    assert "<canvas" in page and 'id="timeline-data"' in page  # the report's timeline (tests/test_report_html.py)
 
 
 def test_run_compare_at_the_runs_flop_rate(machine_file: Path, tmp_path: Path) -> None:

@@ -97,11 +97,13 @@ def test_each_rank_is_a_kineto_trace_with_its_groups_device_launches_and_nccl_ar
     assert ("F[0,0]", kernels[0]["ts"]) in gpu_names
 
 
-def test_copies_are_gpu_memcpy_with_their_bytes(tmp_path):
+def test_copies_and_memcpy_transfers_are_gpu_memcpy_with_their_bytes(tmp_path):
     folder = tmp_path / "t"
     _cli(["simulate", "memcpy_vs_nccl", "--machine", "pcie-nvlink-pairs", "--trace-dir", str(folder), "--json"])
     copies = [e for e in _trace(folder, 0)["traceEvents"] if e.get("cat") == "gpu_memcpy"]
     assert copies and all(e["name"].startswith("Memcpy ") and e["args"]["bytes"] > 0 for e in copies)
+    # Its sends over the memcpy transport are peer copies, not NCCL kernels.
+    assert "Memcpy PtoP (Device -> Device)" in {e["name"] for e in copies}
 
 
 def _hta(folder: Path):

@@ -24,7 +24,7 @@ from commdsl.machine import DEFAULT_MACHINE, resolve_machine
 from commdsl.progress import Progress
 from commdsl.sim import NETWORKS, simulate
 from commdsl.sim.models import DEFAULT_NETWORK
-from commdsl.sim.simulate import frozen
+from commdsl.sim.collector import frozen
 from commdsl.sim.summary import flow_entries, summarize
 
 # rich (the terminal tables) and the Gantt chart are imported where they are printed:

@@ -45,7 +45,7 @@ from typing import TYPE_CHECKING, TextIO
 
 from commdsl.errors import UsageError
 from commdsl.files import output_file
-from commdsl.ir import HOST_STREAM, CopyDir, Op, OpKind, Program
+from commdsl.ir import HOST_STREAM, CopyDir, Op, OpKind, Program, Transport
 from commdsl.machine.model import DeviceKind
 from commdsl.timeline import Span, SpanRole, Timeline, comm_span_args, nccl_kernel_name
 
@@ -167,7 +167,7 @@ def write_kineto_traces(timeline: Timeline, program: Program, folder: str | Path
     paths = []
     for rank in range(timeline.world_size):
         path = out / f"rank-{rank}.pt.trace.json"
-        doc = rank_trace(rank, by_rank[rank], program, streams, backend=backend, device=device)
+        doc = rank_trace(rank, by_rank[rank], program, streams, backend=backend, device=device, source=timeline.source)
         with output_file(path, flag) as f:
             write_document(doc, f)
         paths.append(path)
@@ -193,8 +193,15 @@ def write_document(doc: dict, out: TextIO) -> None:
 
 
 def rank_trace(rank: int, spans: list[Span], program: Program, streams: dict[str, int], *, backend: str,
-               device: TraceDevice) -> dict:  # fmt: skip
-    """One rank's trace as the profiler's JSON document."""
+               device: TraceDevice, source: str) -> dict:  # fmt: skip
+    """One rank's trace as the profiler's JSON document; `source` is the timeline's
+    ("predicted": each comm op ran on the transport it declares; "measured": on the
+    run's backend)."""
+    run_on = Transport(backend)
+
+    def transport_of(op: Op) -> Transport:
+        return (op.transport or run_on) if source == "predicted" else run_on
+
     local = rank % device.per_node
     properties = {"id": local, "name": device.name}
     if device.memory_bytes is not None:
@@ -209,13 +216,14 @@ def rank_trace(rank: int, spans: list[Span], program: Program, streams: dict[str
             "pg_config": [{"pg_name": g.id, "pg_desc": g.family, "backend_config": backend, "pg_size": len(g.ranks),
                            "ranks": list(g.ranks)} for g in program.groups],
         },  # fmt: skip
-        "traceEvents": list(_events(rank, local, spans, program, streams)),
+        "traceEvents": list(_events(rank, local, spans, program, streams, transport_of)),
         "displayTimeUnit": "ms",
         "traceName": f"commdsl {program.name} rank {rank}",
     }
 
 
-def _events(rank: int, device: int, spans: list[Span], program: Program, streams: dict[str, int]) -> Iterator[dict]:
+def _events(rank: int, device: int, spans: list[Span], program: Program, streams: dict[str, int],
+            transport_of: Callable[[Op], Transport]) -> Iterator[dict]:  # fmt: skip
     pid, tid = HOST_PID_BASE + rank, HOST_PID_BASE + rank
     ops = program.ops[rank]
     issue = {s.op_id: s for s in spans if s.role is SpanRole.ISSUE and s.track == HOST_STREAM}
@@ -250,12 +258,13 @@ def _events(rank: int, device: int, spans: list[Span], program: Program, streams
         sid = streams[s.track]
         n = correlation_of.get(s.op_id, 0)
         args: dict[str, object] = {"External id": n, "queued": 0, "device": device, "context": 1, "stream": sid, "correlation": n}
-        if op.kind is OpKind.COPY:
-            cat, name = "gpu_memcpy", _MEMCPY_NAME[op.copy_dir or CopyDir.D2D]
+        transport = transport_of(op) if op.kind.is_comm else None
+        if op.kind is OpKind.COPY or transport is Transport.MEMCPY:  # a send/recv over memcpy is a peer copy
+            cat, name = "gpu_memcpy", _MEMCPY_NAME[op.copy_dir or (CopyDir.PEER if transport else CopyDir.D2D)]
             args["bytes"] = op.size_bytes
             args["memory bandwidth (GB/s)"] = op.size_bytes / ((s.end_us - s.start_us) * 1e3)
         elif op.kind.is_comm:
-            cat, name = "kernel", _nccl_kernel(op, s) + NCCL_KERNEL_SIGNATURE
+            cat, name = "kernel", _nccl_kernel(op, s, transport) + NCCL_KERNEL_SIGNATURE
             args.update(_comm_args(op, program))
         else:
             cat, name = "kernel", op.name
@@ -281,13 +290,13 @@ def _index(op_id: str) -> int:
     return int(op_id.partition(":")[2])
 
 
-def _nccl_kernel(op: Op, span: Span) -> str:
-    """The NCCL kernel's name: the timeline's where it names one (predicted, and measured
-    on NCCL), else the kernel the op launches without algorithm and protocol."""
-    if span.name.startswith("ncclDevKernel"):
+def _nccl_kernel(op: Op, span: Span, transport: Transport) -> str:
+    """The NCCL kernel's name: the span's where NCCL ran the op (the simulator and the
+    executor name those spans as the profiler names the kernel), else the kernel the op
+    would launch, without the algorithm and protocol NCCL picks at run time."""
+    if transport is Transport.NCCL:
         return span.name
-    name = nccl_kernel_name(op, None, "")
-    return name.rstrip("_")
+    return nccl_kernel_name(op, None, "").rstrip("_")
 
 
 def _comm_args(op: Op, program: Program) -> dict[str, object]:

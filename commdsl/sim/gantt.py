@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from commdsl.dsl.values import format_us
 from commdsl.ir import OpKind
-from commdsl.sim.simulate import SimResult
+from commdsl.sim.result import SimOutcome
 
 MAX_RANKS = 32
 MAX_OPS = 5000
@@ -17,7 +17,7 @@ MAX_OPS = 5000
 _STYLE = {"compute": "green", "send": "cyan", "recv": "blue", "collective": "magenta", "copy": "yellow"}
 
 
-def fits(result: SimResult) -> bool:
+def fits(result: SimOutcome) -> bool:
     return result.program.world_size <= MAX_RANKS and result.program.num_ops <= MAX_OPS and result.makespan_us > 0
 
 
@@ -34,7 +34,7 @@ def _symbol(op) -> tuple[str, str]:
     return "c", "copy"
 
 
-def gantt_lines(result: SimResult, width: int = 96) -> list[str]:
+def gantt_lines(result: SimOutcome, width: int = 96) -> list[str]:
     """Rich-markup lines of the chart (header, one row per track, legend)."""
     raw, program = result.raw, result.program
     makespan = result.makespan_us

@@ -12,66 +12,46 @@ from __future__ import annotations
 import gc
 import random
 from bisect import insort
-from contextlib import contextmanager
 from array import array
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from commdsl.dsl.values import format_us
 from commdsl.errors import LimitError, MachineError, UsageError
-from commdsl.ir import Op, Program
+from commdsl.ir import Program
 from commdsl.limits import HORIZON_US
 from commdsl.machine.model import Machine, timeless_machine
+from commdsl.sim.collector import frozen, gc_paused
 from commdsl.sim.engine import Engine, Issued
 from commdsl.sim.entities import RawResult
 from commdsl.sim.medians import medians
 from commdsl.sim.memory import check_memory
 from commdsl.sim.models import DEFAULT_NETWORK, NETWORKS
-from commdsl.sim.network import FlowStat, LinkStat, Network
+from commdsl.sim.network import Network
+from commdsl.sim.result import SimOutcome
 from commdsl.sim.wiring import Wiring
 
 if TYPE_CHECKING:
     from commdsl.sim.summary import Summary
-    from commdsl.timeline import Timeline  # built by commdsl.sim.trace where a timeline is asked for
+    from commdsl.timeline import Timeline
+
+# The outputs' modules (summary, trace) import `SimOutcome`, never this module: they load
+# where an output is first asked for, as `check_deadlock` needs none of them.
 
 
 @dataclass
-class SimResult:
-    """A simulation's outcome: per-op times (`raw`), the makespan and critical path, the
-    network's per-flow and per-link statistics, and the predicted `timeline`."""
+class SimResult(SimOutcome):
+    """A simulation's outcome (`SimOutcome`) with its outputs: the summary, the predicted
+    `timeline`, the Chrome trace."""
 
-    program: Program
-    machine: Machine
-    network: str
-    raw: RawResult
-    network_meta: dict
-    critical_path: list[int]
-    """Global op numbers (see `op_at`) from the first to the last op of the path."""
-    makespan_us: float
-    warnings: list[str] = field(default_factory=list)
-    network_model: Network | None = field(default=None, repr=False)
-    """The network that timed the transfers: per-flow and per-link statistics."""
-    nominal_us: dict[int, float] = field(default_factory=dict, repr=False)
-    """Compute ops (g) slowed by comm kernels (interference): their time without it."""
-    sampling: dict = field(default_factory=dict)
-    """A sampled simulation's `samples`, `seed` and `sample_makespans_us`; empty otherwise."""
     _timeline: Timeline | None = field(default=None, repr=False)
-
-    def flow_stats(self) -> list[FlowStat]:
-        return self.network_model.flow_stats() if self.network_model is not None else []
-
-    def link_stats(self) -> list[LinkStat]:
-        return self.network_model.link_stats(self.makespan_us) if self.network_model is not None else []
-
-    def op_at(self, g: int) -> Op:
-        return self.raw.ops[g]
 
     def summary(self) -> Summary:
         """What `commdsl simulate` prints: makespan, per-rank breakdown, bubble fraction,
         critical path, transfers, links."""
-        from commdsl.sim.summary import summarize  # it imports this module
+        from commdsl.sim.summary import summarize
 
         return summarize(self)
 
@@ -83,7 +63,7 @@ class SimResult:
     def timeline(self) -> Timeline:
         """The predicted `Timeline`, built on first use (summaries need only `raw`)."""
         if self._timeline is None:
-            from commdsl.sim.trace import predicted_timeline  # it imports this module's types
+            from commdsl.sim.trace import predicted_timeline
 
             self._timeline = predicted_timeline(self)
         return self._timeline
@@ -120,37 +100,6 @@ def simulate(program: Program, machine: Machine, network: str = DEFAULT_NETWORK,
     in a fraction of the time); False simulates every rank."""
     with gc_paused():
         return _simulate(program, machine, network, samples, seed, progress, fold)
-
-
-@contextmanager
-def frozen() -> Iterator[None]:
-    """Every object made so far out of the cyclic collector's walks for the block (in its
-    permanent generation, `gc.freeze`), and back after; a caller's own freeze is left as
-    it is (nothing is frozen or unfrozen then). For objects that live through the block
-    and hold no garbage, such as a loaded program's millions of ops."""
-    freeze = gc.get_freeze_count() == 0
-    if freeze:
-        gc.freeze()
-    try:
-        yield
-    finally:
-        if freeze:
-            gc.unfreeze()
-
-
-@contextmanager
-def gc_paused() -> Iterator[None]:
-    """Python's cyclic garbage collector off for the block, as it was after. The engine
-    allocates millions of small objects that live until the end of the run and form no
-    garbage cycles; each collection would walk them all (a cost per op growing with the
-    program's size)."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
 
 
 def _simulate(program: Program, machine: Machine, network: str, samples: int, seed: int,

@@ -29,7 +29,7 @@ from commdsl.ir import OpKind
 from commdsl.sim.entities import KINDS
 from commdsl.sim.memory import RankMemory, memory_profile
 from commdsl.sim.network import algbw_gb_per_s
-from commdsl.sim.simulate import SimResult
+from commdsl.sim.result import SimOutcome
 
 
 @dataclass(frozen=True)
@@ -163,7 +163,7 @@ class Summary:
         out.write("\n}\n")
 
 
-def summarize(result: SimResult, *, flows: bool = False) -> Summary:
+def summarize(result: SimOutcome, *, flows: bool = False) -> Summary:
     """The summary of `result`, in one pass over its per-op arrays; `flows` True lists
     every transfer in `Summary.flows` (`flow_entries`; a P2P-heavy schedule has one per
     send, so it is left out unless asked for)."""
@@ -201,7 +201,7 @@ def summarize(result: SimResult, *, flows: bool = False) -> Summary:
     )
 
 
-def flow_entries(result: SimResult) -> Iterator[dict]:
+def flow_entries(result: SimOutcome) -> Iterator[dict]:
     """Per transfer, in start order: op ids, kind, transport, algo, bytes, start/end,
     latency, algbw, bottleneck link and number of links (`--json --flows`)."""
     ops = result.raw.ops
@@ -213,7 +213,7 @@ def flow_entries(result: SimResult) -> Iterator[dict]:
         }  # fmt: skip
 
 
-def _rank_summaries(result: SimResult) -> list[RankSummary]:
+def _rank_summaries(result: SimOutcome) -> list[RankSummary]:
     """Each rank's breakdown (`commdsl.breakdown`): its ops' intervals by category, read
     straight from the flat start/end arrays."""
     raw, program, makespan = result.raw, result.program, result.makespan_us
@@ -252,7 +252,7 @@ _PICK = {c: _picker(c) for c in (1, 2, 3)}
 """Category -> its `_picker`."""
 
 
-def _transfers(result: SimResult) -> tuple[TransferSummary, ...]:
+def _transfers(result: SimOutcome) -> tuple[TransferSummary, ...]:
     """Per (transport, kind): the count, the bytes, and the mean time and algbw of the
     network's transfers, each mean summed in start order (as sum() sums a list)."""
     network = result.network_model
@@ -277,7 +277,7 @@ def _transfers(result: SimResult) -> tuple[TransferSummary, ...]:
     return tuple(summary for _, summary in sorted(out, key=lambda pair: pair[0]))
 
 
-def _slowed(result: SimResult) -> tuple[SlowedCompute, ...]:
+def _slowed(result: SimOutcome) -> tuple[SlowedCompute, ...]:
     if not result.nominal_us:
         return ()
     raw = result.raw

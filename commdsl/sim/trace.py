@@ -22,14 +22,14 @@ from typing import TYPE_CHECKING
 from commdsl.ir import HOST_STREAM, CopyDir, Op, OpKind, Program, Protocol, Transport
 from commdsl.sim.entities import ALGOS, PROTOS, RawResult, op_index_typecode
 from commdsl.sim.memory import MEMORY_TRACK, memory_counters, memory_profile
-from commdsl.sim.simulate import gc_paused
+from commdsl.sim.collector import gc_paused
 from commdsl.timeline import (COMM_TRACK_PREFIX, MEMORY_PEAK_META, CounterSample, DecimalTexts, Flow, Span, SpanEncoder, SpanRole,
                               Timeline, arrow_events, comm_span_args, counter_events, gloo_span_name, metadata_texts, nccl_kernel_name,
                               op_span_args, ordered_tracks, other_data, sign_clear, track_piece, write_chrome_trace)  # fmt: skip
 
 if TYPE_CHECKING:
     from commdsl.machine.model import Machine
-    from commdsl.sim.simulate import SimResult
+    from commdsl.sim.result import SimOutcome
 
 _MEMCPY_NAMES = {
     CopyDir.H2D: "Memcpy HtoD (Pinned -> Device)",
@@ -108,7 +108,7 @@ class SpanNames:
         return cached
 
 
-def predicted_timeline(result: SimResult) -> Timeline:
+def predicted_timeline(result: SimOutcome) -> Timeline:
     """The predicted `Timeline` of `result` (spans, send->recv flows, link and memory
     counters, metadata)."""
     tl = build_timeline(result.program, result.machine, result.raw, result.network_meta, result.sampling)
@@ -136,7 +136,7 @@ def build_timeline(program: Program, machine: Machine, raw: RawResult, network_m
     return tl
 
 
-def write_trace(result: SimResult, path: str | Path, flag: str = "--trace", progress: Callable[[int, int], None] | None = None) -> None:
+def write_trace(result: SimOutcome, path: str | Path, flag: str = "--trace", progress: Callable[[int, int], None] | None = None) -> None:
     """Write `result`'s predicted timeline as a Chrome trace to `path`, as
     `predicted_timeline(result).write(path, streams)` would, without building it: spans
     are grouped per track in arrays, sorted a window of time at a time and joined in
@@ -149,7 +149,7 @@ def write_trace(result: SimResult, path: str | Path, flag: str = "--trace", prog
         _write_trace(result, path, flag, progress)
 
 
-def _write_trace(result: SimResult, path: str | Path, flag: str, progress: Callable[[int, int], None] | None) -> None:
+def _write_trace(result: SimOutcome, path: str | Path, flag: str, progress: Callable[[int, int], None] | None) -> None:
     program = result.program
     spans = _SpanRuns(result, SpanNames(program))
     tracks = ordered_tracks(spans.seen(), _known_tracks(program, spans.comm_tracks), program.streams)
@@ -180,7 +180,7 @@ class _SpanRuns:
     rank's ops finds them (`_classify`), another sorts its spans into runs
     (`_rank_runs`), and only an op that starts a class or a name is looked at further."""
 
-    def __init__(self, result: SimResult, names: SpanNames):
+    def __init__(self, result: SimOutcome, names: SpanNames):
         program, raw = result.program, result.raw
         base, n = raw.base, len(raw.ops)
         self.end_of_role = (raw.end, raw.issue_end)
@@ -576,7 +576,7 @@ def _base_meta(program: Program, machine: Machine, network_meta: dict, sampling:
     }
 
 
-def _meta(result: SimResult) -> dict:
+def _meta(result: SimOutcome) -> dict:
     """The timeline's metadata: params, machine, network model, streams, sampling, and
     each rank's memory peak where the schedule declares memory."""
     meta = _base_meta(result.program, result.machine, result.network_meta, result.sampling)
@@ -586,14 +586,14 @@ def _meta(result: SimResult) -> dict:
     return meta
 
 
-def _counters(result: SimResult) -> Iterator[tuple[str, int, float, float]]:
+def _counters(result: SimOutcome) -> Iterator[tuple[str, int, float, float]]:
     """(track, rank, time, value): link utilisation (a separate "links" process, rank
     -1), then each rank's declared memory."""
     for tracks, ranks, times, values in _counter_columns(result):
         yield from zip(tracks, ranks, times, values)
 
 
-def _counter_columns(result: SimResult) -> Iterator[tuple[Sequence[str], Sequence[int], Sequence[float], Sequence[float]]]:
+def _counter_columns(result: SimOutcome) -> Iterator[tuple[Sequence[str], Sequence[int], Sequence[float], Sequence[float]]]:
     """`_counters` as `commdsl.timeline.counter_events`' chunks (tracks, ranks, times,
     values), about `_CHUNK` samples at a time."""
     if result.network_model is not None:
