@@ -152,6 +152,22 @@ def check_output_path(flag: str, path: str | None) -> None:
         raise UsageError(f"cannot write {flag} {path}: {problem}")
 
 
+def check_output_folder(flag: str, folder: str | None) -> None:
+    """Refuse, before any work, an output folder (one file per rank) that cannot be made: one that is a file, or
+    whose nearest existing parent is not a folder."""
+    if folder is None:
+        return
+    path = Path(folder)
+    try:
+        if path.exists() and not path.is_dir():
+            raise UsageError(f"{flag} {folder}: a file of that name exists; give a folder", hint=f"e.g. {flag} traces/")
+        parent = next((p for p in path.parents if p.exists()), None)  # as the user wrote it, for the message
+    except OSError as e:  # e.g. a name too long to look up
+        raise UsageError(f"cannot make {flag} {folder}: {e.strerror or e}") from None
+    if parent is not None and not parent.is_dir():
+        raise UsageError(f"{flag} {folder}: {parent} is not a folder")
+
+
 class OutputPath(argparse.Action):
     """An argparse action for an option naming an output file
     (`add_argument("--out", action=OutputPath)`): the path, checked as the command line

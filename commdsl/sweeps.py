@@ -26,7 +26,6 @@ import io
 import itertools
 import json
 import math
-import os
 import re
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -38,6 +37,7 @@ from pathlib import Path
 import yaml
 
 from commdsl.errors import CommdslError, UsageError, did_you_mean
+from commdsl.files import check_output_path
 from commdsl.limits import DEFAULT_MAX_OPS
 
 MAX_POINTS = 1_000_000
@@ -447,20 +447,14 @@ OUT_SUFFIXES = (".csv", ".json", ".parquet")
 
 
 def check_output(flag: str, path: str | None, suffixes: Sequence[str]) -> None:
-    """An output path a sweep can write: a known suffix, an existing writable folder, not
-    a folder itself. Checked before any point runs."""
+    """An output path a sweep can write: a known suffix, and a file commdsl can write
+    (`commdsl.files.check_output_path`). Checked before any point runs."""
     if path is None:
         return
     suffix = Path(path).suffix.lower()
     if suffix not in suffixes:
         raise UsageError(f"{flag} {path}: the file must end in {', '.join(suffixes)}")
-    folder = Path(path).parent
-    if not folder.resolve().is_dir():
-        raise UsageError(f"{flag} {path}: the folder {folder} does not exist")
-    if Path(path).is_dir():
-        raise UsageError(f"{flag} {path}: that is a folder; give a file's path")
-    if not os.access(folder.resolve(), os.W_OK) or (Path(path).exists() and not os.access(path, os.W_OK)):
-        raise UsageError(f"{flag} {path}: not writable")
+    check_output_path(flag, path)
     if suffix == ".parquet":
         try:
             import pyarrow  # noqa: F401

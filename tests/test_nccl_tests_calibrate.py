@@ -20,7 +20,7 @@ import pytest
 from commdsl.calibrate.nccl_logs import parse_log, read_logs
 from commdsl.calibrate.nccl_tests import Run, from_nccl_tests, simulate_run
 from commdsl.errors import LogError
-from commdsl.ir import Algo, OpKind, Protocol
+from commdsl.ir import Algo, OpKind
 from commdsl.machine import load_machine, resolve_machine
 
 DATA = Path(__file__).parent / "data" / "nccl_tests"

@@ -135,7 +135,7 @@ def test_parquet(exchange, tmp_path):
     (["--nodes", "0"], "--nodes 0"),
     (["--out", "/no/such/folder/r.csv"], "does not exist"),
     (["--out", "r.xlsx"], "must end in .csv, .json, .parquet"),
-    (["--html", "OUTDIR"], "that is a folder"),
+    (["--html", "OUTDIR"], "Is a directory"),
     (["--max-memory", "80ms"], "give a size"),
     (["--address", "auto"], "use it with --executor ray"),
     (["-p", "order=0", "-p", "order=1"], "given twice"),

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from commdsl.errors import CommdslError
+
 from commdsl import timeline
 from commdsl.api import load
 from commdsl.machine import resolve_machine
@@ -82,6 +84,11 @@ def test_timeline_write_encodes_any_name_and_annotation_as_json_does(tmp_path: P
     out = tmp_path / "m.json"
     tl.write(out, ("s",))
     assert out.read_text() == _whole(tl, ("s",))
+    with pytest.raises(CommdslError, match=f"{out}:"):  # reading it back refuses the infinite times, at their line
+        Timeline.read(out)
+    tl.spans.pop()
+    tl.flows.pop()
+    tl.write(out, ("s",))
     assert Timeline.read(out).spans[0].name == 'F"1"%d'
 
 

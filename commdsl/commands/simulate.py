@@ -18,8 +18,7 @@ from contextlib import ExitStack
 
 from commdsl.cli import add_schedule_arguments, count_at_least, load_from_args
 from commdsl.errors import UsageError, require_output_folder
-from commdsl.files import OutputPath
-from commdsl.interop.kineto_write import check_trace_folder
+from commdsl.files import OutputPath, check_output_folder
 from commdsl.machine import DEFAULT_MACHINE, resolve_machine
 from commdsl.progress import Progress
 from commdsl.sim import NETWORKS, simulate
@@ -78,7 +77,7 @@ def run(args: argparse.Namespace) -> int:
     if args.flows and not args.json:
         raise UsageError("--flows lists every transfer in the --json output", hint="add --json")
     require_output_folder("--trace", args.trace)  # before the simulation, which can take seconds
-    check_trace_folder("--trace-dir", args.trace_dir)
+    check_output_folder("--trace-dir", args.trace_dir)
     with ExitStack() as to_the_end:
         with Progress("commdsl simulate") as progress:
             progress.phase(f"expanding {args.schedule}")

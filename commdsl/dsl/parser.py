@@ -11,7 +11,6 @@ import functools
 import re
 from collections.abc import Collection
 from dataclasses import dataclass
-from pathlib import Path
 
 from lark import Lark, Token, Tree
 from lark.exceptions import LarkError, UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, UnexpectedToken

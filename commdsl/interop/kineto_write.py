@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
 from commdsl.errors import UsageError
-from commdsl.files import output_file
+from commdsl.files import check_output_folder, output_file
 from commdsl.ir import HOST_STREAM, CopyDir, Op, OpKind, Program, Transport
 from commdsl.machine.model import DeviceKind
 from commdsl.timeline import Span, SpanRole, Timeline, comm_span_args, nccl_kernel_name
@@ -133,28 +133,12 @@ def stream_ids(timeline: Timeline, program: Program) -> dict[str, int]:
     return {t: DEFAULT_STREAM_ID if i == 0 else FIRST_SIDE_STREAM_ID + i - 1 for i, t in enumerate(ordered)}
 
 
-def check_trace_folder(flag: str, folder: str | None) -> None:
-    """Refuse, before any work, a trace folder that cannot be made: one that is a file, or
-    whose nearest existing parent is not a folder."""
-    if folder is None:
-        return
-    path = Path(folder)
-    try:
-        if path.exists() and not path.is_dir():
-            raise UsageError(f"{flag} {folder}: a file of that name exists; give a folder", hint=f"e.g. {flag} traces/")
-        parent = next((p for p in path.parents if p.exists()), None)  # as the user wrote it, for the message
-    except OSError as e:  # e.g. a name too long to look up
-        raise UsageError(f"cannot make {flag} {folder}: {e.strerror or e}") from None
-    if parent is not None and not parent.is_dir():
-        raise UsageError(f"{flag} {folder}: {parent} is not a folder")
-
-
 def write_kineto_traces(timeline: Timeline, program: Program, folder: str | Path, *, backend: str, device: TraceDevice,
                         flag: str = "--trace-dir", progress: Callable[[int, int], None] | None = None) -> list[Path]:  # fmt: skip
     """Write `timeline` (predicted or measured, of `program`) into `folder` (made if
     missing) as one Kineto trace per rank, `rank-<r>.pt.trace.json`; return the paths.
     `flag` names the folder in a usage error; `progress` hears (ranks written, ranks)."""
-    check_trace_folder(flag, str(folder))
+    check_output_folder(flag, str(folder))
     out = Path(folder)
     try:
         out.mkdir(parents=True, exist_ok=True)

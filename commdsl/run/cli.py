@@ -15,8 +15,8 @@ import time
 from typing import TYPE_CHECKING
 
 from commdsl.errors import CommdslError, UsageError, require_output_folder
+from commdsl.files import check_output_folder
 from commdsl.run.config import BackendChoice, DurationMode, RunConfig
-from commdsl.interop.kineto_write import check_trace_folder
 from commdsl.run.launch import ArgumentRecorder, torch_required
 
 if TYPE_CHECKING:
@@ -105,8 +105,8 @@ def config_from_args(a: argparse.Namespace) -> RunConfig:
         raise UsageError(f"--max-ops must be at least 1, got {a.max_ops}")
     for flag, path in (("--out", a.out), ("--records", a.records), ("--dump-values", a.dump_values)):
         require_output_folder(flag, path)  # written by rank 0 after the whole run: checked before any rank starts
-    check_trace_folder("--trace-dir", a.trace_dir)
-    check_trace_folder("--profile", a.profile)
+    check_output_folder("--trace-dir", a.trace_dir)
+    check_output_folder("--profile", a.profile)
     if (a.machine is not None or a.network is not None) and not a.compare:
         raise UsageError("--machine and --network only apply with --compare")
     if a.compare:
