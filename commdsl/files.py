@@ -123,8 +123,16 @@ def output_problem(path: str) -> str | None:
             return os.strerror(errno.EISDIR)
         if not os.access(path, os.W_OK):
             return os.strerror(errno.EACCES)
+        if stat.S_ISFIFO(st.st_mode):
+            # A named pipe opens for writing only once something reads it: with no reader,
+            # opening it would block forever.
+            try:
+                os.close(os.open(path, os.O_WRONLY | os.O_NONBLOCK))
+            except OSError as e:
+                return "a pipe that nothing reads" if e.errno == errno.ENXIO else _reason(e)
+            return None
         if not stat.S_ISREG(st.st_mode):
-            return None  # a device or a pipe: written in place, as it is
+            return None  # a device: written in place, as it is
     target = Path(os.path.realpath(path))  # a (dangling) symlink: the file it names
     folder = Path(path).parent  # as the user wrote it, for the message
     if not target.parent.is_dir():

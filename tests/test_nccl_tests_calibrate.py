@@ -236,7 +236,7 @@ def test_outputs_and_layouts_it_cannot_take_are_refused_before_any_work(tmp_path
         from_nccl_tests([str(AR)], str(loop), "dgx-h100", echo=lambda _: None)
     loop.unlink()
     os.mkfifo(fifo := tmp_path / "fifo.yaml")
-    with pytest.raises(UsageError, match="not a regular file"):
+    with pytest.raises(UsageError, match="a pipe that nothing reads"):
         from_nccl_tests([str(AR)], str(fifo), "dgx-h100", echo=lambda _: None)
     fifo.unlink()
     part = Path(__file__).parent / "data" / "nccl_logs" / "sweep_with_failed_run.log"  # 4 GPUs on each of 2 nodes
