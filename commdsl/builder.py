@@ -54,13 +54,6 @@ from commdsl.ir import (
 )
 from commdsl.limits import DEFAULT_MAX_OPS, MAX_WORLD_SIZE
 
-_COLLECTIVE_NAMES = {
-    OpKind.ALL_REDUCE: "all_reduce", OpKind.BROADCAST: "broadcast", OpKind.REDUCE: "reduce",
-    OpKind.ALL_GATHER: "all_gather", OpKind.REDUCE_SCATTER: "reduce_scatter", OpKind.GATHER: "gather",
-    OpKind.SCATTER: "scatter", OpKind.ALL_TO_ALL: "all_to_all",
-}  # fmt: skip
-
-
 _INNER_FILES = (__file__, contextlib.__file__)
 """Frames of these files are the Builder's own: an error names the first frame past them."""
 
