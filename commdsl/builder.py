@@ -45,6 +45,7 @@ from commdsl.ir import (
     CopyDir,
     Dtype,
     Group,
+    HostMemory,
     OpKind,
     PipelineAction,
     Program,
@@ -297,18 +298,22 @@ class RankBuilder:
         self._expander.free(self._builder.site(("free", loc), dict), self._name(name), stream, loc)
 
     def copy(self, name: str, size_bytes: int, direction: CopyDir | str = CopyDir.D2D, *, peer: int | None = None,
-             dest: str | None = None, stream: str | None = None, dtype: Dtype | str | None = None) -> None:  # fmt: skip
+             dest: str | None = None, stream: str | None = None, dtype: Dtype | str | None = None,
+             memory: HostMemory | str | None = None) -> None:  # fmt: skip
         """A memcpy: `direction` h2d, d2h or d2d; with `peer`, a one-sided copy into that
-        rank's buffer `dest` (default: `name`)."""
+        rank's buffer `dest` (default: `name`). `memory` (h2d, d2h): the host buffer is
+        pinned (the default) or pageable."""
         loc = caller_loc()
         dtype = _enum(Dtype, dtype, "dtype", loc)
+        host_memory = _enum(HostMemory, memory, "memory", loc)
         if peer is not None:
-            self._expander.peer_copy(self._name(name), _number(size_bytes, loc), dtype, peer, dest or name, stream, loc)
+            self._expander.peer_copy(self._name(name), _number(size_bytes, loc), dtype, peer, dest or name, stream, loc,
+                                     host_memory=host_memory)  # fmt: skip
             return
         direction = _enum(CopyDir, direction, "copy direction", loc)
         if direction is CopyDir.PEER:
             raise ScheduleError("a peer copy names its destination rank: copy(..., peer=RANK)", loc)
-        self._expander.copy(self._name(name), _number(size_bytes, loc), dtype, direction, stream, loc)
+        self._expander.copy(self._name(name), _number(size_bytes, loc), dtype, direction, stream, loc, host_memory=host_memory)
 
     # ---- point to point -------------------------------------------------------------
 

@@ -168,6 +168,18 @@ class CopyDir(str, enum.Enum):
     the destination; `Op.peer` is the destination, `Op.dest` the buffer it writes."""
 
 
+class HostMemory(str, enum.Enum):
+    """How the host buffer of a host <-> device copy is allocated (`memory=` on a copy)."""
+
+    PINNED = "pinned"
+    """Page-locked (`cudaMallocHost`, `pin_memory=True`): the copy engines read or write
+    it directly, and the copy is asynchronous to the host."""
+    PAGEABLE = "pageable"
+    """Ordinary host memory: the driver stages the copy through pinned buffers with a
+    CPU memcpy, and the call returns only when the copy is done, so it blocks the
+    host for the whole copy."""
+
+
 class Dtype(str, enum.Enum):
     BF16 = "bf16"
     FP16 = "fp16"
@@ -232,6 +244,8 @@ class _OpFields:
     proto: Protocol | None = None
     """NCCL protocol forced by the op (`proto=`); None: NCCL's choice."""
     copy_dir: CopyDir | None = None
+    host_memory: HostMemory | None = None
+    """Host COPY (h2d, d2h): how its host buffer is allocated; None on every other op."""
     handle: str | None = None
     """Handle bound by an asynchronous op; None for a synchronous op."""
     batch: int | None = None
@@ -315,9 +329,10 @@ class Op:
                 root: int | None = None, reduce_op: ReduceOp | None = None, transport: Transport | None = None,
                 algo: Algo | None = None, proto: Protocol | None = None, copy_dir: CopyDir | None = None,
                 handle: str | None = None, batch: int | None = None, waits_for: tuple[int, ...] = (),
-                action: PipelineAction | None = None, stage: int | None = None, microbatch: int | None = None):  # fmt: skip
+                action: PipelineAction | None = None, stage: int | None = None, microbatch: int | None = None,
+                host_memory: HostMemory | None = None):  # fmt: skip
         spec = OpSpec(stream, loc, duration_us, flops, size_bytes, dtype, peer, dest, group, root, reduce_op, transport,
-                      algo, proto, copy_dir, action, stage)  # fmt: skip
+                      algo, proto, copy_dir, host_memory, action, stage)  # fmt: skip
         # Made here, not in __init__: the op's class follows from its values (Python would
         # not call __init__ on an op of another class than the one `cls` names).
         return make_op(rank, index, kind, name, handle, spec, microbatch, batch, waits_for)
@@ -459,7 +474,7 @@ new_op = object.__new__
 
 _JSON_FIELDS = (
     "name", "stream", "duration_us", "flops", "size_bytes", "peer", "dest", "group", "root",
-    "reduce_op", "transport", "algo", "proto", "copy_dir", "handle", "batch", "waits_for", "action", "stage", "microbatch",
+    "reduce_op", "transport", "algo", "proto", "copy_dir", "host_memory", "handle", "batch", "waits_for", "action", "stage", "microbatch",
 )  # fmt: skip
 
 

@@ -150,6 +150,12 @@ CASES = [
     Case("copy_into_without_peer", prog("copy x 4MiB into y"), "`into NAME` names the destination buffer of a copy to another rank",
          P + 1, 15),
     Case("copy_into_host", prog("copy x 4MiB to host into y"), "`into NAME` names the destination buffer", P + 1, 23),
+    # ---- host memory of a copy ------------------------------------------------------------
+    Case("copy_memory_device", prog("copy x 4MiB memory=pageable"), "this copy moves device memory only", P + 1, 15,
+         hint="drop memory=, or copy `from host` / `to host`"),
+    Case("copy_memory_peer", prog("copy x 4MiB to (rank + 1) % 4 memory=pinned"), "this copy moves device memory only", P + 1, 33),
+    Case("copy_memory_unknown", prog("copy x 4MiB from host memory=locked"),
+         "unknown memory 'locked'; expected one of pinned, pageable", P + 1, 25),
     Case("copy_into_two_sizes", prog("if rank == 0:", "    copy x 4MiB to 3 into y", "if rank == 1:", "    copy z 8MiB to 3 into y"),
          "rank 1 copies 8MiB of fp32 into y on rank 3, but rank 0 copies 4MiB of fp32 into the same buffer", P + 4, 7,
          error=ValidationError, related_line=P + 2, rank=1),

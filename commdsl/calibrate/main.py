@@ -369,6 +369,11 @@ class Results:
     where the probe could not run (`skipped` says why)."""
     to_host_copy: list[tuple[int, float]] = dataclasses.field(default_factory=list)
     """Device -> host copies (`host_copy` is host -> device), per size."""
+    pageable_copy: list[tuple[int, float]] = dataclasses.field(default_factory=list)
+    """Host -> device copies from pageable memory, per size (GPUs only: on a CPU every
+    buffer is ordinary memory and `host_copy` is the same measurement)."""
+    pageable_to_host_copy: list[tuple[int, float]] = dataclasses.field(default_factory=list)
+    """Device -> host copies into pageable memory, per size (GPUs only)."""
     overlaps: dict[tuple[OpKind, Dtype | None], OverlapPieces] = dataclasses.field(default_factory=dict)
     """Per comm op kind and dtype (None: any), its interference with compute inside the
     executor (`executor_probes.interference`, OVERLAP_PIECES pieces); the fp32
@@ -406,6 +411,8 @@ class Results:
             "copy_us": self.copy,
             "host_copy_us": self.host_copy,
             "to_host_copy_us": self.to_host_copy,
+            "pageable_copy_us": self.pageable_copy,
+            "pageable_to_host_copy_us": self.pageable_to_host_copy,
             "p2p_us": self.p2p,
             "exchange_us": self.exchange,
             "collectives_us": {k.value: pts for k, pts in self.collectives.items()},
@@ -501,6 +508,9 @@ def _measure_all(probe, sizes, matmul_sizes, dtypes, measure, effort: Effort) ->
             res.copy.append((s, measure.copy_us(probe, s, CopyDir.D2D)))
             res.host_copy.append((s, measure.copy_us(probe, s, CopyDir.H2D)))
             res.to_host_copy.append((s, measure.copy_us(probe, s, CopyDir.D2H)))
+            if probe.device.type == "cuda":
+                res.pageable_copy.append((s, measure.copy_us(probe, s, CopyDir.H2D, pageable=True)))
+                res.pageable_to_host_copy.append((s, measure.copy_us(probe, s, CopyDir.D2H, pageable=True)))
             step(f"copies {format_bytes(s)}")
             step(f"copies {format_bytes(s)}")
         # `passes` passes over every series and size, each point's runs pooled over the
@@ -703,8 +713,9 @@ def _copy_profiles(res: Results) -> dict[str, list[list]]:
     """Copies run from the caches when small and from memory when large: their measured
     profiles per direction (the host link's line stays for what a profile does not cover)."""
     out = {"host": _table(res.host_copy), "device": _table(res.copy)}
-    if res.to_host_copy:
-        out["to_host"] = _table(res.to_host_copy)
+    for key, points in (("to_host", res.to_host_copy), ("pageable", res.pageable_copy), ("pageable_to_host", res.pageable_to_host_copy)):
+        if points:
+            out[key] = _table(points)
     return out
 
 

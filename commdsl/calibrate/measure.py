@@ -300,16 +300,16 @@ COPY_FOOTPRINT_BYTES = 256 * 2**20
 starts with cold caches, as copies of distinct tensors in a real schedule do."""
 
 
-def copy_us(probe: Probe, size_bytes: int, direction: CopyDir) -> float:
-    """Time of a copy of size_bytes: within device memory (D2D), from a pinned host
-    buffer to the device (H2D) or back (D2H); on a CPU the "host" buffer is ordinary
-    memory too."""
+def copy_us(probe: Probe, size_bytes: int, direction: CopyDir, *, pageable: bool = False) -> float:
+    """Time of a copy of size_bytes: within device memory (D2D), from a pinned (or
+    `pageable`) host buffer to the device (H2D) or back (D2H); on a CPU the "host"
+    buffer is ordinary memory too."""
     numel = max(size_bytes // 4, 1)
     buffers = max(1, min(64, COPY_FOOTPRINT_BYTES // max(size_bytes, 1)))
-    pinned = direction is not CopyDir.D2D and probe.device.type == "cuda"
+    pinned = direction is not CopyDir.D2D and probe.device.type == "cuda" and not pageable
 
     def host() -> torch.Tensor:
-        return torch.zeros(numel, pin_memory=True) if pinned else torch.zeros(numel, device=probe.device)
+        return torch.zeros(numel, pin_memory=pinned)  # host memory, whatever the probe's device
 
     def device() -> torch.Tensor:
         return torch.zeros(numel, device=probe.device)

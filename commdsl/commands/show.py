@@ -9,7 +9,7 @@ import re
 from commdsl.cli import add_schedule_arguments, count_at_least, load_from_args
 from commdsl.dsl.values import format_bytes, format_flops, format_us
 from commdsl.errors import UsageError, printable
-from commdsl.ir import HOST_STREAM, Op, OpKind, Program
+from commdsl.ir import HOST_STREAM, HostMemory, Op, OpKind, Program
 from commdsl.progress import Progress
 
 _INDEX_RE = re.compile(r"\[([^\]]*)\]")
@@ -58,6 +58,8 @@ def describe(op: Op) -> str:
         parts.append(f"to {op.peer}" + (f" into {op.dest}" if op.dest != op.name else ""))
     elif op.kind is OpKind.COPY:
         parts.append(op.copy_dir.value)
+        if op.host_memory is HostMemory.PAGEABLE:
+            parts.append("pageable")
     if op.group is not None:
         parts.append(f"group={op.group}")
     if op.root is not None:

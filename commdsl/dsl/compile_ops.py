@@ -19,7 +19,7 @@ from commdsl.dsl.compile_base import Env, Expr, Option, Ref, RuleSet, Stmt, cons
 from commdsl.dsl.expand import CollectiveSite, ComputeSite, P2PSite, RankExpander
 from commdsl.dsl.values import Quantity, Unit, format_value, type_name
 from commdsl.errors import ScheduleError, SourceLoc
-from commdsl.ir import HOST_STREAM, REDUCING_KINDS, Algo, CopyDir, Dtype, OpKind, PipelineAction, Protocol, ReduceOp, Transport
+from commdsl.ir import HOST_STREAM, REDUCING_KINDS, Algo, CopyDir, Dtype, HostMemory, OpKind, PipelineAction, Protocol, ReduceOp, Transport
 
 # The units the op closures check on every op, as module globals (on Python 3.11,
 # `Unit.SIZE` goes through the enum metaclass's `__getattr__`: several times dearer).
@@ -29,7 +29,7 @@ _ROOT_OPTION = {OpKind.BROADCAST: "src", OpKind.SCATTER: "src", OpKind.REDUCE: "
 
 _OPTIONS_BY_OP: dict[str, frozenset[str]] = {
     "compute": frozenset({"flops", "bytes", "dtype", "action", "stage", "microbatch"}),
-    "copy": frozenset({"dtype"}),
+    "copy": frozenset({"dtype", "memory"}),
     "p2p": frozenset({"group", "transport", "dtype", "proto", "action", "stage", "microbatch"}),
     "barrier": frozenset({"group"}),
 }
@@ -179,6 +179,8 @@ class OpRules(RuleSet):
         size_loc = loc_of(size_expr, loc)
         stream = self._stream_name(placement, loc, allow_host=False)
         dtype = self._dtype(opts)
+        memory_opt = opts.get("memory")
+        host_memory = self._enum(memory_opt, HostMemory) if memory_opt is not None else None
         peer_expr = peer_loc = None
         if peer is None:
             direction = CopyDir.D2D
@@ -201,11 +203,13 @@ class OpRules(RuleSet):
                 raise ctx.fail("copy returns no handle; record an event to wait on it from another stream", loc)
             size, dt = _size(ctx, size_expr(env), size_loc)
             name = ref.text(env)
+            memory = {"host_memory": host_memory, "memory_loc": memory_opt.loc if memory_opt is not None else None}
             if peer_expr is None:
-                ctx.copy(name, size, dtype or dt, direction, stream, loc, size_loc=size_loc)
+                ctx.copy(name, size, dtype or dt, direction, stream, loc, size_loc=size_loc, **memory)
             else:
                 dest = into.text(env) if into is not None else name
-                ctx.peer_copy(name, size, dtype or dt, peer_expr(env), dest, stream, loc, peer_loc=peer_loc, size_loc=size_loc)
+                ctx.peer_copy(name, size, dtype or dt, peer_expr(env), dest, stream, loc, peer_loc=peer_loc, size_loc=size_loc,
+                              **memory)  # fmt: skip
 
         return op_node(run, "copy")
 

@@ -36,6 +36,7 @@ from commdsl.ir import (
     CopyDir,
     Dtype,
     Group,
+    HostMemory,
     Op,
     OpKind,
     OpSpec,
@@ -520,18 +521,32 @@ class RankExpander:
         self.check_amount(f"host {name}", "duration", duration_us, Unit.DURATION, amount_loc or loc)
         self._emit(OpKind.HOST, name, self._spec(HOST_STREAM, loc, duration_us=duration_us))
 
-    def copy(self, name: str, size, dtype: Dtype | None, copy_dir: CopyDir, placement, loc, *, size_loc=None) -> None:
+    def copy(self, name: str, size, dtype: Dtype | None, copy_dir: CopyDir, placement, loc, *, size_loc=None,
+             host_memory: HostMemory | None = None, memory_loc=None) -> None:  # fmt: skip
+        """`copy NAME SIZE [from|to host] [memory=...]`: a copy within the rank's device
+        memory, or between it and host memory (pinned unless `host_memory` says pageable)."""
         self._no_batch("copy", loc)
         stream = self.stream(placement, loc)
         dtype = dtype or self.layout.default_dtype
         size = self._size(name, size, dtype, size_loc or loc, OpKind.COPY)
+        if copy_dir is CopyDir.D2D:
+            self._device_only(host_memory, memory_loc or loc)
+        elif host_memory is None:
+            host_memory = HostMemory.PINNED
         self._emit(OpKind.COPY, name, self._spec(stream, loc, size_bytes=size, dtype=dtype, copy_dir=copy_dir,
-                                                 transport=Transport.MEMCPY))  # fmt: skip
+                                                 host_memory=host_memory, transport=Transport.MEMCPY))  # fmt: skip
+
+    def _device_only(self, host_memory: HostMemory | None, loc) -> None:
+        """A copy that moves device memory only takes no `memory=`."""
+        if host_memory is not None:
+            raise self.fail("memory= says how the host buffer of a copy from or to host is allocated; this copy moves "
+                            "device memory only", loc, hint="drop memory=, or copy `from host` / `to host`")  # fmt: skip
 
     def peer_copy(self, name: str, size, dtype: Dtype | None, peer, dest: str, placement, loc, *, peer_loc=None,
-                  size_loc=None) -> None:  # fmt: skip
+                  size_loc=None, host_memory: HostMemory | None = None, memory_loc=None) -> None:  # fmt: skip
         """`copy NAME SIZE to PEER [into DEST]`: a one-sided copy into `peer`'s buffer DEST."""
         self._no_batch("copy", loc)
+        self._device_only(host_memory, memory_loc or loc)
         peer_loc = peer_loc or loc
         peer = self._check_rank("the copy's destination", peer, peer_loc)
         if peer == self.rank:

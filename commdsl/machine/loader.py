@@ -28,7 +28,8 @@ DEFAULT_MACHINE = "h100-nvlink"
 DEFAULT_CHUNK_BYTES = 512 * 1024
 
 _TOP_KEYS = (
-    "name", "doc", "devices", "device", "kernel_launch_us", "comm_launch_us", "host_link", "transports", "chunk_bytes",
+    "name", "doc", "devices", "device", "kernel_launch_us", "comm_launch_us", "host_link", "host_memcpy_gb_per_s", "transports",
+    "chunk_bytes",
     "topology", "comm_compute_slowdown", "compute_comm_slowdown", "copy_compute_slowdown", "compute_copy_slowdown", "copy_measured_us",
     "compute_noise", "interference_by_op", "nccl", "calibration",
 )  # fmt: skip
@@ -312,7 +313,7 @@ class _MachineReader:
             num_devices = topology.num_devices
         copies = {}
         if "copy_measured_us" in top:
-            for key, (_, vnode) in self.mapping(top["copy_measured_us"][1], "copy_measured_us", ("host", "to_host", "device")).items():
+            for key, (_, vnode) in self.mapping(top["copy_measured_us"][1], "copy_measured_us", ("host", "to_host", "pageable", "pageable_to_host", "device")).items():
                 copies[key] = self.profile(vnode, f"copy_measured_us.{key}")
         contention = self.contention(top, device)
         nccl = None
@@ -336,6 +337,10 @@ class _MachineReader:
             collective_profiles=tuple(profiles),
             host_copy_profile=copies.get("host", ()),
             to_host_copy_profile=copies.get("to_host", ()),
+            pageable_copy_profile=copies.get("pageable", ()),
+            pageable_to_host_copy_profile=copies.get("pageable_to_host", ()),
+            host_memcpy_gb_per_s=(self.rate(top["host_memcpy_gb_per_s"][1], "host_memcpy_gb_per_s", MIN_BANDWIDTH_GB_PER_S)
+                                  if "host_memcpy_gb_per_s" in top else None),
             device_copy_profile=copies.get("device", ()),
             contention=contention,
             nccl=nccl,

@@ -334,6 +334,20 @@ class Machine:
     """The same for a device -> host copy (`copy_measured_us: {to_host: ...}`); empty:
     as a host -> device copy (the two directions of a PCIe link run at different rates
     on some GPUs, which calibration measures)."""
+    pageable_copy_profile: tuple[tuple[float, float], ...] = ()
+    """Measured time of one copy from pageable host memory to the device by size
+    (`copy_measured_us: {pageable: ...}`, written by calibration); device -> pageable
+    host copies too, unless `pageable_to_host_copy_profile` gives theirs. Empty: from
+    `host_memcpy_gb_per_s` (see `host_copy_us`)."""
+    pageable_to_host_copy_profile: tuple[tuple[float, float], ...] = ()
+    """The same for a copy from the device to pageable host memory
+    (`copy_measured_us: {pageable_to_host: ...}`)."""
+    host_memcpy_gb_per_s: float | None = None
+    """Rate at which the host copies between pageable memory and the driver's pinned
+    staging buffers (one CPU thread's memcpy). A pageable copy moves its bytes through
+    that memcpy and the DMA at once, chunk by chunk, so it runs at the slower of the two.
+    None: not known, and a pageable copy takes the time of a pinned one (it still blocks
+    the host: that follows from the API, not from a rate)."""
     device_copy_profile: tuple[tuple[float, float], ...] = ()
     """The same for a device-memory copy (`copy_measured_us: {device: ...}`); empty:
     `device.memory_bandwidth_gb_per_s`, every byte read and written."""
@@ -347,8 +361,18 @@ class Machine:
     (`commdsl.sim.nccl`); without it they take the nccl transport's latency per step and
     bandwidth."""
 
-    def host_copy_us(self, size_bytes: float, to_host: bool = False) -> float:
-        """Time of a copy of size_bytes from host to device, or (`to_host`) back."""
+    def host_copy_us(self, size_bytes: float, to_host: bool = False, pageable: bool = False) -> float:
+        """Time of a copy of size_bytes from host to device, or (`to_host`) back; from or
+        to `pageable` host memory, the slower of the DMA and the host's staging memcpy."""
+        if pageable:
+            if to_host and self.pageable_to_host_copy_profile:
+                return _interpolate(self.pageable_to_host_copy_profile, size_bytes)
+            if self.pageable_copy_profile:
+                return _interpolate(self.pageable_copy_profile, size_bytes)
+            dma_us = self.host_copy_us(size_bytes, to_host)
+            if self.host_memcpy_gb_per_s is None:
+                return dma_us
+            return max(dma_us, self.host_link.latency_us + size_bytes / (self.host_memcpy_gb_per_s * 1e3))
         if to_host and self.to_host_copy_profile:
             return _interpolate(self.to_host_copy_profile, size_bytes)
         if self.host_copy_profile:
@@ -472,6 +496,7 @@ class Machine:
             "host_link": _link_json(self.host_link),
             "transports": {t.value: _link_json(s) for t, s in self.transports},
             "chunk_bytes": self.chunk_bytes,
+            **({"host_memcpy_gb_per_s": self.host_memcpy_gb_per_s} if self.host_memcpy_gb_per_s is not None else {}),
             **({"topology": self.topology.to_json()} if self.topology is not None else {}),
             **({"staged": {t.value: _link_json(s) for t, s in self.staged}} if self.staged else {}),
             **({"shared_bandwidth_gb_per_s": {t.value: bw for t, bw in self.shared}} if self.shared else {}),
@@ -479,7 +504,9 @@ class Machine:
                if self.collective_overrides else {}),
             **({"copy_measured_us": profiles} if (profiles := {
                 name: [list(p) for p in pts] for name, pts in
-                (("host", self.host_copy_profile), ("to_host", self.to_host_copy_profile), ("device", self.device_copy_profile))
+                (("host", self.host_copy_profile), ("to_host", self.to_host_copy_profile),
+                 ("pageable", self.pageable_copy_profile), ("pageable_to_host", self.pageable_to_host_copy_profile),
+                 ("device", self.device_copy_profile))
                 if pts}) else {}),
             **_contention_json(self.contention),
             **({"nccl": self.nccl.to_json()} if self.nccl is not None else {}),

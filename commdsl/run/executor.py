@@ -37,7 +37,7 @@ import torch
 import torch.distributed as dist
 
 from commdsl.errors import CommdslError, ScheduleError
-from commdsl.ir import HOST_STREAM, MEMORY_KINDS, Op, OpKind, Program, Transport
+from commdsl.ir import HOST_STREAM, MEMORY_KINDS, HostMemory, Op, OpKind, Program, Transport
 from commdsl.run.check import Checker
 from commdsl.run.comm import CommPlan, launch, make_plan
 from commdsl.run.compute import Kernels, KernelSpec
@@ -382,8 +382,10 @@ class CpuExecutor(Executor):
             target, source = self.peers.target(op), self.peer_source[op.index]
             self.streams[op.stream].submit(self._timed(op, lambda: target.copy_(source)))
         elif kind is OpKind.COPY:
-            bufs = self.copies[op.index]
-            self.streams[op.stream].submit(self._timed(op, lambda: bufs.dst.copy_(bufs.src)))
+            bufs, stream = self.copies[op.index], self.streams[op.stream]
+            ticket = stream.submit(self._timed(op, lambda: bufs.dst.copy_(bufs.src)))
+            if op.host_memory is HostMemory.PAGEABLE:  # as cudaMemcpyAsync from pageable memory: returns when done
+                stream.wait_for(ticket)
         elif kind is OpKind.WAIT:
             events = [self.done[j] for j in self.leads(op.waits_for)]
             if op.stream == HOST_STREAM:
@@ -552,6 +554,10 @@ class CudaExecutor(Executor):
             elif kind is OpKind.WAIT_EVENT:
                 stream.wait_event(self.user_events[op.waits_for[0]])
             self.end_ev[i].record(stream)
+        if kind is OpKind.COPY and op.host_memory is HostMemory.PAGEABLE:
+            # CUDA may return from a pageable copy once its bytes are staged; the host is
+            # held to the copy's end, as the simulator models it.
+            self.end_ev[i].synchronize()
 
     def _issue_comm(self, plan: CommPlan) -> None:
         lead = plan.lead

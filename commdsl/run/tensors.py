@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import torch
 
 from commdsl.errors import ScheduleError
-from commdsl.ir import CopyDir, Dtype, Op, OpKind, Program, REDUCING_KINDS
+from commdsl.ir import REDUCING_KINDS, CopyDir, Dtype, HostMemory, Op, OpKind, Program
 
 TORCH_DTYPE: dict[Dtype, torch.dtype] = {
     Dtype.BF16: torch.bfloat16, Dtype.FP16: torch.float16, Dtype.FP32: torch.float32,
@@ -139,7 +139,11 @@ class BufferPool:
     def copy(self, op: Op) -> CopyBuffers:
         numel = op.size_bytes // op.dtype.itemsize
         dtype = TORCH_DTYPE[op.dtype]
-        host_side = self._tensor(self._key(op, "host", numel) + ("host",), numel, dtype, pinned=True, host=True)
+        # A pageable buffer is ordinary host memory: on a GPU the copy then goes through
+        # the driver's staging buffers and blocks the host (the executor waits for it).
+        pinned = op.host_memory is not HostMemory.PAGEABLE
+        role = "host" if pinned else "host-pageable"
+        host_side = self._tensor(self._key(op, role, numel) + (role,), numel, dtype, pinned=pinned, host=True)
         dev_a = self._tensor(self._key(op, "dev", numel) + ("dev",), numel, dtype)
         if op.copy_dir is CopyDir.H2D:
             return CopyBuffers(host_side, dev_a)

@@ -67,7 +67,7 @@ from typing import NamedTuple
 
 import simpy
 
-from commdsl.ir import HOST_STREAM, MEMORY_KINDS, Algo, CopyDir, Op, OpKind, Program, Transport
+from commdsl.ir import HOST_STREAM, MEMORY_KINDS, Algo, CopyDir, HostMemory, Op, OpKind, Program, Transport
 from commdsl.machine.model import Machine
 from commdsl.sim.collectives import plan
 from commdsl.sim.contention import compute_us, contention_model
@@ -89,6 +89,7 @@ _COMPUTE, _COPY, _SEND, _RECV, _WAIT, _WAIT_EVENT, _HOST_OP, _SYNCHRONIZE = (
 _K_COMPUTE, _K_COPY, _K_SEND, _K_WAIT, _K_WAIT_EVENT = (KIND_CODE[k] for k in (_COMPUTE, _COPY, _SEND, _WAIT, _WAIT_EVENT))
 _IS_DEVICE, _IS_MEMORY, _IS_COMM = kind_table(_DEVICE_KINDS), kind_table(MEMORY_KINDS), kind_table(_COMM_KINDS)
 _GLOO = Transport.GLOO
+_PAGEABLE = HostMemory.PAGEABLE
 _NCCL = Transport.NCCL
 _MEMCPY = Transport.MEMCPY
 _IDLE = object()
@@ -386,6 +387,15 @@ class Engine:
                     s.kicked = True
                     todo.append(s)
                 g += 1
+                if k == _K_COPY and op.spec.host_memory is _PAGEABLE:
+                    # cudaMemcpyAsync with pageable host memory returns once the copy is
+                    # done: the host is blocked in it, from its issue to the copy's end.
+                    h.block_g = g - 1
+                    h.block_deps = (g - 1,)
+                    h.pc, h.t = g, t
+                    if not self._host_unblocked(h):
+                        return
+                    t = h.t
                 continue
             if _IS_COMM[k]:
                 # A comm op puts a MARK on its stream and an item in its comm queue: the op,
@@ -495,13 +505,14 @@ class Engine:
                 t, cause = e.last_end, e.last_g
         t = max(t, self.env.now)
         op = self.ops[g]
-        if op.kind in _COMM_KINDS:  # a blocking gloo call: the host's issue span covers the wait
+        blocking_call = op.kind in _COMM_KINDS or op.kind is _COPY  # a blocking gloo call, a pageable copy
+        if blocking_call:  # the host's issue span covers the wait
             self.issue_end[g] = t
         else:
             self.cause[g] = cause
             self._finish(g, t)
         h.t = t
-        h.cause = cause if op.kind in _COMM_KINDS else g
+        h.cause = cause if blocking_call else g
         h.block_g = -1
         h.block_deps = ()
         h.sync_targets = []
@@ -768,7 +779,7 @@ class Engine:
         if op.kind is _COPY:
             if op.copy_dir is CopyDir.D2D:
                 return self.machine.device_copy_us(op.size_bytes)
-            return self.machine.host_copy_us(op.size_bytes, op.copy_dir is CopyDir.D2H)
+            return self.machine.host_copy_us(op.size_bytes, op.copy_dir is CopyDir.D2H, op.host_memory is _PAGEABLE)
         return 0.0  # record, wait_event, wait: ordering only
 
     # ---- comm queues, matching, transfers -----------------------------------------------
