@@ -65,6 +65,11 @@ NCCL_KERNEL = re.compile(r"nccl(?:Dev)?Kernel_([A-Za-z]+)")
 
 GLOO_RANGE = re.compile(r"gloo:([a-z_]+)")
 
+GLOO_RUNS_FOR: dict[OpKind, frozenset[OpKind]] = {OpKind.ALL_REDUCE: frozenset({OpKind.REDUCE_SCATTER})}
+"""Collectives gloo runs as another one, by the range it records: torch 2.13's
+ProcessGroupGloo runs `reduce_scatter_tensor` as an all_reduce of the whole input (its
+range is `gloo:all_reduce` with the input's dims; seen in `commdsl run --profile` traces)."""
+
 TORCH_TYPE_DTYPE = {
     "float": Dtype.FP32, "double": Dtype.FP64, "c10::Half": Dtype.FP16, "c10::BFloat16": Dtype.BF16,
     "long int": Dtype.INT64, "int": Dtype.INT32, "short int": Dtype.INT16, "signed char": Dtype.INT8,
@@ -128,6 +133,11 @@ class TraceComm:
     place: Place
     start_us: float
     end_us: float
+    issued_us: float
+    """When the host issued it: the launch (`cuda_runtime`, by correlation) of an NCCL
+    kernel, the start of a gloo range (gloo's workers take a group's ops in issue order)."""
+    runs_for: frozenset[OpKind] = frozenset()
+    """Other collectives the backend runs as this one (`GLOO_RUNS_FOR`)."""
 
     @property
     def duration_us(self) -> float:
@@ -297,8 +307,9 @@ def _rank_trace(f: str, data: dict, rank: int, world: int, step: int | None) -> 
         lo = _number(marks[0], "ts", f)
         hi = lo + _number(marks[0], "dur", f)
     # Device work belongs to the step whose host range launched it.
-    launched = {e["args"].get("correlation") for e in events if e.get("cat") == "cuda_runtime" and isinstance(e.get("args"), dict)
-                and lo <= _number(e, "ts", f) <= hi}  # fmt: skip
+    launches = {e["args"].get("correlation"): _number(e, "ts", f) for e in events
+                if e.get("cat") == "cuda_runtime" and isinstance(e.get("args"), dict)}  # fmt: skip
+    launched = {c for c, ts in launches.items() if lo <= ts <= hi}
     trace = RankTrace(f, rank, world, str(info.get("backend", "")), _profiler(data), name, lo, hi, groups)
     device_lo, device_hi = math.inf, -math.inf
     annotations = []
@@ -312,7 +323,7 @@ def _rank_trace(f: str, data: dict, rank: int, world: int, step: int | None) -> 
                 continue
             device_lo, device_hi = min(device_lo, ts), max(device_hi, end)
             track = f"stream {args.get('stream', e.get('tid'))}"
-            comm = _nccl_comm(ename, args, track, ts, end, groups)
+            comm = _nccl_comm(ename, args, track, ts, end, launches.get(args.get("correlation"), ts), groups)
             if comm is not None:
                 trace.comms.append(comm)
             elif cat == "kernel":
@@ -365,7 +376,8 @@ def _ranks_arg(value: object) -> tuple[int, ...] | None:
     return None
 
 
-def _nccl_comm(name: str, args: dict, track: str, ts: float, end: float, groups: dict[str, tuple[int, ...]]) -> TraceComm | None:
+def _nccl_comm(name: str, args: dict, track: str, ts: float, end: float, issued: float,
+               groups: dict[str, tuple[int, ...]]) -> TraceComm | None:  # fmt: skip
     m = NCCL_KERNEL.match(name)
     if not m:
         return None
@@ -382,7 +394,7 @@ def _nccl_comm(name: str, args: dict, track: str, ts: float, end: float, groups:
     group = _ranks_arg(args.get("Process Group Ranks"))
     if group is None and str(args.get("Process Group Name")) in groups:
         group = groups[str(args.get("Process Group Name"))]
-    return TraceComm(name, kinds, in_bytes, dtype, group, track, Place.DEVICE, ts, end)
+    return TraceComm(name, kinds, in_bytes, dtype, group, track, Place.DEVICE, ts, end, issued)
 
 
 def _gloo_comm(collective: str, name: str, args: dict, track: str, ts: float, end: float) -> TraceComm | None:
@@ -397,4 +409,4 @@ def _gloo_comm(collective: str, name: str, args: dict, track: str, ts: float, en
             in_bytes = math.prod(dims[0]) * dtype.itemsize
     elif kind is OpKind.BARRIER:
         in_bytes = 0
-    return TraceComm(name, frozenset({kind}), in_bytes, dtype, None, track, Place.HOST, ts, end)
+    return TraceComm(name, frozenset({kind}), in_bytes, dtype, None, track, Place.HOST, ts, end, ts, GLOO_RUNS_FOR.get(kind, frozenset()))
