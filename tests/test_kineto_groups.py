@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from commdsl.cli import main
-from commdsl.interop.kineto_read import read_job
+from commdsl.interop.kineto_read import TRACE_FILE, read_job
 from commdsl.timeline import Timeline
 
 try:
@@ -83,14 +83,14 @@ def test_a_reorder_across_groups_pairs_and_one_within_a_group_is_listed(profiled
         y, g = _gloo(events, "gloo:all_reduce", 4096), _gloo(events, "gloo:all_reduce", 8192)
         g["ts"] = y["ts"] - 10.0
 
-    across = _compare(capsys, predicted, _edited(prof, tmp_path / "across", 0, "rank{rank}.pt.trace.json", dp_first))
+    across = _compare(capsys, predicted, _edited(prof, tmp_path / "across", 0, TRACE_FILE, dp_first))
     assert across["unmatched"] == [] and across["ops_compared"] == len(Timeline.read(predicted).exec_spans())
 
     def swap_tp(events):  # rank 0's tp all_gather h now runs before its tp all_reduce y
         y, h = _gloo(events, "gloo:all_reduce", 4096), _gloo(events, "gloo:all_gather", 1024)
         y["ts"], h["ts"] = h["ts"], y["ts"]
 
-    within = _compare(capsys, predicted, _edited(prof, tmp_path / "within", 0, "rank{rank}.pt.trace.json", swap_tp))
+    within = _compare(capsys, predicted, _edited(prof, tmp_path / "within", 0, TRACE_FILE, swap_tp))
     listed = within["unmatched"]
     assert len(listed) == 2 and all(u.startswith("rank 0: ") and f"group {TP}" in u for u in listed), listed
     assert any("not in the trace in this order" in u for u in listed)
@@ -131,5 +131,5 @@ def test_nccl_kernels_pair_per_group_in_launch_order(capsys, tmp_path):
         launch = {e["args"]["correlation"]: e for e in events if e.get("cat") == "cuda_runtime"}
         launch[y]["ts"], launch[h]["ts"] = launch[h]["ts"], launch[y]["ts"]
 
-    listed = _compare(capsys, predicted, _edited(traces, tmp_path / "swapped", 0, "rank-{rank}.pt.trace.json", launch_h_first))["unmatched"]
+    listed = _compare(capsys, predicted, _edited(traces, tmp_path / "swapped", 0, TRACE_FILE, launch_h_first))["unmatched"]
     assert len(listed) == 2 and all(u.startswith("rank 0: ") and f"group {TP}" in u for u in listed), listed

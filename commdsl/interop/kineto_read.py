@@ -22,7 +22,6 @@ commdsl timeline, a truncated or corrupt file) is a `TraceError` naming the file
 from __future__ import annotations
 
 import enum
-import gzip
 import json
 import math
 import re
@@ -30,13 +29,22 @@ import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from commdsl.dsl.values import format_bytes
 from commdsl.errors import UsageError
 from commdsl.ir import Dtype, OpKind
+from commdsl.limits import MAX_TRACE_BYTES
 
 STEP_RANGE = re.compile(r"ProfilerStep#(\d+)")
 """The range `torch.profiler.profile.step` (and `commdsl run --profile`) puts around a step."""
 
 TRACE_SUFFIXES = (".json", ".json.gz")
+"""The files of a trace folder that are read; a rank's is known by its `distributedInfo.rank`,
+not its name: `rank-0.pt.trace.json`, `rank0.pt.trace.json` (an older `run --profile`) and
+`<worker>.<timestamp>.pt.trace.json[.gz]` (`tensorboard_trace_handler`) all read."""
+
+TRACE_FILE = "rank-{rank}.pt.trace.json"
+"""A rank's trace as commdsl writes it (`simulate --trace-dir`, `run --trace-dir`, `run
+--profile`): HTA's examples and test data name per-rank traces `rank-<r>...`."""
 
 TRACE_HEAD_BYTES = 1 << 16
 """How much of a file `is_trace_path` reads to find Kineto's leading `schemaVersion`."""
@@ -203,14 +211,13 @@ def load_trace(path: str | Path) -> dict:
     """The JSON of one profiler trace (gzip or not), checked to be a Kineto trace."""
     p = Path(path)
     try:
+        if p.stat().st_size > MAX_TRACE_BYTES:
+            raise _too_big(p, p.stat().st_size)
         raw = p.read_bytes()
     except OSError as e:
         raise UsageError(f"cannot read trace {p}: {e.strerror or e}") from None
     if raw[:2] == b"\x1f\x8b":
-        try:
-            raw = gzip.decompress(raw)
-        except (OSError, EOFError, zlib.error) as e:
-            raise TraceError(f"{p}: a gzip file that does not decompress ({e}); truncated?") from None
+        raw = _gunzip(raw, p)
     try:
         data = json.loads(raw)
     except json.JSONDecodeError as e:
@@ -229,6 +236,31 @@ def load_trace(path: str | Path) -> dict:
         raise TraceError(f"{p} is a Chrome trace but not a PyTorch profiler (Kineto) trace: it has no schemaVersion",
                          hint="traces come from torch.profiler (export_chrome_trace, tensorboard_trace_handler)")  # fmt: skip
     return data
+
+
+def _gunzip(raw: bytes, p: Path) -> bytes:
+    """The bytes of a gzip file (of one or more members), decompressed no further than
+    `MAX_TRACE_BYTES`: a small file that inflates without end is refused, not read."""
+    out = bytearray()
+    rest = raw
+    while rest:
+        inflate = zlib.decompressobj(wbits=16 + zlib.MAX_WBITS)  # gzip framing
+        try:
+            out += inflate.decompress(rest, MAX_TRACE_BYTES + 1 - len(out))
+        except zlib.error as e:
+            raise TraceError(f"{p}: a gzip file that does not decompress ({e})") from None
+        if len(out) > MAX_TRACE_BYTES:
+            raise _too_big(p, None)
+        if not inflate.eof:
+            raise TraceError(f"{p}: a gzip file that does not decompress (it ends early: truncated?)")
+        rest = inflate.unused_data.lstrip(b"\0")  # members may be followed by zero padding
+    return bytes(out)
+
+
+def _too_big(p: Path, size_bytes: int | None) -> TraceError:
+    size = "decompresses to" if size_bytes is None else f"is {format_bytes(size_bytes)},"
+    return TraceError(f"{p} {size} more than the {format_bytes(MAX_TRACE_BYTES)} a profiler trace may hold (docs/limits.md)",
+                      hint="profile fewer steps (torch.profiler's schedule, active=1) or fewer events (record_shapes=False)")
 
 
 def is_trace_path(path: str | Path) -> bool:
