@@ -348,10 +348,14 @@ def rank_breakdowns(timeline: Timeline) -> dict[int, RankBreakdown]:
     return {r: breakdown_of(spans, makespan) for r, spans in sorted(ops.items())}
 
 
-def compare_timelines(predicted: Timeline, measured: Timeline, *, min_duration_us: float = 10.0) -> Comparison:
+def compare_timelines(predicted: Timeline, measured: Timeline, *, min_duration_us: float = 10.0,
+                      measured_origin_us: float | None = None) -> Comparison:  # fmt: skip
+    """Pair the ops of two timelines by op id. Start times are taken from each timeline's
+    first start, or for the measured one from `measured_origin_us` where given (a
+    profiler trace's step start: its first paired op may start well after it)."""
     pred, meas = predicted.exec_spans(), measured.exec_spans()
     p0 = min((s.start_us for s in predicted.spans), default=0.0)
-    m0 = min((s.start_us for s in measured.spans), default=0.0)
+    m0 = min((s.start_us for s in measured.spans), default=0.0) if measured_origin_us is None else measured_origin_us
     ops = []
     for op_id in sorted(set(pred) & set(meas), key=_op_key):
         p, m = pred[op_id], meas[op_id]
@@ -619,7 +623,8 @@ def compare_trace(predicted: Timeline, job, *, min_duration_us: float = 10.0) ->
     if not match.measured.spans:
         raise UsageError(f"no op of {predicted.schedule} was found in the traces of {job.folder}",
                          hint="ops are found by record_function ranges named as the schedule names them, comm ops by kind and size")  # fmt: skip
-    cmp = compare_timelines(predicted, match.measured, min_duration_us=min_duration_us)
+    step_start_us = min(t.step_start_us for t in job.ranks.values())
+    cmp = compare_timelines(predicted, match.measured, min_duration_us=min_duration_us, measured_origin_us=step_start_us)
     cmp.measured_makespan_us = match.step_us
     cmp.unmatched = match.unmatched
     return cmp, match

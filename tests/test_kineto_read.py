@@ -202,3 +202,18 @@ def test_a_trace_past_the_size_cap_is_refused_before_it_is_inflated(predicted, c
         assert main(["compare", str(predicted), str(folder)]) == 2
         err = capsys.readouterr().err
         assert message in err and name in err and "Traceback" not in err, err
+
+
+def test_nccl_kernels_without_args_take_their_collective_and_size_from_the_nccl_range_that_launched_them():
+    """PARAM's 8-rank DLRM traces (V100, a profiler before torch 2.2): the NCCL kernels carry
+    no args; the `nccl:<collective>` range around each launch says what it ran (TorchRec's
+    all_to_all runs as `SendRecv` kernels) and its input's dims and type give the size."""
+    job = read_job(DATA / "param_dlrm_v100")
+    assert sorted(job.ranks) == list(range(8)) and job.world_size == 8 and job.step_us == 20823.0
+    for t in job.ranks.values():
+        assert [(next(iter(c.kinds)).value, c.in_bytes) for c in t.comms] == [
+            ("all_to_all", 24576), ("all_to_all", 192), ("all_to_all", 1536), ("all_to_all", 13568),
+            ("all_reduce", 394241 * 4), ("all_to_all", 24576), ("all_reduce", 448), ("all_reduce", 226960 * 4)]  # fmt: skip
+        assert all(c.name.startswith(("ncclKernel_SendRecv", "ncclKernel_AllReduce")) for c in t.comms)
+        assert all(c.issued_us < c.start_us for c in t.comms)  # the launch, before the kernel ran
+        assert not any(r.name.startswith("nccl:") for r in t.ranges)  # the host side of a comm, not a range

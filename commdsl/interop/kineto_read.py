@@ -73,6 +73,11 @@ NCCL_KERNEL = re.compile(r"nccl(?:Dev)?Kernel_([A-Za-z]+)")
 
 GLOO_RANGE = re.compile(r"gloo:([a-z_]+)")
 
+NCCL_RANGE = re.compile(r"nccl:([a-z_]+)")
+"""The host range ProcessGroupNCCL records around a collective's launch (`nccl:all_reduce`,
+with `Input Dims` and `Input type` under `record_shapes`): what an NCCL kernel without
+args (a profiler before torch 2.2) ran, and its size."""
+
 GLOO_RUNS_FOR: dict[OpKind, frozenset[OpKind]] = {OpKind.ALL_REDUCE: frozenset({OpKind.REDUCE_SCATTER})}
 """Collectives gloo runs as another one, by the range it records: torch 2.13's
 ProcessGroupGloo runs `reduce_scatter_tensor` as an all_reduce of the whole input (its
@@ -339,9 +344,10 @@ def _rank_trace(f: str, data: dict, rank: int, world: int, step: int | None) -> 
         lo = _number(marks[0], "ts", f)
         hi = lo + _number(marks[0], "dur", f)
     # Device work belongs to the step whose host range launched it.
-    launches = {e["args"].get("correlation"): _number(e, "ts", f) for e in events
-                if e.get("cat") == "cuda_runtime" and isinstance(e.get("args"), dict)}  # fmt: skip
-    launched = {c for c, ts in launches.items() if lo <= ts <= hi}
+    launches = {e["args"].get("correlation"): e for e in events if e.get("cat") == "cuda_runtime" and isinstance(e.get("args"), dict)}
+    launched = {c for c, e in launches.items() if lo <= _number(e, "ts", f) <= hi}
+    nccl_ranges = sorted((e for e in events if e.get("cat") == "user_annotation" and NCCL_RANGE.fullmatch(str(e.get("name", "")))),
+                         key=lambda e: -_number(e, "ts", f))  # innermost (latest start) first  # fmt: skip
     trace = RankTrace(f, rank, world, str(info.get("backend", "")), _profiler(data), name, lo, hi, groups)
     device_lo, device_hi = math.inf, -math.inf
     annotations = []
@@ -355,7 +361,11 @@ def _rank_trace(f: str, data: dict, rank: int, world: int, step: int | None) -> 
                 continue
             device_lo, device_hi = min(device_lo, ts), max(device_hi, end)
             track = f"stream {args.get('stream', e.get('tid'))}"
-            comm = _nccl_comm(ename, args, track, ts, end, launches.get(args.get("correlation"), ts), groups)
+            launch = launches.get(args.get("correlation"))
+            issued = _number(launch, "ts", f) if launch is not None else ts
+            host = next((r for r in nccl_ranges if launch is not None and r.get("tid") == launch.get("tid")
+                         and _number(r, "ts", f) <= issued <= _number(r, "ts", f) + _number(r, "dur", f)), None)  # fmt: skip
+            comm = _nccl_comm(ename, args, track, ts, end, issued, groups, host)
             if comm is not None:
                 trace.comms.append(comm)
             elif cat == "kernel":
@@ -364,7 +374,7 @@ def _rank_trace(f: str, data: dict, rank: int, world: int, step: int | None) -> 
                 trace.copies.append(TraceRange(ename, track, Place.DEVICE, ts, end, int(args.get("bytes", 0) or 0)))
         elif cat == "gpu_user_annotation":
             annotations.append(TraceRange(ename, f"stream {e.get('tid')}", Place.DEVICE, ts, end))
-        elif cat == "user_annotation" and lo <= ts and end <= hi and ename != name:
+        elif cat == "user_annotation" and lo <= ts and end <= hi and ename != name and not NCCL_RANGE.fullmatch(ename):
             m = GLOO_RANGE.fullmatch(ename)
             if m:
                 comm = _gloo_comm(m.group(1), ename, args, f"thread {e.get('tid')}", ts, end)
@@ -409,13 +419,19 @@ def _ranks_arg(value: object) -> tuple[int, ...] | None:
 
 
 def _nccl_comm(name: str, args: dict, track: str, ts: float, end: float, issued: float,
-               groups: dict[str, tuple[int, ...]]) -> TraceComm | None:  # fmt: skip
+               groups: dict[str, tuple[int, ...]], host: dict | None) -> TraceComm | None:  # fmt: skip
+    """An NCCL kernel as a comm: what it ran from its args (torch >= 2.2), else from the
+    `nccl:<collective>` range around its launch (`host`), else from its name."""
     m = NCCL_KERNEL.match(name)
     if not m:
         return None
     collective = args.get("Collective name")
+    ranged = NCCL_COLLECTIVE.get(NCCL_RANGE.fullmatch(str(host["name"])).group(1)) if host is not None else None
     if isinstance(collective, str) and collective in NCCL_COLLECTIVE:
         kinds = frozenset({NCCL_COLLECTIVE[collective]})
+    elif ranged is not None and host is not None:
+        in_bytes, dtype = _input_bytes(ranged, host.get("args") if isinstance(host.get("args"), dict) else {})
+        return TraceComm(name, frozenset({ranged}), in_bytes, dtype, None, track, Place.DEVICE, ts, end, issued)
     elif m.group(1) in NCCL_KERNEL_COLLECTIVE:
         k = NCCL_KERNEL_COLLECTIVE[m.group(1)]
         kinds = frozenset({OpKind.SEND, OpKind.RECV}) if k is None else frozenset({k})
@@ -433,12 +449,17 @@ def _gloo_comm(collective: str, name: str, args: dict, track: str, ts: float, en
     kind = NCCL_COLLECTIVE.get(collective)
     if kind is None:
         return None
+    in_bytes, dtype = _input_bytes(kind, args)
+    return TraceComm(name, frozenset({kind}), in_bytes, dtype, None, track, Place.HOST, ts, end, ts, GLOO_RUNS_FOR.get(kind, frozenset()))
+
+
+def _input_bytes(kind: OpKind, args: dict) -> tuple[int | None, Dtype | None]:
+    """The input bytes and dtype of a comm range's first input (`Input Dims`, `Input type`,
+    recorded under `record_shapes`); (None, None) where the range does not give them."""
     dims, types = args.get("Input Dims"), args.get("Input type")
-    in_bytes, dtype = None, None
     if isinstance(dims, list) and dims and isinstance(dims[0], list) and isinstance(types, list) and types:
         dtype = TORCH_TYPE_DTYPE.get(str(types[0]))
         if dtype and all(isinstance(d, int) for d in dims[0]):
-            in_bytes = math.prod(dims[0]) * dtype.itemsize
-    elif kind is OpKind.BARRIER:
-        in_bytes = 0
-    return TraceComm(name, frozenset({kind}), in_bytes, dtype, None, track, Place.HOST, ts, end, ts, GLOO_RUNS_FOR.get(kind, frozenset()))
+            return math.prod(dims[0]) * dtype.itemsize, dtype
+        return None, dtype
+    return (0, None) if kind is OpKind.BARRIER else (None, None)
