@@ -348,10 +348,14 @@ def rank_breakdowns(timeline: Timeline) -> dict[int, RankBreakdown]:
     return {r: breakdown_of(spans, makespan) for r, spans in sorted(ops.items())}
 
 
-def compare_timelines(predicted: Timeline, measured: Timeline, *, min_duration_us: float = 10.0) -> Comparison:
+def compare_timelines(predicted: Timeline, measured: Timeline, *, min_duration_us: float = 10.0,
+                      measured_origin_us: float | None = None) -> Comparison:  # fmt: skip
+    """Pair the ops of two timelines by op id. Start times are taken from each timeline's
+    first start, or for the measured one from `measured_origin_us` where given (a
+    profiler trace's step start: its first paired op may start well after it)."""
     pred, meas = predicted.exec_spans(), measured.exec_spans()
     p0 = min((s.start_us for s in predicted.spans), default=0.0)
-    m0 = min((s.start_us for s in measured.spans), default=0.0)
+    m0 = min((s.start_us for s in measured.spans), default=0.0) if measured_origin_us is None else measured_origin_us
     ops = []
     for op_id in sorted(set(pred) & set(meas), key=_op_key):
         p, m = pred[op_id], meas[op_id]
@@ -469,26 +473,120 @@ def _align(preds: list[Span], comms: list, fits) -> list[tuple[int, int]]:
     return pairs
 
 
+@dataclass(frozen=True)
+class CommLane:
+    """A process group whose comm ops a rank issues in order: a trace's NCCL kernels or
+    gloo ranges of the group pair with the schedule's ops in it in that order, and the
+    order across groups is free (each group runs on its own communicator and stream)."""
+
+    groups: tuple[str, ...]
+    """The schedule's group ids in it: groups of the same ranks are one lane, since a trace
+    names a group by its ranks (torch names process groups "0", "1", ...)."""
+    ranks: frozenset[int]
+    """Its members as the prediction shows them: the ranks with ops in the group."""
+    size: int
+    """Its size (the ops' `Group size`); more than `len(ranks)` where a member has no op in it."""
+
+    @property
+    def label(self) -> str:
+        return "/".join(self.groups)
+
+    def holds(self, group: tuple[int, ...]) -> bool:
+        """Whether a trace's process group of these ranks is this lane's."""
+        if len(self.ranks) == self.size:
+            return set(group) == self.ranks
+        return self.ranks <= set(group) and len(group) == self.size
+
+
+def comm_lanes(spans: list[Span]) -> dict[str, CommLane]:
+    """The lane of each group id the predicted comm ops name (`Process Group Name`)."""
+    members: dict[str, set[int]] = {}
+    sizes: dict[str, int] = {}
+    for s in spans:
+        if OpKind(s.kind).is_comm:
+            group = _arg(s, "Process Group Name", "world")
+            members.setdefault(group, set()).add(s.rank)
+            sizes[group] = max(sizes.get(group, 0), int(_arg(s, "Group size", "0")))
+    by_ranks: dict[tuple[frozenset[int], int], list[str]] = {}
+    for group, ranks in members.items():
+        by_ranks.setdefault((frozenset(ranks), max(sizes[group], len(ranks))), []).append(group)
+    return {g: CommLane(tuple(sorted(gs)), ranks, size) for (ranks, size), gs in by_ranks.items() for g in gs}
+
+
+def _fits(p: Span, c) -> bool:
+    """Whether predicted comm op `p` can be trace comm `c`: the kind (or one the backend runs
+    as `c`'s), the input bytes and the group's size agree where the trace gives them."""
+    return OpKind(p.kind) in (c.kinds | c.runs_for) and (c.in_bytes is None or c.in_bytes == _pred_in_bytes(p)) and (
+        c.group is None or len(c.group) == int(_arg(p, "Group size", str(len(c.group)))))
+
+
+def _comm_text(c, trace) -> str:
+    size = "?" if c.in_bytes is None else c.in_bytes
+    return f"{c.name} ({'/'.join(sorted(k.value for k in c.kinds))}, {size} B in) at {c.start_us - trace.step_start_us:.1f} us into the step"
+
+
+def _match_comms(rank: int, ops: list[Span], lanes: dict[str, CommLane], trace, measured: Timeline) -> list[str]:
+    """Pair a rank's comm ops (in issue order) with its trace's comms, per process group:
+    a trace comm is in the lane its group's ranks name (`Process Group Ranks`, or
+    `distributedInfo.pg_config` by `Process Group Name`); one whose trace names no group
+    (gloo's ranges) is in the one lane holding an op it fits, and is listed as ambiguous
+    where several do. In a lane, the longest in-order pairing (`_align`) of the ops with
+    the comms in the order the host issued them (`TraceComm.issued_us`). Appends the
+    pairs' spans to `measured`; returns what did not pair, one line each."""
+    unmatched: list[str] = []
+    mine: dict[CommLane, list[Span]] = {}
+    for s in ops:
+        mine.setdefault(lanes[_arg(s, "Process Group Name", "world")], []).append(s)
+    found: dict[CommLane, list] = {lane: [] for lane in mine}
+    for c in trace.comms:
+        if c.group is not None:
+            hits = [lane for lane in mine if lane.holds(c.group)]
+            why = f"in process group {list(c.group)}, which none of rank {rank}'s ops is in"
+        else:
+            hits = [lane for lane, ps in mine.items() if any(_fits(p, c) for p in ps)]
+            why = "in the trace, not in the schedule"
+        if len(hits) == 1:
+            found[hits[0]].append(c)
+        elif hits:
+            unmatched.append(f"rank {rank}: {_comm_text(c, trace)}: ambiguous, the trace names no process group and it fits ops "
+                             f"of groups {', '.join(lane.label for lane in hits)}; not paired")  # fmt: skip
+        else:
+            unmatched.append(f"rank {rank}: {_comm_text(c, trace)}: {why}")
+    for lane, preds in mine.items():
+        comms = sorted(found[lane], key=lambda c: (c.issued_us, c.start_us, c.end_us))
+        pairs = _align(preds, comms, _fits)
+        for i, j in pairs:
+            p, c = preds[i], comms[j]
+            measured.spans.append(Span(p.op_id, rank, c.track, SpanRole.EXEC, p.kind, c.name, c.start_us, c.end_us, p.args))
+        paired_p, paired_c = {i for i, _ in pairs}, {j for _, j in pairs}
+        unmatched += [f"rank {rank}: {p.kind} {_arg(p, 'name', p.name)} (op {p.op_id}, {_pred_in_bytes(p)} B in, group {lane.label}): "
+                      "not in the trace in this order" for i, p in enumerate(preds) if i not in paired_p]  # fmt: skip
+        unmatched += [f"rank {rank}: {_comm_text(c, trace)}, group {lane.label}: in the trace, not in the schedule in this order"
+                      for j, c in enumerate(comms) if j not in paired_c]  # fmt: skip
+    return unmatched
+
+
 def match_trace(predicted: Timeline, job) -> TraceMatch:
     """Find each predicted op in `job` (a `commdsl.interop.kineto_read.KinetoJob`):
       * compute, copies, host work and memory ops by name: a rank's ops named N pair, in
         order, with its ranges named N (device ranges where the trace has them, else host
         ranges) when there are as many of each; otherwise every one is listed as ambiguous;
-      * communication by kind and input size, in issue order per rank: the longest
-        in-order pairing of its comm ops with the trace's NCCL kernels or gloo ranges.
+      * communication by kind and input size, per process group in issue order
+        (`_match_comms`): the longest in-order pairing of a rank's ops in a group with
+        the trace's NCCL kernels or gloo ranges of that group.
     Nothing is paired on a guess: what does not pair is listed in `unmatched`."""
     pred = sorted((s for s in predicted.spans if s.role is SpanRole.EXEC), key=lambda s: _op_key(s.op_id))
     measured = Timeline("measured", predicted.schedule, job.world_size,
                         meta={"trace": job.folder, "step": next(iter(job.ranks.values())).step,
                               "profiler": sorted({t.profiler.split(", trace_id")[0] for t in job.ranks.values()})})  # fmt: skip
     match = TraceMatch(measured, job.step_us)
+    lanes = comm_lanes(pred)
     for rank in sorted({s.rank for s in pred}):
         trace = job.ranks.get(rank)
         mine = [s for s in pred if s.rank == rank]
         if trace is None:
             match.unmatched.append(f"rank {rank}: no trace of this rank ({len(mine)} ops)")
             continue
-        comm = [s for s in mine if OpKind(s.kind).is_comm]
         by_name: dict[str, list[Span]] = {}
         for s in mine:
             if not OpKind(s.kind).is_comm:
@@ -511,21 +609,8 @@ def match_trace(predicted: Timeline, job) -> TraceMatch:
                 for s, r in zip(ops, found):
                     measured.spans.append(Span(s.op_id, rank, r.track, SpanRole.EXEC, s.kind, s.name, r.start_us, r.end_us, s.args))
 
-        def fits(p: Span, c) -> bool:
-            return OpKind(p.kind) in c.kinds and (c.in_bytes is None or c.in_bytes == _pred_in_bytes(p)) and (
-                c.group is None or len(c.group) == int(dict(p.args).get("Group size", len(c.group))))
-
-        comms = sorted(trace.comms, key=lambda c: (c.start_us, c.end_us))
-        pairs = _align(comm, comms, fits)
-        for i, j in pairs:
-            p, c = comm[i], comms[j]
-            measured.spans.append(Span(p.op_id, rank, c.track, SpanRole.EXEC, p.kind, c.name, c.start_us, c.end_us, p.args))
-        paired_p, paired_c = {i for i, _ in pairs}, {j for _, j in pairs}
-        match.unmatched += [f"rank {rank}: {p.kind} {_arg(p, 'name', p.name)} (op {p.op_id}, {_pred_in_bytes(p)} B in): "
-                            "not in the trace in this order" for i, p in enumerate(comm) if i not in paired_p]  # fmt: skip
-        match.unmatched += [f"rank {rank}: {c.name} ({'/'.join(sorted(k.value for k in c.kinds))}, "
-                            f"{'?' if c.in_bytes is None else c.in_bytes} B in) at {c.start_us - trace.step_start_us:.1f} us "
-                            "into the step: in the trace, not in the schedule in this order" for j, c in enumerate(comms) if j not in paired_c]  # fmt: skip
+        comm_ops = [s for s in mine if OpKind(s.kind).is_comm]
+        match.unmatched += _match_comms(rank, comm_ops, lanes, trace, measured)
     return match
 
 
@@ -538,7 +623,8 @@ def compare_trace(predicted: Timeline, job, *, min_duration_us: float = 10.0) ->
     if not match.measured.spans:
         raise UsageError(f"no op of {predicted.schedule} was found in the traces of {job.folder}",
                          hint="ops are found by record_function ranges named as the schedule names them, comm ops by kind and size")  # fmt: skip
-    cmp = compare_timelines(predicted, match.measured, min_duration_us=min_duration_us)
+    step_start_us = min(t.step_start_us for t in job.ranks.values())
+    cmp = compare_timelines(predicted, match.measured, min_duration_us=min_duration_us, measured_origin_us=step_start_us)
     cmp.measured_makespan_us = match.step_us
     cmp.unmatched = match.unmatched
     return cmp, match

@@ -24,6 +24,11 @@ MAX_SIZE_BYTES = 2**50
 MAX_FLOPS = 1e21
 """Most work one compute op may give: 10^21 FLOP (a zettaFLOP)."""
 
+MAX_TRACE_BYTES = 2**31
+"""Largest profiler trace file `commdsl compare` and `commdsl import kineto` read: 2 GiB,
+of JSON after a gzip is decompressed (a few profiler steps of a large job; parsing takes
+several times that in memory)."""
+
 MAX_WORLD_SIZE = 65_536
 """Most ranks a schedule may have, and most devices a machine (nodes x gpus_per_node)."""
 

@@ -15,6 +15,7 @@ import pytest
 from commdsl.cli import main
 from commdsl.comparison import compare_trace
 from commdsl.errors import UsageError
+from commdsl.interop import kineto_read
 from commdsl.interop.kineto_read import Place, TraceError, load_trace, read_job
 from commdsl.ir import OpKind
 from commdsl.timeline import Timeline
@@ -169,3 +170,50 @@ def test_an_empty_folder_and_traces_of_another_job_are_usage_errors(tmp_path, pr
     with pytest.raises(UsageError) as info:  # a DDP job's trace holds no op of 1f1b
         compare_trace(Timeline.read(predicted), read_job(GPU))
     assert f"no op of 1f1b was found in the traces of {GPU}" in info.value.message
+
+
+def test_traces_read_whatever_their_names_and_gzip(predicted, capsys, tmp_path):
+    """commdsl's `rank-<r>` names, the older `rank<r>` ones and the names (and gzip) of
+    torch's `tensorboard_trace_handler`: a rank is its `distributedInfo.rank`."""
+    folder = tmp_path / "named"
+    folder.mkdir()
+    shutil.copy(CPU / "rank0.pt.trace.json", folder / "rank-0.pt.trace.json")
+    (folder / "vm_28941.1790857026000000000.pt.trace.json.gz").write_bytes(gzip.compress((CPU / "rank1.pt.trace.json").read_bytes()))
+    renamed, original = read_job(folder), read_job(CPU)
+    assert sorted(renamed.ranks) == [0, 1] and renamed.step_us == original.step_us
+    assert [c.start_us for c in renamed.ranks[1].comms] == [c.start_us for c in original.ranks[1].comms]
+    assert _compare_json(capsys, predicted, folder)["unmatched"] == []
+    # A gzip of several members (as `cat a.gz b.gz` makes) reads as their concatenation.
+    text = (CPU / "rank1.pt.trace.json").read_bytes()
+    (folder / "vm_28941.1790857026000000000.pt.trace.json.gz").write_bytes(gzip.compress(text[:100]) + gzip.compress(text[100:]))
+    assert read_job(folder).ranks[1].comms == original.ranks[1].comms
+
+
+def test_a_trace_past_the_size_cap_is_refused_before_it_is_inflated(predicted, capsys, tmp_path, monkeypatch):
+    monkeypatch.setattr(kineto_read, "MAX_TRACE_BYTES", 1 << 20)
+    padded = b'{"schemaVersion": 1, "traceEvents": []' + b" " * (4 << 20) + b"}"
+    for name, content, message in (("bomb.json.gz", gzip.compress(padded), "decompresses to more than the 1MiB a profiler trace may hold"),
+                                   ("big.json", padded, "is 4MiB, more than the 1MiB a profiler trace may hold")):  # fmt: skip
+        folder = tmp_path / name.partition(".")[0]
+        folder.mkdir()
+        (folder / name).write_bytes(content)
+        assert len(content) < (1 << 20) or name == "big.json"
+        capsys.readouterr()
+        assert main(["compare", str(predicted), str(folder)]) == 2
+        err = capsys.readouterr().err
+        assert message in err and name in err and "Traceback" not in err, err
+
+
+def test_nccl_kernels_without_args_take_their_collective_and_size_from_the_nccl_range_that_launched_them():
+    """PARAM's 8-rank DLRM traces (V100, a profiler before torch 2.2): the NCCL kernels carry
+    no args; the `nccl:<collective>` range around each launch says what it ran (TorchRec's
+    all_to_all runs as `SendRecv` kernels) and its input's dims and type give the size."""
+    job = read_job(DATA / "param_dlrm_v100")
+    assert sorted(job.ranks) == list(range(8)) and job.world_size == 8 and job.step_us == 20823.0
+    for t in job.ranks.values():
+        assert [(next(iter(c.kinds)).value, c.in_bytes) for c in t.comms] == [
+            ("all_to_all", 24576), ("all_to_all", 192), ("all_to_all", 1536), ("all_to_all", 13568),
+            ("all_reduce", 394241 * 4), ("all_to_all", 24576), ("all_reduce", 448), ("all_reduce", 226960 * 4)]  # fmt: skip
+        assert all(c.name.startswith(("ncclKernel_SendRecv", "ncclKernel_AllReduce")) for c in t.comms)
+        assert all(c.issued_us < c.start_us for c in t.comms)  # the launch, before the kernel ran
+        assert not any(r.name.startswith("nccl:") for r in t.ranges)  # the host side of a comm, not a range

@@ -32,8 +32,8 @@ def profiled(tmp_path_factory):
 
 def test_profile_writes_one_kineto_trace_per_rank_with_the_schedules_op_names(profiled):
     prof, out = profiled
-    assert sorted(p.name for p in prof.iterdir()) == ["rank0.pt.trace.json", "rank1.pt.trace.json"]
-    data = json.loads((prof / "rank0.pt.trace.json").read_text())
+    assert sorted(p.name for p in prof.iterdir()) == ["rank-0.pt.trace.json", "rank-1.pt.trace.json"]
+    data = json.loads((prof / "rank-0.pt.trace.json").read_text())
     assert data["schemaVersion"] == 1 and data["distributedInfo"]["backend"] == "gloo"
     steps = sorted(e["name"] for e in data["traceEvents"] if e.get("name", "").startswith("ProfilerStep#"))
     assert steps == ["ProfilerStep#0", "ProfilerStep#1"]  # one per measured iteration

@@ -22,7 +22,6 @@ commdsl timeline, a truncated or corrupt file) is a `TraceError` naming the file
 from __future__ import annotations
 
 import enum
-import gzip
 import json
 import math
 import re
@@ -30,13 +29,22 @@ import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from commdsl.dsl.values import format_bytes
 from commdsl.errors import UsageError
 from commdsl.ir import Dtype, OpKind
+from commdsl.limits import MAX_TRACE_BYTES
 
 STEP_RANGE = re.compile(r"ProfilerStep#(\d+)")
 """The range `torch.profiler.profile.step` (and `commdsl run --profile`) puts around a step."""
 
 TRACE_SUFFIXES = (".json", ".json.gz")
+"""The files of a trace folder that are read; a rank's is known by its `distributedInfo.rank`,
+not its name: `rank-0.pt.trace.json`, `rank0.pt.trace.json` (an older `run --profile`) and
+`<worker>.<timestamp>.pt.trace.json[.gz]` (`tensorboard_trace_handler`) all read."""
+
+TRACE_FILE = "rank-{rank}.pt.trace.json"
+"""A rank's trace as commdsl writes it (`simulate --trace-dir`, `run --trace-dir`, `run
+--profile`): HTA's examples and test data name per-rank traces `rank-<r>...`."""
 
 TRACE_HEAD_BYTES = 1 << 16
 """How much of a file `is_trace_path` reads to find Kineto's leading `schemaVersion`."""
@@ -64,6 +72,16 @@ NCCL_KERNEL_COLLECTIVE: dict[str, OpKind | None] = {
 NCCL_KERNEL = re.compile(r"nccl(?:Dev)?Kernel_([A-Za-z]+)")
 
 GLOO_RANGE = re.compile(r"gloo:([a-z_]+)")
+
+NCCL_RANGE = re.compile(r"nccl:([a-z_]+)")
+"""The host range ProcessGroupNCCL records around a collective's launch (`nccl:all_reduce`,
+with `Input Dims` and `Input type` under `record_shapes`): what an NCCL kernel without
+args (a profiler before torch 2.2) ran, and its size."""
+
+GLOO_RUNS_FOR: dict[OpKind, frozenset[OpKind]] = {OpKind.ALL_REDUCE: frozenset({OpKind.REDUCE_SCATTER})}
+"""Collectives gloo runs as another one, by the range it records: torch 2.13's
+ProcessGroupGloo runs `reduce_scatter_tensor` as an all_reduce of the whole input (its
+range is `gloo:all_reduce` with the input's dims; seen in `commdsl run --profile` traces)."""
 
 TORCH_TYPE_DTYPE = {
     "float": Dtype.FP32, "double": Dtype.FP64, "c10::Half": Dtype.FP16, "c10::BFloat16": Dtype.BF16,
@@ -128,6 +146,11 @@ class TraceComm:
     place: Place
     start_us: float
     end_us: float
+    issued_us: float
+    """When the host issued it: the launch (`cuda_runtime`, by correlation) of an NCCL
+    kernel, the start of a gloo range (gloo's workers take a group's ops in issue order)."""
+    runs_for: frozenset[OpKind] = frozenset()
+    """Other collectives the backend runs as this one (`GLOO_RUNS_FOR`)."""
 
     @property
     def duration_us(self) -> float:
@@ -193,14 +216,13 @@ def load_trace(path: str | Path) -> dict:
     """The JSON of one profiler trace (gzip or not), checked to be a Kineto trace."""
     p = Path(path)
     try:
+        if p.stat().st_size > MAX_TRACE_BYTES:
+            raise _too_big(p, p.stat().st_size)
         raw = p.read_bytes()
     except OSError as e:
         raise UsageError(f"cannot read trace {p}: {e.strerror or e}") from None
     if raw[:2] == b"\x1f\x8b":
-        try:
-            raw = gzip.decompress(raw)
-        except (OSError, EOFError, zlib.error) as e:
-            raise TraceError(f"{p}: a gzip file that does not decompress ({e}); truncated?") from None
+        raw = _gunzip(raw, p)
     try:
         data = json.loads(raw)
     except json.JSONDecodeError as e:
@@ -219,6 +241,31 @@ def load_trace(path: str | Path) -> dict:
         raise TraceError(f"{p} is a Chrome trace but not a PyTorch profiler (Kineto) trace: it has no schemaVersion",
                          hint="traces come from torch.profiler (export_chrome_trace, tensorboard_trace_handler)")  # fmt: skip
     return data
+
+
+def _gunzip(raw: bytes, p: Path) -> bytes:
+    """The bytes of a gzip file (of one or more members), decompressed no further than
+    `MAX_TRACE_BYTES`: a small file that inflates without end is refused, not read."""
+    out = bytearray()
+    rest = raw
+    while rest:
+        inflate = zlib.decompressobj(wbits=16 + zlib.MAX_WBITS)  # gzip framing
+        try:
+            out += inflate.decompress(rest, MAX_TRACE_BYTES + 1 - len(out))
+        except zlib.error as e:
+            raise TraceError(f"{p}: a gzip file that does not decompress ({e})") from None
+        if len(out) > MAX_TRACE_BYTES:
+            raise _too_big(p, None)
+        if not inflate.eof:
+            raise TraceError(f"{p}: a gzip file that does not decompress (it ends early: truncated?)")
+        rest = inflate.unused_data.lstrip(b"\0")  # members may be followed by zero padding
+    return bytes(out)
+
+
+def _too_big(p: Path, size_bytes: int | None) -> TraceError:
+    size = "decompresses to" if size_bytes is None else f"is {format_bytes(size_bytes)},"
+    return TraceError(f"{p} {size} more than the {format_bytes(MAX_TRACE_BYTES)} a profiler trace may hold (docs/limits.md)",
+                      hint="profile fewer steps (torch.profiler's schedule, active=1) or fewer events (record_shapes=False)")
 
 
 def is_trace_path(path: str | Path) -> bool:
@@ -297,8 +344,10 @@ def _rank_trace(f: str, data: dict, rank: int, world: int, step: int | None) -> 
         lo = _number(marks[0], "ts", f)
         hi = lo + _number(marks[0], "dur", f)
     # Device work belongs to the step whose host range launched it.
-    launched = {e["args"].get("correlation") for e in events if e.get("cat") == "cuda_runtime" and isinstance(e.get("args"), dict)
-                and lo <= _number(e, "ts", f) <= hi}  # fmt: skip
+    launches = {e["args"].get("correlation"): e for e in events if e.get("cat") == "cuda_runtime" and isinstance(e.get("args"), dict)}
+    launched = {c for c, e in launches.items() if lo <= _number(e, "ts", f) <= hi}
+    nccl_ranges = sorted((e for e in events if e.get("cat") == "user_annotation" and NCCL_RANGE.fullmatch(str(e.get("name", "")))),
+                         key=lambda e: -_number(e, "ts", f))  # innermost (latest start) first  # fmt: skip
     trace = RankTrace(f, rank, world, str(info.get("backend", "")), _profiler(data), name, lo, hi, groups)
     device_lo, device_hi = math.inf, -math.inf
     annotations = []
@@ -312,7 +361,11 @@ def _rank_trace(f: str, data: dict, rank: int, world: int, step: int | None) -> 
                 continue
             device_lo, device_hi = min(device_lo, ts), max(device_hi, end)
             track = f"stream {args.get('stream', e.get('tid'))}"
-            comm = _nccl_comm(ename, args, track, ts, end, groups)
+            launch = launches.get(args.get("correlation"))
+            issued = _number(launch, "ts", f) if launch is not None else ts
+            host = next((r for r in nccl_ranges if launch is not None and r.get("tid") == launch.get("tid")
+                         and _number(r, "ts", f) <= issued <= _number(r, "ts", f) + _number(r, "dur", f)), None)  # fmt: skip
+            comm = _nccl_comm(ename, args, track, ts, end, issued, groups, host)
             if comm is not None:
                 trace.comms.append(comm)
             elif cat == "kernel":
@@ -321,7 +374,7 @@ def _rank_trace(f: str, data: dict, rank: int, world: int, step: int | None) -> 
                 trace.copies.append(TraceRange(ename, track, Place.DEVICE, ts, end, int(args.get("bytes", 0) or 0)))
         elif cat == "gpu_user_annotation":
             annotations.append(TraceRange(ename, f"stream {e.get('tid')}", Place.DEVICE, ts, end))
-        elif cat == "user_annotation" and lo <= ts and end <= hi and ename != name:
+        elif cat == "user_annotation" and lo <= ts and end <= hi and ename != name and not NCCL_RANGE.fullmatch(ename):
             m = GLOO_RANGE.fullmatch(ename)
             if m:
                 comm = _gloo_comm(m.group(1), ename, args, f"thread {e.get('tid')}", ts, end)
@@ -365,13 +418,20 @@ def _ranks_arg(value: object) -> tuple[int, ...] | None:
     return None
 
 
-def _nccl_comm(name: str, args: dict, track: str, ts: float, end: float, groups: dict[str, tuple[int, ...]]) -> TraceComm | None:
+def _nccl_comm(name: str, args: dict, track: str, ts: float, end: float, issued: float,
+               groups: dict[str, tuple[int, ...]], host: dict | None) -> TraceComm | None:  # fmt: skip
+    """An NCCL kernel as a comm: what it ran from its args (torch >= 2.2), else from the
+    `nccl:<collective>` range around its launch (`host`), else from its name."""
     m = NCCL_KERNEL.match(name)
     if not m:
         return None
     collective = args.get("Collective name")
+    ranged = NCCL_COLLECTIVE.get(NCCL_RANGE.fullmatch(str(host["name"])).group(1)) if host is not None else None
     if isinstance(collective, str) and collective in NCCL_COLLECTIVE:
         kinds = frozenset({NCCL_COLLECTIVE[collective]})
+    elif ranged is not None and host is not None:
+        in_bytes, dtype = _input_bytes(ranged, host.get("args") if isinstance(host.get("args"), dict) else {})
+        return TraceComm(name, frozenset({ranged}), in_bytes, dtype, None, track, Place.DEVICE, ts, end, issued)
     elif m.group(1) in NCCL_KERNEL_COLLECTIVE:
         k = NCCL_KERNEL_COLLECTIVE[m.group(1)]
         kinds = frozenset({OpKind.SEND, OpKind.RECV}) if k is None else frozenset({k})
@@ -382,19 +442,24 @@ def _nccl_comm(name: str, args: dict, track: str, ts: float, end: float, groups:
     group = _ranks_arg(args.get("Process Group Ranks"))
     if group is None and str(args.get("Process Group Name")) in groups:
         group = groups[str(args.get("Process Group Name"))]
-    return TraceComm(name, kinds, in_bytes, dtype, group, track, Place.DEVICE, ts, end)
+    return TraceComm(name, kinds, in_bytes, dtype, group, track, Place.DEVICE, ts, end, issued)
 
 
 def _gloo_comm(collective: str, name: str, args: dict, track: str, ts: float, end: float) -> TraceComm | None:
     kind = NCCL_COLLECTIVE.get(collective)
     if kind is None:
         return None
+    in_bytes, dtype = _input_bytes(kind, args)
+    return TraceComm(name, frozenset({kind}), in_bytes, dtype, None, track, Place.HOST, ts, end, ts, GLOO_RUNS_FOR.get(kind, frozenset()))
+
+
+def _input_bytes(kind: OpKind, args: dict) -> tuple[int | None, Dtype | None]:
+    """The input bytes and dtype of a comm range's first input (`Input Dims`, `Input type`,
+    recorded under `record_shapes`); (None, None) where the range does not give them."""
     dims, types = args.get("Input Dims"), args.get("Input type")
-    in_bytes, dtype = None, None
     if isinstance(dims, list) and dims and isinstance(dims[0], list) and isinstance(types, list) and types:
         dtype = TORCH_TYPE_DTYPE.get(str(types[0]))
         if dtype and all(isinstance(d, int) for d in dims[0]):
-            in_bytes = math.prod(dims[0]) * dtype.itemsize
-    elif kind is OpKind.BARRIER:
-        in_bytes = 0
-    return TraceComm(name, frozenset({kind}), in_bytes, dtype, None, track, Place.HOST, ts, end)
+            return math.prod(dims[0]) * dtype.itemsize, dtype
+        return None, dtype
+    return (0, None) if kind is OpKind.BARRIER else (None, None)

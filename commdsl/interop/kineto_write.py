@@ -45,6 +45,7 @@ from typing import TYPE_CHECKING, TextIO
 
 from commdsl.errors import UsageError
 from commdsl.files import check_output_folder, output_file
+from commdsl.interop.kineto_read import TRACE_FILE
 from commdsl.ir import HOST_STREAM, CopyDir, Op, OpKind, Program, Transport
 from commdsl.machine.model import DeviceKind
 from commdsl.timeline import Span, SpanRole, Timeline, comm_span_args, nccl_kernel_name
@@ -150,7 +151,7 @@ def write_kineto_traces(timeline: Timeline, program: Program, folder: str | Path
         by_rank.setdefault(s.rank, []).append(s)
     paths = []
     for rank in range(timeline.world_size):
-        path = out / f"rank-{rank}.pt.trace.json"
+        path = out / TRACE_FILE.format(rank=rank)
         doc = rank_trace(rank, by_rank[rank], program, streams, backend=backend, device=device, source=timeline.source)
         with output_file(path, flag) as f:
             write_document(doc, f)

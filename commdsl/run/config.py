@@ -11,11 +11,6 @@ if TYPE_CHECKING:
     from commdsl.progress import Progress
 
 
-PROFILE_FILE = "rank{rank}.pt.trace.json"
-"""A rank's Kineto trace in the `--profile` folder (`.pt.trace.json`, as PyTorch's
-`tensorboard_trace_handler` names its files)."""
-
-
 class BackendChoice(str, enum.Enum):
     AUTO = "auto"
     GLOO = "gloo"
@@ -70,7 +65,7 @@ class RunConfig:
     """Where rank 0 also writes the measured timeline as Kineto traces, one per rank."""
     profile_dir: str | None = None
     """`--profile DIR`: the measured iterations run under `torch.profiler`, and every rank
-    writes its Kineto trace there (`rank<R>.pt.trace.json`), with a `record_function`
+    writes its Kineto trace there (`rank-<r>.pt.trace.json`), with a `record_function`
     range per op named as the schedule names it."""
 
 

@@ -30,7 +30,8 @@ from commdsl.run.backend import (DistEnv, all_gather_objects, broadcast_object, 
 from commdsl.run.check import Checker, CheckError, Fill, load_values
 from commdsl.run.compute import MATMUL_DTYPES, Kernels, compute_threads
 from commdsl.run.compute_timing import ComputeTiming, skew_from_environ
-from commdsl.run.config import PROFILE_FILE, DurationMode, RunConfig, load_program
+from commdsl.interop.kineto_read import TRACE_FILE
+from commdsl.run.config import DurationMode, RunConfig, load_program
 from commdsl.run.executor import Executor, RankSetup, make_executor
 from commdsl.run.tensors import declared_peak_bytes, estimate_bytes
 from commdsl.run.timing import ClockSync, IterRecord, RankResult, build_timeline, iteration_records, measure_clock, now_ns
@@ -291,7 +292,7 @@ its steps (Kineto trace readers, HTA and `commdsl compare` split a trace into st
 class RankProfiler:
     """`--profile DIR`: `torch.profiler` over the measured iterations of one rank (the
     executor puts each in a `ProfilerStep#<k>` range); `write` saves the rank's Kineto
-    trace (PROFILE_FILE).
+    trace (`TRACE_FILE`, as `--trace-dir` names them).
 
     On CPU the ops run on the executor's stream and comm-queue threads, which the
     profiler records only with `profile_all_threads`; on CUDA it records the GPU's
@@ -300,7 +301,7 @@ class RankProfiler:
     def __init__(self, folder: str, rank: int, device: torch.device):
         from torch.profiler import ProfilerActivity, profile
 
-        self.path = Path(folder) / PROFILE_FILE.format(rank=rank)
+        self.path = Path(folder) / TRACE_FILE.format(rank=rank)
         if device.type == "cuda":  # the ranges are on the host thread, around the launches
             self.prof = profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], record_shapes=True)
             return
