@@ -22,9 +22,9 @@ Statistics use absolute values: median, p90 and worst.
 from __future__ import annotations
 
 import json
-
 import statistics
 from dataclasses import dataclass, field
+from typing import TextIO
 
 from commdsl.breakdown import Breakdown, breakdown_of
 from commdsl.errors import UsageError
@@ -36,7 +36,7 @@ NON_BUSY_KINDS = frozenset({OpKind.WAIT.value, OpKind.WAIT_EVENT.value, OpKind.R
                             OpKind.ALLOC.value, OpKind.FREE.value})  # fmt: skip
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class OpError:
     op_id: str
     kind: str
@@ -273,6 +273,26 @@ class Comparison:
         return next(e for e in self.ops if e.op_id == op_id)
 
     def to_json(self) -> dict:
+        """The comparison as JSON-able values (what `write_json` writes)."""
+        return {**self._summary_json(), "ops": [_op_json(e) for e in self.ops]}
+
+    def write_json(self, out: TextIO) -> None:
+        """Write `to_json()` to `out` as `json.dump(..., indent=1)` writes it, the ops a
+        batch at a time: one dict per op and the whole text at once (half a million ops
+        of a 300 MB timeline) would be held otherwise."""
+        head = json.dumps({**self._summary_json(), "ops": []}, indent=1)
+        empty = '"ops": []\n}'
+        assert head.endswith(empty), "ops is the last key"
+        out.write(head[: -len(empty)] + '"ops": [')
+        for i in range(0, len(self.ops), _OPS_PER_WRITE):
+            batch = self.ops[i : i + _OPS_PER_WRITE]
+            # each op's object, one level deeper than json.dumps puts it (in the list of ops)
+            texts = ("\n  " + json.dumps(_op_json(e), indent=1).replace("\n", "\n  ") for e in batch)
+            out.write(("," if i else "") + ",".join(texts))
+        out.write("\n ]\n}" if self.ops else "]\n}")
+
+    def _summary_json(self) -> dict:
+        """`to_json()` but its ops."""
         d, s = self.duration_stats(), self.start_stats()
         return {
             "schedule": self.schedule,
@@ -303,15 +323,19 @@ class Comparison:
             "compute_duration_drift": [d.to_json() for d in self.duration_drifts],
             "machine_calibrated": self.calibration_hint is None,
             "unmatched": self.unmatched,
-            "ops": [
-                {
-                    "op_id": e.op_id, "kind": e.kind, "name": e.name, "source": e.source,
-                    "predicted_start_us": round(e.predicted_start_us, 3), "measured_start_us": round(e.measured_start_us, 3),
-                    "predicted_duration_us": round(e.predicted_duration_us, 3), "measured_duration_us": round(e.measured_duration_us, 3),
-                }  # fmt: skip
-                for e in self.ops
-            ],
         }
+
+
+_OPS_PER_WRITE = 4096
+"""Ops `Comparison.write_json` encodes into one write."""
+
+
+def _op_json(e: OpError) -> dict:
+    return {
+        "op_id": e.op_id, "kind": e.kind, "name": e.name, "source": e.source,
+        "predicted_start_us": round(e.predicted_start_us, 3), "measured_start_us": round(e.measured_start_us, 3),
+        "predicted_duration_us": round(e.predicted_duration_us, 3), "measured_duration_us": round(e.measured_duration_us, 3),
+    }  # fmt: skip
 
 
 def _stats_json(st: ErrorStats, cmp: Comparison, which: str) -> dict:

@@ -76,7 +76,8 @@ class _Reader:
         role, kind, name, start, end, args, place) whose tracks are resolved at the end."""
         self.counters: list[tuple] = []
         self.strings: dict = {}
-        """Each string (and annotation pair) once: a trace repeats a few thousand of them."""
+        """Each string, annotation pair and span's annotations once: a trace repeats a few
+        thousand of them (a pipeline's microbatch F[7] on every stage)."""
 
     def _once(self, value):
         return self.strings.setdefault(value, value)
@@ -112,7 +113,8 @@ class _Reader:
             ts = _time(ev.get("ts"), "ts", -HORIZON_US)
             dur = _time(ev.get("dur"), "dur", 0.0)
             name = _text(ev.get("name"), "name")
-            kept = tuple(self._once((self._once(k), self._once(_arg(k, v)) if isinstance(v, str) else _arg(k, v))) for k, v in args.items())
+            kept = self._once(tuple(self._once((self._once(k), self._once(_arg(k, v)) if isinstance(v, str) else _arg(k, v)))
+                                    for k, v in args.items()))  # fmt: skip
             if self.tracks is None and "otherData" in self.others:
                 self.world, self.tracks = self._layout()
             span = (self._once(op_id), pid, tid, role, self._once(kind), self._once(name), ts, ts + dur, kept, place)

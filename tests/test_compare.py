@@ -245,3 +245,20 @@ def test_an_uncalibrated_machine_says_how_to_calibrate() -> None:
     rough.meta["machine"] = dict(machine().to_json(), calibration=dict(record, quick=True))
     (hint,) = compare_timelines(rough, _timeline("measured", MEASURED)).warnings()
     assert "rough calibration (--quick)" in hint
+
+
+@pytest.mark.parametrize("ops_per_write", [1, 3, 4096])
+@pytest.mark.parametrize("predicted", [PREDICTED, PREDICTED[:3], []], ids=["all", "unpaired", "none"])
+def test_json_written_streamed_is_json_dumps_text(monkeypatch, predicted, ops_per_write) -> None:
+    """`--json` writes the ops a batch at a time: the very text `json.dumps(indent=1)`
+    of the whole comparison gives, whatever the batch size and however many ops."""
+    import io
+
+    from commdsl import comparison
+
+    monkeypatch.setattr(comparison, "_OPS_PER_WRITE", ops_per_write)
+    cmp = compare_timelines(_timeline("predicted", predicted), _timeline("measured", MEASURED), min_duration_us=1)
+    out = io.StringIO()
+    cmp.write_json(out)
+    assert out.getvalue() == json.dumps(cmp.to_json(), indent=1)
+    assert len(json.loads(out.getvalue())["ops"]) == len(cmp.ops) == len(predicted)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 
 from rich.console import Console
 from rich.table import Table
@@ -111,7 +112,8 @@ def run(args: argparse.Namespace) -> int:
         measured = Timeline.read(args.measured)
         cmp = compare_named(predicted, measured, args.predicted, args.measured, args.min_duration)
     if args.json:
-        print(json.dumps(cmp.to_json(), indent=1))
+        cmp.write_json(sys.stdout)
+        print()
         for warning in cmp.warnings():  # on stderr, so that stdout stays JSON
             Console(stderr=True, highlight=False).print(f"[yellow]warning[/]: {escape(warning)}")
     else:

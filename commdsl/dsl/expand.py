@@ -299,6 +299,12 @@ class RankExpander:
             raise self.fail(f"rank {self.rank} is not a member of group '{family}' ({members})", loc)
         return found
 
+    def _in_group(self, rank: int, family: str, group: Group) -> bool:
+        """Whether `rank` is a member of `group` (of `family`): a look-up in the layout's
+        membership, not a scan of the group's ranks, which is as long as the world."""
+        found = self.layout.membership[family].get(rank)
+        return found is not None and found[0] is group
+
     def push_stream(self, name: str) -> None:
         """Enter an `on STREAM:` block."""
         self.stream_stack.append(name)
@@ -589,7 +595,7 @@ class RankExpander:
         if peer == self.rank:
             raise self.fail(f"rank {self.rank} cannot {kind.value} {'to' if kind is OpKind.SEND else 'from'} itself", peer_loc)
         group = self.group(site.family, loc)
-        if peer not in group.ranks:
+        if not self._in_group(peer, site.family, group):
             raise self.fail(f"peer {peer} is not in group {group.id} (ranks {list(group.ranks)})", peer_loc)
         stream = self.stream(site.placement, loc)
         dtype = dtype or self.layout.default_dtype
@@ -619,7 +625,7 @@ class RankExpander:
         group = self.group(site.family, loc)
         if kind in ROOTED_KINDS:
             root = self._check_rank("root", root, root_loc)
-            if root not in group.ranks:
+            if not self._in_group(root, site.family, group):
                 raise self.fail(f"root {root} is not in group {group.id} (ranks {list(group.ranks)})", root_loc,
                                 hint="roots are global ranks, as in torch.distributed")  # fmt: skip
         stream = self.stream(site.placement, loc)

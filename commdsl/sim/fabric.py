@@ -334,7 +334,15 @@ class Fabric:
         its algorithm's pairs of ranks (`edges`), each pair on its route: the channels are
         charged every pair's bytes, the cap is the slowest route's transport cap, a step
         takes the slowest route's latency. A collective without bytes (a barrier) steps
-        around the ring."""
+        around the ring. An all_to_all on the implied star is summed per channel instead
+        (`_star_all_to_all_load`): the same loads without visiting its n(n-1) pairs."""
+        if kind is OpKind.ALL_TO_ALL and self.topology is None and len(ranks) > 1 and p.serial_bytes:
+            return self._star_all_to_all_load(ranks, size_bytes, transport)
+        return self._pairwise_load(kind, algo, ranks, size_bytes, transport, root, p)
+
+    def _pairwise_load(self, kind: OpKind, algo: Algo, ranks: tuple[int, ...], size_bytes: float, transport: Transport,
+                       root: int | None, p: CommPlan) -> tuple[dict[int, float], float, float]:  # fmt: skip
+        """`collective_load` pair by pair: every pair of `edges` on its route."""
         channel_bytes: dict[int, float] = {}
         cap = math.inf
         step_latency_us = 0.0
@@ -349,6 +357,25 @@ class Fabric:
             cap = min(cap, route.spec.bandwidth_gb_per_s * 1e3)
             step_latency_us = max(step_latency_us, route.spec.latency_us + route.latency_us)
         return channel_bytes, cap, step_latency_us
+
+    def _star_all_to_all_load(self, ranks: tuple[int, ...], size_bytes: float, transport: Transport) -> tuple[dict[int, float], float, float]:
+        """`collective_load` of an all_to_all on the implied star, summed per channel. The
+        route of every pair (a, b) is a's channel up to the transport's switch, then b's
+        channel down from it (and the transport's shared channel, if any), with the same
+        transport spec and no link latency. So a's up channel carries its n - 1 sends of
+        S / n, b's down channel its n - 1 receives, and the shared channel all n (n - 1):
+        the loads of charging every pair (`edges`), exactly, in O(n) instead of O(n^2)
+        (4,096 ranks are 16.8 M pairs)."""
+        route = self.route(ranks[0], ranks[1], transport)  # every pair's spec and latency
+        n = len(ranks)
+        per_rank = (n - 1) * (float(size_bytes) / n)
+        up, down = self._up[transport], self._down[transport]
+        channel_bytes = {up[r]: per_rank for r in ranks}
+        channel_bytes.update({down[r]: per_rank for r in ranks})
+        shared = self.shared_channel.get(transport)
+        if shared is not None:
+            channel_bytes[shared] = n * per_rank
+        return channel_bytes, route.spec.bandwidth_gb_per_s * 1e3, route.spec.latency_us + route.latency_us
 
     def collective_time_us(self, kind: OpKind, algo: Algo, ranks: tuple[int, ...], size_bytes: float, transport: Transport,
                            root: int | None, p: CommPlan) -> tuple[float, float]:  # fmt: skip
