@@ -4,6 +4,7 @@ executor's, which waits for such a copy as CUDA does."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
@@ -135,3 +136,20 @@ def test_executor_holds_the_host_for_a_pageable_copy(tmp_path):
     assert issue[x.op_id].end_us >= x.end_us - 1  # the host's issue of x lasts until x is done
     assert issue[spans["y"].op_id].end_us < spans["y"].end_us  # a pinned copy returns at once
     assert {op.kind for op in commdsl.load(sched).ops[0]} == {OpKind.COPY, OpKind.COMPUTE}
+
+
+def test_profiler_traces_name_pageable_copies_as_cupti_does_and_import_reads_them_back(tmp_path):
+    """`simulate --trace-dir` names a pageable copy `Memcpy HtoD (Pageable -> Device)`, as
+    CUPTI does, and `import kineto` turns it back into `memory=pageable`."""
+    from commdsl.cli import main
+
+    sched = tmp_path / "s.yaml"
+    sched.write_text("name: s\nworld: 1\nstreams: [a, b]\nprogram: |\n  copy x 64MiB from host memory=pageable on b\n"
+                     "  copy y 64MiB to host on b\n  compute C 1ms on a\n")  # fmt: skip
+    traces, out = tmp_path / "traces", tmp_path / "replay.yaml"
+    assert main(["simulate", str(sched), "--machine", "h100-nvlink", "--trace-dir", str(traces), "--gantt", "never"]) == 0
+    names = {e["name"] for e in json.loads((traces / "rank-0.pt.trace.json").read_text())["traceEvents"] if e.get("cat") == "gpu_memcpy"}
+    assert names == {"Memcpy HtoD (Pageable -> Device)", "Memcpy DtoH (Device -> Pinned)"}
+    assert main(["import", "kineto", str(traces), "-o", str(out)]) == 0
+    copies = [op for op in commdsl.load(out).ops[0] if op.kind is OpKind.COPY]
+    assert [(op.copy_dir, op.host_memory) for op in copies] == [(CopyDir.H2D, HostMemory.PAGEABLE), (CopyDir.D2H, HostMemory.PINNED)]

@@ -21,8 +21,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from commdsl.interop.kineto_read import KinetoJob, Place, RankTrace, TraceComm, TraceError
-from commdsl.ir import OpKind
+from commdsl.interop.kineto_read import KinetoJob, Place, RankTrace, TraceComm, TraceError, TraceRange, host_memory_of, memcpy_kind
+from commdsl.ir import CopyDir, HostMemory, OpKind
 
 DEFAULT_TOLERANCE_US = 20.0
 """An op that starts within this long of another stream's op ending, after its own
@@ -45,6 +45,8 @@ class _Work:
     waits_on: list[int] = field(default_factory=list)
     """Indices (in the rank's list) of ops on other streams this one waited for."""
     p2p: bool = False
+    blocks_host: bool = False
+    """A copy with pageable host memory: the host is held until it ends."""
     batch: list[_Work] = field(default_factory=list)
     """P2P ops that ran at once with this one on its stream (batch_isend_irecv): one unit."""
 
@@ -105,6 +107,21 @@ def _comm_statement(c: TraceComm, rank: int, trace: RankTrace, world: int, group
     return f"{kind.value} {{name}} {_size(total)} group={group_name}{dtype}"
 
 
+def _copy(c: TraceRange) -> _Work:
+    """A copy from the name CUPTI gave it: its direction and host memory (`from host
+    memory=pageable`); a copy between devices, or a name of another shape, is a
+    device-memory copy."""
+    words, pageable = "", False
+    kind = memcpy_kind(c.name)
+    if kind is not None and kind[0] in (CopyDir.H2D, CopyDir.D2H):
+        copy_dir, word = kind
+        # Managed memory or a CUDA array (no such buffer in the language) is written as
+        # pinned, the copy engines' own case; docs/interop.md says so.
+        pageable = host_memory_of(word) is HostMemory.PAGEABLE
+        words = (" from host" if copy_dir is CopyDir.H2D else " to host") + (" memory=pageable" if pageable else "")
+    return _Work(_stream(c.track), c.start_us, c.end_us, "copy", f"copy {{name}} {_size(c.size_bytes)}{words}", blocks_host=pageable)
+
+
 def _device_work(trace: RankTrace, world: int, groups: dict[tuple[int, ...], str]) -> list[_Work]:
     out: list[_Work] = []
     annotations = [r for r in trace.ranges if r.place is Place.DEVICE]
@@ -115,8 +132,7 @@ def _device_work(trace: RankTrace, world: int, groups: dict[tuple[int, ...], str
             label = _identifier(min(inner, key=lambda a: a.duration_us).name) if inner else _kernel_identifier(k.name)
             out.append(_Work(_stream(k.track), k.start_us, k.end_us, label, f"compute {{name}} {_us(k.duration_us)}"))
         for c in trace.copies:
-            direction = " from host" if "HtoD" in c.name else " to host" if "DtoH" in c.name else ""
-            out.append(_Work(_stream(c.track), c.start_us, c.end_us, "copy", f"copy {{name}} {_size(c.size_bytes)}{direction}"))
+            out.append(_copy(c))
     else:
         host = [r for r in trace.ranges if r.place is Place.HOST]
         for r in host:
@@ -190,6 +206,8 @@ def _rank_program(trace: RankTrace, work: list[_Work], t0: float, tolerance_us: 
         else:
             lines.append(f"c[{i}] = {stmts[0]} on {w.stream}")
             lines.append(f"wait c[{i}] on {w.stream}")
+        if w.blocks_host:  # the replay's host, as the traced one, goes on when the copy ends
+            host_us = max(host_us, w.end_us - t0)
         if i in recorded:
             lines.append(f"record ev[{i}] on {w.stream}")
         last_end[w.stream] = max(idle_from, max(m.end_us for m in (w, *w.batch)) - t0)

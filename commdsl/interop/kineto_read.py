@@ -31,7 +31,7 @@ from pathlib import Path
 
 from commdsl.dsl.values import format_bytes
 from commdsl.errors import UsageError
-from commdsl.ir import Dtype, OpKind
+from commdsl.ir import CopyDir, Dtype, HostMemory, OpKind
 from commdsl.limits import MAX_TRACE_BYTES
 
 STEP_RANGE = re.compile(r"ProfilerStep#(\d+)")
@@ -77,6 +77,36 @@ NCCL_RANGE = re.compile(r"nccl:([a-z_]+)")
 """The host range ProcessGroupNCCL records around a collective's launch (`nccl:all_reduce`,
 with `Input Dims` and `Input type` under `record_shapes`): what an NCCL kernel without
 args (a profiler before torch 2.2) ran, and its size."""
+
+_CUPTI_COPY = {CopyDir.H2D: "HtoD", CopyDir.D2H: "DtoH", CopyDir.D2D: "DtoD", CopyDir.PEER: "PtoP"}
+"""Copy direction -> CUPTI's word for it in a copy's name."""
+_CUPTI_MEMORY = {HostMemory.PINNED: "Pinned", HostMemory.PAGEABLE: "Pageable"}
+"""Host memory -> CUPTI's word for it in a copy's name."""
+_MEMCPY_NAME = re.compile(r"Memcpy (HtoD|DtoH|DtoD|PtoP) \((\w+) -> (\w+)\)")
+
+
+def memcpy_name(copy_dir: CopyDir, host_memory: HostMemory | None) -> str:
+    """The name CUPTI gives a copy: `Memcpy HtoD (Pinned -> Device)`."""
+    host = _CUPTI_MEMORY[host_memory or HostMemory.PINNED]
+    source, dest = {CopyDir.H2D: (host, "Device"), CopyDir.D2H: ("Device", host)}.get(copy_dir, ("Device", "Device"))
+    return f"Memcpy {_CUPTI_COPY[copy_dir]} ({source} -> {dest})"
+
+
+def memcpy_kind(name: str) -> tuple[CopyDir, str | None] | None:
+    """A copy's direction and (host copies) CUPTI's word for its host memory, from the
+    name CUPTI gives it; None for a name of another shape."""
+    m = _MEMCPY_NAME.fullmatch(name)
+    if m is None:
+        return None
+    copy_dir = next(d for d, word in _CUPTI_COPY.items() if word == m.group(1))
+    host = m.group(2) if copy_dir is CopyDir.H2D else m.group(3) if copy_dir is CopyDir.D2H else None
+    return copy_dir, host
+
+
+def host_memory_of(word: str) -> HostMemory | None:
+    """CUPTI's word for a copy's host memory as a `HostMemory`; None for another kind
+    (managed memory, arrays)."""
+    return next((m for m, w in _CUPTI_MEMORY.items() if w == word), None)
 
 GLOO_RUNS_FOR: dict[OpKind, frozenset[OpKind]] = {OpKind.ALL_REDUCE: frozenset({OpKind.REDUCE_SCATTER})}
 """Collectives gloo runs as another one, by the range it records: torch 2.13's

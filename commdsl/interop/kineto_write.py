@@ -45,7 +45,7 @@ from typing import TYPE_CHECKING, TextIO
 
 from commdsl.errors import UsageError
 from commdsl.files import check_output_folder, output_file
-from commdsl.interop.kineto_read import TRACE_FILE
+from commdsl.interop.kineto_read import TRACE_FILE, memcpy_name
 from commdsl.ir import HOST_STREAM, CopyDir, Op, OpKind, Program, Transport
 from commdsl.machine.model import DeviceKind
 from commdsl.timeline import Span, SpanRole, Timeline, comm_span_args, nccl_kernel_name
@@ -77,11 +77,6 @@ _TORCH_DTYPE = {"fp32": "Float", "fp16": "Half", "bf16": "BFloat16", "fp64": "Do
                 "int32": "Int", "int64": "Long", "int16": "Short", "bool": "Bool", "fp8": "Float8_e4m3fn"}  # fmt: skip
 """commdsl dtype -> the name `record_param_comms` gives it (c10's ScalarType)."""
 
-_MEMCPY_NAME = {
-    CopyDir.H2D: "Memcpy HtoD (Pinned -> Device)", CopyDir.D2H: "Memcpy DtoH (Device -> Pinned)",
-    CopyDir.D2D: "Memcpy DtoD (Device -> Device)", CopyDir.PEER: "Memcpy PtoP (Device -> Device)",
-}  # fmt: skip
-"""Copy direction -> the name CUPTI gives the copy."""
 
 
 @dataclass(frozen=True)
@@ -245,7 +240,7 @@ def _events(rank: int, device: int, spans: list[Span], program: Program, streams
         args: dict[str, object] = {"External id": n, "queued": 0, "device": device, "context": 1, "stream": sid, "correlation": n}
         transport = transport_of(op) if op.kind.is_comm else None
         if op.kind is OpKind.COPY or transport is Transport.MEMCPY:  # a send/recv over memcpy is a peer copy
-            cat, name = "gpu_memcpy", _MEMCPY_NAME[op.copy_dir or (CopyDir.PEER if transport else CopyDir.D2D)]
+            cat, name = "gpu_memcpy", memcpy_name(op.copy_dir or (CopyDir.PEER if transport else CopyDir.D2D), op.host_memory)
             args["bytes"] = op.size_bytes
             args["memory bandwidth (GB/s)"] = op.size_bytes / ((s.end_us - s.start_us) * 1e3)
         elif op.kind.is_comm:
