@@ -258,6 +258,10 @@ class RankExpander:
     """stage_recvs waiting for the pipeline compute op after them (what they feed)."""
     group_of: dict[str, tuple[Group, int]] = field(default_factory=dict)
     """Per group family this rank is in: its group and its rank in it."""
+    rank_at_uses: list[SourceLoc] | None = None
+    """Where the rank expands to stand for other replicas (`commdsl.dsl.fold`): the
+    `rank_at()` calls whose values were used other than as a peer or a root
+    (`commdsl.dsl.replica_rank`); None: `rank_at()` gives plain ints."""
     _indices: list[int] = field(init=False)
     """`tables.indices`."""
     _op_limit: int = field(init=False)
