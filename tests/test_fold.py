@@ -60,7 +60,13 @@ def test_folded_llm_3d_simulates_as_every_rank_on_the_flow_network(params):
     folded, unfolded = _llm(True, tp=8, heads=8, kv_heads=8, **params), _llm(False, tp=8, heads=8, kv_heads=8, **params)
     machine = resolve_machine("dgx-h100", nodes=2 * params["dp"])
     assert folded.fold is not None
-    _same_results(simulate(folded, machine), simulate(unfolded, machine))
+    a, b = simulate(folded, machine), simulate(unfolded, machine)
+    _same_results(a, b)
+    # The links of the representative's nodes, as a run of every rank loads them; every
+    # other replica's nodes carry as many links.
+    links, every_rank = a.summary().to_json()["links"], {link["name"]: link for link in b.summary().to_json()["links"]}
+    assert links and all(every_rank[link["name"]] == link for link in links)
+    assert len(every_rank) == params["dp"] * len(links)
 
 
 def test_a_folded_program_refuses_a_machine_where_replicas_share_links():

@@ -27,11 +27,12 @@ the collectives that span them (`inexact` says why not, otherwise):
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import fields
 from typing import TypeVar
 
 from commdsl.ir import Program
 from commdsl.machine.model import Machine
+from commdsl.sim.network import Network
 
 T = TypeVar("T")
 
@@ -67,11 +68,26 @@ def inexact(program: Program, machine: Machine, network: str, samples: int = 1) 
 
 
 def unfolded(per_rank: tuple[T, ...], program: Program) -> tuple[T, ...]:
-    """Per-rank entries (dataclasses with a `rank` field, one per rank in rank order) of a
-    folded program's simulation, where only the representative's are real: every rank's,
-    each the entry of the rank it runs as, renamed. As given where it is not folded."""
+    """Per-rank entries (dataclasses whose first field is `rank`, one per rank in rank
+    order) of a folded program's simulation, where only the representative's are real:
+    every rank's, each the entry of the rank it runs as, renamed. As given where it is
+    not folded."""
     fold = program.fold
     if fold is None or not per_rank:
         return per_rank
     own = set(fold.ranks)
-    return tuple(entry if r in own else replace(per_rank[fold.representative(r)], rank=r) for r, entry in enumerate(per_rank))
+    first = per_rank[fold.ranks[0]]
+    cls, names = type(first), [f.name for f in fields(first)]
+    assert names[0] == "rank"
+    values = {r: [getattr(per_rank[r], n) for n in names[1:]] for r in fold.ranks}  # a few per representative rank
+    return tuple(per_rank[r] if r in own else cls(r, *values[fold.representative(r)]) for r in range(len(per_rank)))
+
+
+def own_channels(program: Program, network: Network) -> frozenset[int] | None:
+    """Of a folded program, the channels whose loads a folded run gives as a run of every
+    rank does: those of the representative replica's devices (`Fabric.device_channels`).
+    The other replicas' carry the same, shifted, but in the folded run only the transfers
+    that span the replicas cross them. None: every channel (not folded, or no links)."""
+    if program.fold is None or network.fabric is None:
+        return None
+    return network.fabric.device_channels(program.fold.ranks)

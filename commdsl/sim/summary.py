@@ -220,15 +220,20 @@ def flow_entries(result: SimOutcome) -> Iterator[dict]:
         }  # fmt: skip
 
 
-def _rank_summaries(result: SimOutcome) -> list[RankSummary]:
+def _rank_summaries(result: SimOutcome) -> list[RankSummary | None]:
     """Each rank's breakdown (`commdsl.breakdown`): its ops' intervals by category, read
-    straight from the flat start/end arrays."""
+    straight from the flat start/end arrays; of a folded program, None for the ranks
+    without ops of their own (`commdsl.sim.folding.unfolded` fills them in)."""
     raw, program, makespan = result.raw, result.program, result.makespan_us
     out = []
     first: tuple[tuple[bytes, bytes, bytes], Breakdown] | None = None
     """Rank 0's intervals and breakdown: a rank with the same intervals (interchangeable
     ranks) shares it; only rank 0's are kept, not every rank's."""
+    folded = program.fold is not None
     for rank, rank_ops in enumerate(program.ops):
+        if folded and not rank_ops:
+            out.append(None)  # a folded replica's rank: `unfolded` gives it its representative's
+            continue
         b, n = raw.base[rank], len(rank_ops)
         # Each category's (start, end) in program order, picked in C-level passes: per op its
         # category if it took time (0 if not), then one selector per category.
