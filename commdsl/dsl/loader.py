@@ -280,8 +280,8 @@ def _expand_folded(layout: WorldLayout, rank_reads: set[str], expand_rank) -> tu
     for replica in checked:
         for rank in fold.ranks:
             per_rank[rank + replica * fold.stride] = ()
-    note = (f"folded along {axis}: the {len(fold.ranks):,} ranks with {axis} = 0 expanded, simulated and checked for all "
-            f"{fold.replicas} replicas (" + " and ".join(f"{axis} = {k}" for k in checked) + " expanded and found the same, renamed)")
+    note = (f"folded along {axis}: the {len(fold.ranks):,} ranks with {axis} = 0 run for all {fold.replicas} replicas ("
+            + " and ".join(f"{axis} = {k}" for k in checked) + " expanded too, and found the same renamed)")
     return per_rank, fold, note
 
 
