@@ -39,11 +39,12 @@ from commdsl.ir import ROOTED_KINDS, Fold, Group, Op
 
 
 def fold_axis(layout: WorldLayout, rank_reads: Iterable[str]) -> tuple[str | None, str]:
-    """(the mesh axis to fold, "") or (None, why no axis may be folded), from what the
-    program reads of its rank (`ProgramCompiler.rank_reads`)."""
+    """(the mesh axis to fold, "") or (None, why no axis may be folded; "" where there is
+    nothing to fold: no mesh axis of two or more ranks), from what the program reads of
+    its rank (`ProgramCompiler.rank_reads`)."""
     reads = set(rank_reads)
-    if not layout.mesh:
-        return None, "the world is not a mesh"
+    if all(size < 2 for _, size in layout.mesh):
+        return None, ""
     if "rank" in reads:
         return None, "the program reads `rank`"
     if "world.rank" in reads:
@@ -61,8 +62,6 @@ def fold_axis(layout: WorldLayout, rank_reads: Iterable[str]) -> tuple[str | Non
             why.append(f"`{read[0].replace('=)', '=...)')}` is read")
             continue
         return axis, ""
-    if not why:
-        return None, "no mesh axis has two or more ranks"
     return None, "every mesh axis of two or more ranks is told apart (" + "; ".join(why) + ")"
 
 

@@ -250,10 +250,11 @@ def _expand(name: str, docstring: str, file: str, params: dict[str, object], lay
 def _expand_folded(layout: WorldLayout, rank_reads: set[str], expand_rank) -> tuple[list, Fold, str] | str:
     """The folded expansion (commdsl/dsl/fold.py): (the ops per rank, empty but for the
     representative replica's ranks; the `Fold`; a line that says so), or why it cannot
-    be folded. `expand_rank(rank)` runs the program for a rank."""
+    be folded ("" where there is nothing to fold). `expand_rank(rank)` runs the program
+    for a rank."""
     axis, why = fold_axis(layout, rank_reads)
     if axis is None:
-        return f"not folded: {why}"
+        return f"not folded: {why}" if why else ""
     fold = make_fold(layout, axis)
     checked = sorted({1, fold.replicas - 1})  # the next replica and the last one
     empty = StageTransfers((), ())
@@ -280,7 +281,8 @@ def _expand_folded(layout: WorldLayout, rank_reads: set[str], expand_rank) -> tu
     for replica in checked:
         for rank in fold.ranks:
             per_rank[rank + replica * fold.stride] = ()
-    note = (f"folded along {axis}: the {len(fold.ranks):,} ranks with {axis} = 0 run for all {fold.replicas} replicas ("
+    ranks = f"the {len(fold.ranks):,} ranks" if len(fold.ranks) > 1 else "the rank"
+    note = (f"folded along {axis}: {ranks} with {axis} = 0 run for all {fold.replicas} replicas ("
             + " and ".join(f"{axis} = {k}" for k in checked) + " expanded too, and found the same renamed)")
     return per_rank, fold, note
 
