@@ -15,6 +15,7 @@ from commdsl.cli import main
 from commdsl.dsl import load_schedule, load_schedule_text
 from commdsl.errors import CommdslError, DeadlockError, UsageError
 from commdsl.machine import resolve_machine
+from commdsl.resources import bundled_schedules
 from commdsl.sim import check_deadlock, simulate
 
 SMALL = {"layers": 4, "hidden": 256, "heads": 4, "kv_heads": 4, "vocab": 512, "seq": 64, "microbatches": 4, "pp": 2}
@@ -168,3 +169,29 @@ def test_a_folded_deadlock_is_reported():
     for program in (folded, unfolded):
         with pytest.raises(DeadlockError):
             check_deadlock(program)
+
+
+@pytest.mark.parametrize("name", bundled_schedules())
+def test_every_bundled_schedule_that_folds_simulates_as_every_rank(name):
+    """With its own params, on a machine without a topology (each rank its own links: the
+    flow network is exact folded) and on dgx-h100 with the analytic network; its links are
+    those of the run of every rank."""
+    folded = load_schedule(name, fold=True)
+    if folded.fold is None:
+        assert not folded.fold_note or folded.fold_note.startswith("not folded: ")
+        return
+    unfolded = load_schedule(name)
+    for machine, network in ((resolve_machine("h100-nvlink"), "flow"), (resolve_machine("dgx-h100"), "analytic")):
+        a, b = simulate(folded, machine, network), simulate(unfolded, machine, network)
+        if a.summary().memory:
+            _same_results(a, b)
+        else:
+            _same_times(a, b)
+        every_rank = {link["name"]: link for link in b.summary().to_json()["links"]}
+        assert all(every_rank[link["name"]] == link for link in a.summary().to_json()["links"])
+
+
+def _same_times(folded, unfolded) -> None:
+    a, b = folded.summary().to_json(), unfolded.summary().to_json()
+    for key in ("makespan_us", "bubble_fraction", "ranks", "num_ops", "transfers", "slowed"):
+        assert a[key] == b[key], key

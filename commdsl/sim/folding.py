@@ -57,7 +57,8 @@ def inexact(program: Program, machine: Machine, network: str, samples: int = 1) 
         return None
     per_node = topo.gpus_per_node
     if fold.stride % per_node:
-        return (f"the {fold.axis} replicas are {fold.stride} ranks apart, not a whole number of {per_node}-GPU nodes: "
+        apart = f"{fold.stride} ranks" if fold.stride > 1 else "one rank"
+        return (f"the {fold.axis} replicas are {apart} apart, not a whole number of {per_node}-GPU nodes: "
                 f"they share nodes, whose links carry both")  # fmt: skip
     nodes = {r // per_node for r in fold.ranks}
     step = fold.stride // per_node
