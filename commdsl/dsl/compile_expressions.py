@@ -237,7 +237,7 @@ class ExpressionRules(RuleSet):
             raise ScheduleError(f"unknown name '{name}'", loc, hint="names starting with __ are internal")
         if name == "rank":
             self.reads_rank = True
-            self.rank_reads.add("rank")
+            self.rank_reads.add(("rank",))
         if name in self.constants:
             var = constant(self.constants[name])
         else:
@@ -262,7 +262,7 @@ class ExpressionRules(RuleSet):
         if field_name not in ("rank", "size"):
             raise ScheduleError(f"a group has .rank and .size, not .{field_name}", loc)
         self.reads_rank = True  # a group's size too: groups of one family may differ in size
-        self.rank_reads.add(f"{family}.{field_name}")
+        self.rank_reads.add(("group", family, field_name))
         # Groups are known per rank only at run time; env["__ctx__"] is the rank's expander.
         if field_name == "size":
             return lambda env: len(env["__ctx__"].group(family, loc).ranks)
@@ -308,9 +308,9 @@ class ExpressionRules(RuleSet):
             if axis not in axes:
                 raise ScheduleError(f"rank_at(): '{axis}' is not a mesh axis (axes: {', '.join(axes) or 'none'})", loc)
         layout = self.layout
-        self.rank_reads.update(f"rank_at({axis}=)" for axis, _ in keywords)
+        self.rank_reads.update(("rank_at", axis) for axis, _ in keywords)
         if not keywords:
-            self.rank_reads.add("rank")
+            self.rank_reads.add(("rank",))
             return lambda env: env["rank"]
 
         def rank_at(env):

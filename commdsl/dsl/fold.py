@@ -38,30 +38,31 @@ from commdsl.dsl.expand import WorldLayout
 from commdsl.ir import ROOTED_KINDS, Fold, Group, Op
 
 
-def fold_axis(layout: WorldLayout, rank_reads: Iterable[str]) -> tuple[str | None, str]:
+def fold_axis(layout: WorldLayout, rank_reads: Iterable[tuple[str, ...]]) -> tuple[str | None, str]:
     """(the mesh axis to fold, "") or (None, why no axis may be folded; "" where there is
     nothing to fold: no mesh axis of two or more ranks), from what the program reads of
     its rank (`ProgramCompiler.rank_reads`)."""
     reads = set(rank_reads)
     if all(size < 2 for _, size in layout.mesh):
         return None, ""
-    if "rank" in reads:
+    if ("rank",) in reads:
         return None, "the program reads `rank`"
-    if "world.rank" in reads:
+    if ("group", "world", "rank") in reads:
         return None, "the program reads `world.rank`"
     axes = dict(layout.mesh)
-    custom = sorted(r for r in reads if r.split(".")[0] in layout.families and r.split(".")[0] not in axes and r != "world.size")
+    custom = sorted(f"{r[1]}.{r[2]}" for r in reads if r[0] == "group" and r[1] not in axes and r[1] != "world")
     if custom:
         return None, f"the program reads `{custom[0]}` (a custom group's place may differ between replicas)"
     why = []
     for axis, size in layout.mesh:
         if size < 2:
             continue
-        read = [r for r in (f"{axis}.rank", f"rank_at({axis}=)") if r in reads]
-        if read:
-            why.append(f"`{read[0].replace('=)', '=...)')}` is read")
-            continue
-        return axis, ""
+        if ("group", axis, "rank") in reads:
+            why.append(f"`{axis}.rank` is read")
+        elif ("rank_at", axis) in reads:
+            why.append(f"`rank_at({axis}=...)` is read")
+        else:
+            return axis, ""
     return None, "every mesh axis of two or more ranks is told apart (" + "; ".join(why) + ")"
 
 

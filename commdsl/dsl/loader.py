@@ -172,7 +172,7 @@ def load_schedule_text(
 
 def _expand(name: str, docstring: str, file: str, params: dict[str, object], layout: WorldLayout, origin: TextOrigin,
             compiled, reads_rank: bool, names: dict[str, str], *, max_ops: int, validate: bool,
-            rank_reads: set[str] | None = None) -> Program:  # fmt: skip
+            rank_reads: set[tuple[str, ...]] | None = None) -> Program:  # fmt: skip
     """Run the compiled program for every rank (or, if it never reads its rank, for rank 0,
     then copy: commdsl/dsl/spmd.py), place the stage transfers, validate. With
     `rank_reads` (what the program reads of its rank), fold the replicas along a mesh
@@ -247,7 +247,7 @@ def _expand(name: str, docstring: str, file: str, params: dict[str, object], lay
     return program_of(per_rank, warnings, fold_note=fold_note)
 
 
-def _expand_folded(layout: WorldLayout, rank_reads: set[str], expand_rank) -> tuple[list, Fold, str] | str:
+def _expand_folded(layout: WorldLayout, rank_reads: set[tuple[str, ...]], expand_rank) -> tuple[list, Fold, str] | str:
     """The folded expansion (commdsl/dsl/fold.py): (the ops per rank, empty but for the
     representative replica's ranks; the `Fold`; a line that says so), or why it cannot
     be folded ("" where there is nothing to fold). `expand_rank(rank)` runs the program
