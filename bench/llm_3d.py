@@ -11,6 +11,12 @@ of resident memory (the machine is shared), and its row says so.
     python bench/llm_3d.py --dp 1,128 --timeout 900
     python bench/llm_3d.py --dp 128 --commands check
     python bench/llm_3d.py --json results.json
+    python bench/llm_3d.py --dp 8 --no-fold     # every rank expanded, checked and simulated
+
+By default the commands fold the data-parallel replicas (docs/simulator.md, "Folded
+replicas"): one replica is expanded, checked and simulated for all, and each row says
+whether it was (`folded`, from the summary's `fold` line); `--no-fold` passes the
+commands' own `--no-fold`.
 
 The model: 16 layers (one per stage), hidden 8192 with 64 heads and 8 KV heads, SwiGLU
 ffn 28672, sequence 4096, 16 microbatches per replica, sequence parallelism, DDP-style
@@ -50,6 +56,8 @@ class Row:
     outcome: str
     """"ok", the exit code, or why it was stopped."""
     ops: int | None
+    folded: bool | None
+    """Whether the command folded the replicas (None: it did not finish)."""
 
 
 def _rss_mib(pid: int) -> float:
@@ -62,13 +70,15 @@ def _rss_mib(pid: int) -> float:
     return 0.0
 
 
-def measure(command: str, dp: int, timeout_s: float, max_rss_gib: float, folder: Path) -> Row:
+def measure(command: str, dp: int, timeout_s: float, max_rss_gib: float, folder: Path, fold: bool = True) -> Row:
     ranks = MODEL["tp"] * MODEL["pp"] * dp
     params = [f"-p{k}={v}" for k, v in {**MODEL, "dp": dp}.items()]
     # 46,080 ops per 128 ranks: past the default --max-ops (5M) at DP 128
     argv = [sys.executable, "-m", "commdsl.cli", command, "llm_3d", *params, "--json", "--max-ops", str(MAX_OPS)]
     if command == "simulate":
         argv += ["--machine", "dgx-h100", "--nodes", str(max(1, ranks // GPUS_PER_NODE))]
+    if not fold:
+        argv.append("--no-fold")
     out_path, err_path = folder / "stdout", folder / "stderr"
     start = time.perf_counter()
     with out_path.open("w") as out, err_path.open("w") as err:
@@ -90,16 +100,17 @@ def measure(command: str, dp: int, timeout_s: float, max_rss_gib: float, folder:
         time.sleep(0.1)
     wall_s = time.perf_counter() - start
     proc.returncode = code = os.waitstatus_to_exitcode(status)  # reaped here, not by Popen
-    ops = None
+    ops = folded = None
     if not stopped and code == 0:
         summary = json.loads(out_path.read_text())
         ops = summary["num_ops"] if command == "simulate" else summary["ops"]
+        folded = summary["fold"].startswith("folded")
     if stopped or code == 0:
         outcome = stopped or "ok"
     else:
         lines = err_path.read_text().strip().splitlines()
         outcome = f"exit {code}: {lines[0] if lines else ''}"
-    return Row(command, ranks, dp, usage.ru_utime + usage.ru_stime, wall_s, usage.ru_maxrss / 1024, outcome, ops)
+    return Row(command, ranks, dp, usage.ru_utime + usage.ru_stime, wall_s, usage.ru_maxrss / 1024, outcome, ops, folded)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -108,18 +119,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--commands", default="check,simulate", help="which commands to time, comma-separated")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds before a command is stopped")
     parser.add_argument("--max-rss-gib", type=float, default=3.0, help="resident memory at which a command is stopped")
+    parser.add_argument("--no-fold", dest="fold", action="store_false", help="run the commands with --no-fold")
     parser.add_argument("--json", type=Path, help="write the rows here")
     args = parser.parse_args(argv)
     rows = []
     print(f"load average {os.getloadavg()[0]:.2f}; target: each command <= {TARGET_S:g} s CPU and <= {TARGET_GIB:g} GiB")
-    print(f"{'command':>9} {'ranks':>7} {'ops':>11} {'CPU s':>8} {'wall s':>8} {'peak RSS MiB':>13}  outcome")
+    print(f"{'command':>9} {'ranks':>7} {'ops':>11} {'folded':>6} {'CPU s':>8} {'wall s':>8} {'peak RSS MiB':>13}  outcome")
     folder = Path(tempfile.mkdtemp(prefix="llm_3d_bench."))
     for dp in (int(x) for x in args.dp.split(",")):
         for command in args.commands.split(","):
-            row = measure(command, dp, args.timeout, args.max_rss_gib, folder)
+            row = measure(command, dp, args.timeout, args.max_rss_gib, folder, args.fold)
             rows.append(row)
             ops = f"{row.ops:,}" if row.ops else "-"
-            print(f"{row.command:>9} {row.ranks:>7,} {ops:>11} {row.cpu_s:>8.1f} {row.wall_s:>8.1f} {row.peak_rss_mib:>13.0f}  {row.outcome}", flush=True)
+            folded = {True: "yes", False: "no", None: "-"}[row.folded]
+            print(f"{row.command:>9} {row.ranks:>7,} {ops:>11} {folded:>6} {row.cpu_s:>8.1f} {row.wall_s:>8.1f} {row.peak_rss_mib:>13.0f}  {row.outcome}", flush=True)
     shutil.rmtree(folder, ignore_errors=True)
     if args.json:
         args.json.write_text(json.dumps([asdict(r) for r in rows], indent=1) + "\n")

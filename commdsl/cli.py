@@ -84,12 +84,21 @@ def non_negative_number(text: str) -> float:
     return value
 
 
-def load_from_args(args: argparse.Namespace, *, validate: bool = True):
-    """Load the schedule named by a command's arguments."""
+def add_fold_argument(parser: argparse.ArgumentParser) -> None:
+    """--no-fold, of the commands that understand a folded program (check, simulate)."""
+    parser.add_argument("--no-fold", dest="fold", action="store_false",
+                        help="expand and check every rank even where the replicas along a mesh axis run the same "
+                             "program (by default one replica stands for them all: docs/simulator.md, folding)")  # fmt: skip
+
+
+def load_from_args(args: argparse.Namespace, *, validate: bool = True, fold: bool = False):
+    """Load the schedule named by a command's arguments; `fold`: fold the replicas along a
+    mesh axis where that is verified (`load_schedule`) unless the command's --no-fold says not."""
     from commdsl.dsl import DEFAULT_MAX_OPS, load_schedule, parse_overrides
 
     max_ops = args.max_ops if args.max_ops is not None else DEFAULT_MAX_OPS
-    return load_schedule(args.schedule, parse_overrides(args.param), max_ops=max_ops, validate=validate)
+    fold = fold and getattr(args, "fold", True)
+    return load_schedule(args.schedule, parse_overrides(args.param), max_ops=max_ops, validate=validate, fold=fold)
 
 
 def build_parser(commands: Iterable[str] | None = None) -> argparse.ArgumentParser:

@@ -495,6 +495,38 @@ class Group:
 
 
 @dataclass(frozen=True)
+class Fold:
+    """Replicas along a mesh axis folded into one (`commdsl.dsl.fold`): the ranks whose
+    coordinate on `axis` is 0 (the representative replica) are expanded; every other rank
+    runs its representative's ops up to renaming (its rank, peers and in-replica groups
+    shifted by a multiple of `stride`), which expansion verified, and has no ops of its own
+    in the `Program`. A group is either inside one replica or spans every replica (a group
+    along `axis`, or the world): of the latter only the representative members issue ops."""
+
+    axis: str
+    """The folded mesh axis."""
+    replicas: int
+    """Its size: how many replicas the representative stands for."""
+    stride: int
+    """Global-rank distance from one replica to the next (the axis's stride in the mesh)."""
+    ranks: tuple[int, ...]
+    """The representative replica's ranks, ascending."""
+
+    def replica_of(self, rank: int) -> int:
+        """The replica (coordinate on `axis`) of a global rank."""
+        return rank // self.stride % self.replicas
+
+    def representative(self, rank: int) -> int:
+        """The rank of the representative replica that `rank` runs as."""
+        return rank - self.replica_of(rank) * self.stride
+
+    def present(self, ranks: tuple[int, ...]) -> tuple[int, ...]:
+        """The members of a group that issue ops: those of the representative replica."""
+        stride, replicas = self.stride, self.replicas
+        return tuple(r for r in ranks if r // stride % replicas == 0)
+
+
+@dataclass(frozen=True)
 class Program:
     """A fully expanded schedule: what the simulator and the executor run."""
 
@@ -514,6 +546,12 @@ class Program:
     ops: tuple[tuple[Op, ...], ...]
     """Per rank, the ops in issue order."""
     warnings: tuple[str, ...] = ()
+    fold: Fold | None = None
+    """Replicas folded into one (`Fold`): only the representative ranks have ops; None:
+    every rank has its own."""
+    fold_note: str = ""
+    """What folding did, or why the program was not folded where it was asked for; empty
+    where it was not asked for."""
     _groups_by_id: dict[str, Group] = field(default_factory=dict, compare=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -524,7 +562,13 @@ class Program:
 
     @property
     def num_ops(self) -> int:
+        """The ops the program holds (of a folded program, the representative's)."""
         return sum(len(r) for r in self.ops)
+
+    @property
+    def total_ops(self) -> int:
+        """The ops every rank runs together: `num_ops`, times the replicas if folded."""
+        return self.num_ops * (self.fold.replicas if self.fold is not None else 1)
 
     def all_ops(self):
         for rank_ops in self.ops:

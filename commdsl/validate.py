@@ -174,7 +174,10 @@ def check_collective_sequences(program: Program, per_group: dict[str, dict[int, 
         group = program.group(group_id)
         ref_rank = min(by_rank)
         ref = by_rank[ref_rank]
-        for rank in group.ranks:
+        # Of a folded program, the members that issue ops: the other replicas' run the same
+        # ops renamed (verified by the expansion), so the group is whole by construction.
+        members = group.ranks if program.fold is None else program.fold.present(group.ranks)
+        for rank in members:
             seq = by_rank.get(rank, [])
             if _same_sequence(ref, seq):
                 continue  # the usual case; the loops below say what differs

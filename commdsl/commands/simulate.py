@@ -15,8 +15,9 @@ from __future__ import annotations
 import argparse
 import sys
 from contextlib import ExitStack
+from dataclasses import replace
 
-from commdsl.cli import add_schedule_arguments, count_at_least, load_from_args
+from commdsl.cli import add_fold_argument, add_schedule_arguments, count_at_least, load_from_args
 from commdsl.errors import UsageError, require_output_folder
 from commdsl.files import OutputPath, check_output_folder
 from commdsl.machine import DEFAULT_MACHINE, resolve_machine
@@ -24,6 +25,7 @@ from commdsl.progress import Progress
 from commdsl.sim import NETWORKS, simulate
 from commdsl.sim.models import DEFAULT_NETWORK
 from commdsl.sim.collector import frozen
+from commdsl.sim.folding import inexact
 from commdsl.sim.summary import flow_entries, summarize
 
 # rich (the terminal tables) and the Gantt chart are imported where they are printed:
@@ -48,6 +50,7 @@ def machine_from_args(args: argparse.Namespace):
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_schedule_arguments(parser)
+    add_fold_argument(parser)
     add_machine_arguments(parser)
     parser.add_argument("--trace", metavar="OUT.json", default=None, action=OutputPath,
                         help="write the predicted timeline as Chrome-trace JSON (opens in Perfetto)")  # fmt: skip
@@ -81,8 +84,11 @@ def run(args: argparse.Namespace) -> int:
     with ExitStack() as to_the_end:
         with Progress("commdsl simulate") as progress:
             progress.phase(f"expanding {args.schedule}")
-            program = load_from_args(args)
+            program = load_from_args(args, fold=True)
             machine = machine_from_args(args)
+            if (why := inexact(program, machine, args.network, args.samples)) is not None:
+                progress.phase(f"expanding {args.schedule} for every rank")
+                program = replace(load_from_args(args), fold_note=f"not folded along {program.fold.axis}: {why}")
             # The program lives to the end and holds no garbage: frozen, the cyclic collector
             # no longer walks its ops (a million at a million ops) in the full collections
             # that the summary and the output start.
@@ -96,6 +102,9 @@ def run(args: argparse.Namespace) -> int:
                 from commdsl.interop.kineto_write import machine_device, write_kineto_traces
 
                 progress.phase(f"writing Kineto traces into {args.trace_dir}", unit="ranks")
+                if program.fold is not None:
+                    print(f"commdsl simulate: the folded program's Kineto traces are the {program.fold.axis} = 0 replica's ranks', "
+                          f"which stand for every replica (--no-fold: every rank's)", file=sys.stderr)  # fmt: skip
                 backend, device = machine_device(machine)
                 write_kineto_traces(result.timeline, program, args.trace_dir, backend=backend, device=device, progress=progress.update)
             progress.phase("summarising")

@@ -45,6 +45,8 @@ def print_terminal(result: SimResult, summary: Summary, *, links: int | None, ga
             console.print(line)
     if trace:
         console.print(f"\ntrace: {escape(trace)} (open it in https://ui.perfetto.dev)")
+        if result.program.fold is not None:
+            console.print(f"  it holds the {result.program.fold.axis} = 0 replica's ranks, which stand for every replica (--no-fold: every rank's)")
 
 
 def print_summary(console: Console, s: Summary) -> None:
@@ -52,6 +54,8 @@ def print_summary(console: Console, s: Summary) -> None:
                   f"{s.world_size} ranks, {s.num_ops:,} ops")  # fmt: skip
     bubble = f"{s.bubble_fraction:.4f}" if s.bubble_fraction is not None else "-"
     console.print(f"  makespan [bold]{format_us(s.makespan_us)}[/]   bubble fraction {bubble}")
+    if s.fold:
+        console.print(f"  {escape(s.fold)}")
     if s.sample_makespans_us:
         ms = s.sample_makespans_us
         console.print(f"  per-op medians over {len(ms)} samples of the machine's compute stalls; "

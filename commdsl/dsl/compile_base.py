@@ -183,6 +183,11 @@ class RuleSet(Transformer):
         self.reads_rank = False
         """Whether the program reads its rank: `rank`, a group's `.rank` or `.size`, or
         `rank_at()` (commdsl/dsl/spmd.py copies the ops of a program that does not)."""
+        self.rank_reads: set[tuple[str, ...]] = set()
+        """What of its rank the program reads, one entry each: ("rank",) (the name, or
+        `rank_at()` with no coordinate), ("group", FAMILY, "rank" or "size") (a group's
+        `.rank` or `.size`), and ("rank_at", AXIS) for each axis a `rank_at` call sets
+        (`commdsl.dsl.fold` decides from these which mesh axis may be folded)."""
         self.names: dict[str, str] = {}
         """Op names, each text once: the refs intern their texts here (`ref_text`), and
         the expansion goes on with this table (`InternTables.names`)."""

@@ -15,6 +15,7 @@ import operator
 from lark import v_args
 
 from commdsl.dsl.compile_base import Env, Expr, RuleSet, constant, expression, fault, loc_of
+from commdsl.dsl.replica_rank import ReplicaRank
 from commdsl.dsl.values import (
     BUILTINS,
     INT_LIMIT,
@@ -236,6 +237,7 @@ class ExpressionRules(RuleSet):
             raise ScheduleError(f"unknown name '{name}'", loc, hint="names starting with __ are internal")
         if name == "rank":
             self.reads_rank = True
+            self.rank_reads.add(("rank",))
         if name in self.constants:
             var = constant(self.constants[name])
         else:
@@ -260,6 +262,7 @@ class ExpressionRules(RuleSet):
         if field_name not in ("rank", "size"):
             raise ScheduleError(f"a group has .rank and .size, not .{field_name}", loc)
         self.reads_rank = True  # a group's size too: groups of one family may differ in size
+        self.rank_reads.add(("group", family, field_name))
         # Groups are known per rank only at run time; env["__ctx__"] is the rank's expander.
         if field_name == "size":
             return lambda env: len(env["__ctx__"].group(family, loc).ranks)
@@ -305,7 +308,9 @@ class ExpressionRules(RuleSet):
             if axis not in axes:
                 raise ScheduleError(f"rank_at(): '{axis}' is not a mesh axis (axes: {', '.join(axes) or 'none'})", loc)
         layout = self.layout
+        self.rank_reads.update(("rank_at", axis) for axis, _ in keywords)
         if not keywords:
+            self.rank_reads.add(("rank",))
             return lambda env: env["rank"]
 
         def rank_at(env):
@@ -315,7 +320,8 @@ class ExpressionRules(RuleSet):
                 if not isinstance(v, int) or isinstance(v, bool) or not 0 <= v < axes[axis]:
                     raise ScheduleError(f"rank_at(): {axis}={format_value(v)} is outside the mesh ({axis} is 0..{axes[axis] - 1})", loc)
                 coords[axis] = v
-            return layout.rank_at(coords)
+            uses = env["__ctx__"].rank_at_uses
+            return layout.rank_at(coords) if uses is None else ReplicaRank(layout.rank_at(coords), uses, loc)
 
         return rank_at
 

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from lark import Token, v_args
 
 from commdsl.dsl.compile_base import Env, Expr, Option, Ref, RuleSet, Stmt, constant_of, loc_of, op_node
+from commdsl.dsl.replica_rank import plain
 from commdsl.dsl.expand import CollectiveSite, ComputeSite, P2PSite, RankExpander
 from commdsl.dsl.values import Quantity, Unit, format_value, type_name
 from commdsl.errors import ScheduleError, SourceLoc
@@ -208,7 +209,7 @@ class OpRules(RuleSet):
                 ctx.copy(name, size, dtype or dt, direction, stream, loc, size_loc=size_loc, **memory)
             else:
                 dest = into.text(env) if into is not None else name
-                ctx.peer_copy(name, size, dtype or dt, peer_expr(env), dest, stream, loc, peer_loc=peer_loc, size_loc=size_loc,
+                ctx.peer_copy(name, size, dtype or dt, plain(peer_expr(env)), dest, stream, loc, peer_loc=peer_loc, size_loc=size_loc,
                               **memory)  # fmt: skip
 
         return op_node(run, "copy")
@@ -248,7 +249,7 @@ class OpRules(RuleSet):
                 size, dt = sized if sized is not None else _size(ctx, size_expr(env), size_loc)
                 if handle is not None:
                     raise ctx.fail(f"{kind_word} returns no handle: the pipeline lowering waits for it", loc)
-                ctx.stage_p2p(site, text(env), size, dtype or dt, peer_expr(env), pipeline(ctx, env))
+                ctx.stage_p2p(site, text(env), size, dtype or dt, plain(peer_expr(env)), pipeline(ctx, env))
 
             return op_node(run_stage, kind_word)
 
@@ -261,7 +262,7 @@ class OpRules(RuleSet):
                     size, dt = q.value, q.dtype
                 else:
                     size, dt = _size(ctx, q, size_loc)
-            ctx.p2p(site, text(env), size, dtype or dt, peer_expr(env), handle, None if pipeline is _no_pipeline else pipeline(ctx, env))
+            ctx.p2p(site, text(env), size, dtype or dt, plain(peer_expr(env)), handle, None if pipeline is _no_pipeline else pipeline(ctx, env))
 
         return op_node(run, kind_word)
 
@@ -306,7 +307,7 @@ class OpRules(RuleSet):
             else:
                 size, dt = _size(ctx, size_expr(env), size_loc)
                 name = ref.text(env)
-            root = root_expr(env) if root_expr is not None else None
+            root = plain(root_expr(env)) if root_expr is not None else None
             ctx.collective(site, name, size, dtype or dt, root, handle)
 
         return op_node(run, kind.value)

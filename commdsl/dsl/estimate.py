@@ -155,7 +155,8 @@ def check_loop(ctx, env: dict, shape: ForShape, trips: int, loc: SourceLoc) -> N
     if trips <= 0:
         return
     unknown = shape.body_assigned
-    if any(defines_blocks(body) for _, body in ctx.functions.values()):
+    memo = ctx.tables.defines_blocks
+    if any(memo[id(body)] if id(body) in memo else memo.setdefault(id(body), defines_blocks(body)) for _, body in ctx.functions.values()):
         unknown = unknown | {_DEFINES}  # a call may redefine the blocks the loop calls
     ops, steps = _Bound(ctx).of(shape.body, env, unknown, 0)
     budget = ctx.budget

@@ -154,6 +154,10 @@ class InternTables:
     indices: list[int] = field(default_factory=list)
     """0, 1, 2, ...: op indices past 256 are objects of their own in Python, so every rank's
     op i takes its index from here rather than holding an int of its own."""
+    defines_blocks: dict[int, bool] = field(default_factory=dict)
+    """id of a block's body (one tuple for every rank, alive as long as the compiled
+    program) -> whether it holds a `def` (`commdsl.dsl.estimate.check_loop` asks at every
+    loop of every rank)."""
 
     def index(self, n: int) -> int:
         """The shared int `n` (n >= 0)."""
@@ -259,6 +263,10 @@ class RankExpander:
     """stage_recvs waiting for the pipeline compute op after them (what they feed)."""
     group_of: dict[str, tuple[Group, int]] = field(default_factory=dict)
     """Per group family this rank is in: its group and its rank in it."""
+    rank_at_uses: list[SourceLoc] | None = None
+    """Where the rank expands to stand for other replicas (`commdsl.dsl.fold`): the
+    `rank_at()` calls whose values were used other than as a peer or a root
+    (`commdsl.dsl.replica_rank`); None: `rank_at()` gives plain ints."""
     _indices: list[int] = field(init=False)
     """`tables.indices`."""
     _op_limit: int = field(init=False)

@@ -17,13 +17,14 @@ import yaml
 
 from commdsl.dsl.compile import ProgramCompiler
 from commdsl.dsl.expand import ExpansionBudget, InternTables, RankExpander, StageTransfers, WorldLayout
+from commdsl.dsl.fold import FoldGroups, fold_axis, make_fold, replica_difference, representative_problem
 from commdsl.dsl.spmd import RankTemplate
 from commdsl.dsl.lower import lower_stage_transfers
 from commdsl.dsl.parser import TextOrigin, is_name, parse_expression, parse_program
 from commdsl.dsl.values import INT_LIMIT, QUANTITY_LITERAL, ValueFault, format_value, parse_quantity
 from commdsl.errors import LimitError, ScheduleError, UsageError, did_you_mean
 from commdsl.files import is_file, read_text
-from commdsl.ir import Dtype, Group, Program, Transport
+from commdsl.ir import Dtype, Fold, Group, Program, Transport
 from commdsl.limits import DEFAULT_MAX_OPS, MAX_WORLD_SIZE
 from commdsl.resources import bundled_schedules, resolve_schedule
 from commdsl.yamldoc import YamlDocument
@@ -82,8 +83,12 @@ def load_schedule(
     *,
     max_ops: int = DEFAULT_MAX_OPS,
     validate: bool = True,
+    fold: bool = False,
 ) -> Program:
-    """Load a schedule by path or bundled name; `overrides` are `-p key=value` pairs."""
+    """Load a schedule by path or bundled name; `overrides` are `-p key=value` pairs.
+    `fold`: where the replicas along a mesh axis verifiably run the same program, expand
+    one of them and describe the others by `Program.fold` (`commdsl.dsl.fold`; only for
+    consumers that understand a `Fold`: the checks and the simulator)."""
     path = resolve_schedule(arg)
     if path is None:
         raise UsageError(
@@ -94,7 +99,7 @@ def load_schedule(
     # messages do not depend on where commdsl lives.
     display = arg if is_file(arg) else f"schedules/{path.name}"
     text = read_text(path, display, ScheduleError, "schedule")
-    return load_schedule_text(text, display, overrides, max_ops=max_ops, validate=validate)
+    return load_schedule_text(text, display, overrides, max_ops=max_ops, validate=validate, fold=fold)
 
 
 def parse_overrides(items: list[str]) -> dict[str, str]:
@@ -119,8 +124,10 @@ def load_schedule_text(
     *,
     max_ops: int = DEFAULT_MAX_OPS,
     validate: bool = True,
+    fold: bool = False,
 ) -> Program:
-    """Load a schedule from its text; `file` is the name used in messages."""
+    """Load a schedule from its text; `file` is the name used in messages; `fold` as in
+    `load_schedule`."""
     doc = _YamlFile(text, file)
     if doc.root is None:
         raise ScheduleError("the schedule file is empty", doc.file_start(),
@@ -155,30 +162,28 @@ def load_schedule_text(
     collecting = gc.isenabled()
     gc.disable()
     try:
+        rank_reads = compiler.rank_reads if fold else None
         return _expand(name, docstring, file, params, layout, origin, compiled, compiler.reads_rank, compiler.names,
-                       max_ops=max_ops, validate=validate)  # fmt: skip
+                       max_ops=max_ops, validate=validate, rank_reads=rank_reads)  # fmt: skip
     finally:
         if collecting:
             gc.enable()
 
 
 def _expand(name: str, docstring: str, file: str, params: dict[str, object], layout: WorldLayout, origin: TextOrigin,
-            compiled, reads_rank: bool, names: dict[str, str], *, max_ops: int, validate: bool) -> Program:  # fmt: skip
+            compiled, reads_rank: bool, names: dict[str, str], *, max_ops: int, validate: bool,
+            rank_reads: set[tuple[str, ...]] | None = None) -> Program:  # fmt: skip
     """Run the compiled program for every rank (or, if it never reads its rank, for rank 0,
-    then copy: commdsl/dsl/spmd.py), place the stage transfers, validate."""
+    then copy: commdsl/dsl/spmd.py), place the stage transfers, validate. With
+    `rank_reads` (what the program reads of its rank), fold the replicas along a mesh
+    axis where that is verified (commdsl/dsl/fold.py)."""
     budget = ExpansionBudget(max_ops=max_ops, max_steps=max(4 * max_ops, 1_000_000))
     tables = InternTables(names)
-    per_rank = []
-    transfers = []
-    warnings: list[str] = []
-    template: RankTemplate | None = None
-    for rank in range(layout.world_size):
-        if template is not None and (ops := template.copy_for(rank, budget)) is not None:
-            per_rank.append(ops)
-            transfers.append(StageTransfers((), ()))
-            continue
-        steps_before = budget.steps
-        expander = RankExpander(rank, layout, budget, tables)
+
+    def expand_rank(rank: int, rank_at_uses: list | None = None) -> RankExpander:
+        """Run the program for `rank`: its expander, finished (`RankExpander.rank_at_uses`:
+        as given)."""
+        expander = RankExpander(rank, layout, budget, tables, rank_at_uses=rank_at_uses)
         env = dict(params)
         env["rank"] = rank
         env["world_size"] = layout.world_size
@@ -191,30 +196,95 @@ def _expand(name: str, docstring: str, file: str, params: dict[str, object], lay
                              rank=rank) from None  # fmt: skip
         expander.finish()
         del env["__ctx__"]  # env and expander refer to each other: free them now, not at the next collection
+        return expander
+
+    def program_of(per_rank, warnings, fold: Fold | None = None, fold_note: str = "") -> Program:
+        program = Program(
+            name=name,
+            doc=docstring,
+            source=file,
+            params=tuple((k, format_value(v)) for k, v in params.items()),
+            world_size=layout.world_size,
+            mesh=layout.mesh,
+            streams=layout.streams,
+            groups=tuple(g for groups in layout.families.values() for g in groups),
+            ops=tuple(per_rank),
+            warnings=tuple(warnings),
+            fold=fold,
+            fold_note=fold_note,
+        )
+        if validate:
+            from commdsl.validate import validate_program
+
+            validate_program(program)
+        return program
+
+    fold_note = ""
+    if rank_reads is not None:
+        folded = _expand_folded(layout, rank_reads, expand_rank)
+        if not isinstance(folded, str):
+            per_rank, fold, fold_note = folded
+            return program_of(per_rank, (), fold, fold_note)
+        fold_note = folded
+        budget.ops = budget.steps = 0  # the full expansion below starts over
+    per_rank = []
+    transfers = []
+    warnings: list[str] = []
+    template: RankTemplate | None = None
+    for rank in range(layout.world_size):
+        if template is not None and (ops := template.copy_for(rank, budget)) is not None:
+            per_rank.append(ops)
+            transfers.append(StageTransfers((), ()))
+            continue
+        steps_before = budget.steps
+        expander = expand_rank(rank)
         per_rank.append(tuple(expander.ops))
         transfers.append(expander.stage_transfers())
         warnings.extend(expander.warnings)
         if rank == 0 and not reads_rank:
             template = RankTemplate.of(expander, budget.steps - steps_before)
     per_rank = lower_stage_transfers(per_rank, transfers)
+    return program_of(per_rank, warnings, fold_note=fold_note)
 
-    program = Program(
-        name=name,
-        doc=docstring,
-        source=file,
-        params=tuple((k, format_value(v)) for k, v in params.items()),
-        world_size=layout.world_size,
-        mesh=layout.mesh,
-        streams=layout.streams,
-        groups=tuple(g for groups in layout.families.values() for g in groups),
-        ops=tuple(per_rank),
-        warnings=tuple(warnings),
-    )
-    if validate:
-        from commdsl.validate import validate_program
 
-        validate_program(program)
-    return program
+def _expand_folded(layout: WorldLayout, rank_reads: set[tuple[str, ...]], expand_rank) -> tuple[list, Fold, str] | str:
+    """The folded expansion (commdsl/dsl/fold.py): (the ops per rank, empty but for the
+    representative replica's ranks; the `Fold`; a line that says so), or why it cannot
+    be folded ("" where there is nothing to fold). `expand_rank(rank)` runs the program
+    for a rank."""
+    axis, why = fold_axis(layout, rank_reads)
+    if axis is None:
+        return f"not folded: {why}" if why else ""
+    fold = make_fold(layout, axis)
+    checked = sorted({1, fold.replicas - 1})  # the next replica and the last one
+    empty = StageTransfers((), ())
+    per_rank: list[tuple] = [()] * layout.world_size
+    transfers = [empty] * layout.world_size
+    uses: list = []  # rank_at() values of the representative used as numbers (commdsl/dsl/replica_rank.py)
+    for replica in (0, *checked):
+        for rank in fold.ranks:
+            expander = expand_rank(rank + replica * fold.stride, uses if replica == 0 else None)
+            if uses:
+                return (f"not folded along {axis}: a value of rank_at() ({uses[0]}) is used as a number, not only as a "
+                        f"peer or a root (replicas could differ in what it decides)")  # fmt: skip
+            if expander.warnings:
+                return f"not folded along {axis}: rank {expander.rank} warns ({expander.warnings[0]})"
+            per_rank[expander.rank] = tuple(expander.ops)
+            transfers[expander.rank] = expander.stage_transfers()
+    per_rank = lower_stage_transfers(per_rank, transfers)
+    groups = FoldGroups(layout, fold)
+    why = representative_problem(per_rank, fold, groups)
+    for replica in checked:
+        why = why or replica_difference(per_rank, fold, groups, replica)
+    if why:
+        return f"not folded along {axis}: {why}"
+    for replica in checked:
+        for rank in fold.ranks:
+            per_rank[rank + replica * fold.stride] = ()
+    ranks = f"the {len(fold.ranks):,} ranks" if len(fold.ranks) > 1 else "the rank"
+    note = (f"folded along {axis}: {ranks} with {axis} = 0 run for all {fold.replicas} replicas ("
+            + " and ".join(f"{axis} = {k}" for k in checked) + " expanded too, and found the same renamed)")
+    return per_rank, fold, note
 
 
 def _string(doc: _YamlFile, top, key: str, default: str) -> str:

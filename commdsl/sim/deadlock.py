@@ -71,6 +71,8 @@ class _Reporter:
             arrived = {self.op(m).rank for m in inst.arrived}
             issued = {self.op(m).rank: m for m in inst.ops}
             ranks = e.group_ranks[op.group]
+            if e.program.fold is not None:  # the other replicas run as the representative's ranks
+                ranks = e.program.fold.present(ranks)
             missing = [r for r in ranks if r not in arrived]
             parts = []
             for r in missing:

@@ -85,6 +85,21 @@ class Fabric:
         }
         """Per transport with a shared bandwidth, the channel all its routes cross."""
 
+    def device_channels(self, ranks: Iterable[int]) -> frozenset[int]:
+        """The channels that belong to the devices of `ranks`: every channel of their nodes
+        (a topology), or their own links to each transport's switch (the implied star);
+        and the machine-wide ones."""
+        out: set[int] = set(self.shared_channel.values())
+        if self.topology is None:
+            for channels in (*self._up.values(), *self._down.values()):
+                out.update(channels[r] for r in ranks)
+        else:
+            per_node = self._per_node
+            for node in {r // self.topology.gpus_per_node for r in ranks}:
+                out.update(range(node * per_node, (node + 1) * per_node))
+            out.update(range(self._node_channels, len(self.names)))
+        return frozenset(out)
+
     def _channel(self, a: str, b: str, kind: LinkKind, bw: float, latency_us: float, name: str | None = None) -> int:
         self.names.append(name or f"{a}->{b}")
         self.ends.append((a, b))

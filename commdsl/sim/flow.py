@@ -60,7 +60,7 @@ import heapq
 import math
 from array import array
 from bisect import bisect_right
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from dataclasses import dataclass, replace
 from functools import reduce
 from itertools import accumulate, chain, compress, islice, repeat
@@ -616,14 +616,15 @@ class FlowNetwork(Network):
             j = k
         return t, c, v
 
-    def link_stats(self, makespan_us: float) -> list[LinkStat]:
+    def link_stats(self, makespan_us: float, channels: Collection[int] | None = None) -> list[LinkStat]:
         fabric = self.fabric
         out = []
         known: dict[tuple[bytes, bytes], tuple[float, float]] = {}
         """Samples -> busy time and top load: the links of a collective repeated have the same."""
-        for c, (t, v) in enumerate(self._channel_samples()):
-            if self._bytes[c] <= 0.0:
+        for c, samples in enumerate(self._channel_samples(channels)):
+            if samples is None or self._bytes[c] <= 0.0:
                 continue
+            t, v = samples
             key = (t.tobytes(), v.tobytes())
             stats = known.get(key)
             if stats is None:
@@ -638,16 +639,38 @@ class FlowNetwork(Network):
             out.append(LinkStat(fabric.names[c], fabric.kinds[c], bw, self._bytes[c], busy, util, peak))
         return out
 
-    def _channel_samples(self) -> list[tuple[array, array]]:
+    def _channel_samples(self, channels: Collection[int] | None = None) -> list[tuple[array, array] | None]:
         """Per channel, its (time, load bytes/us) samples in event order, as two flat arrays:
         the event samples and the solo intervals expanded (per interval, its start on each of
-        its channels, then its end), in the order `_sample_arrays` lists them."""
+        its channels, then its end), in the order `_sample_arrays` lists them. With
+        `channels`, only theirs (None for every other channel)."""
         n = len(self.fabric.names)
-        per = [(array("d"), array("d")) for _ in range(n)]
-        add_t = [t.append for t, _ in per]
-        add_v = [v.append for _, v in per]
+        if channels is None:
+            per = [(array("d"), array("d")) for _ in range(n)]
+            own = per
+            add_t = [t.append for t, _ in per]
+            add_v = [v.append for _, v in per]
+        else:
+            # The other channels' samples go to one pair of arrays, and are dropped; no object
+            # is made per channel but for `channels` (a big machine has a million channels).
+            unread = (array("d"), array("d"))
+            own = [unread] * n
+            add_t, add_v = [unread[0].append] * n, [unread[1].append] * n
+            for c in channels:
+                own[c] = (array("d"), array("d"))
+                add_t[c], add_v[c] = own[c][0].append, own[c][1].append
+            per = [x if x is not unread else None for x in own]
         st, sc, sv = self._s_t, self._s_c, self._s_v
         at, demands, t0s, t1s, rates = self._solo_at, self._solo_demands, self._solo_t0, self._solo_t1, self._solo_rate
+        if channels is not None:
+            # A solo interval's demands on `channels` only: the flows' demands are shared
+            # tuples (one per leg), each filtered once.
+            wanted = frozenset(channels)
+            kept: dict[int, tuple] = {}
+            for d in demands:
+                if id(d) not in kept:
+                    kept[id(d)] = tuple(x for x in d if x[0] in wanted)
+            demands = [kept[id(d)] for d in demands]
 
         def one_by_one(j: int, k: int) -> None:
             for d, t0, t1, rate in zip(demands[j:k], t0s[j:k], t1s[j:k], rates[j:k]):
@@ -671,8 +694,8 @@ class FlowNetwork(Network):
                 if loads is None:
                     loads = by_weight[w] = array("d", bytes(16 * (k - j)))
                     loads[0::2] = array("d", map(mul, repeat(w), run_rates))
-                per[c][0].extend(times)
-                per[c][1].extend(loads)
+                own[c][0].extend(times)
+                own[c][1].extend(loads)
 
         long_stretch = b"\1" * (_STRETCH - 1)
         i = j = 0

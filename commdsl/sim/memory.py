@@ -82,6 +82,9 @@ def memory_profile(raw: RawResult) -> tuple[RankMemory, ...]:
         return ()
     out = []
     for rank, events in enumerate(per_rank):
+        if not events:  # (what the lines below make of none, without making it)
+            out.append(RankMemory(rank, 0, 0.0, (), 0))
+            continue
         live_after = list(accumulate(_deltas(raw, events)))  # live bytes after each event
         live = live_after[-1] if live_after else 0
         peak = max(live_after, default=0)

@@ -29,7 +29,7 @@ CPUs (a transport with a shared bandwidth: loopback TCP, where the latency is CP
 from __future__ import annotations
 
 from array import array
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass
 
 import simpy
@@ -277,8 +277,9 @@ class Network:
         """Every transfer, in start order."""
         return []
 
-    def link_stats(self, makespan_us: float) -> list[LinkStat]:
-        """Every link direction that carried bytes (none without a link model)."""
+    def link_stats(self, makespan_us: float, channels: Collection[int] | None = None) -> list[LinkStat]:
+        """Every link direction that carried bytes (none without a link model); with
+        `channels` (channel ids of the fabric), only those among them."""
         return []
 
     def counter_columns(self, chunk: int) -> Iterator[tuple[list[float], list[str], list[float]]]:

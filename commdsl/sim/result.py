@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from commdsl.ir import Op, Program
 from commdsl.machine.model import Machine
 from commdsl.sim.entities import RawResult
+from commdsl.sim.folding import own_channels
 from commdsl.sim.network import FlowStat, LinkStat, Network
 
 
@@ -42,7 +43,11 @@ class SimOutcome:
         return self.network_model.flow_stats() if self.network_model is not None else []
 
     def link_stats(self) -> list[LinkStat]:
-        return self.network_model.link_stats(self.makespan_us) if self.network_model is not None else []
+        """Every link direction that carried bytes; of a folded program, those of the
+        representative replica's devices (`commdsl.sim.folding.own_channels`)."""
+        if self.network_model is None:
+            return []
+        return self.network_model.link_stats(self.makespan_us, own_channels(self.program, self.network_model))
 
     def op_at(self, g: int) -> Op:
         return self.raw.ops[g]

@@ -26,6 +26,7 @@ from commdsl.machine.model import Machine, timeless_machine
 from commdsl.sim.collector import frozen, gc_paused
 from commdsl.sim.engine import Engine, Issued
 from commdsl.sim.entities import RawResult
+from commdsl.sim.folding import inexact
 from commdsl.sim.medians import medians
 from commdsl.sim.memory import check_memory
 from commdsl.sim.models import DEFAULT_NETWORK, NETWORKS
@@ -108,6 +109,9 @@ def _simulate(program: Program, machine: Machine, network: str, samples: int, se
         raise UsageError(f"unknown network model '{network}' (known: {', '.join(NETWORKS)})")
     if samples < 1:
         raise UsageError(f"--samples must be at least 1, got {samples}")
+    if (why := inexact(program, machine, network, samples)) is not None:
+        raise UsageError(f"{program.name} is folded along {program.fold.axis}, but simulated folded it would not be what a "
+                         f"run of every rank gives: {why}", hint="load it with fold=False")  # fmt: skip
     if samples > 1 and machine.compute_noise is None:
         raise UsageError(f"machine {machine.name} has no compute_noise, so every sample would be the same",
                          hint="calibrate the machine (`torchrun -m commdsl.calibrate`) or add compute_noise: {stalls_per_s, stall_us}")  # fmt: skip

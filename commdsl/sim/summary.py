@@ -27,6 +27,7 @@ from typing import TextIO
 from commdsl.breakdown import Breakdown, breakdown, category
 from commdsl.ir import OpKind
 from commdsl.sim.entities import KINDS
+from commdsl.sim.folding import unfolded
 from commdsl.sim.memory import RankMemory, memory_profile
 from commdsl.sim.network import algbw_gb_per_s
 from commdsl.sim.result import SimOutcome
@@ -134,6 +135,11 @@ class Summary:
     memory: tuple[RankMemory, ...] = ()
     """Per rank, its peak of declared memory (`alloc`/`free`) and what is live then;
     empty when the schedule declares none."""
+    fold: str = ""
+    """What folding did (`Program.fold_note`): where the replicas along a mesh axis were
+    folded, the ranks, memory and transfers above are every rank's, each replica's the
+    representative's renamed, and the links and the critical path the representative's
+    (`commdsl.sim.folding`); empty where folding was not asked for."""
 
     def to_json(self) -> dict:
         """The summary as JSON-able values (what `write_json` prints)."""
@@ -169,7 +175,7 @@ def summarize(result: SimOutcome, *, flows: bool = False) -> Summary:
     send, so it is left out unless asked for)."""
     raw, program = result.raw, result.program
     makespan = result.makespan_us
-    ranks = _rank_summaries(result)
+    ranks = unfolded(tuple(_rank_summaries(result)), program)  # a folded program's: every rank's, as in a run of all
     bubbles = [r.bubble_fraction for r in ranks if r.bubble_fraction is not None]
     path = []
     for g in result.critical_path:
@@ -190,14 +196,15 @@ def summarize(result: SimOutcome, *, flows: bool = False) -> Summary:
         machine=result.machine.name,
         network=result.network,
         world_size=program.world_size,
-        num_ops=program.num_ops,
+        num_ops=program.total_ops,
         makespan_us=makespan,
         bubble_fraction=sum(bubbles) / len(bubbles) if bubbles else None,
-        ranks=tuple(ranks),
+        ranks=ranks,
         critical_path=tuple(path),
         sample_makespans_us=tuple(result.sampling.get("sample_makespans_us", ())),
-        memory=memory_profile(raw),
+        memory=unfolded(memory_profile(raw), program),
         warnings=tuple(result.warnings) + tuple(program.warnings),
+        fold=program.fold_note,
     )
 
 
@@ -213,15 +220,20 @@ def flow_entries(result: SimOutcome) -> Iterator[dict]:
         }  # fmt: skip
 
 
-def _rank_summaries(result: SimOutcome) -> list[RankSummary]:
+def _rank_summaries(result: SimOutcome) -> list[RankSummary | None]:
     """Each rank's breakdown (`commdsl.breakdown`): its ops' intervals by category, read
-    straight from the flat start/end arrays."""
+    straight from the flat start/end arrays; of a folded program, None for the ranks
+    without ops of their own (`commdsl.sim.folding.unfolded` fills them in)."""
     raw, program, makespan = result.raw, result.program, result.makespan_us
     out = []
     first: tuple[tuple[bytes, bytes, bytes], Breakdown] | None = None
     """Rank 0's intervals and breakdown: a rank with the same intervals (interchangeable
     ranks) shares it; only rank 0's are kept, not every rank's."""
+    folded = program.fold is not None
     for rank, rank_ops in enumerate(program.ops):
+        if folded and not rank_ops:
+            out.append(None)  # a folded replica's rank: `unfolded` gives it its representative's
+            continue
         b, n = raw.base[rank], len(rank_ops)
         # Each category's (start, end) in program order, picked in C-level passes: per op its
         # category if it took time (0 if not), then one selector per category.
@@ -266,15 +278,34 @@ def _transfers(result: SimOutcome) -> tuple[TransferSummary, ...]:
     code_of_transfer = bytes(map(group_of.index, keys))
     sizes = [t.size_bytes for t in log.transfers]
     codes = bytes(map(code_of_transfer.__getitem__, log.kind))
+    weights = _replica_weights(result.program, log.transfers)
     out = []
     for code, (transport, kind) in enumerate(group_of):
         pick = codes.translate(_picker(code)) if len(group_of) > 1 else b"\1" * len(codes)
         nbytes = list(map(sizes.__getitem__, compress(log.kind, pick)))
         times = array("d", map(sub, compress(log.end, pick), compress(log.start, pick)))
+        if weights is not None:  # folded: each transfer inside the representative replica stands for one per replica
+            w = list(map(weights.__getitem__, compress(log.kind, pick)))
+            count = sum(w)
+            algbws = list(map(algbw_gb_per_s, nbytes, times))
+            out.append(((transport.value, kind.value), TransferSummary(transport.value, kind.value, count, sum(map(mul, w, nbytes)),
+                                                                       sum(map(mul, w, times)) / count, sum(map(mul, w, algbws)) / count)))  # fmt: skip
+            continue
         count = len(nbytes)
         out.append(((transport.value, kind.value), TransferSummary(transport.value, kind.value, count, sum(nbytes), sum(times) / count,
                                                                    sum(map(algbw_gb_per_s, nbytes, times)) / count)))  # fmt: skip
     return tuple(summary for _, summary in sorted(out, key=lambda pair: pair[0]))
+
+
+def _replica_weights(program, transfers) -> list[int] | None:
+    """Of a folded program, per distinct transfer how many transfers of a run of every rank
+    it stands for: one per replica if its ranks are the representative's, else one (a
+    collective across the replicas); None where the program is not folded."""
+    fold = program.fold
+    if fold is None:
+        return None
+    own = set(fold.ranks)
+    return [fold.replicas if own.issuperset(t.ranks) else 1 for t in transfers]
 
 
 def _slowed(result: SimOutcome) -> tuple[SlowedCompute, ...]:
@@ -293,7 +324,9 @@ def _slowed(result: SimOutcome) -> tuple[SlowedCompute, ...]:
         actual = [raw.end[g] - raw.start[g] for g in gs]
         nominal = [result.nominal_us.get(g, a) for g, a in zip(gs, actual)]
         op = raw.ops[gs[0]]
-        out.append(SlowedCompute(f"{op.name} ({op.loc.file}:{op.loc.line})", len(gs), len(slowed), sum(nominal) / len(gs), sum(actual) / len(gs)))
+        copies = result.program.fold.replicas if result.program.fold is not None else 1  # folded: every replica's ops
+        out.append(SlowedCompute(f"{op.name} ({op.loc.file}:{op.loc.line})", copies * len(gs), copies * len(slowed), sum(nominal) / len(gs),
+                                 sum(actual) / len(gs)))  # fmt: skip
     return tuple(out)
 
 

@@ -91,6 +91,10 @@ def wire(program: Program, ops: list[Op], base: list[int], machine: Machine, net
     on_stream = bytearray(n)
     kinds = bytearray(n)
     group_ranks = {group.id: group.ranks for group in program.groups}
+    fold = program.fold
+    members = group_ranks if fold is None else {gid: fold.present(ranks) for gid, ranks in group_ranks.items()}
+    """Per group, the members that issue its collectives (of a folded program, those of
+    the representative replica: the others run the same, `commdsl.dsl.fold`)."""
     unmatched: dict[tuple, deque[int]] = {}
     """(src, dst, group, kind) -> the sends (or recvs) not matched yet, in issue order."""
     instances: dict[str, list[Collective]] = {}
@@ -159,7 +163,7 @@ def wire(program: Program, ops: list[Op], base: list[int], machine: Machine, net
                 if k < len(group_instances):
                     inst = group_instances[k]
                 else:
-                    inst = Collective(group, k, len(group_ranks[group]), len(collectives))
+                    inst = Collective(group, k, len(members[group]), len(collectives))
                     group_instances.append(inst)
                     collectives.append(inst)
                 inst.ops.append(g)
