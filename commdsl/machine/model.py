@@ -30,6 +30,7 @@ import datetime
 import enum
 import math
 from dataclasses import asdict, dataclass, replace
+from functools import cached_property
 
 from commdsl.ir import Dtype, OpKind, ReduceOp, Transport
 from commdsl.machine.nccl import NcclConfig
@@ -360,6 +361,19 @@ class Machine:
     transfers follow NCCL's algorithms, protocols and channels over the topology's links
     (`commdsl.sim.nccl`); without it they take the nccl transport's latency per step and
     bandwidth."""
+
+    @cached_property
+    def memo(self) -> dict:
+        """What the simulator works out from this machine alone and keeps for the next
+        simulation on it (its links and routes, NCCL's layouts, choices and loads: see
+        `commdsl.sim.nccl_flows.machine_links`). Not part of the machine's value: not
+        compared, hashed or pickled; a changed copy (`replace`, `with_nodes`) starts empty."""
+        return {}
+
+    def __getstate__(self) -> dict:
+        state = dict(self.__dict__)
+        state.pop("memo", None)  # a cache, rebuilt where the machine is used
+        return state
 
     def host_copy_us(self, size_bytes: float, to_host: bool = False, pageable: bool = False) -> float:
         """Time of a copy of size_bytes from host to device, or (`to_host`) back; from or

@@ -18,8 +18,7 @@ import simpy
 
 from commdsl.ir import OpKind
 from commdsl.machine.model import Machine
-from commdsl.sim.fabric import Fabric
-from commdsl.sim.nccl_flows import NcclFlows
+from commdsl.sim.nccl_flows import machine_links
 from commdsl.sim.network import Done, FlowStat, Network, Transfer
 
 
@@ -68,9 +67,7 @@ class AnalyticNetwork(Network):
         self._on_device: list[dict[_Timed, None]] = [{} for _ in range(world_size)] if machine.slows_comm() else []
         """Per device, the transfers in flight with an endpoint on it (slowdown only)."""
         if machine.topology is not None:  # routes of point-to-point transfers
-            self.fabric = Fabric(machine, world_size)
-        if machine.nccl is not None:
-            self.nccl = NcclFlows(self.fabric, machine.nccl)
+            self.fabric, self.nccl = machine_links(machine, world_size)
 
     def duration_us(self, transfer: Transfer) -> tuple[float, float]:
         """(time, latency part) of a transfer."""

@@ -53,6 +53,7 @@ from commdsl.machine.model import CpuContention, GpuContention, Machine
 from commdsl.sim.network import Network, Transfer
 
 _STANDARD_NORMAL = NormalDist()
+_COPY = OpKind.COPY
 _exp = math.exp  # bound once: it runs per compute op of a sampled run
 
 
@@ -111,7 +112,13 @@ class _KernelFactors(Contention):
         self.tracks_kernels = machine.contention.slows_compute()
         self.kernels: list[list[float]] = [[] for _ in range(world_size)]
         """Per rank, the compute slowdowns of its active comm kernels."""
+        self.top: list[float] = [1.0] * world_size
+        """Per rank, the largest of `kernels` (1.0 while none is active)."""
         self._factor_of: dict[tuple, float] = {}
+        self._op_factor: dict[tuple[int, int, int], float] = {}
+        """`kernel`'s factor by (id of the op's spec, id of its kind, its rank), which fix
+        its `kernel_key`: the ops one statement makes share a spec, so this is looked up
+        without building the key. The engine holds the program, so the ids stay its ops'."""
 
     def kernel_factor(self, op: Op) -> float:
         """Compute's slowdown while comm op `op` runs on its device."""
@@ -122,11 +129,15 @@ class _KernelFactors(Contention):
         return op.kind, op.dtype
 
     def kernel(self, op: Op, started: bool) -> bool:
-        key = self.kernel_key(op)
-        factor = self._factor_of.get(key)
+        rank = op.rank
+        factor = self._op_factor.get((id(op.spec), id(op.kind), rank))
         if factor is None:
-            factor = self._factor_of[key] = self.kernel_factor(op)
-        return self._push(op.rank, factor, started)
+            key = self.kernel_key(op)
+            factor = self._factor_of.get(key)
+            if factor is None:
+                factor = self._factor_of[key] = self.kernel_factor(op)
+            self._op_factor[id(op.spec), id(op.kind), rank] = factor
+        return self._push(rank, factor, started)
 
     def _kernel_at(self, rank: int, kind: OpKind, dtype: Dtype, started: bool) -> bool:
         """A comm op of `kind` began (`started`) or ended slowing compute on `rank`."""
@@ -139,15 +150,18 @@ class _KernelFactors(Contention):
     def _push(self, rank: int, factor: float, started: bool) -> bool:
         """Add (`started`) or remove one of `rank`'s slowdowns; whether its largest changed."""
         kernels = self.kernels[rank]
-        before = max(kernels, default=1.0)
+        before = self.top[rank]
         if started:
             kernels.append(factor)
+            top = factor if len(kernels) == 1 or factor > before else before
         else:
             kernels.remove(factor)
-        return max(kernels, default=1.0) != before
+            top = before if kernels and factor < before else max(kernels, default=1.0)
+        self.top[rank] = top
+        return top != before
 
     def _kernel_factor(self, rank: int) -> float:
-        return max(self.kernels[rank], default=1.0)
+        return self.top[rank]
 
 
 class GpuModel(_KernelFactors):
@@ -166,7 +180,11 @@ class GpuModel(_KernelFactors):
         self.tracks_traffic = sm_share and self.memory_bytes_per_us < math.inf
         self.traffic = [0.0] * world_size
         """Per rank, the device memory traffic (bytes/us) of the NCCL transfers moving there."""
-        self._traffic_of: dict[Transfer, float] = {}
+        self._traffic_of: dict[int, tuple[float, tuple[int, ...]]] = {}
+        """By id of a `Transfer` (the engine makes one per shape and holds it for the run):
+        its memory traffic and the ranks it loads (none: not an NCCL transfer)."""
+        self._memory_bound: dict[tuple[int, int], bool] = {}
+        """`memory_bound` of a compute op by (id of its spec, id of its kind)."""
         self.slows_comm = spec.slows_comm()
         self.timed = self.tracks_kernels or self.slows_comm or self.tracks_traffic
         self.rank_local = not self.slows_comm  # the network hears which devices compute
@@ -201,25 +219,38 @@ class GpuModel(_KernelFactors):
         """An NCCL transfer reads and writes device memory on every member while it moves:
         about twice its bytes over its uncontended time (what it sends it reads, what it
         receives it writes)."""
-        if transfer.transport is not Transport.NCCL or not transfer.size_bytes:
-            return ()
-        rate = self._traffic_of.get(transfer)
-        if rate is None:
-            rate = self._traffic_of[transfer] = 2.0 * self.network.solo_rate(transfer)
-        sign = 1.0 if started else -1.0
-        ranks = tuple(dict.fromkeys(transfer.ranks))
+        known = self._traffic_of.get(id(transfer))
+        if known is None:
+            if transfer.transport is not Transport.NCCL or not transfer.size_bytes:
+                known = (0.0, ())
+            else:
+                known = (2.0 * self.network.solo_rate(transfer), tuple(dict.fromkeys(transfer.ranks)))
+            self._traffic_of[id(transfer)] = known
+        rate, ranks = known
+        if not started:
+            rate = -rate
+        traffic = self.traffic
         for r in ranks:
-            self.traffic[r] = max(0.0, self.traffic[r] + sign * rate)
+            traffic[r] = max(0.0, traffic[r] + rate)
         return ranks
 
     def factor(self, rank: int, op: Op) -> float:
-        if op.kind is OpKind.COPY:
+        kind = op.kind
+        if kind is _COPY:
             return 1.0
-        if self.tracks_traffic and memory_bound(self.machine, op):
+        if self.tracks_traffic and self._is_memory_bound(op, kind):
             # Its bytes share the memory with NCCL's traffic (at most 90% of it is taken).
             traffic = min(self.traffic[rank], 0.9 * self.memory_bytes_per_us)
             return self.memory_bytes_per_us / (self.memory_bytes_per_us - traffic)
-        return self._kernel_factor(rank)
+        return self.top[rank]
+
+    def _is_memory_bound(self, op: Op, kind: OpKind) -> bool:
+        """`memory_bound(machine, op)`, once per spec and kind."""
+        key = (id(op.spec), id(kind))
+        bound = self._memory_bound.get(key)
+        if bound is None:
+            bound = self._memory_bound[key] = memory_bound(self.machine, op)
+        return bound
 
 
 class CpuHostModel(_KernelFactors):

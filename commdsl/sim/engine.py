@@ -214,6 +214,10 @@ class Engine:
         """Explicit compute durations run this many times long (`ComputeNoise.duration_stretch`)."""
         self.nominal_us: dict[int, float] = {}
         """Compute ops (g) that ran slowed, with their time at full speed."""
+        self._work_us: dict[tuple[int, int], float] = {}
+        """`_duration` by (id of the op's spec, id of its kind): the fields it reads are
+        those (the ops one statement makes share a spec, held by the program as long as
+        the engine runs it)."""
         self.issued = issued
         """The hosts' first pass this run started from, or kept (`keep_issued`); None where
         it was not kept, or a host blocked in it."""
@@ -771,7 +775,14 @@ class Engine:
         e.drain_waiters = keep
 
     def _duration(self, op: Op) -> float:
-        """Time of a compute or copy op from its work and the device's rates."""
+        """Time of a compute or copy op from its work and the device's rates (`_work_us`)."""
+        key = (id(op.spec), id(op.kind))
+        duration = self._work_us.get(key)
+        if duration is None:
+            duration = self._work_us[key] = self._op_work_us(op)
+        return duration
+
+    def _op_work_us(self, op: Op) -> float:
         if op.kind is _COMPUTE:
             if op.duration_us is not None:
                 return op.duration_us * self.stretch  # an explicit duration wins

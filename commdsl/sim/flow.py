@@ -71,8 +71,8 @@ import simpy
 from commdsl.ir import Dtype, Algo, OpKind, ReduceOp, Transport
 from commdsl.machine.model import LinkSpec, Machine
 from commdsl.sim.collectives import CommPlan, edges
-from commdsl.sim.fabric import Fabric, solo_rate
-from commdsl.sim.nccl_flows import NcclFlows
+from commdsl.sim.fabric import solo_rate
+from commdsl.sim.nccl_flows import machine_links
 from commdsl.sim.network import Done, FlowStat, LinkStat, Network, Transfer
 
 _ACTIVATE, _FINISH = 0, 1
@@ -147,7 +147,7 @@ class FlowNetwork(Network):
 
     def __init__(self, env: simpy.Environment, machine: Machine, world_size: int):
         super().__init__(env, machine, world_size)
-        self.fabric = Fabric(machine, world_size)
+        self.fabric, self.nccl = machine_links(machine, world_size)
         nch = len(self.fabric.names)
         self._users: list[dict[_Flow, None]] = [{} for _ in range(nch)]
         """Per channel, the flows on it (latent or moving), in arrival order."""
@@ -184,8 +184,6 @@ class FlowNetwork(Network):
         slowed flow costs F times as much of them (`_Leg.slowed_demands`)."""
         self._busy = [False] * world_size
         """Per device, whether compute runs on it."""
-        self.nccl = NcclFlows(self.fabric, machine.nccl) if machine.nccl is not None else None
-        """NCCL's algorithms, protocols and channels on the links (machines with `nccl:`)."""
 
     # ---- building flows --------------------------------------------------------------
 

@@ -36,7 +36,7 @@ import math
 from dataclasses import dataclass
 
 from commdsl.ir import Algo, Op, OpKind, Protocol, Transport
-from commdsl.machine.model import NETWORK_VERTEX, LinkKind, VertexKind
+from commdsl.machine.model import NETWORK_VERTEX, LinkKind, Machine, VertexKind
 from commdsl.machine.nccl import HopKind, NcclConfig
 from commdsl.sim import nccl
 from commdsl.sim.fabric import Fabric, solo_rate
@@ -59,8 +59,21 @@ class Coflow:
         return solo_rate(capacity, self.channel_bytes, self.cap)
 
 
+def machine_links(machine: Machine, world_size: int) -> tuple[Fabric, NcclFlows | None]:
+    """The machine's `Fabric` for `world_size` ranks and its `NcclFlows` (None on a machine
+    without `nccl:`), made once per machine and world size (`Machine.memo`): what they work
+    out and cache (routes, layouts, NCCL's choices and loads) depends on the machine and
+    the ranks alone, so every simulation on the machine shares it."""
+    key = ("links", world_size)
+    links = machine.memo.get(key)
+    if links is None:
+        fabric = Fabric(machine, world_size)
+        links = machine.memo[key] = (fabric, NcclFlows(fabric, machine.nccl) if machine.nccl is not None else None)
+    return links
+
+
 class NcclFlows:
-    """NCCL's choice and loads for the transfers of one simulation (cached per shape)."""
+    """NCCL's choice and loads for the transfers on one machine's links (cached per shape)."""
 
     def __init__(self, fabric: Fabric, cfg: NcclConfig):
         self.fabric = fabric
@@ -75,6 +88,7 @@ class NcclFlows:
         self._layouts: dict[tuple[int, ...], nccl.Layout] = {}
         self._choices: dict[tuple, nccl.Choice] = {}
         self._shapes: dict[tuple, tuple[dict[int, float], float]] = {}
+        self._coflows: dict[tuple, Coflow] = {}
 
     # ---- the group ----------------------------------------------------------------------
 
@@ -140,7 +154,15 @@ class NcclFlows:
 
     def coflow(self, kind: OpKind, ranks: tuple[int, ...], size: int, root: int | None, algo: Algo, proto: Protocol,
                group_size: int = 0) -> Coflow:  # fmt: skip
-        """The loads, cap and latency of one transfer (see the module doc)."""
+        """The loads, cap and latency of one transfer (see the module doc; cached)."""
+        key = (kind, ranks, size, root, algo, proto, group_size)
+        co = self._coflows.get(key)
+        if co is None:
+            co = self._coflows[key] = self._coflow(kind, ranks, size, root, algo, proto, group_size)
+        return co
+
+    def _coflow(self, kind: OpKind, ranks: tuple[int, ...], size: int, root: int | None, algo: Algo, proto: Protocol,
+                group_size: int) -> Coflow:  # fmt: skip
         if algo is Algo.CHAIN:
             algo = Algo.RING
         choice = self.choice_of(kind, ranks, size, algo, proto, group_size)
