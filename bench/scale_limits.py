@@ -8,8 +8,10 @@ Each case runs in a child process of its own under a memory cap (`--memory-gib`,
 default 4) and a wall-clock cap (`--timeout`, default 60 s), so a case that runs away
 is reported as such instead of taking the machine with it. The figure is the child's
 wall time, from the start of the case's work (imports excluded) to its end: the
-simulation finished, or the error it ended with, whose first line is printed; and its
-peak resident memory (`ru_maxrss`, imports included).
+simulation finished, or the error it ended with, whose first line is printed; the CPU
+time the child spent in that span (user + system: on a machine shared with other work,
+what the case costs, which the wall time exceeds by however much the others took); and
+its peak resident memory (`ru_maxrss`, imports included).
 
 Cases (the targets, see docs/limits.md):
   * world_16k: `check` and `simulate` of one all_reduce over a 16,384-rank world on the
@@ -218,22 +220,22 @@ SETUP = {"compare_300mb": _big_traces}
 
 
 def _child(case: str, memory_gib: float) -> None:
-    """Run one case here and print a JSON line: seconds, outcome."""
+    """Run one case here and print a JSON line: seconds, CPU seconds, peak MiB, outcome."""
     limit = int(memory_gib * 2**30)
     resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
     import commdsl.cli  # noqa: F401 -- imports are not part of the figure
     import commdsl.sim  # noqa: F401
 
-    start = time.perf_counter()
+    start, cpu_start = time.perf_counter(), time.process_time()
     try:
         outcome = CASES[case]()
     except MemoryError:
         outcome = f"MemoryError at {memory_gib:g} GiB"
     except Exception as e:  # the figure is what happened, whatever it was
         outcome = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
-    seconds = time.perf_counter() - start
+    seconds, cpu_seconds = time.perf_counter() - start, time.process_time() - cpu_start
     peak_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
-    print(json.dumps({"seconds": seconds, "peak_mib": peak_mib, "outcome": outcome[:160]}), flush=True)
+    print(json.dumps({"seconds": seconds, "cpu_seconds": cpu_seconds, "peak_mib": peak_mib, "outcome": outcome[:160]}), flush=True)
 
 
 def main() -> None:
@@ -250,7 +252,7 @@ def main() -> None:
     if args.list:
         print("\n".join(CASES))
         return
-    print(f"{'case':22} {'seconds':>8} {'peak MiB':>9}  outcome")
+    print(f"{'case':22} {'seconds':>8} {'cpu s':>8} {'peak MiB':>9}  outcome")
     for case in args.case or CASES:
         if case in SETUP:
             SETUP[case]()
@@ -258,15 +260,15 @@ def main() -> None:
         try:
             proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
         except subprocess.TimeoutExpired:
-            print(f"{case:22} {'>' + format(args.timeout, 'g'):>8} {'-':>9}  still running after {args.timeout:g} s (killed)", flush=True)
+            print(f"{case:22} {'>' + format(args.timeout, 'g'):>8} {'-':>8} {'-':>9}  still running after {args.timeout:g} s (killed)", flush=True)
             continue
         lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
         if not lines:
             tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
-            print(f"{case:22} {'-':>8} {'-':>9}  died (exit {proc.returncode}): {tail[:160]}", flush=True)
+            print(f"{case:22} {'-':>8} {'-':>8} {'-':>9}  died (exit {proc.returncode}): {tail[:160]}", flush=True)
             continue
         r = json.loads(lines[-1])
-        print(f"{case:22} {r['seconds']:>8.2f} {r['peak_mib']:>9.0f}  {r['outcome']}", flush=True)
+        print(f"{case:22} {r['seconds']:>8.2f} {r['cpu_seconds']:>8.2f} {r['peak_mib']:>9.0f}  {r['outcome']}", flush=True)
 
 
 if __name__ == "__main__":

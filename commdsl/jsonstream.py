@@ -13,8 +13,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
-from typing import TextIO
+from typing import NamedTuple, TextIO
 
 CHUNK_CHARS = 1 << 20
 """Characters read at a time (a value longer than that is read in growing chunks)."""
@@ -41,9 +40,9 @@ holds a machine's infinite bandwidths as Infinity, as `json.dumps` writes them).
 _WHITESPACE = " \t\n\r"
 
 
-@dataclass(frozen=True)
-class Place:
-    """Where a value starts: 1-based line and column."""
+class Place(NamedTuple):
+    """Where a value starts: 1-based line and column (a tuple: one is made per element
+    streamed)."""
 
     line: int
     column: int

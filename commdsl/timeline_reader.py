@@ -78,6 +78,8 @@ class _Reader:
         self.strings: dict = {}
         """Each string, annotation pair and span's annotations once: a trace repeats a few
         thousand of them (a pipeline's microbatch F[7] on every stage)."""
+        self.annotations: dict[tuple, tuple] = {}
+        """A span's args (their items and types) -> its annotations, checked (`_annotations`)."""
 
     def _once(self, value):
         return self.strings.setdefault(value, value)
@@ -101,7 +103,6 @@ class _Reader:
             args = ev.get("args", {})
             if not isinstance(args, dict):
                 raise _Bad(f"'args' is an object, not {_kind(args)}")
-            args = dict(args)
             op_id = _text(args.pop("op_id", None), "args.op_id")
             kind = _text(args.pop("kind", None), "args.kind")
             if kind not in _KINDS:
@@ -113,8 +114,7 @@ class _Reader:
             ts = _time(ev.get("ts"), "ts", -HORIZON_US)
             dur = _time(ev.get("dur"), "dur", 0.0)
             name = _text(ev.get("name"), "name")
-            kept = self._once(tuple(self._once((self._once(k), self._once(_arg(k, v)) if isinstance(v, str) else _arg(k, v)))
-                                    for k, v in args.items()))  # fmt: skip
+            kept = self._annotations(args)
             if self.tracks is None and "otherData" in self.others:
                 self.world, self.tracks = self._layout()
             span = (self._once(op_id), pid, tid, role, self._once(kind), self._once(name), ts, ts + dur, kept, place)
@@ -128,6 +128,22 @@ class _Reader:
                 raise _Bad(f"args.value is a finite number, not {_kind(value)}")
             self.counters.append((self._once(_text(ev.get("name"), "name")), _index(ev.get("pid"), "pid"), _time(ev.get("ts"), "ts", -HORIZON_US),
                                   float(value)))  # fmt: skip
+
+    def _annotations(self, args: dict) -> tuple:
+        """A span's annotations (`args` but op_id, kind and role), checked, and kept once:
+        spans of one op kind repeat the same few (an event's args are looked up by their
+        items and types, so a `true` is never taken for a 1 checked before)."""
+        key = (tuple(args.items()), tuple(map(type, args.values())))
+        try:
+            kept = self.annotations.get(key)
+        except TypeError:  # a list among the values (a measured trace's)
+            key, kept = None, None
+        if kept is None:
+            kept = self._once(tuple(self._once((self._once(k), self._once(_arg(k, v)) if isinstance(v, str) else _arg(k, v)))
+                                    for k, v in args.items()))  # fmt: skip
+            if key is not None:
+                self.annotations[key] = kept
+        return kept
 
     def _layout(self) -> tuple[int, dict[int, list[str]]]:
         """The world size and the tracks of otherData.commdsl."""

@@ -108,6 +108,23 @@ def test_bad_timeline_value_names_file_and_line(case_id, change, raw, message, t
     assert proc.returncode == 2 and "Traceback" not in proc.stderr and f"--> {path}:{err.loc.line}:" in proc.stderr, proc.stderr
 
 
+def test_annotations_kept_once_are_still_checked_per_span(trace_data, tmp_path):
+    """The reader checks a span's annotations once per distinct args: a `true` where an
+    equal 1 was read before is still refused (1 == True in Python)."""
+    data = json.loads(json.dumps(trace_data))
+    first, second = (ev for ev in data["traceEvents"] if ev.get("ph") == "X" and ev["args"].get("kind") == "all_reduce"
+                     and ev["args"]["role"] == "exec")  # fmt: skip
+    first["args"]["bytes"], second["args"]["bytes"] = 1, True
+    path = tmp_path / "bool.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(CommdslError, match="args.bytes is a whole number from 0 to .*, got True"):
+        Timeline.read(path)
+    second["args"]["bytes"] = 1
+    path.write_text(json.dumps(data))
+    spans = [s for s in Timeline.read(path).spans if s.kind == "all_reduce" and s.role.value == "exec"]
+    assert [dict(s.args)["bytes"] for s in spans] == [1, 1] and spans[0].args is spans[1].args
+
+
 def test_a_timeline_reads_back_as_written(trace_data, tmp_path):
     """The streamed reader gives the spans, flows and counters the writer wrote, in a
     file split across many chunks and pretty-printed over many lines alike."""

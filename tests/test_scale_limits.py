@@ -41,7 +41,7 @@ def test_star_all_to_all_loads_are_the_per_pair_loads(name, machine, transport, 
     p = plan(OpKind.ALL_TO_ALL, Algo.DIRECT, len(ranks), size, machine.chunk_bytes)
     loads, cap, latency = fabric.collective_load(OpKind.ALL_TO_ALL, Algo.DIRECT, ranks, size, transport, None, p)
     want, want_cap, want_latency = fabric._pairwise_load(OpKind.ALL_TO_ALL, Algo.DIRECT, ranks, size, transport, None, p)
-    assert loads.keys() == want.keys()
+    assert list(loads) == list(want)  # in the same order: traces list link counters by it
     assert all(loads[c] == pytest.approx(want[c], rel=1e-12) for c in want)
     assert (cap, latency) == (want_cap, want_latency)
 

@@ -383,11 +383,18 @@ class Fabric:
         (4,096 ranks are 16.8 M pairs)."""
         route = self.route(ranks[0], ranks[1], transport)  # every pair's spec and latency
         n = len(ranks)
-        per_rank = (n - 1) * (float(size_bytes) / n)
+        share = float(size_bytes) / n
+        per_rank = 0.0
+        for _ in range(n - 1):  # summed as the pairs' bytes are, to the same float
+            per_rank += share
         up, down = self._up[transport], self._down[transport]
-        channel_bytes = {up[r]: per_rank for r in ranks}
-        channel_bytes.update({down[r]: per_rank for r in ranks})
         shared = self.shared_channel.get(transport)
+        # In the order the pairs would charge them (the first pair: up, down, shared; the
+        # first source's other destinations; the second source and its first destination...),
+        # so that traces list the links' counters as before.
+        order = [up[ranks[0]], down[ranks[1]], *(() if shared is None else (shared,)), *(down[r] for r in ranks[2:]),
+                 up[ranks[1]], down[ranks[0]], *(up[r] for r in ranks[2:])]  # fmt: skip
+        channel_bytes = dict.fromkeys(order, per_rank)
         if shared is not None:
             channel_bytes[shared] = n * per_rank
         return channel_bytes, route.spec.bandwidth_gb_per_s * 1e3, route.spec.latency_us + route.latency_us
