@@ -338,8 +338,8 @@ def _point(li: int, m: Machine, flows: NcclFlows, capacity, cls: list[int], run:
     root = 0 if kind in (OpKind.BROADCAST, OpKind.REDUCE) else None
     undo = m.nccl.p2p_net_efficiency if kind in nccl.P2P_BASED else 1.0  # kept apart: a parameter of its own
     for group in pairs:
-        co = flows.coflow(kind, group, size, root, c.algo, c.proto, run.ranks)
-        used = flows.choice_of(kind, group, size, c.algo, c.proto, run.ranks)
+        co = flows.coflow(kind, group, size, root, c.algo, c.proto, ranks)
+        used = flows.choice_of(kind, group, size, c.algo, c.proto, ranks)
         eff = nccl.efficiency(m.nccl, used)
         for ch, wire in co.channel_bytes:
             data = wire * eff * (undo if cls[ch] == _NIC else 1.0)

@@ -120,30 +120,36 @@ class NcclFlows:
                 algo = None
             if op.kind is OpKind.SEND or op.kind is OpKind.RECV:
                 pair = (op.rank, op.peer) if op.kind is OpKind.SEND else (op.peer, op.rank)
-                c = nccl.p2p_choice(self.cfg, op.kind, self.layout(pair), op.size_bytes, op.proto, len(ranks), op)
+                c = nccl.p2p_choice(self.cfg, op.kind, self.layout(pair), op.size_bytes, op.proto, self.p2p_comm(ranks), op)
             else:
                 c = nccl.select(self.cfg, op.kind, self.layout(ranks), op.size_bytes, algo, op.proto, op)
             self._choices[key] = c
         return c
 
-    def choice_of(self, kind: OpKind, ranks: tuple[int, ...], size: int, algo: Algo, proto: Protocol, group_size: int = 0) -> nccl.Choice:
+    def p2p_comm(self, group: tuple[int, ...]) -> nccl.P2pComm:
+        """The communicator of the ranks `group`, as NCCL's P2P channel counts see it."""
+        nodes = len({r // self.gpus_per_node for r in group})
+        return nccl.P2pComm(max(len(group), 2), nodes, self._node_network_gb_per_s / self.gpus_per_node)
+
+    def choice_of(self, kind: OpKind, ranks: tuple[int, ...], size: int, algo: Algo, proto: Protocol,
+                  group: tuple[int, ...] = ()) -> nccl.Choice:  # fmt: skip
         """The choice of a transfer whose algorithm and protocol are known, with its channels
-        (a send's depend on its communicator's size, `group_size`)."""
+        (a send's depend on its communicator, the ranks `group`; empty: the pair alone)."""
         lay = self.layout(ranks)
         if kind is OpKind.BARRIER:
             kind, size = OpKind.ALL_REDUCE, 4
         if kind in nccl.P2P_BASED:
-            return nccl.p2p_choice(self.cfg, kind, lay, size, proto, group_size)
+            return nccl.p2p_choice(self.cfg, kind, lay, size, proto, self.p2p_comm(group or ranks))
         return nccl.Choice(algo, proto, nccl.collective_channels(self.cfg, algo, proto, lay, size))
 
     # ---- the loads ----------------------------------------------------------------------
 
     def coflow(self, kind: OpKind, ranks: tuple[int, ...], size: int, root: int | None, algo: Algo, proto: Protocol,
-               group_size: int = 0) -> Coflow:  # fmt: skip
+               group: tuple[int, ...] = ()) -> Coflow:  # fmt: skip
         """The loads, cap and latency of one transfer (see the module doc)."""
         if algo is Algo.CHAIN:
             algo = Algo.RING
-        choice = self.choice_of(kind, ranks, size, algo, proto, group_size)
+        choice = self.choice_of(kind, ranks, size, algo, proto, group)
         lay = self.layout(ranks)
         key = (kind, ranks, choice.algo, choice.channels, root)
         shape = self._shapes.get(key)
