@@ -114,6 +114,12 @@ def test_p2p_channels_per_peer_across_nodes_follow_nccls_rule():
     # one node: a 1 GiB send between GPUs 0 and 1 uses the per-peer maximum of its communicator.
     assert nccl.p2p_channels_per_transfer(cfg, nccl.P2pComm(80, 10, 47.0), 1 << 30, HopKind.NETWORK) == 2
     assert nccl.p2p_channels_per_transfer(cfg, nccl.P2pComm(16, 2, 47.0), 1 << 30, HopKind.NETWORK) == 4
+    # The NIC rate is the topology's: a DGX A100's 200 Gb/s NICs (23.5 GB/s) give 2 channels a peer.
+    for name, nic, per_peer in (("dgx-h100", 47.0, 4), ("dgx-a100", 23.5, 2)):
+        m = resolve_machine(name).with_nodes(2)
+        comm = NcclFlows(Fabric(m, 16), m.nccl).p2p_comm(tuple(range(16)))
+        assert (comm.ranks, comm.nodes, comm.nic_gb_per_s) == (16, 2, nic)
+        assert nccl.p2p_channels_per_peer(m.nccl, comm) == per_peer
 
 
 def test_a_send_inside_a_node_slows_when_its_communicator_spans_many_nodes():

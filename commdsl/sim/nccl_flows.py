@@ -72,6 +72,7 @@ class NcclFlows:
         self._has_nvswitch = any(k is VertexKind.NVSWITCH for _, k in topo.vertices)
         self._network_channels = frozenset(c for c, (a, b) in enumerate(fabric.ends) if NETWORK_VERTEX in (a, b))
         """Channels between a NIC and the network."""
+        self._nic_rates: dict[int, float] = {}
         self._layouts: dict[tuple[int, ...], nccl.Layout] = {}
         self._choices: dict[tuple, nccl.Choice] = {}
         self._shapes: dict[tuple, tuple[dict[int, float], float]] = {}
@@ -127,9 +128,22 @@ class NcclFlows:
         return c
 
     def p2p_comm(self, group: tuple[int, ...]) -> nccl.P2pComm:
-        """The communicator of the ranks `group`, as NCCL's P2P channel counts see it."""
-        nodes = len({r // self.gpus_per_node for r in group})
-        return nccl.P2pComm(max(len(group), 2), nodes, self._node_network_gb_per_s / self.gpus_per_node)
+        """The communicator of the ranks `group`, as NCCL's P2P channel counts see it: its
+        size, its nodes, and across nodes the least NIC bandwidth of its GPUs."""
+        g = self.gpus_per_node
+        nodes = len({r // g for r in group})
+        nic = min(self._nic_gb_per_s(i) for i in {r % g for r in group}) if nodes > 1 else 0.0
+        return nccl.P2pComm(max(len(group), 2), nodes, nic)
+
+    def _nic_gb_per_s(self, local: int) -> float:
+        """The bandwidth of the NIC that GPU `local` of a node reaches the network through
+        (its link to the network; a NIC that GPUs share counts whole, as NCCL counts it)."""
+        bw = self._nic_rates.get(local)
+        if bw is None:
+            fabric = self.fabric
+            up = fabric.cross_up(local, local, Transport.NCCL)
+            bw = self._nic_rates[local] = min((fabric.bandwidth_gb_per_s[c] for c in up if c in self._network_channels), default=0.0)
+        return bw
 
     def choice_of(self, kind: OpKind, ranks: tuple[int, ...], size: int, algo: Algo, proto: Protocol,
                   group: tuple[int, ...] = ()) -> nccl.Choice:  # fmt: skip
