@@ -271,3 +271,24 @@ def test_a_point_the_simulator_refuses_is_named_at_its_log_line(monkeypatch):
         nccl_tests.simulated_errors(resolve_machine("dgx-h100"), logs, [Run.of(log) for log in logs])
     assert info.value.loc.file == str(AR) and info.value.loc.line == logs[0].points[0].line
     assert "cannot simulate this point: ops end past the horizon" in info.value.message
+
+
+def test_the_closed_form_sizes_p2p_by_the_communicator_as_the_simulator_does(tmp_path):
+    # nccl-tests' sendrecv ring over 10 DGX H100 nodes: NCCL gives each peer of the 80-rank
+    # communicator 2 channels, so the 70 NVLink sends (2 x 20 GB/s), not the NICs, pace it.
+    # The fit's closed form must see the same channels as the simulator.
+    from commdsl.calibrate.nccl_tests import _parameters, _points, _predict, busbw_gb_per_s
+
+    base = resolve_machine("dgx-h100")
+    run = Run(OpKind.SEND, 80, dtype=Run(OpKind.SEND, 80).dtype)
+    sizes = [1 << 28, 1 << 30]
+    times = {s: simulate_run(base, run, s) for s in sizes}
+    log = tmp_path / "sendrecv_10_nodes.log"
+    log.write_text(_log_text("sendrecv_perf", run, list(times.items())))
+    logs = read_logs([str(log)])
+    (parsed,) = logs
+    assert (parsed.op, parsed.ranks, parsed.nodes) == (OpKind.SEND, 80, 10)
+    points = _points(base, base, logs, [Run.of(parsed)])
+    for p, closed in zip(points, _predict(points, _parameters(base))):
+        assert closed == pytest.approx(times[int(p.size)], rel=1e-3)
+    assert busbw_gb_per_s(OpKind.SEND, 80, sizes[-1], times[sizes[-1]]) < 41  # 2 channels x 20 GB/s, below a NIC's 47

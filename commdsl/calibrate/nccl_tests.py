@@ -338,8 +338,8 @@ def _point(li: int, m: Machine, flows: NcclFlows, capacity, cls: list[int], run:
     root = 0 if kind in (OpKind.BROADCAST, OpKind.REDUCE) else None
     undo = m.nccl.p2p_net_efficiency if kind in nccl.P2P_BASED else 1.0  # kept apart: a parameter of its own
     for group in pairs:
-        co = flows.coflow(kind, group, size, root, c.algo, c.proto, run.ranks)
-        used = flows.choice_of(kind, group, size, c.algo, c.proto, run.ranks)
+        co = flows.coflow(kind, group, size, root, c.algo, c.proto, ranks)
+        used = flows.choice_of(kind, group, size, c.algo, c.proto, ranks)
         eff = nccl.efficiency(m.nccl, used)
         for ch, wire in co.channel_bytes:
             data = wire * eff * (undo if cls[ch] == _NIC else 1.0)
@@ -347,10 +347,13 @@ def _point(li: int, m: Machine, flows: NcclFlows, capacity, cls: list[int], run:
         if co.cap < math.inf:
             serial = nccl.channel_cap_gb_per_s(m.nccl, used, kind) * 1e3 / co.cap
     # Latency is linear in the latency parameters: read its coefficients off unit machines.
+    # A ring of sends goes at the pace of its slowest hop: the pair with the most latency
+    # (across nodes, one that crosses the network), as its per-byte cost is the worst pair's.
+    slowest = max(pairs, key=lambda pair: nccl.latency_us(m.nccl, kind, flows.layout(pair), c.algo, c.proto))
     zero = m.nccl
     for lat in LATENCIES:
         zero = lat.set(zero, c.proto, 0.0)
-    coeff = tuple(nccl.latency_us(lat.set(zero, c.proto, 1.0), kind, flows.layout(pairs[0]), c.algo, c.proto) for lat in LATENCIES)
+    coeff = tuple(nccl.latency_us(lat.set(zero, c.proto, 1.0), kind, flows.layout(slowest), c.algo, c.proto) for lat in LATENCIES)
     return _Point(li, float(size), measured, c.proto, c.algo in (Algo.NVLS, Algo.NVLS_TREE), kind in nccl.P2P_BASED,
                   coeff, tuple(per), c.channels, serial, 0 if run.graph else run.gpus_per_process, lay.intra_hop,
                   (c.algo, c.proto, c.channels))  # fmt: skip

@@ -122,6 +122,11 @@ P2P_LL_THRESHOLD_BYTES = 16384
 """NCCL_P2P_LL_THRESHOLD (enqueue.cc): a send of at most channels x this uses LL."""
 P2P_CHUNK_BYTES = {HopKind.NVLINK: 1 << 19, HopKind.PCIE: 1 << 17, HopKind.NETWORK: 1 << 17}
 """NCCL_P2P_{NVL,PCI,NET}_CHUNKSIZE (init.cc): the step of a P2P transfer by path."""
+P2P_CHANNEL_NET_GB_PER_S = 14.0
+"""NCCL_P2P_PER_CHANNEL_NET_BW (paths.cc): the bandwidth NCCL counts one P2P channel to
+drive across the network when it decides how many channels a remote peer gets."""
+P2P_PEERS_PER_BATCH = 8
+"""NCCL_MAX_DEV_WORK_P2P_PER_BATCH (device.h): peers one channel serves in one round."""
 
 NVLS_CHUNK_BYTES = 128 * 1024
 """NCCL_NVLS_CHUNKSIZE (transport/nvls.cc): the largest chunk an NVLS kernel moves per

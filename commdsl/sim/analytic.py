@@ -75,7 +75,7 @@ class AnalyticNetwork(Network):
         if p.proto is not None and self.nccl is not None:
             # NCCL's kernel alone on the links: latency + bytes at its solo rate.
             t = transfer
-            co = self.nccl.coflow(t.kind, t.ranks, t.size_bytes, t.root, p.algo, p.proto, t.group_size)
+            co = self.nccl.coflow(t.kind, t.ranks, t.size_bytes, t.root, p.algo, p.proto, t.group)
             return co.latency_us + t.size_bytes / co.solo_rate(self.nccl.fabric.capacity), co.latency_us
         if self.fabric is not None and transfer.kind in (OpKind.SEND, OpKind.COPY):
             # Alone on its route, as the flow network times it uncontended.

@@ -926,9 +926,9 @@ class Engine:
         """The transfer of send (or peer copy) `so`, op `send`."""
         if so.kind is _COPY:
             p = plan(_SEND, Algo.DIRECT, 2, so.size_bytes, self.machine.chunk_bytes)
-            return Transfer(_COPY, (so.rank, so.peer), so.size_bytes, _MEMCPY, p, None, group_size=2)
+            return Transfer(_COPY, (so.rank, so.peer), so.size_bytes, _MEMCPY, p, None)
         p = plan(_SEND, ALGOS[self.algos[send]], 2, so.size_bytes, self.machine.chunk_bytes, PROTOS[self.protos[send]])
-        return Transfer(_SEND, (so.rank, so.peer), so.size_bytes, so.transport, p, None, group_size=len(self.group_ranks[so.group]))
+        return Transfer(_SEND, (so.rank, so.peer), so.size_bytes, so.transport, p, None, group=self.group_ranks[so.group])
 
     def _engine_gpus(self, src: int, dst: int) -> tuple[int, ...]:
         """The GPUs whose copy engines a memcpy from `src` to `dst` holds (see

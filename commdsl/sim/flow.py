@@ -240,7 +240,7 @@ class FlowNetwork(Network):
 
     def legs(self, transfer: Transfer) -> tuple[_Leg, ...]:
         t = transfer
-        key = (t.kind, t.plan.algo, t.plan.proto, t.ranks, t.size_bytes, t.transport, t.root, t.dtype, t.reduce_op, t.group_size)
+        key = (t.kind, t.plan.algo, t.plan.proto, t.ranks, t.size_bytes, t.transport, t.root, t.dtype, t.reduce_op, t.group)
         legs = self._legs.get(key)
         if legs is None:
             if t.plan.proto is not None and self.nccl is not None:
@@ -259,7 +259,7 @@ class FlowNetwork(Network):
     def _nccl_leg(self, t: Transfer) -> _Leg:
         """An NCCL transfer as NCCL runs it: its coflow's loads, cap and latency."""
         size = float(t.size_bytes)
-        co = self.nccl.coflow(t.kind, t.ranks, t.size_bytes, t.root, t.plan.algo, t.plan.proto, t.group_size)
+        co = self.nccl.coflow(t.kind, t.ranks, t.size_bytes, t.root, t.plan.algo, t.plan.proto, t.group)
         return self._leg({c: w * size for c, w in co.channel_bytes}, size, co.cap, co.latency_us, tuple(dict.fromkeys(t.ranks)))
 
     # ---- the Network interface -----------------------------------------------------------

@@ -40,7 +40,8 @@ from dataclasses import dataclass
 from commdsl.errors import ScheduleError
 from commdsl.ir import Algo, Op, OpKind, Protocol
 from commdsl.machine.nccl import (MAX_THREADS, NVLS_CHUNK_BYTES, NVLS_PIPELINE_CHUNKS, NVLS_TREE_MAX_CHUNK_BYTES_4_NODES,
-                                  P2P_CHUNK_BYTES, P2P_LL_THRESHOLD_BYTES, PROTOCOLS, THREAD_THRESHOLD_BYTES, CpuVendor,
+                                  P2P_CHANNEL_NET_GB_PER_S, P2P_CHUNK_BYTES, P2P_LL_THRESHOLD_BYTES,
+                                  P2P_PEERS_PER_BATCH, PROTOCOLS, THREAD_THRESHOLD_BYTES, CpuVendor,
                                   Generation, HopKind, NcclConfig)  # fmt: skip
 
 NCCL_KINDS = frozenset({OpKind.ALL_REDUCE, OpKind.ALL_GATHER, OpKind.REDUCE_SCATTER, OpKind.BROADCAST, OpKind.REDUCE})
@@ -306,17 +307,33 @@ def collective_channels(cfg: NcclConfig, algo: Algo, proto: Protocol, layout: La
     return max(1, min(cfg.channels, int(size_bytes // per_channel)))
 
 
+@dataclass(frozen=True)
+class P2pComm:
+    """What NCCL's point-to-point channel counts depend on beyond the pair: its communicator."""
+
+    ranks: int
+    """Ranks of the communicator (at least the pair's 2)."""
+    nodes: int
+    """Nodes the communicator spans: across nodes NCCL sizes every transfer of the
+    communicator for the network, even one between two GPUs of a node (init.cc
+    `computeBuffSizes`: P2P chunk; enqueue.cc `addP2pToPlan`: part sizes)."""
+    nic_gb_per_s: float = 0.0
+    """A GPU's NIC bandwidth (0: no network), GB/s: how many channels NCCL gives a peer
+    across the network (paths.cc `ncclTopoGetNchannels`)."""
+
+
 def p2p_choice(cfg: NcclConfig, kind: OpKind, layout: Layout, size_bytes: int, proto: Protocol | None = None,
-               comm_ranks: int = 0, op: Op | None = None) -> Choice:  # fmt: skip
-    """Point-to-point based ops: per peer, NCCL's channels (`p2p_channels_per_transfer`;
-    a send's communicator has `comm_ranks` ranks), and LL when the bytes per peer fit in
-    channels x NCCL_P2P_LL_THRESHOLD, else Simple."""
+               comm: P2pComm | None = None, op: Op | None = None) -> Choice:  # fmt: skip
+    """Point-to-point based ops: per peer, NCCL's channels (`p2p_channels_per_transfer` in
+    the communicator `comm`; None: the op's own ranks), and LL when the bytes per peer fit
+    in channels x NCCL_P2P_LL_THRESHOLD, else Simple."""
     p2p = kind in (OpKind.SEND, OpKind.RECV)
     per_peer = size_bytes if p2p else size_bytes // max(layout.n, 1)
     peers = 1 if p2p else max(layout.n - 1, 1)
-    hop = HopKind.NETWORK if layout.num_nodes > 1 else layout.intra_hop
-    comm = max(comm_ranks, 2) if p2p else layout.n
-    channels = p2p_channels_per_transfer(cfg, comm, layout.num_nodes, per_peer, hop)
+    if comm is None:
+        comm = P2pComm(max(layout.n, 2), layout.num_nodes)
+    hop = HopKind.NETWORK if comm.nodes > 1 else layout.intra_hop
+    channels = p2p_channels_per_transfer(cfg, comm, per_peer, hop)
     if proto is None:
         allowed = cfg.protos
         ll = per_peer <= channels * P2P_LL_THRESHOLD_BYTES and (allowed is None or Protocol.LL in allowed)
@@ -328,19 +345,41 @@ def p2p_choice(cfg: NcclConfig, kind: OpKind, layout: Layout, size_bytes: int, p
     return Choice(Algo.DIRECT, proto, total)
 
 
-def p2p_channels_per_transfer(cfg: NcclConfig, comm_ranks: int, nodes: int, nbytes: int, hop: HopKind) -> int:
+def p2p_channels_per_peer(cfg: NcclConfig, comm: P2pComm) -> int:
+    """The most channels NCCL gives one peer (`p2pnChannelsPerPeer`). On one node, the
+    machine's `p2p_channels_per_peer`. Across nodes, NCCL takes the least over all peers
+    (paths.cc `ncclTopoComputeP2pChannelsPerPeer`), and a peer across the network gets
+    one channel per NCCL_P2P_PER_CHANNEL_NET_BW (14 GB/s) of its GPU's NIC bandwidth
+    (`ncclTopoGetNchannels`), rounded up to a power of two; then NCCL halves it until one
+    round of every peer, 8 peers to a work batch, fits in `p2p_channels`
+    (`ncclTopoComputeP2pChannels`, NCCL 2.29): 4 channels a peer among 16 ranks of DGX H100
+    nodes, 2 among 80."""
+    most = cfg.p2p_channels_per_peer
+    if comm.nodes <= 1:
+        return most
+    if comm.nic_gb_per_s > 0:
+        net = max(1, math.ceil(comm.nic_gb_per_s / P2P_CHANNEL_NET_GB_PER_S))
+        most = min(most, 1 << (net - 1).bit_length())
+    rounds = -(-comm.ranks // P2P_PEERS_PER_BATCH)
+    while most * rounds > cfg.p2p_channels and most > 1:
+        most //= 2
+    return most
+
+
+def p2p_channels_per_transfer(cfg: NcclConfig, comm: P2pComm, nbytes: int, hop: HopKind) -> int:
     """Channels one send uses (enqueue.cc `addP2pToPlan`): as few as its size needs, in
-    parts of one to 32 P2P steps (one to two across nodes), doubling up to the per-peer
-    maximum; the minimum shrinks so that all peers' channels fit in `p2p_channels`."""
+    parts of one to 32 P2P steps (one half to one across nodes), doubling up to the
+    per-peer maximum (`p2p_channels_per_peer`); the minimum shrinks so that all peers'
+    channels fit in `p2p_channels`."""
     if nbytes <= 0:
         return 1
-    most = cfg.p2p_channels_per_peer
+    most = p2p_channels_per_peer(cfg, comm)
     least = most
-    while least * comm_ranks > cfg.p2p_channels and least > 1:
+    while least * comm.ranks > cfg.p2p_channels and least > 1:
         least //= 2
     step = P2P_CHUNK_BYTES[hop]
-    min_part = step // 2 if nodes > 1 else step // 8
-    max_part = step if nodes > 1 else step * 32
+    min_part = step // 2 if comm.nodes > 1 else step // 8
+    max_part = step if comm.nodes > 1 else step * 32
     n = max(1, min(least, math.ceil(nbytes / min_part)))
     part = max(min_part, math.ceil(nbytes / n))
     while part > max_part and n <= most // 2:

@@ -85,6 +85,7 @@ class NcclFlows:
         self._has_nvswitch = any(k is VertexKind.NVSWITCH for _, k in topo.vertices)
         self._network_channels = frozenset(c for c, (a, b) in enumerate(fabric.ends) if NETWORK_VERTEX in (a, b))
         """Channels between a NIC and the network."""
+        self._nic_rates: dict[int, float] = {}
         self._layouts: dict[tuple[int, ...], nccl.Layout] = {}
         self._choices: dict[tuple, nccl.Choice] = {}
         self._shapes: dict[tuple, tuple[dict[int, float], float]] = {}
@@ -134,38 +135,57 @@ class NcclFlows:
                 algo = None
             if op.kind is OpKind.SEND or op.kind is OpKind.RECV:
                 pair = (op.rank, op.peer) if op.kind is OpKind.SEND else (op.peer, op.rank)
-                c = nccl.p2p_choice(self.cfg, op.kind, self.layout(pair), op.size_bytes, op.proto, len(ranks), op)
+                c = nccl.p2p_choice(self.cfg, op.kind, self.layout(pair), op.size_bytes, op.proto, self.p2p_comm(ranks), op)
             else:
                 c = nccl.select(self.cfg, op.kind, self.layout(ranks), op.size_bytes, algo, op.proto, op)
             self._choices[key] = c
         return c
 
-    def choice_of(self, kind: OpKind, ranks: tuple[int, ...], size: int, algo: Algo, proto: Protocol, group_size: int = 0) -> nccl.Choice:
+    def p2p_comm(self, group: tuple[int, ...]) -> nccl.P2pComm:
+        """The communicator of the ranks `group`, as NCCL's P2P channel counts see it: its
+        size, its nodes, and across nodes the least NIC bandwidth of its GPUs."""
+        g = self.gpus_per_node
+        nodes = len({r // g for r in group})
+        nic = min(self._nic_gb_per_s(i) for i in {r % g for r in group}) if nodes > 1 else 0.0
+        return nccl.P2pComm(max(len(group), 2), nodes, nic)
+
+    def _nic_gb_per_s(self, local: int) -> float:
+        """The bandwidth of the NIC that GPU `local` of a node reaches the network through
+        (its link to the network; a NIC that GPUs share counts whole, as NCCL counts it)."""
+        bw = self._nic_rates.get(local)
+        if bw is None:
+            fabric = self.fabric
+            up = fabric.cross_up(local, local, Transport.NCCL)
+            bw = self._nic_rates[local] = min((fabric.bandwidth_gb_per_s[c] for c in up if c in self._network_channels), default=0.0)
+        return bw
+
+    def choice_of(self, kind: OpKind, ranks: tuple[int, ...], size: int, algo: Algo, proto: Protocol,
+                  group: tuple[int, ...] = ()) -> nccl.Choice:  # fmt: skip
         """The choice of a transfer whose algorithm and protocol are known, with its channels
-        (a send's depend on its communicator's size, `group_size`)."""
+        (a send's depend on its communicator, the ranks `group`; empty: the pair alone)."""
         lay = self.layout(ranks)
         if kind is OpKind.BARRIER:
             kind, size = OpKind.ALL_REDUCE, 4
         if kind in nccl.P2P_BASED:
-            return nccl.p2p_choice(self.cfg, kind, lay, size, proto, group_size)
+            return nccl.p2p_choice(self.cfg, kind, lay, size, proto, self.p2p_comm(group or ranks))
         return nccl.Choice(algo, proto, nccl.collective_channels(self.cfg, algo, proto, lay, size))
 
     # ---- the loads ----------------------------------------------------------------------
 
     def coflow(self, kind: OpKind, ranks: tuple[int, ...], size: int, root: int | None, algo: Algo, proto: Protocol,
-               group_size: int = 0) -> Coflow:  # fmt: skip
+               group: tuple[int, ...] = ()) -> Coflow:  # fmt: skip
         """The loads, cap and latency of one transfer (see the module doc; cached)."""
-        key = (kind, ranks, size, root, algo, proto, group_size)
+        key = (kind, ranks, size, root, algo, proto, group)
         co = self._coflows.get(key)
         if co is None:
-            co = self._coflows[key] = self._coflow(kind, ranks, size, root, algo, proto, group_size)
+            co = self._coflows[key] = self._coflow(kind, ranks, size, root, algo, proto, group)
         return co
 
     def _coflow(self, kind: OpKind, ranks: tuple[int, ...], size: int, root: int | None, algo: Algo, proto: Protocol,
-                group_size: int) -> Coflow:  # fmt: skip
+                group: tuple[int, ...]) -> Coflow:  # fmt: skip
         if algo is Algo.CHAIN:
             algo = Algo.RING
-        choice = self.choice_of(kind, ranks, size, algo, proto, group_size)
+        choice = self.choice_of(kind, ranks, size, algo, proto, group)
         lay = self.layout(ranks)
         key = (kind, ranks, choice.algo, choice.channels, root)
         shape = self._shapes.get(key)

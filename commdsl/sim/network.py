@@ -62,8 +62,9 @@ class Transfer:
     """Element type: a reduction's cost can depend on it (calibration profiles per dtype)."""
     reduce_op: ReduceOp | None = None
     """A reduction's op: its cost can depend on it too (gloo's avg; calibration profiles per op)."""
-    group_size: int = 0
-    """Ranks of the op's group (NCCL's point-to-point channels depend on the communicator)."""
+    group: tuple[int, ...] = ()
+    """A send's group: the ranks of its communicator (NCCL's point-to-point channels depend
+    on the communicator's size and nodes); empty for collectives and copies."""
 
 
 @dataclass(frozen=True, slots=True)
