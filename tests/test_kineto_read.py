@@ -140,7 +140,7 @@ def test_a_real_gpu_trace_gives_nccl_kernels_with_sizes_and_groups():
 
 @pytest.mark.parametrize("name,content,message", [
     ("cut.json", b'{"schemaVersion": 1, "traceEvents": [{"ph": "X", "na', "is not a JSON profiler trace: Unterminated string"),
-    ("cut.json.gz", gzip.compress(b'{"schemaVersion": 1, "traceEvents": []}')[:20], "a gzip file that does not decompress"),
+    ("cut.json.gz", gzip.compress(b'{"schemaVersion": 1, "traceEvents": []}', mtime=0)[:20], "a gzip file that does not decompress"),
     ("other.json", json.dumps({"traceEvents": [{"ph": "X", "name": "x", "ts": 0, "dur": 1, "pid": 0, "tid": 0}]}).encode(),
      "is a Chrome trace but not a PyTorch profiler (Kineto) trace"),
     ("list.json", b"[]", "is not a Kineto trace: no traceEvents list"),
