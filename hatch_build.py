@@ -6,7 +6,8 @@ declarations in the `.pxd` file beside each, into extension modules of the same 
 warns and the package runs the Python source.
 
     pip install -e .          # an editable install builds them in place, beside the sources
-    pip install .             # a wheel carries them
+    pip install .             # a wheel carries them (those of an editable install of
+                              # the same sources, copied, where there is one)
     python hatch_build.py     # rebuild in place (with hatchling and Cython installed)
 """
 
@@ -58,15 +59,36 @@ def compile_module(name: str, out: Path, work: Path) -> Path:
     return target
 
 
+def current_in_place(suffix: str) -> list[Path] | None:
+    """The in-place build (`pip install -e .`) of every hot module for extension suffix
+    `suffix`, where its stamp matches the sources as they are now; else None."""
+    stamp = PACKAGE / native.STAMP
+    if not stamp.is_file() or stamp.read_text().strip() != native.source_digest(PACKAGE):
+        return None
+    files = [native.source_path(PACKAGE, name, suffix) for name in native.MODULES]
+    return files if all(f.is_file() for f in files) else None
+
+
 def build(out: Path) -> list[Path]:
     """Compile the hot modules into the package folder `out` and write the stamp of their
-    sources; the files written. Raises where Cython or the compiler is missing or fails."""
+    sources; the files written. Raises where Cython or the compiler is missing or fails.
+    A wheel built from a checkout whose in-place build is current for this Python takes
+    those files instead of compiling them again (the same sources, the same directives)."""
+    suffix = sysconfig.get_config_var("EXT_SUFFIX")
+    reuse = current_in_place(suffix) if out.resolve() != PACKAGE else None
     for name in native.MODULES:  # an earlier build of another Python's, or a stale one
         for old in native.compiled_files(out, name):
             old.unlink()
     (out / native.STAMP).unlink(missing_ok=True)
-    with tempfile.TemporaryDirectory() as work, ThreadPoolExecutor() as pool:
-        built = list(pool.map(lambda name: compile_module(name, out, Path(work)), native.MODULES))
+    if reuse is not None:
+        built = []
+        for name, source in zip(native.MODULES, reuse):
+            target = native.source_path(out, name, suffix)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            built.append(Path(shutil.copy2(source, target)))
+    else:
+        with tempfile.TemporaryDirectory() as work, ThreadPoolExecutor() as pool:
+            built = list(pool.map(lambda name: compile_module(name, out, Path(work)), native.MODULES))
     stamp = out / native.STAMP
     stamp.write_text(native.source_digest(PACKAGE) + "\n")
     return [*built, stamp]

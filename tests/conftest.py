@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
@@ -24,3 +26,33 @@ def machine_error() -> Callable[[str, str, str, int, int], MachineError]:
         return err
 
     return check
+
+
+def _shared_fixture_group(item: pytest.Item) -> str | None:
+    """The xdist group of a test that uses a module- or session-scoped fixture of the
+    tests' own (a torchrun, a calibration, a wheel built once for several tests): its
+    module, or the session-scoped fixture's name; None for any other test."""
+    tests_dir = Path(__file__).resolve().parent
+    group = None
+    info = getattr(item, "_fixtureinfo", None)
+    for defs in (info.name2fixturedefs.values() if info is not None else ()):
+        for fixturedef in defs:
+            if fixturedef.scope not in ("module", "session"):
+                continue
+            source = Path(inspect.getfile(fixturedef.func)).resolve()
+            if source.parent != tests_dir:  # pytest's own (tmp_path_factory, ...) and plugins'
+                continue
+            if fixturedef.scope == "session":
+                return f"session:{fixturedef.argname}"
+            group = f"module:{item.module.__name__}"
+    return group
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under pytest-xdist (`--dist loadgroup`, pyproject.toml's addopts) the tests that
+    share an expensive fixture run on one worker, which sets it up once; the others are
+    spread one by one."""
+    for item in items:
+        group = _shared_fixture_group(item)
+        if group is not None:
+            item.add_marker(pytest.mark.xdist_group(group))

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -20,6 +21,19 @@ def _check(cache_home: str) -> subprocess.CompletedProcess:
     return subprocess.run(CHECK, capture_output=True, text=True, env=env, timeout=120)
 
 
+@pytest.fixture(scope="module")
+def built_cache(tmp_path_factory) -> Path:
+    """A cache folder one `commdsl check` filled (building the tables takes a while)."""
+    home = tmp_path_factory.mktemp("cache_home")
+    assert _check(str(home)).returncode == 0
+    return home / "commdsl"
+
+
+def _filled(tmp_path: Path, built_cache: Path) -> None:
+    """`tmp_path` as XDG_CACHE_HOME holds a copy of `built_cache` (modes kept: 0700, 0600)."""
+    shutil.copytree(built_cache, tmp_path / "commdsl")
+
+
 def test_the_parse_tables_are_cached_in_the_users_cache_folder(tmp_path):
     first = _check(str(tmp_path))
     assert first.returncode == 0, first.stderr
@@ -30,8 +44,8 @@ def test_the_parse_tables_are_cached_in_the_users_cache_folder(tmp_path):
     assert second.returncode == 0 and second.stdout == first.stdout
 
 
-def test_a_damaged_cache_is_rebuilt(tmp_path):
-    assert _check(str(tmp_path)).returncode == 0
+def test_a_damaged_cache_is_rebuilt(tmp_path, built_cache):
+    _filled(tmp_path, built_cache)
     for f in (tmp_path / "commdsl").iterdir():
         f.write_bytes(b"not a cache\n\x80\x04junk")
     again = _check(str(tmp_path))
@@ -71,8 +85,8 @@ def _plant(cache_home: Path, marker: Path) -> list[Path]:
     return files
 
 
-def test_a_planted_cache_file_runs_nothing(tmp_path):
-    assert _check(str(tmp_path)).returncode == 0
+def test_a_planted_cache_file_runs_nothing(tmp_path, built_cache):
+    _filled(tmp_path, built_cache)
     marker = tmp_path / "ran"
     files = _plant(tmp_path, marker)
     result = _check(str(tmp_path))
@@ -95,8 +109,8 @@ def test_the_unpickler_refuses_every_global():
 
 
 @pytest.mark.parametrize("how", ["file writable by others", "folder writable by others", "file of another user"])
-def test_a_cache_others_could_write_is_not_read(tmp_path, how):
-    assert _check(str(tmp_path)).returncode == 0
+def test_a_cache_others_could_write_is_not_read(tmp_path, built_cache, how):
+    _filled(tmp_path, built_cache)
     marker = tmp_path / "ran"
     folder = tmp_path / "commdsl"
     files = _plant(tmp_path, marker)

@@ -42,14 +42,14 @@ def test_one_ranks_disturbed_start_up_timing_is_outvoted(tmp_path):
     """Rank 1 times its block 4x too long at start-up (as a burst of load would make it):
     without agreement its 2 ms ops would run about 0.5 ms."""
     run, tl, timing = _run(tmp_path, "1=4", "--warmup", "1", "--iters", "2")
-    bulk = str(timing["blocks"][0])
-    mine, other = timing["startup_us"]["1"][bulk], timing["startup_us"]["0"][bulk]
-    assert mine > 2.5 * other, timing
-    # One host: both ranks size their ops from rank 0's timing (unless a re-check moved both).
+    startup = timing["startup_us"]
+    # One host: both ranks size their ops from the faster start-up timing, block by block
+    # (unless a re-check moved both). That is rank 0's unless load on this machine slowed
+    # rank 0's own timing by more than rank 1's skew: then rank 0's is outvoted, rightly.
     used = timing["used_us"]
-    assert used["0"] == used["1"]
+    assert used["0"] == used["1"], timing
     if not timing["adopted"]:
-        assert used["1"][bulk] == other
+        assert used["1"] == {side: min(startup["0"][side], startup["1"][side]) for side in startup["0"]}, timing
     assert timing["rechecks"] == 2 and timing["test_skew"] == {"1": 4.0}
     # The measured timeline keeps each op's requested duration beside its measured one.
     requested = {s.name[0]: dict(s.args)["requested_duration_us"] for s in tl.exec_spans().values() if s.kind == "compute"}
@@ -59,14 +59,20 @@ def test_one_ranks_disturbed_start_up_timing_is_outvoted(tmp_path):
 
 
 def test_every_ranks_disturbed_start_up_timing_is_corrected_by_the_re_check(tmp_path):
-    """Both ranks time their block 4x too short at start-up: agreement cannot help, the
-    re-check before the second iteration must (the measured iterations follow it)."""
-    run, tl, timing = _run(tmp_path, "0=0.25,1=0.25", "--warmup", "1", "--iters", "2")
+    """Both ranks time their block 20x too short at start-up: agreement cannot help, the
+    re-check before the second iteration must (the measured iterations follow it). 20x,
+    not less: load on a busy 2-core machine alone moves a timing by 4x."""
+    run, tl, timing = _run(tmp_path, "0=0.05,1=0.05", "--warmup", "1", "--iters", "2")
     bulk = str(timing["blocks"][0])
     first = timing["adopted"][0]
     assert first["before_iteration"] == 1 and first["ranks"] == [0, 1], timing
-    # What the ranks adopted is the re-timed block, far from the skewed start-up.
-    assert all(t[bulk] > (1 + RECHECK_TOLERANCE) * timing["startup_us"][r][bulk] for r, t in timing["used_us"].items())
+    # The re-check moved both ranks off the skewed start-up: first by more than the
+    # tolerance, and at the end to the last re-timing they adopted (the faster rank's). A
+    # busy machine may move the times again, never back to the skewed ones unnoticed.
+    skewed = min(t[bulk] for t in timing["startup_us"].values())
+    assert min(first["bulk_us"]) > (1 + RECHECK_TOLERANCE) * skewed, timing
+    last = min(timing["adopted"][-1]["bulk_us"])
+    assert all(t[bulk] == last for t in timing["used_us"].values()), timing
     assert "ops re-sized" in run.stdout
     assert {d.rank: d.ops for d in duration_drifts(tl)} == {0: 6, 1: 6}
     assert_durations_kept_or_warned(run.stdout, tl)

@@ -123,8 +123,21 @@ def _python_m(args: list[str]) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "commdsl.run", *args], cwd=REPO, capture_output=True, text=True, timeout=60)
 
 
-def test_without_torchrun_a_multi_rank_schedule_asks_for_torchrun():
-    r = _python_m([str(DATA / "tutorial_collectives.yaml")])
+def _in_process(args: list[str], capsys, monkeypatch) -> subprocess.CompletedProcess:
+    """`python -m commdsl.run ARGS` as its `main` in this process, outside torchrun (an
+    error that is not a CommdslError escapes and fails the test, as a traceback would)."""
+    from commdsl.run.cli import main
+
+    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.chdir(REPO)
+    code = main(args)
+    out, err = capsys.readouterr()
+    return subprocess.CompletedProcess(["commdsl.run", *args], code, out, err)
+
+
+def test_without_torchrun_a_multi_rank_schedule_asks_for_torchrun(capsys, monkeypatch):
+    r = _in_process([str(DATA / "tutorial_collectives.yaml")], capsys, monkeypatch)
     assert r.returncode == 2
     assert "needs 3 ranks" in r.stderr and "torchrun --nproc_per_node=3" in r.stderr
     assert "Traceback" not in r.stderr
@@ -142,14 +155,14 @@ def test_without_torchrun_a_multi_rank_schedule_asks_for_torchrun():
         (["1f1b", "--out", "/no/such/folder/m.json"], "--out /no/such/folder/m.json: the folder /no/such/folder does not exist"),
     ],
 )
-def test_usage_errors_exit_2_without_traceback(args, message):
-    r = _python_m(args)
+def test_usage_errors_exit_2_without_traceback(args, message, capsys, monkeypatch):
+    r = _in_process(args, capsys, monkeypatch)
     assert r.returncode == 2, r.stderr
     assert message in r.stderr and "Traceback" not in r.stderr
 
 
-def test_schedule_errors_exit_1():
-    r = _python_m([str(DATA / "recv_without_send.yaml")])  # fails the static matching check
+def test_schedule_errors_exit_1(capsys, monkeypatch):
+    r = _in_process([str(DATA / "recv_without_send.yaml")], capsys, monkeypatch)  # fails the static matching check
     assert r.returncode == 1
     assert "schedule error" in r.stderr and "recv_without_send.yaml:9" in r.stderr
 
