@@ -105,3 +105,22 @@ def test_peer_access_everywhere_is_untouched():
         m = resolve_machine(name)
         assert m.topology.peer_access is None
         assert m.staged_transport(Transport.NCCL) == m.transport(Transport.NCCL)
+
+
+def test_calibration_scales_a_derived_shm_rate():
+    """calibrate --from-nccl-tests scales the SHM rate where a log depends on it; on a machine
+    that derives it (no `staged:`), the fitted file writes the derived rate, scaled."""
+    import yaml
+
+    from commdsl.calibrate.nccl_tests import RATES
+
+    text = (PRESETS / "pcie-rtx4090.yaml").read_text()
+    shm = next(r for r in RATES if r.name == "shm")
+    doc = yaml.safe_load(text)
+    shm.write(doc, 0.5)
+    fitted = load_machine_text(yaml.safe_dump(doc, sort_keys=False), "fitted.yaml")
+    derived = resolve_machine("pcie-rtx4090").staged_transport(Transport.NCCL)
+    assert fitted.staged_transport(Transport.NCCL) == LinkSpec(derived.latency_us, 0.5 * derived.bandwidth_gb_per_s)
+    untouched = yaml.safe_load(text)
+    shm.write(untouched, 1.0)
+    assert "staged" not in untouched["transports"]["nccl"]

@@ -430,10 +430,7 @@ class Machine:
         Latency per step: the nccl transport's, plus the host link's twice (both PCIe
         crossings). None without an nccl transport."""
         nccl = self.transport(Transport.NCCL)
-        if nccl is None:
-            return None
-        return LinkSpec(nccl.latency_us + 2 * self.host_link.latency_us,
-                        SHM_SHARE_OF_HOST_LINK * self.host_link.bandwidth_gb_per_s)  # fmt: skip
+        return None if nccl is None else shm_link(nccl, self.host_link)
 
     def shared_bandwidth(self, transport: Transport) -> float | None:
         """The machine-wide bandwidth all transfers of `transport` share (GB/s), if any."""
@@ -579,6 +576,12 @@ From a published measurement between GPUs without peer access (docs/validation.m
 memcpy and NCCL"): NCCL's send reached a third of a copy staged through host memory,
 which itself reached three quarters of the link; a machine file that knows its own
 rate gives `transports.nccl.staged`."""
+
+
+def shm_link(nccl: LinkSpec, host_link: LinkSpec) -> LinkSpec:
+    """NCCL's SHM path of one GPU and direction from the nccl transport and the host link
+    (see `Machine.nccl_shm_link`)."""
+    return LinkSpec(nccl.latency_us + 2 * host_link.latency_us, SHM_SHARE_OF_HOST_LINK * host_link.bandwidth_gb_per_s)
 
 
 ANY_DTYPE = "any"
