@@ -5,29 +5,35 @@ whose GPUs all have peer access are untouched."""
 
 from __future__ import annotations
 
-from dataclasses import replace
+import importlib.util
 from pathlib import Path
 
 import pytest
 
-from commdsl.calibrate.nccl_tests import _SCHEDULE, Run, _body, busbw_gb_per_s
+from commdsl.calibrate.nccl_tests import Run, busbw_gb_per_s, simulate_run
 from commdsl.dsl import load_schedule_text
 from commdsl.ir import OpKind, Transport
 from commdsl.machine import load_machine_text, resolve_machine
 from commdsl.machine.model import SHM_SHARE_OF_HOST_LINK, LinkSpec
 from commdsl.sim import simulate
 
-PRESETS = Path(__file__).resolve().parents[1] / "commdsl" / "machine" / "presets"
+REPO = Path(__file__).resolve().parents[1]
+PRESETS = REPO / "commdsl" / "machine" / "presets"
 
 
-def op_time_us(machine, op: OpKind, size: int, network: str = "flow", ranks: int = 8) -> float:
-    """Steady-state time of one op of `size` on `ranks` ranks (five in a row, as nccl-tests runs them)."""
-    program = load_schedule_text(_SCHEDULE.format(iters=5, ranks=ranks, body=_body(Run(op, ranks), size)), "<shm>")
-    raw = simulate(program, machine, network).raw
-    ends = sorted(raw.end[g] for g, o in enumerate(raw.ops) if o.rank == 0 and o.kind.is_comm)
-    if op is OpKind.SEND:
-        ends = ends[1::2]  # a batch's send and recv end together
-    return (ends[-1] - ends[0]) / (len(ends) - 1)
+def _bench():
+    spec = importlib.util.spec_from_file_location("shm_pcie", REPO / "bench" / "shm_pcie.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+BENCH = _bench()
+
+
+def op_time_us(machine, op: OpKind, size: int, network: str = "flow") -> float:
+    return simulate_run(machine, Run(op, 8), size, network)
+
 
 
 def test_shm_link_derived_from_the_host_link():
@@ -57,7 +63,7 @@ def test_collectives_run_at_the_shm_rate_not_the_pcie_rate(op, network):
     assert 0.9 * shm <= busbw <= shm * 1.001, (busbw, shm)
     # The same machine with NCCL at its direct rate on staged paths (the model before SHM had its
     # own rate) runs at least twice as fast, bound by PCIe and host memory: the SHM path is what binds.
-    direct = replace(m, staged=(*m.staged, (Transport.NCCL, m.transport(Transport.NCCL))))
+    direct = BENCH.direct_rate(m)
     fast = busbw_gb_per_s(op, 8, 64 << 20, op_time_us(direct, op, 64 << 20, network))
     assert fast > 2 * busbw, (fast, busbw)
 
@@ -124,3 +130,28 @@ def test_calibration_scales_a_derived_shm_rate():
     untouched = yaml.safe_load(text)
     shm.write(untouched, 1.0)
     assert "staged" not in untouched["transports"]["nccl"]
+
+
+def test_calibrate_from_nccl_tests_fits_the_shm_rate(tmp_path):
+    """A log of an 8-GPU box whose SHM path runs at half the derived rate: calibrate with
+    `pcie-rtx4090` as the base fits the SHM rate (and reports it fitted, writing the
+    derived rate scaled), and the fitted machine reproduces the log."""
+    from commdsl.calibrate.nccl_tests import fitted_machine_text, from_nccl_tests
+    from tests.test_nccl_tests_calibrate import _log_text
+
+    base = resolve_machine("pcie-rtx4090")
+    truth = load_machine_text(fitted_machine_text((PRESETS / "pcie-rtx4090.yaml").read_text(), {"scale.shm": 0.5}, ["truth"]), "truth.yaml")
+    assert truth.staged_transport(Transport.NCCL).bandwidth_gb_per_s == pytest.approx(0.5 * base.staged_transport(Transport.NCCL).bandwidth_gb_per_s)
+    run = Run(OpKind.ALL_REDUCE, 8)
+    sizes = [2**k for k in range(20, 30, 2)]
+    log = tmp_path / "all_reduce_4090.log"
+    log.write_text(_log_text("all_reduce_perf", run, [(s, simulate_run(truth, run, s)) for s in sizes]))
+    lines: list[str] = []
+    fitted = from_nccl_tests([str(log)], str(tmp_path / "m.yaml"), "pcie-rtx4090", echo=lines.append)
+    assert "scale.shm" in next(line for line in lines if line.startswith("    fitted: "))
+    # One ring log fixes the SHM rate times Simple's efficiency, not each: the rate moves
+    # from the derived one towards the truth, the efficiency takes the rest.
+    shm = fitted.staged_transport(Transport.NCCL).bandwidth_gb_per_s
+    assert truth.staged_transport(Transport.NCCL).bandwidth_gb_per_s * 0.95 <= shm < 0.8 * base.staged_transport(Transport.NCCL).bandwidth_gb_per_s
+    for s in sizes:
+        assert simulate_run(fitted, run, s) == pytest.approx(simulate_run(truth, run, s), rel=0.05), s
