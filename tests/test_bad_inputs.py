@@ -742,6 +742,8 @@ MACHINE_CASES = [
     ("host_memory_floor", "nodes: 1", "nodes: 1\n  host_memory_bandwidth_gb_per_s: 1.0e-9",
      "topology.host_memory_bandwidth_gb_per_s is 1.0e-9, below the limit of 0.001", 17, 35),
     ("copy_engines_zero", "nodes: 1", "nodes: 1\n  copy_engines: 0", "topology.copy_engines must be at least 1, got 0", 17, 17),
+    ("peer_access_word", "nodes: 1", "nodes: 1\n  peer_access: nobody",
+     "topology.peer_access must be 'all', 'none' or a list of GPU groups, got 'nobody'", 17, 16),
     # the user's text, not Python's reprs
     ("text_number", "kernel_launch_us: 4", "kernel_launch_us: 4e0", "kernel_launch_us must be a number, got '4e0'", 8, 19,
      "YAML reads 1e12 as text; write 1.0e+12"),

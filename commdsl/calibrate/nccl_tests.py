@@ -41,7 +41,7 @@ from commdsl.errors import CommdslError, LogError, SourceLoc, UsageError, requir
 from commdsl.files import write_text
 from commdsl.ir import Algo, Dtype, Op, OpKind, Protocol, Transport
 from commdsl.machine.loader import load_machine, load_machine_text, resolve_machine
-from commdsl.machine.model import NETWORK_VERTEX, Calibration, LinkKind, Machine
+from commdsl.machine.model import NETWORK_VERTEX, Calibration, LinkKind, LinkSpec, Machine, shm_link
 from commdsl.machine.nccl import HopKind, NcclConfig
 from commdsl.progress import Progress
 from commdsl.sim import nccl
@@ -219,6 +219,18 @@ def _scale_entry(doc: dict, keys: tuple[str, ...], factor: float) -> None:
         entry[keys[-1]] = _round(float(entry[keys[-1]]) * factor)
 
 
+def _scale_shm(doc: dict, factor: float) -> None:
+    nccl = doc["transports"]["nccl"]
+    if "staged" not in nccl and factor != 1.0:  # derived from host_link (Machine.nccl_shm_link): write it, then scale it
+        spec = shm_link(_link_of(nccl), _link_of(doc["host_link"]))
+        nccl["staged"] = {"latency_us": spec.latency_us, "bandwidth_gb_per_s": spec.bandwidth_gb_per_s}
+    _scale_entry(doc, ("transports", "nccl", "staged", "bandwidth_gb_per_s"), factor)
+
+
+def _link_of(entry: dict) -> LinkSpec:
+    return LinkSpec(float(entry["latency_us"]), float(entry["bandwidth_gb_per_s"]))
+
+
 RATES = (
     Rate("nic", lambda kind, net: net, lambda doc, f: _scale_links(doc, f, _touches_network)),
     Rate("nvlink", lambda kind, net: kind is LinkKind.NVLINK, lambda doc, f: _scale_links(doc, f, lambda l: l["kind"] == "nvlink"),
@@ -226,7 +238,7 @@ RATES = (
     Rate("pcie", lambda kind, net: kind is LinkKind.PCIE and not net, lambda doc, f: _scale_links(doc, f, lambda l: l["kind"] == "pcie" and not _touches_network(l))),
     Rate("numa", lambda kind, net: kind is LinkKind.NUMA, lambda doc, f: _scale_links(doc, f, lambda l: l["kind"] == "numa")),
     Rate("memory", lambda kind, net: kind is LinkKind.MEMORY, lambda doc, f: _scale_entry(doc, ("topology", "host_memory_bandwidth_gb_per_s"), f)),
-    Rate("shm", lambda kind, net: kind is LinkKind.SHM, lambda doc, f: _scale_entry(doc, ("transports", "nccl", "staged", "bandwidth_gb_per_s"), f)),
+    Rate("shm", lambda kind, net: kind is LinkKind.SHM, lambda doc, f: _scale_shm(doc, f)),
 )  # fmt: skip
 """Every rate the fit may scale, the first that covers a channel being its rate: a new
 one (a transport of a new model) is one entry. A channel none covers keeps its rate."""

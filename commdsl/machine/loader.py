@@ -482,6 +482,8 @@ class _MachineReader:
             pnode = top["peer_access"][1]
             if isinstance(pnode, yaml.ScalarNode) and pnode.value == "all":
                 peer_access = None
+            elif isinstance(pnode, yaml.ScalarNode) and pnode.value == "none":
+                peer_access = ()  # consumer cards on PCIe, or NCCL_P2P_DISABLE: every pair stages through host memory
             elif isinstance(pnode, yaml.SequenceNode):
                 sets = []
                 for group in pnode.value:
@@ -496,7 +498,7 @@ class _MachineReader:
                     sets.append(frozenset(members))
                 peer_access = tuple(sets)
             else:
-                raise self.fail(f"topology.peer_access must be 'all' or a list of GPU groups, got {self.text(pnode)}", pnode)
+                raise self.fail(f"topology.peer_access must be 'all', 'none' or a list of GPU groups, got {self.text(pnode)}", pnode)
         self._check_connected(node, gpus, nodes, known, links)
         return Topology(
             nodes=nodes,

@@ -17,7 +17,8 @@ How transport parameters are used:
   * flow network: a transfer's rate is the max-min share of every link on its path,
     and at most the transport's bandwidth (for NCCL: what one kernel reaches, its
     bus bandwidth); `staged:` gives the cap and latency instead when the path goes
-    through host memory (no peer access between the GPUs, or gloo).
+    through host memory (no peer access between the GPUs, or gloo); NCCL without it
+    takes its SHM path's rate from the host link (`Machine.nccl_shm_link`).
 
 Units are in the field names: `_us` microseconds, `_gb_per_s` gigabytes (10^9 bytes)
 per second, as nccl-tests reports bus bandwidth (not gigabits), `_tflops` 10^12
@@ -292,7 +293,9 @@ class Machine:
     staged: tuple[tuple[Transport, LinkSpec], ...] = ()
     """Per transport, its latency per step and bandwidth cap when the path is staged
     through host memory (NCCL's SHM transport between GPUs without peer access; gloo
-    always). A transport not listed uses its own parameters when staged too."""
+    always). NCCL not listed, on a topology where some GPUs lack peer access, gets its
+    SHM path from the host link (`nccl_shm_link`); another transport not listed uses its
+    own parameters when staged too."""
     collective_overrides: tuple[tuple[Transport, OpKind, LinkSpec], ...] = ()
     """Measured per-transport, per-collective parameters (`transports: {gloo:
     {collectives: {all_reduce: {latency_us, bandwidth_gb_per_s}}}}`, filled by
@@ -406,11 +409,28 @@ class Machine:
         return None
 
     def staged_transport(self, transport: Transport) -> LinkSpec | None:
-        """Parameters of `transport` on a host-staged path."""
+        """Parameters of `transport` on a host-staged path: the machine's `staged` entry;
+        for NCCL without one, on a topology where some GPUs lack peer access, its SHM
+        path derived from the host link (`nccl_shm_link`); else the transport's own."""
         for t, spec in self.staged:
             if t is transport:
                 return spec
+        if transport is Transport.NCCL and self.topology is not None and self.topology.peer_access is not None:
+            return self.nccl_shm_link()
         return self.transport(transport)
+
+    def nccl_shm_link(self) -> LinkSpec | None:
+        """NCCL's SHM (host-memory) path of one GPU in one direction, derived from the
+        machine where it does not give `transports.nccl.staged`. NCCL's SHM transport
+        has no copy engine in it: the sending GPU's NCCL kernel stores each chunk into a
+        buffer in host memory (the receiver's side, NCCL_SHM_LOCALITY's default) across
+        its PCIe link, and the receiving GPU's kernel loads it back across its own, both
+        with the few SMs of NCCL's channels. Those loads and stores reach a fixed share of
+        what the DMA engines reach on the same link (`host_link`): `SHM_SHARE_OF_HOST_LINK`.
+        Latency per step: the nccl transport's, plus the host link's twice (both PCIe
+        crossings). None without an nccl transport."""
+        nccl = self.transport(Transport.NCCL)
+        return None if nccl is None else shm_link(nccl, self.host_link)
 
     def shared_bandwidth(self, transport: Transport) -> float | None:
         """The machine-wide bandwidth all transfers of `transport` share (GB/s), if any."""
@@ -546,6 +566,22 @@ def _interference_json(entries: tuple[tuple[OpKind, Dtype | None, OpInterference
     for kind, dtype, f in entries:
         out.setdefault(kind.value, {})[dtype.value if dtype is not None else ANY_DTYPE] = asdict(f)
     return out
+
+
+SHM_SHARE_OF_HOST_LINK = 0.25
+"""The rate NCCL's SHM path reaches per GPU and direction, as a share of the rate copies
+reach over the GPU's host link (`Machine.nccl_shm_link`): NCCL moves SHM bytes with its
+kernel's SMs (one CTA per channel, loads and stores across PCIe), not with copy engines.
+From a published measurement between GPUs without peer access (docs/validation.md, "PCIe,
+memcpy and NCCL"): NCCL's send reached a third of a copy staged through host memory,
+which itself reached three quarters of the link; a machine file that knows its own
+rate gives `transports.nccl.staged`."""
+
+
+def shm_link(nccl: LinkSpec, host_link: LinkSpec) -> LinkSpec:
+    """NCCL's SHM path of one GPU and direction from the nccl transport and the host link
+    (see `Machine.nccl_shm_link`)."""
+    return LinkSpec(nccl.latency_us + 2 * host_link.latency_us, SHM_SHARE_OF_HOST_LINK * host_link.bandwidth_gb_per_s)
 
 
 ANY_DTYPE = "any"
