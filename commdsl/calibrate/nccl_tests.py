@@ -51,6 +51,8 @@ from commdsl.sim.simulate import simulate
 
 ITERS = 5
 """Ops in a row per simulated point: the steady state is reached after the first."""
+TIMED_ITERS = 20
+"""nccl-tests' timed ops per size (`-n`, its default 20): what a chain's fill is spread over."""
 
 BUS_FACTOR = {
     OpKind.ALL_REDUCE: lambda n: 2 * (n - 1) / n, OpKind.ALL_GATHER: lambda n: (n - 1) / n,
@@ -167,12 +169,24 @@ def _body(run: Run, size: int) -> str:
 
 def simulate_run(machine: Machine, run: Run, size: int, network: str = "flow") -> float:
     """nccl-tests' time per op (us) for `size` on `machine`, by the simulator: ITERS ops in
-    a row on every rank, the steady-state time between two ends on rank 0."""
+    a row on every rank, the steady-state time between two ends on rank 0. Broadcast and
+    reduce, whose members go one after another (`commdsl.sim.chains`), are timed as
+    nccl-tests times them: `TIMED_ITERS` ops in a row from a common start, each rank's
+    time to its last op's end over the ops, averaged over the ranks (common.cu: the
+    timed loop after a barrier, then `Allreduce(&deltaSec, average)`, its default mean)."""
     m = bench_machine(machine, run)
     c = choice(m, run, size)
     m = replace(m, comm_launch_us=host_us(m, run, c), kernel_launch_us=0.0)
-    program = load_schedule_text(_SCHEDULE.format(iters=ITERS, ranks=run.ranks, body=_body(run, size)), "<nccl-tests>")
+    chained = run.op in (OpKind.BROADCAST, OpKind.REDUCE)
+    iters = TIMED_ITERS if chained else ITERS
+    program = load_schedule_text(_SCHEDULE.format(iters=iters, ranks=run.ranks, body=_body(run, size)), "<nccl-tests>")
     raw = simulate(program, m, network).raw
+    if chained:
+        last = [0.0] * run.ranks
+        for g, op in enumerate(raw.ops):
+            if op.kind.is_comm:
+                last[op.rank] = max(last[op.rank], raw.end[g])
+        return statistics.fmean(last) / iters
     ends = sorted(raw.end[g] for g, op in enumerate(raw.ops) if op.rank == 0 and op.kind.is_comm)
     if run.op is OpKind.SEND:
         ends = ends[1::2]  # a batch's two ops end together

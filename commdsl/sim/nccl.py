@@ -574,3 +574,63 @@ def head_tree_edges(layout: Layout, size: float) -> dict[tuple[int, int], float]
                     out[(a, b)] = out.get((a, b), 0.0) + share
                     out[(b, a)] = out.get((b, a), 0.0) + share
     return out
+
+
+# ---- broadcast and reduce: a chain whose members go one after another -----------------
+
+CHAIN_CHUNK_BYTES = {Protocol.LL: 32768, Protocol.LL128: 576000, Protocol.SIMPLE: 524288}
+"""The data one step of a ring broadcast / reduce moves per channel (enqueue.cc
+`calcCollChunking`: a step is the protocol's buffer over NCCL_STEPS = 8, BROADCAST_ and
+REDUCE_CHUNKSTEPS 1, no shrinking for these ops): LL 512 KiB of lines / 8 / 2 (half is
+flags), LL128 120 x 640 x 8 x 8 B / 8 x 15/16 (a flag word per 128-byte line), Simple
+4 MiB / 8. A member forwards a chunk once it has it whole."""
+
+
+@dataclass(frozen=True)
+class Chain:
+    """A ring broadcast or reduce as NCCL runs it: a chain with no barrier. Member k (in
+    the order data flows: the root first for broadcast, last for reduce) begins its part
+    `lead_us[k]` after member k-1 began its own (the first chunk crossed the hop between
+    them) and once its stream reached the op; its part lasts `part_us[k]`, and it never
+    ends before member k-1 does. Each member's op ends with its own part."""
+
+    order: tuple[int, ...]
+    """The members (global ranks) in the order data flows."""
+    lead_us: tuple[float, ...]
+    """Per position, the hop from the member before plus the first chunk at the op's rate (0 first)."""
+    part_us: tuple[float, ...]
+    """Per position, the member's own part: NCCL's base latency, its outgoing hop (the last
+    member: a step inside its node, as NCCL's tuning counts n steps) and its bytes at the
+    op's rate (the last member: all but the first chunk, which its lead counted)."""
+
+    @property
+    def alone_us(self) -> float:
+        """The op's time when every member arrives at once: the last member's end."""
+        return sum(self.lead_us) + self.part_us[-1]
+
+
+def chain(cfg: NcclConfig, kind: OpKind, layout: Layout, choice: Choice, root: int | None, size_bytes: float,
+          rate_bytes_per_us: float) -> Chain:  # fmt: skip
+    """The chain of a ring broadcast / reduce (see `Chain`) along channel 0's ring (every
+    channel's ring crosses the same nodes in the same order), its bytes moving at
+    `rate_bytes_per_us` (the op's solo rate on the links). Alone, the last member ends at
+    `latency_us` + (n - 2 + k) chunks at that rate, k the chunks per channel: the
+    pipelined chain of the module doc."""
+    ring = ring_orders(layout, max(choice.channels, 1))[0]
+    start = ring.index(root) if root in ring else 0
+    order = ring[start:] + ring[:start]
+    if kind is OpKind.REDUCE:
+        order = order[::-1]  # data flows towards the root
+    spec = cfg.protocol(choice.proto)
+    intra = spec.hop_us(layout.intra_hop)
+    net = spec.hop_us(HopKind.NETWORK) + cfg.net_message_us(choice.proto)
+    node_of = {r: i for i, members in enumerate(layout.nodes) for r in members}
+    hops = [intra if node_of[a] == node_of[b] else net for a, b in zip(order, order[1:])]
+    channels = max(choice.channels, 1)
+    chunk = min(float(size_bytes), CHAIN_CHUNK_BYTES[choice.proto] * channels)  # all channels' first chunks
+    chunk_us = chunk / rate_bytes_per_us if rate_bytes_per_us > 0 else 0.0
+    bytes_us = size_bytes / rate_bytes_per_us if rate_bytes_per_us > 0 else 0.0
+    n = len(order)
+    lead = tuple([0.0] + [h + chunk_us for h in hops])
+    part = tuple([spec.base_latency_us + hops[k] + bytes_us for k in range(n - 1)] + [spec.base_latency_us + intra + bytes_us - chunk_us])
+    return Chain(tuple(order), lead, part)

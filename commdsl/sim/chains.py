@@ -1,0 +1,153 @@
+"""Collectives whose members go one after another: NCCL's ring broadcast and reduce.
+
+NCCL runs broadcast and reduce as a chain along its ring with no barrier (src/device/
+broadcast.h, reduce.h: each rank receives, copies or reduces, and forwards; nothing
+waits for the whole chain). A member's kernel ends once its own part is done, and the
+next op on its stream starts right after, while the members behind it still work. Ops
+issued back to back therefore pipeline along the chain: the time per op is the period
+of the slowest member's part, not the chain's end-to-end latency.
+
+The engine hands such a collective's arrivals here (`ChainRuns.arrived`) instead of
+waiting for every member. Member k (in the order data flows, `commdsl.sim.nccl.Chain`)
+begins its part at
+
+    begin_k = max(arrival_k, begin_(k-1) + lead_k)        begin_0 = arrival_0
+
+(its stream reached the op, and the first chunk crossed the hop from member k-1), and
+its op ends at
+
+    end_k = max(begin_k + part_k, end_(k-1))
+
+(a member never ends before the one it receives from). With every member arriving at
+once the last member ends at the op's latency plus its pipelined bytes, as a collective
+that holds every member until the end; what changes is that the others end earlier.
+
+The bytes are timed alone on the links (`NcclFlows.chain`: the op's solo rate). The
+network is still given the whole op's transfer when the root begins, so that its loads
+meet other transfers' and it appears in the flow statistics; the members' ends are the
+chain's. Chains are used for NCCL broadcast / reduce with an NCCL model (`nccl:`) and 2+
+members; a run that folds a program's replicas (`commdsl.sim.folding`) keeps the
+collective that moves when all members have arrived (`enabled`), and a program with
+chains is not folded by rank (`commdsl.sim.symmetry`: its ranks end apart). Where the
+contention model follows transfers, the op's memory traffic runs with the network's
+transfer (root's begin to the transfer's end).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from commdsl.ir import Algo, OpKind, Program, Transport
+from commdsl.machine.model import Machine
+from commdsl.sim.collectives import plan
+from commdsl.sim.entities import ALGOS, PROTOS, Collective
+from commdsl.sim.network import Transfer
+from commdsl.sim.nccl import Chain
+
+CHAIN_KINDS = frozenset({OpKind.BROADCAST, OpKind.REDUCE})
+"""Collectives NCCL runs as a chain (its other ring and tree algorithms step every rank
+together: ring all_reduce / all_gather / reduce_scatter wait on their predecessor every
+step around the ring, and trees and NVLS reduce and broadcast within one op)."""
+
+
+@dataclass
+class _Run:
+    """One chain collective in flight."""
+
+    chain: Chain
+    transfer: Transfer
+    ends: list[Transfer]
+    """Per chain position, what ends the member's op: no bytes of its own (the op's bytes
+    and their memory traffic are `transfer`'s)."""
+    ops: list[int]
+    """Per chain position, the member's op (g)."""
+    arrival: list[float]
+    begin: list[float] = field(default_factory=list)
+    end: list[float] = field(default_factory=list)
+
+
+class ChainRuns:
+    """The chain collectives of one engine run (see the module doc)."""
+
+    def __init__(self, engine) -> None:
+        self.engine = engine
+        self._runs: dict[int, _Run | None] = {}
+        """Per collective (its number), its run; None: not a chain."""
+
+    @staticmethod
+    def present(program: Program, machine: Machine) -> bool:
+        """Whether `program` has a broadcast or reduce over NCCL that `machine`'s NCCL model
+        runs as a chain (its ranks then finish apart: the engine does not fold them)."""
+        if machine.nccl is None:
+            return False
+        return any(op.kind in CHAIN_KINDS and op.transport is Transport.NCCL for rank_ops in program.ops for op in rank_ops)
+
+    @staticmethod
+    def enabled(engine) -> bool:
+        """Whether `engine`'s run uses chains: some are present, the network has the NCCL
+        model, and ranks are not folded."""
+        if engine.network.nccl is None or engine.folded or engine.program.fold is not None:
+            return False
+        return ChainRuns.present(engine.program, engine.machine)
+
+    def arrived(self, inst: Collective, g: int, now: float) -> bool:
+        """Member op `g` of `inst` became active at `now`: True where `inst` is a chain
+        (its members' ends are scheduled here), False for a collective of the usual kind."""
+        run = self._runs.get(inst.number, False)
+        if run is False:
+            run = self._runs[inst.number] = self._run(inst)
+        if run is None:
+            return False
+        inst.arrived.append(g)  # what the deadlock report reads
+        run.arrival[run.ops.index(g)] = now
+        self._advance(run, now)
+        return True
+
+    def _run(self, inst: Collective) -> _Run | None:
+        e = self.engine
+        first = inst.ops[0]
+        rep = e.ops[first]
+        algo, proto = ALGOS[e.algos[first]], PROTOS[e.protos[first]]
+        ranks = e.group_ranks[inst.group]
+        if rep.kind not in CHAIN_KINDS or rep.transport is not Transport.NCCL or proto is None or len(ranks) < 2:
+            return None
+        if algo not in (Algo.RING, Algo.CHAIN):
+            return None
+        chain = e.network.nccl.chain(rep.kind, ranks, rep.size_bytes, rep.root, algo, proto)
+        by_rank = {e.ops[m].rank: m for m in inst.ops}
+        p = plan(rep.kind, algo, len(ranks), rep.size_bytes, e.machine.chunk_bytes, proto)
+        transfer = Transfer(rep.kind, ranks, rep.size_bytes, rep.transport, p, rep.root, rep.dtype, rep.reduce_op)
+        n = len(chain.order)
+        ends = [Transfer(rep.kind, (r,), 0, rep.transport, p, rep.root, rep.dtype, rep.reduce_op) for r in chain.order]
+        return _Run(chain, transfer, ends, [by_rank.get(r, -1) for r in chain.order], [-1.0] * n)  # -1: it never issues it
+
+    def _advance(self, run: _Run, now: float) -> None:
+        """Begin every member whose turn has come, in chain order, and schedule its end."""
+        e = self.engine
+        chain = run.chain
+        while len(run.begin) < len(run.ops) and run.arrival[k := len(run.begin)] >= 0.0:
+            g = run.ops[k]
+            if k == 0:
+                begin, end = run.arrival[0], run.arrival[0] + chain.part_us[0]
+                # the whole op's loads on the links, for other transfers and the flow statistics
+                e.network.start(run.transfer, tuple(run.ops), self._moved)
+                self._traffic(run.transfer, True)
+            else:
+                begin = max(run.arrival[k], run.begin[k - 1] + chain.lead_us[k])
+                if begin > run.arrival[k]:
+                    e.cause[g] = run.ops[k - 1]  # it waited for the member before it
+                end = max(begin + chain.part_us[k], run.end[k - 1])
+            run.begin.append(begin)
+            run.end.append(end)
+            ev = e.env.timeout(end - now)
+            ev.callbacks.append(lambda _ev, g=g, t=run.ends[k]: e._transfer_done(t, (g,)))
+
+    def _moved(self, transfer: Transfer, _ops: tuple[int, ...]) -> None:
+        """The network's end of a chain's transfer: its traffic stops (the members end on their own)."""
+        self._traffic(transfer, False)
+
+    def _traffic(self, transfer: Transfer, started: bool) -> None:
+        e = self.engine
+        if e.traffic:
+            for rank in e.contention.transfer(transfer, started):
+                e._retime(rank)
