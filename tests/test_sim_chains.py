@@ -140,3 +140,27 @@ def test_nccl_tests_time_of_a_chain_is_averaged_over_ranks_as_nccl_tests_does():
     # at least the slowest member's part per op, at most that plus the chain's fill spread over the ops
     assert max(chain.part_us) <= per_op <= max(chain.part_us) + chain.alone_us / TIMED_ITERS
     assert per_op < nccl.latency_us(m.nccl, OpKind.BROADCAST, flows.layout(ranks), c.algo, c.proto) / 2
+
+
+@pytest.mark.parametrize("kind", [OpKind.BROADCAST, OpKind.REDUCE])
+def test_the_calibration_closed_form_is_the_simulator_on_chain_points(kind):
+    from commdsl.calibrate import nccl_tests as nt
+    from commdsl.calibrate.nccl_logs import NcclTestsLog, Point
+    from commdsl.ir import Dtype
+
+    m = resolve_machine("dgx-h100")
+    sizes = (8, 65536, 1 << 20, 64 << 20)
+    log = NcclTestsLog("t.log", f"{kind.value}_perf", kind, 32, 1, 4, 8, False, Dtype.FP32, "NVIDIA H100 80GB HBM3",
+                       tuple(Point(s, 1.0, None, 1) for s in sizes), None, None)  # fmt: skip
+    run = nt.Run.of(log)
+    points = nt._points(m, m, [log], [run])
+    closed = nt._predict(points, nt._parameters(m))
+    simulated = [simulate_run(m, run, s) for s in sizes]
+    assert closed == pytest.approx(simulated, rel=1e-9)
+    # and with the latencies moved (what a fit does), the closed form follows the simulator's model
+    values = {**nt._parameters(m), "protocols.ll.base_latency_us": 3.0, "protocols.ll.hop.network": 6.0}
+    cfg = replace(m.nccl, protocols=tuple((p, replace(sp, base_latency_us=3.0, hop_latency_us=tuple(
+        (h, 6.0 if h is HopKind.NETWORK else us) for h, us in sp.hop_latency_us))) if p.value == "ll" else (p, sp)
+        for p, sp in m.nccl.protocols))  # fmt: skip
+    moved = replace(m, nccl=cfg)
+    assert nt._predict(points[:2], values) == pytest.approx([simulate_run(moved, run, s) for s in sizes[:2]], rel=1e-9)

@@ -317,6 +317,10 @@ class _Point:
     """What the run's steps inside a node cross (NVLink or PCIe)."""
     choice: tuple
     """NCCL's choice (algorithm, protocol, channels) the coefficients hold for."""
+    chain: tuple | None = None
+    """Broadcast / reduce (`nccl.Chain`): per member, its lead's and its part's latency
+    coefficients (per entry of `LATENCIES`) and bytes, (lead latencies, lead bytes, part
+    latencies, part bytes), timed by `nccl.chain_run_us` as the simulator times them."""
 
 
 def _points(machine: Machine, base: Machine, logs: list[NcclTestsLog], runs: list[Run]) -> list[_Point]:
@@ -368,9 +372,20 @@ def _point(li: int, m: Machine, flows: NcclFlows, capacity, cls: list[int], run:
     for lat in LATENCIES:
         zero = lat.set(zero, c.proto, 0.0)
     coeff = tuple(nccl.latency_us(lat.set(zero, c.proto, 1.0), kind, flows.layout(slowest), c.algo, c.proto) for lat in LATENCIES)
+    chain = _chain_terms(zero, kind, lay, flows.choice_of(kind, ranks, size, c.algo, c.proto), size) if kind in (OpKind.BROADCAST, OpKind.REDUCE) else None
     return _Point(li, float(size), measured, c.proto, c.algo in (Algo.NVLS, Algo.NVLS_TREE), kind in nccl.P2P_BASED,
                   coeff, tuple(per), c.channels, serial, 0 if run.graph else run.gpus_per_process, lay.intra_hop,
-                  (c.algo, c.proto, c.channels))  # fmt: skip
+                  (c.algo, c.proto, c.channels), chain)  # fmt: skip
+
+
+def _chain_terms(zero: NcclConfig, kind: OpKind, lay: nccl.Layout, c: nccl.Choice, size: int) -> tuple:
+    """A chain op's parts, linear in the latencies and in 1 / rate: read off unit machines
+    (`zero`: every latency 0) with one latency at 1 and no bytes, then with bytes at rate 1."""
+    per_latency = [nccl.chain(lat.set(zero, c.proto, 1.0), kind, lay, c, 0, float(size), math.inf) for lat in LATENCIES]
+    moved = nccl.chain(zero, kind, lay, c, 0, float(size), 1.0)
+    lead = tuple(tuple(ch.lead_us[k] for ch in per_latency) for k in range(lay.n))
+    part = tuple(tuple(ch.part_us[k] for ch in per_latency) for k in range(lay.n))
+    return lead, moved.lead_us, part, moved.part_us
 
 
 def _predict(points: list[_Point], values: dict[str, float]) -> list[float]:
@@ -389,8 +404,15 @@ def _predict(points: list[_Point], values: dict[str, float]) -> list[float]:
         per_channel = values["p2p_channel_bandwidth_gb_per_s"] if p.p2p else values[f"protocols.{proto}.channel_bandwidth_gb_per_s"]
         if not p.nvls:
             rate = min(rate, p.channels * per_channel * 1e3 / p.serial)
-        kernel = lat + p.size / rate
         host = p.host_gpus * (values["launch_us"] + values["launch_per_channel_us"] * p.channels)
+        if p.chain is not None:
+            unit = [values[entry.name(p.proto, p.intra)] if entry.name(p.proto, p.intra) in values else 0.0 for entry in LATENCIES]
+            lead_lat, lead_bytes, part_lat, part_bytes = p.chain
+            lead = tuple(sum(k * v for k, v in zip(row, unit)) + b / rate for row, b in zip(lead_lat, lead_bytes))
+            part = tuple(sum(k * v for k, v in zip(row, unit)) + b / rate for row, b in zip(part_lat, part_bytes))
+            out.append(nccl.chain_run_us(lead, part, host, TIMED_ITERS))
+            continue
+        kernel = lat + p.size / rate
         out.append(max(kernel, host))
     return out
 

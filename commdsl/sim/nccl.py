@@ -634,3 +634,28 @@ def chain(cfg: NcclConfig, kind: OpKind, layout: Layout, choice: Choice, root: i
     lead = tuple([0.0] + [h + chunk_us for h in hops])
     part = tuple([spec.base_latency_us + hops[k] + bytes_us for k in range(n - 1)] + [spec.base_latency_us + intra + bytes_us - chunk_us])
     return Chain(tuple(order), lead, part)
+
+
+def chain_run_us(lead_us: tuple[float, ...], part_us: tuple[float, ...], launch_us: float, iters: int) -> float:
+    """nccl-tests' time per op of `iters` chain ops back to back (`Chain`'s parts; each
+    rank's host launches an op every `launch_us`, its first at `launch_us`): each
+    member's end of its last op over `iters`, averaged over the members, as the engine
+    runs such ops (`commdsl.sim.chains`) and nccl-tests reports them (a closed form of it)."""
+    n = len(part_us)
+    end = [0.0] * n
+    total = 0.0
+    for i in range(1, iters + 1):
+        issue = i * launch_us
+        begin_before = end_before = 0.0
+        for k in range(n):
+            begin = max(issue, end[k])
+            if k:
+                begin = max(begin, begin_before + lead_us[k])
+            finish = begin + part_us[k]
+            if k:
+                finish = max(finish, end_before)
+            end[k] = finish
+            begin_before, end_before = begin, finish
+    for e in end:
+        total += e
+    return total / n / iters
