@@ -164,3 +164,13 @@ def test_the_calibration_closed_form_is_the_simulator_on_chain_points(kind):
         for p, sp in m.nccl.protocols))  # fmt: skip
     moved = replace(m, nccl=cfg)
     assert nt._predict(points[:2], values) == pytest.approx([simulate_run(moved, run, s) for s in sizes[:2]], rel=1e-9)
+
+
+def test_a_program_with_chains_is_not_folded_and_one_without_still_is(machine):
+    from commdsl.sim.engine import Engine
+    from commdsl.sim.simulate import NETWORKS
+
+    assert not Engine(program("for i in range(2):\n    broadcast x[i] 1MiB src=0"), machine, NETWORKS["flow"]).folded
+    assert Engine(program("for i in range(2):\n    all_reduce x[i] 1MiB"), machine, NETWORKS["flow"]).folded
+    # without NCCL's model a broadcast is a collective of the usual kind, and folds
+    assert Engine(program("broadcast x 1MiB src=0"), resolve_machine("h100-nvlink"), NETWORKS["flow"]).folded

@@ -37,10 +37,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from commdsl.ir import Algo, OpKind, Program, Transport
+from commdsl.ir import Algo, Op, OpKind, Transport
 from commdsl.machine.model import Machine
 from commdsl.sim.collectives import plan
-from commdsl.sim.entities import ALGOS, PROTOS, Collective
+from commdsl.sim.entities import ALGOS, KIND_CODE, PROTOS, Collective
 from commdsl.sim.network import Transfer
 from commdsl.sim.nccl import Chain
 
@@ -75,20 +75,25 @@ class ChainRuns:
         """Per collective (its number), its run; None: not a chain."""
 
     @staticmethod
-    def present(program: Program, machine: Machine) -> bool:
-        """Whether `program` has a broadcast or reduce over NCCL that `machine`'s NCCL model
-        runs as a chain (its ranks then finish apart: the engine does not fold them)."""
-        if machine.nccl is None:
-            return False
-        return any(op.kind in CHAIN_KINDS and op.transport is Transport.NCCL for rank_ops in program.ops for op in rank_ops)
+    def in_ops(ops: list[Op], machine: Machine) -> bool:
+        """Whether `ops` hold a broadcast or reduce over NCCL that `machine`'s NCCL model
+        runs as a chain (its ranks then end apart: the engine does not fold such a
+        program's ranks, and checks rank 0's ops, which every rank runs, for it)."""
+        return machine.nccl is not None and any(op.kind in CHAIN_KINDS and op.transport is Transport.NCCL for op in ops)
 
     @staticmethod
     def enabled(engine) -> bool:
-        """Whether `engine`'s run uses chains: some are present, the network has the NCCL
-        model, and ranks are not folded."""
+        """Whether `engine`'s run uses chains: the network has the NCCL model, ranks are
+        not folded, and some collective is a broadcast or reduce over NCCL (the per-op
+        kind codes are counted first, at C speed, before any op is looked at)."""
         if engine.network.nccl is None or engine.folded or engine.program.fold is not None:
             return False
-        return ChainRuns.present(engine.program, engine.machine)
+        kinds = bytes(engine.wiring.kinds)
+        if not any(kinds.count(KIND_CODE[k]) for k in CHAIN_KINDS):
+            return False
+        ops = engine.ops
+        return any(ops[inst.ops[0]].kind in CHAIN_KINDS and ops[inst.ops[0]].transport is Transport.NCCL
+                   for inst in engine.collectives if inst.ops)  # fmt: skip
 
     def arrived(self, inst: Collective, g: int, now: float) -> bool:
         """Member op `g` of `inst` became active at `now`: True where `inst` is a chain

@@ -165,7 +165,7 @@ class Engine:
         self.streams: list[dict[str, Stream]] = [{s: Stream(r, s, typecode) for s in program.streams} for r in range(program.world_size)]
         self.group_ranks = {g.id: g.ranks for g in program.groups}
         self.contention = c = contention_model(machine, self.network, program.world_size, n, rng, self.group_ranks)
-        self.folded = fold and c.rank_local and interchangeable(program) and not ChainRuns.present(program, machine)
+        self.folded = fold and c.rank_local and interchangeable(program) and not ChainRuns.in_ops(program.ops[0], machine)
         """Every rank runs what rank 0 runs (`commdsl.sim.symmetry`): the engine runs rank 0
         alone, each collective moves with all its members once rank 0's op arrives, and
         rank 0's outcome is copied to the others at the end."""
