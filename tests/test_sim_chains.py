@@ -5,7 +5,6 @@ comes is still reported as a deadlock."""
 
 from __future__ import annotations
 
-import math
 from dataclasses import replace
 
 import pytest
@@ -55,14 +54,14 @@ def test_one_broadcast_alone_ends_at_latency_plus_the_pipelined_chain(machine, n
     ends = {r: e[0] for r, e in ends_by_rank(raw, OpKind.BROADCAST).items()}
     start = min(raw.start[g] for g, op in enumerate(raw.ops) if op.kind is OpKind.BROADCAST)
     chain, c, lay = the_chain(machine, OpKind.BROADCAST, size)
-    # NCCL's latency of the op (base + every hop, n steps) plus n-2+k chunks at the op's rate,
-    # worked out here from the parts the model is made of
+    # NCCL's latency of the op (base + every hop, n steps) plus the pipelined chain at the
+    # op's rate: the first chunk (what a member must hold before it forwards) crosses n-2
+    # hops before the last member, which then takes in the whole op (n-2+k chunks of S/k)
     cfg = machine.nccl
     _, flows = machine_links(machine, RANKS)
     rate = flows.coflow(OpKind.BROADCAST, lay.ranks, size, 0, c.algo, c.proto).solo_rate(flows.fabric.capacity)
     chunk = min(size, nccl.CHAIN_CHUNK_BYTES[c.proto] * c.channels)
-    k = math.ceil(size / chunk)
-    expected = nccl.latency_us(cfg, OpKind.BROADCAST, lay, c.algo, c.proto) + (RANKS - 2 + k) * (size / k) / rate
+    expected = nccl.latency_us(cfg, OpKind.BROADCAST, lay, c.algo, c.proto) + ((RANKS - 2) * chunk + size) / rate
     assert max(ends.values()) - start == pytest.approx(expected, rel=1e-9)
     assert chain.alone_us == pytest.approx(expected, rel=1e-9)
     # the root ends first, the last member of the chain last; nobody waits for the whole chain

@@ -578,12 +578,14 @@ def head_tree_edges(layout: Layout, size: float) -> dict[tuple[int, int], float]
 
 # ---- broadcast and reduce: a chain whose members go one after another -----------------
 
-CHAIN_CHUNK_BYTES = {Protocol.LL: 32768, Protocol.LL128: 576000, Protocol.SIMPLE: 524288}
-"""The data one step of a ring broadcast / reduce moves per channel (enqueue.cc
-`calcCollChunking`: a step is the protocol's buffer over NCCL_STEPS = 8, BROADCAST_ and
-REDUCE_CHUNKSTEPS 1, no shrinking for these ops): LL 512 KiB of lines / 8 / 2 (half is
-flags), LL128 120 x 640 x 8 x 8 B / 8 x 15/16 (a flag word per 128-byte line), Simple
-4 MiB / 8. A member forwards a chunk once it has it whole."""
+CHAIN_CHUNK_BYTES = {Protocol.LL: 4096, Protocol.LL128: 38400, Protocol.SIMPLE: 524288}
+"""The data a member of a ring broadcast / reduce must have whole, per channel, before it
+forwards any of it (the unit each hop of the chain fills in). LL and LL128 forward line
+by line as the flags arrive: LL a trip of every thread's line (prims_ll.h, 512 threads
+x 8 data bytes), LL128 a round of every warp's slice (prims_ll128.h `WireWordPerSlice`:
+640 threads x 8 words x 8 B, 15/16 of it data). Simple forwards a slice once its sender
+posts it: a step (enqueue.cc `calcCollChunking`: 4 MiB / NCCL_STEPS = 8, BROADCAST_ and
+REDUCE_SLICESTEPS 1), or the channel's whole share when that is less."""
 
 
 @dataclass(frozen=True)
@@ -614,8 +616,8 @@ def chain(cfg: NcclConfig, kind: OpKind, layout: Layout, choice: Choice, root: i
     """The chain of a ring broadcast / reduce (see `Chain`) along channel 0's ring (every
     channel's ring crosses the same nodes in the same order), its bytes moving at
     `rate_bytes_per_us` (the op's solo rate on the links). Alone, the last member ends at
-    `latency_us` + (n - 2 + k) chunks at that rate, k the chunks per channel: the
-    pipelined chain of the module doc."""
+    `latency_us` + n - 2 chunks (`CHAIN_CHUNK_BYTES` per channel) + the op's bytes at that
+    rate: the pipelined chain of the module doc, n-2+k chunks of S/k."""
     ring = ring_orders(layout, max(choice.channels, 1))[0]
     start = ring.index(root) if root in ring else 0
     order = ring[start:] + ring[:start]
