@@ -318,9 +318,9 @@ class _Point:
     choice: tuple
     """NCCL's choice (algorithm, protocol, channels) the coefficients hold for."""
     chain: tuple | None = None
-    """Broadcast / reduce (`nccl.Chain`): per member, its lead's and its part's latency
-    coefficients (per entry of `LATENCIES`) and bytes, (lead latencies, lead bytes, part
-    latencies, part bytes), timed by `nccl.chain_run_us` as the simulator times them."""
+    """Broadcast / reduce (`nccl.Chain`): its rings' orders and, per ring and member, its
+    lead's and its part's latency coefficients (per entry of `LATENCIES`) and bytes
+    (`_chain_terms`), timed by `nccl.chain_run_us` as the simulator times them."""
 
 
 def _points(machine: Machine, base: Machine, logs: list[NcclTestsLog], runs: list[Run]) -> list[_Point]:
@@ -380,12 +380,15 @@ def _point(li: int, m: Machine, flows: NcclFlows, capacity, cls: list[int], run:
 
 def _chain_terms(zero: NcclConfig, kind: OpKind, lay: nccl.Layout, c: nccl.Choice, size: int) -> tuple:
     """A chain op's parts, linear in the latencies and in 1 / rate: read off unit machines
-    (`zero`: every latency 0) with one latency at 1 and no bytes, then with bytes at rate 1."""
+    (`zero`: every latency 0) with one latency at 1 and no bytes, then with bytes at rate 1.
+    (orders, per ring and position the lead's latency coefficients, the lead's bytes, the
+    part's coefficients, the part's bytes)."""
     per_latency = [nccl.chain(lat.set(zero, c.proto, 1.0), kind, lay, c, 0, float(size), math.inf) for lat in LATENCIES]
     moved = nccl.chain(zero, kind, lay, c, 0, float(size), 1.0)
-    lead = tuple(tuple(ch.lead_us[k] for ch in per_latency) for k in range(lay.n))
-    part = tuple(tuple(ch.part_us[k] for ch in per_latency) for k in range(lay.n))
-    return lead, moved.lead_us, part, moved.part_us
+    rings = range(len(moved.orders))
+    lead = tuple(tuple(tuple(ch.lead_us[j][k] for ch in per_latency) for k in range(lay.n)) for j in rings)
+    part = tuple(tuple(tuple(ch.part_us[j][k] for ch in per_latency) for k in range(lay.n)) for j in rings)
+    return moved.orders, lead, moved.lead_us, part, moved.part_us
 
 
 def _predict(points: list[_Point], values: dict[str, float]) -> list[float]:
@@ -407,14 +410,19 @@ def _predict(points: list[_Point], values: dict[str, float]) -> list[float]:
         host = p.host_gpus * (values["launch_us"] + values["launch_per_channel_us"] * p.channels)
         if p.chain is not None:
             unit = [values[entry.name(p.proto, p.intra)] if entry.name(p.proto, p.intra) in values else 0.0 for entry in LATENCIES]
-            lead_lat, lead_bytes, part_lat, part_bytes = p.chain
-            lead = tuple(sum(k * v for k, v in zip(row, unit)) + b / rate for row, b in zip(lead_lat, lead_bytes))
-            part = tuple(sum(k * v for k, v in zip(row, unit)) + b / rate for row, b in zip(part_lat, part_bytes))
-            out.append(nccl.chain_run_us(lead, part, host, TIMED_ITERS))
+            orders, lead_lat, lead_bytes, part_lat, part_bytes = p.chain
+            lead = tuple(_terms(rows, moved, unit, rate) for rows, moved in zip(lead_lat, lead_bytes))
+            part = tuple(_terms(rows, moved, unit, rate) for rows, moved in zip(part_lat, part_bytes))
+            out.append(nccl.chain_run_us(orders, lead, part, host, TIMED_ITERS))
             continue
         kernel = lat + p.size / rate
         out.append(max(kernel, host))
     return out
+
+
+def _terms(rows: tuple[tuple[float, ...], ...], moved: tuple[float, ...], unit: list[float], rate: float) -> tuple[float, ...]:
+    """Per position of a ring, its latency coefficients times the latencies plus its bytes at `rate`."""
+    return tuple(sum(k * v for k, v in zip(row, unit)) + b / rate for row, b in zip(rows, moved))
 
 
 def _parameters(machine: Machine) -> dict[str, float]:

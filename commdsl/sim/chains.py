@@ -8,7 +8,8 @@ issued back to back therefore pipeline along the chain: the time per op is the p
 of the slowest member's part, not the chain's end-to-end latency.
 
 The engine hands such a collective's arrivals here (`ChainRuns.arrived`) instead of
-waiting for every member. Member k (in the order data flows, `commdsl.sim.nccl.Chain`)
+waiting for every member. On each channel's ring (`commdsl.sim.nccl.Chain`: one ring on
+one node, up to one per GPU of a node across nodes), member k in the order data flows
 begins its part at
 
     begin_k = max(arrival_k, begin_(k-1) + lead_k)        begin_0 = arrival_0
@@ -18,9 +19,10 @@ its op ends at
 
     end_k = max(begin_k + part_k, end_(k-1))
 
-(a member never ends before the one it receives from). With every member arriving at
-once the last member ends at the op's latency plus its pipelined bytes, as a collective
-that holds every member until the end; what changes is that the others end earlier.
+(a member never ends before the one it receives from); its op ends when its parts on
+every ring have. With every member arriving at once the last member ends at the op's
+latency plus its pipelined bytes, as a collective that holds every member until the end;
+what changes is that the others end earlier.
 
 The bytes are timed alone on the links (`NcclFlows.chain`: the op's solo rate). The
 network is still given the whole op's transfer when the root begins, so that its loads
@@ -56,14 +58,19 @@ class _Run:
 
     chain: Chain
     transfer: Transfer
-    ends: list[Transfer]
-    """Per chain position, what ends the member's op: no bytes of its own (the op's bytes
-    and their memory traffic are `transfer`'s)."""
-    ops: list[int]
-    """Per chain position, the member's op (g)."""
-    arrival: list[float]
-    begin: list[float] = field(default_factory=list)
-    end: list[float] = field(default_factory=list)
+    ends: dict[int, Transfer]
+    """Per member (rank), what ends its op: no bytes of its own (the op's bytes and their
+    memory traffic are `transfer`'s)."""
+    ops: dict[int, int]
+    """Per member (rank), its op (g); a member that never issues it has none."""
+    arrival: dict[int, float] = field(default_factory=dict)
+    begin: list[list[float]] = field(default_factory=list)
+    """Per ring, the begins of the members so far, in chain order."""
+    end: list[list[float]] = field(default_factory=list)
+    rings_left: dict[int, int] = field(default_factory=dict)
+    """Per member, the rings whose part it has not begun yet."""
+    last_end: dict[int, float] = field(default_factory=dict)
+    """Per member, the latest end of its parts so far: its op's end once every ring is in."""
 
 
 class ChainRuns:
@@ -104,7 +111,7 @@ class ChainRuns:
         if run is None:
             return False
         inst.arrived.append(g)  # what the deadlock report reads
-        run.arrival[run.ops.index(g)] = now
+        run.arrival[self.engine.ops[g].rank] = now
         self._advance(run, now)
         return True
 
@@ -119,33 +126,39 @@ class ChainRuns:
         if algo not in (Algo.RING, Algo.CHAIN):
             return None
         chain = e.network.nccl.chain(rep.kind, ranks, rep.size_bytes, rep.root, algo, proto)
-        by_rank = {e.ops[m].rank: m for m in inst.ops}
         p = plan(rep.kind, algo, len(ranks), rep.size_bytes, e.machine.chunk_bytes, proto)
         transfer = Transfer(rep.kind, ranks, rep.size_bytes, rep.transport, p, rep.root, rep.dtype, rep.reduce_op)
-        n = len(chain.order)
-        ends = [Transfer(rep.kind, (r,), 0, rep.transport, p, rep.root, rep.dtype, rep.reduce_op) for r in chain.order]
-        return _Run(chain, transfer, ends, [by_rank.get(r, -1) for r in chain.order], [-1.0] * n)  # -1: it never issues it
+        ends = {r: Transfer(rep.kind, (r,), 0, rep.transport, p, rep.root, rep.dtype, rep.reduce_op) for r in ranks}
+        rings = len(chain.orders)
+        return _Run(chain, transfer, ends, {e.ops[m].rank: m for m in inst.ops}, begin=[[] for _ in range(rings)],
+                    end=[[] for _ in range(rings)], rings_left=dict.fromkeys(ranks, rings))  # fmt: skip
 
     def _advance(self, run: _Run, now: float) -> None:
-        """Begin every member whose turn has come, in chain order, and schedule its end."""
+        """Begin every member whose turn has come on each ring, in chain order, and schedule
+        the end of each member whose parts on every ring are known."""
         e = self.engine
         chain = run.chain
-        while len(run.begin) < len(run.ops) and run.arrival[k := len(run.begin)] >= 0.0:
-            g = run.ops[k]
-            if k == 0:
-                begin, end = run.arrival[0], run.arrival[0] + chain.part_us[0]
-                # the whole op's loads on the links, for other transfers and the flow statistics
-                e.network.start(run.transfer, tuple(run.ops), self._moved)
-                self._traffic(run.transfer, True)
-            else:
-                begin = max(run.arrival[k], run.begin[k - 1] + chain.lead_us[k])
-                if begin > run.arrival[k]:
-                    e.cause[g] = run.ops[k - 1]  # it waited for the member before it
-                end = max(begin + chain.part_us[k], run.end[k - 1])
-            run.begin.append(begin)
-            run.end.append(end)
-            ev = e.env.timeout(end - now)
-            ev.callbacks.append(lambda _ev, g=g, t=run.ends[k]: e._transfer_done(t, (g,)))
+        for j, order in enumerate(chain.orders):
+            begins, ends = run.begin[j], run.end[j]
+            while len(begins) < len(order) and (r := order[k := len(begins)]) in run.arrival:
+                arrival = run.arrival[r]
+                if k == 0:
+                    begin, end = arrival, arrival + chain.part_us[j][0]
+                    if j == 0:  # the whole op's loads on the links, for other transfers and the flow statistics
+                        e.network.start(run.transfer, tuple(run.ops.values()), self._moved)
+                        self._traffic(run.transfer, True)
+                else:
+                    begin = max(arrival, begins[k - 1] + chain.lead_us[j][k])
+                    if begin > arrival:
+                        e.cause[run.ops[r]] = run.ops[order[k - 1]]  # it waited for the member before it
+                    end = max(begin + chain.part_us[j][k], ends[k - 1])
+                begins.append(begin)
+                ends.append(end)
+                run.last_end[r] = max(run.last_end.get(r, end), end)
+                run.rings_left[r] -= 1
+                if run.rings_left[r] == 0:
+                    ev = e.env.timeout(run.last_end[r] - now)
+                    ev.callbacks.append(lambda _ev, g=run.ops[r], t=run.ends[r]: e._transfer_done(t, (g,)))
 
     def _moved(self, transfer: Transfer, _ops: tuple[int, ...]) -> None:
         """The network's end of a chain's transfer: its traffic stops (the members end on their own)."""
