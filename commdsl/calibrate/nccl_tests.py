@@ -51,6 +51,8 @@ from commdsl.sim.simulate import simulate
 
 ITERS = 5
 """Ops in a row per simulated point: the steady state is reached after the first."""
+TIMED_ITERS = 20
+"""nccl-tests' timed ops per size (`-n`, its default 20): what a chain's fill is spread over."""
 
 BUS_FACTOR = {
     OpKind.ALL_REDUCE: lambda n: 2 * (n - 1) / n, OpKind.ALL_GATHER: lambda n: (n - 1) / n,
@@ -167,12 +169,24 @@ def _body(run: Run, size: int) -> str:
 
 def simulate_run(machine: Machine, run: Run, size: int, network: str = "flow") -> float:
     """nccl-tests' time per op (us) for `size` on `machine`, by the simulator: ITERS ops in
-    a row on every rank, the steady-state time between two ends on rank 0."""
+    a row on every rank, the steady-state time between two ends on rank 0. Broadcast and
+    reduce, whose members go one after another (`commdsl.sim.chains`), are timed as
+    nccl-tests times them: `TIMED_ITERS` ops in a row from a common start, each rank's
+    time to its last op's end over the ops, averaged over the ranks (common.cu: the
+    timed loop after a barrier, then `Allreduce(&deltaSec, average)`, its default mean)."""
     m = bench_machine(machine, run)
     c = choice(m, run, size)
     m = replace(m, comm_launch_us=host_us(m, run, c), kernel_launch_us=0.0)
-    program = load_schedule_text(_SCHEDULE.format(iters=ITERS, ranks=run.ranks, body=_body(run, size)), "<nccl-tests>")
+    chained = run.op in (OpKind.BROADCAST, OpKind.REDUCE)
+    iters = TIMED_ITERS if chained else ITERS
+    program = load_schedule_text(_SCHEDULE.format(iters=iters, ranks=run.ranks, body=_body(run, size)), "<nccl-tests>")
     raw = simulate(program, m, network).raw
+    if chained:
+        last = [0.0] * run.ranks
+        for g, op in enumerate(raw.ops):
+            if op.kind.is_comm:
+                last[op.rank] = max(last[op.rank], raw.end[g])
+        return statistics.fmean(last) / iters
     ends = sorted(raw.end[g] for g, op in enumerate(raw.ops) if op.rank == 0 and op.kind.is_comm)
     if run.op is OpKind.SEND:
         ends = ends[1::2]  # a batch's two ops end together
@@ -315,6 +329,10 @@ class _Point:
     """What the run's steps inside a node cross (NVLink or PCIe)."""
     choice: tuple
     """NCCL's choice (algorithm, protocol, channels) the coefficients hold for."""
+    chain: tuple | None = None
+    """Broadcast / reduce (`nccl.Chain`): its rings' orders and, per ring and member, its
+    lead's and its part's latency coefficients (per entry of `LATENCIES`) and bytes
+    (`_chain_terms`), timed by `nccl.chain_run_us` as the simulator times them."""
 
 
 def _points(machine: Machine, base: Machine, logs: list[NcclTestsLog], runs: list[Run]) -> list[_Point]:
@@ -366,9 +384,23 @@ def _point(li: int, m: Machine, flows: NcclFlows, capacity, cls: list[int], run:
     for lat in LATENCIES:
         zero = lat.set(zero, c.proto, 0.0)
     coeff = tuple(nccl.latency_us(lat.set(zero, c.proto, 1.0), kind, flows.layout(slowest), c.algo, c.proto) for lat in LATENCIES)
+    chain = _chain_terms(zero, kind, lay, flows.choice_of(kind, ranks, size, c.algo, c.proto), size) if kind in (OpKind.BROADCAST, OpKind.REDUCE) else None
     return _Point(li, float(size), measured, c.proto, c.algo in (Algo.NVLS, Algo.NVLS_TREE), kind in nccl.P2P_BASED,
                   coeff, tuple(per), c.channels, serial, 0 if run.graph else run.gpus_per_process, lay.intra_hop,
-                  (c.algo, c.proto, c.channels))  # fmt: skip
+                  (c.algo, c.proto, c.channels), chain)  # fmt: skip
+
+
+def _chain_terms(zero: NcclConfig, kind: OpKind, lay: nccl.Layout, c: nccl.Choice, size: int) -> tuple:
+    """A chain op's parts, linear in the latencies and in 1 / rate: read off unit machines
+    (`zero`: every latency 0) with one latency at 1 and no bytes, then with bytes at rate 1.
+    (orders, per ring and position the lead's latency coefficients, the lead's bytes, the
+    part's coefficients, the part's bytes)."""
+    per_latency = [nccl.chain(lat.set(zero, c.proto, 1.0), kind, lay, c, 0, float(size), math.inf) for lat in LATENCIES]
+    moved = nccl.chain(zero, kind, lay, c, 0, float(size), 1.0)
+    rings = range(len(moved.orders))
+    lead = tuple(tuple(tuple(ch.lead_us[j][k] for ch in per_latency) for k in range(lay.n)) for j in rings)
+    part = tuple(tuple(tuple(ch.part_us[j][k] for ch in per_latency) for k in range(lay.n)) for j in rings)
+    return moved.orders, lead, moved.lead_us, part, moved.part_us
 
 
 def _predict(points: list[_Point], values: dict[str, float]) -> list[float]:
@@ -387,10 +419,22 @@ def _predict(points: list[_Point], values: dict[str, float]) -> list[float]:
         per_channel = values["p2p_channel_bandwidth_gb_per_s"] if p.p2p else values[f"protocols.{proto}.channel_bandwidth_gb_per_s"]
         if not p.nvls:
             rate = min(rate, p.channels * per_channel * 1e3 / p.serial)
-        kernel = lat + p.size / rate
         host = p.host_gpus * (values["launch_us"] + values["launch_per_channel_us"] * p.channels)
+        if p.chain is not None:
+            unit = [values[entry.name(p.proto, p.intra)] if entry.name(p.proto, p.intra) in values else 0.0 for entry in LATENCIES]
+            orders, lead_lat, lead_bytes, part_lat, part_bytes = p.chain
+            lead = tuple(_terms(rows, moved, unit, rate) for rows, moved in zip(lead_lat, lead_bytes))
+            part = tuple(_terms(rows, moved, unit, rate) for rows, moved in zip(part_lat, part_bytes))
+            out.append(nccl.chain_run_us(orders, lead, part, host, TIMED_ITERS))
+            continue
+        kernel = lat + p.size / rate
         out.append(max(kernel, host))
     return out
+
+
+def _terms(rows: tuple[tuple[float, ...], ...], moved: tuple[float, ...], unit: list[float], rate: float) -> tuple[float, ...]:
+    """Per position of a ring, its latency coefficients times the latencies plus its bytes at `rate`."""
+    return tuple(sum(k * v for k, v in zip(row, unit)) + b / rate for row, b in zip(rows, moved))
 
 
 def _parameters(machine: Machine) -> dict[str, float]:

@@ -70,6 +70,7 @@ import simpy
 from commdsl.ir import HOST_STREAM, MEMORY_KINDS, Algo, CopyDir, HostMemory, Op, OpKind, Program, Transport
 from commdsl.machine.model import Machine
 from commdsl.sim.collectives import plan
+from commdsl.sim.chains import ChainRuns
 from commdsl.sim.contention import compute_us, contention_model
 from commdsl.sim.copy_engines import CopyEngines
 from commdsl.sim.entities import (ACTIVE, ALGOS, DONE, KIND_CODE, PROTOS, ELIGIBLE, EXEC, MARK, QUEUE, STREAM, SYNC,
@@ -164,7 +165,7 @@ class Engine:
         self.streams: list[dict[str, Stream]] = [{s: Stream(r, s, typecode) for s in program.streams} for r in range(program.world_size)]
         self.group_ranks = {g.id: g.ranks for g in program.groups}
         self.contention = c = contention_model(machine, self.network, program.world_size, n, rng, self.group_ranks)
-        self.folded = fold and c.rank_local and interchangeable(program)
+        self.folded = fold and c.rank_local and interchangeable(program) and not ChainRuns.in_ops(program.ops[0], machine)
         """Every rank runs what rank 0 runs (`commdsl.sim.symmetry`): the engine runs rank 0
         alone, each collective moves with all its members once rank 0's op arrives, and
         rank 0's outcome is copied to the others at the end."""
@@ -226,6 +227,9 @@ class Engine:
             for inst in self.collectives:
                 inst.needed = 1
             self._on_transfer_done = self._transfer_done_folded
+        self._chains = ChainRuns(self) if ChainRuns.enabled(self) else None
+        """Broadcasts and reduces whose members go one after another (`commdsl.sim.chains`);
+        None where the run has none (or cannot use them)."""
 
     # ---- running --------------------------------------------------------------------
 
@@ -818,6 +822,8 @@ class Engine:
                 self._activated(item, now)
                 return
             inst = self.collectives[c]
+            if self._chains is not None and self._chains.arrived(inst, item, now):
+                return
             arrived = inst.arrived  # _activated, inlined for a collective
             arrived.append(item)
             if len(arrived) == inst.needed:
@@ -857,6 +863,8 @@ class Engine:
         c = self.coll_at[g]
         if c >= 0:  # a collective
             inst = self.collectives[c]
+            if self._chains is not None and self._chains.arrived(inst, g, now):
+                return
             inst.arrived.append(g)
             if len(inst.arrived) == inst.needed:
                 self._all_arrived(inst, g, now)

@@ -213,7 +213,12 @@ def nccl_table(cfg: NcclConfig, kind: OpKind, layout: Layout) -> dict[tuple[Algo
             inter_lat = t.hop_latency_us[HopKind.NETWORK][Algo.TREE if ppn == 1 else algo][p] + cfg.net_message_us(proto)
             if algo is Algo.RING:
                 if kind in (OpKind.BROADCAST, OpKind.REDUCE):
-                    lat += t.hop_latency_us[hw][algo][p]
+                    if nodes == 1:  # every channel on the same ring (NCCL's graph.sameChannels)
+                        lat += t.hop_latency_us[hw][algo][p]
+                    else:
+                        # the channels' rings differ across nodes (sameChannels 0, `ring_orders`):
+                        # NCCL adds a hop per step, Simple's at the tree's Simple hop
+                        lat += nsteps * t.hop_latency_us[hw][Algo.TREE if proto is Protocol.SIMPLE else algo][p]
                 else:
                     overhead = 0.0
                     if nodes > 1:
@@ -574,3 +579,93 @@ def head_tree_edges(layout: Layout, size: float) -> dict[tuple[int, int], float]
                     out[(a, b)] = out.get((a, b), 0.0) + share
                     out[(b, a)] = out.get((b, a), 0.0) + share
     return out
+
+
+# ---- broadcast and reduce: a chain whose members go one after another -----------------
+
+CHAIN_CHUNK_BYTES = {Protocol.LL: 4096, Protocol.LL128: 38400, Protocol.SIMPLE: 524288}
+"""The data a member of a ring broadcast / reduce must have whole, per channel, before it
+forwards any of it (the unit each hop of the chain fills in). LL and LL128 forward line
+by line as the flags arrive: LL a trip of every thread's line (prims_ll.h, 512 threads
+x 8 data bytes), LL128 a round of every warp's slice (prims_ll128.h `WireWordPerSlice`:
+640 threads x 8 words x 8 B, 15/16 of it data). Simple forwards a slice once its sender
+posts it: a step (enqueue.cc `calcCollChunking`: 4 MiB / NCCL_STEPS = 8, BROADCAST_ and
+REDUCE_SLICESTEPS 1), or the channel's whole share when that is less."""
+
+
+@dataclass(frozen=True)
+class Chain:
+    """A ring broadcast or reduce as NCCL runs it: on each channel a chain along that
+    channel's ring with no barrier. On ring j, member k (in the order data flows: the root
+    first for broadcast, last for reduce) begins its part `lead_us[j][k]` after member k-1
+    began its own (the first chunk crossed the hop between them) and once its stream
+    reached the op; the part lasts `part_us[j][k]`, and never ends before member k-1's on
+    that ring. A member's op ends when its parts on every ring have: where the channels'
+    rings visit a node's GPUs in different orders (`ring_orders`), a member early on one
+    ring is late on another, and every member waits for most of the chain."""
+
+    orders: tuple[tuple[int, ...], ...]
+    """Per distinct ring of the op's channels, the members (global ranks) in the order data flows."""
+    lead_us: tuple[tuple[float, ...], ...]
+    """Per ring and position, the hop from the member before plus the first chunk at the op's rate (0 first)."""
+    part_us: tuple[tuple[float, ...], ...]
+    """Per ring and position, the member's part: NCCL's base latency, its outgoing hop (the
+    last member: a step inside its node, as NCCL's tuning counts n steps) and the op's bytes
+    at its rate (the last member: all but the first chunk, which its lead counted)."""
+
+    @property
+    def alone_us(self) -> float:
+        """The op's time when every member arrives at once: the last member's end on the longest ring."""
+        return max(sum(lead) + part[-1] for lead, part in zip(self.lead_us, self.part_us))
+
+
+def chain(cfg: NcclConfig, kind: OpKind, layout: Layout, choice: Choice, root: int | None, size_bytes: float,
+          rate_bytes_per_us: float) -> Chain:  # fmt: skip
+    """The chains of a ring broadcast / reduce (see `Chain`) along the rings of its channels
+    (the distinct ones: channel c's ring repeats channel c - ppn's; one ring on one node), its bytes moving at
+    `rate_bytes_per_us` (the op's solo rate on the links), each channel carrying its share
+    at its share of the rate. On one ring, alone, the last member ends at the ring's hops
+    + base + (n - 2 + k) chunks at that rate, k the chunks per channel: the pipelined chain
+    of the module doc."""
+    spec = cfg.protocol(choice.proto)
+    intra = spec.hop_us(layout.intra_hop)
+    net = spec.hop_us(HopKind.NETWORK) + cfg.net_message_us(choice.proto)
+    node_of = {r: i for i, members in enumerate(layout.nodes) for r in members}
+    channels = max(choice.channels, 1)
+    chunk = min(float(size_bytes), CHAIN_CHUNK_BYTES[choice.proto] * channels)  # all channels' first chunks
+    chunk_us = chunk / rate_bytes_per_us if rate_bytes_per_us > 0 else 0.0
+    bytes_us = size_bytes / rate_bytes_per_us if rate_bytes_per_us > 0 else 0.0
+    orders, leads, parts = [], [], []
+    # Across nodes the channels' rings enter each node at a different GPU (its NIC's; NCCL's
+    # graph then has sameChannels 0); on one node every channel runs the same ring.
+    for ring in ring_orders(layout, min(channels, layout.ppn) if layout.num_nodes > 1 else 1):
+        start = ring.index(root) if root in ring else 0
+        order = ring[start:] + ring[:start]
+        if kind is OpKind.REDUCE:
+            order = order[::-1]  # data flows towards the root
+        hops = [intra if node_of[a] == node_of[b] else net for a, b in zip(order, order[1:])]
+        orders.append(tuple(order))
+        leads.append(tuple([0.0] + [h + chunk_us for h in hops]))
+        parts.append(tuple([spec.base_latency_us + h + bytes_us for h in hops] + [spec.base_latency_us + intra + bytes_us - chunk_us]))
+    return Chain(tuple(orders), tuple(leads), tuple(parts))
+
+
+def chain_run_us(orders: tuple[tuple[int, ...], ...], lead_us: tuple[tuple[float, ...], ...], part_us: tuple[tuple[float, ...], ...],
+                 launch_us: float, iters: int) -> float:  # fmt: skip
+    """nccl-tests' time per op of `iters` chain ops back to back (a `Chain`'s rings; each
+    rank's host launches an op every `launch_us`, its first at `launch_us`): each
+    member's end of its last op over `iters`, averaged over the members, as the engine
+    runs such ops (`commdsl.sim.chains`) and nccl-tests reports them (a closed form of it)."""
+    members = orders[0]
+    end = dict.fromkeys(members, 0.0)
+    for i in range(1, iters + 1):
+        issue = i * launch_us
+        arrival = {r: max(issue, end[r]) for r in members}
+        for order, lead, part in zip(orders, lead_us, part_us):
+            begin_before = end_before = 0.0
+            for k, r in enumerate(order):
+                begin = arrival[r] if k == 0 else max(arrival[r], begin_before + lead[k])
+                finish = begin + part[k] if k == 0 else max(begin + part[k], end_before)
+                end[r] = finish if order is orders[0] else max(end[r], finish)
+                begin_before, end_before = begin, finish
+    return sum(end.values()) / len(members) / iters

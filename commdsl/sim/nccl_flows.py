@@ -90,6 +90,7 @@ class NcclFlows:
         self._choices: dict[tuple, nccl.Choice] = {}
         self._shapes: dict[tuple, tuple[dict[int, float], float]] = {}
         self._coflows: dict[tuple, Coflow] = {}
+        self._chains: dict[tuple, nccl.Chain] = {}
 
     # ---- the group ----------------------------------------------------------------------
 
@@ -204,6 +205,18 @@ class NcclFlows:
         cap = cap_gb * 1e3 / serial if serial > 0 else _INF
         latency = nccl.latency_us(self.cfg, kind, lay, choice.algo, choice.proto)
         return Coflow(tuple((c, b / eff) for c, b in loads.items()), cap, latency)
+
+    def chain(self, kind: OpKind, ranks: tuple[int, ...], size: int, root: int | None, algo: Algo, proto: Protocol) -> nccl.Chain:
+        """A ring broadcast / reduce as a chain whose members go one after another
+        (`nccl.Chain`), its bytes at the op's solo rate on the links (cached)."""
+        key = (kind, ranks, size, root, algo, proto)
+        ch = self._chains.get(key)
+        if ch is None:
+            co = self.coflow(kind, ranks, size, root, algo, proto)
+            choice = self.choice_of(kind, ranks, size, Algo.RING, proto)
+            rate = co.solo_rate(self.fabric.capacity)
+            ch = self._chains[key] = nccl.chain(self.cfg, kind, self.layout(ranks), choice, root, float(size), rate)
+        return ch
 
     def _shape(self, kind: OpKind, lay: nccl.Layout, choice: nccl.Choice, root: int | None) -> tuple[dict[int, float], float]:
         """(channel -> data bytes per byte of size, the busiest rank's bytes per byte of size)."""
