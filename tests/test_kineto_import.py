@@ -194,3 +194,24 @@ def test_host_gaps_are_the_time_between_launch_calls_so_the_launch_is_counted_on
     assert abs(same - step_us) / step_us < 0.005, (same, step_us)  # counted twice: +40 x 4 us = +3.6%
     slower = simulate(program, load_machine_text(LAUNCH_MACHINE.format(launch=CALL_US + 5), "m.yaml")).makespan_us
     assert slower - same == pytest.approx(5.0 * KERNELS, abs=10.0)
+
+
+def test_ops_are_issued_in_launch_order_not_device_order(tmp_path):
+    """Kernel X is launched before Y but starts after it (its stream is busy with A): the
+    replay's host issues A, X, Y as the traced host did, each after its framework time."""
+    events = [{"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#0", "pid": 1, "tid": 1, "ts": 0, "dur": 1200, "args": {}}]
+    for corr, (name, launch_ts, start, dur, stream) in enumerate(
+            [("A", 50, 56, 1000, 7), ("X", 100, 1056, 10, 7), ("Y", 150, 156, 10, 9)]):  # fmt: skip
+        events.append({"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 1, "tid": 1, "ts": launch_ts,
+                       "dur": CALL_US, "args": {"correlation": corr}})  # fmt: skip
+        events.append({"ph": "X", "cat": "kernel", "name": f"void {name}()", "pid": 0, "tid": stream, "ts": start,
+                       "dur": dur, "args": {"correlation": corr, "stream": stream}})  # fmt: skip
+    folder = tmp_path / "t"
+    folder.mkdir()
+    (folder / "rank0.pt.trace.json").write_text(json.dumps({"schemaVersion": 1, "traceEvents": events}))
+    out = tmp_path / "job.yaml"
+    assert main(["import", "kineto", str(folder), "-o", str(out)]) == 0
+    body = out.read_text().split("program: |\n")[1].split("\n")
+    assert [line.strip() for line in body if line.strip()] == [
+        "if rank == 0:", "host gap[0] 50.000us", "compute A[0] 1000.000us on s7", "host gap[1] 46.000us",
+        "compute X[0] 10.000us on s7", "host gap[2] 46.000us", "compute Y[0] 10.000us on s9"]  # fmt: skip
