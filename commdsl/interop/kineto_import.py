@@ -232,10 +232,8 @@ def _rank_program(trace: RankTrace, work: list[_Work], t0: float, tolerance_us: 
     counts: dict[str, int] = {}
     recorded = {j for w in work for j in w.waits_on}
     last_end: dict[str, float] = {}
-    host_us = 0.0
-    """Where the replay's host is on the trace's clock (from t0), after the last statement."""
-    owed_us = 0.0
-    """Host time between launch calls not yet written as a gap (under `MIN_GAP_US`)."""
+    host_us = 0.0  # where the replay's host is on the trace's clock (from t0)
+    owed_us = 0.0  # host time between launch calls not yet written as a gap (under MIN_GAP_US)
     gaps = 0
     from_launch = 0
 
@@ -252,9 +250,7 @@ def _rank_program(trace: RankTrace, work: list[_Work], t0: float, tolerance_us: 
     blocks = [(b, s) for b, s in blocks if s is not None]  # a call that returned at once is the host's own time
     for i in _issue_order(work):
         w = work[i]
-        while blocks and (w.launch is None or blocks[0][0].start_us <= w.launch[0]):
-            if w.launch is None and blocks[0][0].start_us > w.start_us:
-                break
+        while blocks and blocks[0][0].start_us <= w.issue_key()[0]:
             block, stream = blocks.pop(0)
             gap(block.start_us - t0)
             lines.append("synchronize" if block.name == "cudaDeviceSynchronize" else f"synchronize {stream}")
