@@ -215,3 +215,16 @@ def test_ops_are_issued_in_launch_order_not_device_order(tmp_path):
     assert [line.strip() for line in body if line.strip()] == [
         "if rank == 0:", "host gap[0] 50.000us", "compute A[0] 1000.000us on s7", "host gap[1] 46.000us",
         "compute X[0] 10.000us on s7", "host gap[2] 46.000us", "compute Y[0] 10.000us on s9"]  # fmt: skip
+
+
+def test_a_launch_call_without_a_duration_is_a_clear_error(tmp_path, capsys):
+    folder = tmp_path / "t"
+    folder.mkdir()
+    _launch_trace(folder)
+    path = folder / "rank0.pt.trace.json"
+    trace = json.loads(path.read_text())
+    del next(e for e in trace["traceEvents"] if e["name"] == "cudaLaunchKernel")["dur"]
+    path.write_text(json.dumps(trace))
+    assert main(["import", "kineto", str(folder)]) == 2
+    err = capsys.readouterr().err
+    assert f"{path}: an event ('cudaLaunchKernel') has no numeric 'dur'" in err and "Traceback" not in err
