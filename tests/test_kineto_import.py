@@ -5,6 +5,7 @@ traced one its makespan is the trace's step time."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -44,6 +45,8 @@ def test_the_replay_has_each_ranks_work_in_stream_order(replay):
         assert len(p2p) == len(trace.comms) and {op.size_bytes for op in p2p} == {1 << 20}
         assert any(op.batch is not None for op in p2p)  # a send and a recv at once: batch_isend_irecv
         assert any(op.kind is OpKind.HOST for op in ops)  # the host gaps
+    # gloo's CPU ranges have no launch calls: every gap is the stream's idle time.
+    assert "# 0 of 48 ops are the host's time between launch calls" in replay.read_text()
 
 
 def test_simulated_on_a_machine_like_the_traced_one_the_replay_takes_the_steps_time(replay, capsys):
@@ -124,3 +127,104 @@ def test_a_real_8_rank_gpu_job_replays_and_compares_op_by_op(tmp_path, capsys):
     t0 = min(t.step_start_us for t in job.ranks.values())
     starts = sorted(round(op["measured_start_us"], 3) for op in data["ops"] if op["kind"] in ("all_to_all", "all_reduce"))
     assert starts == sorted(round(c.start_us - t0, 3) for t in job.ranks.values() for c in t.comms)
+
+
+# A synthetic GPU trace whose host is the bottleneck: the framework spends GAP_US between
+# launch calls of CALL_US each (the machine's kernel_launch_us below), every kernel runs
+# KERNEL_US, and once the host blocks in cudaStreamSynchronize behind a long kernel.
+CALL_US, GAP_US, KERNEL_US, LONG_US, KERNELS = 4.0, 50.0, 10.0, 2000.0, 40
+LAUNCH_MACHINE = """
+name: launches
+devices: 1
+device: {{name: test, peak_tflops: {{fp32: 10}}, memory_bandwidth_gb_per_s: 1000, sm_count: 4}}
+kernel_launch_us: {launch}
+comm_launch_us: 10
+host_link: {{latency_us: 0, bandwidth_gb_per_s: 10}}
+transports:
+  nccl: {{latency_us: 0, bandwidth_gb_per_s: 100}}
+"""
+
+
+def _launch_trace(folder: Path) -> float:
+    """Writes the trace (rank 0 of 1) into `folder`; returns its step's time in us."""
+    events, host, device, correlation = [], 1000.0, 0.0, 100
+    sync_after = KERNELS // 2
+    for k in range(KERNELS):
+        host += GAP_US
+        duration = LONG_US if k == sync_after else KERNEL_US
+        start = max(host + CALL_US + 2.0, device)  # the GPU takes it 2 us after the call ends
+        events.append({"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 1, "tid": 1, "ts": host,
+                       "dur": CALL_US, "args": {"correlation": correlation}})  # fmt: skip
+        events.append({"ph": "X", "cat": "kernel", "name": f"void k{k % 3}<float>(float*)", "pid": 0, "tid": 7, "ts": start,
+                       "dur": duration, "args": {"correlation": correlation, "stream": 7}})  # fmt: skip
+        host, device, correlation = host + CALL_US, start + duration, correlation + 1
+        if k == sync_after:  # .item(): the host waits for the long kernel, then the framework goes on
+            events.append({"ph": "X", "cat": "cuda_runtime", "name": "cudaStreamSynchronize", "pid": 1, "tid": 1,
+                           "ts": host + 1.0, "dur": device - host - 1.0, "args": {"correlation": correlation}})  # fmt: skip
+            host, correlation = device, correlation + 1
+    step_end = max(host, device)
+    events.insert(0, {"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#0", "pid": 1, "tid": 1, "ts": 1000.0,
+                      "dur": step_end - 1000.0, "args": {}})  # fmt: skip
+    trace = {"schemaVersion": 1, "distributedInfo": {"backend": "nccl", "rank": 0, "world_size": 1}, "traceEvents": events}
+    (folder / "rank0.pt.trace.json").write_text(json.dumps(trace))
+    return step_end - 1000.0
+
+
+def test_host_gaps_are_the_time_between_launch_calls_so_the_launch_is_counted_once(tmp_path):
+    """The gap written is launch-to-launch less the call (the framework's own time; the
+    synchronize's wait is written as `synchronize`, not as a gap), and simulated on a
+    machine whose kernel_launch_us is the traced call the replay takes the step's time;
+    a machine that launches slower is slower by its extra launch time on every kernel."""
+    from commdsl.machine import load_machine_text
+    from commdsl.sim import simulate
+
+    folder = tmp_path / "t"
+    folder.mkdir()
+    step_us = _launch_trace(folder)
+    out = tmp_path / "job.yaml"
+    assert main(["import", "kineto", str(folder), "-o", str(out)]) == 0
+    text = out.read_text()
+    gaps = [float(x) for x in re.findall(r"host gap\[\d+\] ([\d.]+)us", text)]
+    # Every kernel's gap is GAP_US; the framework's 1 us before the synchronize is one too.
+    assert gaps == [GAP_US] * (KERNELS // 2 + 1) + [1.0] + [GAP_US] * (KERNELS - KERNELS // 2 - 1), gaps
+    assert text.count("synchronize s7") == 1
+    assert f"{KERNELS} of {KERNELS} ops are the host's time between launch calls" in text
+    program = load_schedule(str(out), {})
+    same = simulate(program, load_machine_text(LAUNCH_MACHINE.format(launch=CALL_US), "m.yaml")).makespan_us
+    assert abs(same - step_us) / step_us < 0.005, (same, step_us)  # counted twice: +40 x 4 us = +3.6%
+    slower = simulate(program, load_machine_text(LAUNCH_MACHINE.format(launch=CALL_US + 5), "m.yaml")).makespan_us
+    assert slower - same == pytest.approx(5.0 * KERNELS, abs=10.0)
+
+
+def test_ops_are_issued_in_launch_order_not_device_order(tmp_path):
+    """Kernel X is launched before Y but starts after it (its stream is busy with A): the
+    replay's host issues A, X, Y as the traced host did, each after its framework time."""
+    events = [{"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#0", "pid": 1, "tid": 1, "ts": 0, "dur": 1200, "args": {}}]
+    for corr, (name, launch_ts, start, dur, stream) in enumerate(
+            [("A", 50, 56, 1000, 7), ("X", 100, 1056, 10, 7), ("Y", 150, 156, 10, 9)]):  # fmt: skip
+        events.append({"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 1, "tid": 1, "ts": launch_ts,
+                       "dur": CALL_US, "args": {"correlation": corr}})  # fmt: skip
+        events.append({"ph": "X", "cat": "kernel", "name": f"void {name}()", "pid": 0, "tid": stream, "ts": start,
+                       "dur": dur, "args": {"correlation": corr, "stream": stream}})  # fmt: skip
+    folder = tmp_path / "t"
+    folder.mkdir()
+    (folder / "rank0.pt.trace.json").write_text(json.dumps({"schemaVersion": 1, "traceEvents": events}))
+    out = tmp_path / "job.yaml"
+    assert main(["import", "kineto", str(folder), "-o", str(out)]) == 0
+    body = out.read_text().split("program: |\n")[1].split("\n")
+    assert [line.strip() for line in body if line.strip()] == [
+        "if rank == 0:", "host gap[0] 50.000us", "compute A[0] 1000.000us on s7", "host gap[1] 46.000us",
+        "compute X[0] 10.000us on s7", "host gap[2] 46.000us", "compute Y[0] 10.000us on s9"]  # fmt: skip
+
+
+def test_a_launch_call_without_a_duration_is_a_clear_error(tmp_path, capsys):
+    folder = tmp_path / "t"
+    folder.mkdir()
+    _launch_trace(folder)
+    path = folder / "rank0.pt.trace.json"
+    trace = json.loads(path.read_text())
+    del next(e for e in trace["traceEvents"] if e["name"] == "cudaLaunchKernel")["dur"]
+    path.write_text(json.dumps(trace))
+    assert main(["import", "kineto", str(folder)]) == 2
+    err = capsys.readouterr().err
+    assert f"{path}: an event ('cudaLaunchKernel') has no numeric 'dur'" in err and "Traceback" not in err

@@ -10,8 +10,14 @@ each worker thread (the outermost ones, those that wrap no gloo range) and gloo'
     ranks) or gloo's ranges, each waited on its stream (async: the host goes on);
   * a cross-stream dependency (an op starting within `tolerance_us` of another
     stream's op ending, after its own stream went idle) becomes `record` / `wait`;
-  * any other idle time before an op is a host gap: the host had not launched it yet,
-    and the schedule's host waits as long (`host gap[k] ...`) before issuing it.
+  * host gaps (`host gap[k] ...`, the schedule's host waiting before it issues an op):
+    where the trace has the op's launch call (`cuda_runtime`, by correlation id), the
+    host's own time between the end of the previous launch call and the start of this
+    one, less the time it spent blocked in a synchronize (which becomes `synchronize`);
+    the launch call itself is left out, as the machine's `kernel_launch_us` /
+    `comm_launch_us` model it. The ops are issued in their launch order. Where an op has
+    no launch call (CPU traces, older profilers), any other idle time of its stream
+    before it is the host not having launched it yet, and the host waits as long.
 Simulated on a machine like the traced one, the schedule's makespan is the trace's step
 time give or take the machine's model of communication (docs/interop.md).
 """
@@ -21,12 +27,17 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from commdsl.interop.kineto_read import KinetoJob, Place, RankTrace, TraceComm, TraceError, TraceRange, host_memory_of, memcpy_kind
+from commdsl.interop.kineto_read import (KinetoJob, Place, RankTrace, TraceComm, TraceError, TraceRange, host_memory_of,
+                                         memcpy_kind)  # fmt: skip
 from commdsl.ir import CopyDir, HostMemory, OpKind
 
 DEFAULT_TOLERANCE_US = 20.0
 """An op that starts within this long of another stream's op ending, after its own
 stream went idle, waited for it (a dependency); a later start is a host gap."""
+
+MIN_GAP_US = 1.0
+"""Host time between launch calls shorter than this is carried on to the next gap, so
+that a gap line is not written before nearly every op (the total is kept)."""
 
 MAX_NAME = 40
 """Longest op name taken from a range or kernel (the rest is cut)."""
@@ -49,6 +60,13 @@ class _Work:
     """A copy with pageable host memory: the host is held until it ends."""
     batch: list[_Work] = field(default_factory=list)
     """P2P ops that ran at once with this one on its stream (batch_isend_irecv): one unit."""
+    launch: tuple[float, float] | None = None
+    """The host's launch call (start, end) where the trace has it (a batch: its first
+    call's start to its last call's end)."""
+
+    def issue_key(self) -> tuple[float, float]:
+        """Where the op comes in the host's order: its launch call, else its start."""
+        return (self.launch[0] if self.launch else self.start_us, self.start_us)
 
 
 def _kernel_identifier(signature: str) -> str:
@@ -119,7 +137,8 @@ def _copy(c: TraceRange) -> _Work:
         # pinned, the copy engines' own case; docs/interop.md says so.
         pageable = host_memory_of(word) is HostMemory.PAGEABLE
         words = (" from host" if copy_dir is CopyDir.H2D else " to host") + (" memory=pageable" if pageable else "")
-    return _Work(_stream(c.track), c.start_us, c.end_us, "copy", f"copy {{name}} {_size(c.size_bytes)}{words}", blocks_host=pageable)
+    return _Work(_stream(c.track), c.start_us, c.end_us, "copy", f"copy {{name}} {_size(c.size_bytes)}{words}", blocks_host=pageable,
+                 launch=c.launch)  # fmt: skip
 
 
 def _device_work(trace: RankTrace, world: int, groups: dict[tuple[int, ...], str]) -> list[_Work]:
@@ -130,7 +149,7 @@ def _device_work(trace: RankTrace, world: int, groups: dict[tuple[int, ...], str
         for k in trace.kernels:
             inner = [a for a in annotations if a.track == k.track and a.start_us <= k.start_us and k.end_us <= a.end_us]
             label = _identifier(min(inner, key=lambda a: a.duration_us).name) if inner else _kernel_identifier(k.name)
-            out.append(_Work(_stream(k.track), k.start_us, k.end_us, label, f"compute {{name}} {_us(k.duration_us)}"))
+            out.append(_Work(_stream(k.track), k.start_us, k.end_us, label, f"compute {{name}} {_us(k.duration_us)}", launch=k.launch))
         for c in trace.copies:
             out.append(_copy(c))
     else:
@@ -145,10 +164,13 @@ def _device_work(trace: RankTrace, world: int, groups: dict[tuple[int, ...], str
     for c in sorted(trace.comms, key=lambda c: (c.start_us, c.end_us)):
         group = groups[c.group] if c.group and c.group in groups else "world"
         w = _Work(_stream(c.track), c.start_us, c.end_us, _identifier(f"{next(iter(c.kinds)).value}" if len(c.kinds) == 1 else "p2p"),
-                  _comm_statement(c, trace.rank, trace, world, group), p2p=c.kinds <= {OpKind.SEND, OpKind.RECV})  # fmt: skip
+                  _comm_statement(c, trace.rank, trace, world, group), p2p=c.kinds <= {OpKind.SEND, OpKind.RECV},
+                  launch=c.launch)  # fmt: skip
         lead = batch_end.get(w.stream)
         if w.p2p and lead is not None and w.start_us < lead[1]:  # it began before the last P2P on its stream ended
             lead[0].batch.append(w)
+            if lead[0].launch and w.launch:
+                lead[0].launch = (min(lead[0].launch[0], w.launch[0]), max(lead[0].launch[1], w.launch[1]))
             batch_end[w.stream] = (lead[0], max(lead[1], w.end_us))
             continue
         if w.p2p:
@@ -173,23 +195,81 @@ def _dependencies(work: list[_Work], t0: float, tolerance_us: float) -> None:
         last_end[w.stream] = max(last_end.get(w.stream, t0), w.end_us)
 
 
-def _rank_program(trace: RankTrace, work: list[_Work], t0: float, tolerance_us: float) -> list[str]:
-    """The rank's statements: ops in start order, with host gaps, events and waits."""
+def _issue_order(work: list[_Work]) -> list[int]:
+    """The ops' indices in the order the host issues them: by launch call (`issue_key`),
+    an op held back until the op before it on its stream and the ops it waits for are
+    issued (a launch order that disagrees with the device's, e.g. across host threads)."""
+    before: dict[int, list[int]] = {}
+    last_on: dict[str, int] = {}
+    for i, w in enumerate(work):
+        before[i] = [*w.waits_on, *([last_on[w.stream]] if w.stream in last_on else [])]
+        last_on[w.stream] = i
+    issued: set[int] = set()
+    order: list[int] = []
+    held: list[int] = []
+    for i in sorted(range(len(work)), key=lambda i: work[i].issue_key()):
+        held.append(i)
+        ready = next((j for j in held if all(d in issued for d in before[j])), None)
+        while ready is not None:
+            held.remove(ready)
+            order.append(ready)
+            issued.add(ready)
+            ready = next((j for j in held if all(d in issued for d in before[j])), None)
+    return order + held
+
+
+def _waited_stream(block: TraceRange, work: list[_Work]) -> str | None:
+    """The stream a blocking call waited for: that of the device op that ended last
+    while the call held the host; None if none ended then (the call did not wait)."""
+    ended = [w for w in work if block.start_us < w.end_us <= block.end_us]
+    return max(ended, key=lambda w: w.end_us).stream if ended else None
+
+
+def _rank_program(trace: RankTrace, work: list[_Work], t0: float, tolerance_us: float) -> tuple[list[str], int]:
+    """The rank's statements: ops in the host's issue order, with host gaps, synchronize,
+    events and waits; and how many ops got their host gap from a launch call."""
     lines: list[str] = []
     counts: dict[str, int] = {}
     recorded = {j for w in work for j in w.waits_on}
     last_end: dict[str, float] = {}
-    host_us = 0.0
+    host_us = 0.0  # where the replay's host is on the trace's clock (from t0)
+    owed_us = 0.0  # host time between launch calls not yet written as a gap (under MIN_GAP_US)
     gaps = 0
-    for i, w in enumerate(work):
+    from_launch = 0
+
+    def gap(until_us: float) -> None:
+        nonlocal gaps, host_us, owed_us
+        owed_us += max(until_us - host_us, 0.0)
+        host_us = max(host_us, until_us)
+        if owed_us >= MIN_GAP_US:
+            lines.append(f"host gap[{gaps}] {_us(owed_us)}")
+            gaps += 1
+            owed_us = 0.0
+
+    blocks = [(b, _waited_stream(b, work)) for b in trace.host_blocks]
+    blocks = [(b, s) for b, s in blocks if s is not None]  # a call that returned at once is the host's own time
+    for i in _issue_order(work):
+        w = work[i]
+        while blocks and blocks[0][0].start_us <= w.issue_key()[0]:
+            block, stream = blocks.pop(0)
+            gap(block.start_us - t0)
+            lines.append("synchronize" if block.name == "cudaDeviceSynchronize" else f"synchronize {stream}")
+            host_us = max(host_us, block.end_us - t0)
         at = w.start_us - t0
         idle_from = last_end.get(w.stream, 0.0)
-        explained = at - idle_from <= tolerance_us or bool(w.waits_on)
-        # The replay's host moves only by its gaps: ops it issues early wait on their streams.
-        if not explained and at - host_us > tolerance_us:
-            lines.append(f"host gap[{gaps}] {_us(at - host_us)}")
-            gaps += 1
-            host_us = at
+        # Launched, yet started late on an idle stream with nothing to wait for: the
+        # stream was busy with work the step does not hold (the step before's), so the
+        # op keeps its start, as without a launch call.
+        late = at - idle_from > tolerance_us and not w.waits_on and w.launch is not None and w.start_us - w.launch[1] > tolerance_us
+        if w.launch is not None and not late:
+            gap(w.launch[0] - t0)
+            host_us = max(host_us, w.launch[1] - t0)  # the call is the machine's launch cost
+            from_launch += 1
+        else:
+            explained = at - idle_from <= tolerance_us or bool(w.waits_on)
+            # The replay's host moves only by its gaps: ops it issues early wait on their streams.
+            if not explained and at - host_us > tolerance_us:
+                gap(at)
         for j in w.waits_on:
             lines.append(f"wait ev[{j}] on {w.stream}")
         stmts = []
@@ -211,7 +291,7 @@ def _rank_program(trace: RankTrace, work: list[_Work], t0: float, tolerance_us: 
         if i in recorded:
             lines.append(f"record ev[{i}] on {w.stream}")
         last_end[w.stream] = max(idle_from, max(m.end_us for m in (w, *w.batch)) - t0)
-    return lines
+    return lines, from_launch
 
 
 def schedule_text(job: KinetoJob, name: str, tolerance_us: float = DEFAULT_TOLERANCE_US) -> str:
@@ -226,16 +306,20 @@ def schedule_text(job: KinetoJob, name: str, tolerance_us: float = DEFAULT_TOLER
     groups = {g: f"g{i}" for i, g in enumerate(group_ranks)}
     t0 = min(t.step_start_us for t in job.ranks.values())
     bodies, streams = [], set()
+    ops = from_launch = 0
     for rank, trace in sorted(job.ranks.items()):
         work = _device_work(trace, world, groups)
         _dependencies(work, t0, tolerance_us)
         streams |= {w.stream for w in work}
-        bodies.append((rank, _rank_program(trace, work, t0, tolerance_us)))
+        lines, launched = _rank_program(trace, work, t0, tolerance_us)
+        bodies.append((rank, lines))
+        ops, from_launch = ops + len(work), from_launch + launched
     step = next(iter(job.ranks.values())).step or "the whole trace"
     out = [f"name: {name}",
            f"# Replays {step} of the profiler traces in {job.folder}: per rank, its device-side work in stream",
            "# order with measured compute durations, copies and communication from the trace, cross-stream",
-           "# waits, and host gaps (commdsl import kineto; docs/interop.md).",
+           "# waits, and host gaps (commdsl import kineto; docs/interop.md): the gaps before",
+           f"# {from_launch} of {ops} ops are the host's time between launch calls, the rest its streams' idle time.",
            f"world: {world}",
            f"streams: [{', '.join(sorted(streams))}]"]  # fmt: skip
     if groups:

@@ -8,10 +8,12 @@ A trace folder becomes a `KinetoJob`: per rank, one profiler step's
     `Process Group Ranks` args, which PyTorch's profiler gives NCCL kernels since 2.2),
     and on CPU the `gloo:<collective>` ranges gloo's worker threads record (their
     `Input Dims` and `Input type`; gloo names no process group);
-  * kernels (GPU compute) and copies (`gpu_memcpy`, with their bytes).
+  * kernels (GPU compute) and copies (`gpu_memcpy`, with their bytes), each with the
+    host's call that launched it (`cudaLaunchKernel`, `cudaMemcpyAsync`, ...: the
+    `cuda_runtime` event of the same `correlation` id);
+  * the host's blocking calls (`cudaStreamSynchronize`, ...: `BLOCKING_CALLS`).
 Times are microseconds on the trace's clock. Device work is assigned to the step whose
-host range launched it (its `correlation` id to a `cuda_runtime` launch), since a GPU
-runs it after the host moved on.
+host range launched it (its launch call), since a GPU runs it after the host moved on.
 
 Formats read: Kineto `schemaVersion` 1 traces of torch 2.x's profiler (the traces that
 HTA's test data holds, with and without `distributedInfo.pg_config`, NCCL 2.17 args;
@@ -26,7 +28,7 @@ import json
 import math
 import re
 import zlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from commdsl.dsl.values import format_bytes
@@ -108,6 +110,10 @@ def host_memory_of(word: str) -> HostMemory | None:
     (managed memory, arrays)."""
     return next((m for m, w in _CUPTI_MEMORY.items() if w == word), None)
 
+BLOCKING_CALLS = frozenset({"cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize"})
+"""CUDA runtime calls that hold the host until device work ends: their host time is
+waiting, not the framework's own."""
+
 GLOO_RUNS_FOR: dict[OpKind, frozenset[OpKind]] = {OpKind.ALL_REDUCE: frozenset({OpKind.REDUCE_SCATTER})}
 """Collectives gloo runs as another one, by the range it records: torch 2.13's
 ProcessGroupGloo runs `reduce_scatter_tensor` as an all_reduce of the whole input (its
@@ -153,6 +159,9 @@ class TraceRange:
     end_us: float
     size_bytes: int = 0
     """A copy's bytes (0 for the rest)."""
+    launch: tuple[float, float] | None = None
+    """The start and end of the host's call that launched a kernel or copy (its
+    `cuda_runtime` event); None where the trace has none (CPU ranges, older profilers)."""
 
     @property
     def duration_us(self) -> float:
@@ -181,6 +190,9 @@ class TraceComm:
     kernel, the start of a gloo range (gloo's workers take a group's ops in issue order)."""
     runs_for: frozenset[OpKind] = frozenset()
     """Other collectives the backend runs as this one (`GLOO_RUNS_FOR`)."""
+    launch: tuple[float, float] | None = None
+    """The start and end of the host's call that launched an NCCL kernel; None for gloo
+    ranges and kernels without a launch event."""
 
     @property
     def duration_us(self) -> float:
@@ -209,6 +221,8 @@ class RankTrace:
     kernels: list[TraceRange] = field(default_factory=list)
     """GPU compute kernels (neither NCCL nor copies)."""
     copies: list[TraceRange] = field(default_factory=list)
+    host_blocks: list[TraceRange] = field(default_factory=list)
+    """The host's blocking calls (`BLOCKING_CALLS`) in the step."""
 
     @property
     def step_us(self) -> float:
@@ -393,15 +407,18 @@ def _rank_trace(f: str, data: dict, rank: int, world: int, step: int | None) -> 
             track = f"stream {args.get('stream', e.get('tid'))}"
             launch = launches.get(args.get("correlation"))
             issued = _number(launch, "ts", f) if launch is not None else ts
+            call = (issued, issued + _number(launch, "dur", f)) if launch is not None else None
             host = next((r for r in nccl_ranges if launch is not None and r.get("tid") == launch.get("tid")
                          and _number(r, "ts", f) <= issued <= _number(r, "ts", f) + _number(r, "dur", f)), None)  # fmt: skip
             comm = _nccl_comm(ename, args, track, ts, end, issued, groups, host)
             if comm is not None:
-                trace.comms.append(comm)
+                trace.comms.append(replace(comm, launch=call))
             elif cat == "kernel":
-                trace.kernels.append(TraceRange(ename, track, Place.DEVICE, ts, end))
+                trace.kernels.append(TraceRange(ename, track, Place.DEVICE, ts, end, launch=call))
             elif cat == "gpu_memcpy":
-                trace.copies.append(TraceRange(ename, track, Place.DEVICE, ts, end, int(args.get("bytes", 0) or 0)))
+                trace.copies.append(TraceRange(ename, track, Place.DEVICE, ts, end, int(args.get("bytes", 0) or 0), call))
+        elif cat == "cuda_runtime" and ename in BLOCKING_CALLS and lo <= ts and end <= hi:
+            trace.host_blocks.append(TraceRange(ename, f"thread {e.get('tid')}", Place.HOST, ts, end))
         elif cat == "gpu_user_annotation":
             annotations.append(TraceRange(ename, f"stream {e.get('tid')}", Place.DEVICE, ts, end))
         elif cat == "user_annotation" and lo <= ts and end <= hi and ename != name and not NCCL_RANGE.fullmatch(ename):
@@ -421,7 +438,7 @@ def _rank_trace(f: str, data: dict, rank: int, world: int, step: int | None) -> 
         spans = [(x.start_us, x.end_us) for x in (*trace.ranges, *trace.comms, *trace.kernels, *trace.copies)]
         trace.step_start_us = min((s for s, _ in spans), default=0.0)
         trace.step_end_us = max((e for _, e in spans), default=0.0)
-    for xs in (trace.ranges, trace.comms, trace.kernels, trace.copies):
+    for xs in (trace.ranges, trace.comms, trace.kernels, trace.copies, trace.host_blocks):
         xs.sort(key=lambda x: (x.start_us, x.end_us, x.name))
     return trace
 
