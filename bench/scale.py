@@ -23,7 +23,8 @@ shared. Figures:
      64 MiB sends between neighbours, each stage receive -> compute -> send on its own
      stream (715,600 ops; the ring machine of figure 1 with 512 devices): the whole
      command's CPU time, and where it goes (measured in this process: expansion, the
-     checks across ranks, `simulate()`, the summary and its JSON).
+     checks across ranks, `simulate()`, the summary and its JSON), and its start-up (the
+     same command on 2 stages x 1 microbatch).
 
 The simulator's own rate (`simulate()` alone) is bench/sim_scale.py's, expansion's is
 bench/expand.py's.
@@ -41,6 +42,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from contextlib import ExitStack
 from pathlib import Path
 
 from contention import CHAINED, RING_MACHINE  # bench/contention.py (the script's folder is on the path)
@@ -205,6 +207,7 @@ def pipeline(tmp: Path, repeats: int, stages: int, microbatches: int) -> None:
     from commdsl.dsl import load_schedule_text
     from commdsl.machine import load_machine_text
     from commdsl.sim import simulate
+    from commdsl.sim.collector import frozen, gc_paused
     from commdsl.sim.summary import summarize
     from commdsl.validate import validate_program
 
@@ -217,24 +220,33 @@ def pipeline(tmp: Path, repeats: int, stages: int, microbatches: int) -> None:
     ops = json.loads(out.read_text())["num_ops"]
     print(f"5. every rank runs: {stages} stages x {microbatches} microbatches = {ops:,} ops (flow, --json): "
           f"{r['cpu_s']:.2f} s CPU, {r['rss_bytes'] / 2**20:.0f} MiB peak")  # fmt: skip
-    # Where the time goes, phase by phase, in this process (one run; CPU time).
+    # Where the time goes, phase by phase, in this process (one run; CPU time), with the
+    # cyclic collector as the command has it: paused while the program is made and checked,
+    # the program frozen before it runs again (commdsl/commands/simulate.py).
     overrides = {"stages": str(stages), "microbatches": str(microbatches)}
     machine = load_machine_text(machine_text, str(machine_file))
     phases = []
-    t = time.process_time()
-    program = load_schedule_text(PIPELINE, str(schedule), overrides, validate=False)
-    phases.append(("expansion", time.process_time() - t))
-    t = time.process_time()
-    validate_program(program)
-    phases.append(("checks across ranks", time.process_time() - t))
-    t = time.process_time()
-    result = simulate(program, machine, "flow")
-    phases.append(("simulate()", time.process_time() - t))
-    t = time.process_time()
-    summarize(result).write_json(io.StringIO())
-    phases.append(("summary and JSON", time.process_time() - t))
+    with ExitStack() as to_the_end:
+        with gc_paused():
+            t = time.process_time()
+            program = load_schedule_text(PIPELINE, str(schedule), overrides, validate=False)
+            phases.append(("expansion", time.process_time() - t))
+            t = time.process_time()
+            validate_program(program)
+            phases.append(("checks across ranks", time.process_time() - t))
+            to_the_end.enter_context(frozen())
+        t = time.process_time()
+        result = simulate(program, machine, "flow")
+        phases.append(("simulate()", time.process_time() - t))
+        t = time.process_time()
+        summarize(result).write_json(io.StringIO())
+        phases.append(("summary and JSON", time.process_time() - t))
     total = sum(s for _, s in phases)
     print("   " + ", ".join(f"{name} {s:.2f} s ({s / total:.0%})" for name, s in phases))
+    # Start-up and imports: the same command on the smallest pipeline.
+    small = measure(simulate_argv(str(schedule), "-p", "stages=2", "-p", "microbatches=1", "--machine", str(machine_file),
+                                  "--network", "flow", "--json"), repeats)  # fmt: skip
+    print(f"   start-up: the same command at 2 stages x 1 microbatch {small['cpu_s']:.2f} s CPU")
 
 
 def main() -> None:

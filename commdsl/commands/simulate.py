@@ -24,7 +24,7 @@ from commdsl.machine import DEFAULT_MACHINE, resolve_machine
 from commdsl.progress import Progress
 from commdsl.sim import NETWORKS, simulate
 from commdsl.sim.models import DEFAULT_NETWORK
-from commdsl.sim.collector import frozen
+from commdsl.sim.collector import frozen, gc_paused
 from commdsl.sim.folding import inexact
 from commdsl.sim.summary import flow_entries, summarize
 
@@ -84,15 +84,19 @@ def run(args: argparse.Namespace) -> int:
     with ExitStack() as to_the_end:
         with Progress("commdsl simulate") as progress:
             progress.phase(f"expanding {args.schedule}")
-            program = load_from_args(args, fold=True)
-            machine = machine_from_args(args)
-            if (why := inexact(program, machine, args.network, args.samples)) is not None:
-                progress.phase(f"expanding {args.schedule} for every rank")
-                program = replace(load_from_args(args), fold_note=f"not folded along {program.fold.axis}: {why}")
             # The program lives to the end and holds no garbage: frozen, the cyclic collector
             # no longer walks its ops (a million at a million ops) in the full collections
-            # that the summary and the output start.
-            to_the_end.enter_context(frozen())
+            # that the summary and the output start. Frozen before the collector runs again:
+            # expansion makes the ops with it paused, and its first run after would walk
+            # them all (the young generation's count is theirs), then again in the next
+            # generation.
+            with gc_paused():
+                program = load_from_args(args, fold=True)
+                machine = machine_from_args(args)
+                if (why := inexact(program, machine, args.network, args.samples)) is not None:
+                    progress.phase(f"expanding {args.schedule} for every rank")
+                    program = replace(load_from_args(args), fold_note=f"not folded along {program.fold.axis}: {why}")
+                to_the_end.enter_context(frozen())
             progress.phase(f"simulating on {machine.name}", unit="ops")
             result = simulate(program, machine, args.network, samples=args.samples, seed=args.seed, progress=progress.update)
             if args.trace:

@@ -14,7 +14,7 @@ import operator
 
 from lark import v_args
 
-from commdsl.dsl.compile_base import Env, Expr, RuleSet, constant, expression, fault, loc_of
+from commdsl.dsl.compile_base import Env, Expr, RuleSet, constant, constant_of, expression, fault, loc_of
 from commdsl.dsl.replica_rank import ReplicaRank
 from commdsl.dsl.values import (
     BUILTINS,
@@ -48,6 +48,9 @@ class ExpressionRules(RuleSet):
             (op, second), = pairs
             int_op = _INT_OPS[op]
             divides = op in ("//", "%")  # by zero: the general path says so
+            a, b = constant_of(first), constant_of(second)
+            if a.__class__ is int and b.__class__ is int and (b or not divides) and -INT_LIMIT < int_op(a, b) < INT_LIMIT:
+                return constant(int_op(a, b))  # `stages - 1`: known before any rank runs, as fold_int would give it
 
             def fold_int(env):  # i + 1: integers skip the unit machinery
                 try:

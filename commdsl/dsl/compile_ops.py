@@ -16,7 +16,7 @@ from collections.abc import Callable
 from lark import Token, v_args
 
 from commdsl.dsl.compile_base import Env, Expr, Option, Ref, RuleSet, Stmt, constant_of, loc_of, op_node
-from commdsl.dsl.replica_rank import plain
+from commdsl.dsl.replica_rank import ReplicaRank, plain
 from commdsl.dsl.expand import CollectiveSite, ComputeSite, P2PSite, RankExpander
 from commdsl.dsl.values import Quantity, Unit, format_value, type_name
 from commdsl.errors import ScheduleError, SourceLoc
@@ -85,11 +85,13 @@ class OpRules(RuleSet):
         if known.__class__ is Quantity and known.unit in (_DURATION, _WORK):
             timed = (known.value, None) if known.unit is _DURATION else (None, known.value)
 
+        text = ref.text
+
         def run(ctx, env, handle=None):
             if handle is not None:
                 raise ctx.fail("compute returns no handle; record an event to wait on it from another stream", loc)
             size = None
-            name = ref.text(env)
+            name = text(env)
             if timed is not None:
                 duration_us, flops = timed
             elif amount is not None:
@@ -262,7 +264,10 @@ class OpRules(RuleSet):
                     size, dt = q.value, q.dtype
                 else:
                     size, dt = _size(ctx, q, size_loc)
-            ctx.p2p(site, text(env), size, dtype or dt, plain(peer_expr(env)), handle, None if pipeline is _no_pipeline else pipeline(ctx, env))
+            peer = peer_expr(env)
+            if peer.__class__ is ReplicaRank:  # `plain`, inline: this runs for every transfer
+                peer = int.__int__(peer)
+            ctx.p2p(site, text(env), size, dtype or dt, peer, handle, None if pipeline is _no_pipeline else pipeline(ctx, env))
 
         return op_node(run, kind_word)
 
@@ -325,11 +330,12 @@ class OpRules(RuleSet):
         loc = self._loc(meta)
         stream = self._stream_name(placement, loc, allow_host=allow_host)
         cache: dict = {}
+        text = ref.text
 
         def run(ctx, env, handle=None):
             if handle is not None:
                 raise ctx.fail(no_handle, loc)
-            emit(ctx, cache, ref.text(env), stream, loc)
+            emit(ctx, cache, text(env), stream, loc)
 
         return op_node(run, word)
 

@@ -162,14 +162,26 @@ class StatementRules(RuleSet):
             else:
                 otherwise = clause[1]
 
+        shape = IfShape(tuple(tuple(b) for _, b, _ in branches) + ((tuple(otherwise),) if otherwise else ()), otherwise is not None)
+        if len(branches) == 1 and otherwise is None:  # `if COND:` alone, the usual case: no loop over branches
+            test, stmts, loc = branches[0]
+
+            def run_if(ctx, env):
+                taken = test(env)
+                if taken.__class__ is not bool:
+                    _check_condition(ctx, taken, loc)
+                if taken:
+                    for s in stmts:
+                        s(ctx, env)
+
+            run_if.shape = shape
+            return run_if
+
         def run_if(ctx, env):
             for test, stmts, loc in branches:
                 taken = test(env)
                 if taken.__class__ is not bool:
-                    try:
-                        truth(taken, "an if condition")
-                    except ValueFault as e:
-                        raise ctx.fail(str(e), loc) from None
+                    _check_condition(ctx, taken, loc)
                 if taken:
                     for s in stmts:
                         s(ctx, env)
@@ -178,7 +190,7 @@ class StatementRules(RuleSet):
                 for s in otherwise:
                     s(ctx, env)
 
-        run_if.shape = IfShape(tuple(tuple(b) for _, b, _ in branches) + ((tuple(otherwise),) if otherwise else ()), otherwise is not None)
+        run_if.shape = shape
         return run_if
 
     def elif_clause(self, meta, children):
@@ -245,6 +257,15 @@ class StatementRules(RuleSet):
 
         run_on.shape = BodyShape(tuple(body))
         return run_on
+
+
+def _check_condition(ctx, value: object, loc) -> None:
+    """An `if` condition that is not a bool: one that has a truth value passes, any other
+    is the schedule's error at `loc`."""
+    try:
+        truth(value, "an if condition")
+    except ValueFault as e:
+        raise ctx.fail(str(e), loc) from None
 
 
 def _block(stmts: list[Stmt]) -> Stmt:

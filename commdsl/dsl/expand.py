@@ -58,6 +58,7 @@ _NO_PIPELINE = (None, None, None)
 # enum class has a metaclass `__getattr__`, which makes `OpKind.COMPUTE` several times
 # dearer than reading a global.
 _COMPUTE, _ALLOC, _FREE = OpKind.COMPUTE, OpKind.ALLOC, OpKind.FREE
+_WAIT, _WAIT_EVENT, _RECORD = OpKind.WAIT, OpKind.WAIT_EVENT, OpKind.RECORD
 
 _AMOUNT_LIMITS = {
     Unit.DURATION: (MAX_DURATION_US, format_us),
@@ -651,17 +652,21 @@ class RankExpander:
                           algo=site.algo, proto=site.proto, transport=site.transport or self.layout.default_transport)  # fmt: skip
 
     def wait(self, cache: dict, name: str, placement, loc) -> None:
-        self._no_batch("wait", loc)
+        if self.batch_start is not None:
+            self._no_batch("wait", loc)
         h = self.handles.get(name)
         if h is not None:
             if h.waited:
                 raise self.fail(f"handle '{name}' is waited twice (bound at line {h.loc.line})", loc)
             h.waited = True
-            self._emit(OpKind.WAIT, name, self._cached_spec(cache, placement, loc, allow_host=True), waits_for=h.indices)
+            self._emit(_WAIT, name, self._cached_spec(cache, placement, loc, allow_host=True), None, None, h.indices)
             return
         record = self.events.get(name)
         if record is not None:
-            self._emit(OpKind.WAIT_EVENT, name, self._cached_spec(cache, placement, loc), waits_for=(record,))
+            spec = cache.get((placement if placement is not None else self.current_stream, False))  # `_cached_spec`'s hit, inline
+            if spec is None:
+                spec = self._cached_spec(cache, placement, loc)
+            self._emit(_WAIT_EVENT, name, spec, None, None, (record,))
             return
         # Decide at the end of the rank whether it is a handle/event defined later or a typo.
         self.pending_waits.append((name, loc))
@@ -675,11 +680,14 @@ class RankExpander:
         return spec
 
     def record(self, cache: dict, name: str, placement, loc) -> None:
-        self._no_batch("record", loc)
+        if self.batch_start is not None:
+            self._no_batch("record", loc)
         if name in self.handles:
             raise self.fail(f"'{name}' is already a handle; an event needs another name", loc)
-        op = self._emit(OpKind.RECORD, name, self._cached_spec(cache, placement, loc))
-        self.events[name] = op.index
+        spec = cache.get((placement if placement is not None else self.current_stream, False))  # `_cached_spec`'s hit, inline
+        if spec is None:
+            spec = self._cached_spec(cache, placement, loc)
+        self.events[name] = self._emit(_RECORD, name, spec).index
 
     def synchronize(self, stream: str | None, loc) -> None:
         self._no_batch("synchronize", loc)

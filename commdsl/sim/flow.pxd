@@ -33,5 +33,8 @@ cdef class FlowNetwork(Network):
     @cython.locals(f=_Flow, g=_Flow, mark=Py_ssize_t, c=Py_ssize_t, r=double, w=double, v=double, comp=list, chans=list, todo=list, active=list)
     cpdef _recompute(self, list seeds, double now)
 
+@cython.locals(n=Py_ssize_t, i=Py_ssize_t, busy=double, top=double, x=double)
+cdef object _busy_and_top_in_order(double[:] t, double[:] v)
+
 cdef class SteppedFlowNetwork(FlowNetwork):
     pass

@@ -236,20 +236,27 @@ def _rank_summaries(result: SimOutcome) -> list[RankSummary | None]:
             continue
         b, n = raw.base[rank], len(rank_ops)
         # Each category's (start, end) in program order, picked in C-level passes: per op its
-        # category if it took time (0 if not), then one selector per category.
-        starts, ends = raw.start[b : b + n], raw.end[b : b + n]
+        # category if it took time (0 if not), then one selector per category. The times as
+        # lists: each a float object once, not once per pass.
+        start_array, end_array = raw.start[b : b + n], raw.end[b : b + n]
+        starts, ends = start_array.tolist(), end_array.tolist()
         spans = bytes(map(mul, raw.kinds[b : b + n].translate(_CATEGORY_OF_KIND), map(gt, ends, starts)))
-        key = (starts.tobytes(), ends.tobytes(), spans)
+        key = (start_array.tobytes(), end_array.tobytes(), spans)
         if first is not None and first[0] == key:
             split = first[1]
         else:
-            compute, comm, copy = (list(compress(zip(starts, ends), spans.translate(_PICK[c]))) if c in spans else [] for c in (1, 2, 3))
+            compute, comm, copy = (_picked(starts, ends, spans.translate(_PICK[c])) if c in spans else [] for c in (1, 2, 3))
             split = breakdown(compute, comm, copy, makespan)
         if first is None:
             first = (key, split)
         bubble = (makespan - split.compute_us) / makespan if split.compute_us > 0 and makespan > 0 else None
         out.append(RankSummary(rank, split.compute_us, split.comm_us, split.exposed_comm_us, split.idle_us, bubble))
     return out
+
+
+def _picked(starts: list[float], ends: list[float], selector: bytes) -> list[tuple[float, float]]:
+    """The (start, end) pairs `selector` picks, a tuple made only for each of those."""
+    return list(zip(compress(starts, selector), compress(ends, selector)))
 
 
 _CATEGORY_OF_KIND = bytes([{"compute": 1, "comm": 2, "copy": 3, None: 0}[category(k)] for k in KINDS]).ljust(256, b"\0")
