@@ -106,13 +106,15 @@ def test_p2p_channels_ramp_with_size_so_p2p_bandwidth_does():
 def test_p2p_channels_per_peer_across_nodes_follow_nccls_rule():
     cfg = H100.nccl
     # A peer across the network gets ceil(47 GB/s / 14) = 4 channels, rounded to a power of
-    # two; then NCCL 2.29 halves it until a round of all peers (8 per batch) fits in 32.
+    # two; then NCCL 2.29 halves it until a round of all peers (8 per batch) fits in the P2P
+    # channels, which across nodes are the 16 ring channels of DGX H100 nodes, not one node's 32.
+    assert (cfg.p2p_channel_count(1), cfg.p2p_channel_count(2)) == (32, 16)
     per_peer = {ranks: nccl.p2p_channels_per_peer(cfg, nccl.P2pComm(ranks, ranks // 8, 47.0)) for ranks in (16, 32, 64, 80, 512)}
-    assert per_peer == {16: 4, 32: 4, 64: 4, 80: 2, 512: 1}
+    assert per_peer == {16: 4, 32: 4, 64: 2, 80: 1, 512: 1}
     assert nccl.p2p_channels_per_peer(cfg, nccl.P2pComm(8, 1, 47.0)) == cfg.p2p_channels_per_peer  # one node: the machine's
     # Across nodes every pair of the communicator is sized for the network, even two GPUs of
     # one node: a 1 GiB send between GPUs 0 and 1 uses the per-peer maximum of its communicator.
-    assert nccl.p2p_channels_per_transfer(cfg, nccl.P2pComm(80, 10, 47.0), 1 << 30, HopKind.NETWORK) == 2
+    assert nccl.p2p_channels_per_transfer(cfg, nccl.P2pComm(80, 10, 47.0), 1 << 30, HopKind.NETWORK) == 1
     assert nccl.p2p_channels_per_transfer(cfg, nccl.P2pComm(16, 2, 47.0), 1 << 30, HopKind.NETWORK) == 4
     # The NIC rate is the topology's: a DGX A100's 200 Gb/s NICs (23.5 GB/s) give 2 channels a peer.
     for name, nic, per_peer in (("dgx-h100", 47.0, 4), ("dgx-a100", 23.5, 2)):
@@ -124,7 +126,7 @@ def test_p2p_channels_per_peer_across_nodes_follow_nccls_rule():
 
 def test_a_send_inside_a_node_slows_when_its_communicator_spans_many_nodes():
     # nccl-tests' sendrecv ring: the same NVLink send between GPUs 0 and 1 of node 0 gets
-    # NCCL's channels of its communicator: 32 on one node, 2 among 80 ranks on 10 nodes.
+    # NCCL's channels of its communicator: 32 on one node, 1 among 80 ranks on 10 nodes.
     prog = "h = batch:\n      isend x 1GiB to (rank + 1) % world_size\n      irecv x 1GiB from (rank + world_size - 1) % world_size\n  wait h"
     one = simulate(one_op(8, prog), H100)
     ten = simulate(one_op(80, prog), H100.with_nodes(10))
