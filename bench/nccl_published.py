@@ -65,6 +65,7 @@ def main() -> None:
     rows = list(csv.DictReader(DATA.open()))
     machines = {}
     errors: dict[tuple[str, str], list[float]] = {}
+    by_source: dict[tuple[str, str], list[float]] = {}  # (source, op) -> signed errors, in file order
     print(f"{'point':22} {'op':15} {'ranks':>5} {'size':>11} {'published us':>13} {'simulated us':>13} "
           f"{'pub busbw':>9} {'sim busbw':>9} {'error':>7}")  # fmt: skip
     t0 = time.perf_counter()
@@ -77,6 +78,7 @@ def main() -> None:
         simulated = simulate_run(machine, run, size)
         err = simulated / published - 1.0
         errors.setdefault((row["op"], band(size)), []).append(abs(err))
+        by_source.setdefault((row["point"].split("-")[0], row["op"]), []).append(err)
         print(f"{row['point']:22} {row['op']:15} {run.ranks:5d} {size:11d} {published:13.2f} {simulated:13.2f} "
               f"{busbw_gb_per_s(run.op, run.ranks, size, published):9.2f} {busbw_gb_per_s(run.op, run.ranks, size, simulated):9.2f} "
               f"{100 * err:+6.1f}%")  # fmt: skip
@@ -99,6 +101,13 @@ def main() -> None:
     for op in sorted({op for op, _ in errors}):
         errs = [e for (o, _), es in errors.items() if o == op for e in es]
         print(f"{op:15} {len(errs):6d} {100 * statistics.median(errs):6.1f}% {100 * max(errs):6.1f}%")
+    print()
+    print("| source | op | points | median | worst | range |")
+    print("| --- | --- | --- | --- | --- | --- |")
+    for (source, op), errs in by_source.items():
+        absolute = [abs(e) for e in errs]
+        print(f"| `{source}` | {op} | {len(errs)} | {100 * statistics.median(absolute):.1f}% | {100 * max(absolute):.1f}% | "
+              f"{100 * min(errs):+.0f}% .. {100 * max(errs):+.0f}% |")  # fmt: skip
     print(f"{len(rows)} points simulated in {wall:.2f} s")
 
     if not args.quick:

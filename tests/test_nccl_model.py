@@ -106,13 +106,15 @@ def test_p2p_channels_ramp_with_size_so_p2p_bandwidth_does():
 def test_p2p_channels_per_peer_across_nodes_follow_nccls_rule():
     cfg = H100.nccl
     # A peer across the network gets ceil(47 GB/s / 14) = 4 channels, rounded to a power of
-    # two; then NCCL 2.29 halves it until a round of all peers (8 per batch) fits in 32.
+    # two; then NCCL 2.29 halves it until a round of all peers (8 per batch) fits in the P2P
+    # channels, which across nodes are the 16 ring channels of DGX H100 nodes, not one node's 32.
+    assert (cfg.p2p_channel_count(1), cfg.p2p_channel_count(2)) == (32, 16)
     per_peer = {ranks: nccl.p2p_channels_per_peer(cfg, nccl.P2pComm(ranks, ranks // 8, 47.0)) for ranks in (16, 32, 64, 80, 512)}
-    assert per_peer == {16: 4, 32: 4, 64: 4, 80: 2, 512: 1}
+    assert per_peer == {16: 4, 32: 4, 64: 2, 80: 1, 512: 1}
     assert nccl.p2p_channels_per_peer(cfg, nccl.P2pComm(8, 1, 47.0)) == cfg.p2p_channels_per_peer  # one node: the machine's
     # Across nodes every pair of the communicator is sized for the network, even two GPUs of
     # one node: a 1 GiB send between GPUs 0 and 1 uses the per-peer maximum of its communicator.
-    assert nccl.p2p_channels_per_transfer(cfg, nccl.P2pComm(80, 10, 47.0), 1 << 30, HopKind.NETWORK) == 2
+    assert nccl.p2p_channels_per_transfer(cfg, nccl.P2pComm(80, 10, 47.0), 1 << 30, HopKind.NETWORK) == 1
     assert nccl.p2p_channels_per_transfer(cfg, nccl.P2pComm(16, 2, 47.0), 1 << 30, HopKind.NETWORK) == 4
     # The NIC rate is the topology's: a DGX A100's 200 Gb/s NICs (23.5 GB/s) give 2 channels a peer.
     for name, nic, per_peer in (("dgx-h100", 47.0, 4), ("dgx-a100", 23.5, 2)):
@@ -124,7 +126,7 @@ def test_p2p_channels_per_peer_across_nodes_follow_nccls_rule():
 
 def test_a_send_inside_a_node_slows_when_its_communicator_spans_many_nodes():
     # nccl-tests' sendrecv ring: the same NVLink send between GPUs 0 and 1 of node 0 gets
-    # NCCL's channels of its communicator: 32 on one node, 2 among 80 ranks on 10 nodes.
+    # NCCL's channels of its communicator: 32 on one node, 1 among 80 ranks on 10 nodes.
     prog = "h = batch:\n      isend x 1GiB to (rank + 1) % world_size\n      irecv x 1GiB from (rank + world_size - 1) % world_size\n  wait h"
     one = simulate(one_op(8, prog), H100)
     ten = simulate(one_op(80, prog), H100.with_nodes(10))
@@ -264,6 +266,9 @@ BAD_NCCL = [
     ("protocol", "  protocols:\n    ll256: {efficiency: 0.5}\n", "unknown key 'll256'"),
     ("hop", "  protocols:\n    ll: {hop_latency_us: {infiniband: 2}}\n", "unknown key 'infiniband'"),
     ("net latency", "  net_latency_us: fast\n", "nccl.net_latency_us"),
+    ("no channels across nodes", None, "nccl.channels_across_nodes must be at least 1"),
+    ("too many channels across nodes", None, "at most 64"),
+    ("p2p net channel rate", None, "nccl.p2p_net_channel_bandwidth_gb_per_s"),
 ]
 
 
@@ -275,6 +280,12 @@ def _variant(name: str, extra: str | None) -> str:
         return head + tail.replace("channels: 24", "channels: 0", 1)
     if name == "too many channels":
         return head + tail.replace("channels: 24", "channels: 65", 1)
+    if name == "no channels across nodes":
+        return head + tail.replace("channels_across_nodes: 16", "channels_across_nodes: 0")
+    if name == "too many channels across nodes":
+        return head + tail.replace("channels_across_nodes: 16", "channels_across_nodes: 65")
+    if name == "p2p net channel rate":
+        return head + tail.replace("  p2p_net_efficiency: 1.0\n", "  p2p_net_efficiency: 1.0\n  p2p_net_channel_bandwidth_gb_per_s: -3\n")
     tail = tail.replace("  p2p_channels: 32\n  p2p_channels_per_peer: 32\n", "") if name == "per peer" else tail
     tail = tail.replace("  nvls_efficiency: 0.85\n", "") if name == "efficiency" else tail
     return head + tail.split("  protocols:")[0] + extra if name in ("protocol", "hop") else head + tail + extra
@@ -330,6 +341,34 @@ def nccl_tests_time(machine, op: OpKind, ranks: int, size: int) -> float:
     from commdsl.calibrate.nccl_tests import Run, simulate_run
 
     return simulate_run(machine, Run(op, ranks), size)
+
+
+def test_p2p_across_many_nodes_runs_on_one_channel_at_its_network_rate():
+    # nccl-tests' sendrecv ring over 10 DGX H100 nodes: NCCL's P2P channels across nodes are
+    # the 16 ring channels, so each of 80 peers gets one (paths.cc), and one P2P channel
+    # drives NCCL_P2P_PER_CHANNEL_NET_BW (14 GB/s) across the network; among 16 ranks a peer
+    # gets 4 channels and the NIC (47 GB/s) is the limit.
+    gib = 1 << 30
+    ten = gib / nccl_tests_time(H100.with_nodes(10), OpKind.SEND, 80, gib) / 1e3
+    two = gib / nccl_tests_time(H100.with_nodes(2), OpKind.SEND, 16, gib) / 1e3
+    assert 13.0 < ten <= 14.0 and 40.0 < two <= 47.0
+    # the rate is the machine's: a faster channel carries more (up to the 20 GB/s of the
+    # NVLink sends, also on one channel each), on 10 nodes only
+    fast = load_machine_text(BASE.replace("  p2p_net_efficiency: 1.0\n",
+                                          "  p2p_net_efficiency: 1.0\n  p2p_net_channel_bandwidth_gb_per_s: 18\n"), "fast.yaml")
+    assert fast.nccl.p2p_net_channel_bandwidth_gb_per_s == 18.0
+    assert gib / nccl_tests_time(fast.with_nodes(10), OpKind.SEND, 80, gib) / 1e3 > 1.25 * ten
+    assert nccl_tests_time(fast, OpKind.SEND, 8, gib) == nccl_tests_time(H100, OpKind.SEND, 8, gib)
+
+
+def test_rings_across_nodes_use_the_multi_node_channel_count():
+    # channels_across_nodes (16 on DGX H100) caps the rings once a communicator spans nodes;
+    # without it the node's 24 channels would run, a third more LL128/LL per-channel bandwidth.
+    same = load_machine_text(BASE.replace("  channels_across_nodes: 16\n", ""), "same.yaml")
+    assert (H100.nccl.coll_channels(1), H100.nccl.coll_channels(4), same.nccl.coll_channels(4)) == (24, 16, 24)
+    size = 268435200  # 256 MiB rounded down to a multiple of 80 x 8 bytes, as nccl-tests does
+    assert nccl_tests_time(H100, OpKind.ALL_GATHER, 8, size) == nccl_tests_time(same, OpKind.ALL_GATHER, 8, size)
+    assert nccl_tests_time(H100.with_nodes(10), OpKind.ALL_GATHER, 80, size) > nccl_tests_time(same.with_nodes(10), OpKind.ALL_GATHER, 80, size)
 
 
 def test_nvls_chunks_shrink_for_smaller_ops_as_enqueue_cc_does():

@@ -175,6 +175,11 @@ class NcclConfig:
     NCCL_DEBUG=INFO log): one ring (or pair of trees) and one CTA each."""
     protocols: tuple[tuple[Protocol, ProtocolSpec], ...]
     """Per protocol, its latencies, efficiency and per-channel bandwidth."""
+    channels_across_nodes: int | None = None
+    """Channels of ring and tree collectives when the communicator spans nodes (None: as
+    `channels`). NCCL searches its graph again across nodes, where the NICs bound it (on
+    DGX H100, two rings per NIC: 16), and sizes its P2P channels from it too
+    (`p2p_channel_count`)."""
     cpu: CpuVendor = CpuVendor.INTEL
     """The hosts' CPU vendor (NCCL's LL bandwidth and network overhead depend on it)."""
     nvls: bool = False
@@ -192,7 +197,12 @@ class NcclConfig:
     p2p_channels_per_peer: int = 32
     """Most channels one send/recv pair uses (`p2pnChannelsPerPeer`)."""
     p2p_channel_bandwidth_gb_per_s: float = math.inf
-    """The most one P2P channel moves (its CTA copies with half its warps), GB/s."""
+    """The most one P2P channel moves inside a node (its CTA copies with half its warps), GB/s."""
+    p2p_net_channel_bandwidth_gb_per_s: float = P2P_CHANNEL_NET_GB_PER_S
+    """The most one P2P channel moves across the network, GB/s: one channel is one proxy
+    stream of NCCL_STEPS chunks in flight to one peer. The default is NCCL's own figure
+    for it (NCCL_P2P_PER_CHANNEL_NET_BW, paths.cc), by which it gives a remote peer
+    enough channels to fill its NIC."""
     p2p_net_efficiency: float = 1.0
     """Fraction of a NIC's bandwidth point-to-point transfers (send/recv, all_to_all) reach
     over the network: many chunks to many peers use a NIC less well than a ring's streams."""
@@ -211,6 +221,20 @@ class NcclConfig:
     """Algorithms NCCL may use (`algo:`, as NCCL_ALGO); None: all the machine has."""
     protos: frozenset[Protocol] | None = None
     """Protocols NCCL may use (`proto:`, as NCCL_PROTO); None: all."""
+
+    def coll_channels(self, nodes: int) -> int:
+        """Ring and tree channels of a communicator spanning `nodes` nodes."""
+        if nodes > 1 and self.channels_across_nodes is not None:
+            return self.channels_across_nodes
+        return self.channels
+
+    def p2p_channel_count(self, nodes: int) -> int:
+        """P2P channels (`p2pnChannels`) of a communicator spanning `nodes` nodes: NCCL
+        takes its collective channels rounded up to a power of two (paths.cc
+        `ncclTopoComputeP2pChannels`), so across nodes they follow `channels_across_nodes`."""
+        if nodes > 1 and self.channels_across_nodes is not None:
+            return min(self.p2p_channels, 1 << (self.channels_across_nodes - 1).bit_length())
+        return self.p2p_channels
 
     def protocol(self, proto: Protocol) -> ProtocolSpec:
         for p, spec in self.protocols:
@@ -239,6 +263,7 @@ class NcclConfig:
         return {
             "generation": self.generation.value,
             "channels": self.channels,
+            **({"channels_across_nodes": self.channels_across_nodes} if self.channels_across_nodes is not None else {}),
             "cpu": self.cpu.value,
             "nvls": self.nvls,
             "nvls_channels": self.nvls_channels,
@@ -248,6 +273,7 @@ class NcclConfig:
             "p2p_channels": self.p2p_channels,
             "p2p_channels_per_peer": self.p2p_channels_per_peer,
             "p2p_channel_bandwidth_gb_per_s": _num(self.p2p_channel_bandwidth_gb_per_s),
+            "p2p_net_channel_bandwidth_gb_per_s": _num(self.p2p_net_channel_bandwidth_gb_per_s),
             "p2p_net_efficiency": self.p2p_net_efficiency,
             "net_latency_us": self.net_latency_us,
             "launch_us": self.launch_us,

@@ -58,8 +58,9 @@ class FieldReader(Interface):
     def enum(self, node: yaml.Node, enum_cls: type[enum.Enum], what: str) -> enum.Enum: ...
 
 _KEYS = (
-    "generation", "channels", "cpu", "nvls", "nvls_channels", "nvls_latency_us", "nvls_efficiency", "collnet", "p2p_channels",
-    "p2p_channels_per_peer", "p2p_channel_bandwidth_gb_per_s", "p2p_net_efficiency", "net_latency_us", "launch_us", "launch_per_channel_us", "algo", "proto", "protocols",
+    "generation", "channels", "channels_across_nodes", "cpu", "nvls", "nvls_channels", "nvls_latency_us", "nvls_efficiency", "collnet", "p2p_channels",
+    "p2p_channels_per_peer", "p2p_channel_bandwidth_gb_per_s", "p2p_net_channel_bandwidth_gb_per_s",
+    "p2p_net_efficiency", "net_latency_us", "launch_us", "launch_per_channel_us", "algo", "proto", "protocols",
 )  # fmt: skip
 _PROTOCOL_KEYS = ("base_latency_us", "hop_latency_us", "efficiency", "channel_bandwidth_gb_per_s")
 _MAX_CHANNELS = 64  # NCCL's MAXCHANNELS
@@ -85,13 +86,13 @@ def read_nccl(r: FieldReader, node: yaml.Node, topology: Topology | None) -> Ncc
     for name in ("nvls_latency_us", "net_latency_us", "launch_us", "launch_per_channel_us"):
         if name in keys:
             numbers[name] = r.time_us(keys[name][1], f"nccl.{name}")
-    if "p2p_channel_bandwidth_gb_per_s" in keys:
-        numbers["p2p_channel_bandwidth_gb_per_s"] = r.rate(keys["p2p_channel_bandwidth_gb_per_s"][1], "nccl.p2p_channel_bandwidth_gb_per_s",
-                                                           MIN_BANDWIDTH_GB_PER_S)  # fmt: skip
+    for name in ("p2p_channel_bandwidth_gb_per_s", "p2p_net_channel_bandwidth_gb_per_s"):
+        if name in keys:
+            numbers[name] = r.rate(keys[name][1], f"nccl.{name}", MIN_BANDWIDTH_GB_PER_S)
     for name in ("nvls_efficiency", "p2p_net_efficiency"):
         if name in keys:
             numbers[name] = _fraction(r, keys[name][1], f"nccl.{name}")
-    for name in ("nvls_channels", "p2p_channels", "p2p_channels_per_peer"):
+    for name in ("channels_across_nodes", "nvls_channels", "p2p_channels", "p2p_channels_per_peer"):
         if name in keys:
             numbers[name] = _count(r, keys, name, 1, _MAX_CHANNELS)
     cfg = replace(cfg, **numbers)

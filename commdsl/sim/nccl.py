@@ -135,7 +135,7 @@ def _graph(cfg: NcclConfig, layout: Layout, algo: Algo) -> tuple[int, float, flo
         speed = next((s for s in speeds if s * nch <= layout.intra_gb_per_s), speeds[-1])
         inter = layout.inter_gb_per_s / nch if layout.num_nodes > 1 else speed
         return nch, speed, inter
-    nch = max(1, cfg.channels // 2)
+    nch = max(1, cfg.coll_channels(layout.num_nodes) // 2)
     intra = layout.intra_gb_per_s / nch
     inter = layout.inter_gb_per_s / nch if layout.num_nodes > 1 else intra
     return nch, intra, inter
@@ -309,7 +309,7 @@ def collective_channels(cfg: NcclConfig, algo: Algo, proto: Protocol, layout: La
         return cfg.channels
     threshold = THREAD_THRESHOLD_BYTES[proto] * (layout.n if algo is Algo.RING and proto is Protocol.LL else 1)
     per_channel = MAX_THREADS[proto] * threshold
-    return max(1, min(cfg.channels, int(size_bytes // per_channel)))
+    return max(1, min(cfg.coll_channels(layout.num_nodes), int(size_bytes // per_channel)))
 
 
 @dataclass(frozen=True)
@@ -346,7 +346,7 @@ def p2p_choice(cfg: NcclConfig, kind: OpKind, layout: Layout, size_bytes: int, p
     elif proto is Protocol.LL128:
         raise ScheduleError(f"proto=ll128: NCCL's point-to-point transfers ({kind.value} here) run LL or Simple, not LL128",
                             op.loc if op else None, rank=op.rank if op else None)  # fmt: skip
-    total = min(cfg.p2p_channels, channels * peers)
+    total = min(cfg.p2p_channel_count(comm.nodes), channels * peers)
     return Choice(Algo.DIRECT, proto, total)
 
 
@@ -366,7 +366,7 @@ def p2p_channels_per_peer(cfg: NcclConfig, comm: P2pComm) -> int:
         net = max(1, math.ceil(comm.nic_gb_per_s / P2P_CHANNEL_NET_GB_PER_S))
         most = min(most, 1 << (net - 1).bit_length())
     rounds = -(-comm.ranks // P2P_PEERS_PER_BATCH)
-    while most * rounds > cfg.p2p_channels and most > 1:
+    while most * rounds > cfg.p2p_channel_count(comm.nodes) and most > 1:
         most //= 2
     return most
 
@@ -380,7 +380,7 @@ def p2p_channels_per_transfer(cfg: NcclConfig, comm: P2pComm, nbytes: int, hop: 
         return 1
     most = p2p_channels_per_peer(cfg, comm)
     least = most
-    while least * comm.ranks > cfg.p2p_channels and least > 1:
+    while least * comm.ranks > cfg.p2p_channel_count(comm.nodes) and least > 1:
         least //= 2
     step = P2P_CHUNK_BYTES[hop]
     min_part = step // 2 if comm.nodes > 1 else step // 8
@@ -472,12 +472,15 @@ def _tree_net_hop_us(cfg: NcclConfig, algo: Algo, proto: Protocol, ring_net_us: 
     return ring_net_us * hw[algo][i] / ring if ring > 0 else ring_net_us
 
 
-def channel_cap_gb_per_s(cfg: NcclConfig, choice: Choice, kind: OpKind) -> float:
+def channel_cap_gb_per_s(cfg: NcclConfig, choice: Choice, kind: OpKind, nodes: int = 1) -> float:
     """The most the chosen kernel's channels move per rank (GB/s of its busiest rank's
     bytes): channels x what one channel moves with the protocol (P2P channels for
-    point-to-point based ops)."""
+    point-to-point based ops, at their network rate when the ranks span `nodes` > 1)."""
     if kind in P2P_BASED:
-        return choice.channels * cfg.p2p_channel_bandwidth_gb_per_s
+        per_channel = cfg.p2p_channel_bandwidth_gb_per_s
+        if nodes > 1:
+            per_channel = min(per_channel, cfg.p2p_net_channel_bandwidth_gb_per_s)
+        return choice.channels * per_channel
     if choice.algo in (Algo.NVLS, Algo.NVLS_TREE):
         return math.inf  # the switch reduces; only the links limit it
     return choice.channels * cfg.protocol(choice.proto).channel_bandwidth_gb_per_s

@@ -201,7 +201,7 @@ class NcclFlows:
         if kind in nccl.P2P_BASED and self.cfg.p2p_net_efficiency != 1.0:
             net = self._network_channels
             loads = {c: (b / self.cfg.p2p_net_efficiency if c in net else b) for c, b in loads.items()}
-        cap_gb = nccl.channel_cap_gb_per_s(self.cfg, choice, kind)
+        cap_gb = nccl.channel_cap_gb_per_s(self.cfg, choice, kind, lay.num_nodes)
         cap = cap_gb * 1e3 / serial if serial > 0 else _INF
         latency = nccl.latency_us(self.cfg, kind, lay, choice.algo, choice.proto)
         return Coflow(tuple((c, b / eff) for c, b in loads.items()), cap, latency)
