@@ -274,9 +274,11 @@ def test_a_point_the_simulator_refuses_is_named_at_its_log_line(monkeypatch):
 
 
 def test_the_closed_form_sizes_p2p_by_the_communicator_as_the_simulator_does(tmp_path):
-    # nccl-tests' sendrecv ring over 10 DGX H100 nodes: NCCL gives each peer of the 80-rank
-    # communicator 2 channels, so the 70 NVLink sends (2 x 20 GB/s), not the NICs, pace it.
-    # The fit's closed form must see the same channels as the simulator.
+    # nccl-tests' sendrecv ring over 10 DGX H100 nodes: NCCL sizes each peer's P2P channels
+    # from its channels across nodes (one each among 80 ranks), and a P2P channel that
+    # crosses the network runs at most at NCCL's per-channel network rate (14 GB/s), so
+    # the sends across nodes, not the NICs, pace it. The fit's closed form must see the
+    # same channels and rates as the simulator.
     from commdsl.calibrate.nccl_tests import _parameters, _points, _predict, busbw_gb_per_s
 
     base = resolve_machine("dgx-h100")
@@ -292,3 +294,28 @@ def test_the_closed_form_sizes_p2p_by_the_communicator_as_the_simulator_does(tmp
     for p, closed in zip(points, _predict(points, _parameters(base))):
         assert closed == pytest.approx(times[int(p.size)], rel=1e-3)
     assert busbw_gb_per_s(OpKind.SEND, 80, sizes[-1], times[sizes[-1]]) < 41  # 2 channels x 20 GB/s, below a NIC's 47
+
+
+def test_the_p2p_channels_network_rate_is_fitted_from_a_multi_node_sendrecv_log(tmp_path):
+    # A cluster whose P2P channels across the network reach 9 GB/s (NCCL's figure is 14):
+    # its 10-node sendrecv log depends on that rate only, and calibrate must fit it, with
+    # the closed form and the simulator agreeing on the fitted machine.
+    from commdsl.calibrate.nccl_tests import _parameters, _points, _predict, fit, fitted_machine_text
+    from commdsl.machine import load_machine_text
+
+    base = resolve_machine("dgx-h100")
+    text = Path(base.source).read_text()
+    truth = load_machine_text(fitted_machine_text(text, {"p2p_net_channel_bandwidth_gb_per_s": 9.0}, ["truth"]), "truth.yaml")
+    run = Run(OpKind.SEND, 80, dtype=Run(OpKind.SEND, 80).dtype)
+    sizes = [1 << k for k in range(24, 31, 2)]
+    log = tmp_path / "sendrecv_10_nodes.log"
+    log.write_text(_log_text("sendrecv_perf", run, [(s, simulate_run(truth, run, s)) for s in sizes]))
+    logs = read_logs([str(log)])
+    runs = [Run.of(log) for log in logs]
+    fitted = fit(base, text, logs, runs, [str(log)])
+    assert "p2p_net_channel_bandwidth_gb_per_s" in fitted.uses[0] and "p2p_channel_bandwidth_gb_per_s" not in fitted.uses[0]
+    assert fitted.values["p2p_net_channel_bandwidth_gb_per_s"] == pytest.approx(9.0, rel=0.02)
+    points = _points(fitted.machine, base, logs, runs)
+    for p, closed in zip(points, _predict(points, {**_parameters(base), **fitted.values})):
+        assert simulate_run(fitted.machine, runs[0], int(p.size)) == pytest.approx(closed, rel=1e-3), p.size
+        assert simulate_run(fitted.machine, runs[0], int(p.size)) == pytest.approx(simulate_run(truth, run, int(p.size)), rel=0.02)

@@ -261,7 +261,7 @@ _FIXED = len(RATES)
 
 _CONFIG_FIELDS = frozenset(f.name for f in fields(NcclConfig))
 NCCL_SCALARS = tuple(name for name in ("launch_us", "launch_per_channel_us", "nvls_latency_us", "net_latency_us", "nvls_efficiency",
-                                       "p2p_channel_bandwidth_gb_per_s", "p2p_net_efficiency") if name in _CONFIG_FIELDS)  # fmt: skip
+                                       "p2p_channel_bandwidth_gb_per_s", "p2p_net_channel_bandwidth_gb_per_s", "p2p_net_efficiency") if name in _CONFIG_FIELDS)  # fmt: skip
 """The `nccl:` numbers the fit may set (`NcclConfig` fields), beside each protocol's
 latencies, efficiency and per-channel rate (`PROTOCOL_SCALARS`) and the rates (`RATES`).
 How each enters an op's time is the closed form's (`_predict`): the latencies through
@@ -333,6 +333,9 @@ class _Point:
     """Broadcast / reduce (`nccl.Chain`): its rings' orders and, per ring and member, its
     lead's and its part's latency coefficients (per entry of `LATENCIES`) and bytes
     (`_chain_terms`), timed by `nccl.chain_run_us` as the simulator times them."""
+    net_p2p: bool = False
+    """A point-to-point based op whose paced pair spans nodes: its P2P channels also run at
+    most at NCCL's per-channel network rate (`nccl.channel_cap_gb_per_s`)."""
 
 
 def _points(machine: Machine, base: Machine, logs: list[NcclTestsLog], runs: list[Run]) -> list[_Point]:
@@ -365,6 +368,7 @@ def _point(li: int, m: Machine, flows: NcclFlows, capacity, cls: list[int], run:
     pairs = [(r, (r + 1) % run.ranks) for r in ranks] if kind is OpKind.SEND else [ranks]
     per = [0.0] * (len(RATES) + 1)
     serial = 1.0
+    net_p2p = False
     root = 0 if kind in (OpKind.BROADCAST, OpKind.REDUCE) else None
     undo = m.nccl.p2p_net_efficiency if kind in nccl.P2P_BASED else 1.0  # kept apart: a parameter of its own
     for group in pairs:
@@ -375,7 +379,9 @@ def _point(li: int, m: Machine, flows: NcclFlows, capacity, cls: list[int], run:
             data = wire * eff * (undo if cls[ch] == _NIC else 1.0)
             per[cls[ch]] = max(per[cls[ch]], data / capacity[ch])
         if co.cap < math.inf:
-            serial = nccl.channel_cap_gb_per_s(m.nccl, used, kind) * 1e3 / co.cap
+            nodes = flows.layout(group).num_nodes
+            serial = nccl.channel_cap_gb_per_s(m.nccl, used, kind, nodes) * 1e3 / co.cap
+            net_p2p = kind in nccl.P2P_BASED and nodes > 1
     # Latency is linear in the latency parameters: read its coefficients off unit machines.
     # A ring of sends goes at the pace of its slowest hop: the pair with the most latency
     # (across nodes, one that crosses the network), as its per-byte cost is the worst pair's.
@@ -387,7 +393,7 @@ def _point(li: int, m: Machine, flows: NcclFlows, capacity, cls: list[int], run:
     chain = _chain_terms(zero, kind, lay, flows.choice_of(kind, ranks, size, c.algo, c.proto), size) if kind in (OpKind.BROADCAST, OpKind.REDUCE) else None
     return _Point(li, float(size), measured, c.proto, c.algo in (Algo.NVLS, Algo.NVLS_TREE), kind in nccl.P2P_BASED,
                   coeff, tuple(per), c.channels, serial, 0 if run.graph else run.gpus_per_process, lay.intra_hop,
-                  (c.algo, c.proto, c.channels), chain)  # fmt: skip
+                  (c.algo, c.proto, c.channels), chain, net_p2p)  # fmt: skip
 
 
 def _chain_terms(zero: NcclConfig, kind: OpKind, lay: nccl.Layout, c: nccl.Choice, size: int) -> tuple:
@@ -417,6 +423,8 @@ def _predict(points: list[_Point], values: dict[str, float]) -> list[float]:
                 worst = max(worst, p.per_byte[k] / scale)
         rate = eff / worst if worst > 0 else math.inf
         per_channel = values["p2p_channel_bandwidth_gb_per_s"] if p.p2p else values[f"protocols.{proto}.channel_bandwidth_gb_per_s"]
+        if p.net_p2p:
+            per_channel = min(per_channel, values["p2p_net_channel_bandwidth_gb_per_s"])
         if not p.nvls:
             rate = min(rate, p.channels * per_channel * 1e3 / p.serial)
         host = p.host_gpus * (values["launch_us"] + values["launch_per_channel_us"] * p.channels)
@@ -467,7 +475,9 @@ def _uses(p: _Point, vals: dict[str, float]) -> set[str]:
         if p.per_byte[k] and (p.nvls or p.p2p or not rate.ring_reference):
             used.add(f"scale.{rate.name}")  # a ring over the reference link fits the efficiency instead
     if p.p2p:
-        used.add("p2p_channel_bandwidth_gb_per_s")
+        # Of the two per-channel rates, the one that binds (both are NCCL's own figures).
+        net_binds = p.net_p2p and vals["p2p_net_channel_bandwidth_gb_per_s"] < vals["p2p_channel_bandwidth_gb_per_s"]
+        used.add("p2p_net_channel_bandwidth_gb_per_s" if net_binds else "p2p_channel_bandwidth_gb_per_s")
         if p.per_byte[_NIC]:
             used.add("p2p_net_efficiency")
     elif not p.nvls and math.isfinite(vals[f"protocols.{v}.channel_bandwidth_gb_per_s"]):
