@@ -445,3 +445,11 @@ def test_h800s_eight_nvlinks_give_it_less_than_half_an_h100s_bus_bandwidth():
     assert nccl_tests_time(h800, OpKind.ALL_GATHER, 8, 1 << 30) / t100 == pytest.approx(370.8 / 164.8, rel=0.05)
     assert nccl_tests_time(h200, OpKind.ALL_GATHER, 8, 1 << 30) == pytest.approx(t100)
     assert h200.device.memory_bandwidth_gb_per_s > H100.device.memory_bandwidth_gb_per_s
+
+
+def test_p2p_channels_alone_bound_the_channels_per_peer():
+    # A file that sets p2p_channels below the default per-peer count and says nothing of
+    # the per-peer count loads: a peer gets at most every P2P channel there is.
+    head, tail = BASE[:NCCL_AT], BASE[NCCL_AT:]
+    m = load_machine_text(head + tail.replace("  p2p_channels: 32\n  p2p_channels_per_peer: 32\n", "  p2p_channels: 2\n"), "few.yaml")
+    assert (m.nccl.p2p_channels, m.nccl.p2p_channels_per_peer) == (2, 2)

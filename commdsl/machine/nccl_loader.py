@@ -95,6 +95,9 @@ def read_nccl(r: FieldReader, node: yaml.Node, topology: Topology | None) -> Ncc
     for name in ("channels_across_nodes", "nvls_channels", "p2p_channels", "p2p_channels_per_peer"):
         if name in keys:
             numbers[name] = _count(r, keys, name, 1, _MAX_CHANNELS)
+    if "p2p_channels_per_peer" not in numbers and "p2p_channels" in numbers:
+        # Unsaid, a peer gets at most every P2P channel there is (NCCL's own bound).
+        numbers["p2p_channels_per_peer"] = min(cfg.p2p_channels_per_peer, numbers["p2p_channels"])
     cfg = replace(cfg, **numbers)
     if cfg.p2p_channels_per_peer > cfg.p2p_channels:
         raise r.fail(f"nccl.p2p_channels_per_peer ({cfg.p2p_channels_per_peer}) is more than nccl.p2p_channels ({cfg.p2p_channels})",
