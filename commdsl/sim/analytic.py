@@ -20,6 +20,7 @@ from commdsl.ir import OpKind
 from commdsl.machine.model import Machine
 from commdsl.sim.nccl_flows import machine_links
 from commdsl.sim.network import Done, FlowStat, Network, Transfer
+from commdsl.sim.shape_memo import shape_table
 
 
 class _Timed:
@@ -68,6 +69,10 @@ class AnalyticNetwork(Network):
         """Per device, the transfers in flight with an endpoint on it (slowdown only)."""
         if machine.topology is not None:  # routes of point-to-point transfers
             self.fabric, self.nccl = machine_links(machine, world_size)
+        self._known: dict[int, tuple[tuple[float, float], float, Transfer]] = shape_table(machine, ("analytic", world_size))
+        """By id of a `Transfer`, for every simulation on this machine and world size
+        (`commdsl.sim.shape_memo`): its (time, latency part), its slowdown, and the
+        transfer (which keeps its id from being reused)."""
 
     def duration_us(self, transfer: Transfer) -> tuple[float, float]:
         """(time, latency part) of a transfer."""
@@ -97,9 +102,13 @@ class AnalyticNetwork(Network):
     def start(self, transfer: Transfer, ops: tuple[int, ...], done: Done) -> None:
         log = self.records
         spec, new = log.intern(transfer)
-        if new:  # what a transfer of this shape takes is worked out once
-            self._times.append(self.duration_us(transfer))
-            self._slow.append(self.machine.interference(transfer.kind, transfer.dtype).compute_comm_slowdown)
+        if new:  # what a transfer of this shape takes is worked out once per machine
+            known = self._known.get(id(transfer))
+            if known is None:
+                slow = self.machine.interference(transfer.kind, transfer.dtype).compute_comm_slowdown
+                known = self._known[id(transfer)] = (self.duration_us(transfer), slow, transfer)
+            self._times.append(known[0])
+            self._slow.append(known[1])
         duration, latency = self._times[spec]
         slow = self._slow[spec]
         now = self.env.now

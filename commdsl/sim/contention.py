@@ -51,6 +51,7 @@ from statistics import NormalDist
 from commdsl.ir import Dtype, Op, OpKind, Transport
 from commdsl.machine.model import CpuContention, GpuContention, Machine
 from commdsl.sim.network import Network, Transfer
+from commdsl.sim.shape_memo import shape_table
 
 _STANDARD_NORMAL = NormalDist()
 _COPY = OpKind.COPY
@@ -115,6 +116,9 @@ class _KernelFactors(Contention):
         self.top: list[float] = [1.0] * world_size
         """Per rank, the largest of `kernels` (1.0 while none is active)."""
         self._factor_of: dict[tuple, float] = {}
+        self._machine_factor: dict[tuple, float] = shape_table(machine, ("kernel_factor", type(self).__name__, world_size))
+        """`kernel_factor` by `kernel_shape`, for every program on this machine
+        (`commdsl.sim.shape_memo`): `_factor_of`'s misses."""
         self._op_factor: dict[tuple[int, int, int], float] = {}
         """`kernel`'s factor by (id of the op's spec, id of its kind, its rank), which fix
         its `kernel_key`: the ops one statement makes share a spec, so this is looked up
@@ -128,6 +132,11 @@ class _KernelFactors(Contention):
         """What `kernel_factor` depends on (its cache key)."""
         return op.kind, op.dtype
 
+    def kernel_shape(self, op: Op) -> tuple:
+        """What `kernel_factor` reads of `op`, as values (no program's names): its key in
+        the machine's table."""
+        return op.kind, op.dtype
+
     def kernel(self, op: Op, started: bool) -> bool:
         rank = op.rank
         factor = self._op_factor.get((id(op.spec), id(op.kind), rank))
@@ -135,7 +144,11 @@ class _KernelFactors(Contention):
             key = self.kernel_key(op)
             factor = self._factor_of.get(key)
             if factor is None:
-                factor = self._factor_of[key] = self.kernel_factor(op)
+                shape = self.kernel_shape(op)
+                factor = self._machine_factor.get(shape)
+                if factor is None:
+                    factor = self._machine_factor[shape] = self.kernel_factor(op)
+                self._factor_of[key] = factor
             self._op_factor[id(op.spec), id(op.kind), rank] = factor
         return self._push(rank, factor, started)
 
@@ -180,11 +193,17 @@ class GpuModel(_KernelFactors):
         self.tracks_traffic = sm_share and self.memory_bytes_per_us < math.inf
         self.traffic = [0.0] * world_size
         """Per rank, the device memory traffic (bytes/us) of the NCCL transfers moving there."""
-        self._traffic_of: dict[int, tuple[float, tuple[int, ...]]] = {}
-        """By id of a `Transfer` (the engine makes one per shape and holds it for the run):
-        its memory traffic and the ranks it loads (none: not an NCCL transfer)."""
+        self._traffic_of: dict[int, tuple[float, tuple[int, ...], Transfer]] = shape_table(
+            machine, ("traffic", network.name, world_size))
+        """By id of a `Transfer` (the engine makes one per shape on the machine), for every
+        simulation on this machine and network (`commdsl.sim.shape_memo`): its memory
+        traffic, the ranks it loads (none: not an NCCL transfer), and the transfer (which
+        keeps its id from being reused)."""
         self._memory_bound: dict[tuple[int, int], bool] = {}
         """`memory_bound` of a compute op by (id of its spec, id of its kind)."""
+        self._machine_memory_bound: dict[tuple, bool] = shape_table(machine, ("memory_bound",))
+        """`memory_bound` by the op fields it reads, for every program on this machine:
+        `_memory_bound`'s misses."""
         self.slows_comm = spec.slows_comm()
         self.timed = self.tracks_kernels or self.slows_comm or self.tracks_traffic
         self.rank_local = not self.slows_comm  # the network hears which devices compute
@@ -210,6 +229,10 @@ class GpuModel(_KernelFactors):
         key = (op.kind, op.dtype, op.group, op.size_bytes, op.algo, op.proto)
         return key + (op.rank, op.peer) if op.kind.is_p2p else key
 
+    def kernel_shape(self, op: Op) -> tuple:
+        key = (op.kind, op.dtype, self.group_ranks[op.group], op.size_bytes, op.algo, op.proto, op.transport)
+        return key + (op.rank, op.peer) if op.kind.is_p2p else key
+
     def work(self, rank: int, is_copy: bool, delta: int) -> bool:
         if self.slows_comm and not is_copy:
             self.network.compute_changed(rank, delta > 0)
@@ -222,11 +245,11 @@ class GpuModel(_KernelFactors):
         known = self._traffic_of.get(id(transfer))
         if known is None:
             if transfer.transport is not Transport.NCCL or not transfer.size_bytes:
-                known = (0.0, ())
+                known = (0.0, (), transfer)
             else:
-                known = (2.0 * self.network.solo_rate(transfer), tuple(dict.fromkeys(transfer.ranks)))
+                known = (2.0 * self.network.solo_rate(transfer), tuple(dict.fromkeys(transfer.ranks)), transfer)
             self._traffic_of[id(transfer)] = known
-        rate, ranks = known
+        rate, ranks, _ = known
         if not started:
             rate = -rate
         traffic = self.traffic
@@ -249,7 +272,11 @@ class GpuModel(_KernelFactors):
         key = (id(op.spec), id(kind))
         bound = self._memory_bound.get(key)
         if bound is None:
-            bound = self._memory_bound[key] = memory_bound(self.machine, op)
+            shape = (kind, op.duration_us is None, op.size_bytes, op.flops, op.dtype)
+            bound = self._machine_memory_bound.get(shape)
+            if bound is None:
+                bound = self._machine_memory_bound[shape] = memory_bound(self.machine, op)
+            self._memory_bound[key] = bound
         return bound
 
 

@@ -16,7 +16,7 @@ cdef class Engine:
     cdef public int[:] cause, queue_at, partner, coll_at, batch_last
     cdef public object waiters, _todo, hosts, streams, group_ranks, contention, wiring, queues, queue_list
     cdef public object collectives, batch_multi, algos, batch_gloo, protos
-    cdef public object copy_engines, pair_fifo, _transfers, _p2p_shapes, _pair_of, _on_transfer_done, nominal_us, issued, _work_us
+    cdef public object copy_engines, pair_fifo, _transfers, _p2p_shapes, _pair_of, _machine_transfers, _on_transfer_done, nominal_us, issued, _work_us, _machine_work_us
     cdef public object _chains
     cdef public bint folded, kernels, traffic, timed, noisy, _keep_issued
     cdef public double stretch

@@ -76,6 +76,7 @@ from commdsl.sim.copy_engines import CopyEngines
 from commdsl.sim.entities import (ACTIVE, ALGOS, DONE, KIND_CODE, PROTOS, ELIGIBLE, EXEC, MARK, QUEUE, STREAM, SYNC,
                                   Collective, Entity, Host, Queue, RawResult, Stream, entry_typecode, kind_table, op_index_typecode)
 from commdsl.sim.network import Network, Transfer
+from commdsl.sim.shape_memo import shape_table
 from commdsl.sim.symmetry import interchangeable, replicate
 from commdsl.sim.wiring import Wiring, wire
 
@@ -202,6 +203,11 @@ class Engine:
         what `_start_p2p` needs to start it (`_p2p_shape`)."""
         self._pair_of: dict[int, tuple[str, int, int]] = w.pair_of
         """id of an NCCL send's `Transfer` -> its (group, source, destination) in `pair_fifo`."""
+        self._machine_transfers: dict[tuple, Transfer] = shape_table(machine, ("transfers",))
+        """Every `Transfer` made on this machine, by its values and its group's name (so
+        that the transfers of two groups stay apart in `_pair_of`): the first tables'
+        misses (`commdsl.sim.shape_memo`). The network and the contention model then
+        find what they worked out for it in earlier simulations."""
         self._on_transfer_done = self._transfer_done
         self.kernels = c.tracks_kernels
         """NCCL ops becoming active and finishing are reported to the contention model."""
@@ -219,6 +225,9 @@ class Engine:
         """`_duration` by (id of the op's spec, id of its kind): the fields it reads are
         those (the ops one statement makes share a spec, held by the program as long as
         the engine runs it)."""
+        self._machine_work_us: dict[tuple, float] = shape_table(machine, ("work_us",))
+        """`_duration` by the op fields it reads, for every program on this machine
+        (`commdsl.sim.shape_memo`): `_work_us`'s misses."""
         self.issued = issued
         """The hosts' first pass this run started from, or kept (`keep_issued`); None where
         it was not kept, or a host blocked in it."""
@@ -783,7 +792,12 @@ class Engine:
         key = (id(op.spec), id(op.kind))
         duration = self._work_us.get(key)
         if duration is None:
-            duration = self._work_us[key] = self._op_work_us(op)
+            # What it reads of the op, as values: the same work on this machine in another program.
+            shape = (op.kind, op.duration_us, op.flops, op.size_bytes, op.dtype, op.copy_dir, op.host_memory, self.stretch)
+            duration = self._machine_work_us.get(shape)
+            if duration is None:
+                duration = self._machine_work_us[shape] = self._op_work_us(op)
+            self._work_us[key] = duration
         return duration
 
     def _op_work_us(self, op: Op) -> float:
@@ -933,10 +947,21 @@ class Engine:
     def _p2p_transfer(self, so: Op, send: int) -> Transfer:
         """The transfer of send (or peer copy) `so`, op `send`."""
         if so.kind is _COPY:
+            key = (_COPY, so.rank, so.peer, so.size_bytes)
+        else:
+            key = (_SEND, so.rank, so.peer, so.size_bytes, so.transport, self.algos[send], self.protos[send], so.group,
+                   self.group_ranks[so.group])  # fmt: skip
+        transfer = self._machine_transfers.get(key)
+        if transfer is not None:
+            return transfer
+        if so.kind is _COPY:
             p = plan(_SEND, Algo.DIRECT, 2, so.size_bytes, self.machine.chunk_bytes)
-            return Transfer(_COPY, (so.rank, so.peer), so.size_bytes, _MEMCPY, p, None)
-        p = plan(_SEND, ALGOS[self.algos[send]], 2, so.size_bytes, self.machine.chunk_bytes, PROTOS[self.protos[send]])
-        return Transfer(_SEND, (so.rank, so.peer), so.size_bytes, so.transport, p, None, group=self.group_ranks[so.group])
+            transfer = Transfer(_COPY, (so.rank, so.peer), so.size_bytes, _MEMCPY, p, None)
+        else:
+            p = plan(_SEND, ALGOS[self.algos[send]], 2, so.size_bytes, self.machine.chunk_bytes, PROTOS[self.protos[send]])
+            transfer = Transfer(_SEND, (so.rank, so.peer), so.size_bytes, so.transport, p, None, group=self.group_ranks[so.group])
+        self._machine_transfers[key] = transfer
+        return transfer
 
     def _engine_gpus(self, src: int, dst: int) -> tuple[int, ...]:
         """The GPUs whose copy engines a memcpy from `src` to `dst` holds (see
@@ -962,8 +987,12 @@ class Engine:
         transfer = self._transfers.get(key)
         if transfer is None:
             ranks = self.group_ranks[inst.group]
-            p = plan(rep.kind, ALGOS[self.algos[first]], len(ranks), rep.size_bytes, self.machine.chunk_bytes, PROTOS[self.protos[first]])
-            transfer = self._transfers[key] = Transfer(rep.kind, ranks, rep.size_bytes, rep.transport, p, rep.root, rep.dtype, rep.reduce_op)
+            transfer = self._machine_transfers.get(key + (ranks,))  # the group's name alone may mean other ranks elsewhere
+            if transfer is None:
+                p = plan(rep.kind, ALGOS[self.algos[first]], len(ranks), rep.size_bytes, self.machine.chunk_bytes, PROTOS[self.protos[first]])
+                transfer = Transfer(rep.kind, ranks, rep.size_bytes, rep.transport, p, rep.root, rep.dtype, rep.reduce_op)
+                self._machine_transfers[key + (ranks,)] = transfer
+            self._transfers[key] = transfer
         # Folded: every member moves at once, in rank order (as they arrive when all ranks run).
         self._start_transfer(transfer, tuple(inst.ops) if self.folded else tuple(inst.arrived))
 
