@@ -87,8 +87,12 @@ def test_a_reorder_across_groups_pairs_and_one_within_a_group_is_listed(profiled
     assert across["unmatched"] == [] and across["ops_compared"] == len(Timeline.read(predicted).exec_spans())
 
     def swap_tp(events):  # rank 0's tp all_gather h now runs before its tp all_reduce y
+        # Within the span the two took (h where y began, y right after h), so that neither
+        # overlaps another range of its thread: a swap of the two start times alone made y,
+        # the longer, overlap what followed h in some runs, a trace no thread can write.
         y, h = _gloo(events, "gloo:all_reduce", 4096), _gloo(events, "gloo:all_gather", 1024)
-        y["ts"], h["ts"] = h["ts"], y["ts"]
+        assert y["ts"] + y["dur"] < h["ts"]
+        h["ts"], y["ts"] = y["ts"], y["ts"] + h["dur"] + 0.5
 
     within = _compare(capsys, predicted, _edited(prof, tmp_path / "within", 0, TRACE_FILE, swap_tp))
     listed = within["unmatched"]
