@@ -115,10 +115,11 @@ class _KernelFactors(Contention):
         """Per rank, the compute slowdowns of its active comm kernels."""
         self.top: list[float] = [1.0] * world_size
         """Per rank, the largest of `kernels` (1.0 while none is active)."""
-        self._factor_of: dict[tuple, float] = {}
+        self._factor_of: dict[tuple[OpKind, Dtype], float] = {}
+        """A comm op's slowdown of compute by its (kind, dtype) (`_kernel_at`)."""
         self._machine_factor: dict[tuple, float] = shape_table(machine, ("kernel_factor", type(self).__name__, world_size))
-        """`kernel_factor` by `kernel_shape`, for every program on this machine
-        (`commdsl.sim.shape_memo`): `_factor_of`'s misses."""
+        """`kernel_factor` by `kernel_key`, for every program on this machine
+        (`commdsl.sim.shape_memo`)."""
         self._op_factor: dict[tuple[int, int, int], float] = {}
         """`kernel`'s factor by (id of the op's spec, id of its kind, its rank), which fix
         its `kernel_key`: the ops one statement makes share a spec, so this is looked up
@@ -129,10 +130,6 @@ class _KernelFactors(Contention):
         return self.machine.interference(op.kind, op.dtype).comm_compute_slowdown
 
     def kernel_key(self, op: Op) -> tuple:
-        """What `kernel_factor` depends on (its cache key)."""
-        return op.kind, op.dtype
-
-    def kernel_shape(self, op: Op) -> tuple:
         """What `kernel_factor` reads of `op`, as values (no program's names): its key in
         the machine's table."""
         return op.kind, op.dtype
@@ -142,13 +139,9 @@ class _KernelFactors(Contention):
         factor = self._op_factor.get((id(op.spec), id(op.kind), rank))
         if factor is None:
             key = self.kernel_key(op)
-            factor = self._factor_of.get(key)
+            factor = self._machine_factor.get(key)
             if factor is None:
-                shape = self.kernel_shape(op)
-                factor = self._machine_factor.get(shape)
-                if factor is None:
-                    factor = self._machine_factor[shape] = self.kernel_factor(op)
-                self._factor_of[key] = factor
+                factor = self._machine_factor[key] = self.kernel_factor(op)
             self._op_factor[id(op.spec), id(op.kind), rank] = factor
         return self._push(rank, factor, started)
 
@@ -225,11 +218,7 @@ class GpuModel(_KernelFactors):
         return self.sm_count / (self.sm_count - sms)
 
     def kernel_key(self, op: Op) -> tuple:
-        # NCCL's channels depend on the op's group, size and choices (a send's on its peer too).
-        key = (op.kind, op.dtype, op.group, op.size_bytes, op.algo, op.proto)
-        return key + (op.rank, op.peer) if op.kind.is_p2p else key
-
-    def kernel_shape(self, op: Op) -> tuple:
+        # NCCL's channels depend on the op's group's ranks, size and choices (a send's on its peer too).
         key = (op.kind, op.dtype, self.group_ranks[op.group], op.size_bytes, op.algo, op.proto, op.transport)
         return key + (op.rank, op.peer) if op.kind.is_p2p else key
 
