@@ -48,6 +48,9 @@ def _shared_fixture_group(item: pytest.Item) -> str | None:
     return group
 
 
+# tryfirst: xdist's worker names each test by its group in its own hook of this name,
+# so the marks must be on the items before it runs.
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Under pytest-xdist (`--dist loadgroup`, pyproject.toml's addopts) the tests that
     share an expensive fixture run on one worker, which sets it up once; the others are
@@ -56,3 +59,16 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         group = _shared_fixture_group(item)
         if group is not None:
             item.add_marker(pytest.mark.xdist_group(group))
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """On an xdist worker: warn where the groups did not take (xdist names a grouped test
+    `id@group`; a pytest that ignores the renaming spreads each group's tests and sets its
+    fixture up on every worker, which costs minutes, not correctness)."""
+    if not (hasattr(session.config, "workerinput") and session.config.getvalue("loadgroup")):
+        return
+    lost = [item.nodeid for item in session.items if item.get_closest_marker("xdist_group") and "@" not in item.nodeid]
+    if lost:
+        session.config.issue_config_time_warning(pytest.PytestWarning(
+            f"{len(lost)} tests lost their xdist group (e.g. {lost[0]}): this pytest and pytest-xdist do not "
+            "group tests; each worker sets up the shared fixtures again"), stacklevel=1)

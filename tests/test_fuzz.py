@@ -171,11 +171,13 @@ def test_cli_on_mutated_schedule_never_prints_a_traceback(tmp_path, seed):
 # schedules and FUZZ_MACHINE_CASES mutated machine presets (tests/fuzz_mutations.py says how),
 # from one seed, printed so that a failure replays with COMMDSL_FUZZ_SEED=<seed>. The cases are
 # loaded with the library in this process's workers (one per core, each running a share of the
-# cases), never one command per case.
+# cases), never one command per case. The suite's counts keep it to about half a minute;
+# COMMDSL_FUZZ_SCALE=10 (say) covers ten times the ground from the same seed.
 
 FUZZ_SEED = int(os.environ.get("COMMDSL_FUZZ_SEED", "23"))
-FUZZ_CASES = 4_000
-FUZZ_MACHINE_CASES = 2_000
+FUZZ_SCALE = float(os.environ.get("COMMDSL_FUZZ_SCALE", "1"))
+FUZZ_CASES = int(2_000 * FUZZ_SCALE)
+FUZZ_MACHINE_CASES = int(1_000 * FUZZ_SCALE)
 
 
 def _run_seeded(kind: str, count: int) -> dict:
