@@ -204,6 +204,12 @@ class NcclFlows:
         cap_gb = nccl.channel_cap_gb_per_s(self.cfg, choice, kind, lay.num_nodes)
         cap = cap_gb * 1e3 / serial if serial > 0 else _INF
         latency = nccl.latency_us(self.cfg, kind, lay, choice.algo, choice.proto)
+        if choice.algo is Algo.NVLS_TREE:
+            # the switch's part at NVLS's efficiency; the tree between nodes is NCCL's
+            # Simple protocol over PCIe and the network (net transport), at Simple's
+            simple = self.cfg.protocol(Protocol.SIMPLE).efficiency
+            kinds = self.fabric.kinds
+            return Coflow(tuple((c, b / (eff if kinds[c] is LinkKind.NVLINK else simple)) for c, b in loads.items()), cap, latency)
         return Coflow(tuple((c, b / eff) for c, b in loads.items()), cap, latency)
 
     def chain(self, kind: OpKind, ranks: tuple[int, ...], size: int, root: int | None, algo: Algo, proto: Protocol) -> nccl.Chain:
