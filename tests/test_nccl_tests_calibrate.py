@@ -94,6 +94,7 @@ def test_calibrating_from_the_logs_reproduces_them(tmp_path):
     base.write_text(open(resolve_machine("dgx-h100").source).read().replace("p2p_net_efficiency: 1.0", "p2p_net_efficiency: 0.78"))
     machine = from_nccl_tests([str(AR), str(AG), str(A2A)], str(out), str(base), echo=lambda _: None)
     assert load_machine(out).nccl == machine.nccl
+    assert machine.nccl.version == (2, 26, 2)  # the logs' nccl-library=22602: the machine chooses as that NCCL
     assert machine.calibration.by == "commdsl calibrate --from-nccl-tests" and AR.name in machine.calibration.source
     errors = []
     for log in read_logs([str(AR), str(AG), str(A2A)]):

@@ -42,7 +42,7 @@ from commdsl.files import write_text
 from commdsl.ir import Algo, Dtype, Op, OpKind, Protocol, Transport
 from commdsl.machine.loader import load_machine, load_machine_text, resolve_machine
 from commdsl.machine.model import NETWORK_VERTEX, Calibration, LinkKind, LinkSpec, Machine, shm_link
-from commdsl.machine.nccl import HopKind, NcclConfig, NcclVersion, parse_nccl_version
+from commdsl.machine.nccl import HopKind, NcclConfig, NcclVersion, format_nccl_version, parse_nccl_version
 from commdsl.progress import Progress
 from commdsl.sim import nccl
 from commdsl.sim.fabric import Fabric
@@ -622,6 +622,10 @@ def from_nccl_tests(paths: list[str], out: str, base: str | None = None, algo: A
     fitted = fit(machine, Path(machine.source).read_text(), logs, runs, paths, lambda msg: progress.phase(f"fitting, {msg}"))
     doc = yaml.safe_load(fitted.text)
     doc["name"] = Path(out).stem
+    versions = {run.nccl_version for run in runs}
+    if len(versions) == 1 and None not in versions:
+        # the cluster's NCCL release, so that the machine chooses as its NCCL does
+        doc["nccl"]["version"] = format_nccl_version(versions.pop())
     doc["calibration"] = asdict(Calibration.now("commdsl calibrate --from-nccl-tests", ", ".join(Path(p).name for p in paths)))
     header = (f"# Written by `commdsl calibrate --from-nccl-tests` from {len(logs)} nccl-tests log(s):\n"
               + "".join(f"#   {p}\n" for p in paths) + f"# base machine: {machine.name} ({machine.source})\n")  # fmt: skip

@@ -4,9 +4,9 @@ Two kinds of numbers live here:
 
   * NCCL's tuning constants (`TUNING`): the table NCCL itself uses to predict the time of
     every algorithm x protocol and pick the fastest (src/graph/tuning.cc of NVIDIA/nccl;
-    the values are those of v2.26.2 and unchanged through v2.30.7 unless noted). They are
-    per GPU generation and not per machine: the simulator uses them only to *choose*, as
-    NCCL does (`commdsl.sim.nccl.select`).
+    the values of the newest release modelled, and `tuning_for` what older releases had
+    differently). They are per GPU generation and NCCL release, not per machine: the
+    simulator uses them only to *choose*, as NCCL does (`commdsl.sim.nccl.select`).
   * the machine's physics (`NcclConfig`): how long a chosen algorithm x protocol really
     takes there. Latencies per protocol (a base per collective plus one per step over an
     NVLink, PCIe or network hop), the fraction of the wire each protocol fills with data,

@@ -2,7 +2,8 @@
 how long its latency is on a machine (`nccl:` in the machine file, `NcclConfig`).
 
 Selection is NCCL's own (src/graph/tuning.cc `ncclTopoTuneModel`, src/enqueue.cc
-`topoGetAlgoInfo`, v2.26.2): for every enabled algorithm x protocol a predicted time
+`topoGetAlgoInfo`, of the machine's NCCL release, `nccl.version`: `tuning_for`): for every
+enabled algorithm x protocol a predicted time
 `latency + size / bandwidth` from NCCL's tuning constants (`commdsl.machine.nccl.TUNING`)
 and the bandwidth of NCCL's channel graphs; the fastest wins. The graphs are estimated
 from the topology: a GPU's bandwidth to the rest of its node (its NVLink or PCIe links)
@@ -565,8 +566,8 @@ def _binary_tree(count: int, second: bool) -> list[int]:
 
 def tree_edges(layout: Layout, channels: int, size: float) -> dict[tuple[int, int], float]:
     """Double binary tree all_reduce: per channel a chain through each node from a head
-    (member c mod ppn, its NIC's GPU) and, across nodes, a binary tree of the heads (odd
-    channels the mirrored tree, so a node that is inner in one tree is a leaf in the other).
+    (member c mod ppn, its NIC's GPU) and, across nodes, NCCL's binary tree of the heads
+    (odd channels its second tree, so a node that is inner in one tree is a leaf in the other).
     Each channel reduces size/channels up and broadcasts it down every edge."""
     out: dict[tuple[int, int], float] = {}
     share = size / max(channels, 1)
@@ -591,7 +592,7 @@ def tree_edges(layout: Layout, channels: int, size: float) -> dict[tuple[int, in
 def head_tree_edges(layout: Layout, size: float) -> dict[tuple[int, int], float]:
     """The network part of NVLS_TREE: every member is the head of 1/ppn of the data, and
     the heads of one rail (same position in their node) reduce and broadcast their share
-    over a double binary tree of the nodes (half on each tree)."""
+    over NCCL's double binary tree of the nodes (half on each tree; `_binary_tree`)."""
     out: dict[tuple[int, int], float] = {}
     ppn = layout.ppn
     share = size / ppn / 2
