@@ -496,7 +496,7 @@ def test_the_nccl_release_sets_the_table_that_chooses():
     table = nccl.nccl_table(old.nccl, OpKind.ALL_REDUCE, lay)
     lat, bw = table[(Algo.NVLS_TREE, Protocol.SIMPLE)]
     assert bw == pytest.approx(8 * min(40.0, 47.0 / 2) * 5 / 6)
-    assert lat == pytest.approx(25.0 + 2 * 2 * 14.0)  # hwLat NVLink 25 + 2 log2(4) x NET 14 (20.9 from 2.28.7)
+    assert lat == pytest.approx(25.0 + 2 * 2 * 14.0)  # hwLat NVLink 25 + 2 log2(4) x NET 14 (20.9 from 2.28.9)
     assert pick(old, OpKind.ALL_REDUCE, 32, 256 << 20) == ("ring", "simple")
     assert pick(replace(H100, nccl=replace(H100.nccl, version=(2, 29, 2))), OpKind.ALL_REDUCE, 32, 256 << 20) == ("nvls_tree", "simple")
     assert pick(H100, OpKind.ALL_REDUCE, 32, 256 << 20) == ("nvls_tree", "simple")  # no version: the newest modelled
@@ -510,3 +510,16 @@ def test_a_machine_file_names_its_nccl_release():
     assert not m.nccl.tuning.nvls_switch_model and H100.nccl.tuning.nvls_switch_model
     short = load_machine_text(head + tail.replace("  generation: hopper\n", "  generation: hopper\n  version: 2.28\n"), "m.yaml")
     assert short.nccl.version == (2, 28, 0) and short.nccl.tuning.nvls_switch_model
+
+
+def test_an_nvls_tree_level_costs_what_the_releases_table_says():
+    # NCCL 2.28.9 raised hwLat NET NVLS_TREE from 14 to 20.9 us (over the ring's 14): a
+    # tree level across nodes is one network step before it, 20.9/14 of one from it on.
+    from dataclasses import replace
+
+    _, lay = flows(H100, 32)
+    net = H100.nccl.protocol(Protocol.SIMPLE).hop_us(HopKind.NETWORK)
+    times = {v: nccl.latency_us(replace(H100.nccl, version=v), OpKind.ALL_REDUCE, lay, Algo.NVLS_TREE, Protocol.SIMPLE)
+             for v in ((2, 24, 3), (2, 28, 7), (2, 28, 9), (2, 29, 2))}  # fmt: skip
+    assert times[(2, 24, 3)] == times[(2, 28, 7)] == pytest.approx(H100.nccl.nvls_latency_us + 2 * 2 * net)
+    assert times[(2, 28, 9)] == times[(2, 29, 2)] == pytest.approx(H100.nccl.nvls_latency_us + 2 * 2 * net * 20.9 / 14)

@@ -124,8 +124,9 @@ NcclVersion = tuple[int, int, int]
 NVLS_SWITCH_MODEL_SINCE: NcclVersion = (2, 28, 0)
 """The first release whose table rates NVLS by the switch (`nvlsEfficiency`,
 `perChMaxNVLSTreeBws`, tuning.cc v2.28.3); before, by the graph (v2.27.7 and earlier)."""
-NVLS_TREE_NET_LATENCY_US = ((2, 28, 7), 20.9, 14.0)
-"""hwLat[NET][NVLS_TREE] Simple: 20.9 us from v2.28.7 on, 14 us before (tuning.cc)."""
+NVLS_TREE_NET_LATENCY_US = ((2, 28, 9), 20.9, 14.0)
+"""hwLat[NET][NVLS_TREE] Simple: 20.9 us from v2.28.9 on (the release that reordered the
+main and proxy threads' operations), 14 us before (tuning.cc v2.28.7 and earlier)."""
 
 
 def parse_nccl_version(text: str) -> NcclVersion | None:

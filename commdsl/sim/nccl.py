@@ -22,7 +22,7 @@ is the flow network's, over the links the algorithm loads, see `commdsl.sim.flow
     tree        base + 2 x ((ppn-1) intra hops + log2(N) tree levels), a level being a
                 network hop x NCCL's tree-over-ring network latency ratio
     nvls        the machine's NVLS latency (+ one network hop across nodes)
-    nvls_tree   NVLS latency + 2 log2(N) tree levels (NCCL's NVLS_TREE ratio)
+    nvls_tree   NVLS latency + 2 log2(N) tree levels (NCCL's NVLS_TREE ratio, per release)
     collnet     base + 2 intra hops + one network hop (direct); 2(ppn-1) intra (chain)
     p2p         base + one hop of its path
 
@@ -43,7 +43,7 @@ from commdsl.ir import Algo, Op, OpKind, Protocol
 from commdsl.machine.nccl import (MAX_THREADS, NVLS_CHUNK_BYTES, NVLS_PIPELINE_CHUNKS, NVLS_TREE_MAX_CHUNK_BYTES_4_NODES,
                                   P2P_CHANNEL_NET_GB_PER_S, P2P_CHUNK_BYTES, P2P_LL_THRESHOLD_BYTES,
                                   P2P_PEERS_PER_BATCH, PROTOCOLS, THREAD_THRESHOLD_BYTES, CpuVendor,
-                                  Generation, HopKind, NcclConfig, tuning_for)  # fmt: skip
+                                  Generation, HopKind, NcclConfig)  # fmt: skip
 
 NCCL_KINDS = frozenset({OpKind.ALL_REDUCE, OpKind.ALL_GATHER, OpKind.REDUCE_SCATTER, OpKind.BROADCAST, OpKind.REDUCE})
 """Collectives NCCL runs with its own algorithms (the rest are point-to-point based)."""
@@ -471,10 +471,10 @@ def _tree_net_hop_us(cfg: NcclConfig, algo: Algo, proto: Protocol, ring_net_us: 
     """A tree level across nodes: a parent takes its two children's pieces before it sends
     up, so a level costs more than a ring's network step. NCCL's table says how much more
     (hwLat NET, tree or NVLS_TREE column over the ring column: LL 5.0/2.7, LL128 8.5/4.0,
-    Simple 14/14, NVLS_TREE 20.9/14); the machine's own network step scales it. The ratio
-    is the newest release's whatever NCCL the machine runs: it is NCCL's measure of the
-    hardware (v2.28.7 raised NVLS_TREE's from 14 to 20.9), not a part of its choice."""
-    hw = tuning_for(cfg.generation, None).hop_latency_us[HopKind.NETWORK]
+    Simple 14/14, NVLS_TREE 20.9/14, 14/14 before NCCL 2.28.9); the machine's own network
+    step scales it. The ratio is that of the machine's NCCL release: v2.28.9 raised
+    NVLS_TREE's with a change to how NCCL's proxy thread orders its operations."""
+    hw = cfg.tuning.hop_latency_us[HopKind.NETWORK]
     i = PROTOCOLS.index(proto)
     ring = hw[Algo.RING][i]
     return ring_net_us * hw[algo][i] / ring if ring > 0 else ring_net_us
