@@ -27,7 +27,9 @@ Where the bytes go, per algorithm (S the op's size, n ranks, C channels):
   send            S along its route
 
 Each channel is charged the wire bytes: the data over the protocol's efficiency (LL puts a
-4-byte flag beside every 4 bytes of data, so its links carry twice the data).
+4-byte flag beside every 4 bytes of data, so its links carry twice the data; NVLS over
+its NVLS efficiency, and NVLS_TREE's tree between nodes, NCCL's net transport with the
+Simple protocol, over Simple's).
 """
 
 from __future__ import annotations
