@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import re
 import statistics
 import time
 from pathlib import Path
@@ -28,6 +29,7 @@ from commdsl.calibrate.nccl_tests import Run, busbw_gb_per_s, simulate_run
 from commdsl.dsl import load_schedule_text
 from commdsl.ir import Algo, OpKind
 from commdsl.machine import resolve_machine
+from commdsl.machine.nccl import parse_nccl_version
 from commdsl.sim import simulate
 
 DATA = Path(__file__).parent / "data" / "nccl_published.csv"
@@ -53,8 +55,9 @@ def band(size: int) -> str:
 def run_of(row: dict) -> Run:
     algo = Algo(row["nccl_algo"]) if row["nccl_algo"] else None
     max_ch = int(row["nccl_max_channels"]) if row["nccl_max_channels"] else None
+    version = re.search(r"NCCL (\d+\.\d+\.\d+)", row["conditions"])  # the run's NCCL release, where the source says it
     return Run(OPS[row["op"]], int(row["ranks"]), int(row["gpus_per_process"]), row["cuda_graph"] == "1", algo=algo,
-               max_channels=max_ch)  # fmt: skip
+               max_channels=max_ch, nccl_version=parse_nccl_version(version.group(1)) if version else None)  # fmt: skip
 
 
 def main() -> None:

@@ -269,6 +269,8 @@ BAD_NCCL = [
     ("no channels across nodes", None, "nccl.channels_across_nodes must be at least 1"),
     ("too many channels across nodes", None, "at most 64"),
     ("p2p net channel rate", None, "nccl.p2p_net_channel_bandwidth_gb_per_s"),
+    ("version", "  version: latest\n", "nccl.version must be an NCCL release such as 2.24.3"),
+    ("version list", "  version: [2, 24, 3]\n", "nccl.version must be an NCCL release"),
 ]
 
 
@@ -453,3 +455,71 @@ def test_p2p_channels_alone_bound_the_channels_per_peer():
     head, tail = BASE[:NCCL_AT], BASE[NCCL_AT:]
     m = load_machine_text(head + tail.replace("  p2p_channels: 32\n  p2p_channels_per_peer: 32\n", "  p2p_channels: 2\n"), "few.yaml")
     assert (m.nccl.p2p_channels, m.nccl.p2p_channels_per_peer) == (2, 2)
+
+
+def test_ncclS_double_binary_tree_is_trees_cc_s():
+    # trees.cc's illustrations: 13 positions, the first tree rooted at 0 with one child (8),
+    # the second shifted by one (odd count); 12 positions, the second mirrored (even count).
+    first = nccl._binary_tree(13, second=False)
+    assert first == [-1, 2, 4, 2, 8, 6, 4, 6, 0, 10, 12, 10, 8]
+    second = nccl._binary_tree(13, second=True)
+    assert second.index(-1) == 1 and second[9] == 1 and second[0] == 9 and second[11] == 0 and second[12] == 11
+    mirrored = nccl._binary_tree(12, second=True)
+    assert mirrored.index(-1) == 11 and mirrored[3] == 11 and mirrored[7] == 3
+    for count in range(2, 40):
+        for tree in (nccl._binary_tree(count, False), nccl._binary_tree(count, True)):
+            assert tree.count(-1) == 1 and all(sum(1 for p in tree if p == i) <= 2 for i in range(count))
+
+
+def test_nvls_tree_across_nodes_loads_a_nic_as_ncclS_tree_does():
+    # 4 nodes: in NCCL's trees two of the nodes are inner in one tree (a parent and two
+    # children) and leaves in the other: their NICs carry 4 of the 16 channel shares each
+    # way, S/4 per NIC (a heap-ordered tree would give 3/16). The tree's bytes cross PCIe
+    # and the network as NCCL's Simple protocol, at its efficiency, not NVLS's.
+    f, lay = flows(H100, 32)
+    co = f.coflow(OpKind.ALL_REDUCE, lay.ranks, 1 << 30, None, Algo.NVLS_TREE, Protocol.SIMPLE)
+    fill = 1.0 + nccl.nvls_fill_bytes(Algo.NVLS_TREE, lay, H100.nccl.nvls_channels, 1 << 30) / (1 << 30)
+    simple = H100.nccl.protocol(Protocol.SIMPLE).efficiency
+    net = [b for c, b in co.channel_bytes if c in f._network_channels]
+    assert max(net) == pytest.approx(fill * 4 / 16 / simple)
+
+
+def test_the_nccl_release_sets_the_table_that_chooses():
+    # NCCL 2.24 rates NVLS_TREE beyond two nodes at the graph's bandwidth with half the
+    # network's per channel and 5/6 of it as algorithm bandwidth (tuning.cc v2.24.3);
+    # 2.28+ at the switch's (see above). On 4 DGX H100 nodes 2.24 thus runs rings from
+    # 256 MiB where 2.29 keeps NVLS_TREE up to several GiB.
+    from dataclasses import replace
+
+    old = replace(H100, nccl=replace(H100.nccl, version=(2, 24, 3)))
+    _, lay = flows(old, 32)
+    table = nccl.nccl_table(old.nccl, OpKind.ALL_REDUCE, lay)
+    lat, bw = table[(Algo.NVLS_TREE, Protocol.SIMPLE)]
+    assert bw == pytest.approx(8 * min(40.0, 47.0 / 2) * 5 / 6)
+    assert lat == pytest.approx(25.0 + 2 * 2 * 14.0)  # hwLat NVLink 25 + 2 log2(4) x NET 14 (20.9 from 2.28.9)
+    assert pick(old, OpKind.ALL_REDUCE, 32, 256 << 20) == ("ring", "simple")
+    assert pick(replace(H100, nccl=replace(H100.nccl, version=(2, 29, 2))), OpKind.ALL_REDUCE, 32, 256 << 20) == ("nvls_tree", "simple")
+    assert pick(H100, OpKind.ALL_REDUCE, 32, 256 << 20) == ("nvls_tree", "simple")  # no version: the newest modelled
+    assert pick(old, OpKind.ALL_REDUCE, 32, 32 << 20) == ("nvls_tree", "simple")
+
+
+def test_a_machine_file_names_its_nccl_release():
+    head, tail = BASE[:NCCL_AT], BASE[NCCL_AT:]
+    m = load_machine_text(head + tail.replace("  generation: hopper\n", "  generation: hopper\n  version: 2.24.3\n"), "m.yaml")
+    assert m.nccl.version == (2, 24, 3) and m.nccl.to_json()["version"] == "2.24.3"
+    assert not m.nccl.tuning.nvls_switch_model and H100.nccl.tuning.nvls_switch_model
+    short = load_machine_text(head + tail.replace("  generation: hopper\n", "  generation: hopper\n  version: 2.28\n"), "m.yaml")
+    assert short.nccl.version == (2, 28, 0) and short.nccl.tuning.nvls_switch_model
+
+
+def test_an_nvls_tree_level_costs_what_the_releases_table_says():
+    # NCCL 2.28.9 raised hwLat NET NVLS_TREE from 14 to 20.9 us (over the ring's 14): a
+    # tree level across nodes is one network step before it, 20.9/14 of one from it on.
+    from dataclasses import replace
+
+    _, lay = flows(H100, 32)
+    net = H100.nccl.protocol(Protocol.SIMPLE).hop_us(HopKind.NETWORK)
+    times = {v: nccl.latency_us(replace(H100.nccl, version=v), OpKind.ALL_REDUCE, lay, Algo.NVLS_TREE, Protocol.SIMPLE)
+             for v in ((2, 24, 3), (2, 28, 7), (2, 28, 9), (2, 29, 2))}  # fmt: skip
+    assert times[(2, 24, 3)] == times[(2, 28, 7)] == pytest.approx(H100.nccl.nvls_latency_us + 2 * 2 * net)
+    assert times[(2, 28, 9)] == times[(2, 29, 2)] == pytest.approx(H100.nccl.nvls_latency_us + 2 * 2 * net * 20.9 / 14)

@@ -37,7 +37,20 @@ def test_the_fixture_logs_read_as_the_runs_they_record():
     assert ar.device == "NVIDIA H100 80GB HBM3"
     assert (ag.op, ag.gpus_per_process, ag.algos) == (OpKind.ALL_GATHER, 1, frozenset({Algo.RING}))  # MPI prefixes stripped
     assert (a2a.op, a2a.ranks, a2a.nodes, a2a.algos) == (OpKind.ALL_TO_ALL, 16, 2, None)
-    assert Run.of(ar) == Run(OpKind.ALL_REDUCE, 8, 8, False, algo=Algo.RING)
+    assert Run.of(ar) == Run(OpKind.ALL_REDUCE, 8, 8, False, algo=Algo.RING, nccl_version=(2, 26, 2))  # "NCCL version 2.26.2"
+
+
+def test_a_log_s_nccl_release_chooses_its_algorithms():
+    # 4 DGX H100 nodes, all_reduce 256 MiB: NCCL 2.24's table runs rings there, 2.29's
+    # NVLS_TREE (tuning.cc: the NVLS bandwidth model changed in 2.28); the run takes the
+    # release its log printed, whatever the base machine says.
+    from commdsl.calibrate.nccl_tests import bench_machine, choice
+
+    h100 = resolve_machine("dgx-h100")
+    old, new = (Run(OpKind.ALL_REDUCE, 32, nccl_version=v) for v in ((2, 24, 3), (2, 29, 2)))
+    assert bench_machine(h100, old).nccl.version == (2, 24, 3)
+    assert choice(bench_machine(h100, old), old, 256 << 20).algo is Algo.RING
+    assert choice(bench_machine(h100, new), new, 256 << 20).algo is Algo.NVLS_TREE
 
 
 HEADER = """# nccl-tests version 2.17.9 nccl-headers=22602 nccl-library=22602
@@ -81,6 +94,7 @@ def test_calibrating_from_the_logs_reproduces_them(tmp_path):
     base.write_text(open(resolve_machine("dgx-h100").source).read().replace("p2p_net_efficiency: 1.0", "p2p_net_efficiency: 0.78"))
     machine = from_nccl_tests([str(AR), str(AG), str(A2A)], str(out), str(base), echo=lambda _: None)
     assert load_machine(out).nccl == machine.nccl
+    assert machine.nccl.version == (2, 26, 2)  # the logs' nccl-library=22602: the machine chooses as that NCCL
     assert machine.calibration.by == "commdsl calibrate --from-nccl-tests" and AR.name in machine.calibration.source
     errors = []
     for log in read_logs([str(AR), str(AG), str(A2A)]):

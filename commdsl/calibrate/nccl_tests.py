@@ -42,7 +42,7 @@ from commdsl.files import write_text
 from commdsl.ir import Algo, Dtype, Op, OpKind, Protocol, Transport
 from commdsl.machine.loader import load_machine, load_machine_text, resolve_machine
 from commdsl.machine.model import NETWORK_VERTEX, Calibration, LinkKind, LinkSpec, Machine, shm_link
-from commdsl.machine.nccl import HopKind, NcclConfig
+from commdsl.machine.nccl import HopKind, NcclConfig, NcclVersion, format_nccl_version, parse_nccl_version
 from commdsl.progress import Progress
 from commdsl.sim import nccl
 from commdsl.sim.fabric import Fabric
@@ -85,6 +85,8 @@ class Run:
     """GPUs of the run on each node (None: the base machine's nodes filled in turn)."""
     channels: Channels | None = None
     """NCCL's channel counts as the run's log reports them (None: the machine's)."""
+    nccl_version: NcclVersion | None = None
+    """The NCCL release of the run, as its log prints it (None: the machine's `nccl.version`)."""
 
     @staticmethod
     def of(log: NcclTestsLog, algo: Algo | None = None, proto: Protocol | None = None) -> Run:
@@ -92,7 +94,9 @@ class Run:
         a = next(iter(log.algos)) if log.algos is not None and len(log.algos) == 1 else algo
         p = next(iter(log.protos)) if log.protos is not None and len(log.protos) == 1 else proto
         per_node = log.ranks_per_node if log.nodes is not None and log.nodes > 1 else None
-        return Run(log.op, log.ranks, log.gpus_per_process, log.graph, log.dtype, a, p, ranks_per_node=per_node, channels=log.channels)
+        version = parse_nccl_version(log.nccl_version) if log.nccl_version else None
+        return Run(log.op, log.ranks, log.gpus_per_process, log.graph, log.dtype, a, p, ranks_per_node=per_node, channels=log.channels,
+                   nccl_version=version)  # fmt: skip
 
 
 def bench_machine(machine: Machine, run: Run) -> Machine:
@@ -112,6 +116,8 @@ def bench_machine(machine: Machine, run: Run) -> Machine:
         p2p = min(cfg.p2p_channels, 1 << (run.max_channels - 1).bit_length())
         cfg = replace(cfg, channels=min(cfg.channels, run.max_channels), nvls_channels=min(cfg.nvls_channels, run.max_channels),
                       p2p_channels=p2p, p2p_channels_per_peer=min(cfg.p2p_channels_per_peer, p2p))  # fmt: skip
+    if run.nccl_version is not None:
+        cfg = replace(cfg, version=run.nccl_version)  # its table chooses as the run's NCCL did
     if run.channels is not None:
         ch = run.channels
         cfg = replace(cfg, channels=max(ch.coll, 1), p2p_channels=max(ch.p2p, 1), p2p_channels_per_peer=max(ch.p2p_per_peer, 1))
@@ -616,6 +622,10 @@ def from_nccl_tests(paths: list[str], out: str, base: str | None = None, algo: A
     fitted = fit(machine, Path(machine.source).read_text(), logs, runs, paths, lambda msg: progress.phase(f"fitting, {msg}"))
     doc = yaml.safe_load(fitted.text)
     doc["name"] = Path(out).stem
+    versions = {run.nccl_version for run in runs}
+    if len(versions) == 1 and None not in versions:
+        # the cluster's NCCL release, so that the machine chooses as its NCCL does
+        doc["nccl"]["version"] = format_nccl_version(versions.pop())
     doc["calibration"] = asdict(Calibration.now("commdsl calibrate --from-nccl-tests", ", ".join(Path(p).name for p in paths)))
     header = (f"# Written by `commdsl calibrate --from-nccl-tests` from {len(logs)} nccl-tests log(s):\n"
               + "".join(f"#   {p}\n" for p in paths) + f"# base machine: {machine.name} ({machine.source})\n")  # fmt: skip

@@ -4,9 +4,9 @@ Two kinds of numbers live here:
 
   * NCCL's tuning constants (`TUNING`): the table NCCL itself uses to predict the time of
     every algorithm x protocol and pick the fastest (src/graph/tuning.cc of NVIDIA/nccl;
-    the values are those of v2.26.2 and unchanged through v2.30.7 unless noted). They are
-    per GPU generation and not per machine: the simulator uses them only to *choose*, as
-    NCCL does (`commdsl.sim.nccl.select`).
+    the values of the newest release modelled, and `tuning_for` what older releases had
+    differently). They are per GPU generation and NCCL release, not per machine: the
+    simulator uses them only to *choose*, as NCCL does (`commdsl.sim.nccl.select`).
   * the machine's physics (`NcclConfig`): how long a chosen algorithm x protocol really
     takes there. Latencies per protocol (a base per collective plus one per step over an
     NVLink, PCIe or network hop), the fraction of the wire each protocol fills with data,
@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import enum
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from commdsl.ir import Algo, Protocol
 
@@ -76,9 +76,16 @@ class Tuning:
     nvls_tree_channel_gb_per_s: tuple[float, float, float]
     """`perChMaxNVLSTreeBws`."""
     nvls_efficiency: float
-    """`nvlsEfficiency`: NVLS bus bandwidth per channel over the graph's (v2.30)."""
+    """`nvlsEfficiency`: NVLS bus bandwidth per channel over the graph's (v2.28+)."""
     row: int
     """This generation's row in `ll_max_bus_gb_per_s` (NCCL's compCapIndex)."""
+    nvls_switch_model: bool = True
+    """How the table rates NVLS and NVLS_TREE. True (NCCL 2.28 and later): the switch's
+    bus bandwidth per channel, the graph's intra bandwidth x `nvls_efficiency` x
+    (channels-1)/channels, twice for an all_reduce, at most the network's and
+    `nvls_tree_channel_gb_per_s`; algorithm bandwidth = bus x n / nsteps. False (NCCL 2.27
+    and earlier): the graph's bandwidth, min(intra, inter) for NVLS and min(intra, inter /
+    2 beyond two nodes) for NVLS_TREE, and algorithm bandwidth = bus x 5/6."""
 
 
 _BASE = {
@@ -107,8 +114,54 @@ TUNING: dict[Generation, Tuning] = {
     Generation.HOPPER: _tuning(2, (36.7,) * 3, (36.7, 36.7, 29.0), (38.7, 41.4, 36.0), (0.0, 57.7, 45.5), 0.85),
     Generation.BLACKWELL: _tuning(3, (40.0,) * 3, (55.6, 31.67, 20.0), (70.0, 42.8, 24.0), (0.0, 96.0, 80.0), 0.74),
 }
-"""NCCL's tuning constants per generation (tuning.cc: `ncclTunerConstantsDefaults` in
-v2.30, the static tables `baseLat`, `hwLat`, `llMaxBws`, `perChMax*Bws` before)."""
+"""NCCL's tuning constants per generation as the newest release modelled has them
+(tuning.cc: `ncclTunerConstantsDefaults` in v2.28+, the static tables `baseLat`, `hwLat`,
+`llMaxBws`, `perChMax*Bws` before); `tuning_for` gives an older release's."""
+
+NcclVersion = tuple[int, int, int]
+"""An NCCL release as (major, minor, patch): (2, 24, 3) for `NCCL version 2.24.3`."""
+
+NVLS_SWITCH_MODEL_SINCE: NcclVersion = (2, 28, 0)
+"""The first release whose table rates NVLS by the switch (`nvlsEfficiency`,
+`perChMaxNVLSTreeBws`, tuning.cc v2.28.3); before, by the graph (v2.27.7 and earlier)."""
+NVLS_TREE_NET_LATENCY_US = ((2, 28, 9), 20.9, 14.0)
+"""hwLat[NET][NVLS_TREE] Simple: 20.9 us from v2.28.9 on (the release that reordered the
+main and proxy threads' operations), 14 us before (tuning.cc v2.28.7 and earlier)."""
+
+
+def parse_nccl_version(text: str) -> NcclVersion | None:
+    """(major, minor, patch) of `2.24.3`, `2.24.3+cuda12.6` or `2.24` (patch 0); None if
+    the text is no NCCL version."""
+    head = text.strip().split("+", 1)[0]
+    parts = head.split(".")
+    if not 2 <= len(parts) <= 3 or not all(p.isdigit() and len(p) <= 4 for p in parts):
+        return None
+    nums = [int(p) for p in parts] + [0] * (3 - len(parts))
+    return nums[0], nums[1], nums[2]
+
+
+def format_nccl_version(version: NcclVersion) -> str:
+    return ".".join(str(v) for v in version)
+
+
+def tuning_for(generation: Generation, version: NcclVersion | None) -> Tuning:
+    """NCCL's table for `generation` as release `version` has it (None: the newest release
+    modelled). What differs between the releases modelled: the NVLS bandwidth model
+    (`Tuning.nvls_switch_model`) and hwLat[NET][NVLS_TREE] (`NVLS_TREE_NET_LATENCY_US`)."""
+    t = TUNING[generation]
+    if version is None:
+        return t
+    since, newer, older = NVLS_TREE_NET_LATENCY_US
+    changes: dict = {}
+    if version < since:
+        net = dict(t.hop_latency_us[HopKind.NETWORK])
+        ll, ll128, _ = net[Algo.NVLS_TREE]
+        net[Algo.NVLS_TREE] = (ll, ll128, older)
+        changes["hop_latency_us"] = {**t.hop_latency_us, HopKind.NETWORK: net}
+    if version < NVLS_SWITCH_MODEL_SINCE:
+        changes["nvls_switch_model"] = False
+    return replace(t, **changes) if changes else t
+
 
 NET_OVERHEAD_US = {CpuVendor.INTEL: 1.0, CpuVendor.AMD: 2.0, CpuVendor.OTHER: 1.0}
 """tuning.cc `getNetOverhead`: host time to post one network operation, per CPU vendor."""
@@ -217,6 +270,9 @@ class NcclConfig:
     (what a loop of back-to-back ops costs the thread that issues them)."""
     launch_per_channel_us: float = 0.0
     """Host time per channel of the launch (work descriptors are written per channel), us."""
+    version: NcclVersion | None = None
+    """The NCCL release the machine runs (`version: 2.24.3`, as NCCL prints it at start-up):
+    its tuning table makes the choice (`tuning_for`). None: the newest release modelled."""
     algos: frozenset[Algo] | None = None
     """Algorithms NCCL may use (`algo:`, as NCCL_ALGO); None: all the machine has."""
     protos: frozenset[Protocol] | None = None
@@ -244,7 +300,8 @@ class NcclConfig:
 
     @property
     def tuning(self) -> Tuning:
-        return TUNING[self.generation]
+        """NCCL's table for the GPUs' generation, as the machine's NCCL release has it."""
+        return tuning_for(self.generation, self.version)
 
     @property
     def net_overhead_us(self) -> float:
@@ -278,6 +335,7 @@ class NcclConfig:
             "net_latency_us": self.net_latency_us,
             "launch_us": self.launch_us,
             "launch_per_channel_us": self.launch_per_channel_us,
+            **({"version": format_nccl_version(self.version)} if self.version is not None else {}),
             **({"algo": sorted(a.value for a in self.algos)} if self.algos is not None else {}),
             **({"proto": sorted(p.value for p in self.protos)} if self.protos is not None else {}),
             "protocols": {

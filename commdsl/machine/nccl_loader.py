@@ -2,6 +2,7 @@
 
     nccl:
       generation: hopper          # volta | ampere | hopper | blackwell (NCCL's tuning tables)
+      version: 2.24.3             # the NCCL release (optional; its table chooses; default the newest modelled)
       channels: 24                # ring/tree channels
       cpu: intel                  # intel | amd | other
       nvls: true                  # NVLink SHARP (needs an nvswitch next to every GPU)
@@ -35,8 +36,8 @@ from commdsl.errors import did_you_mean
 from commdsl.ir import Algo, Protocol
 from commdsl.limits import MIN_BANDWIDTH_GB_PER_S
 from commdsl.machine.model import Topology, VertexKind
-from commdsl.machine.nccl import (NCCL_ALGOS, PROTOCOLS, CpuVendor, Generation, HopKind, NcclConfig, ProtocolSpec,
-                                  default_protocol)  # fmt: skip
+from commdsl.machine.nccl import (NCCL_ALGOS, PROTOCOLS, CpuVendor, Generation, HopKind, NcclConfig, NcclVersion, ProtocolSpec,
+                                  default_protocol, parse_nccl_version)  # fmt: skip
 
 
 
@@ -58,7 +59,7 @@ class FieldReader(Interface):
     def enum(self, node: yaml.Node, enum_cls: type[enum.Enum], what: str) -> enum.Enum: ...
 
 _KEYS = (
-    "generation", "channels", "channels_across_nodes", "cpu", "nvls", "nvls_channels", "nvls_latency_us", "nvls_efficiency", "collnet", "p2p_channels",
+    "generation", "version", "channels", "channels_across_nodes", "cpu", "nvls", "nvls_channels", "nvls_latency_us", "nvls_efficiency", "collnet", "p2p_channels",
     "p2p_channels_per_peer", "p2p_channel_bandwidth_gb_per_s", "p2p_net_channel_bandwidth_gb_per_s",
     "p2p_net_efficiency", "net_latency_us", "launch_us", "launch_per_channel_us", "algo", "proto", "protocols",
 )  # fmt: skip
@@ -82,7 +83,9 @@ def read_nccl(r: FieldReader, node: yaml.Node, topology: Topology | None) -> Ncc
         nvls=_flag(r, keys, "nvls"),
         collnet=_flag(r, keys, "collnet"),
     )
-    numbers = {}
+    numbers: dict = {}
+    if "version" in keys:
+        numbers["version"] = _version(r, keys["version"][1])
     for name in ("nvls_latency_us", "net_latency_us", "launch_us", "launch_per_channel_us"):
         if name in keys:
             numbers[name] = r.time_us(keys[name][1], f"nccl.{name}")
@@ -111,6 +114,15 @@ def read_nccl(r: FieldReader, node: yaml.Node, topology: Topology | None) -> Ncc
     if "proto" in keys:
         cfg = replace(cfg, protos=frozenset(_names(r, keys["proto"][1], "nccl.proto", {p.value: p for p in PROTOCOLS})))
     return cfg
+
+
+def _version(r: FieldReader, node: yaml.Node) -> NcclVersion:
+    """`version: 2.24.3` (or 2.24): the NCCL release, as `NCCL version ...` prints it."""
+    version = parse_nccl_version(str(node.value)) if isinstance(node, yaml.ScalarNode) else None
+    if version is None:
+        raise r.fail(f"nccl.version must be an NCCL release such as 2.24.3 (as NCCL prints it: 'NCCL version 2.24.3+cuda12.6'), "
+                     f"got {r.text(node) if isinstance(node, yaml.ScalarNode) else 'a mapping or list'}", node)  # fmt: skip
+    return version
 
 
 def _flag(r: FieldReader, keys: dict, name: str) -> bool:

@@ -2,7 +2,8 @@
 how long its latency is on a machine (`nccl:` in the machine file, `NcclConfig`).
 
 Selection is NCCL's own (src/graph/tuning.cc `ncclTopoTuneModel`, src/enqueue.cc
-`topoGetAlgoInfo`, v2.26.2): for every enabled algorithm x protocol a predicted time
+`topoGetAlgoInfo`, of the machine's NCCL release, `nccl.version`: `tuning_for`): for every
+enabled algorithm x protocol a predicted time
 `latency + size / bandwidth` from NCCL's tuning constants (`commdsl.machine.nccl.TUNING`)
 and the bandwidth of NCCL's channel graphs; the fastest wins. The graphs are estimated
 from the topology: a GPU's bandwidth to the rest of its node (its NVLink or PCIe links)
@@ -21,7 +22,7 @@ is the flow network's, over the links the algorithm loads, see `commdsl.sim.flow
     tree        base + 2 x ((ppn-1) intra hops + log2(N) tree levels), a level being a
                 network hop x NCCL's tree-over-ring network latency ratio
     nvls        the machine's NVLS latency (+ one network hop across nodes)
-    nvls_tree   NVLS latency + 2 log2(N) tree levels (NCCL's NVLS_TREE ratio)
+    nvls_tree   NVLS latency + 2 log2(N) tree levels (NCCL's NVLS_TREE ratio, per release)
     collnet     base + 2 intra hops + one network hop (direct); 2(ppn-1) intra (chain)
     p2p         base + one hop of its path
 
@@ -166,8 +167,13 @@ def nccl_table(cfg: NcclConfig, kind: OpKind, layout: Layout) -> dict[tuple[Algo
                 continue
             collnet = algo in (Algo.COLLNET_DIRECT, Algo.COLLNET_CHAIN)
             bw = bw_intra if nodes <= 2 or collnet else bw_inter
-            if algo in (Algo.NVLS, Algo.NVLS_TREE):
-                # the switch's bus bandwidth per channel (NCCL 2.27+): the graph's intra
+            if algo in (Algo.NVLS, Algo.NVLS_TREE) and not t.nvls_switch_model:
+                # NCCL 2.27 and earlier: the graph's bandwidth; NVLS_TREE beyond two nodes
+                # at half the network's (an inner node of the tree sends and receives twice)
+                inter = bw_inter if algo is Algo.NVLS or nodes <= 2 else bw_inter / 2
+                bw = min(bw_intra, inter)
+            elif algo in (Algo.NVLS, Algo.NVLS_TREE):
+                # the switch's bus bandwidth per channel (NCCL 2.28+): the graph's intra
                 # bandwidth x nvlsEfficiency x (channels-1)/channels, twice for an
                 # all_reduce (it pipelines its reduce and its multicast); the network's,
                 # twice on two nodes for NVLS_TREE; at most perChMaxNVLSTreeBw
@@ -203,7 +209,7 @@ def nccl_table(cfg: NcclConfig, kind: OpKind, layout: Layout) -> dict[tuple[Algo
                 if algo is Algo.RING:
                     bus *= n / nsteps
                 elif algo in (Algo.NVLS, Algo.NVLS_TREE):
-                    bus *= n / nsteps
+                    bus *= n / nsteps if t.nvls_switch_model else 5.0 / 6.0
                 else:
                     bus *= 0.5
             if bus <= 0.0:
@@ -465,7 +471,9 @@ def _tree_net_hop_us(cfg: NcclConfig, algo: Algo, proto: Protocol, ring_net_us: 
     """A tree level across nodes: a parent takes its two children's pieces before it sends
     up, so a level costs more than a ring's network step. NCCL's table says how much more
     (hwLat NET, tree or NVLS_TREE column over the ring column: LL 5.0/2.7, LL128 8.5/4.0,
-    Simple 14/14, NVLS_TREE 20.9/14); the machine's own network step scales it."""
+    Simple 14/14, NVLS_TREE 20.9/14, 14/14 before NCCL 2.28.9); the machine's own network
+    step scales it. The ratio is that of the machine's NCCL release: v2.28.9 raised
+    NVLS_TREE's with a change to how NCCL's proxy thread orders its operations."""
     hw = cfg.tuning.hop_latency_us[HopKind.NETWORK]
     i = PROTOCOLS.index(proto)
     ring = hw[Algo.RING][i]
@@ -525,26 +533,41 @@ def ring_edges(layout: Layout, channels: int, bytes_per_channel_edge: float) -> 
     return out
 
 
-def _binary_tree(count: int, mirror: bool) -> list[int]:
-    """Parent of each of `count` positions in a heap-ordered binary tree (-1: the root);
-    `mirror` numbers the positions from the other end, NCCL's second tree."""
-    parent = [-1] * count
-    for i in range(1, count):
-        parent[i] = (i - 1) // 2
-    if not mirror:
-        return parent
-    flip = [count - 1 - i for i in range(count)]
-    out = [-1] * count
+def _btree_parent(count: int, i: int) -> int:
+    """Parent of position `i` in NCCL's binary tree of `count` positions (trees.cc
+    `ncclGetBtree`: rooted at 0, which has one child; a position's lowest set bit says its
+    level, so leaves and inner positions alternate); -1 for the root."""
+    if i == 0:
+        return -1
+    bit = i & -i
+    up = (i ^ bit) | (bit << 1)
+    return up if up < count else i ^ bit
+
+
+def _binary_tree(count: int, second: bool) -> list[int]:
+    """Parent of each of `count` positions (-1: the root) in NCCL's double binary tree
+    (trees.cc `ncclGetDtree`): the first tree is `ncclGetBtree`'s; the `second` is its
+    mirror (count even) or the same tree shifted by one position (count odd), so that a
+    position inner in one tree is a leaf in the other."""
+    if not second:
+        return [_btree_parent(count, i) for i in range(count)]
+    if count % 2 == 1:
+        out = []
+        for i in range(count):
+            p = _btree_parent(count, (i - 1) % count)
+            out.append(-1 if p < 0 else (p + 1) % count)
+        return out
+    out = []
     for i in range(count):
-        p = parent[i]
-        out[flip[i]] = flip[p] if p >= 0 else -1
+        p = _btree_parent(count, count - 1 - i)
+        out.append(-1 if p < 0 else count - 1 - p)
     return out
 
 
 def tree_edges(layout: Layout, channels: int, size: float) -> dict[tuple[int, int], float]:
     """Double binary tree all_reduce: per channel a chain through each node from a head
-    (member c mod ppn, its NIC's GPU) and, across nodes, a binary tree of the heads (odd
-    channels the mirrored tree, so a node that is inner in one tree is a leaf in the other).
+    (member c mod ppn, its NIC's GPU) and, across nodes, NCCL's binary tree of the heads
+    (odd channels its second tree, so a node that is inner in one tree is a leaf in the other).
     Each channel reduces size/channels up and broadcasts it down every edge."""
     out: dict[tuple[int, int], float] = {}
     share = size / max(channels, 1)
@@ -557,7 +580,7 @@ def tree_edges(layout: Layout, channels: int, size: float) -> dict[tuple[int, in
             for a, b in zip(order, order[1:]):
                 out[(a, b)] = out.get((a, b), 0.0) + share
                 out[(b, a)] = out.get((b, a), 0.0) + share
-        parents = _binary_tree(len(heads), mirror=c % 2 == 1)
+        parents = _binary_tree(len(heads), second=c % 2 == 1)
         for i, p in enumerate(parents):
             if p >= 0:
                 a, b = heads[i], heads[p]
@@ -569,14 +592,14 @@ def tree_edges(layout: Layout, channels: int, size: float) -> dict[tuple[int, in
 def head_tree_edges(layout: Layout, size: float) -> dict[tuple[int, int], float]:
     """The network part of NVLS_TREE: every member is the head of 1/ppn of the data, and
     the heads of one rail (same position in their node) reduce and broadcast their share
-    over a double binary tree of the nodes (half on each tree)."""
+    over NCCL's double binary tree of the nodes (half on each tree; `_binary_tree`)."""
     out: dict[tuple[int, int], float] = {}
     ppn = layout.ppn
     share = size / ppn / 2
-    for mirror in (False, True):
+    for second in (False, True):
         for i in range(ppn):
             heads = [members[i % len(members)] for members in layout.nodes]
-            for j, p in enumerate(_binary_tree(len(heads), mirror)):
+            for j, p in enumerate(_binary_tree(len(heads), second)):
                 if p >= 0:
                     a, b = heads[j], heads[p]
                     out[(a, b)] = out.get((a, b), 0.0) + share

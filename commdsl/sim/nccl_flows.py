@@ -27,7 +27,9 @@ Where the bytes go, per algorithm (S the op's size, n ranks, C channels):
   send            S along its route
 
 Each channel is charged the wire bytes: the data over the protocol's efficiency (LL puts a
-4-byte flag beside every 4 bytes of data, so its links carry twice the data).
+4-byte flag beside every 4 bytes of data, so its links carry twice the data; NVLS over
+its NVLS efficiency, and NVLS_TREE's tree between nodes, NCCL's net transport with the
+Simple protocol, over Simple's).
 """
 
 from __future__ import annotations
@@ -204,6 +206,12 @@ class NcclFlows:
         cap_gb = nccl.channel_cap_gb_per_s(self.cfg, choice, kind, lay.num_nodes)
         cap = cap_gb * 1e3 / serial if serial > 0 else _INF
         latency = nccl.latency_us(self.cfg, kind, lay, choice.algo, choice.proto)
+        if choice.algo is Algo.NVLS_TREE:
+            # the switch's part at NVLS's efficiency; the tree between nodes is NCCL's
+            # Simple protocol over PCIe and the network (net transport), at Simple's
+            simple = self.cfg.protocol(Protocol.SIMPLE).efficiency
+            kinds = self.fabric.kinds
+            return Coflow(tuple((c, b / (eff if kinds[c] is LinkKind.NVLINK else simple)) for c, b in loads.items()), cap, latency)
         return Coflow(tuple((c, b / eff) for c, b in loads.items()), cap, latency)
 
     def chain(self, kind: OpKind, ranks: tuple[int, ...], size: int, root: int | None, algo: Algo, proto: Protocol) -> nccl.Chain:
