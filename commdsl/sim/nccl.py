@@ -23,7 +23,9 @@ is the flow network's, over the links the algorithm loads, see `commdsl.sim.flow
     nvls        the machine's NVLS latency (+ one network hop across nodes)
     nvls_tree   NVLS latency + 2 log2(N) tree levels (NCCL's NVLS_TREE ratio)
     collnet     base + 2 intra hops + one network hop (direct); 2(ppn-1) intra (chain)
-    p2p         base + one hop of its path
+    p2p         base + one hop of its path; an all_to_all (gather, scatter) across nodes
+                also waits while each proxy posts its remote peers' network operations
+                one after another (`proxy_posts_us`)
 
 with n ranks over N nodes, ppn per node; every network hop also pays the network's own
 latency per message (`nccl.net_latency_us`, twice with Simple). NVLS kernels stream once
@@ -407,7 +409,7 @@ def latency_us(cfg: NcclConfig, kind: OpKind, layout: Layout, algo: Algo, proto:
     if kind is OpKind.BARRIER:
         kind = OpKind.ALL_REDUCE
     if kind in P2P_BASED:
-        return spec.base_latency_us + (net if nodes > 1 else intra)
+        return spec.base_latency_us + (net if nodes > 1 else intra) + proxy_posts_us(cfg, kind, layout, proto)
     if algo in (Algo.RING, Algo.CHAIN):
         if kind is OpKind.ALL_REDUCE:
             steps, inter = 2 * (n - 1), 2 * (nodes - 1)
@@ -432,6 +434,24 @@ def latency_us(cfg: NcclConfig, kind: OpKind, layout: Layout, algo: Algo, proto:
     if algo is Algo.COLLNET_CHAIN:
         return spec.base_latency_us + 2 * (layout.ppn - 1) * intra + net
     raise AssertionError(f"no latency for {algo}")
+
+
+def proxy_posts_us(cfg: NcclConfig, kind: OpKind, layout: Layout, proto: Protocol) -> float:
+    """What a point-to-point based op across nodes waits while NCCL's proxies post its
+    network operations one after another. Every remote peer of a rank is a network
+    send and receive that one CPU proxy thread posts, each costing the host's network
+    overhead (tuning.cc `getNetOverhead`: 1 us on Intel, 2 on AMD; three network
+    operations with Simple, the data, its receive and the flush, as NCCL counts a ring's
+    network steps: "inter-node rings still have to launch nsteps * net overhead"). The
+    first peer's is the op's network hop; the rest come on top. With PXN (rail-aligned
+    sends through the destination rail's GPU) a NIC's proxy posts the sends of all its
+    node's GPUs to its rail and its own GPU's receives: as many pairs as without, the
+    rank's remote peers. So an all_to_all over 10 x 8 H100 (72 remote peers) waits
+    71 x 3 us; a send waits nothing more than its hop."""
+    if layout.num_nodes <= 1 or kind in (OpKind.SEND, OpKind.RECV):
+        return 0.0
+    remote = max(layout.n - len(members) for members in layout.nodes)
+    return max(remote - 1, 0) * cfg.net_overhead_us * (3 if proto is Protocol.SIMPLE else 1)
 
 
 def nvls_chunk_bytes(algo: Algo, layout: Layout, channels: int, size_bytes: float) -> int:
