@@ -440,9 +440,9 @@ def proxy_posts_us(cfg: NcclConfig, kind: OpKind, layout: Layout, proto: Protoco
     """What a point-to-point based op across nodes waits while NCCL's proxies post its
     network operations one after another. Every remote peer of a rank is a network
     send and receive that one CPU proxy thread posts, each costing the host's network
-    overhead (tuning.cc `getNetOverhead`: 1 us on Intel, 2 on AMD; three network
-    operations with Simple, the data, its receive and the flush, as NCCL counts a ring's
-    network steps: "inter-node rings still have to launch nsteps * net overhead"). The
+    overhead (tuning.cc `getNetOverhead`: 1 us on Intel, 2 on AMD; three times that with
+    Simple, NCCL's own factor where it counts a ring's network steps: "inter-node rings
+    still have to launch nsteps * net overhead"). The
     first peer's is the op's network hop; the rest come on top. With PXN (rail-aligned
     sends through the destination rail's GPU) a NIC's proxy posts the sends of all its
     node's GPUs to its rail and its own GPU's receives: as many pairs as without, the
