@@ -125,6 +125,27 @@ def test_p2p_channels_per_peer_across_nodes_follow_nccls_rule():
         assert nccl.p2p_channels_per_peer(m.nccl, comm) == per_peer
 
 
+def test_p2p_channels_of_a_communicator_with_fewer_gpus_a_node_follow_its_own_graph():
+    # NCCL's P2P channels are its communicator's collective channels across nodes: a ring
+    # per NIC its GPUs use, doubled up to 4 rings (ncclTopoDupChannels) and again
+    # (ncclTopoPostset). 10 DGX H100 nodes with 1, 2, 4, 8 GPUs each (nccl-tests-cluster's
+    # runs): 4, 8, 16, 16 P2P channels, so 2, 2, 2, 1 channels a peer.
+    m = H100.with_nodes(10)
+    flows = NcclFlows(Fabric(m, 80), m.nccl)
+    got = {}
+    for g in (1, 2, 4, 8):
+        comm = flows.p2p_comm(tuple(r for r in range(80) if r % 8 < g))
+        got[g] = (comm.nics, nccl.p2p_channel_total(m.nccl, comm), nccl.p2p_channels_per_peer(m.nccl, comm))
+    assert got == {1: (1, 4, 2), 2: (2, 8, 2), 4: (4, 16, 2), 8: (0, 16, 1)}
+    # so a sendrecv ring over 10 single-GPU nodes runs at 2 channels' network rate, not at the NIC's
+    ring = tuple(range(0, 80, 8))
+    send = flows.coflow(OpKind.SEND, (0, 8), 1 << 30, None, Algo.DIRECT, Protocol.SIMPLE, ring)
+    assert send.cap == pytest.approx(2 * m.nccl.p2p_net_channel_bandwidth_gb_per_s * 1e3)
+    # a group inside one node, or using every NIC, keeps the machine's count
+    assert nccl.p2p_channel_total(m.nccl, flows.p2p_comm(tuple(range(8)))) == 32
+    assert nccl.p2p_channel_total(m.nccl, flows.p2p_comm(tuple(range(16)))) == 16
+
+
 def test_a_send_inside_a_node_slows_when_its_communicator_spans_many_nodes():
     # nccl-tests' sendrecv ring: the same NVLink send between GPUs 0 and 1 of node 0 gets
     # NCCL's channels of its communicator: 32 on one node, 1 among 80 ranks on 10 nodes.

@@ -327,6 +327,9 @@ class P2pComm:
     nic_gb_per_s: float = 0.0
     """A GPU's NIC bandwidth (0: no network), GB/s: how many channels NCCL gives a peer
     across the network (paths.cc `ncclTopoGetNchannels`)."""
+    nics: int = 0
+    """NICs the communicator's GPUs reach the network through, on the node that uses the
+    fewest (0: every NIC of a node): NCCL's graph across nodes has a ring per NIC it uses."""
 
 
 def p2p_choice(cfg: NcclConfig, kind: OpKind, layout: Layout, size_bytes: int, proto: Protocol | None = None,
@@ -348,8 +351,29 @@ def p2p_choice(cfg: NcclConfig, kind: OpKind, layout: Layout, size_bytes: int, p
     elif proto is Protocol.LL128:
         raise ScheduleError(f"proto=ll128: NCCL's point-to-point transfers ({kind.value} here) run LL or Simple, not LL128",
                             op.loc if op else None, rank=op.rank if op else None)  # fmt: skip
-    total = min(cfg.p2p_channel_count(comm.nodes), channels * peers)
+    total = min(p2p_channel_total(cfg, comm), channels * peers)
     return Choice(Algo.DIRECT, proto, total)
+
+
+P2P_DUP_MAX_RINGS = 4
+"""search.cc `ncclTopoDupChannels`: on Hopper and later a graph across nodes of at most
+this many rings (below 50 GB/s a ring) is doubled; more are kept as found."""
+
+
+def p2p_channel_total(cfg: NcclConfig, comm: P2pComm) -> int:
+    """NCCL's P2P channels of the communicator (`p2pnChannels`): its collective channels
+    rounded up to a power of two (`NcclConfig.p2p_channel_count`). Across nodes those come
+    from the graph NCCL searches over the NICs: a ring per NIC the communicator's GPUs
+    use, doubled while there are at most `P2P_DUP_MAX_RINGS` (`ncclTopoDupChannels`) and
+    doubled again (connect.cc `ncclTopoPostset`), at most the whole nodes'
+    `channels_across_nodes`. On DGX H100 (a NIC per GPU) 1, 2, 4 and 8 GPUs a node have
+    4, 8, 16 and 16 channels."""
+    full = cfg.p2p_channel_count(comm.nodes)
+    if comm.nodes <= 1 or cfg.channels_across_nodes is None or comm.nics <= 0:
+        return full
+    rings = comm.nics * (2 if comm.nics <= P2P_DUP_MAX_RINGS else 1)
+    channels = min(cfg.channels_across_nodes, 2 * rings)
+    return min(full, 1 << (channels - 1).bit_length())
 
 
 def p2p_channels_per_peer(cfg: NcclConfig, comm: P2pComm) -> int:
@@ -368,7 +392,7 @@ def p2p_channels_per_peer(cfg: NcclConfig, comm: P2pComm) -> int:
         net = max(1, math.ceil(comm.nic_gb_per_s / P2P_CHANNEL_NET_GB_PER_S))
         most = min(most, 1 << (net - 1).bit_length())
     rounds = -(-comm.ranks // P2P_PEERS_PER_BATCH)
-    while most * rounds > cfg.p2p_channel_count(comm.nodes) and most > 1:
+    while most * rounds > p2p_channel_total(cfg, comm) and most > 1:
         most //= 2
     return most
 
@@ -382,7 +406,7 @@ def p2p_channels_per_transfer(cfg: NcclConfig, comm: P2pComm, nbytes: int, hop: 
         return 1
     most = p2p_channels_per_peer(cfg, comm)
     least = most
-    while least * comm.ranks > cfg.p2p_channel_count(comm.nodes) and least > 1:
+    while least * comm.ranks > p2p_channel_total(cfg, comm) and least > 1:
         least //= 2
     step = P2P_CHUNK_BYTES[hop]
     min_part = step // 2 if comm.nodes > 1 else step // 8
