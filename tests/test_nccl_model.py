@@ -13,7 +13,7 @@ from commdsl.errors import MachineError, ScheduleError
 from commdsl.ir import Algo, OpKind, Protocol, Transport
 from commdsl.machine import load_machine_text, resolve_machine
 from commdsl.machine.nccl import PROTOCOLS as PROTOS
-from commdsl.machine.nccl import CpuVendor, HopKind
+from commdsl.machine.nccl import CpuVendor, Generation, HopKind
 from commdsl.sim import nccl, simulate
 from commdsl.sim.fabric import Fabric
 from commdsl.sim.nccl_flows import NcclFlows
@@ -144,6 +144,12 @@ def test_p2p_channels_of_a_communicator_with_fewer_gpus_a_node_follow_its_own_gr
     # a group inside one node, or using every NIC, keeps the machine's count
     assert nccl.p2p_channel_total(m.nccl, flows.p2p_comm(tuple(range(8)))) == 32
     assert nccl.p2p_channel_total(m.nccl, flows.p2p_comm(tuple(range(16)))) == 16
+    # rings of less than 25 GB/s (200 Gb/s NICs) are not doubled, on any GPU; before
+    # Hopper, rings of 25-50 GB/s are doubled however many there are
+    assert nccl.p2p_channel_total(m.nccl, nccl.P2pComm(10, 10, 23.5, 1)) == 2
+    ampere = dataclasses.replace(m.nccl, generation=Generation.AMPERE, channels_across_nodes=64, p2p_channels=64)
+    assert nccl.p2p_channel_total(ampere, nccl.P2pComm(60, 10, 47.0, 6)) == 32
+    assert nccl.p2p_channel_total(m.nccl, nccl.P2pComm(60, 10, 47.0, 6)) == 16
 
 
 def test_a_send_inside_a_node_slows_when_its_communicator_spans_many_nodes():

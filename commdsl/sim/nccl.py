@@ -355,24 +355,28 @@ def p2p_choice(cfg: NcclConfig, kind: OpKind, layout: Layout, size_bytes: int, p
     return Choice(Algo.DIRECT, proto, total)
 
 
-P2P_DUP_MAX_RINGS = 4
-"""search.cc `ncclTopoDupChannels`: on Hopper and later a graph across nodes of at most
-this many rings (below 50 GB/s a ring) is doubled; more are kept as found."""
+# search.cc `ncclTopoDupChannels`: a graph whose rings carry at least DUP_MIN GB/s each
+# is doubled, except on Hopper and later when it has more than DUP_MAX_RINGS rings of
+# less than DUP_KEEP GB/s each.
+P2P_DUP_MIN_GB_PER_S, P2P_DUP_KEEP_GB_PER_S, P2P_DUP_MAX_RINGS = 25.0, 50.0, 4
 
 
 def p2p_channel_total(cfg: NcclConfig, comm: P2pComm) -> int:
     """NCCL's P2P channels of the communicator (`p2pnChannels`): its collective channels
     rounded up to a power of two (`NcclConfig.p2p_channel_count`). Across nodes those come
     from the graph NCCL searches over the NICs: a ring per NIC the communicator's GPUs
-    use, doubled while there are at most `P2P_DUP_MAX_RINGS` (`ncclTopoDupChannels`) and
-    doubled again (connect.cc `ncclTopoPostset`), at most the whole nodes'
-    `channels_across_nodes`. On DGX H100 (a NIC per GPU) 1, 2, 4 and 8 GPUs a node have
-    4, 8, 16 and 16 channels."""
+    use (each carrying at most its NIC's bandwidth), doubled by `ncclTopoDupChannels`'
+    rule (`P2P_DUP_*`) and again by connect.cc `ncclTopoPostset`, at most the whole
+    nodes' `channels_across_nodes`. On DGX H100 (a 47 GB/s NIC per GPU) 1, 2, 4 and 8
+    GPUs a node have 4, 8, 16 and 16 channels."""
     full = cfg.p2p_channel_count(comm.nodes)
     if comm.nodes <= 1 or cfg.channels_across_nodes is None or comm.nics <= 0:
         return full
-    rings = comm.nics * (2 if comm.nics <= P2P_DUP_MAX_RINGS else 1)
-    channels = min(cfg.channels_across_nodes, 2 * rings)
+    ring_gb = comm.nic_gb_per_s
+    newer = cfg.generation in (Generation.HOPPER, Generation.BLACKWELL)
+    kept = newer and ring_gb < P2P_DUP_KEEP_GB_PER_S and comm.nics > P2P_DUP_MAX_RINGS
+    dup = ring_gb >= P2P_DUP_MIN_GB_PER_S and not kept
+    channels = min(cfg.channels_across_nodes, 2 * comm.nics * (2 if dup else 1))
     return min(full, 1 << (channels - 1).bit_length())
 
 
