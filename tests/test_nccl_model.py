@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -12,7 +13,7 @@ from commdsl.errors import MachineError, ScheduleError
 from commdsl.ir import Algo, OpKind, Protocol, Transport
 from commdsl.machine import load_machine_text, resolve_machine
 from commdsl.machine.nccl import PROTOCOLS as PROTOS
-from commdsl.machine.nccl import HopKind
+from commdsl.machine.nccl import CpuVendor, Generation, HopKind
 from commdsl.sim import nccl, simulate
 from commdsl.sim.fabric import Fabric
 from commdsl.sim.nccl_flows import NcclFlows
@@ -124,6 +125,33 @@ def test_p2p_channels_per_peer_across_nodes_follow_nccls_rule():
         assert nccl.p2p_channels_per_peer(m.nccl, comm) == per_peer
 
 
+def test_p2p_channels_of_a_communicator_with_fewer_gpus_a_node_follow_its_own_graph():
+    # NCCL's P2P channels are its communicator's collective channels across nodes: a ring
+    # per NIC its GPUs use, doubled up to 4 rings (ncclTopoDupChannels) and again
+    # (ncclTopoPostset). 10 DGX H100 nodes with 1, 2, 4, 8 GPUs each (nccl-tests-cluster's
+    # runs): 4, 8, 16, 16 P2P channels, so 2, 2, 2, 1 channels a peer.
+    m = H100.with_nodes(10)
+    flows = NcclFlows(Fabric(m, 80), m.nccl)
+    got = {}
+    for g in (1, 2, 4, 8):
+        comm = flows.p2p_comm(tuple(r for r in range(80) if r % 8 < g))
+        got[g] = (comm.nics, nccl.p2p_channel_total(m.nccl, comm), nccl.p2p_channels_per_peer(m.nccl, comm))
+    assert got == {1: (1, 4, 2), 2: (2, 8, 2), 4: (4, 16, 2), 8: (0, 16, 1)}
+    # so a sendrecv ring over 10 single-GPU nodes runs at 2 channels' network rate, not at the NIC's
+    ring = tuple(range(0, 80, 8))
+    send = flows.coflow(OpKind.SEND, (0, 8), 1 << 30, None, Algo.DIRECT, Protocol.SIMPLE, ring)
+    assert send.cap == pytest.approx(2 * m.nccl.p2p_net_channel_bandwidth_gb_per_s * 1e3)
+    # a group inside one node, or using every NIC, keeps the machine's count
+    assert nccl.p2p_channel_total(m.nccl, flows.p2p_comm(tuple(range(8)))) == 32
+    assert nccl.p2p_channel_total(m.nccl, flows.p2p_comm(tuple(range(16)))) == 16
+    # rings of less than 25 GB/s (200 Gb/s NICs) are not doubled, on any GPU; before
+    # Hopper, rings of 25-50 GB/s are doubled however many there are
+    assert nccl.p2p_channel_total(m.nccl, nccl.P2pComm(10, 10, 23.5, 1)) == 2
+    ampere = dataclasses.replace(m.nccl, generation=Generation.AMPERE, channels_across_nodes=64, p2p_channels=64)
+    assert nccl.p2p_channel_total(ampere, nccl.P2pComm(60, 10, 47.0, 6)) == 32
+    assert nccl.p2p_channel_total(m.nccl, nccl.P2pComm(60, 10, 47.0, 6)) == 16
+
+
 def test_a_send_inside_a_node_slows_when_its_communicator_spans_many_nodes():
     # nccl-tests' sendrecv ring: the same NVLink send between GPUs 0 and 1 of node 0 gets
     # NCCL's channels of its communicator: 32 on one node, 1 among 80 ranks on 10 nodes.
@@ -175,8 +203,31 @@ def test_a_large_all_to_all_is_one_coflow_at_the_nics_rate():
     nic = 47 * cfg.p2p_net_efficiency * cfg.protocol(Protocol.SIMPLE).efficiency  # what leaves a GPU's NIC, GB/s
     stat = r.flow_stats()[0]
     away = (ranks - 8) / ranks * size
-    latency = cfg.protocol(Protocol.SIMPLE).base_latency_us + cfg.protocol(Protocol.SIMPLE).hop_us(HopKind.NETWORK)
+    # the first peer's hop, then the proxies post the other 503 remote peers 3 us apart (Simple, Intel)
+    posts = (ranks - 8 - 1) * 3 * cfg.net_overhead_us
+    latency = cfg.protocol(Protocol.SIMPLE).base_latency_us + cfg.protocol(Protocol.SIMPLE).hop_us(HopKind.NETWORK) + posts
     assert stat.end_us - stat.start_us == pytest.approx(latency + away / (nic * 1e3), rel=1e-6)
+
+
+def test_an_all_to_all_across_nodes_waits_for_its_remote_peers_to_be_posted():
+    # NCCL's proxies post a rank's remote peers one after another, 1 us per network
+    # operation on Intel hosts, 3 with Simple (tuning.cc getNetOverhead): the latency
+    # grows with the peers across the network, not with those inside the node, and a
+    # send (one peer) pays none of it.
+    def latency(nodes: int, ppn: int, kind: OpKind = OpKind.ALL_TO_ALL, proto: Protocol = Protocol.SIMPLE) -> float:
+        m = H100.with_nodes(nodes)
+        ranks = tuple(r for r in range(nodes * 8) if r % 8 < ppn)
+        return nccl.latency_us(m.nccl, kind, NcclFlows(Fabric(m, nodes * 8), m.nccl).layout(ranks), Algo.DIRECT, proto)
+
+    assert latency(10, 8) - latency(2, 8) == pytest.approx((72 - 8) * 3.0)
+    assert latency(10, 4) - latency(2, 4) == pytest.approx((36 - 4) * 3.0)
+    assert latency(10, 8, proto=Protocol.LL) - latency(2, 8, proto=Protocol.LL) == pytest.approx(72 - 8)
+    assert latency(1, 8) == pytest.approx(latency(1, 8, OpKind.SEND))  # inside one node: no proxy
+    m = H100.with_nodes(10)
+    amd = dataclasses.replace(m.nccl, cpu=CpuVendor.AMD)  # 2 us per network operation
+    lay = NcclFlows(Fabric(m, 80), m.nccl).layout(tuple(range(80)))
+    assert nccl.proxy_posts_us(amd, OpKind.ALL_TO_ALL, lay, Protocol.SIMPLE) == pytest.approx(71 * 3 * 2.0)
+    assert nccl.proxy_posts_us(amd, OpKind.SEND, lay, Protocol.SIMPLE) == 0.0
 
 
 def test_all_to_alls_contend_on_the_nics_they_share():

@@ -333,3 +333,29 @@ def test_the_p2p_channels_network_rate_is_fitted_from_a_multi_node_sendrecv_log(
     for p, closed in zip(points, _predict(points, {**_parameters(base), **fitted.values})):
         assert simulate_run(fitted.machine, runs[0], int(p.size)) == pytest.approx(closed, rel=1e-3), p.size
         assert simulate_run(fitted.machine, runs[0], int(p.size)) == pytest.approx(simulate_run(truth, run, int(p.size)), rel=0.02)
+
+
+def test_the_closed_form_keeps_the_proxies_posting_of_an_all_to_all(tmp_path):
+    # nccl-tests' all_to_all over 10 DGX H100 nodes: besides its fitted latencies it waits
+    # 71 x 3 us while NCCL's proxies post its remote peers (the host's network overhead,
+    # not a fitted parameter). The closed form must count it once, as the simulator does,
+    # with the latencies at their values or at any other.
+    from commdsl.calibrate.nccl_tests import LATENCIES, _parameters, _points, _predict
+
+    base = resolve_machine("dgx-h100")
+    run = Run(OpKind.ALL_TO_ALL, 80, dtype=Run(OpKind.ALL_TO_ALL, 80).dtype)
+    sizes = [80 << 16, 80 << 20, 80 << 24]
+    times = {s: simulate_run(base, run, s) for s in sizes}
+    log = tmp_path / "alltoall_10_nodes.log"
+    log.write_text(_log_text("alltoall_perf", run, list(times.items())))
+    logs = read_logs([str(log)])
+    points = _points(base, base, logs, [Run.of(logs[0])])
+    assert all(p.fixed_us == pytest.approx(71 * 3 * base.nccl.net_overhead_us) for p in points)
+    for p, closed in zip(points, _predict(points, _parameters(base))):
+        assert closed == pytest.approx(times[int(p.size)], rel=1e-3), p.size
+    # with every fitted latency doubled, the closed form moves by the fitted part alone
+    values = _parameters(base)
+    doubled = {k: 2 * v if k.endswith("latency_us") or ".hop." in k else v for k, v in values.items()}
+    for p, once, twice in zip(points, _predict(points, values), _predict(points, doubled)):
+        fitted_part = sum(k * values[e.name(p.proto, p.intra)] for k, e in zip(p.latency, LATENCIES) if k)
+        assert fitted_part > 0 and twice - once == pytest.approx(fitted_part, rel=1e-9)

@@ -342,6 +342,9 @@ class _Point:
     net_p2p: bool = False
     """A point-to-point based op whose paced pair spans nodes: its P2P channels also run at
     most at NCCL's per-channel network rate (`nccl.channel_cap_gb_per_s`)."""
+    fixed_us: float = 0.0
+    """The part of its latency no fitted latency scales: the proxies' posting of an
+    all_to_all's remote peers (`nccl.proxy_posts_us`, the host's network overhead)."""
 
 
 def _points(machine: Machine, base: Machine, logs: list[NcclTestsLog], runs: list[Run]) -> list[_Point]:
@@ -395,11 +398,13 @@ def _point(li: int, m: Machine, flows: NcclFlows, capacity, cls: list[int], run:
     zero = m.nccl
     for lat in LATENCIES:
         zero = lat.set(zero, c.proto, 0.0)
-    coeff = tuple(nccl.latency_us(lat.set(zero, c.proto, 1.0), kind, flows.layout(slowest), c.algo, c.proto) for lat in LATENCIES)
+    # What is left with every latency at 0 (the proxies' posting, `nccl.proxy_posts_us`) is fixed.
+    fixed = nccl.latency_us(zero, kind, flows.layout(slowest), c.algo, c.proto)
+    coeff = tuple(nccl.latency_us(lat.set(zero, c.proto, 1.0), kind, flows.layout(slowest), c.algo, c.proto) - fixed for lat in LATENCIES)
     chain = _chain_terms(zero, kind, lay, flows.choice_of(kind, ranks, size, c.algo, c.proto), size) if kind in (OpKind.BROADCAST, OpKind.REDUCE) else None
     return _Point(li, float(size), measured, c.proto, c.algo in (Algo.NVLS, Algo.NVLS_TREE), kind in nccl.P2P_BASED,
                   coeff, tuple(per), c.channels, serial, 0 if run.graph else run.gpus_per_process, lay.intra_hop,
-                  (c.algo, c.proto, c.channels), chain, net_p2p)  # fmt: skip
+                  (c.algo, c.proto, c.channels), chain, net_p2p, fixed)  # fmt: skip
 
 
 def _chain_terms(zero: NcclConfig, kind: OpKind, lay: nccl.Layout, c: nccl.Choice, size: int) -> tuple:
@@ -420,7 +425,7 @@ def _predict(points: list[_Point], values: dict[str, float]) -> list[float]:
     out = []
     for p in points:
         proto = p.proto.value
-        lat = sum(k * values[entry.name(p.proto, p.intra)] for k, entry in zip(p.latency, LATENCIES) if k)
+        lat = p.fixed_us + sum(k * values[entry.name(p.proto, p.intra)] for k, entry in zip(p.latency, LATENCIES) if k)
         eff = values["nvls_efficiency"] if p.nvls else values[f"protocols.{proto}.efficiency"]
         worst = p.per_byte[_FIXED]
         for k, rate in enumerate(RATES):

@@ -24,7 +24,9 @@ is the flow network's, over the links the algorithm loads, see `commdsl.sim.flow
     nvls        the machine's NVLS latency (+ one network hop across nodes)
     nvls_tree   NVLS latency + 2 log2(N) tree levels (NCCL's NVLS_TREE ratio, per release)
     collnet     base + 2 intra hops + one network hop (direct); 2(ppn-1) intra (chain)
-    p2p         base + one hop of its path
+    p2p         base + one hop of its path; an all_to_all (gather, scatter) across nodes
+                also waits while each proxy posts its remote peers' network operations
+                one after another (`proxy_posts_us`)
 
 with n ranks over N nodes, ppn per node; every network hop also pays the network's own
 latency per message (`nccl.net_latency_us`, twice with Simple). NVLS kernels stream once
@@ -331,6 +333,9 @@ class P2pComm:
     nic_gb_per_s: float = 0.0
     """A GPU's NIC bandwidth (0: no network), GB/s: how many channels NCCL gives a peer
     across the network (paths.cc `ncclTopoGetNchannels`)."""
+    nics: int = 0
+    """NICs the communicator's GPUs reach the network through, on the node that uses the
+    fewest (0: every NIC of a node): NCCL's graph across nodes has a ring per NIC it uses."""
 
 
 def p2p_choice(cfg: NcclConfig, kind: OpKind, layout: Layout, size_bytes: int, proto: Protocol | None = None,
@@ -352,8 +357,33 @@ def p2p_choice(cfg: NcclConfig, kind: OpKind, layout: Layout, size_bytes: int, p
     elif proto is Protocol.LL128:
         raise ScheduleError(f"proto=ll128: NCCL's point-to-point transfers ({kind.value} here) run LL or Simple, not LL128",
                             op.loc if op else None, rank=op.rank if op else None)  # fmt: skip
-    total = min(cfg.p2p_channel_count(comm.nodes), channels * peers)
+    total = min(p2p_channel_total(cfg, comm), channels * peers)
     return Choice(Algo.DIRECT, proto, total)
+
+
+# search.cc `ncclTopoDupChannels`: a graph whose rings carry at least DUP_MIN GB/s each
+# is doubled, except on Hopper and later when it has more than DUP_MAX_RINGS rings of
+# less than DUP_KEEP GB/s each.
+P2P_DUP_MIN_GB_PER_S, P2P_DUP_KEEP_GB_PER_S, P2P_DUP_MAX_RINGS = 25.0, 50.0, 4
+
+
+def p2p_channel_total(cfg: NcclConfig, comm: P2pComm) -> int:
+    """NCCL's P2P channels of the communicator (`p2pnChannels`): its collective channels
+    rounded up to a power of two (`NcclConfig.p2p_channel_count`). Across nodes those come
+    from the graph NCCL searches over the NICs: a ring per NIC the communicator's GPUs
+    use (each carrying at most its NIC's bandwidth), doubled by `ncclTopoDupChannels`'
+    rule (`P2P_DUP_*`) and again by connect.cc `ncclTopoPostset`, at most the whole
+    nodes' `channels_across_nodes`. On DGX H100 (a 47 GB/s NIC per GPU) 1, 2, 4 and 8
+    GPUs a node have 4, 8, 16 and 16 channels."""
+    full = cfg.p2p_channel_count(comm.nodes)
+    if comm.nodes <= 1 or cfg.channels_across_nodes is None or comm.nics <= 0:
+        return full
+    ring_gb = comm.nic_gb_per_s
+    newer = cfg.generation in (Generation.HOPPER, Generation.BLACKWELL)
+    kept = newer and ring_gb < P2P_DUP_KEEP_GB_PER_S and comm.nics > P2P_DUP_MAX_RINGS
+    dup = ring_gb >= P2P_DUP_MIN_GB_PER_S and not kept
+    channels = min(cfg.channels_across_nodes, 2 * comm.nics * (2 if dup else 1))
+    return min(full, 1 << (channels - 1).bit_length())
 
 
 def p2p_channels_per_peer(cfg: NcclConfig, comm: P2pComm) -> int:
@@ -372,7 +402,7 @@ def p2p_channels_per_peer(cfg: NcclConfig, comm: P2pComm) -> int:
         net = max(1, math.ceil(comm.nic_gb_per_s / P2P_CHANNEL_NET_GB_PER_S))
         most = min(most, 1 << (net - 1).bit_length())
     rounds = -(-comm.ranks // P2P_PEERS_PER_BATCH)
-    while most * rounds > cfg.p2p_channel_count(comm.nodes) and most > 1:
+    while most * rounds > p2p_channel_total(cfg, comm) and most > 1:
         most //= 2
     return most
 
@@ -386,7 +416,7 @@ def p2p_channels_per_transfer(cfg: NcclConfig, comm: P2pComm, nbytes: int, hop: 
         return 1
     most = p2p_channels_per_peer(cfg, comm)
     least = most
-    while least * comm.ranks > cfg.p2p_channel_count(comm.nodes) and least > 1:
+    while least * comm.ranks > p2p_channel_total(cfg, comm) and least > 1:
         least //= 2
     step = P2P_CHUNK_BYTES[hop]
     min_part = step // 2 if comm.nodes > 1 else step // 8
@@ -413,7 +443,7 @@ def latency_us(cfg: NcclConfig, kind: OpKind, layout: Layout, algo: Algo, proto:
     if kind is OpKind.BARRIER:
         kind = OpKind.ALL_REDUCE
     if kind in P2P_BASED:
-        return spec.base_latency_us + (net if nodes > 1 else intra)
+        return spec.base_latency_us + (net if nodes > 1 else intra) + proxy_posts_us(cfg, kind, layout, proto)
     if algo in (Algo.RING, Algo.CHAIN):
         if kind is OpKind.ALL_REDUCE:
             steps, inter = 2 * (n - 1), 2 * (nodes - 1)
@@ -438,6 +468,24 @@ def latency_us(cfg: NcclConfig, kind: OpKind, layout: Layout, algo: Algo, proto:
     if algo is Algo.COLLNET_CHAIN:
         return spec.base_latency_us + 2 * (layout.ppn - 1) * intra + net
     raise AssertionError(f"no latency for {algo}")
+
+
+def proxy_posts_us(cfg: NcclConfig, kind: OpKind, layout: Layout, proto: Protocol) -> float:
+    """What a point-to-point based op across nodes waits while NCCL's proxies post its
+    network operations one after another. Every remote peer of a rank is a network
+    send and receive that one CPU proxy thread posts, each costing the host's network
+    overhead (tuning.cc `getNetOverhead`: 1 us on Intel, 2 on AMD; three times that with
+    Simple, NCCL's own factor where it counts a ring's network steps: "inter-node rings
+    still have to launch nsteps * net overhead"). The
+    first peer's is the op's network hop; the rest come on top. With PXN (rail-aligned
+    sends through the destination rail's GPU) a NIC's proxy posts the sends of all its
+    node's GPUs to its rail and its own GPU's receives: as many pairs as without, the
+    rank's remote peers. So an all_to_all over 10 x 8 H100 (72 remote peers) waits
+    71 x 3 us; a send waits nothing more than its hop."""
+    if layout.num_nodes <= 1 or kind in (OpKind.SEND, OpKind.RECV):
+        return 0.0
+    remote = max(layout.n - len(members) for members in layout.nodes)
+    return max(remote - 1, 0) * cfg.net_overhead_us * (3 if proto is Protocol.SIMPLE else 1)
 
 
 def nvls_chunk_bytes(algo: Algo, layout: Layout, channels: int, size_bytes: float) -> int:

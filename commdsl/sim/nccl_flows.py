@@ -146,21 +146,32 @@ class NcclFlows:
 
     def p2p_comm(self, group: tuple[int, ...]) -> nccl.P2pComm:
         """The communicator of the ranks `group`, as NCCL's P2P channel counts see it: its
-        size, its nodes, and across nodes the least NIC bandwidth of its GPUs."""
+        size, its nodes, and across nodes the least NIC bandwidth of its GPUs and the NICs
+        they use on the node that uses the fewest (0 when that is every NIC of a node)."""
         g = self.gpus_per_node
-        nodes = len({r // g for r in group})
-        nic = min(self._nic_gb_per_s(i) for i in {r % g for r in group}) if nodes > 1 else 0.0
-        return nccl.P2pComm(max(len(group), 2), nodes, nic)
+        by_node: dict[int, set[int]] = {}
+        for r in group:
+            by_node.setdefault(r // g, set()).add(r % g)
+        if len(by_node) <= 1:
+            return nccl.P2pComm(max(len(group), 2), 1)
+        nic = min(self._nic_gb_per_s(i) for locals_ in by_node.values() for i in locals_)
+        used = min(len({self._nic_channel(i) for i in locals_}) for locals_ in by_node.values())
+        every = len({self._nic_channel(i) for i in range(g)})
+        return nccl.P2pComm(max(len(group), 2), len(by_node), nic, used if used < every else 0)
 
     def _nic_gb_per_s(self, local: int) -> float:
         """The bandwidth of the NIC that GPU `local` of a node reaches the network through
         (its link to the network; a NIC that GPUs share counts whole, as NCCL counts it)."""
         bw = self._nic_rates.get(local)
         if bw is None:
-            fabric = self.fabric
-            up = fabric.cross_up(local, local, Transport.NCCL)
-            bw = self._nic_rates[local] = min((fabric.bandwidth_gb_per_s[c] for c in up if c in self._network_channels), default=0.0)
+            c = self._nic_channel(local)
+            bw = self._nic_rates[local] = self.fabric.bandwidth_gb_per_s[c] if c >= 0 else 0.0
         return bw
+
+    def _nic_channel(self, local: int) -> int:
+        """The channel from the NIC that GPU `local` of a node uses into the network (-1: none)."""
+        up = self.fabric.cross_up(local, local, Transport.NCCL)
+        return next((c for c in up if c in self._network_channels), -1)
 
     def choice_of(self, kind: OpKind, ranks: tuple[int, ...], size: int, algo: Algo, proto: Protocol,
                   group: tuple[int, ...] = ()) -> nccl.Choice:  # fmt: skip
