@@ -57,19 +57,23 @@ def test_one_broadcast_alone_ends_at_the_hops_plus_the_pipelined_chain(machine, 
     # worked out here from the parts the model is made of: per channel ring from the root,
     # NCCL's base latency, every hop of the ring, one more step inside the last node, and
     # the pipelined bytes at the op's rate (the first chunk, what a member must hold before
-    # it forwards, crosses n-2 hops before the last member takes in the whole op)
+    # it forwards, crosses every hop but the last before the last member takes in the whole
+    # op: a line's worth to a GPU of its node, a whole step across the network)
     cfg = machine.nccl
     spec = cfg.protocol(c.proto)
     _, flows = machine_links(machine, RANKS)
     rate = flows.coflow(OpKind.BROADCAST, lay.ranks, size, 0, c.algo, c.proto).solo_rate(flows.fabric.capacity)
-    chunk = min(size, nccl.CHAIN_CHUNK_BYTES[c.proto] * c.channels)
+    intra_chunk = min(size, nccl.CHAIN_CHUNK_BYTES[c.proto] * c.channels)
+    net_chunk = min(size, nccl.CHAIN_NET_STEP_BYTES[c.proto] * c.channels)
     net = spec.hop_us(HopKind.NETWORK) + cfg.net_message_us(c.proto)
     intra = spec.hop_us(lay.intra_hop)
     expected = 0.0
     for ring in nccl.ring_orders(lay, min(c.channels, lay.ppn)):
         order = ring[ring.index(0):] + ring[:ring.index(0)]
-        hops = sum(intra if a // 8 == b // 8 else net for a, b in zip(order, order[1:]))
-        expected = max(expected, spec.base_latency_us + hops + intra + ((RANKS - 2) * chunk + size) / rate)
+        same = [a // 8 == b // 8 for a, b in zip(order, order[1:])]
+        hops = sum(intra if s else net for s in same)
+        held = sum(intra_chunk if s else net_chunk for s in same[:-1])
+        expected = max(expected, spec.base_latency_us + hops + intra + (held + size) / rate)
     assert max(ends.values()) - start == pytest.approx(expected, rel=1e-9)
     assert chain.alone_us == pytest.approx(expected, rel=1e-9)
     # the root ends first, after its own part; nobody else waits for the whole chain
