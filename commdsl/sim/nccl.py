@@ -650,8 +650,16 @@ def chain(cfg: NcclConfig, kind: OpKind, layout: Layout, choice: Choice, root: i
         """All channels' first chunks of `per_channel_bytes` (or the op, if less) at the op's rate."""
         return min(float(size_bytes), per_channel_bytes * channels) / rate_bytes_per_us if rate_bytes_per_us > 0 else 0.0
 
-    intra_fill, net_fill = fill_us(CHAIN_CHUNK_BYTES[choice.proto]), fill_us(CHAIN_NET_STEP_BYTES[choice.proto])
+    # Across the network NCCL's proxy launches each step of a channel as a message, at NCCL's
+    # net overhead per step (tuning.cc getNetOverhead, x3 for Simple, as NCCL charges a ring's
+    # network steps): in series with the channel's transfer, so a chain that crosses nodes
+    # moves each channel's share at step / (step at its rate + the overhead), and every
+    # member behind it keeps that pace (a connection holds NCCL_STEPS steps).
+    step = CHAIN_NET_STEP_BYTES[choice.proto]
+    message_us = chain_message_us(cfg, choice.proto) if layout.num_nodes > 1 else 0.0
+    intra_fill, net_fill = fill_us(CHAIN_CHUNK_BYTES[choice.proto]), fill_us(step) + message_us
     bytes_us = size_bytes / rate_bytes_per_us if rate_bytes_per_us > 0 else 0.0
+    bytes_us += math.ceil(size_bytes / channels / step) * message_us
     orders, leads, parts = [], [], []
     # Across nodes the channels' rings enter each node at a different GPU (its NIC's; NCCL's
     # graph then has sameChannels 0); on one node every channel runs the same ring.
@@ -667,6 +675,13 @@ def chain(cfg: NcclConfig, kind: OpKind, layout: Layout, choice: Choice, root: i
         leads.append(tuple([0.0] + [h + f for h, f in zip(hops, fills)]))
         parts.append(tuple([spec.base_latency_us + h + bytes_us for h in hops] + [spec.base_latency_us + intra + bytes_us - fills[-1]]))
     return Chain(tuple(orders), tuple(leads), tuple(parts))
+
+
+def chain_message_us(cfg: NcclConfig, proto: Protocol) -> float:
+    """What NCCL's proxy adds to each message a chain sends across the network: NCCL's net
+    overhead per network step (tuning.cc `getNetOverhead`: 1 us on Intel hosts, 2 on AMD),
+    three times for Simple, whose receive also needs a flush before the GPU may read it."""
+    return cfg.net_overhead_us * (3 if proto is Protocol.SIMPLE else 1)
 
 
 def chain_run_us(orders: tuple[tuple[int, ...], ...], lead_us: tuple[tuple[float, ...], ...], part_us: tuple[tuple[float, ...], ...],
