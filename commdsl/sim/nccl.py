@@ -620,11 +620,13 @@ class Chain:
     orders: tuple[tuple[int, ...], ...]
     """Per distinct ring of the op's channels, the members (global ranks) in the order data flows."""
     lead_us: tuple[tuple[float, ...], ...]
-    """Per ring and position, the hop from the member before plus the first chunk at the op's rate (0 first)."""
+    """Per ring and position, the hop from the member before plus the first chunk at the
+    op's rate (across the network a whole step, and the proxy's cost of its message; 0 first)."""
     part_us: tuple[tuple[float, ...], ...]
     """Per ring and position, the member's part: NCCL's base latency, its outgoing hop (the
-    last member: a step inside its node, as NCCL's tuning counts n steps) and the op's bytes
-    at its rate (the last member: all but the first chunk, which its lead counted)."""
+    last member: a step inside its node, as NCCL's tuning counts n steps), the op's bytes
+    at its rate (the last member: all but the first chunk, which its lead counted) and, on
+    a ring that crosses nodes, the proxy's cost of each of a channel's messages."""
 
     @property
     def alone_us(self) -> float:
@@ -639,7 +641,8 @@ def chain(cfg: NcclConfig, kind: OpKind, layout: Layout, choice: Choice, root: i
     `rate_bytes_per_us` (the op's solo rate on the links), each channel carrying its share
     at its share of the rate. On one ring, alone, the last member ends at the ring's hops
     + base + (n - 2 + k) chunks at that rate, k the chunks per channel: the pipelined chain
-    of the module doc."""
+    of the module doc. Across nodes a network hop's chunk is a whole step
+    (`CHAIN_NET_STEP_BYTES`), and each message of a channel costs `chain_message_us` more."""
     spec = cfg.protocol(choice.proto)
     intra = spec.hop_us(layout.intra_hop)
     net = spec.hop_us(HopKind.NETWORK) + cfg.net_message_us(choice.proto)
