@@ -57,19 +57,26 @@ def test_one_broadcast_alone_ends_at_the_hops_plus_the_pipelined_chain(machine, 
     # worked out here from the parts the model is made of: per channel ring from the root,
     # NCCL's base latency, every hop of the ring, one more step inside the last node, and
     # the pipelined bytes at the op's rate (the first chunk, what a member must hold before
-    # it forwards, crosses n-2 hops before the last member takes in the whole op)
+    # it forwards, crosses every hop but the last before the last member takes in the whole
+    # op: a line's worth to a GPU of its node, a whole step across the network), and NCCL's
+    # net overhead for every message a channel sends across the network
     cfg = machine.nccl
     spec = cfg.protocol(c.proto)
     _, flows = machine_links(machine, RANKS)
     rate = flows.coflow(OpKind.BROADCAST, lay.ranks, size, 0, c.algo, c.proto).solo_rate(flows.fabric.capacity)
-    chunk = min(size, nccl.CHAIN_CHUNK_BYTES[c.proto] * c.channels)
+    intra_chunk = min(size, nccl.CHAIN_CHUNK_BYTES[c.proto] * c.channels)
+    net_chunk = min(size, nccl.CHAIN_NET_STEP_BYTES[c.proto] * c.channels)
+    message = cfg.net_overhead_us * (3 if c.proto.value == "simple" else 1)
+    messages = -(-size // (c.channels * nccl.CHAIN_NET_STEP_BYTES[c.proto]))  # a step a message, per channel
     net = spec.hop_us(HopKind.NETWORK) + cfg.net_message_us(c.proto)
     intra = spec.hop_us(lay.intra_hop)
     expected = 0.0
     for ring in nccl.ring_orders(lay, min(c.channels, lay.ppn)):
         order = ring[ring.index(0):] + ring[:ring.index(0)]
-        hops = sum(intra if a // 8 == b // 8 else net for a, b in zip(order, order[1:]))
-        expected = max(expected, spec.base_latency_us + hops + intra + ((RANKS - 2) * chunk + size) / rate)
+        same = [a // 8 == b // 8 for a, b in zip(order, order[1:])]
+        hops = sum(intra if s else net + message for s in same)
+        held = sum(intra_chunk if s else net_chunk for s in same[:-1])
+        expected = max(expected, spec.base_latency_us + hops + intra + (held + size) / rate + messages * message)
     assert max(ends.values()) - start == pytest.approx(expected, rel=1e-9)
     assert chain.alone_us == pytest.approx(expected, rel=1e-9)
     # the root ends first, after its own part; nobody else waits for the whole chain
@@ -98,6 +105,62 @@ def test_channels_whose_rings_differ_across_nodes_hold_a_member_to_its_latest_ri
     assert c.channels >= 2 and len(flows.chain(OpKind.BROADCAST, tuple(range(8)), 4 << 20, 0, c.algo, c.proto).orders) == 1
 
 
+@pytest.mark.parametrize("network", ["flow", "analytic"])
+def test_a_member_at_a_nodes_exit_holds_a_whole_step_before_it_crosses_the_network(machine, network):
+    # 4 MiB over 2 nodes runs LL128 on several channels: to a GPU of its node a member
+    # forwards a warp's round of lines (38,400 B a channel), across the network a whole
+    # step (576,000 B a channel: NCCL's proxy sends a step as one message)
+    size = 4 << 20
+    chain, c, lay = the_chain(machine, OpKind.BROADCAST, size)
+    assert c.proto.value == "ll128" and c.channels >= 2
+    _, flows = machine_links(machine, RANKS)
+    rate = flows.coflow(OpKind.BROADCAST, lay.ranks, size, 0, c.algo, c.proto).solo_rate(flows.fabric.capacity)
+    spec = machine.nccl.protocol(c.proto)
+    line_us = 38400 * c.channels / rate
+    step_us = min(size, 576000 * c.channels) / rate  # (or the op, if less: here 4 MiB on 16 channels)
+    order, lead = chain.orders[0], chain.lead_us[0]
+    exit_k = next(k for k in range(1, len(order)) if order[k - 1] // 8 != order[k] // 8)
+    message = nccl.chain_message_us(machine.nccl, c.proto)
+    assert message == machine.nccl.net_overhead_us == 1.0  # NCCL's net overhead on Intel hosts, once for LL128
+    assert lead[exit_k] == pytest.approx(spec.hop_us(HopKind.NETWORK) + machine.nccl.net_message_us(c.proto) + step_us + message, rel=1e-9)
+    assert lead[1] == pytest.approx(spec.hop_us(lay.intra_hop) + line_us, rel=1e-9)
+    # and the simulator ends the op there: the longest ring's hops, each with its fill
+    raw = simulate(program(f"broadcast x {size}B src=0"), machine, network).raw
+    last = max(e[0] for e in ends_by_rank(raw, OpKind.BROADCAST).values())
+    start = min(raw.start[g] for g, op in enumerate(raw.ops) if op.kind is OpKind.BROADCAST)
+    assert last - start == pytest.approx(chain.alone_us, rel=1e-9)
+    crossings = max(sum(a // 8 != b // 8 for a, b in zip(o, o[1:])) for o in chain.orders)
+    assert chain.alone_us >= crossings * (step_us - line_us) + (len(order) - 1) * spec.hop_us(lay.intra_hop) + size / rate
+
+
+@pytest.mark.parametrize("cpu", ["intel", "amd"])
+def test_a_chain_across_nodes_pays_the_proxys_overhead_for_every_message(machine, cpu):
+    # 1 GiB runs Simple: each channel sends its share across the network in 512 KiB steps,
+    # each a message the proxy launches at NCCL's net overhead (1 us on Intel hosts, 2 on
+    # AMD; x3 for Simple), in series with the transfer; on one node nothing crosses it
+    from commdsl.machine.nccl import CpuVendor
+
+    m = replace(machine, nccl=replace(machine.nccl, cpu=CpuVendor(cpu)))
+    size = 1 << 30
+    chain, c, lay = the_chain(m, OpKind.BROADCAST, size)
+    assert c.proto.value == "simple"
+    _, flows = machine_links(m, RANKS)
+    rate = flows.coflow(OpKind.BROADCAST, lay.ranks, size, 0, c.algo, c.proto).solo_rate(flows.fabric.capacity)
+    spec = m.nccl.protocol(c.proto)
+    message = {"intel": 3.0, "amd": 6.0}[cpu]
+    assert nccl.chain_message_us(m.nccl, c.proto) == message
+    messages = size // c.channels // (512 << 10)
+    root_part = spec.base_latency_us + spec.hop_us(lay.intra_hop) + size / rate + messages * message
+    assert chain.part_us[0][0] == pytest.approx(root_part, rel=1e-9)
+    one = resolve_machine("dgx-h100")
+    _, flows1 = machine_links(one, 8)
+    lay1 = flows1.layout(tuple(range(8)))
+    c1 = nccl.Choice(c.algo, c.proto, 8)
+    rate1 = 100e3
+    alone = nccl.chain(one.nccl, OpKind.BROADCAST, lay1, c1, 0, float(size), rate1)
+    assert alone.part_us[0][0] == pytest.approx(spec.base_latency_us + spec.hop_us(lay1.intra_hop) + size / rate1, rel=1e-9)
+
+
 @pytest.mark.parametrize("kind", [OpKind.BROADCAST, OpKind.REDUCE])
 @pytest.mark.parametrize("network", ["flow", "analytic"])
 def test_back_to_back_chain_ops_pipeline_across_nodes(machine, kind, network):
@@ -111,7 +174,7 @@ def test_back_to_back_chain_ops_pipeline_across_nodes(machine, kind, network):
     period = (last[-1] - last[iters // 2]) / (iters - 1 - iters // 2)
     cfg = machine.nccl
     spec = cfg.protocol(c.proto)
-    one_hop_and_kernel = spec.base_latency_us + spec.hop_us(HopKind.NETWORK) + cfg.net_message_us(c.proto)
+    one_hop_and_kernel = spec.base_latency_us + spec.hop_us(HopKind.NETWORK) + cfg.net_message_us(c.proto) + nccl.chain_message_us(cfg, c.proto)
     alone = nccl.latency_us(cfg, kind, lay, c.algo, c.proto)
     # the period of the chain: its slowest member's part, one network hop plus a kernel
     # (and the 8 bytes), under one op's end-to-end latency (every hop of the chain)

@@ -659,12 +659,22 @@ def head_tree_edges(layout: Layout, size: float) -> dict[tuple[int, int], float]
 
 CHAIN_CHUNK_BYTES = {Protocol.LL: 4096, Protocol.LL128: 38400, Protocol.SIMPLE: 524288}
 """The data a member of a ring broadcast / reduce must have whole, per channel, before it
-forwards any of it (the unit each hop of the chain fills in). LL and LL128 forward line
-by line as the flags arrive: LL a trip of every thread's line (prims_ll.h, 512 threads
-x 8 data bytes), LL128 a round of every warp's slice (prims_ll128.h `WireWordPerSlice`:
-640 threads x 8 words x 8 B, 15/16 of it data). Simple forwards a slice once its sender
-posts it: a step (enqueue.cc `calcCollChunking`: 4 MiB / NCCL_STEPS = 8, BROADCAST_ and
-REDUCE_SLICESTEPS 1), or the channel's whole share when that is less."""
+forwards any of it to a GPU of its node (the unit each hop of the chain fills in). LL and
+LL128 forward line by line as the flags arrive: LL a trip of every thread's line
+(prims_ll.h, 512 threads x 8 data bytes), LL128 a round of every warp's slice
+(prims_ll128.h `WireWordPerSlice`: 640 threads x 8 words x 8 B, 15/16 of it data).
+Simple forwards a slice once its sender posts it: a step (enqueue.cc `calcCollChunking`:
+4 MiB / NCCL_STEPS = 8, BROADCAST_ and REDUCE_SLICESTEPS 1), or the channel's whole share
+when that is less."""
+
+CHAIN_NET_STEP_BYTES = {Protocol.LL: 32768, Protocol.LL128: 576000, Protocol.SIMPLE: 524288}
+"""The same across the network: NCCL's proxy sends a step as one message once the GPU has
+written all of it (transport/net.cc `sendProxyProgress`: the step's size from the
+connection FIFO; for LL it checks every line's flags of the step first), so a member at a
+node's exit holds a whole step, per channel, before any of it leaves. A step's data is the
+protocol's buffer / NCCL_STEPS (`calcCollChunking`): LL 8 lines x 512 threads x 16 B / 2
+(half of a line is flags) = 32 KiB, LL128 120 x 640 x 8 B x 120/128 = 576,000 B, Simple
+512 KiB; or the channel's share when that is less."""
 
 
 @dataclass(frozen=True)
@@ -681,11 +691,13 @@ class Chain:
     orders: tuple[tuple[int, ...], ...]
     """Per distinct ring of the op's channels, the members (global ranks) in the order data flows."""
     lead_us: tuple[tuple[float, ...], ...]
-    """Per ring and position, the hop from the member before plus the first chunk at the op's rate (0 first)."""
+    """Per ring and position, the hop from the member before plus the first chunk at the
+    op's rate (across the network a whole step, and the proxy's cost of its message; 0 first)."""
     part_us: tuple[tuple[float, ...], ...]
     """Per ring and position, the member's part: NCCL's base latency, its outgoing hop (the
-    last member: a step inside its node, as NCCL's tuning counts n steps) and the op's bytes
-    at its rate (the last member: all but the first chunk, which its lead counted)."""
+    last member: a step inside its node, as NCCL's tuning counts n steps), the op's bytes
+    at its rate (the last member: all but the first chunk, which its lead counted) and, on
+    a ring that crosses nodes, the proxy's cost of each of a channel's messages."""
 
     @property
     def alone_us(self) -> float:
@@ -700,15 +712,28 @@ def chain(cfg: NcclConfig, kind: OpKind, layout: Layout, choice: Choice, root: i
     `rate_bytes_per_us` (the op's solo rate on the links), each channel carrying its share
     at its share of the rate. On one ring, alone, the last member ends at the ring's hops
     + base + (n - 2 + k) chunks at that rate, k the chunks per channel: the pipelined chain
-    of the module doc."""
+    of the module doc. Across nodes a network hop's chunk is a whole step
+    (`CHAIN_NET_STEP_BYTES`), and each message of a channel costs `chain_message_us` more."""
     spec = cfg.protocol(choice.proto)
     intra = spec.hop_us(layout.intra_hop)
     net = spec.hop_us(HopKind.NETWORK) + cfg.net_message_us(choice.proto)
     node_of = {r: i for i, members in enumerate(layout.nodes) for r in members}
     channels = max(choice.channels, 1)
-    chunk = min(float(size_bytes), CHAIN_CHUNK_BYTES[choice.proto] * channels)  # all channels' first chunks
-    chunk_us = chunk / rate_bytes_per_us if rate_bytes_per_us > 0 else 0.0
+
+    def fill_us(per_channel_bytes: int) -> float:
+        """All channels' first chunks of `per_channel_bytes` (or the op, if less) at the op's rate."""
+        return min(float(size_bytes), per_channel_bytes * channels) / rate_bytes_per_us if rate_bytes_per_us > 0 else 0.0
+
+    # Across the network NCCL's proxy launches each step of a channel as a message, at NCCL's
+    # net overhead per step (tuning.cc getNetOverhead, x3 for Simple, as NCCL charges a ring's
+    # network steps): in series with the channel's transfer, so a chain that crosses nodes
+    # moves each channel's share at step / (step at its rate + the overhead), and every
+    # member behind it keeps that pace (a connection holds NCCL_STEPS steps).
+    step = CHAIN_NET_STEP_BYTES[choice.proto]
+    message_us = chain_message_us(cfg, choice.proto) if layout.num_nodes > 1 else 0.0
+    intra_fill, net_fill = fill_us(CHAIN_CHUNK_BYTES[choice.proto]), fill_us(step) + message_us
     bytes_us = size_bytes / rate_bytes_per_us if rate_bytes_per_us > 0 else 0.0
+    bytes_us += math.ceil(size_bytes / channels / step) * message_us
     orders, leads, parts = [], [], []
     # Across nodes the channels' rings enter each node at a different GPU (its NIC's; NCCL's
     # graph then has sameChannels 0); on one node every channel runs the same ring.
@@ -717,11 +742,20 @@ def chain(cfg: NcclConfig, kind: OpKind, layout: Layout, choice: Choice, root: i
         order = ring[start:] + ring[:start]
         if kind is OpKind.REDUCE:
             order = order[::-1]  # data flows towards the root
-        hops = [intra if node_of[a] == node_of[b] else net for a, b in zip(order, order[1:])]
+        same = [node_of[a] == node_of[b] for a, b in zip(order, order[1:])]
+        hops = [intra if s else net for s in same]
+        fills = [intra_fill if s else net_fill for s in same]
         orders.append(tuple(order))
-        leads.append(tuple([0.0] + [h + chunk_us for h in hops]))
-        parts.append(tuple([spec.base_latency_us + h + bytes_us for h in hops] + [spec.base_latency_us + intra + bytes_us - chunk_us]))
+        leads.append(tuple([0.0] + [h + f for h, f in zip(hops, fills)]))
+        parts.append(tuple([spec.base_latency_us + h + bytes_us for h in hops] + [spec.base_latency_us + intra + bytes_us - fills[-1]]))
     return Chain(tuple(orders), tuple(leads), tuple(parts))
+
+
+def chain_message_us(cfg: NcclConfig, proto: Protocol) -> float:
+    """What NCCL's proxy adds to each message a chain sends across the network: NCCL's net
+    overhead per network step (tuning.cc `getNetOverhead`: 1 us on Intel hosts, 2 on AMD),
+    three times for Simple, whose receive also needs a flush before the GPU may read it."""
+    return cfg.net_overhead_us * (3 if proto is Protocol.SIMPLE else 1)
 
 
 def chain_run_us(orders: tuple[tuple[int, ...], ...], lead_us: tuple[tuple[float, ...], ...], part_us: tuple[tuple[float, ...], ...],
