@@ -1,7 +1,8 @@
 """Which build runs: the compiled modules where the install built them, else the Python source.
 
 The hot modules (`MODULES`: the simulation engine, its entities, the wiring, the
-networks, the contention model, the sample medians, and the trace writer with the
+networks, the contention model, the sample medians, the nccl-tests chain replay of the
+calibration's fit, and the trace writer with the
 timeline's encoders) are
 their `.py` source, and run as it anywhere. Where the package build could compile them
 (`hatch_build.py` at the repository root: Cython, from the declarations in the `.pxd`
@@ -25,7 +26,7 @@ from pathlib import Path
 
 PACKAGE = "commdsl"
 MODULES = ("sim.entities", "sim.network", "sim.flow", "sim.analytic", "sim.contention", "sim.wiring", "sim.engine", "sim.medians",
-           "timeline", "sim.trace")
+           "sim.chain_times", "timeline", "sim.trace")
 """The compiled modules, named within the package (each types with the compiled classes
 of those before it that it cimports: the entities, the network's base class, the
 timeline's `DecimalTexts`)."""

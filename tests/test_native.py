@@ -37,6 +37,36 @@ def test_the_compiled_modules_simulate_and_trace_every_bundled_schedule_as_the_s
     assert compiled[1:] == source[1:]
 
 
+# Random chains (rings of a shuffled order, leads and parts as linear forms), replayed as
+# the calibration's fit replays nccl-tests' loop: the floats, printed exactly.
+CHAIN_REPLAY = """
+import random
+from array import array
+from commdsl import ENGINE_BUILD
+from commdsl.sim.chain_times import ChainTerms
+print(ENGINE_BUILD.describe())
+rng = random.Random(5)
+for _ in range(40):
+    rings, members, lats = rng.randint(1, 4), rng.randint(2, 12), rng.randint(1, 4)
+    first = list(range(100, 100 + members))
+    orders = tuple(tuple(first if j == 0 else rng.sample(first, members)) for j in range(rings))
+    form = lambda: tuple(tuple(tuple(rng.uniform(0, 3) for _ in range(lats)) for _ in range(members)) for _ in range(rings))
+    col = lambda: tuple(tuple(rng.uniform(0, 1e6) for _ in range(members)) for _ in range(rings))
+    terms = ChainTerms(orders, form(), col(), col(), form(), col(), col())
+    unit = array("d", [rng.uniform(0, 10) for _ in range(lats)])
+    print(terms.run_us(unit, rng.uniform(1, 500), rng.uniform(0, 5000), rng.randint(1, 25)).hex())
+"""
+
+
+@needs_build
+def test_the_compiled_chain_replay_gives_the_sources_floats():
+    compiled = _run(CHAIN_REPLAY, {native.PURE_ENV: ""}).splitlines()
+    source = _run(CHAIN_REPLAY, {native.PURE_ENV: "1"}).splitlines()
+    assert compiled[0] == "compiled (Cython)" and source[0].startswith("Python source")
+    assert len(compiled) == 41 and len(set(compiled[1:])) == 40
+    assert compiled[1:] == source[1:]
+
+
 def _copy_package(tmp_path: Path) -> Path:
     """The package, with its build, in a folder of its own (to edit without touching ours)."""
     shutil.copytree(PACKAGE, tmp_path / "commdsl", ignore=shutil.ignore_patterns("__pycache__"))
@@ -45,7 +75,7 @@ def _copy_package(tmp_path: Path) -> Path:
 
 # Imports every compiled module (the timeline first: it is imported before the simulator
 # where a measured trace is read).
-SHOW = ("import sys, commdsl.timeline, commdsl.sim.trace, commdsl.sim as s; print(s.ENGINE_BUILD.describe()); "
+SHOW = ("import sys, commdsl.timeline, commdsl.sim.trace, commdsl.sim.chain_times, commdsl.sim as s; print(s.ENGINE_BUILD.describe()); "
         f"print(*(sys.modules['commdsl.' + m].__file__ for m in {native.MODULES!r}), sep=chr(10))")
 
 

@@ -28,6 +28,7 @@ from __future__ import annotations
 import math
 import statistics
 import sys
+from array import array
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
@@ -45,6 +46,7 @@ from commdsl.machine.model import NETWORK_VERTEX, Calibration, LinkKind, LinkSpe
 from commdsl.machine.nccl import HopKind, NcclConfig, NcclVersion, format_nccl_version, parse_nccl_version
 from commdsl.progress import Progress
 from commdsl.sim import nccl
+from commdsl.sim.chain_times import ChainTerms
 from commdsl.sim.fabric import Fabric
 from commdsl.sim.nccl_flows import NcclFlows
 from commdsl.sim.simulate import simulate
@@ -335,10 +337,10 @@ class _Point:
     """What the run's steps inside a node cross (NVLink or PCIe)."""
     choice: tuple
     """NCCL's choice (algorithm, protocol, channels) the coefficients hold for."""
-    chain: tuple | None = None
+    chain: ChainTerms | None = None
     """Broadcast / reduce (`nccl.Chain`): its rings' orders and, per ring and member, its
     lead's and its part's latency coefficients (per entry of `LATENCIES`), bytes and fixed
-    part (`_chain_terms`), timed by `nccl.chain_run_us` as the simulator times them."""
+    part (`_chain_terms`), timed by `ChainTerms.run_us` as the simulator times them."""
     net_p2p: bool = False
     """A point-to-point based op whose paced pair spans nodes: its P2P channels also run at
     most at NCCL's per-channel network rate (`nccl.channel_cap_gb_per_s`)."""
@@ -407,13 +409,11 @@ def _point(li: int, m: Machine, flows: NcclFlows, capacity, cls: list[int], run:
                   (c.algo, c.proto, c.channels), chain, net_p2p, fixed)  # fmt: skip
 
 
-def _chain_terms(zero: NcclConfig, kind: OpKind, lay: nccl.Layout, c: nccl.Choice, size: int) -> tuple:
+def _chain_terms(zero: NcclConfig, kind: OpKind, lay: nccl.Layout, c: nccl.Choice, size: int) -> ChainTerms:
     """A chain op's parts, linear in the latencies and in 1 / rate, plus what depends on
     neither (the proxy's cost per network message, `nccl.chain_message_us`): read off unit
     machines (`zero`: every latency 0) with no bytes (the fixed part), with one latency at 1
-    and no bytes, then with bytes at rate 1, each less the fixed part. (orders, per ring and
-    position the lead's latency coefficients, the lead's bytes, the lead's fixed part, and
-    the same three of the part)."""
+    and no bytes, then with bytes at rate 1, each less the fixed part."""
     fixed = nccl.chain(zero, kind, lay, c, 0, float(size), math.inf)
     per_latency = [nccl.chain(lat.set(zero, c.proto, 1.0), kind, lay, c, 0, float(size), math.inf) for lat in LATENCIES]
     moved = nccl.chain(zero, kind, lay, c, 0, float(size), 1.0)
@@ -424,8 +424,8 @@ def _chain_terms(zero: NcclConfig, kind: OpKind, lay: nccl.Layout, c: nccl.Choic
 
     lead = tuple(tuple(tuple(ch.lead_us[j][k] - fixed.lead_us[j][k] for ch in per_latency) for k in members) for j in rings)
     part = tuple(tuple(tuple(ch.part_us[j][k] - fixed.part_us[j][k] for ch in per_latency) for k in members) for j in rings)
-    return (moved.orders, lead, less_fixed(moved.lead_us, fixed.lead_us), fixed.lead_us,
-            part, less_fixed(moved.part_us, fixed.part_us), fixed.part_us)  # fmt: skip
+    return ChainTerms(moved.orders, lead, less_fixed(moved.lead_us, fixed.lead_us), fixed.lead_us,
+                      part, less_fixed(moved.part_us, fixed.part_us), fixed.part_us)  # fmt: skip
 
 
 def _predict(points: list[_Point], values: dict[str, float]) -> list[float]:
@@ -448,21 +448,12 @@ def _predict(points: list[_Point], values: dict[str, float]) -> list[float]:
             rate = min(rate, p.channels * per_channel * 1e3 / p.serial)
         host = p.host_gpus * (values["launch_us"] + values["launch_per_channel_us"] * p.channels)
         if p.chain is not None:
-            unit = [values[entry.name(p.proto, p.intra)] if entry.name(p.proto, p.intra) in values else 0.0 for entry in LATENCIES]
-            orders, lead_lat, lead_bytes, lead_fixed, part_lat, part_bytes, part_fixed = p.chain
-            lead = tuple(_terms(*ring, unit, rate) for ring in zip(lead_lat, lead_bytes, lead_fixed))
-            part = tuple(_terms(*ring, unit, rate) for ring in zip(part_lat, part_bytes, part_fixed))
-            out.append(nccl.chain_run_us(orders, lead, part, host, TIMED_ITERS))
+            unit = array("d", [values.get(entry.name(p.proto, p.intra), 0.0) for entry in LATENCIES])
+            out.append(p.chain.run_us(unit, rate, host, TIMED_ITERS))
             continue
         kernel = lat + p.size / rate
         out.append(max(kernel, host))
     return out
-
-
-def _terms(rows: tuple[tuple[float, ...], ...], moved: tuple[float, ...], fixed: tuple[float, ...], unit: list[float],
-           rate: float) -> tuple[float, ...]:  # fmt: skip
-    """Per position of a ring, its latency coefficients times the latencies, plus its bytes at `rate`, plus its fixed part."""
-    return tuple(sum(k * v for k, v in zip(row, unit)) + b / rate + f for row, b, f in zip(rows, moved, fixed))
 
 
 def _parameters(machine: Machine) -> dict[str, float]:

@@ -756,24 +756,3 @@ def chain_message_us(cfg: NcclConfig, proto: Protocol) -> float:
     overhead per network step (tuning.cc `getNetOverhead`: 1 us on Intel hosts, 2 on AMD),
     three times for Simple, whose receive also needs a flush before the GPU may read it."""
     return cfg.net_overhead_us * (3 if proto is Protocol.SIMPLE else 1)
-
-
-def chain_run_us(orders: tuple[tuple[int, ...], ...], lead_us: tuple[tuple[float, ...], ...], part_us: tuple[tuple[float, ...], ...],
-                 launch_us: float, iters: int) -> float:  # fmt: skip
-    """nccl-tests' time per op of `iters` chain ops back to back (a `Chain`'s rings; each
-    rank's host launches an op every `launch_us`, its first at `launch_us`): each
-    member's end of its last op over `iters`, averaged over the members, as the engine
-    runs such ops (`commdsl.sim.chains`) and nccl-tests reports them (a closed form of it)."""
-    members = orders[0]
-    end = dict.fromkeys(members, 0.0)
-    for i in range(1, iters + 1):
-        issue = i * launch_us
-        arrival = {r: max(issue, end[r]) for r in members}
-        for order, lead, part in zip(orders, lead_us, part_us):
-            begin_before = end_before = 0.0
-            for k, r in enumerate(order):
-                begin = arrival[r] if k == 0 else max(arrival[r], begin_before + lead[k])
-                finish = begin + part[k] if k == 0 else max(begin + part[k], end_before)
-                end[r] = finish if order is orders[0] else max(end[r], finish)
-                begin_before, end_before = begin, finish
-    return sum(end.values()) / len(members) / iters
