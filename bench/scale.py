@@ -4,6 +4,7 @@
     python bench/scale.py --quick            # smaller sizes, one repeat: a smoke run
     python bench/scale.py --astra PATH       # also run ASTRA-sim's analytical backend on the same workload
     python bench/scale.py --only chained     # one figure (chained, 1f1b, cost, samples; repeatable)
+    python bench/scale.py --only pipeline --instructions   # figure 5 also in instructions (valgrind)
 
 Each figure is the CPU time (user + system) and the peak resident memory of one
 `commdsl simulate` process, start-up to exit, as `os.wait4` reports them for the child;
@@ -201,7 +202,18 @@ program: |
 """Each middle stage 7 ops per microbatch, the first and last 4: 715,600 ops at 512 x 200."""
 
 
-def pipeline(tmp: Path, repeats: int, stages: int, microbatches: int) -> None:
+def instructions(argv: list[str]) -> int:
+    """Instructions (valgrind's cachegrind, `I refs`) that `argv` executes: a count that
+    does not move with the machine's load, unlike its CPU time."""
+    cmd = ["valgrind", "--tool=cachegrind", "--cache-sim=no", "--cachegrind-out-file=/dev/null", *argv]
+    proc = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    found = re.search(r"I\s+refs:\s+([\d,]+)", proc.stderr)
+    if proc.returncode != 0 or found is None:
+        raise SystemExit(f"`{' '.join(cmd)}` exited {proc.returncode}:\n{proc.stderr[-2000:]}")
+    return int(found.group(1).replace(",", ""))
+
+
+def pipeline(tmp: Path, repeats: int, stages: int, microbatches: int, count_instructions: bool = False) -> None:
     import io
 
     from commdsl.dsl import load_schedule_text
@@ -247,6 +259,13 @@ def pipeline(tmp: Path, repeats: int, stages: int, microbatches: int) -> None:
     small = measure(simulate_argv(str(schedule), "-p", "stages=2", "-p", "microbatches=1", "--machine", str(machine_file),
                                   "--network", "flow", "--json"), repeats)  # fmt: skip
     print(f"   start-up: the same command at 2 stages x 1 microbatch {small['cpu_s']:.2f} s CPU")
+    if count_instructions:  # a tenth of the microbatches: under valgrind the full size takes minutes
+        tenth = max(microbatches // 10, 1)
+        args = ("--machine", str(machine_file), "--network", "flow", "--json")
+        whole = instructions(simulate_argv(str(schedule), "-p", f"stages={stages}", "-p", f"microbatches={tenth}", *args))
+        start = instructions(simulate_argv(str(schedule), "-p", "stages=2", "-p", "microbatches=1", *args))
+        print(f"   instructions: the command at {stages} stages x {tenth} microbatches {whole / 1e6:,.0f} M, "
+              f"at 2 stages x 1 microbatch {start / 1e6:,.0f} M")  # fmt: skip
 
 
 def main() -> None:
@@ -255,7 +274,11 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--astra", metavar="PATH", help="ASTRA-sim's AstraSim_Analytical_Congestion_Unaware binary")
     parser.add_argument("--only", choices=FIGURES, action="append", help="run only this figure (repeatable; default: all)")
+    parser.add_argument("--instructions", action="store_true",
+                        help="figure 5 also counts instructions (valgrind's cachegrind) at a tenth of its microbatches")
     args = parser.parse_args()
+    if args.instructions and not shutil.which("valgrind"):
+        raise SystemExit("--instructions: valgrind is not on the PATH")
     if args.astra and not shutil.which(args.astra) and not Path(args.astra).is_file():
         raise SystemExit(f"--astra: no such program: {args.astra}")
     repeats = 1 if args.quick else args.repeats
@@ -280,7 +303,7 @@ def main() -> None:
         if "samples" in only:
             samples(Path(tmp), repeats, 16 if args.quick else 64)
         if "pipeline" in only:
-            pipeline(Path(tmp), repeats, 64 if args.quick else 512, 20 if args.quick else 200)
+            pipeline(Path(tmp), repeats, 64 if args.quick else 512, 20 if args.quick else 200, args.instructions)
 
 
 if __name__ == "__main__":
