@@ -4,7 +4,9 @@ A run pauses Python's cyclic garbage collector (the engine's many small objects 
 until the end of the run; a collection would walk them all, a cost per op that grows with
 the program). A sampled run wires the program once, runs it once per sample and keeps each
 sample's time columns, and its other per-op arrays and network records while it can
-still be the median sample; not its engine.
+still be the median sample; not its engine. A run without samples starts from the
+wiring and hosts' first pass the same program's last run on the machine left
+(`_run_reusing`).
 """
 
 from __future__ import annotations
