@@ -5,6 +5,7 @@ fresh machine gives, entries apart per network and fold, and gone with the progr
 from __future__ import annotations
 
 import gc
+import importlib
 import weakref
 from dataclasses import replace
 
@@ -80,3 +81,15 @@ def test_a_deadlock_is_reported_every_time() -> None:
 
 def _indent(text: str) -> str:
     return "".join("  " + line + "\n" for line in text.splitlines())
+
+
+def test_a_large_program_leaves_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A program past `REUSE_MAX_OPS` runs from scratch each time and leaves no entry."""
+    simulate_module = importlib.import_module("commdsl.sim.simulate")  # the package's `simulate` is the function
+    program = load_schedule("1f1b", {})
+    monkeypatch.setattr(simulate_module, "REUSE_MAX_OPS", program.num_ops - 1)
+    machine = _fresh("h100-nvlink")
+    expected = _outcome(simulate(program, _fresh("h100-nvlink"), "analytic"))
+    for _ in range(2):
+        assert _outcome(simulate(program, machine, "analytic")) == expected
+    assert not machine.memo.get(("wirings",))

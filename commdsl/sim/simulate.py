@@ -42,6 +42,12 @@ if TYPE_CHECKING:
     from commdsl.sim.summary import Summary
     from commdsl.timeline import Timeline
 
+REUSE_MAX_OPS = 1 << 17
+"""The largest program (in ops) whose wiring and hosts' first pass a run leaves for the
+same program's next run (`_run_reusing`): about 70 bytes an op, kept as long as the
+program lives, pay where a call's fixed costs matter (a planner's inner loop), not
+where the run itself dwarfs them."""
+
 # The outputs' modules (summary, trace) import `SimOutcome`, never this module: they load
 # where an output is first asked for, as `check_deadlock` needs none of them.
 
@@ -142,7 +148,10 @@ def _simulate(program: Program, machine: Machine, network: str, samples: int, se
         progress(0, samples * ops)
 
     if samples == 1:
-        raw, engine, makespan = _run_reusing(program, machine, network, run_progress(0), fold)
+        if ops <= REUSE_MAX_OPS:
+            raw, engine, makespan = _run_reusing(program, machine, network, run_progress(0), fold)
+        else:
+            raw, engine, makespan = _run(program, machine, network, None, run_progress(0), fold=fold)
         check_memory(raw, machine)
         return SimResult(program, machine, network, raw, engine.network.meta(), critical_path(raw), makespan, warnings,
                          engine.network, engine.nominal_us)  # fmt: skip
