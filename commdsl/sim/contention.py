@@ -136,13 +136,14 @@ class _KernelFactors(Contention):
 
     def kernel(self, op: Op, started: bool) -> bool:
         rank = op.rank
-        factor = self._op_factor.get((id(op.spec), id(op.kind), rank))
+        of_op = (id(op.spec), id(op.kind), rank)
+        factor = self._op_factor.get(of_op)
         if factor is None:
             key = self.kernel_key(op)
             factor = self._machine_factor.get(key)
             if factor is None:
                 factor = self._machine_factor[key] = self.kernel_factor(op)
-            self._op_factor[id(op.spec), id(op.kind), rank] = factor
+            self._op_factor[of_op] = factor
         return self._push(rank, factor, started)
 
     def _kernel_at(self, rank: int, kind: OpKind, dtype: Dtype, started: bool) -> bool:
@@ -162,7 +163,7 @@ class _KernelFactors(Contention):
             top = factor if len(kernels) == 1 or factor > before else before
         else:
             kernels.remove(factor)
-            top = before if kernels and factor < before else max(kernels, default=1.0)
+            top = before if kernels and factor < before else (max(kernels) if kernels else 1.0)
         self.top[rank] = top
         return top != before
 

@@ -41,6 +41,17 @@ cdef class Engine:
                    ready=cython.double[:], cause=cython.int[:], end=cython.double[:], kinds=cython.uchar[:], state=cython.uchar[:],
                    queue_at=cython.int[:])
     cpdef _advance_stream(self, Stream s)
+    # Compute ops on timers (the contention model's factors): typed streams and clocks.
+    @cython.locals(now=double, g=Py_ssize_t)
+    cpdef bint _hold(self, Stream s, Py_ssize_t entry, double t, Py_ssize_t c)
+    @cython.locals(now=double, g=Py_ssize_t, is_copy=bint)
+    cpdef _start_timed(self, Stream s, Py_ssize_t entry, double t, Py_ssize_t c, double duration)
+    cpdef _timer(self, Stream s)
+    @cython.locals(s=Stream, token=Py_ssize_t, g=Py_ssize_t)
+    cpdef _on_timer(self, ev)
+    cpdef _kernel_changed(self, Py_ssize_t g, bint started)
+    @cython.locals(now=double, timed_copies=bint, s=Stream, factor=double)
+    cpdef _retime(self, Py_ssize_t rank)
     cpdef bint _went_on_late(self, Stream s, Py_ssize_t c, double t)
     cpdef _on_stream_timer(self, ev)
     @cython.locals(g=Py_ssize_t, tag=int, q=Queue, w=list)

@@ -4,13 +4,16 @@ A run pauses Python's cyclic garbage collector (the engine's many small objects 
 until the end of the run; a collection would walk them all, a cost per op that grows with
 the program). A sampled run wires the program once, runs it once per sample and keeps each
 sample's time columns, and its other per-op arrays and network records while it can
-still be the median sample; not its engine.
+still be the median sample; not its engine. A run without samples starts from the
+wiring and hosts' first pass the same program's last run on the machine left
+(`_run_reusing`).
 """
 
 from __future__ import annotations
 
 import gc
 import random
+import weakref
 from bisect import insort
 from array import array
 from collections.abc import Callable
@@ -32,11 +35,18 @@ from commdsl.sim.memory import check_memory
 from commdsl.sim.models import DEFAULT_NETWORK, NETWORKS
 from commdsl.sim.network import Network
 from commdsl.sim.result import SimOutcome
+from commdsl.sim.shape_memo import shape_table
 from commdsl.sim.wiring import Wiring
 
 if TYPE_CHECKING:
     from commdsl.sim.summary import Summary
     from commdsl.timeline import Timeline
+
+REUSE_MAX_OPS = 1 << 17
+"""The largest program (in ops) whose wiring and hosts' first pass a run leaves for the
+same program's next run (`_run_reusing`): about 70 bytes an op, kept as long as the
+program lives, pay where a call's fixed costs matter (a planner's inner loop), not
+where the run itself dwarfs them."""
 
 # The outputs' modules (summary, trace) import `SimOutcome`, never this module: they load
 # where an output is first asked for, as `check_deadlock` needs none of them.
@@ -138,7 +148,10 @@ def _simulate(program: Program, machine: Machine, network: str, samples: int, se
         progress(0, samples * ops)
 
     if samples == 1:
-        raw, engine, makespan = _run(program, machine, network, None, run_progress(0), fold=fold)
+        if ops <= REUSE_MAX_OPS:
+            raw, engine, makespan = _run_reusing(program, machine, network, run_progress(0), fold)
+        else:
+            raw, engine, makespan = _run(program, machine, network, None, run_progress(0), fold=fold)
         check_memory(raw, machine)
         return SimResult(program, machine, network, raw, engine.network.meta(), critical_path(raw), makespan, warnings,
                          engine.network, engine.nominal_us)  # fmt: skip
@@ -189,11 +202,11 @@ def out_of_the_running(ranked: list[tuple[float, int]], samples: int) -> list[in
 
 def _run(program: Program, machine: Machine, network: str, rng: random.Random | None,
          progress: Callable[[int], None] | None = None, wiring: Wiring | None = None, fold: bool = True,
-         issued: Issued | None = None) -> tuple[RawResult, Engine, float]:  # fmt: skip
+         issued: Issued | None = None, keep_issued: bool = False) -> tuple[RawResult, Engine, float]:  # fmt: skip
     """One run of the engine (with `rng`, one sample): its per-op arrays, the engine and
-    the makespan. `wiring` and `issued` as `Engine`'s; a sampled run (`rng`) keeps its
-    hosts' pass for the next sample."""
-    engine = Engine(program, machine, NETWORKS[network], rng, wiring, fold, issued, keep_issued=rng is not None)
+    the makespan. `wiring` and `issued` as `Engine`'s; a sampled run (`rng`), or one with
+    `keep_issued`, keeps its hosts' pass for the next run."""
+    engine = Engine(program, machine, NETWORKS[network], rng, wiring, fold, issued, keep_issued=keep_issued or rng is not None)
     raw = engine.run(progress)
     if engine.folded and engine.unfinished():
         # Rank 0 alone could not finish: run every rank, for the deadlock report's sake.
@@ -204,6 +217,27 @@ def _run(program: Program, machine: Machine, network: str, rng: random.Random | 
 
         raise deadlock_error(engine)
     return raw, engine, check_horizon(raw, machine)
+
+
+def _run_reusing(program: Program, machine: Machine, network: str, progress: Callable[[int], None] | None,
+                 fold: bool) -> tuple[RawResult, Engine, float]:  # fmt: skip
+    """`_run` without a sample's draws, starting from the `Wiring` and hosts' first pass
+    (`Issued`) an earlier run of the same program on this machine left, and leaving its
+    own for the next. A program is immutable (its ops are tuples of immutable ops), so
+    what follows from the program, the machine, the network model and `fold` alone stays
+    true for as long as the program lives: the entry is keyed by the program's identity,
+    holds it weakly, and is dropped when the program is freed. It is taken out of the
+    table while the run uses it (its queues and collective instances are reset and
+    filled by the run), so a run on another thread at the same time wires its own."""
+    table = shape_table(machine, ("wirings",))
+    key = (id(program), network, fold)
+    held = table.pop(key, None)
+    wiring = issued = None
+    if held is not None and held[0]() is program:
+        _, wiring, issued = held
+    raw, engine, makespan = _run(program, machine, network, None, progress, wiring, fold, issued, keep_issued=True)
+    table[key] = (weakref.ref(program, lambda _, table=table, key=key: table.pop(key, None)), engine.wiring, engine.issued)
+    return raw, engine, makespan
 
 
 def check_horizon(raw: RawResult, machine: Machine) -> float:
