@@ -171,10 +171,11 @@ def test_rings_across_nodes_load_every_nic_equally():
     nic = {s.name: s.bytes for s in r.link_stats() if "network" in s.name}
     assert len(nic) == 2 * 8 * 4  # every NIC, both directions
     assert max(nic.values()) == pytest.approx(min(nic.values()), rel=1e-9)
-    # ... so a 32-GPU ring all_reduce runs at ~8 NICs' bandwidth, not one's.
+    # ... so a 32-GPU ring all_reduce runs at the rate of 8 NICs, not one's (its 16
+    # channels' own rate, 16 x 20 GB/s, is a little below the 8 NICs' 8 x 47).
     stat = r.flow_stats()[0]
     busbw = 2 * 31 / 32 * stat.algbw_gb_per_s
-    assert 300 < busbw < 8 * 47
+    assert 4 * 47 < busbw < 8 * 47
 
 
 def test_aggregated_all_to_all_loads_equal_the_loads_of_every_pair():
