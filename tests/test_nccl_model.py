@@ -13,6 +13,7 @@ from commdsl.errors import MachineError, ScheduleError
 from commdsl.ir import Algo, OpKind, Protocol, Transport
 from commdsl.machine import load_machine_text, resolve_machine
 from commdsl.machine.nccl import PROTOCOLS as PROTOS
+from commdsl.machine.model import LinkKind
 from commdsl.machine.nccl import CpuVendor, Generation, HopKind
 from commdsl.sim import nccl, simulate
 from commdsl.sim.fabric import Fabric
@@ -527,13 +528,33 @@ def test_nvls_tree_across_nodes_loads_a_nic_as_ncclS_tree_does():
     # 4 nodes: in NCCL's trees two of the nodes are inner in one tree (a parent and two
     # children) and leaves in the other: their NICs carry 4 of the 16 channel shares each
     # way, S/4 per NIC (a heap-ordered tree would give 3/16). The tree's bytes cross PCIe
-    # and the network as NCCL's Simple protocol, at its efficiency, not NVLS's.
+    # and the network as NCCL's Simple protocol: data alone, not at NVLS's efficiency.
     f, lay = flows(H100, 32)
     co = f.coflow(OpKind.ALL_REDUCE, lay.ranks, 1 << 30, None, Algo.NVLS_TREE, Protocol.SIMPLE)
     fill = 1.0 + nccl.nvls_fill_bytes(Algo.NVLS_TREE, lay, H100.nccl.nvls_channels, 1 << 30) / (1 << 30)
-    simple = H100.nccl.protocol(Protocol.SIMPLE).efficiency
     net = [b for c, b in co.channel_bytes if c in f._network_channels]
-    assert max(net) == pytest.approx(fill * 4 / 16 / simple)
+    assert max(net) == pytest.approx(fill * 4 / 16)
+
+
+def test_simple_collectives_cross_the_nics_as_data_alone():
+    # A NIC's rate is what NCCL delivers through it and Simple's wire holds data alone: a
+    # ring all_gather across nodes charges Simple's efficiency on NVLink and PCIe, not on
+    # the NICs; an all_to_all (point to point) keeps it on every link.
+    f, lay = flows(H100, 16)
+    eff = H100.nccl.protocol(Protocol.SIMPLE).efficiency
+    assert eff < 1.0
+    kinds = f.fabric.kinds
+    size = 1 << 30
+    ring = f.coflow(OpKind.ALL_GATHER, lay.ranks, size, None, Algo.RING, Protocol.SIMPLE)
+    bare = dataclasses.replace(H100.nccl, protocols=tuple((p, dataclasses.replace(s, efficiency=1.0)) for p, s in H100.nccl.protocols))
+    plain = flows(dataclasses.replace(H100, nccl=bare), 16)[0].coflow(OpKind.ALL_GATHER, lay.ranks, size, None, Algo.RING, Protocol.SIMPLE)
+    for (c, b), (c0, b0) in zip(ring.channel_bytes, plain.channel_bytes):
+        assert c == c0
+        assert b == pytest.approx(b0 if c in f._network_channels else b0 / eff)
+    assert any(kinds[c] is LinkKind.NVLINK for c, _ in ring.channel_bytes) and any(c in f._network_channels for c, _ in ring.channel_bytes)
+    a2a = f.coflow(OpKind.ALL_TO_ALL, lay.ranks, size, None, Algo.DIRECT, Protocol.SIMPLE)
+    a2a0 = flows(dataclasses.replace(H100, nccl=bare), 16)[0].coflow(OpKind.ALL_TO_ALL, lay.ranks, size, None, Algo.DIRECT, Protocol.SIMPLE)
+    assert [b for _, b in a2a.channel_bytes] == pytest.approx([b0 / eff for _, b0 in a2a0.channel_bytes])
 
 
 def test_the_nccl_release_sets_the_table_that_chooses():

@@ -386,8 +386,11 @@ def _point(li: int, m: Machine, flows: NcclFlows, capacity, cls: list[int], run:
         co = flows.coflow(kind, group, size, root, c.algo, c.proto, ranks)
         used = flows.choice_of(kind, group, size, c.algo, c.proto, ranks)
         eff = nccl.efficiency(m.nccl, used)
+        # a collective's Simple bytes cross the NICs as they are (`commdsl.sim.nccl_flows`)
+        bare_net = used.algo is not Algo.NVLS_TREE and used.proto is Protocol.SIMPLE and kind not in nccl.P2P_BASED
         for ch, wire in co.channel_bytes:
-            data = wire * eff * (undo if cls[ch] == _NIC else 1.0)
+            e = 1.0 if bare_net and cls[ch] == _NIC else eff
+            data = wire * e * (undo if cls[ch] == _NIC else 1.0)
             per[cls[ch]] = max(per[cls[ch]], data / capacity[ch])
         if co.cap < math.inf:
             nodes = flows.layout(group).num_nodes

@@ -29,7 +29,11 @@ Where the bytes go, per algorithm (S the op's size, n ranks, C channels):
 Each channel is charged the wire bytes: the data over the protocol's efficiency (LL puts a
 4-byte flag beside every 4 bytes of data, so its links carry twice the data; NVLS over
 its NVLS efficiency, and NVLS_TREE's tree between nodes, NCCL's net transport with the
-Simple protocol, over Simple's).
+Simple protocol, over Simple's). A NIC's rate is what NCCL's net transport delivers
+through it, and Simple's wire holds data alone, so a collective's Simple bytes cross the
+network links as they are (Simple's efficiency, fitted where an SM copies over NVLink or
+PCIe, stays on those). Point-to-point based ops keep Simple's efficiency on every link,
+with `p2p_net_efficiency` on the network on top: their curves set those.
 """
 
 from __future__ import annotations
@@ -217,12 +221,17 @@ class NcclFlows:
         cap_gb = nccl.channel_cap_gb_per_s(self.cfg, choice, kind, lay.num_nodes)
         cap = cap_gb * 1e3 / serial if serial > 0 else _INF
         latency = nccl.latency_us(self.cfg, kind, lay, choice.algo, choice.proto)
+        net = self._network_channels
         if choice.algo is Algo.NVLS_TREE:
             # the switch's part at NVLS's efficiency; the tree between nodes is NCCL's
-            # Simple protocol over PCIe and the network (net transport), at Simple's
+            # Simple protocol over PCIe and the network (net transport), the NICs' bytes
+            # data alone (module doc)
             simple = self.cfg.protocol(Protocol.SIMPLE).efficiency
             kinds = self.fabric.kinds
-            return Coflow(tuple((c, b / (eff if kinds[c] is LinkKind.NVLINK else simple)) for c, b in loads.items()), cap, latency)
+            return Coflow(tuple((c, b / (eff if kinds[c] is LinkKind.NVLINK else 1.0 if c in net else simple)) for c, b in loads.items()),
+                          cap, latency)  # fmt: skip
+        if choice.proto is Protocol.SIMPLE and kind not in nccl.P2P_BASED:  # a collective's NIC bytes: data alone
+            return Coflow(tuple((c, b if c in net else b / eff) for c, b in loads.items()), cap, latency)
         return Coflow(tuple((c, b / eff) for c, b in loads.items()), cap, latency)
 
     def chain(self, kind: OpKind, ranks: tuple[int, ...], size: int, root: int | None, algo: Algo, proto: Protocol) -> nccl.Chain:
