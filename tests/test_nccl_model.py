@@ -536,10 +536,11 @@ def test_nvls_tree_across_nodes_loads_a_nic_as_ncclS_tree_does():
     assert max(net) == pytest.approx(fill * 4 / 16)
 
 
-def test_simple_collectives_cross_the_nics_as_data_alone():
-    # A NIC's rate is what NCCL delivers through it and Simple's wire holds data alone: a
-    # ring all_gather across nodes charges Simple's efficiency on NVLink and PCIe, not on
-    # the NICs; an all_to_all (point to point) keeps it on every link.
+def test_collectives_cross_the_nics_at_their_protocols_wire_format():
+    # A NIC's rate is what NCCL delivers through it and the net transport sends the
+    # protocol's buffer as it is (Simple: data alone): a ring all_gather across nodes
+    # charges the machine's fitted Simple efficiency on NVLink and PCIe, not on the NICs;
+    # an all_to_all (point to point) keeps it on every link.
     f, lay = flows(H100, 16)
     eff = H100.nccl.protocol(Protocol.SIMPLE).efficiency
     assert eff < 1.0

@@ -43,7 +43,7 @@ from commdsl.files import write_text
 from commdsl.ir import Algo, Dtype, Op, OpKind, Protocol, Transport
 from commdsl.machine.loader import load_machine, load_machine_text, resolve_machine
 from commdsl.machine.model import NETWORK_VERTEX, Calibration, LinkKind, LinkSpec, Machine, shm_link
-from commdsl.machine.nccl import HopKind, NcclConfig, NcclVersion, format_nccl_version, parse_nccl_version
+from commdsl.machine.nccl import PROTOCOL_EFFICIENCY, HopKind, NcclConfig, NcclVersion, format_nccl_version, parse_nccl_version
 from commdsl.progress import Progress
 from commdsl.sim import nccl
 from commdsl.sim.chain_times import ChainTerms
@@ -387,9 +387,9 @@ def _point(li: int, m: Machine, flows: NcclFlows, capacity, cls: list[int], run:
         used = flows.choice_of(kind, group, size, c.algo, c.proto, ranks)
         eff = nccl.efficiency(m.nccl, used)
         # a collective's Simple bytes cross the NICs as they are (`commdsl.sim.nccl_flows`)
-        bare_net = used.algo is not Algo.NVLS_TREE and used.proto is Protocol.SIMPLE and kind not in nccl.P2P_BASED
+        wire_net = used.algo not in (Algo.NVLS, Algo.NVLS_TREE) and kind not in nccl.P2P_BASED
         for ch, wire in co.channel_bytes:
-            e = 1.0 if bare_net and cls[ch] == _NIC else eff
+            e = PROTOCOL_EFFICIENCY[used.proto] if wire_net and cls[ch] == _NIC else eff
             data = wire * e * (undo if cls[ch] == _NIC else 1.0)
             per[cls[ch]] = max(per[cls[ch]], data / capacity[ch])
         if co.cap < math.inf:

@@ -30,10 +30,12 @@ Each channel is charged the wire bytes: the data over the protocol's efficiency 
 4-byte flag beside every 4 bytes of data, so its links carry twice the data; NVLS over
 its NVLS efficiency, and NVLS_TREE's tree between nodes, NCCL's net transport with the
 Simple protocol, over Simple's). A NIC's rate is what NCCL's net transport delivers
-through it, and Simple's wire holds data alone, so a collective's Simple bytes cross the
-network links as they are (Simple's efficiency, fitted where an SM copies over NVLink or
-PCIe, stays on those). Point-to-point based ops keep Simple's efficiency on every link,
-with `p2p_net_efficiency` on the network on top: their curves set those.
+through it, and the net transport sends a protocol's buffer as it is, so a ring or tree
+collective's bytes cross the network links at its protocol's wire format
+(`PROTOCOL_EFFICIENCY`: LL 1/2, LL128 120/128, Simple data alone), while a machine's
+fitted efficiencies, what an SM copy gets over NVLink or PCIe, stay on those links.
+Point-to-point based ops keep the fitted efficiency on every link, with
+`p2p_net_efficiency` on the network on top: their curves set those.
 """
 
 from __future__ import annotations
@@ -43,7 +45,7 @@ from dataclasses import dataclass
 
 from commdsl.ir import Algo, Op, OpKind, Protocol, Transport
 from commdsl.machine.model import NETWORK_VERTEX, LinkKind, Machine, VertexKind
-from commdsl.machine.nccl import HopKind, NcclConfig
+from commdsl.machine.nccl import PROTOCOL_EFFICIENCY, HopKind, NcclConfig
 from commdsl.sim import nccl
 from commdsl.sim.fabric import Fabric, solo_rate
 
@@ -230,8 +232,10 @@ class NcclFlows:
             kinds = self.fabric.kinds
             return Coflow(tuple((c, b / (eff if kinds[c] is LinkKind.NVLINK else 1.0 if c in net else simple)) for c, b in loads.items()),
                           cap, latency)  # fmt: skip
-        if choice.proto is Protocol.SIMPLE and kind not in nccl.P2P_BASED:  # a collective's NIC bytes: data alone
-            return Coflow(tuple((c, b if c in net else b / eff) for c, b in loads.items()), cap, latency)
+        if kind not in nccl.P2P_BASED and choice.algo not in (Algo.NVLS, Algo.NVLS_TREE):
+            # a collective's NIC bytes at its protocol's wire format (module doc)
+            wire = PROTOCOL_EFFICIENCY[choice.proto]
+            return Coflow(tuple((c, b / wire if c in net else b / eff) for c, b in loads.items()), cap, latency)
         return Coflow(tuple((c, b / eff) for c, b in loads.items()), cap, latency)
 
     def chain(self, kind: OpKind, ranks: tuple[int, ...], size: int, root: int | None, algo: Algo, proto: Protocol) -> nccl.Chain:
