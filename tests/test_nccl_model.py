@@ -463,6 +463,18 @@ def test_ring_steps_across_nodes_last_as_long_as_the_network_hop():
     assert got == pytest.approx(spec.base_latency_us + 7 * spec.hop_us(HopKind.NVLINK))
 
 
+def test_an_ll_ring_across_nodes_pays_each_hop_once():
+    # LL forwards words as their flags land: 32 ranks on 4 nodes, an all_gather's 31 steps
+    # are 3 network hops and 28 NVLink ones, each at least the proxy's post (1 us, Intel).
+    _, lay = flows(H100, 32)
+    spec = H100.nccl.protocol(Protocol.LL)
+    net = spec.hop_us(HopKind.NETWORK) + H100.nccl.net_message_us(Protocol.LL)
+    step = max(spec.hop_us(HopKind.NVLINK), H100.nccl.net_overhead_us)
+    got = nccl.latency_us(H100.nccl, OpKind.ALL_GATHER, lay, Algo.RING, Protocol.LL)
+    assert got == pytest.approx(spec.base_latency_us + 28 * step + 3 * net)
+    assert got < nccl.latency_us(H100.nccl, OpKind.ALL_GATHER, lay, Algo.RING, Protocol.LL128)
+
+
 def test_a_tree_level_across_nodes_costs_what_ncclS_table_says_over_a_ring_step():
     _, lay = flows(H100, 32)
     spec = H100.nccl.protocol(Protocol.LL)

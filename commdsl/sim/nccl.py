@@ -16,9 +16,10 @@ is the flow network's, over the links the algorithm loads, see `commdsl.sim.flow
 
     ring        base + one hop per step: 2(n-1) steps (all_reduce), n-1 (all_gather,
                 reduce_scatter), n (broadcast, reduce). On one node an NVLink or PCIe
-                hop each; across nodes every step a network hop (all ranks step at once
-                and wait for their predecessor's piece); broadcast and reduce, a
-                pipeline, pay each hop of the chain once
+                hop each; across nodes with LL128 and Simple every step a network hop
+                (all ranks step at once and wait for their predecessor's piece), with LL
+                each hop once (its words forward as their flags land); broadcast and
+                reduce, a pipeline, pay each hop of the chain once
     tree        base + 2 x ((ppn-1) intra hops + log2(N) tree levels), a level being a
                 network hop x NCCL's tree-over-ring network latency ratio
     nvls        the machine's NVLS latency (+ one network hop across nodes)
@@ -453,9 +454,16 @@ def latency_us(cfg: NcclConfig, kind: OpKind, layout: Layout, algo: Algo, proto:
             steps, inter = n, nodes - 1
         if kind in (OpKind.BROADCAST, OpKind.REDUCE) or nodes == 1:
             return spec.base_latency_us + (steps - inter) * intra + inter * net
-        # every rank takes a step at once and waits for its predecessor's piece: across
-        # nodes each step of the ring lasts as long as its slowest hop, the network's
-        # (kept linear in the hop latencies, as the calibration's closed form needs)
+        if proto is Protocol.LL:
+            # LL forwards each 8-byte word as its flag lands: a piece crosses the ring hop
+            # by hop, each hop once (NCCL's own formula), a step inside a node no shorter
+            # than the proxy's post of the step that leaves it (tuning.cc: "inter-node
+            # rings still have to launch nsteps * net overhead")
+            return spec.base_latency_us + (steps - inter) * max(intra, cfg.net_overhead_us) + inter * net
+        # LL128 and Simple: every rank takes a step at once and waits for its
+        # predecessor's piece: across nodes each step of the ring lasts as long as its
+        # slowest hop, the network's (kept linear in the hop latencies, as the
+        # calibration's closed form needs)
         return spec.base_latency_us + steps * net
     if algo is Algo.TREE:
         return spec.base_latency_us + 2 * ((layout.ppn - 1) * intra + log2i(nodes) * _tree_net_hop_us(cfg, algo, proto, net))
