@@ -268,7 +268,7 @@ _NIC = 0
 _FIXED = len(RATES)
 
 _CONFIG_FIELDS = frozenset(f.name for f in fields(NcclConfig))
-NCCL_SCALARS = tuple(name for name in ("launch_us", "launch_per_channel_us", "nvls_latency_us", "net_latency_us", "nvls_efficiency",
+NCCL_SCALARS = tuple(name for name in ("launch_us", "launch_per_channel_us", "nvls_latency_us", "net_latency_us", "tree_net_scale", "nvls_efficiency",
                                        "p2p_channel_bandwidth_gb_per_s", "p2p_net_channel_bandwidth_gb_per_s", "p2p_net_efficiency") if name in _CONFIG_FIELDS)  # fmt: skip
 """The `nccl:` numbers the fit may set (`NcclConfig` fields), beside each protocol's
 latencies, efficiency and per-channel rate (`PROTOCOL_SCALARS`) and the rates (`RATES`).
@@ -307,6 +307,8 @@ LATENCIES = (
     # The network's own latency per message (TCPXO, RoCE), in NCCL models that have it.
     *([Latency(lambda proto, intra: "net_latency_us", lambda cfg, proto, v: replace(cfg, net_latency_us=v))]
       if "net_latency_us" in _CONFIG_FIELDS else []),
+    # A tree level across nodes, as a factor on NCCL's own figure (the latency is linear in it).
+    Latency(lambda proto, intra: "tree_net_scale", lambda cfg, proto, v: replace(cfg, tree_net_scale=v)),
 )  # fmt: skip
 """Every latency the fit may set: a new one of NCCL's model is one entry."""
 LATENCY_FLOOR_US = 0.1

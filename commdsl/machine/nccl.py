@@ -265,6 +265,13 @@ class NcclConfig:
     adds it to every network step, twice with Simple for the flush that follows a
     receive, tuning.cc). 0 for InfiniBand and RoCE through NCCL's own transport; tens of
     us for TCP-offload GPU networking (GPUDirect-TCPX/TCPXO)."""
+    tree_net_scale: float = 1.0
+    """How a tree level across nodes compares with NCCL's own figure for it: a level of a
+    tree (or NVLS_TREE's tree) costs NCCL's network latency of that algorithm and protocol
+    (tuning.cc hwLat NET, the tree and NVLS_TREE columns, per release) x this, plus the
+    network's `net_latency_us`. A parameter of its own, apart from a ring's network step:
+    NCCL's trees and rings across nodes pace differently, and a fit to one must not move
+    the other. 1: NCCL's figures."""
     launch_us: float = 0.0
     """Host time NCCL takes to enqueue and launch one collective's kernel on one GPU, us
     (what a loop of back-to-back ops costs the thread that issues them)."""
@@ -333,6 +340,7 @@ class NcclConfig:
             "p2p_net_channel_bandwidth_gb_per_s": _num(self.p2p_net_channel_bandwidth_gb_per_s),
             "p2p_net_efficiency": self.p2p_net_efficiency,
             "net_latency_us": self.net_latency_us,
+            "tree_net_scale": self.tree_net_scale,
             "launch_us": self.launch_us,
             "launch_per_channel_us": self.launch_per_channel_us,
             **({"version": format_nccl_version(self.version)} if self.version is not None else {}),

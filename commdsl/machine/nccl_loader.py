@@ -15,6 +15,7 @@
       p2p_channel_bandwidth_gb_per_s: 10
       p2p_net_efficiency: 0.78
       net_latency_us: 0           # the network's own latency per message (TCPXO: tens of us)
+      tree_net_scale: 1           # a tree level across nodes over NCCL's own figure for it
       launch_us: 4.2
       launch_per_channel_us: 0.04
       algo: [ring, tree]          # as NCCL_ALGO (optional)
@@ -61,7 +62,7 @@ class FieldReader(Interface):
 _KEYS = (
     "generation", "version", "channels", "channels_across_nodes", "cpu", "nvls", "nvls_channels", "nvls_latency_us", "nvls_efficiency", "collnet", "p2p_channels",
     "p2p_channels_per_peer", "p2p_channel_bandwidth_gb_per_s", "p2p_net_channel_bandwidth_gb_per_s",
-    "p2p_net_efficiency", "net_latency_us", "launch_us", "launch_per_channel_us", "algo", "proto", "protocols",
+    "p2p_net_efficiency", "net_latency_us", "tree_net_scale", "launch_us", "launch_per_channel_us", "algo", "proto", "protocols",
 )  # fmt: skip
 _PROTOCOL_KEYS = ("base_latency_us", "hop_latency_us", "efficiency", "channel_bandwidth_gb_per_s")
 _MAX_CHANNELS = 64  # NCCL's MAXCHANNELS
@@ -95,6 +96,8 @@ def read_nccl(r: FieldReader, node: yaml.Node, topology: Topology | None) -> Ncc
     for name in ("nvls_efficiency", "p2p_net_efficiency"):
         if name in keys:
             numbers[name] = _fraction(r, keys[name][1], f"nccl.{name}")
+    if "tree_net_scale" in keys:
+        numbers["tree_net_scale"] = r.number(keys["tree_net_scale"][1], "nccl.tree_net_scale", positive=True)
     for name in ("channels_across_nodes", "nvls_channels", "p2p_channels", "p2p_channels_per_peer"):
         if name in keys:
             numbers[name] = _count(r, keys, name, 1, _MAX_CHANNELS)

@@ -466,11 +466,11 @@ def latency_us(cfg: NcclConfig, kind: OpKind, layout: Layout, algo: Algo, proto:
         # calibration's closed form needs)
         return spec.base_latency_us + steps * net
     if algo is Algo.TREE:
-        return spec.base_latency_us + 2 * ((layout.ppn - 1) * intra + log2i(nodes) * _tree_net_hop_us(cfg, algo, proto, net))
+        return spec.base_latency_us + 2 * ((layout.ppn - 1) * intra + log2i(nodes) * _tree_net_hop_us(cfg, algo, proto))
     if algo is Algo.NVLS:
         return cfg.nvls_latency_us + (net if nodes > 1 else 0.0)
     if algo is Algo.NVLS_TREE:
-        return cfg.nvls_latency_us + 2 * log2i(nodes) * _tree_net_hop_us(cfg, algo, proto, net)
+        return cfg.nvls_latency_us + 2 * log2i(nodes) * _tree_net_hop_us(cfg, algo, proto)
     if algo is Algo.COLLNET_DIRECT:
         return spec.base_latency_us + 2 * intra + net
     if algo is Algo.COLLNET_CHAIN:
@@ -523,17 +523,14 @@ def nvls_fill_bytes(algo: Algo, layout: Layout, channels: int, size_bytes: float
     return NVLS_PIPELINE_CHUNKS * min(nvls_chunk_bytes(algo, layout, channels, size_bytes) * lanes, size_bytes)
 
 
-def _tree_net_hop_us(cfg: NcclConfig, algo: Algo, proto: Protocol, ring_net_us: float) -> float:
+def _tree_net_hop_us(cfg: NcclConfig, algo: Algo, proto: Protocol) -> float:
     """A tree level across nodes: a parent takes its two children's pieces before it sends
-    up, so a level costs more than a ring's network step. NCCL's table says how much more
-    (hwLat NET, tree or NVLS_TREE column over the ring column: LL 5.0/2.7, LL128 8.5/4.0,
-    Simple 14/14, NVLS_TREE 20.9/14, 14/14 before NCCL 2.28.9); the machine's own network
-    step scales it. The ratio is that of the machine's NCCL release: v2.28.9 raised
-    NVLS_TREE's with a change to how NCCL's proxy thread orders its operations."""
-    hw = cfg.tuning.hop_latency_us[HopKind.NETWORK]
-    i = PROTOCOLS.index(proto)
-    ring = hw[Algo.RING][i]
-    return ring_net_us * hw[algo][i] / ring if ring > 0 else ring_net_us
+    up, so a level costs more than a ring's network step. NCCL's table says how much
+    (hwLat NET, the tree or NVLS_TREE column: LL 5.0, LL128 8.5, Simple 14; NVLS_TREE 20.9
+    from NCCL 2.28.9, 14 before: v2.28.9 raised it with a change to how NCCL's proxy
+    thread orders its operations), of the machine's NCCL release; the machine scales it
+    (`tree_net_scale`) and its network adds its own latency per message."""
+    return cfg.tuning.hop_latency_us[HopKind.NETWORK][algo][PROTOCOLS.index(proto)] * cfg.tree_net_scale + cfg.net_message_us(proto)
 
 
 def channel_cap_gb_per_s(cfg: NcclConfig, choice: Choice, kind: OpKind, nodes: int = 1) -> float:
