@@ -52,7 +52,8 @@ the engine runs rank 0 alone (`folded`) and copies its outcome to the others.
 This module is the engine's source, and also what the install compiles with Cython where
 it can (`engine.pxd` types it; `commdsl.native` says which runs): what the compiled
 engine cannot do, such as a closure in a method it makes a C call, stays out of its hot
-methods.
+methods. The engine and the networks read SimPy's clock as `env._now`, the attribute
+behind its `now` property: a property read runs a Python frame, several per op.
 """
 
 from __future__ import annotations
@@ -520,7 +521,7 @@ class Engine:
         for e, _ in h.sync_targets:
             if e.last_g >= 0 and e.last_end >= t:
                 t, cause = e.last_end, e.last_g
-        t = max(t, self.env.now)
+        t = max(t, self.env._now)
         op = self.ops[g]
         blocking_call = op.kind in _COMM_KINDS or op.kind is _COPY  # a blocking gloo call, a pageable copy
         if blocking_call:  # the host's issue span covers the wait
@@ -541,7 +542,7 @@ class Engine:
         if s.busy:
             return
         fifo = s.fifo
-        now = self.env.now
+        now = self.env._now
         ready, cause, end, kinds, state = self.ready, self.cause, self.end, self.kind, self.state
         ops, queue_list, queue_at, todo = self.ops, self.queue_list, self.queue_at, self._todo
         while s.done < len(fifo):
@@ -653,7 +654,7 @@ class Engine:
     def _on_stream_timer(self, ev) -> None:
         s: Stream = ev.value
         s.busy = False
-        self._complete_entry(s, s.cur, self.env.now, s.cur_cause)
+        self._complete_entry(s, s.cur, self.env._now, s.cur_cause)
         if not s.kicked:
             s.kicked = True
             self._todo.append(s)
@@ -663,7 +664,7 @@ class Engine:
         """Stream `s` holds `entry` (an op whose end is not known yet) from its start `t`:
         True once it starts now; False if it starts later (the stream wakes up then and
         calls again)."""
-        now = self.env.now
+        now = self.env._now
         s.busy = True
         s.cur = entry
         s.cur_cause = c
@@ -682,7 +683,7 @@ class Engine:
         if self._hold(s, entry, t, c):
             g = entry >> 2
             self.state[g] = ACTIVE
-            self._activated(g, self.env.now)
+            self._activated(g, self.env._now)
 
     # ---- work whose speed changes while it runs (the contention model's factors) -----
 
@@ -690,7 +691,7 @@ class Engine:
         """Run a compute op or a copy whose speed follows the other work on its device."""
         if not self._hold(s, entry, t, c):
             return
-        now = self.env.now
+        now = self.env._now
         g = entry >> 2
         s.work_left = duration
         s.t_run = now
@@ -724,7 +725,7 @@ class Engine:
             self.nominal_us[g] = self._duration(self.ops[g])
         if self.contention.work(s.rank, self.ops[g].kind is _COPY, -1):
             self._retime(s.rank)
-        self._complete_entry(s, s.cur, self.env.now, s.cur_cause)
+        self._complete_entry(s, s.cur, self.env._now, s.cur_cause)
         self._kick(s)
         self._drain()
 
@@ -734,7 +735,7 @@ class Engine:
 
     def _retime(self, rank: int) -> None:
         """Re-time the running compute ops (and timed copies) of `rank` at their new factor."""
-        now = self.env.now
+        now = self.env._now
         contention = self.contention
         timed_copies = contention.timed_copies
         for s in self.streams[rank].values():
@@ -827,7 +828,7 @@ class Engine:
             if q.last_g >= 0 and q.last_end > start[item]:
                 self.cause[item] = q.last_g  # queue-bound: the previous item ended after the op was ready
             state[item] = ACTIVE
-            now = self.env.now
+            now = self.env._now
             start[item] = now
             if self.kernels and self.ops[item].transport is _NCCL:
                 self._kernel_changed(item, True)
@@ -855,7 +856,7 @@ class Engine:
         for g in range(item, last + 1):
             if state[g] != ELIGIBLE:
                 return
-        now = self.env.now
+        now = self.env._now
         for x in queues:
             x.active = True
             x.remaining = 0
@@ -1001,7 +1002,7 @@ class Engine:
         self._transfer_done(transfer, members[:1])
 
     def _transfer_done(self, transfer: Transfer, members: tuple[int, ...], engines: tuple[int, ...] = ()) -> None:
-        now = self.env.now
+        now = self.env._now
         kernels = self.kernels
         if self.traffic:
             for rank in self.contention.transfer(transfer, False):

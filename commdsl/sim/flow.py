@@ -283,10 +283,10 @@ class FlowNetwork(Network):
         if new:  # a transfer of this shape: its flow is built once
             (leg,) = self.legs(transfer)
             self._leg_of.append(leg)
-        self._start_flow(self._leg_of[spec], done, transfer, ops, log.add(spec, ops, self.env.now))
+        self._start_flow(self._leg_of[spec], done, transfer, ops, log.add(spec, ops, self.env._now))
 
     def _start_flow(self, leg: _Leg, then: Done, transfer: Transfer | None = None, ops: tuple[int, ...] = (), record: int = -1) -> None:
-        now = self.env.now
+        now = self.env._now
         self.events += 1
         f = _Flow(leg, now + leg.latency_us, then, transfer, ops, record)
         if not leg.demands or leg.total == 0:
@@ -363,7 +363,7 @@ class FlowNetwork(Network):
             self._wake_t = t
             self._wake_gen += 1
             gen = self._wake_gen
-            now = self.env.now
+            now = self.env._now
             self.env.timeout(t - now if t > now else 0.0, gen).callbacks.append(self._wake_cb)
 
     def _on_wake_event(self, ev: simpy.Timeout) -> None:
@@ -373,7 +373,7 @@ class FlowNetwork(Network):
         if gen != self._wake_gen:
             return  # superseded by an earlier wake-up
         self._wake_t = _INF
-        now = self.env.now
+        now = self.env._now
         heap = self._heap
         finished: list[_Flow] = []
         while heap and heap[0][0] <= now:
@@ -423,7 +423,7 @@ class FlowNetwork(Network):
         """Compute started or ended on `rank`: flows on it whose slowed state changes get
         their new cap (see the module doc)."""
         self._busy[rank] = computing
-        now = self.env.now
+        now = self.env._now
         step = 1 if computing else -1
         for f in self._on_device[rank]:
             before = f.nbusy
@@ -879,10 +879,10 @@ class SteppedFlowNetwork(FlowNetwork):
         spec, new = log.intern(transfer)
         if new:
             self._leg_of.append(self.legs(transfer)[0])
-        record = log.add(spec, ops, self.env.now)
+        record = log.add(spec, ops, self.env._now)
 
         def end(_t: Transfer | None = None, _ops: tuple[int, ...] = ()) -> None:
-            log.end[record] = self.env.now
+            log.end[record] = self.env._now
             done(transfer, ops)
 
         p = transfer.plan
