@@ -399,6 +399,22 @@ def nccl_tests_time(machine, op: OpKind, ranks: int, size: int) -> float:
     return simulate_run(machine, Run(op, ranks), size)
 
 
+def test_a_simple_ring_across_nodes_moves_at_its_channels_rate():
+    # DGX H100: 16 ring channels across nodes at 20 GB/s each (one CTA's copy) move at most
+    # 320 GB/s of bus bandwidth, below 8 NICs' 8 x 47: an 8 GiB all_gather on 4 nodes runs
+    # at that rate; with a channel as fast as its links it runs at the NICs'.
+    size = 8 << 30
+    m = H100.with_nodes(4)
+    spec = m.nccl.protocol(Protocol.SIMPLE)
+    assert spec.channel_bandwidth_gb_per_s == 20 and m.nccl.coll_channels(4) == 16
+    bus = size * 31 / 32 / nccl_tests_time(m, OpKind.ALL_GATHER, 32, size) / 1e3
+    assert 0.95 * 320 < bus < 320
+    free = dataclasses.replace(spec, channel_bandwidth_gb_per_s=math.inf)
+    links = dataclasses.replace(m, nccl=dataclasses.replace(m.nccl, protocols=tuple((p, free if p is Protocol.SIMPLE else s) for p, s in m.nccl.protocols)))
+    bus_links = size * 31 / 32 / nccl_tests_time(links, OpKind.ALL_GATHER, 32, size) / 1e3
+    assert 340 < bus_links < 8 * 47
+
+
 def test_p2p_across_many_nodes_runs_on_one_channel_at_its_network_rate():
     # nccl-tests' sendrecv ring over 10 DGX H100 nodes: NCCL's P2P channels across nodes are
     # the 16 ring channels, so each of 80 peers gets one (paths.cc), and one P2P channel
