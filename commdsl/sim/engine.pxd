@@ -8,6 +8,8 @@ from commdsl.sim.entities cimport Entity, Host, Stream, Queue, Collective
 # The constants the hot paths compare with (imported or bound in engine.py): C ints.
 cdef int ACTIVE, DONE, ELIGIBLE, EXEC, MARK, SYNC, STREAM, QUEUE
 cdef int _K_COMPUTE, _K_COPY, _K_SEND, _K_WAIT, _K_WAIT_EVENT
+# Per kind code, whether it is in a set (`kind_table`): bytes, indexed as C chars.
+cdef bytes _IS_DEVICE, _IS_MEMORY, _IS_COMM
 
 cdef class Engine:
     cdef public object program, machine, env, network, base, ops, columns
