@@ -3,7 +3,7 @@
 Per rank there is a host, one FIFO per stream and one comm queue per group
 (`commdsl.sim.entities`). They are small state machines, each with an idempotent
 `advance`: do everything that can be done at the current simulated time, then either
-finish or wait. Whatever may unblock an entity "kicks" it (puts it on a to-do deque that
+finish or wait. Whatever may unblock an entity "kicks" it (puts it on a to-do list that
 every SimPy callback drains), so the call depth stays flat and the only SimPy events are:
 
   * one timeout per op that takes time on a stream (compute, copy), or that starts
@@ -160,7 +160,10 @@ class Engine:
         self.issue_start, self.issue_end, self.cause, self.start, self.end, self.state = self.columns
         self.ready = self.issue_end  # when the op reaches its stream (host launch done)
         self.waiters: dict[int, list[Entity]] = {}
-        self._todo: deque[Entity] = deque()
+        self._todo: list[Entity] = []
+        """The entities kicked, in the order they were: `_drain` runs them from the front
+        and empties it (a list read by position rather than a deque: where the engine is
+        compiled, appending to it is a C call)."""
         self.hosts = [Host(r, self.base[r], self.base[r] + len(program.ops[r])) for r in range(program.world_size)]
         typecode = entry_typecode(n)
         self.streams: list[dict[str, Stream]] = [{s: Stream(r, s, typecode) for s in program.streams} for r in range(program.world_size)]
@@ -310,16 +313,20 @@ class Engine:
 
     def _drain(self) -> None:
         todo = self._todo
-        while todo:
-            e = todo.popleft()
-            e.kicked = False
-            kind = e.kind
+        i = 0
+        while i < len(todo):  # what runs kicks more: it goes on the end, and runs in turn
+            e = todo[i]
+            i += 1
+            entity = e  # where compiled, typed: its fields are C reads and stores
+            entity.kicked = False
+            kind = entity.kind
             if kind == STREAM:
                 self._advance_stream(e)
             elif kind == QUEUE:
                 self._advance_queue(e)
             else:
                 self._advance_host(e)
+        todo.clear()  # (a drain inside an advance would only run idempotent advances again)
 
     def _wait_on(self, g: int, e: Entity) -> None:
         w = self.waiters.get(g)
