@@ -111,7 +111,7 @@ class AnalyticNetwork(Network):
             self._slow.append(known[1])
         duration, latency = self._times[spec]
         slow = self._slow[spec]
-        now = self.env.now
+        now = self.env._now  # `now`'s attribute, without the property's call (as the engine reads it)
         record = log.add(spec, ops, now)
         log.end[record] = now + duration
         if slow == 1.0 or duration == latency:

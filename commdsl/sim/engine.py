@@ -144,6 +144,8 @@ class Engine:
         self.program = program
         self.machine = machine
         self.env = simpy.Environment()
+        # The engine reads the clock as `env._now`, the attribute SimPy's `now` property
+        # returns: it reads it several times per event, and a property is a Python call.
         self.network = network_cls(self.env, machine, program.world_size)
         self.base = []
         ops: list[Op] = []
@@ -527,7 +529,7 @@ class Engine:
         for e, _ in h.sync_targets:
             if e.last_g >= 0 and e.last_end >= t:
                 t, cause = e.last_end, e.last_g
-        t = max(t, self.env.now)
+        t = max(t, self.env._now)
         op = self.ops[g]
         blocking_call = op.kind in _COMM_KINDS or op.kind is _COPY  # a blocking gloo call, a pageable copy
         if blocking_call:  # the host's issue span covers the wait
@@ -548,7 +550,7 @@ class Engine:
         if s.busy:
             return
         fifo = s.fifo
-        now = self.env.now
+        now = self.env._now
         ready, cause, end, kinds, state = self.ready, self.cause, self.end, self.kind, self.state
         ops, queue_list, queue_at, todo = self.ops, self.queue_list, self.queue_at, self._todo
         while s.done < len(fifo):
@@ -660,7 +662,7 @@ class Engine:
     def _on_stream_timer(self, ev) -> None:
         s: Stream = ev.value
         s.busy = False
-        self._complete_entry(s, s.cur, self.env.now, s.cur_cause)
+        self._complete_entry(s, s.cur, self.env._now, s.cur_cause)
         if not s.kicked:
             s.kicked = True
             self._todo.append(s)
@@ -670,7 +672,7 @@ class Engine:
         """Stream `s` holds `entry` (an op whose end is not known yet) from its start `t`:
         True once it starts now; False if it starts later (the stream wakes up then and
         calls again)."""
-        now = self.env.now
+        now = self.env._now
         s.busy = True
         s.cur = entry
         s.cur_cause = c
@@ -689,7 +691,7 @@ class Engine:
         if self._hold(s, entry, t, c):
             g = entry >> 2
             self.state[g] = ACTIVE
-            self._activated(g, self.env.now)
+            self._activated(g, self.env._now)
 
     # ---- work whose speed changes while it runs (the contention model's factors) -----
 
@@ -697,7 +699,7 @@ class Engine:
         """Run a compute op or a copy whose speed follows the other work on its device."""
         if not self._hold(s, entry, t, c):
             return
-        now = self.env.now
+        now = self.env._now
         g = entry >> 2
         s.work_left = duration
         s.t_run = now
@@ -731,7 +733,7 @@ class Engine:
             self.nominal_us[g] = self._duration(self.ops[g])
         if self.contention.work(s.rank, self.ops[g].kind is _COPY, -1):
             self._retime(s.rank)
-        self._complete_entry(s, s.cur, self.env.now, s.cur_cause)
+        self._complete_entry(s, s.cur, self.env._now, s.cur_cause)
         self._kick(s)
         self._drain()
 
@@ -741,7 +743,7 @@ class Engine:
 
     def _retime(self, rank: int) -> None:
         """Re-time the running compute ops (and timed copies) of `rank` at their new factor."""
-        now = self.env.now
+        now = self.env._now
         contention = self.contention
         timed_copies = contention.timed_copies
         for s in self.streams[rank].values():
@@ -834,7 +836,7 @@ class Engine:
             if q.last_g >= 0 and q.last_end > start[item]:
                 self.cause[item] = q.last_g  # queue-bound: the previous item ended after the op was ready
             state[item] = ACTIVE
-            now = self.env.now
+            now = self.env._now
             start[item] = now
             if self.kernels and self.ops[item].transport is _NCCL:
                 self._kernel_changed(item, True)
@@ -862,7 +864,7 @@ class Engine:
         for g in range(item, last + 1):
             if state[g] != ELIGIBLE:
                 return
-        now = self.env.now
+        now = self.env._now
         for x in queues:
             x.active = True
             x.remaining = 0
@@ -1008,7 +1010,7 @@ class Engine:
         self._transfer_done(transfer, members[:1])
 
     def _transfer_done(self, transfer: Transfer, members: tuple[int, ...], engines: tuple[int, ...] = ()) -> None:
-        now = self.env.now
+        now = self.env._now
         kernels = self.kernels
         if self.traffic:
             for rank in self.contention.transfer(transfer, False):
