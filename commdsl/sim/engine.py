@@ -660,7 +660,7 @@ class Engine:
         return True
 
     def _on_stream_timer(self, ev) -> None:
-        s: Stream = ev.value
+        s: Stream = ev._value  # `value`'s attribute (see `env._now`): the timer has fired
         s.busy = False
         self._complete_entry(s, s.cur, self.env._now, s.cur_cause)
         if not s.kicked:
@@ -713,7 +713,7 @@ class Engine:
         self._timer(s)
 
     def _on_delay(self, ev) -> None:
-        s: Stream = ev.value
+        s: Stream = ev._value  # `value`'s attribute (see `env._now`): the timer has fired
         s.busy = False
         s.delay = False
         self._kick(s)
@@ -724,7 +724,7 @@ class Engine:
         self.env.timeout(s.work_left * s.factor, (s, s.token)).callbacks.append(self._on_timer)
 
     def _on_timer(self, ev) -> None:
-        s, token = ev.value
+        s, token = ev._value
         if token != s.token:
             return  # rescheduled when the work on its device changed
         s.busy = False
