@@ -111,7 +111,7 @@ class AnalyticNetwork(Network):
             self._slow.append(known[1])
         duration, latency = self._times[spec]
         slow = self._slow[spec]
-        now = self.env._now  # `now`'s attribute, without the property's call (as the engine reads it)
+        now = self.env._now
         record = log.add(spec, ops, now)
         log.end[record] = now + duration
         if slow == 1.0 or duration == latency:
@@ -132,7 +132,7 @@ class AnalyticNetwork(Network):
         token = x.token
         end = x.t_mark + x.work_left_us * x.factor
         self.records.end[x.record] = end
-        self.env.timeout(end - self.env.now).callbacks.append(lambda _ev: self._finish(x, token))
+        self.env.timeout(end - self.env._now).callbacks.append(lambda _ev: self._finish(x, token))
 
     def _finish(self, x: _Timed, token: int) -> None:
         if token != x.token:
@@ -143,7 +143,7 @@ class AnalyticNetwork(Network):
 
     def compute_changed(self, rank: int, computing: bool) -> None:
         self._busy[rank] = computing
-        now = self.env.now
+        now = self.env._now
         step = 1 if computing else -1
         for x in self._on_device[rank]:
             x.nbusy += step

@@ -52,7 +52,8 @@ the engine runs rank 0 alone (`folded`) and copies its outcome to the others.
 This module is the engine's source, and also what the install compiles with Cython where
 it can (`engine.pxd` types it; `commdsl.native` says which runs): what the compiled
 engine cannot do, such as a closure in a method it makes a C call, stays out of its hot
-methods.
+methods. The engine and the networks read SimPy's clock as `env._now`, the attribute
+behind its `now` property: a property read runs a Python frame, several per op.
 """
 
 from __future__ import annotations
@@ -144,8 +145,6 @@ class Engine:
         self.program = program
         self.machine = machine
         self.env = simpy.Environment()
-        # The engine reads the clock as `env._now`, the attribute SimPy's `now` property
-        # returns: it reads it several times per event, and a property is a Python call.
         self.network = network_cls(self.env, machine, program.world_size)
         self.base = []
         ops: list[Op] = []
