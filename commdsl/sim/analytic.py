@@ -163,5 +163,5 @@ class AnalyticNetwork(Network):
 
 def _fire(ev: simpy.Timeout) -> None:
     """The end of an unslowed transfer: its timeout's value is (transfer, ops, done)."""
-    transfer, ops, done = ev.value
+    transfer, ops, done = ev._value  # the `value` property's attribute, without its call
     done(transfer, ops)

@@ -144,7 +144,7 @@ class _KernelFactors(Contention):
             if factor is None:
                 factor = self._machine_factor[key] = self.kernel_factor(op)
             self._op_factor[of_op] = factor
-        return self._push(rank, factor, started)
+        return _push_slowdown(self.kernels[rank], self.top, rank, factor, started)
 
     def _kernel_at(self, rank: int, kind: OpKind, dtype: Dtype, started: bool) -> bool:
         """A comm op of `kind` began (`started`) or ended slowing compute on `rank`."""
@@ -152,23 +152,25 @@ class _KernelFactors(Contention):
         factor = self._factor_of.get(key)
         if factor is None:
             factor = self._factor_of[key] = self.machine.interference(kind, dtype).comm_compute_slowdown
-        return self._push(rank, factor, started)
-
-    def _push(self, rank: int, factor: float, started: bool) -> bool:
-        """Add (`started`) or remove one of `rank`'s slowdowns; whether its largest changed."""
-        kernels = self.kernels[rank]
-        before = self.top[rank]
-        if started:
-            kernels.append(factor)
-            top = factor if len(kernels) == 1 or factor > before else before
-        else:
-            kernels.remove(factor)
-            top = before if kernels and factor < before else (max(kernels) if kernels else 1.0)
-        self.top[rank] = top
-        return top != before
+        return _push_slowdown(self.kernels[rank], self.top, rank, factor, started)
 
     def _kernel_factor(self, rank: int) -> float:
         return self.top[rank]
+
+
+def _push_slowdown(kernels: list[float], top: list[float], rank: int, factor: float, started: bool) -> bool:
+    """Add (`started`) or remove one of `rank`'s compute slowdowns `factor` (`kernels`, its
+    list of them; `top`, every rank's largest); whether its largest changed. A function,
+    not a method, so that where this module is compiled the model calls it in C."""
+    before = top[rank]
+    if started:
+        kernels.append(factor)
+        value = factor if len(kernels) == 1 or factor > before else before
+    else:
+        kernels.remove(factor)
+        value = before if kernels and factor < before else (max(kernels) if kernels else 1.0)
+    top[rank] = value
+    return value != before
 
 
 class GpuModel(_KernelFactors):

@@ -8,13 +8,16 @@ from commdsl.sim.entities cimport Entity, Host, Stream, Queue, Collective
 # The constants the hot paths compare with (imported or bound in engine.py): C ints.
 cdef int ACTIVE, DONE, ELIGIBLE, EXEC, MARK, SYNC, STREAM, QUEUE
 cdef int _K_COMPUTE, _K_COPY, _K_SEND, _K_WAIT, _K_WAIT_EVENT
+# Per kind code, whether it is in a set (`kind_table`): bytes, indexed as C chars.
+cdef bytes _IS_DEVICE, _IS_MEMORY, _IS_COMM
 
 cdef class Engine:
     cdef public object program, machine, env, network, base, ops, columns
     cdef public double[:] issue_start, issue_end, ready, start, end
     cdef public unsigned char[:] state, kind, on_stream
     cdef public int[:] cause, queue_at, partner, coll_at, batch_last
-    cdef public object waiters, _todo, hosts, streams, group_ranks, contention, wiring, queues, queue_list
+    cdef public list _todo
+    cdef public object waiters, hosts, streams, group_ranks, contention, wiring, queues, queue_list
     cdef public object collectives, batch_multi, algos, batch_gloo, protos
     cdef public object copy_engines, pair_fifo, _transfers, _p2p_shapes, _pair_of, _machine_transfers, _on_transfer_done, nominal_us, issued, _work_us, _machine_work_us
     cdef public object _chains
@@ -22,9 +25,10 @@ cdef class Engine:
     cdef public double stretch
 
     cpdef _kick(self, Entity e)
+    @cython.locals(todo=list, i=Py_ssize_t, entity=Entity, kind=int)
     cpdef _drain(self)
     cpdef _wait_on(self, Py_ssize_t g, Entity e)
-    @cython.locals(w=list)
+    @cython.locals(w=list, todo=list)
     cpdef _finish(self, Py_ssize_t g, double t)
     @cython.locals(state=cython.uchar[:], d=Py_ssize_t)
     cpdef Py_ssize_t _first_pending(self, deps)
@@ -32,14 +36,14 @@ cdef class Engine:
     cpdef Py_ssize_t _latest(self, deps)
     @cython.locals(g=Py_ssize_t, end=Py_ssize_t, t=double, k=int, memory=bint, launch_us=double, comm_launch_us=double,
                    first=Py_ssize_t, sync=bint, blocking=bint, s=Stream, kinds=cython.uchar[:], on_stream=cython.uchar[:],
-                   issue_start=cython.double[:], issue_end=cython.double[:], cause=cython.int[:], queue_at=cython.int[:])
+                   issue_start=cython.double[:], issue_end=cython.double[:], cause=cython.int[:], queue_at=cython.int[:], todo=list)
     cpdef _advance_host(self, Host h)
     @cython.locals(g=Py_ssize_t, t=double, d=Py_ssize_t)
     cpdef bint _host_unblocked(self, Host h)
     @cython.locals(now=double, entry=Py_ssize_t, g=Py_ssize_t, tag=int, t=double, c=Py_ssize_t, duration=double, woke=bint,
                    k=int, b=Py_ssize_t, d=Py_ssize_t, x=Py_ssize_t, i=Py_ssize_t, start=double, q=Queue,
                    ready=cython.double[:], cause=cython.int[:], end=cython.double[:], kinds=cython.uchar[:], state=cython.uchar[:],
-                   queue_at=cython.int[:])
+                   queue_at=cython.int[:], todo=list)
     cpdef _advance_stream(self, Stream s)
     # Compute ops on timers (the contention model's factors): typed streams and clocks.
     @cython.locals(now=double, g=Py_ssize_t)
@@ -64,7 +68,7 @@ cdef class Engine:
     @cython.locals(start=cython.double[:], cause=cython.int[:], m=Py_ssize_t)
     cpdef _all_arrived(self, Collective inst, Py_ssize_t g, double now)
     @cython.locals(now=double, g=Py_ssize_t, q=Queue, s=Stream, w=list, on_stream=cython.uchar[:], queue_at=cython.int[:],
-                   end=cython.double[:], state=cython.uchar[:])
+                   end=cython.double[:], state=cython.uchar[:], todo=list)
     cpdef _transfer_done(self, transfer, tuple members, engines=*)
     @cython.locals(key=tuple, shape=tuple, members=tuple)
     cpdef _start_p2p(self, Py_ssize_t send, Py_ssize_t recv)

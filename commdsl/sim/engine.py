@@ -3,7 +3,7 @@
 Per rank there is a host, one FIFO per stream and one comm queue per group
 (`commdsl.sim.entities`). They are small state machines, each with an idempotent
 `advance`: do everything that can be done at the current simulated time, then either
-finish or wait. Whatever may unblock an entity "kicks" it (puts it on a to-do deque that
+finish or wait. Whatever may unblock an entity "kicks" it (puts it on a to-do list that
 every SimPy callback drains), so the call depth stays flat and the only SimPy events are:
 
   * one timeout per op that takes time on a stream (compute, copy), or that starts
@@ -161,7 +161,10 @@ class Engine:
         self.issue_start, self.issue_end, self.cause, self.start, self.end, self.state = self.columns
         self.ready = self.issue_end  # when the op reaches its stream (host launch done)
         self.waiters: dict[int, list[Entity]] = {}
-        self._todo: deque[Entity] = deque()
+        self._todo: list[Entity] = []
+        """The entities kicked, in the order they were: `_drain` runs them from the front
+        and empties it (a list read by position rather than a deque: where the engine is
+        compiled, appending to it is a C call)."""
         self.hosts = [Host(r, self.base[r], self.base[r] + len(program.ops[r])) for r in range(program.world_size)]
         typecode = entry_typecode(n)
         self.streams: list[dict[str, Stream]] = [{s: Stream(r, s, typecode) for s in program.streams} for r in range(program.world_size)]
@@ -311,16 +314,20 @@ class Engine:
 
     def _drain(self) -> None:
         todo = self._todo
-        while todo:
-            e = todo.popleft()
-            e.kicked = False
-            kind = e.kind
+        i = 0
+        while i < len(todo):  # what runs kicks more: it goes on the end, and runs in turn
+            e = todo[i]
+            i += 1
+            entity = e  # where compiled, typed: its fields are C reads and stores
+            entity.kicked = False
+            kind = entity.kind
             if kind == STREAM:
                 self._advance_stream(e)
             elif kind == QUEUE:
                 self._advance_queue(e)
             else:
                 self._advance_host(e)
+        todo.clear()  # (a drain inside an advance would only run idempotent advances again)
 
     def _wait_on(self, g: int, e: Entity) -> None:
         w = self.waiters.get(g)
@@ -652,7 +659,7 @@ class Engine:
         return True
 
     def _on_stream_timer(self, ev) -> None:
-        s: Stream = ev.value
+        s: Stream = ev._value  # `value`'s attribute (see `env._now`): the timer has fired
         s.busy = False
         self._complete_entry(s, s.cur, self.env._now, s.cur_cause)
         if not s.kicked:
@@ -705,7 +712,7 @@ class Engine:
         self._timer(s)
 
     def _on_delay(self, ev) -> None:
-        s: Stream = ev.value
+        s: Stream = ev._value  # `value`'s attribute (see `env._now`): the timer has fired
         s.busy = False
         s.delay = False
         self._kick(s)
@@ -716,7 +723,7 @@ class Engine:
         self.env.timeout(s.work_left * s.factor, (s, s.token)).callbacks.append(self._on_timer)
 
     def _on_timer(self, ev) -> None:
-        s, token = ev.value
+        s, token = ev._value
         if token != s.token:
             return  # rescheduled when the work on its device changed
         s.busy = False

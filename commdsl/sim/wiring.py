@@ -104,6 +104,10 @@ def wire(program: Program, ops: list[Op], base: list[int], machine: Machine, net
     chosen: dict[tuple, tuple[int, int]] = {}
     checked: set = set()
     batch_last = array(index)
+    # The same memory under the names the loop writes: where this module is compiled
+    # (`commdsl.native`), typed views, whose stores are C stores.
+    partner_at, queue_of, coll_of = partner, queue_at, coll_at
+    kind_of, on_stream_of, algo_of, proto_of = kinds, on_stream, algos, protos
     batch_multi: dict[int, tuple[Queue, ...]] = {}
     batch_gloo: set[int] = set()
     for rank, rank_ops in enumerate(program.ops[:1] if symmetric else program.ops):
@@ -121,21 +125,21 @@ def wire(program: Program, ops: list[Op], base: list[int], machine: Machine, net
                 if fact[0] is kind:
                     facts[id(op.spec)] = fact
             _, code, comm, stream_only, q, algo, proto, key, unmatched_key = fact  # q: the queue's number
-            kinds[g] = code
-            on_stream[g] = stream_only
+            kind_of[g] = code
+            on_stream_of[g] = stream_only
             if not comm:
                 continue
-            queue_at[g] = q
-            algos[g] = algo
-            protos[g] = proto
+            queue_of[g] = q
+            algo_of[g] = algo
+            proto_of[g] = proto
             if op.batch is not None:
                 if not batch_last:
                     batch_last = array(index, [0]) * n
                 first = b + op.batch
                 if first != g:
                     assert batch_last[first] == g - 1, "a batch's ops are consecutive"
-                    if q != queue_at[first]:
-                        batch_multi[first] = (*batch_multi.get(first, (queue_list[queue_at[first]],)), queue_list[q])
+                    if q != queue_of[first]:
+                        batch_multi[first] = (*batch_multi.get(first, (queue_list[queue_of[first]],)), queue_list[q])
                 batch_last[first] = g
                 if op.transport is Transport.GLOO:
                     batch_gloo.add(first)
@@ -143,8 +147,8 @@ def wire(program: Program, ops: list[Op], base: list[int], machine: Machine, net
                 other = unmatched.get(key)
                 if other:
                     p = other.popleft()
-                    partner[g] = p
-                    partner[p] = g
+                    partner_at[g] = p
+                    partner_at[p] = g
                     if not other:
                         del unmatched[key]
                 else:
@@ -167,7 +171,7 @@ def wire(program: Program, ops: list[Op], base: list[int], machine: Machine, net
                     group_instances.append(inst)
                     collectives.append(inst)
                 inst.ops.append(g)
-                coll_at[g] = inst.number
+                coll_of[g] = inst.number
 
     for first, multi in batch_multi.items():
         batch_multi[first] = tuple(dict.fromkeys(multi))
