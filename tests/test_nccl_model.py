@@ -399,6 +399,24 @@ def nccl_tests_time(machine, op: OpKind, ranks: int, size: int) -> float:
     return simulate_run(machine, Run(op, ranks), size)
 
 
+def test_each_send_gets_the_protocol_of_its_own_pair():
+    # NVLink pairs beside PCIe (pcie-nvlink-pairs with NCCL's model): at 64 KiB NCCL sends
+    # 0 -> 2 (PCIe) with LL and 3 -> 2 (NVLink) with Simple. Both sends go to rank 2 with
+    # the same size and group: each must still get its own pair's choice.
+    from commdsl.machine.loader import PRESETS_DIR
+    from commdsl.sim.entities import PROTOS as ENGINE_PROTOS
+
+    text = (PRESETS_DIR / "pcie-nvlink-pairs.yaml").read_text() + "\nnccl: {generation: ampere, channels: 2}\n"
+    m = load_machine_text(text, "pairs-nccl.yaml")
+    prog = load_schedule_text(
+        "name: t\nworld: 4\nprogram: |\n"
+        "  if rank == 0 or rank == 3:\n      send x 64KiB to 2\n"
+        "  if rank == 2:\n      recv a 64KiB from 0\n      recv b 64KiB from 3\n", "t.yaml")
+    raw = simulate(prog, m, "analytic").raw
+    got = {op.rank: ENGINE_PROTOS[raw.protos[g]] for g, op in enumerate(raw.ops) if op.kind is OpKind.SEND}
+    assert got == {0: Protocol.LL, 3: Protocol.SIMPLE}
+
+
 def test_a_simple_ring_across_nodes_moves_at_its_channels_rate():
     # DGX H100: 16 ring channels across nodes at 20 GB/s each (one CTA's copy) move at most
     # 320 GB/s of bus bandwidth, below 8 NICs' 8 x 47: an 8 GiB all_gather on 4 nodes runs

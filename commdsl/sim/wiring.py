@@ -239,7 +239,8 @@ def _facts(op: Op, machine: Machine, network: Network, rank_queues: dict[str, Qu
             queue_list.append(queue)
         q = queue.number
     # The op's algorithm and protocol: the network's choice, or what it forces (checked there).
-    shape = (op.group, kind, op.size_bytes, transport, op.algo, op.proto, op.peer)
+    # A point-to-point op's depends on its pair (the link between them), so on its rank too.
+    shape = (op.group, kind, op.size_bytes, transport, op.algo, op.proto, op.peer, -1 if op.peer is None else op.rank)
     pick = chosen.get(shape)
     if pick is None:
         algo, proto = network.choose(op, group_ranks[op.group])
