@@ -43,7 +43,7 @@ from commdsl.files import write_text
 from commdsl.ir import Algo, Dtype, Op, OpKind, Protocol, Transport
 from commdsl.machine.loader import load_machine, load_machine_text, resolve_machine
 from commdsl.machine.model import NETWORK_VERTEX, Calibration, LinkKind, LinkSpec, Machine, shm_link
-from commdsl.machine.nccl import PROTOCOL_EFFICIENCY, HopKind, NcclConfig, NcclVersion, format_nccl_version, parse_nccl_version
+from commdsl.machine.nccl import HopKind, NcclConfig, NcclVersion, format_nccl_version, parse_nccl_version
 from commdsl.progress import Progress
 from commdsl.sim import nccl
 from commdsl.sim.chain_times import ChainTerms
@@ -387,12 +387,9 @@ def _point(li: int, m: Machine, flows: NcclFlows, capacity, cls: list[int], run:
     for group in pairs:
         co = flows.coflow(kind, group, size, root, c.algo, c.proto, ranks)
         used = flows.choice_of(kind, group, size, c.algo, c.proto, ranks)
-        eff = nccl.efficiency(m.nccl, used)
-        # a collective's Simple bytes cross the NICs as they are (`commdsl.sim.nccl_flows`)
-        wire_net = used.algo not in (Algo.NVLS, Algo.NVLS_TREE) and kind not in nccl.P2P_BASED
+        eff, eff_net = nccl.efficiency(m.nccl, used), nccl.net_efficiency(m.nccl, used, kind)
         for ch, wire in co.channel_bytes:
-            e = PROTOCOL_EFFICIENCY[used.proto] if wire_net and cls[ch] == _NIC else eff
-            data = wire * e * (undo if cls[ch] == _NIC else 1.0)
+            data = wire * (eff_net * undo if cls[ch] == _NIC else eff)
             per[cls[ch]] = max(per[cls[ch]], data / capacity[ch])
         if co.cap < math.inf:
             nodes = flows.layout(group).num_nodes

@@ -20,10 +20,10 @@ is the flow network's, over the links the algorithm loads, see `commdsl.sim.flow
                 (all ranks step at once and wait for their predecessor's piece), with LL
                 each hop once (its words forward as their flags land); broadcast and
                 reduce, a pipeline, pay each hop of the chain once
-    tree        base + 2 x ((ppn-1) intra hops + log2(N) tree levels), a level being a
-                network hop x NCCL's tree-over-ring network latency ratio
+    tree        base + 2 x ((ppn-1) intra hops + log2(N) tree levels), a level being
+                NCCL's own network latency for the tree (hwLat NET) x `tree_net_scale`
     nvls        the machine's NVLS latency (+ one network hop across nodes)
-    nvls_tree   NVLS latency + 2 log2(N) tree levels (NCCL's NVLS_TREE ratio, per release)
+    nvls_tree   NVLS latency + 2 log2(N) tree levels (NCCL's NVLS_TREE figure, per release)
     collnet     base + 2 intra hops + one network hop (direct); 2(ppn-1) intra (chain)
     p2p         base + one hop of its path; an all_to_all (gather, scatter) across nodes
                 also waits while each proxy posts its remote peers' network operations
@@ -44,7 +44,7 @@ from dataclasses import dataclass
 from commdsl.errors import ScheduleError
 from commdsl.ir import Algo, Op, OpKind, Protocol
 from commdsl.machine.nccl import (MAX_THREADS, NVLS_CHUNK_BYTES, NVLS_PIPELINE_CHUNKS, NVLS_TREE_MAX_CHUNK_BYTES_4_NODES,
-                                  P2P_CHANNEL_NET_GB_PER_S, P2P_CHUNK_BYTES, P2P_LL_THRESHOLD_BYTES,
+                                  P2P_CHANNEL_NET_GB_PER_S, P2P_CHUNK_BYTES, P2P_LL_THRESHOLD_BYTES, PROTOCOL_EFFICIENCY,
                                   P2P_PEERS_PER_BATCH, PROTOCOLS, THREAD_THRESHOLD_BYTES, CpuVendor,
                                   Generation, HopKind, NcclConfig)  # fmt: skip
 
@@ -552,6 +552,16 @@ def efficiency(cfg: NcclConfig, choice: Choice) -> float:
     if choice.algo in (Algo.NVLS, Algo.NVLS_TREE):
         return cfg.nvls_efficiency
     return cfg.protocol(choice.proto).efficiency
+
+
+def net_efficiency(cfg: NcclConfig, choice: Choice, kind: OpKind) -> float:
+    """Data per byte on a NIC's link of the chosen kernel: a ring or tree collective's at
+    its protocol's wire format (`PROTOCOL_EFFICIENCY`: NCCL's net transport sends the
+    buffer as it is, and a NIC's rate is what NCCL delivers through it); point-to-point
+    based ops and NVLS kernels as on every other link (`efficiency`)."""
+    if kind in P2P_BASED or choice.algo in (Algo.NVLS, Algo.NVLS_TREE):
+        return efficiency(cfg, choice)
+    return PROTOCOL_EFFICIENCY[choice.proto]
 
 
 # ---- where bytes go ------------------------------------------------------------------

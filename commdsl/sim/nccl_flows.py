@@ -217,26 +217,23 @@ class NcclFlows:
             # the pipeline fill, as bytes moved at the op's rate (`nccl.nvls_fill_bytes`)
             grow = 1.0 + nccl.nvls_fill_bytes(choice.algo, lay, choice.channels, size) / size
             loads = {c: b * grow for c, b in loads.items()}
+        net = self._network_channels
         if kind in nccl.P2P_BASED and self.cfg.p2p_net_efficiency != 1.0:
-            net = self._network_channels
             loads = {c: (b / self.cfg.p2p_net_efficiency if c in net else b) for c, b in loads.items()}
         cap_gb = nccl.channel_cap_gb_per_s(self.cfg, choice, kind, lay.num_nodes)
         cap = cap_gb * 1e3 / serial if serial > 0 else _INF
         latency = nccl.latency_us(self.cfg, kind, lay, choice.algo, choice.proto)
-        net = self._network_channels
         if choice.algo is Algo.NVLS_TREE:
             # the switch's part at NVLS's efficiency; the tree between nodes is NCCL's
             # Simple protocol over PCIe and the network (net transport), the NICs' bytes
             # data alone (module doc)
             simple = self.cfg.protocol(Protocol.SIMPLE).efficiency
             kinds = self.fabric.kinds
-            return Coflow(tuple((c, b / (eff if kinds[c] is LinkKind.NVLINK else 1.0 if c in net else simple)) for c, b in loads.items()),
+            wire = PROTOCOL_EFFICIENCY[Protocol.SIMPLE]
+            return Coflow(tuple((c, b / (eff if kinds[c] is LinkKind.NVLINK else wire if c in net else simple)) for c, b in loads.items()),
                           cap, latency)  # fmt: skip
-        if kind not in nccl.P2P_BASED and choice.algo not in (Algo.NVLS, Algo.NVLS_TREE):
-            # a collective's NIC bytes at its protocol's wire format (module doc)
-            wire = PROTOCOL_EFFICIENCY[choice.proto]
-            return Coflow(tuple((c, b / wire if c in net else b / eff) for c, b in loads.items()), cap, latency)
-        return Coflow(tuple((c, b / eff) for c, b in loads.items()), cap, latency)
+        eff_net = nccl.net_efficiency(self.cfg, choice, kind)
+        return Coflow(tuple((c, b / (eff_net if c in net else eff)) for c, b in loads.items()), cap, latency)
 
     def chain(self, kind: OpKind, ranks: tuple[int, ...], size: int, root: int | None, algo: Algo, proto: Protocol) -> nccl.Chain:
         """A ring broadcast / reduce as a chain whose members go one after another
