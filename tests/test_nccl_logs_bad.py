@@ -28,6 +28,8 @@ HEADER = """# nccl-tests version 2.17.9 nccl-headers=22602 nccl-library=22602
 ROW = "        1024           256     float     sum      -1    10.00    0.10    0.10       0    10.00    0.10    0.10       0\n"
 END = "# Out of bounds values : 0 OK\n# Avg bus bandwidth    : 0.1\n#\n# Collective test concluded: all_reduce_perf\n"
 GOOD = HEADER + ROW + END
+UNNAMED = HEADER.split("\n", 2)[2]
+"""The header without the lines that name the tool (nccl-tests before 2.13, no command echoed)."""
 BIG = "1" + "0" * 5000
 
 
@@ -60,6 +62,12 @@ STRUCTURE = [
     ("summary without results", HEADER + END, 12, None, "closing summary with no results"),
     ("titles without a time", HEADER.replace("  time", "  tiem") + ROW + END, 9, None, "without `time` and `type`"),
     ("no rank lines", "".join(line + "\n" for line in HEADER.splitlines() if "Rank" not in line) + ROW + END, 3, None, "no `# Rank N"),
+    ("no tool named, the columns fit two", UNNAMED + ROW.replace("sum", "none").replace("0.10    0.10", "1.00    0.50") + END, 1, None,
+     "its columns fit all_gather_perf or alltoall_perf"),
+    ("no tool named, 2 GPUs: all_reduce or sendrecv", UNNAMED + ROW.replace("0.10    0.10", "1.00    1.00") + END, 1, None,
+     "its columns fit all_reduce_perf or sendrecv_perf"),
+    ("no tool named, the columns fit none", UNNAMED + ROW.replace("0.10    0.10", "1.00    3.00") + END, 1, None,
+     "no command naming it)"),
 ]  # fmt: skip
 
 NUMBERS = [

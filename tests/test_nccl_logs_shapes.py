@@ -43,6 +43,11 @@ SHAPES = [
      [(3, "all_reduce_perf", 8, 1, None, False, Dtype.FP32, "", None, None, None, None, 11, 1048576, 35.79, 36.15)]),
     ("all_reduce_perf=old_format_no_root.log",
      [(1, "all_reduce_perf", 8, 8, 1, False, Dtype.FP32, "Tesla V100-SXM2-32GB", None, None, None, None, 24, 8, 18.0, 18.18)]),
+    # The same log without the tool's name: its columns say it (redop sum, busbw = 1.75 x algbw on 8 GPUs).
+    ("old_format_no_root.log",
+     [(1, "all_reduce_perf", 8, 8, 1, False, Dtype.FP32, "Tesla V100-SXM2-32GB", None, None, None, None, 24, 8, 18.0, 18.18)]),
+    ("kubectl_launcher_no_tool.md",
+     [(5, "all_reduce_perf", 16, 1, 2, False, Dtype.FP32, "NVIDIA A100-SXM4-80GB", None, None, "2.18.3", None, 4, 1073741824, 11671.0, 11683.0)]),
     ("per_iteration_graph_threads.log",
      [(3, "all_gather_perf", 16, 4, 2, True, Dtype.FP32, "NVIDIA H200", None, None, "2.28.3", None, 13, 65536, 30.38, 30.69)]),
     ("sweep_with_failed_run.log",
@@ -56,6 +61,14 @@ SHAPES = [
 def _arg(spec: str) -> str:
     given, eq, name = spec.rpartition("=")
     return f"{given}={DATA / name}" if eq else str(DATA / name)
+
+
+def test_a_log_that_does_not_name_its_tool_is_read_from_its_columns_and_says_so():
+    notes: list[str] = []
+    (log,) = read_logs([str(DATA / "kubectl_launcher_no_tool.md")], notes)
+    assert log.tool == "all_reduce_perf"
+    assert notes == [f"{DATA / 'kubectl_launcher_no_tool.md'}:5: the log does not name its tool; read as all_reduce_perf from its "
+                     "columns (redop sum, busbw = 1.875 x algbw on 16 GPUs)"]  # fmt: skip
 
 
 def test_every_fixture_is_in_the_table():
@@ -86,12 +99,22 @@ def test_the_run_of_a_log_carries_its_layout_and_channels():
         OpKind.ALL_REDUCE, 16, 8, Algo.TREE, Protocol.SIMPLE, Channels(24, 0, 32, 32))
 
 
-@pytest.mark.parametrize("spec,hint", [("headerless_table.txt", "all_reduce_perf:8="), ("all_reduce_perf=headerless_table.txt", ":GPUS=FILE"),
-                                       ("old_format_no_root.log", "TOOL=FILE")])  # fmt: skip
+@pytest.mark.parametrize("spec,hint", [("headerless_table.txt", "all_reduce_perf:8="), ("all_reduce_perf=headerless_table.txt", ":GPUS=FILE")])
 def test_what_a_log_does_not_say_is_asked_for_with_the_line(spec, hint):
     with pytest.raises(LogError) as info:
         read_logs([_arg(spec)])
-    assert hint in info.value.hint and info.value.loc.line in (1, 3)
+    assert hint in info.value.hint and info.value.loc.line == 3
+
+
+def test_a_log_too_small_to_show_its_bus_factor_is_asked_for_its_tool(tmp_path):
+    # Up to 8 KiB every algbw is below 0.5 GB/s: two decimals say nothing of busbw / algbw.
+    lines = (DATA / "old_format_no_root.log").read_text().split("\n")
+    small = tmp_path / "small.log"
+    small.write_text("\n".join(line for line in lines if not (line.split() and line.split()[0].isdigit() and int(line.split()[0]) > 8192)))
+    with pytest.raises(LogError) as info:
+        read_logs([str(small)])
+    assert info.value.message.endswith("its columns fit all_reduce_perf, reduce_scatter_perf, sendrecv_perf or reduce_perf)")
+    assert f"all_reduce_perf={small}" in info.value.hint and info.value.loc.line == 1
 
 
 def test_a_failed_run_of_a_sweep_is_skipped_and_told():

@@ -20,6 +20,9 @@ A saved log carries more, all of it read past or used:
 - a launcher's prefix on every line (`[1,0]<stdout>:` of mpirun --tag-output, `0: ` of srun
   --label);
 - several runs one after another (a sweep of ops or of GPU counts): each is a log of its own;
+- no line naming the tool (nccl-tests before 2.13, the command not echoed): the columns say
+  it where they fit one tool only (the `redop` word, the `root`, and busbw / algbw, the
+  tool's bus factor on the run's GPU count);
 - a table pasted without its header lines: what it does not say (the tool, the GPU count)
   must be given with the file (`TOOL:GPUS=FILE`), and the error names the line it stopped at.
 
@@ -76,6 +79,23 @@ _PREFIX = re.compile(r"^(?:\[[^\]]{0,40}\](?:<std(?:out|err)>)?:?\s*|\d{1,6}:\s+
 _NUMBER = re.compile(r"[-+]?(?:\d|\.\d)")
 """How a result line starts (a size, maybe mangled: a sign, a fraction)."""
 _TIME_COLUMNS = ("time", "cputime")
+_MIN_ALGBW = 0.5
+"""Least algbw (GB/s) of a result whose busbw / algbw ratio is read: both columns have two
+decimals, so a smaller one says little of the ratio."""
+_REDUCING = frozenset({"all_reduce_perf", "reduce_scatter_perf", "reduce_perf", "sendrecv_perf"})
+"""The tools whose `redop` column names a reduction (`sum`); the others print `none`
+(nccl-tests src/*.cu: `TimeTest(..., "none", root)`). sendrecv prints the op it was given."""
+_ROOTED = frozenset({"broadcast_perf", "reduce_perf"})
+"""The tools whose `root` column names a rank; the others print -1."""
+
+
+def bus_factor(tool: str, ranks: int) -> float:
+    """busbw / algbw of an nccl-tests tool on `ranks` GPUs (its `GetBw`, src/*.cu)."""
+    if tool == "all_reduce_perf":
+        return 2 * (ranks - 1) / ranks
+    if tool in ("all_gather_perf", "reduce_scatter_perf", "alltoall_perf"):
+        return (ranks - 1) / ranks
+    return 1.0
 
 
 @dataclass(frozen=True)
@@ -243,6 +263,12 @@ class _Run:
     """The first line saying the test failed (`Test NCCL failure ...`)."""
     last: int = 0
     """The last line read into it."""
+    redops: set[str] = field(default_factory=set)
+    """The `redop` column's words (`none`, `sum`, ...): what tells a reducing tool from another."""
+    roots: set[int] = field(default_factory=set)
+    """The `root` column's values (-1: no root; broadcast and reduce name one)."""
+    bandwidths: list[tuple[float, float]] = field(default_factory=list)
+    """(algbw, busbw) of out-of-place results of at least `_MIN_ALGBW` GB/s: their ratio is the tool's bus factor."""
 
 
 class _Reader:
@@ -446,9 +472,41 @@ class _Reader:
         if times[0] is None and times[1] is None:
             raise LogError("no time on this result line (N/A out of place and in place)", self.loc(i, at(0)))
         run.last = i + 1
+        self._evidence(run, columns, tokens)
         if size > 0:
             # Out of place is what a schedule's op does; a run of in-place ops only times that.
             run.points.append(Point(size, times[0] if times[0] is not None else times[1], times[1], i + 1))
+
+    def _infer_tool(self, run: _Run, ranks: int) -> str | None:
+        """The tool of a run that does not name it, where its columns fit one tool only
+        and say enough (some results of at least `_MIN_ALGBW` GB/s); told in `notes`."""
+        fits = _tools_fitting(run, ranks)
+        if len(fits) != 1 or not run.bandwidths:
+            return None
+        tool = fits[0]
+        if self.notes is not None:
+            redop = f"redop {'/'.join(sorted(run.redops))}, " if run.redops else ""
+            self.notes.append(f"{self.path}:{run.line}: the log does not name its tool; read as {tool} from its columns "
+                              f"({redop}busbw = {bus_factor(tool, ranks):.4g} x algbw on {ranks} GPUs)")  # fmt: skip
+        return tool
+
+    @staticmethod
+    def _evidence(run: _Run, columns: tuple[str, ...], tokens: list[str]) -> None:
+        """Keep what a result line says of its tool (redop, root, busbw / algbw), for a log
+        that does not name it (`_infer_tool`)."""
+        if "redop" in columns:
+            run.redops.add(tokens[columns.index("redop")][:20])
+        if "root" in columns:
+            word = tokens[columns.index("root")]
+            if word.lstrip("-").isdigit() and len(word) <= MAX_DIGITS:
+                run.roots.add(int(word))
+        if "algbw" in columns and "busbw" in columns:
+            try:
+                algbw, busbw = float(tokens[columns.index("algbw")][:40]), float(tokens[columns.index("busbw")][:40])
+            except ValueError:
+                return  # a mangled bandwidth says nothing of the tool; the times are what is read
+            if math.isfinite(algbw) and math.isfinite(busbw) and algbw >= _MIN_ALGBW:
+                run.bandwidths.append((algbw, busbw))
 
     def _time(self, word: str, size: int, i: int, col: int) -> float:
         try:
@@ -490,12 +548,18 @@ class _Reader:
         if given.tool is not None and tool is not None and given.tool != tool:
             raise LogError(f"the log is {tool}'s, not {given.tool}'s as the command line says", at(run.tool_line))
         tool = tool or given.tool
+        ranks_known = len(run.ranks) if run.header else given.ranks
+        if tool is None and ranks_known:
+            tool = self._infer_tool(run, ranks_known)
         if tool is None and not run.header and given.ranks is None:
             raise LogError(f"a result table without nccl-tests' header (line {run.line}): the log does not say which tool wrote it "
                            "or how many GPUs ran it", at(run.line), hint=f"name both: TOOL:GPUS=FILE, e.g. all_reduce_perf:8={self.path}")  # fmt: skip
         if tool is None:
+            fits = _tools_fitting(run, ranks_known) if ranks_known else list(TOOLS)
+            said = f"; its columns fit {', '.join(fits[:-1])} or {fits[-1]}" if 1 < len(fits) < len(TOOLS) else ""
             raise LogError(f"cannot tell which nccl-tests tool wrote the run of line {run.line} (no `# Collective test starting:` "
-                           "line, no command naming it)", at(run.line), hint=f"name it: TOOL=FILE, e.g. all_reduce_perf={self.path}")  # fmt: skip
+                           f"line, no command naming it{said})", at(run.line),
+                           hint=f"name it: TOOL=FILE, e.g. {fits[0] if fits else 'all_reduce_perf'}={self.path}")  # fmt: skip
         if tool not in TOOLS:
             raise LogError(f"nccl-tests tool '{tool}' is not one calibrate reads (it reads: {', '.join(TOOLS)})", at(run.tool_line or run.line))
         if not run.header:
@@ -535,6 +599,23 @@ class _Reader:
         per_node = next(iter(per_host.values()))
         return NcclTestsLog(path, tool, TOOLS[tool], n, per_thread, len(per_host), per_node, run.graph, run.dtype, devices.pop(),
                             tuple(run.points), run.algos, run.protos, run.version, run.channels, run.line, self.path)  # fmt: skip
+
+
+def _tools_fitting(run: _Run, ranks: int) -> list[str]:
+    """The tools whose output a run's columns fit: the `redop` word (a reduction or `none`),
+    the `root` (a rank or -1) and every busbw / algbw ratio (the tool's bus factor on
+    `ranks` GPUs, within the columns' rounding to 0.01)."""
+    fits = []
+    for tool in TOOLS:
+        if run.redops and (run.redops != {"none"}) != (tool in _REDUCING):
+            continue
+        if run.roots and (max(run.roots) >= 0) != (tool in _ROOTED):
+            continue
+        f = bus_factor(tool, ranks)
+        if any(abs(busbw - f * algbw) > 0.011 + 0.0005 * busbw for algbw, busbw in run.bandwidths):
+            continue
+        fits.append(tool)
+    return fits
 
 
 def _starts(line: str) -> list[int]:
