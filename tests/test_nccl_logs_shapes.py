@@ -9,10 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from commdsl.calibrate.nccl_logs import Channels, read_logs
-from commdsl.calibrate.nccl_tests import Run
+from commdsl.calibrate.nccl_logs import Channels, parse_logs, read_logs
+from commdsl.calibrate.nccl_tests import Run, bench_machine, choice
 from commdsl.errors import LogError
 from commdsl.ir import Algo, Dtype, OpKind, Protocol
+from commdsl.machine import resolve_machine
 
 DATA = Path(__file__).parent / "data" / "nccl_logs"
 H100 = "NVIDIA H100 80GB HBM3"
@@ -46,6 +47,8 @@ SHAPES = [
     # The same log without the tool's name: its columns say it (redop sum, busbw = 1.75 x algbw on 8 GPUs).
     ("old_format_no_root.log",
      [(1, "all_reduce_perf", 8, 8, 1, False, Dtype.FP32, "Tesla V100-SXM2-32GB", None, None, None, None, 24, 8, 18.0, 18.18)]),
+    ("sharp_collnet_snipped.md",
+     [(11, "all_reduce_perf", 16, 1, 2, False, Dtype.FP32, "NVIDIA A100-SXM4-80GB", None, None, None, None, 6, 1048576, 61.3, 61.5)]),
     ("kubectl_launcher_no_tool.md",
      [(5, "all_reduce_perf", 16, 1, 2, False, Dtype.FP32, "NVIDIA A100-SXM4-80GB", None, None, "2.18.3", None, 4, 1073741824, 11671.0, 11683.0)]),
     ("per_iteration_graph_threads.log",
@@ -69,6 +72,25 @@ def test_a_log_that_does_not_name_its_tool_is_read_from_its_columns_and_says_so(
     assert log.tool == "all_reduce_perf"
     assert notes == [f"{DATA / 'kubectl_launcher_no_tool.md'}:5: the log does not name its tool; read as all_reduce_perf from its "
                      "columns (redop sum, busbw = 1.875 x algbw on 16 GPUs)"]  # fmt: skip
+
+
+def test_collnet_is_taken_from_the_command_that_enabled_it_and_the_run_is_simulated_with_it():
+    logs = {p.name: read_logs([str(p)]) for p in sorted(DATA.iterdir()) if p.name != "headerless_table.txt"}
+    said = {name: {log.collnet for log in runs} for name, runs in logs.items()}
+    assert said.pop("sharp_collnet_snipped.md") == {True}  # `-x NCCL_COLLNET_ENABLE=1` in the echoed mpirun
+    assert all(values == {None} for values in said.values()), said  # "N collnet channels" is NCCL's ring count, not CollNet
+    (log,) = logs["sharp_collnet_snipped.md"]
+    run = Run.of(log)
+    m = resolve_machine("dgx-a100")
+    assert run.collnet is True and not m.nccl.collnet and bench_machine(m, run).nccl.collnet
+    assert choice(bench_machine(m, run), run, 32 << 20).algo is Algo.COLLNET_DIRECT
+
+
+def test_an_info_line_turning_collnet_off_is_taken_for_its_run():
+    text = (DATA / "sharp_collnet_snipped.md").read_text().replace(
+        "--(snip)--", "gpu001:5100:5100 [0] NCCL INFO NCCL_COLLNET_ENABLE set by environment to 0.")
+    (log,) = parse_logs(text, "off.md")
+    assert log.collnet is False
 
 
 def test_every_fixture_is_in_the_table():

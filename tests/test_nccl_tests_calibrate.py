@@ -359,3 +359,11 @@ def test_the_closed_form_keeps_the_proxies_posting_of_an_all_to_all(tmp_path):
     for p, once, twice in zip(points, _predict(points, values), _predict(points, doubled)):
         fitted_part = sum(k * values[e.name(p.proto, p.intra)] for k, e in zip(p.latency, LATENCIES) if k)
         assert fitted_part > 0 and twice - once == pytest.approx(fitted_part, rel=1e-9)
+
+
+def test_a_sharp_log_calibrates_a_machine_with_collnet(tmp_path):
+    log = Path(__file__).parent / "data" / "nccl_logs" / "sharp_collnet_snipped.md"  # mpirun -x NCCL_COLLNET_ENABLE=1
+    lines: list[str] = []
+    machine = from_nccl_tests([str(log)], str(tmp_path / "m.yaml"), "dgx-a100", echo=lines.append)
+    assert machine.nccl.collnet and not resolve_machine("dgx-a100").nccl.collnet
+    assert any("all_reduce_perf on 16 GPUs (2 node(s), CollNet)" in line for line in lines), lines

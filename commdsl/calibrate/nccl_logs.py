@@ -17,6 +17,8 @@ A saved log carries more, all of it read past or used:
 - `NCCL version 2.x.y+cudaZ` and NCCL_DEBUG=INFO/WARN lines, interleaved anywhere: the NCCL
   version, `NCCL_ALGO` / `NCCL_PROTO set by environment to ...` and the channel counts
   (`N coll channels, ... M p2p channels, K p2p channels per peer`) are taken from them;
+- NCCL_COLLNET_ENABLE (CollNet, IB SHARP), from an INFO line, the echoed command
+  (`-x NCCL_COLLNET_ENABLE=1`) or an environment dump before the run;
 - a launcher's prefix on every line (`[1,0]<stdout>:` of mpirun --tag-output, `0: ` of srun
   --label);
 - several runs one after another (a sweep of ops or of GPU counts): each is a log of its own;
@@ -73,6 +75,8 @@ _NCCL_VERSION = re.compile(r"NCCL version (\d{1,4}\.\d{1,4}\.\d{1,4})")
 _ENV = re.compile(r"NCCL_(ALGO|PROTO) set by environment to (\S+)")
 _CHANNELS = re.compile(r"\b(\d{1,6}) coll channels,(?: (\d{1,6}) collnet channels,)?(?: (\d{1,6}) nvls channels,)? (\d{1,6}) p2p channels,"
                        r" (\d{1,6}) p2p channels per peer")  # fmt: skip
+_COLLNET = re.compile(r"\bNCCL_COLLNET_ENABLE(?:\s+set by environment to\s+|\s*=\s*)[\"']?(\d)\b")
+"""NCCL_COLLNET_ENABLE as NCCL's INFO line reports it or a command line / environment dump sets it."""
 _PREFIX = re.compile(r"^(?:\[[^\]]{0,40}\](?:<std(?:out|err)>)?:?\s*|\d{1,6}:\s+)")
 """What a launcher puts before a line: `[1,0]<stdout>:` (mpirun --tag-output), `[1,0]:`,
 `[0] `, `12: ` (srun --label)."""
@@ -156,6 +160,9 @@ class NcclTestsLog:
     """NCCL's channel counts from the INFO lines; None: not reported."""
     line: int = 1
     """The run's first line in the file."""
+    collnet: bool | None = None
+    """CollNet (in-network reduction, IB SHARP) as the log says: NCCL_COLLNET_ENABLE from an
+    INFO line, the echoed command or an environment dump; None: not said."""
     file: str = ""
     """The file, as the user named it (`path` without the run's line)."""
 
@@ -263,6 +270,7 @@ class _Run:
     """The first line saying the test failed (`Test NCCL failure ...`)."""
     last: int = 0
     """The last line read into it."""
+    collnet: bool | None = None
     redops: set[str] = field(default_factory=set)
     """The `redop` column's words (`none`, `sum`, ...): what tells a reducing tool from another."""
     roots: set[int] = field(default_factory=set)
@@ -281,6 +289,7 @@ class _Reader:
         # What the text between runs says of the next one.
         self.next_tool: tuple[str, int] | None = None
         self.next_version: str | None = None
+        self.next_collnet: bool | None = None
         self.notes = notes
         """Hears of the runs that ended before their first result (a sweep's failed test)."""
 
@@ -323,6 +332,7 @@ class _Reader:
             return
         if run is not None and not run.closed and run.failure is None and "failure" in line.lower():
             run.failure = line[:120]  # nccl-tests' "Test NCCL failure common.cu:401 '...'", told if the run has no results
+        self._collnet(line)
         # Other text (a command echo, a banner, a warning, a code fence, an env dump): read past,
         # except a command that runs an nccl-tests tool, which names the next run's tool.
         for word in tokens:
@@ -330,6 +340,19 @@ class _Reader:
             if tool is not None and (run is None or run.closed):
                 self.next_tool = (tool, i + 1)
                 break
+
+    def _collnet(self, line: str) -> bool:
+        """Take NCCL_COLLNET_ENABLE from a line that sets or reports it, for the open run,
+        else the next."""
+        m = _COLLNET.search(line)
+        if m is None:
+            return False
+        run = self.run
+        if run is not None and not run.closed:
+            run.collnet = m.group(1) != "0"
+        else:
+            self.next_collnet = m.group(1) != "0"
+        return True
 
     def _nccl(self, i: int, line: str) -> None:
         run = self.run
@@ -340,6 +363,8 @@ class _Reader:
                 run.version = m.group(1)
             else:
                 self.next_version = m.group(1)
+            return
+        if self._collnet(line):
             return
         if not target_open:
             return  # NCCL's lines after a run (teardown) say nothing of the next
@@ -354,6 +379,8 @@ class _Reader:
             return
         m = _CHANNELS.search(line)
         if m:
+            # NCCL prints its ring/tree channel count as the "collnet channels" too (init.cc),
+            # so that count says nothing of CollNet.
             coll, _, nvls, p2p, per_peer = (int(g) if g is not None else None for g in m.groups())
             new = Channels(coll, nvls, p2p, per_peer)
             # Every rank reports them; NCCL agrees on one count across ranks, so the least is kept.
@@ -375,6 +402,7 @@ class _Reader:
         if self.next_tool is not None:
             self.run.tool, self.run.tool_line = self.next_tool
         self.run.version = self.next_version
+        self.run.collnet = self.next_collnet
         self.next_tool = None
 
     def _failed(self, run: _Run) -> None:
@@ -567,7 +595,7 @@ class _Reader:
                 raise LogError(f"a result table without nccl-tests' header (line {run.line}): the log does not say how many GPUs ran it",
                                at(run.line), hint=f"name the tool and the GPU count: {tool}:GPUS=FILE, e.g. {tool}:8={self.path}")  # fmt: skip
             return NcclTestsLog(path, tool, TOOLS[tool], given.ranks, 1, None, None, False, run.dtype, "", tuple(run.points),
-                                run.algos, run.protos, run.version, run.channels, run.line, self.path)  # fmt: skip
+                                run.algos, run.protos, run.version, run.channels, run.line, run.collnet, self.path)  # fmt: skip
         ranks = run.ranks
         if not ranks:
             raise LogError("no `# Rank N ... on HOST device D` lines: cannot tell the GPUs", at(run.line))
@@ -598,7 +626,7 @@ class _Reader:
                            at(run.line))  # fmt: skip
         per_node = next(iter(per_host.values()))
         return NcclTestsLog(path, tool, TOOLS[tool], n, per_thread, len(per_host), per_node, run.graph, run.dtype, devices.pop(),
-                            tuple(run.points), run.algos, run.protos, run.version, run.channels, run.line, self.path)  # fmt: skip
+                            tuple(run.points), run.algos, run.protos, run.version, run.channels, run.line, run.collnet, self.path)  # fmt: skip
 
 
 def _tools_fitting(run: _Run, ranks: int) -> list[str]:

@@ -89,6 +89,8 @@ class Run:
     """NCCL's channel counts as the run's log reports them (None: the machine's)."""
     nccl_version: NcclVersion | None = None
     """The NCCL release of the run, as its log prints it (None: the machine's `nccl.version`)."""
+    collnet: bool | None = None
+    """CollNet (IB SHARP) on or off in the run, as its log says (None: the machine's `nccl.collnet`)."""
 
     @staticmethod
     def of(log: NcclTestsLog, algo: Algo | None = None, proto: Protocol | None = None) -> Run:
@@ -98,7 +100,7 @@ class Run:
         per_node = log.ranks_per_node if log.nodes is not None and log.nodes > 1 else None
         version = parse_nccl_version(log.nccl_version) if log.nccl_version else None
         return Run(log.op, log.ranks, log.gpus_per_process, log.graph, log.dtype, a, p, ranks_per_node=per_node, channels=log.channels,
-                   nccl_version=version)  # fmt: skip
+                   nccl_version=version, collnet=log.collnet)  # fmt: skip
 
 
 def bench_machine(machine: Machine, run: Run) -> Machine:
@@ -120,6 +122,8 @@ def bench_machine(machine: Machine, run: Run) -> Machine:
                       p2p_channels=p2p, p2p_channels_per_peer=min(cfg.p2p_channels_per_peer, p2p))  # fmt: skip
     if run.nccl_version is not None:
         cfg = replace(cfg, version=run.nccl_version)  # its table chooses as the run's NCCL did
+    if run.collnet is not None and run.collnet != cfg.collnet:
+        cfg = replace(cfg, collnet=run.collnet)  # NCCL_COLLNET_ENABLE of the run: its SHARP switches, or none
     if run.channels is not None:
         ch = run.channels
         cfg = replace(cfg, channels=max(ch.coll, 1), p2p_channels=max(ch.p2p, 1), p2p_channels_per_peer=max(ch.p2p_per_peer, 1))
@@ -633,6 +637,9 @@ def from_nccl_tests(paths: list[str], out: str, base: str | None = None, algo: A
     if len(versions) == 1 and None not in versions:
         # the cluster's NCCL release, so that the machine chooses as its NCCL does
         doc["nccl"]["version"] = format_nccl_version(versions.pop())
+    collnets = {run.collnet for run in runs if run.ranks_per_node is not None}  # runs across nodes
+    if len(collnets) == 1 and None not in collnets:
+        doc["nccl"]["collnet"] = collnets.pop()  # the cluster's SHARP switches as its runs had them
     doc["calibration"] = asdict(Calibration.now("commdsl calibrate --from-nccl-tests", ", ".join(Path(p).name for p in paths)))
     header = (f"# Written by `commdsl calibrate --from-nccl-tests` from {len(logs)} nccl-tests log(s):\n"
               + "".join(f"#   {p}\n" for p in paths) + f"# base machine: {machine.name} ({machine.source})\n")  # fmt: skip
@@ -698,7 +705,7 @@ def _report(base: Machine, logs: list[NcclTestsLog], fitted: Fitted, errors: lis
     for li, log in enumerate(logs):
         errs = [abs(e) for e in errors[li]]
         used = sorted(fitted.uses[li] & set(fitted.values))
-        where = f" ({log.nodes} node(s))" if log.nodes is not None else ""
+        where = f" ({log.nodes} node(s)" + (", CollNet" if log.collnet else "") + ")" if log.nodes is not None else ""
         echo(f"  {log.path}: {log.tool} on {log.ranks} GPUs{where}: simulator's error median "
              f"{100 * statistics.median(errs):.1f}%, worst {100 * max(errs):.1f}% over {len(errs)} sizes")  # fmt: skip
         echo(f"    fitted: {', '.join(used) or 'nothing'}; from {base.name}: the other {len(every) - len(used)} parameters and the topology")
