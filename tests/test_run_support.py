@@ -173,3 +173,40 @@ def commdsl_frames(stderr: str) -> list[str]:
 
     package = str(Path(commdsl.__file__).resolve().parent) + "/"
     return [ln for ln in stderr.splitlines() if ln.strip().startswith("File") and package in ln]
+
+
+# ---- what one rank reads of another's bytes -----------------------------------------------
+
+
+class _Payload:
+    """A class a malicious pickle names: its reduce calls os.system."""
+
+    def __reduce__(self):
+        return (os.system, ("echo pwned",))
+
+
+@pytest.mark.parametrize("evil", [_Payload(), {"x": _Payload()}, [1, (2, _Payload())]], ids=["top", "in a dict", "nested"])
+def test_bytes_from_another_rank_cannot_name_a_function(evil):
+    import pickle
+
+    from commdsl.run.backend import loads_from_rank
+
+    with pytest.raises(pickle.UnpicklingError, match="names posix.system|names nt.system"):
+        loads_from_rank(pickle.dumps(evil))
+
+
+def test_what_ranks_exchange_reads_back_through_the_guarded_unpickler():
+    import pickle
+
+    import torch
+
+    from commdsl.run.backend import loads_from_rank
+
+    program = load_schedule("collectives")
+    op = program.ops[0][0]
+    t = torch.zeros(4)
+    ipc_args = (type(t), t.size(), t.stride(), 0, type(t._typed_storage()), t.dtype, 0, b"\x01" * 64, 16, 0, False, b"r", 0, b"e", True)
+    for obj in (op, op.kind, {"host": "n0", "times": [1.5, 2.5]}, ipc_args):
+        assert loads_from_rank(pickle.dumps(obj)) == obj
+    with pytest.raises(pickle.UnpicklingError, match="commdsl.run.backend.loads_from_rank"):
+        loads_from_rank(pickle.dumps(loads_from_rank))  # a commdsl function, not a record

@@ -18,7 +18,10 @@ gathering timelines), so it never queues behind the schedule's communication.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
+import enum
+import io
 import os
 import pickle
 import socket
@@ -148,7 +151,44 @@ def hostname() -> str:
 # ---- Python objects between ranks, without numpy ----------------------------------------
 # torch.distributed's *_object collectives read received bytes through numpy, which torch
 # does not install: in a fresh environment they fail on the receiving side. These move
-# pickled objects as uint8 tensors instead (objects from our own ranks only).
+# pickled objects as uint8 tensors instead. What arrives is read by `RanksUnpickler`: the
+# bytes come from the job's own ranks, but through a store and sockets anyone on the
+# network may reach, so only the classes ranks exchange can be named in them.
+
+_SAFE_BUILTINS = frozenset({"bool", "int", "float", "complex", "str", "bytes", "bytearray", "tuple", "list", "dict", "set",
+                            "frozenset", "slice", "range"})  # fmt: skip
+_TORCH_CLASSES = {"torch": frozenset({"Size", "Tensor", "UntypedStorage", "device"}), "torch._tensor": frozenset({"Tensor"}),
+                  "torch.storage": frozenset({"UntypedStorage", "TypedStorage"})}  # fmt: skip
+"""What torch's CUDA IPC export (`torch.multiprocessing.reductions.reduce_tensor`) names."""
+_RECONSTRUCTORS = frozenset({("commdsl.ir", "make_op")})
+"""commdsl's functions that rebuild a pickled object from its fields (`Op.__reduce__`)."""
+
+
+class RanksUnpickler(pickle.Unpickler):
+    """Reads what another rank of the job sent: builtin values, commdsl's dataclasses and
+    enums (the timelines, results and probes ranks exchange) and the torch classes of a CUDA IPC
+    handle; any other global (a function, a module of the standard library) is refused,
+    so bytes injected into the store cannot run code."""
+
+    def find_class(self, module: str, name: str) -> object:
+        if module == "builtins" and name in _SAFE_BUILTINS:
+            return super().find_class(module, name)
+        if (module, name) in _RECONSTRUCTORS:
+            return super().find_class(module, name)
+        if (module == "commdsl" or module.startswith("commdsl.")) and not name.startswith("_"):
+            found = super().find_class(module, name)
+            if isinstance(found, type) and (dataclasses.is_dataclass(found) or issubclass(found, enum.Enum)):
+                return found  # a record or a kind: built from its fields, never a function or a class that acts
+        if name in _TORCH_CLASSES.get(module, ()):
+            return super().find_class(module, name)
+        if module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
+            return getattr(torch, name)  # a dtype pickles as its name in the torch module
+        raise pickle.UnpicklingError(f"data from another rank names {module}.{name}: not a class ranks exchange")
+
+
+def loads_from_rank(data: bytes) -> object:
+    """An object another rank pickled (see `RanksUnpickler`)."""
+    return RanksUnpickler(io.BytesIO(data)).load()
 
 
 def _encode(obj: object) -> torch.Tensor:
@@ -156,7 +196,7 @@ def _encode(obj: object) -> torch.Tensor:
 
 
 def _decode(t: torch.Tensor, size: int) -> object:
-    return pickle.loads(bytes(t.contiguous().untyped_storage())[:size])
+    return loads_from_rank(bytes(t.contiguous().untyped_storage())[:size])
 
 
 def _sizes(data: torch.Tensor, group: dist.ProcessGroup, world_size: int) -> list[int]:

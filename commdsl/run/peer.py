@@ -42,6 +42,7 @@ import torch.distributed as dist
 from commdsl.dsl.values import format_bytes
 from commdsl.errors import UsageError
 from commdsl.ir import Op, Program
+from commdsl.run.backend import loads_from_rank
 from commdsl.run.tensors import TORCH_DTYPE, Landing, landing_key, landings
 
 _SHM_DIR = "/dev/shm"
@@ -79,7 +80,7 @@ class PeerBuffers:
         for dest, buffers in self.all.items():
             for i, landing in enumerate(buffers):
                 if (dest, landing.key) in self.writes:
-                    handle = pickle.loads(store.get(f"{prefix}/{dest}/{i}"))  # set by our own rank `dest`
+                    handle = loads_from_rank(store.get(f"{prefix}/{dest}/{i}"))  # set by our own rank `dest`
                     self.remote[(dest, landing.key)] = self._import(landing, handle)
         dist.barrier(group=control)  # every copy's destination is open: the files can go
         self._remove_files()
