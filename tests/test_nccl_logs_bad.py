@@ -136,6 +136,14 @@ def test_given_values_must_agree_with_the_log(tmp_path):
     with pytest.raises(LogError, match="the log is all_reduce_perf's, not all_gather_perf's") as info:
         read_logs([f"all_gather_perf={log}"])
     assert info.value.loc.line == 2
+    unnamed = tmp_path / "b.log"
+    unnamed.write_text(UNNAMED + ROW.replace("0.10    0.10", "1.00    1.00").replace("1024 ", "4096 ") + END)  # 2 GPUs: 2(n-1)/n = 1
+    with pytest.raises(LogError, match=r"has the columns of all_reduce_perf or sendrecv_perf \(redop sum, busbw / algbw 1 on 2 GPUs\), "
+                                       r"not all_gather_perf's \(0.5\) as the command line says") as info:  # fmt: skip
+        read_logs([f"all_gather_perf={unnamed}"])
+    assert info.value.loc.line == 1
+    (taken,) = read_logs([f"sendrecv_perf={unnamed}"])  # a tool its columns fit is taken as given
+    assert taken.tool == "sendrecv_perf"
     with pytest.raises(LogError, match="the run has 2 GPUs, not 4 as the command line says"):
         read_logs([f"all_reduce_perf:4={log}"])
     (weird := tmp_path / "a=b.log").write_text(GOOD)  # a file name with "=" that names no tool

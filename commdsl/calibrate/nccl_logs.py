@@ -579,6 +579,14 @@ class _Reader:
         ranks_known = len(run.ranks) if run.header else given.ranks
         if tool is None and ranks_known:
             tool = self._infer_tool(run, ranks_known)
+        elif run.tool is None and tool is not None and ranks_known and tool in TOOLS:
+            fits = _tools_fitting(run, ranks_known)
+            if tool not in fits and run.bandwidths:
+                which = f"{', '.join(fits[:-1])} or {fits[-1]}" if len(fits) > 1 else fits[0] if fits else "no nccl-tests tool"
+                raise LogError(f"the run of line {run.line} has the columns of {which} (redop {'/'.join(sorted(run.redops)) or 'not printed'}, "
+                               f"busbw / algbw {run.bandwidths[-1][1] / run.bandwidths[-1][0]:.4g} on {ranks_known} GPUs), "
+                               f"not {tool}'s ({bus_factor(tool, ranks_known):.4g}) as the command line says", at(run.line),
+                               hint=f"name the tool that wrote it, e.g. {fits[0] if fits else 'all_reduce_perf'}={self.path}")  # fmt: skip
         if tool is None and not run.header and given.ranks is None:
             raise LogError(f"a result table without nccl-tests' header (line {run.line}): the log does not say which tool wrote it "
                            "or how many GPUs ran it", at(run.line), hint=f"name both: TOOL:GPUS=FILE, e.g. all_reduce_perf:8={self.path}")  # fmt: skip
