@@ -13,12 +13,13 @@ import os
 import statistics
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from commdsl.calibrate.nccl_logs import parse_log, read_logs
-from commdsl.calibrate.nccl_tests import Run, from_nccl_tests, simulate_run
+from commdsl.calibrate.nccl_tests import Run, bench_machine, from_nccl_tests, simulate_run
 from commdsl.errors import LogError
 from commdsl.ir import Algo, OpKind
 from commdsl.machine import load_machine, resolve_machine
@@ -253,9 +254,13 @@ def test_outputs_and_layouts_it_cannot_take_are_refused_before_any_work(tmp_path
     with pytest.raises(UsageError, match="a pipe that nothing reads"):
         from_nccl_tests([str(AR)], str(fifo), "dgx-h100", echo=lambda _: None)
     fifo.unlink()
-    part = Path(__file__).parent / "data" / "nccl_logs" / "sweep_with_failed_run.log"  # 4 GPUs on each of 2 nodes
-    with pytest.raises(UsageError, match="4 GPU\\(s\\) on each of 2 nodes, and machine dgx-h100 has 8 per node"):
-        from_nccl_tests([str(part)], str(tmp_path / "m.yaml"), "dgx-h100", echo=lambda _: None)
+    wide = tmp_path / "wide.log"  # 16 GPUs on each of 2 hosts: more than a DGX node has
+    ranks = "".join(f"#  Rank {r:2d} Group  0 Pid {100 + r:5d} on node{r // 16} device {r % 16:2d} [0000:{r % 16:02x}:00] NVIDIA H100 80GB HBM3\n"
+                    for r in range(32))  # fmt: skip
+    head, tail = HEADER.split("#  Rank  0", 1)[0], "#\n#       size" + HEADER.split("#\n#       size", 1)[1]
+    wide.write_text(head.replace("nGpus 2", "nGpus 1") + ranks + tail + ROW + END)
+    with pytest.raises(UsageError, match="the run has 16 GPUs on each of 2 nodes, and machine dgx-h100 has 8 a node"):
+        from_nccl_tests([str(wide)], str(tmp_path / "m.yaml"), "dgx-h100", echo=lambda _: None)
     assert not (tmp_path / "m.yaml").exists()
 
 
@@ -367,3 +372,20 @@ def test_a_sharp_log_calibrates_a_machine_with_collnet(tmp_path):
     machine = from_nccl_tests([str(log)], str(tmp_path / "m.yaml"), "dgx-a100", echo=lines.append)
     assert machine.nccl.collnet and not resolve_machine("dgx-a100").nccl.collnet
     assert any("all_reduce_perf on 16 GPUs (2 node(s), CollNet)" in line for line in lines), lines
+
+
+def test_a_run_on_part_of_each_node_calibrates_and_its_closed_form_is_the_simulator(tmp_path):
+    from commdsl.calibrate.nccl_tests import _parameters, _points, _predict, placement
+
+    part = Path(__file__).parent / "data" / "nccl_logs" / "sweep_with_failed_run.log"  # 4 GPUs on each of 2 nodes
+    base, logs, runs, fitted = _fitted([part])
+    assert [(run.ranks, run.ranks_per_node) for run in runs] == [(8, 4), (8, 4)]
+    world, members = placement(bench_machine(base, runs[0]), runs[0])
+    assert (world, members) == (16, (0, 1, 2, 3, 8, 9, 10, 11))  # the first 4 GPUs of each DGX node, its rails 0-3
+    points = _points(fitted.machine, base, logs, runs)
+    closed = _predict(points, {**_parameters(base), **fitted.values})
+    for p, c in zip(points, closed):
+        assert simulate_run(fitted.machine, runs[p.log], int(p.size)) == pytest.approx(c, rel=1e-3), (p.log, p.size)
+    # The same 8 ranks on one node would cross no NIC: the run's time is its layout's.
+    one_node = replace(runs[0], ranks_per_node=None)
+    assert simulate_run(base, runs[0], 1 << 30) > 2 * simulate_run(base, one_node, 1 << 30)

@@ -109,12 +109,11 @@ def bench_machine(machine: Machine, run: Run) -> Machine:
     if topo is None or cfg is None:
         raise UsageError(f"machine {machine.name} has no NCCL model (nccl: and topology:), so nccl-tests cannot be simulated on it",
                          hint="use a preset such as dgx-h100 or dgx-a100")  # fmt: skip
-    if run.ranks_per_node is not None and run.ranks_per_node != topo.gpus_per_node:
-        # Fabric numbers rank k of node n as GPU k of it: a run on part of each node is another topology.
-        raise UsageError(f"the run has {run.ranks_per_node} GPU(s) on each of {run.ranks // run.ranks_per_node} nodes, and machine "
-                         f"{machine.name} has {topo.gpus_per_node} per node: commdsl simulates runs on whole nodes",
-                         hint="calibrate with the logs of runs that use every GPU of their nodes (or of one node)")  # fmt: skip
-    nodes = -(-run.ranks // topo.gpus_per_node)
+    if run.ranks_per_node is not None and run.ranks_per_node > topo.gpus_per_node:
+        raise UsageError(f"the run has {run.ranks_per_node} GPUs on each of {run.ranks // run.ranks_per_node} nodes, and machine "
+                         f"{machine.name} has {topo.gpus_per_node} a node", hint="name a base machine with the cluster's nodes: --machine")  # fmt: skip
+    per_node = run.ranks_per_node or topo.gpus_per_node
+    nodes = -(-run.ranks // per_node)
     m = machine if nodes == topo.nodes else machine.with_nodes(nodes)
     if run.max_channels is not None:
         p2p = min(cfg.p2p_channels, 1 << (run.max_channels - 1).bit_length())
@@ -132,21 +131,35 @@ def bench_machine(machine: Machine, run: Run) -> Machine:
     return m if cfg is machine.nccl else replace(m, nccl=cfg)
 
 
-def _op(run: Run, size: int, rank: int = 0) -> Op:
-    """The op rank `rank` issues (what NCCL's choice is asked about)."""
+def placement(machine: Machine, run: Run) -> tuple[int, tuple[int, ...]]:
+    """The GPUs of `machine` (a `bench_machine`) the run's ranks are, in rank order, and how
+    many GPUs the machine has: every GPU of its nodes (or the first of one node), or on a
+    run with fewer GPUs a node than the machine's, the first `ranks_per_node` of each node
+    (nccl-tests' rank k of node n on its local GPU k, as launchers place them)."""
+    per_node = machine.topology.gpus_per_node
+    if run.ranks_per_node is None or run.ranks_per_node == per_node:
+        return run.ranks, tuple(range(run.ranks))
+    g = run.ranks_per_node
+    nodes = run.ranks // g
+    return nodes * per_node, tuple(n * per_node + k for n in range(nodes) for k in range(g))
+
+
+def _op(run: Run, size: int, members: tuple[int, ...]) -> Op:
+    """The op the run's first rank issues (what NCCL's choice is asked about)."""
     algo = run.algo
     if run.op in (OpKind.BROADCAST, OpKind.REDUCE) and algo is Algo.RING:
         algo = Algo.CHAIN
-    peer = (rank + 1) % run.ranks if run.op is OpKind.SEND else None
-    root = 0 if run.op in (OpKind.BROADCAST, OpKind.REDUCE) else None
-    return Op(rank, 0, run.op, "x", "s", SourceLoc("<nccl-tests>", 1, 1), size_bytes=size, dtype=run.dtype, peer=peer,
+    peer = members[1 % len(members)] if run.op is OpKind.SEND else None
+    root = members[0] if run.op in (OpKind.BROADCAST, OpKind.REDUCE) else None
+    return Op(members[0], 0, run.op, "x", "s", SourceLoc("<nccl-tests>", 1, 1), size_bytes=size, dtype=run.dtype, peer=peer,
               group="world", root=root, transport=Transport.NCCL, algo=algo, proto=run.proto)  # fmt: skip
 
 
 def choice(machine: Machine, run: Run, size: int, flows: NcclFlows | None = None) -> nccl.Choice:
-    """What NCCL runs for one size of `run` on `machine`."""
-    flows = flows or NcclFlows(Fabric(machine, run.ranks), machine.nccl)
-    return flows.choose(_op(run, size), tuple(range(run.ranks)))
+    """What NCCL runs for one size of `run` on `machine` (a `bench_machine`)."""
+    world, members = placement(machine, run)
+    flows = flows or NcclFlows(Fabric(machine, world), machine.nccl)
+    return flows.choose(_op(run, size, members), members)
 
 
 def host_us(machine: Machine, run: Run, c: nccl.Choice) -> float:
@@ -163,18 +176,44 @@ program: |
   for i in range(iters):
 {body}
 """
+_PART_SCHEDULE = """
+name: nccl_tests
+params: {{iters: {iters}}}
+world: {ranks}
+groups:
+  run: {members}
+streams: [s]
+program: |
+  if rank % {per_node} < {g}:
+    for i in range(iters):
+{body}
+"""
+"""A run on the first `g` GPUs of each node: its ranks are the group `run`."""
 
 
-def _body(run: Run, size: int) -> str:
+def _body(run: Run, size: int, per_node: int | None = None) -> str:
+    """The loop's body; with `per_node` (a run on part of each node) its ops are the group
+    `run`'s, a send going to the next member (index i: GPU i // g * per_node + i % g)."""
     opts = f" dtype={run.dtype.value}"
     if run.algo is not None:
         opts += f" algo={'chain' if run.op in (OpKind.BROADCAST, OpKind.REDUCE) and run.algo is Algo.RING else run.algo.value}"
     if run.proto is not None:
         opts += f" proto={run.proto.value}"
     s = f"{size}B"
+    if per_node is not None:
+        g, n = run.ranks_per_node, run.ranks
+        opts += " group=run"
+        index = f"(rank // {per_node} * {g} + rank % {per_node})"
+
+        def gpu(i: str) -> str:
+            return f"(({i}) // {g} * {per_node} + ({i}) % {g})"
+
+        nxt, prev = gpu(f"({index} + 1) % {n}"), gpu(f"({index} + {n - 1}) % {n}")
+    else:
+        nxt, prev = "(rank + 1) % world_size", "(rank + world_size - 1) % world_size"
     if run.op is OpKind.SEND:
-        return (f"      batch:\n          isend x[i] {s} to (rank + 1) % world_size{opts}\n"
-                f"          irecv x[i] {s} from (rank + world_size - 1) % world_size{opts}")  # fmt: skip
+        return (f"      batch:\n          isend x[i] {s} to {nxt}{opts}\n"
+                f"          irecv x[i] {s} from {prev}{opts}")  # fmt: skip
     root = " src=0" if run.op is OpKind.BROADCAST else " dst=0" if run.op is OpKind.REDUCE else ""
     return f"      {run.op.value} x[i] {s}{root}{opts}"
 
@@ -191,15 +230,21 @@ def simulate_run(machine: Machine, run: Run, size: int, network: str = "flow") -
     m = replace(m, comm_launch_us=host_us(m, run, c), kernel_launch_us=0.0)
     chained = run.op in (OpKind.BROADCAST, OpKind.REDUCE)
     iters = TIMED_ITERS if chained else ITERS
-    program = load_schedule_text(_SCHEDULE.format(iters=iters, ranks=run.ranks, body=_body(run, size)), "<nccl-tests>")
-    raw = simulate(program, m, network).raw
+    world, members = placement(m, run)
+    if world == run.ranks:
+        text = _SCHEDULE.format(iters=iters, ranks=run.ranks, body=_body(run, size))
+    else:
+        per_node = m.topology.gpus_per_node
+        body = "\n".join("  " + line for line in _body(run, size, per_node).split("\n"))
+        text = _PART_SCHEDULE.format(iters=iters, ranks=world, members=list(members), per_node=per_node, g=run.ranks_per_node, body=body)
+    raw = simulate(load_schedule_text(text, "<nccl-tests>"), m, network).raw
     if chained:
-        last = [0.0] * run.ranks
+        last = dict.fromkeys(members, 0.0)
         for g, op in enumerate(raw.ops):
             if op.kind.is_comm:
                 last[op.rank] = max(last[op.rank], raw.end[g])
-        return statistics.fmean(last) / iters
-    ends = sorted(raw.end[g] for g, op in enumerate(raw.ops) if op.rank == 0 and op.kind.is_comm)
+        return statistics.fmean(last.values()) / iters
+    ends = sorted(raw.end[g] for g, op in enumerate(raw.ops) if op.rank == members[0] and op.kind.is_comm)
     if run.op is OpKind.SEND:
         ends = ends[1::2]  # a batch's two ops end together
     return (ends[-1] - ends[0]) / (len(ends) - 1)
@@ -360,8 +405,9 @@ def _points(machine: Machine, base: Machine, logs: list[NcclTestsLog], runs: lis
     out = []
     for li, (log, run) in enumerate(zip(logs, runs)):
         m = bench_machine(machine, run)
-        flows = NcclFlows(Fabric(m, run.ranks), m.nccl)
-        base_fabric = Fabric(bench_machine(base, run), run.ranks)
+        world, _ = placement(m, run)
+        flows = NcclFlows(Fabric(m, world), m.nccl)
+        base_fabric = Fabric(bench_machine(base, run), world)
         cls = _classes(base_fabric)
         for p in log.points:
             c = choice(m, run, p.size_bytes, flows)
@@ -379,14 +425,14 @@ def _classes(fabric: Fabric) -> list[int]:
 
 
 def _point(li: int, m: Machine, flows: NcclFlows, capacity, cls: list[int], run: Run, size: int, measured: float, c: nccl.Choice) -> _Point:
-    ranks = tuple(range(run.ranks))
+    _, ranks = placement(m, run)
     lay = flows.layout(ranks)
     kind = run.op
-    pairs = [(r, (r + 1) % run.ranks) for r in ranks] if kind is OpKind.SEND else [ranks]
+    pairs = [(r, ranks[(i + 1) % len(ranks)]) for i, r in enumerate(ranks)] if kind is OpKind.SEND else [ranks]
     per = [0.0] * (len(RATES) + 1)
     serial = 1.0
     net_p2p = False
-    root = 0 if kind in (OpKind.BROADCAST, OpKind.REDUCE) else None
+    root = ranks[0] if kind in (OpKind.BROADCAST, OpKind.REDUCE) else None
     undo = m.nccl.p2p_net_efficiency if kind in nccl.P2P_BASED else 1.0  # kept apart: a parameter of its own
     for group in pairs:
         co = flows.coflow(kind, group, size, root, c.algo, c.proto, ranks)
