@@ -76,7 +76,7 @@ from commdsl.sim.contention import compute_us, contention_model
 from commdsl.sim.copy_engines import CopyEngines
 from commdsl.sim.entities import (ACTIVE, ALGOS, DONE, KIND_CODE, PROTOS, ELIGIBLE, EXEC, MARK, QUEUE, STREAM, SYNC,
                                   Collective, Entity, Host, Queue, RawResult, Stream, entry_typecode, kind_table, op_index_typecode)
-from commdsl.sim.network import Network, Transfer
+from commdsl.sim.network import Network, Transfer, timeout
 from commdsl.sim.shape_memo import shape_table
 from commdsl.sim.symmetry import interchangeable, replicate
 from commdsl.sim.wiring import Wiring, wire
@@ -215,6 +215,10 @@ class Engine:
         self._on_transfer_done = self._transfer_done
         self.kernels = c.tracks_kernels
         """NCCL ops becoming active and finishing are reported to the contention model."""
+        if self.kernels:  # the ops' kernel factors, looked up once per program (`Wiring.kernel_factors`)
+            if w.kernel_factors is None:
+                w.kernel_factors = array("d", bytes(8 * n))
+            c.factor_at = w.kernel_factors
         self.traffic = c.tracks_traffic
         """Transfers starting and ending are reported to the contention model."""
         self.timed = c.timed
@@ -641,8 +645,7 @@ class Engine:
                 s.busy = True
                 s.cur = entry
                 s.cur_cause = c
-                ev = self.env.timeout(start + duration - now, s)
-                ev.callbacks.append(self._on_stream_timer)
+                timeout(self.env, start + duration - now, s, self._on_stream_timer)
                 return
             self._complete_entry(s, entry, start, c)
 
@@ -677,7 +680,7 @@ class Engine:
         s.cur_cause = c
         if t > now:  # wait until it really starts: what runs then decides its speed
             s.delay = True
-            self.env.timeout(t - now, s).callbacks.append(self._on_delay)
+            timeout(self.env, t - now, s, self._on_delay)
             return False
         g = entry >> 2
         self.start[g] = now
@@ -720,7 +723,7 @@ class Engine:
 
     def _timer(self, s: Stream) -> None:
         s.token += 1
-        self.env.timeout(s.work_left * s.factor, (s, s.token)).callbacks.append(self._on_timer)
+        timeout(self.env, s.work_left * s.factor, (s, s.token), self._on_timer)
 
     def _on_timer(self, ev) -> None:
         s, token = ev._value
@@ -737,7 +740,7 @@ class Engine:
         self._drain()
 
     def _kernel_changed(self, g: int, started: bool) -> None:
-        if self.contention.kernel(self.ops[g], started):
+        if self.contention.kernel(g, self.ops[g], started):
             self._retime(self.ops[g].rank)
 
     def _retime(self, rank: int) -> None:
@@ -801,7 +804,8 @@ class Engine:
         duration = self._work_us.get(key)
         if duration is None:
             # What it reads of the op, as values: the same work on this machine in another program.
-            shape = (op.kind, op.duration_us, op.flops, op.size_bytes, op.dtype, op.copy_dir, op.host_memory, self.stretch)
+            spec = op.spec  # (its fields, read without the op's properties)
+            shape = (op.kind, spec.duration_us, spec.flops, spec.size_bytes, spec.dtype, spec.copy_dir, spec.host_memory, self.stretch)
             duration = self._machine_work_us.get(shape)
             if duration is None:
                 duration = self._machine_work_us[shape] = self._op_work_us(op)
