@@ -128,7 +128,7 @@ class _KernelFactors(Contention):
         """`kernel_factor` by `kernel_key`, for every program on this machine
         (`commdsl.sim.shape_memo`)."""
         self._op_factor: dict[tuple[int, int, int], float] = {}
-        """`kernel`'s factor by (id of the op's spec, id of its kind, its rank), which fix
+        """`kernel`'s factor by (id of the op's spec, its kind, its rank), which fix
         its `kernel_key`: the ops one statement makes share a spec, so this is looked up
         without building the key. The engine holds the program, so the ids stay its ops'."""
         self.factor_at = array("d", bytes(8 * num_ops))
@@ -149,7 +149,7 @@ class _KernelFactors(Contention):
         rank = op.rank
         factor = self.factor_at[g]
         if factor == 0.0:  # its first start: by its spec, else by its values, else worked out
-            of_op = (id(op.spec), id(op.kind), rank)
+            of_op = (id(op.spec), op.kind, rank)
             known = self._op_factor.get(of_op)
             if known is None:
                 key = self.kernel_key(op)
@@ -210,7 +210,7 @@ class GpuModel(_KernelFactors):
         traffic, the ranks it loads (none: not an NCCL transfer), and the transfer (which
         keeps its id from being reused)."""
         self._memory_bound: dict[tuple[int, int], bool] = {}
-        """`memory_bound` of a compute op by (id of its spec, id of its kind)."""
+        """`memory_bound` of a compute op by (id of its spec, its kind)."""
         self._machine_memory_bound: dict[tuple, bool] = shape_table(machine, ("memory_bound",))
         """`memory_bound` by the op fields it reads, for every program on this machine:
         `_memory_bound`'s misses."""
@@ -276,7 +276,7 @@ class GpuModel(_KernelFactors):
 
     def _is_memory_bound(self, op: Op, kind: OpKind) -> bool:
         """`memory_bound(machine, op)`, once per spec and kind."""
-        key = (id(op.spec), id(kind))
+        key = (id(op.spec), kind)
         bound = self._memory_bound.get(key)
         if bound is None:
             spec = op.spec  # (its fields, read without the op's properties)

@@ -230,7 +230,7 @@ class Engine:
         self.nominal_us: dict[int, float] = {}
         """Compute ops (g) that ran slowed, with their time at full speed."""
         self._work_us: dict[tuple[int, int], float] = {}
-        """`_duration` by (id of the op's spec, id of its kind): the fields it reads are
+        """`_duration` by (id of the op's spec, its kind): the fields it reads are
         those (the ops one statement makes share a spec, held by the program as long as
         the engine runs it)."""
         self._machine_work_us: dict[tuple, float] = shape_table(machine, ("work_us",))
@@ -800,7 +800,7 @@ class Engine:
 
     def _duration(self, op: Op) -> float:
         """Time of a compute or copy op from its work and the device's rates (`_work_us`)."""
-        key = (id(op.spec), id(op.kind))
+        key = (id(op.spec), op.kind)
         duration = self._work_us.get(key)
         if duration is None:
             # What it reads of the op, as values: the same work on this machine in another program.

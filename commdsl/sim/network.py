@@ -130,12 +130,14 @@ class TransferLog:
         """The distinct transfers, by their index."""
         self._index: dict[int, int] = {}
         """id(transfer) -> its index (the list keeps every transfer alive, so ids stay unique)."""
-        self.kind = array("i")
+        # Unsigned (no entry is negative): their appends convert items in C (a signed
+        # array's parse them with a format string).
+        self.kind = array("I")
         """Per started transfer, the index of its `Transfer`."""
         self.start = array("d")
         self.end = array("d")
-        self._ops = array("q")
-        self._ops_at = array("q")
+        self._ops = array("Q")
+        self._ops_at = array("Q")
         """Where each transfer's ops begin in `_ops` (they end where the next one's begin)."""
         self._int_start: dict[int, int] = {}
         """Starts that were ints (SimPy's clock is the int 0 until its first event), as they

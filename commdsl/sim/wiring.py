@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from commdsl.errors import MachineError, ScheduleError
 from commdsl.ir import COLLECTIVE_KINDS, P2P_KINDS, Op, OpKind, Program, Transport
 from commdsl.machine.model import Machine
-from commdsl.sim.entities import ALGOS, KIND_CODE, PROTOS, Collective, Queue, op_index_typecode
+from commdsl.sim.entities import ALGOS, KIND_CODE, PROTOS, Collective, Queue, entry_typecode, op_index_typecode
 from commdsl.sim.network import Network, Transfer
 from commdsl.sim.symmetry import copy_rank_0, shifted
 
@@ -89,6 +89,7 @@ def wire(program: Program, ops: list[Op], base: list[int], machine: Machine, net
     queues: list[dict[str, Queue]] = [{} for _ in range(program.world_size)]
     queue_list: list[Queue] = []
     index = op_index_typecode(n)
+    items = entry_typecode(n)  # a comm queue's items (g, never negative)
     partner = array(index, [-1]) * n
     queue_at = array(index, [-1]) * n
     coll_at = array(index, [-1]) * n
@@ -128,7 +129,7 @@ def wire(program: Program, ops: list[Op], base: list[int], machine: Machine, net
             kind = op.kind
             fact = facts.get(id(op.spec))
             if fact is None or fact[0] is not kind:
-                fact = _facts(op, machine, network, queues[rank], queue_list, index, group_ranks, chosen, checked)
+                fact = _facts(op, machine, network, queues[rank], queue_list, items, group_ranks, chosen, checked)
                 if fact[0] is kind:
                     facts[id(op.spec)] = fact
             _, code, comm, stream_only, q, algo, proto, key, unmatched_key, gloo = fact  # q: the queue's number
