@@ -13,6 +13,7 @@ cdef class Contention:
     cpdef bint work(self, Py_ssize_t rank, bint is_copy, int delta) except -1
     cpdef tuple transfer(self, transfer, bint started)
     cpdef double factor(self, Py_ssize_t rank, op) except? -1.0
+    cpdef bint traffic_matters(self, bint memory_bound) except -1
     cpdef double noisy_compute(self, Py_ssize_t g, double start_us, double duration_us, double now) except? -1.0
     cpdef tuple woken(self, Py_ssize_t entry, double t, double now)
     cpdef double wake_us(self, Py_ssize_t entry) except? -1.0

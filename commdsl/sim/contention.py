@@ -92,6 +92,11 @@ class Contention:
         """The current slowdown of compute op or copy `op` on `rank`."""
         return 1.0
 
+    def traffic_matters(self, memory_bound: bool) -> bool:
+        """Whether a program's transfers can change a factor (with `tracks_traffic`):
+        `memory_bound`, some compute op of it is bound by its bytes (`Wiring.memory_bound`)."""
+        return True
+
     def noisy_compute(self, g: int, start_us: float, duration_us: float, now: float) -> float:
         """Compute op g, starting at `start_us` (now or later) for `duration_us`: its
         duration with its random stall (called only where `noisy`)."""
@@ -273,6 +278,11 @@ class GpuModel(_KernelFactors):
             traffic = min(self.traffic[rank], 0.9 * self.memory_bytes_per_us)
             return self.memory_bytes_per_us / (self.memory_bytes_per_us - traffic)
         return self.top[rank]
+
+    def traffic_matters(self, memory_bound: bool) -> bool:
+        """NCCL's memory traffic slows only compute bound by its bytes: without such ops,
+        the program's transfers change no factor, and the engine need not report them."""
+        return memory_bound
 
     def _is_memory_bound(self, op: Op, kind: OpKind) -> bool:
         """`memory_bound(machine, op)`, once per spec and kind."""

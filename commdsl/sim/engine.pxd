@@ -60,6 +60,7 @@ cdef class Engine:
     @cython.locals(now=double, timed_copies=bint, s=Stream, factor=double)
     cpdef _retime(self, Py_ssize_t rank)
     cpdef bint _went_on_late(self, Stream s, Py_ssize_t c, double t)
+    cpdef double _duration(self, op) except? -1.0
     cpdef _on_stream_timer(self, ev)
     @cython.locals(g=Py_ssize_t, tag=int, q=Queue, w=list)
     cpdef _complete_entry(self, Stream s, Py_ssize_t entry, double t, Py_ssize_t c)

@@ -219,8 +219,9 @@ class Engine:
             if w.kernel_factors is None:
                 w.kernel_factors = array("d", bytes(8 * n))
             c.factor_at = w.kernel_factors
-        self.traffic = c.tracks_traffic
-        """Transfers starting and ending are reported to the contention model."""
+        self.traffic = c.tracks_traffic and c.traffic_matters(w.memory_bound)
+        """Transfers starting and ending are reported to the contention model (where
+        anything in this program depends on them)."""
         self.timed = c.timed
         """Compute ops (and, with `contention.timed_copies`, copies) start at their true
         time and end through `_on_timer`, re-timed when their factor changes."""
@@ -625,7 +626,8 @@ class Engine:
                     return
                 elif k == _K_COMPUTE or k == _K_COPY:
                     op = ops[g]
-                    duration = op.duration_us * self.stretch if k == _K_COMPUTE and op.duration_us is not None else self._duration(op)
+                    explicit = op.spec.duration_us  # (the spec's field: `op.duration_us` is a property's call)
+                    duration = explicit * self.stretch if k == _K_COMPUTE and explicit is not None else self._duration(op)
                     if s.woke and c == s.last_g:
                         t += self.contention.wake_us(entry)  # it starts right as its stream's wait ended
                     if self.noisy and k == _K_COMPUTE and duration > 0.0:
@@ -841,7 +843,7 @@ class Engine:
             state[item] = ACTIVE
             now = self.env._now
             start[item] = now
-            if self.kernels and self.ops[item].transport is _NCCL:
+            if self.kernels and self.ops[item].spec.transport is _NCCL:
                 self._kernel_changed(item, True)
             c = self.coll_at[item]
             if c < 0:
@@ -880,7 +882,7 @@ class Engine:
                 cause[g] = x.last_g
             state[g] = ACTIVE
             start[g] = now
-            if self.kernels and self.ops[g].transport is _NCCL:
+            if self.kernels and self.ops[g].spec.transport is _NCCL:
                 self._kernel_changed(g, True)
         for g in range(item, last + 1):
             self._activated(g, now)
@@ -1036,7 +1038,7 @@ class Engine:
                     if not e.kicked:
                         e.kicked = True
                         todo.append(e)
-            if kernels and self.ops[g].transport is _NCCL:
+            if kernels and self.ops[g].spec.transport is _NCCL:
                 self._kernel_changed(g, False)
             q = queue_list[queue_at[g]]
             q.remaining -= 1

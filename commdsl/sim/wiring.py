@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from commdsl.errors import MachineError, ScheduleError
 from commdsl.ir import COLLECTIVE_KINDS, P2P_KINDS, Op, OpKind, Program, Transport
 from commdsl.machine.model import Machine
+from commdsl.sim.contention import memory_bound
 from commdsl.sim.entities import ALGOS, KIND_CODE, PROTOS, Collective, Queue, entry_typecode, op_index_typecode
 from commdsl.sim.network import Network, Transfer
 from commdsl.sim.symmetry import copy_rank_0, shifted
@@ -70,6 +71,9 @@ class Wiring:
     """`Engine._p2p_shapes`: point-to-point transfers and peer copies."""
     pair_of: dict[int, tuple[str, int, int]] = field(default_factory=dict)
     """`Engine._pair_of`: NCCL sends' pairs."""
+    memory_bound: bool = False
+    """Some compute op's time is its bytes' on the machine (`memory_bound`): only those
+    share the device's memory with NCCL's traffic (`GpuModel.transfer`)."""
     kernel_factors: array | None = None
     """Per op, the compute slowdown of its NCCL kernel, filled as the contention model
     looks it up (`_KernelFactors.factor_at`); None until a run tracks kernels."""
@@ -80,6 +84,8 @@ _COMM_KINDS = P2P_KINDS | COLLECTIVE_KINDS
 # (the enum's metaclass), dear where this module is compiled.
 _COMPUTE, _SEND, _RECV = OpKind.COMPUTE, OpKind.SEND, OpKind.RECV
 _MEMCPY, _GLOO = Transport.MEMCPY, Transport.GLOO
+_MEMORY_BOUND = "memory-bound"
+"""In `_facts`' set of what it checked: some compute op's time is its bytes' on the machine."""
 
 
 def wire(program: Program, ops: list[Op], base: list[int], machine: Machine, network: Network, symmetric: bool = False) -> Wiring:
@@ -186,7 +192,8 @@ def wire(program: Program, ops: list[Op], base: list[int], machine: Machine, net
     if symmetric:
         # A collective is the same instance on every rank: its coll_at too is rank 0's.
         _derive_ranks(program.world_size, len(program.ops[0]), queues, queue_list, queue_at, collectives, [algos, protos, kinds, on_stream, coll_at])
-    return Wiring(queues, queue_list, queue_at, partner, coll_at, collectives, batch_last, batch_multi, batch_gloo, algos, protos, kinds, on_stream)
+    return Wiring(queues, queue_list, queue_at, partner, coll_at, collectives, batch_last, batch_multi, batch_gloo, algos, protos, kinds, on_stream,
+                  memory_bound=_MEMORY_BOUND in checked)
 
 
 def _derive_ranks(world: int, m: int, queues: list[dict[str, Queue]], queue_list: list[Queue], queue_at: array, collectives: list[Collective],
@@ -226,6 +233,8 @@ def _facts(op: Op, machine: Machine, network: Network, rank_queues: dict[str, Qu
             if spec.duration_us is None and spec.flops is not None and (spec.dtype, "flops") not in checked:
                 _check_rate(machine, op)
                 checked.add((spec.dtype, "flops"))
+            if spec.size_bytes and spec.duration_us is None and _MEMORY_BOUND not in checked and memory_bound(machine, op):
+                checked.add(_MEMORY_BOUND)
         elif op.is_peer_copy:
             if transport not in checked:
                 _check_transport(machine, op)
