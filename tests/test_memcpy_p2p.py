@@ -287,6 +287,32 @@ def test_memory_bound_compute_shares_memory_with_nccl_traffic():
     assert took(r, "F") == pytest.approx(20_000 + (t["g"][1] - t["F"][0]) * channels / 132, rel=1e-9)
 
 
+def test_nccl_traffic_is_tracked_only_where_a_compute_op_is_bound_by_its_bytes():
+    """Only compute of bytes= shares the memory with NCCL's traffic: a program without
+    such an op does not report its transfers to the model, and comes out as it would
+    with them reported (the factors they could change are none of its ops')."""
+    from commdsl.sim.analytic import AnalyticNetwork
+    from commdsl.sim.engine import Engine
+
+    m = resolve_machine("dgx-h100")
+    flops = sched("h = all_reduce g 1GB on s1\ncompute F 20ms on s2\ncompute G flops=2PFLOP on s3\nwait h", world=8)
+    bytes_bound = sched("h = all_reduce g 1GB on s1\ncompute M bytes=40GB on s2\nwait h", world=8)
+    runs = {}
+    for name, program in (("flops", flops), ("bytes", bytes_bound)):
+        for report in (False, True):
+            engine = Engine(program, m, AnalyticNetwork, fold=False)
+            assert engine.traffic == (name == "bytes") and engine.wiring.memory_bound == (name == "bytes")
+            engine.traffic = engine.traffic or report
+            raw = engine.run()
+            runs[name, report] = [list(raw.start), list(raw.end), list(raw.cause)]
+    assert runs["flops", False] == runs["flops", True]
+    assert runs["flops", False][1] != [0.0] * len(runs["flops", False][1])  # (it ran)
+    # The memory-bound op is slowed by the traffic: its end moves without the reports.
+    engine = Engine(bytes_bound, m, AnalyticNetwork, fold=False)
+    engine.traffic = False
+    assert list(engine.run().end) != runs["bytes", True][1]
+
+
 def test_a_measured_factor_replaces_the_sm_share():
     m = staged(extra="  nccl_sms: 2\ncomm_compute_slowdown: 2.0")
     assert not m.nccl_sm_share()

@@ -334,4 +334,4 @@ def test_per_op_arrays_hold_every_op_number_of_the_program():
     for n in (1, 2**20, 2**29 - 1, 2**29, 2**31 - 1, 2**31, 2**33):
         assert array(op_index_typecode(n), [n - 1, -1])[0] == n - 1
         assert array(entry_typecode(n), [4 * (n - 1) + 3])[0] == 4 * (n - 1) + 3
-    assert op_index_typecode(1000) == entry_typecode(1000) == "i"
+    assert op_index_typecode(1000) == "i" and entry_typecode(1000) == "I"  # entries are never negative

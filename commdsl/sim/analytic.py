@@ -19,7 +19,7 @@ import simpy
 from commdsl.ir import OpKind
 from commdsl.machine.model import Machine
 from commdsl.sim.nccl_flows import machine_links
-from commdsl.sim.network import Done, FlowStat, Network, Transfer
+from commdsl.sim.network import Done, FlowStat, Network, Transfer, timeout
 from commdsl.sim.shape_memo import shape_table
 
 
@@ -116,7 +116,7 @@ class AnalyticNetwork(Network):
         log.end[record] = now + duration
         if slow == 1.0 or duration == latency:
             # Always through an event, even for zero time: keeps the engine's call depth flat.
-            self.env.timeout(duration, (transfer, ops, done)).callbacks.append(_fire)
+            timeout(self.env, duration, (transfer, ops, done), _fire)
             return
         # On the host's CPUs (a shared bandwidth) the latency is CPU work too: all of it slows.
         unslowed = 0.0 if self.machine.shared_bandwidth(transfer.transport) is not None else latency

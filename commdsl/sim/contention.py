@@ -54,23 +54,29 @@ from commdsl.sim.network import Network, Transfer
 from commdsl.sim.shape_memo import shape_table
 
 _STANDARD_NORMAL = NormalDist()
-_COPY = OpKind.COPY
+# Enum members bound once: a member read through its class is a Python-level lookup (the
+# enum's metaclass), dear where this module is compiled.
+_COPY, _COMPUTE, _SEND, _RECV, _NCCL = OpKind.COPY, OpKind.COMPUTE, OpKind.SEND, OpKind.RECV, Transport.NCCL
 _exp = math.exp  # bound once: it runs per compute op of a sampled run
 
 
 class Contention:
-    """The exact model: nothing slows anything (see the module doc for the interface)."""
+    """The exact model: nothing slows anything (see the module doc for the interface).
+    Where this module is compiled (`commdsl.native`) the models are C-struct classes
+    (`contention.pxd`): the engine calls their methods in C, and they read their own
+    fields without lookups."""
 
-    timed = False
-    timed_copies = False
-    tracks_kernels = False
-    tracks_traffic = False
-    noisy = False
-    duration_stretch = 1.0
-    rank_local = True
+    def __init__(self) -> None:
+        self.timed = False
+        self.timed_copies = False
+        self.tracks_kernels = False
+        self.tracks_traffic = False
+        self.noisy = False
+        self.duration_stretch = 1.0
+        self.rank_local = True
 
-    def kernel(self, op: Op, started: bool) -> bool:
-        """NCCL op `op` became active (`started`) or finished on its rank."""
+    def kernel(self, g: int, op: Op, started: bool) -> bool:
+        """NCCL op `op` (the engine's op g) became active (`started`) or finished on its rank."""
         return False
 
     def work(self, rank: int, is_copy: bool, delta: int) -> bool:
@@ -85,6 +91,11 @@ class Contention:
     def factor(self, rank: int, op: Op) -> float:
         """The current slowdown of compute op or copy `op` on `rank`."""
         return 1.0
+
+    def traffic_matters(self, memory_bound: bool) -> bool:
+        """Whether a program's transfers can change a factor (with `tracks_traffic`):
+        `memory_bound`, some compute op of it is bound by its bytes (`Wiring.memory_bound`)."""
+        return True
 
     def noisy_compute(self, g: int, start_us: float, duration_us: float, now: float) -> float:
         """Compute op g, starting at `start_us` (now or later) for `duration_us`: its
@@ -108,7 +119,8 @@ class _KernelFactors(Contention):
     """Compute slowed by the comm kernels active on its device: the largest of their
     factors (`Machine.interference`, looked up once per op kind and dtype)."""
 
-    def __init__(self, machine: Machine, world_size: int):
+    def __init__(self, machine: Machine, world_size: int, num_ops: int):
+        super().__init__()
         self.machine = machine
         self.tracks_kernels = machine.contention.slows_compute()
         self.kernels: list[list[float]] = [[] for _ in range(world_size)]
@@ -121,9 +133,13 @@ class _KernelFactors(Contention):
         """`kernel_factor` by `kernel_key`, for every program on this machine
         (`commdsl.sim.shape_memo`)."""
         self._op_factor: dict[tuple[int, int, int], float] = {}
-        """`kernel`'s factor by (id of the op's spec, id of its kind, its rank), which fix
+        """`kernel`'s factor by (id of the op's spec, its kind, its rank), which fix
         its `kernel_key`: the ops one statement makes share a spec, so this is looked up
         without building the key. The engine holds the program, so the ids stay its ops'."""
+        self.factor_at = array("d", bytes(8 * num_ops))
+        """Per op (g), `kernel`'s factor once looked up (0.0: not yet; a factor is at least
+        1). It follows from the program, the machine and the network model alone, so the
+        engine keeps it with the program's `Wiring` and hands it to the next run's model."""
 
     def kernel_factor(self, op: Op) -> float:
         """Compute's slowdown while comm op `op` runs on its device."""
@@ -134,16 +150,19 @@ class _KernelFactors(Contention):
         the machine's table."""
         return op.kind, op.dtype
 
-    def kernel(self, op: Op, started: bool) -> bool:
+    def kernel(self, g: int, op: Op, started: bool) -> bool:
         rank = op.rank
-        of_op = (id(op.spec), id(op.kind), rank)
-        factor = self._op_factor.get(of_op)
-        if factor is None:
-            key = self.kernel_key(op)
-            factor = self._machine_factor.get(key)
-            if factor is None:
-                factor = self._machine_factor[key] = self.kernel_factor(op)
-            self._op_factor[of_op] = factor
+        factor = self.factor_at[g]
+        if factor == 0.0:  # its first start: by its spec, else by its values, else worked out
+            of_op = (id(op.spec), op.kind, rank)
+            known = self._op_factor.get(of_op)
+            if known is None:
+                key = self.kernel_key(op)
+                known = self._machine_factor.get(key)
+                if known is None:
+                    known = self._machine_factor[key] = self.kernel_factor(op)
+                self._op_factor[of_op] = known
+            factor = self.factor_at[g] = known
         return _push_slowdown(self.kernels[rank], self.top, rank, factor, started)
 
     def _kernel_at(self, rank: int, kind: OpKind, dtype: Dtype, started: bool) -> bool:
@@ -177,8 +196,8 @@ class GpuModel(_KernelFactors):
     """NCCL kernels hold SMs and memory bandwidth; copy engines leave compute alone (see
     the module doc and `GpuContention`)."""
 
-    def __init__(self, machine: Machine, network: Network, world_size: int, group_ranks: dict[str, tuple[int, ...]]):
-        super().__init__(machine, world_size)
+    def __init__(self, machine: Machine, network: Network, world_size: int, num_ops: int, group_ranks: dict[str, tuple[int, ...]]):
+        super().__init__(machine, world_size, num_ops)
         spec: GpuContention = machine.contention
         self.network = network
         self.group_ranks = group_ranks
@@ -196,7 +215,7 @@ class GpuModel(_KernelFactors):
         traffic, the ranks it loads (none: not an NCCL transfer), and the transfer (which
         keeps its id from being reused)."""
         self._memory_bound: dict[tuple[int, int], bool] = {}
-        """`memory_bound` of a compute op by (id of its spec, id of its kind)."""
+        """`memory_bound` of a compute op by (id of its spec, its kind)."""
         self._machine_memory_bound: dict[tuple, bool] = shape_table(machine, ("memory_bound",))
         """`memory_bound` by the op fields it reads, for every program on this machine:
         `_memory_bound`'s misses."""
@@ -213,7 +232,7 @@ class GpuModel(_KernelFactors):
             return own.comm_compute_slowdown
         if spec.comm_compute_slowdown is not None:
             return spec.comm_compute_slowdown
-        if self.network.nccl is not None and op.transport is Transport.NCCL:
+        if self.network.nccl is not None and op.transport is _NCCL:
             sms = self.network.nccl.choose(op, self.group_ranks[op.group]).channels
         else:
             sms = spec.nccl_sms or 0
@@ -222,8 +241,9 @@ class GpuModel(_KernelFactors):
 
     def kernel_key(self, op: Op) -> tuple:
         # NCCL's channels depend on the op's group's ranks, size and choices (a send's on its peer too).
-        key = (op.kind, op.dtype, self.group_ranks[op.group], op.size_bytes, op.algo, op.proto, op.transport)
-        return key + (op.rank, op.peer) if op.kind.is_p2p else key
+        spec = op.spec  # (its fields, read without the op's properties)
+        key = (op.kind, spec.dtype, self.group_ranks[spec.group], spec.size_bytes, spec.algo, spec.proto, spec.transport)
+        return key + (op.rank, spec.peer) if op.kind.is_p2p else key
 
     def work(self, rank: int, is_copy: bool, delta: int) -> bool:
         if self.slows_comm and not is_copy:
@@ -236,7 +256,7 @@ class GpuModel(_KernelFactors):
         receives it writes)."""
         known = self._traffic_of.get(id(transfer))
         if known is None:
-            if transfer.transport is not Transport.NCCL or not transfer.size_bytes:
+            if transfer.transport is not _NCCL or not transfer.size_bytes:
                 known = (0.0, (), transfer)
             else:
                 known = (2.0 * self.network.solo_rate(transfer), tuple(dict.fromkeys(transfer.ranks)), transfer)
@@ -259,12 +279,18 @@ class GpuModel(_KernelFactors):
             return self.memory_bytes_per_us / (self.memory_bytes_per_us - traffic)
         return self.top[rank]
 
+    def traffic_matters(self, memory_bound: bool) -> bool:
+        """NCCL's memory traffic slows only compute bound by its bytes: without such ops,
+        the program's transfers change no factor, and the engine need not report them."""
+        return memory_bound
+
     def _is_memory_bound(self, op: Op, kind: OpKind) -> bool:
         """`memory_bound(machine, op)`, once per spec and kind."""
-        key = (id(op.spec), id(kind))
+        key = (id(op.spec), kind)
         bound = self._memory_bound.get(key)
         if bound is None:
-            shape = (kind, op.duration_us is None, op.size_bytes, op.flops, op.dtype)
+            spec = op.spec  # (its fields, read without the op's properties)
+            shape = (kind, spec.duration_us is None, spec.size_bytes, spec.flops, spec.dtype)
             bound = self._machine_memory_bound.get(shape)
             if bound is None:
                 bound = self._machine_memory_bound[shape] = memory_bound(self.machine, op)
@@ -277,7 +303,7 @@ class CpuHostModel(_KernelFactors):
     module doc). Counts, per rank, the compute ops and copies running there."""
 
     def __init__(self, machine: Machine, network: Network, world_size: int, num_ops: int, rng: random.Random | None):
-        super().__init__(machine, world_size)
+        super().__init__(machine, world_size, 0)  # (`kernel` is not called: see `tracks_kernels`)
         spec: CpuContention = machine.contention
         # Comm slows compute while its transfer moves bytes (`transfer`), not from the
         # moment the op is active as an NCCL kernel on a GPU does (`kernel`).
@@ -337,14 +363,18 @@ class CpuHostModel(_KernelFactors):
     def transfer(self, transfer: Transfer, started: bool) -> tuple[int, ...]:
         """An NCCL-transport transfer slows compute on its ranks while it moves: each at
         its own op's factor (a send's on the source, a recv's on the destination)."""
-        if transfer.transport is not Transport.NCCL:
+        if transfer.transport is not _NCCL:
             return ()
-        kinds = (OpKind.SEND, OpKind.RECV) if transfer.kind is OpKind.SEND else repeat(transfer.kind)
-        return tuple(rank for rank, kind in zip(dict.fromkeys(transfer.ranks), kinds) if self._kernel_at(rank, kind, transfer.dtype, started))
+        kinds = (_SEND, _RECV) if transfer.kind is _SEND else repeat(transfer.kind)
+        changed = []  # a loop, not a generator: a compiled method makes no closures
+        for rank, kind in zip(dict.fromkeys(transfer.ranks), kinds):
+            if self._kernel_at(rank, kind, transfer.dtype, started):
+                changed.append(rank)
+        return tuple(changed)
 
     def factor(self, rank: int, op: Op) -> float:
         spec = self.spec
-        if op.kind is OpKind.COPY:
+        if op.kind is _COPY:
             return spec.compute_copy_slowdown if self.computing[rank] else 1.0
         factor = self._kernel_factor(rank)
         if self.copying[rank]:
@@ -403,7 +433,7 @@ def contention_model(machine: Machine, network: Network, world_size: int, num_op
     if isinstance(spec, CpuContention):
         model: Contention = CpuHostModel(machine, network, world_size, num_ops, rng)
     elif isinstance(spec, GpuContention):
-        model = GpuModel(machine, network, world_size, group_ranks)
+        model = GpuModel(machine, network, world_size, num_ops, group_ranks)
     else:
         raise AssertionError(f"unknown contention spec {type(spec).__name__}")
     if not (model.timed or model.noisy or model.duration_stretch != 1.0):
@@ -422,7 +452,7 @@ def compute_us(machine: Machine, op: Op) -> tuple[float, float]:
 
 def memory_bound(machine: Machine, op: Op) -> bool:
     """A compute op whose time is its bytes' (`bytes=`, no explicit duration)."""
-    if op.kind is not OpKind.COMPUTE or op.duration_us is not None or not op.size_bytes:
+    if op.kind is not _COMPUTE or op.duration_us is not None or not op.size_bytes:
         return False
     flops_us, bytes_us = compute_us(machine, op)
     return bytes_us >= flops_us

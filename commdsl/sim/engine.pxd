@@ -4,6 +4,8 @@
 # the flags and rates C values, and the hot methods C calls with typed locals.
 cimport cython
 from commdsl.sim.entities cimport Entity, Host, Stream, Queue, Collective
+from commdsl.sim.contention cimport Contention
+from commdsl.sim.network cimport timeout
 
 # The constants the hot paths compare with (imported or bound in engine.py): C ints.
 cdef int ACTIVE, DONE, ELIGIBLE, EXEC, MARK, SYNC, STREAM, QUEUE
@@ -17,7 +19,8 @@ cdef class Engine:
     cdef public unsigned char[:] state, kind, on_stream
     cdef public int[:] cause, queue_at, partner, coll_at, batch_last
     cdef public list _todo
-    cdef public object waiters, hosts, streams, group_ranks, contention, wiring, queues, queue_list
+    cdef public Contention contention
+    cdef public object waiters, hosts, streams, group_ranks, wiring, queues, queue_list
     cdef public object collectives, batch_multi, algos, batch_gloo, protos
     cdef public object copy_engines, pair_fifo, _transfers, _p2p_shapes, _pair_of, _machine_transfers, _on_transfer_done, nominal_us, issued, _work_us, _machine_work_us
     cdef public object _chains
@@ -57,6 +60,7 @@ cdef class Engine:
     @cython.locals(now=double, timed_copies=bint, s=Stream, factor=double)
     cpdef _retime(self, Py_ssize_t rank)
     cpdef bint _went_on_late(self, Stream s, Py_ssize_t c, double t)
+    cpdef double _duration(self, op) except? -1.0
     cpdef _on_stream_timer(self, ev)
     @cython.locals(g=Py_ssize_t, tag=int, q=Queue, w=list)
     cpdef _complete_entry(self, Stream s, Py_ssize_t entry, double t, Py_ssize_t c)

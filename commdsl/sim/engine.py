@@ -76,7 +76,7 @@ from commdsl.sim.contention import compute_us, contention_model
 from commdsl.sim.copy_engines import CopyEngines
 from commdsl.sim.entities import (ACTIVE, ALGOS, DONE, KIND_CODE, PROTOS, ELIGIBLE, EXEC, MARK, QUEUE, STREAM, SYNC,
                                   Collective, Entity, Host, Queue, RawResult, Stream, entry_typecode, kind_table, op_index_typecode)
-from commdsl.sim.network import Network, Transfer
+from commdsl.sim.network import Network, Transfer, timeout
 from commdsl.sim.shape_memo import shape_table
 from commdsl.sim.symmetry import interchangeable, replicate
 from commdsl.sim.wiring import Wiring, wire
@@ -215,8 +215,13 @@ class Engine:
         self._on_transfer_done = self._transfer_done
         self.kernels = c.tracks_kernels
         """NCCL ops becoming active and finishing are reported to the contention model."""
-        self.traffic = c.tracks_traffic
-        """Transfers starting and ending are reported to the contention model."""
+        if self.kernels:  # the ops' kernel factors, looked up once per program (`Wiring.kernel_factors`)
+            if w.kernel_factors is None:
+                w.kernel_factors = array("d", bytes(8 * n))
+            c.factor_at = w.kernel_factors
+        self.traffic = c.tracks_traffic and c.traffic_matters(w.memory_bound)
+        """Transfers starting and ending are reported to the contention model (where
+        anything in this program depends on them)."""
         self.timed = c.timed
         """Compute ops (and, with `contention.timed_copies`, copies) start at their true
         time and end through `_on_timer`, re-timed when their factor changes."""
@@ -226,7 +231,7 @@ class Engine:
         self.nominal_us: dict[int, float] = {}
         """Compute ops (g) that ran slowed, with their time at full speed."""
         self._work_us: dict[tuple[int, int], float] = {}
-        """`_duration` by (id of the op's spec, id of its kind): the fields it reads are
+        """`_duration` by (id of the op's spec, its kind): the fields it reads are
         those (the ops one statement makes share a spec, held by the program as long as
         the engine runs it)."""
         self._machine_work_us: dict[tuple, float] = shape_table(machine, ("work_us",))
@@ -621,7 +626,8 @@ class Engine:
                     return
                 elif k == _K_COMPUTE or k == _K_COPY:
                     op = ops[g]
-                    duration = op.duration_us * self.stretch if k == _K_COMPUTE and op.duration_us is not None else self._duration(op)
+                    explicit = op.spec.duration_us  # (the spec's field: `op.duration_us` is a property's call)
+                    duration = explicit * self.stretch if k == _K_COMPUTE and explicit is not None else self._duration(op)
                     if s.woke and c == s.last_g:
                         t += self.contention.wake_us(entry)  # it starts right as its stream's wait ended
                     if self.noisy and k == _K_COMPUTE and duration > 0.0:
@@ -641,8 +647,7 @@ class Engine:
                 s.busy = True
                 s.cur = entry
                 s.cur_cause = c
-                ev = self.env.timeout(start + duration - now, s)
-                ev.callbacks.append(self._on_stream_timer)
+                timeout(self.env, start + duration - now, s, self._on_stream_timer)
                 return
             self._complete_entry(s, entry, start, c)
 
@@ -677,7 +682,7 @@ class Engine:
         s.cur_cause = c
         if t > now:  # wait until it really starts: what runs then decides its speed
             s.delay = True
-            self.env.timeout(t - now, s).callbacks.append(self._on_delay)
+            timeout(self.env, t - now, s, self._on_delay)
             return False
         g = entry >> 2
         self.start[g] = now
@@ -720,7 +725,7 @@ class Engine:
 
     def _timer(self, s: Stream) -> None:
         s.token += 1
-        self.env.timeout(s.work_left * s.factor, (s, s.token)).callbacks.append(self._on_timer)
+        timeout(self.env, s.work_left * s.factor, (s, s.token), self._on_timer)
 
     def _on_timer(self, ev) -> None:
         s, token = ev._value
@@ -737,7 +742,7 @@ class Engine:
         self._drain()
 
     def _kernel_changed(self, g: int, started: bool) -> None:
-        if self.contention.kernel(self.ops[g], started):
+        if self.contention.kernel(g, self.ops[g], started):
             self._retime(self.ops[g].rank)
 
     def _retime(self, rank: int) -> None:
@@ -797,11 +802,12 @@ class Engine:
 
     def _duration(self, op: Op) -> float:
         """Time of a compute or copy op from its work and the device's rates (`_work_us`)."""
-        key = (id(op.spec), id(op.kind))
+        key = (id(op.spec), op.kind)
         duration = self._work_us.get(key)
         if duration is None:
             # What it reads of the op, as values: the same work on this machine in another program.
-            shape = (op.kind, op.duration_us, op.flops, op.size_bytes, op.dtype, op.copy_dir, op.host_memory, self.stretch)
+            spec = op.spec  # (its fields, read without the op's properties)
+            shape = (op.kind, spec.duration_us, spec.flops, spec.size_bytes, spec.dtype, spec.copy_dir, spec.host_memory, self.stretch)
             duration = self._machine_work_us.get(shape)
             if duration is None:
                 duration = self._machine_work_us[shape] = self._op_work_us(op)
@@ -837,7 +843,7 @@ class Engine:
             state[item] = ACTIVE
             now = self.env._now
             start[item] = now
-            if self.kernels and self.ops[item].transport is _NCCL:
+            if self.kernels and self.ops[item].spec.transport is _NCCL:
                 self._kernel_changed(item, True)
             c = self.coll_at[item]
             if c < 0:
@@ -876,7 +882,7 @@ class Engine:
                 cause[g] = x.last_g
             state[g] = ACTIVE
             start[g] = now
-            if self.kernels and self.ops[g].transport is _NCCL:
+            if self.kernels and self.ops[g].spec.transport is _NCCL:
                 self._kernel_changed(g, True)
         for g in range(item, last + 1):
             self._activated(g, now)
@@ -1032,7 +1038,7 @@ class Engine:
                     if not e.kicked:
                         e.kicked = True
                         todo.append(e)
-            if kernels and self.ops[g].transport is _NCCL:
+            if kernels and self.ops[g].spec.transport is _NCCL:
                 self._kernel_changed(g, False)
             q = queue_list[queue_at[g]]
             q.remaining -= 1

@@ -50,8 +50,11 @@ def op_index_typecode(n: int) -> str:
 
 
 def entry_typecode(n: int) -> str:
-    """The `array` typecode of a stream's entries (g * 4 + tag) for a program of n ops."""
-    return "i" if 4 * n < 2**31 else "q"
+    """The `array` typecode of a stream's entries (g * 4 + tag), and of a comm queue's
+    items (g), for a program of n ops: 4 bytes an entry while it fits. Unsigned (an entry
+    is never negative): appending to an unsigned array converts the item in C, where a
+    signed one parses it with a format string (the host appends an entry per op)."""
+    return "I" if 4 * n < 2**32 else "Q"
 
 
 class Entity:

@@ -11,3 +11,5 @@ cdef class Network:
     cdef public TransferLog records
     cdef public Py_ssize_t world_size
     cdef object __weakref__  # a network may be referred to weakly, as a Python object may
+
+cpdef timeout(env, delay, value, callback)

@@ -31,8 +31,10 @@ from __future__ import annotations
 from array import array
 from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass
+from heapq import heappush
 
 import simpy
+from simpy.events import NORMAL, Timeout
 
 from commdsl.errors import MachineError, ScheduleError
 from commdsl.ir import Algo, Dtype, Op, OpKind, Protocol, ReduceOp, Transport
@@ -128,12 +130,14 @@ class TransferLog:
         """The distinct transfers, by their index."""
         self._index: dict[int, int] = {}
         """id(transfer) -> its index (the list keeps every transfer alive, so ids stay unique)."""
-        self.kind = array("i")
+        # Unsigned (no entry is negative): their appends convert items in C (a signed
+        # array's parse them with a format string).
+        self.kind = array("I")
         """Per started transfer, the index of its `Transfer`."""
         self.start = array("d")
         self.end = array("d")
-        self._ops = array("q")
-        self._ops_at = array("q")
+        self._ops = array("Q")
+        self._ops_at = array("Q")
         """Where each transfer's ops begin in `_ops` (they end where the next one's begin)."""
         self._int_start: dict[int, int] = {}
         """Starts that were ints (SimPy's clock is the int 0 until its first event), as they
@@ -181,8 +185,29 @@ class TransferLog:
         return (self[i] for i in range(len(self)))
 
 
+_NCCL = Transport.NCCL  # bound once: an enum member read through its class is a Python-level lookup
+
 Done = Callable[[Transfer, tuple[int, ...]], None]
 """What a network calls when a transfer's last byte arrives: done(transfer, ops)."""
+
+
+def timeout(env: simpy.Environment, delay: float, value: object, callback: Callable[[Timeout], None]) -> None:
+    """`env.timeout(delay, value).callbacks.append(callback)`: the same SimPy event,
+    scheduled as `Environment.schedule` does (at now + delay, normal priority, the
+    environment's next event id), so SimPy runs it in the same order; made without the
+    Python frames of SimPy's constructor and `schedule`, where this module is compiled
+    (the engine's timers and the networks' transfers: most of a simulation's events).
+    It writes SimPy's `Environment._queue` and `_eid` and the event's fields as its
+    constructor does, as the engine reads the clock as `env._now`."""
+    if delay < 0:
+        raise ValueError(f"Negative delay {delay}")
+    ev = Timeout.__new__(Timeout)
+    ev.env = env
+    ev.callbacks = [callback]
+    ev._value = value
+    ev._delay = delay
+    ev._ok = True
+    heappush(env._queue, (env._now + delay, NORMAL, next(env._eid), ev))
 
 
 class Network:
@@ -232,7 +257,7 @@ class Network:
         """The algorithm and protocol `op` runs with on the group `ranks` (global): NCCL's
         choice (`commdsl.sim.nccl`) on a machine with an NCCL model, else what the op forces
         or the model's default, without protocols."""
-        if self.nccl is not None and op.transport is Transport.NCCL:
+        if self.nccl is not None and op.transport is _NCCL:
             c = self.nccl.choose(op, ranks)
             return c.algo, c.proto
         link = self.machine.transport(op.transport)

@@ -23,7 +23,8 @@ from dataclasses import dataclass, field
 from commdsl.errors import MachineError, ScheduleError
 from commdsl.ir import COLLECTIVE_KINDS, P2P_KINDS, Op, OpKind, Program, Transport
 from commdsl.machine.model import Machine
-from commdsl.sim.entities import ALGOS, KIND_CODE, PROTOS, Collective, Queue, op_index_typecode
+from commdsl.sim.contention import memory_bound
+from commdsl.sim.entities import ALGOS, KIND_CODE, PROTOS, Collective, Queue, entry_typecode, op_index_typecode
 from commdsl.sim.network import Network, Transfer
 from commdsl.sim.symmetry import copy_rank_0, shifted
 
@@ -70,9 +71,21 @@ class Wiring:
     """`Engine._p2p_shapes`: point-to-point transfers and peer copies."""
     pair_of: dict[int, tuple[str, int, int]] = field(default_factory=dict)
     """`Engine._pair_of`: NCCL sends' pairs."""
+    memory_bound: bool = False
+    """Some compute op's time is its bytes' on the machine (`memory_bound`): only those
+    share the device's memory with NCCL's traffic (`GpuModel.transfer`)."""
+    kernel_factors: array | None = None
+    """Per op, the compute slowdown of its NCCL kernel, filled as the contention model
+    looks it up (`_KernelFactors.factor_at`); None until a run tracks kernels."""
 
 
 _COMM_KINDS = P2P_KINDS | COLLECTIVE_KINDS
+# Enum members bound once: a member read through its class is a Python-level lookup
+# (the enum's metaclass), dear where this module is compiled.
+_COMPUTE, _SEND, _RECV = OpKind.COMPUTE, OpKind.SEND, OpKind.RECV
+_MEMCPY, _GLOO = Transport.MEMCPY, Transport.GLOO
+_MEMORY_BOUND = "memory-bound"
+"""In `_facts`' set of what it checked: some compute op's time is its bytes' on the machine."""
 
 
 def wire(program: Program, ops: list[Op], base: list[int], machine: Machine, network: Network, symmetric: bool = False) -> Wiring:
@@ -82,6 +95,7 @@ def wire(program: Program, ops: list[Op], base: list[int], machine: Machine, net
     queues: list[dict[str, Queue]] = [{} for _ in range(program.world_size)]
     queue_list: list[Queue] = []
     index = op_index_typecode(n)
+    items = entry_typecode(n)  # a comm queue's items (g, never negative)
     partner = array(index, [-1]) * n
     queue_at = array(index, [-1]) * n
     coll_at = array(index, [-1]) * n
@@ -121,10 +135,10 @@ def wire(program: Program, ops: list[Op], base: list[int], machine: Machine, net
             kind = op.kind
             fact = facts.get(id(op.spec))
             if fact is None or fact[0] is not kind:
-                fact = _facts(op, machine, network, queues[rank], queue_list, index, group_ranks, chosen, checked)
+                fact = _facts(op, machine, network, queues[rank], queue_list, items, group_ranks, chosen, checked)
                 if fact[0] is kind:
                     facts[id(op.spec)] = fact
-            _, code, comm, stream_only, q, algo, proto, key, unmatched_key = fact  # q: the queue's number
+            _, code, comm, stream_only, q, algo, proto, key, unmatched_key, gloo = fact  # q: the queue's number
             kind_of[g] = code
             on_stream_of[g] = stream_only
             if not comm:
@@ -141,7 +155,7 @@ def wire(program: Program, ops: list[Op], base: list[int], machine: Machine, net
                     if q != queue_of[first]:
                         batch_multi[first] = (*batch_multi.get(first, (queue_list[queue_of[first]],)), queue_list[q])
                 batch_last[first] = g
-                if op.transport is Transport.GLOO:
+                if gloo:
                     batch_gloo.add(first)
             if key is not None:  # a send or recv: pair it with the first unmatched other end
                 other = unmatched.get(key)
@@ -178,7 +192,8 @@ def wire(program: Program, ops: list[Op], base: list[int], machine: Machine, net
     if symmetric:
         # A collective is the same instance on every rank: its coll_at too is rank 0's.
         _derive_ranks(program.world_size, len(program.ops[0]), queues, queue_list, queue_at, collectives, [algos, protos, kinds, on_stream, coll_at])
-    return Wiring(queues, queue_list, queue_at, partner, coll_at, collectives, batch_last, batch_multi, batch_gloo, algos, protos, kinds, on_stream)
+    return Wiring(queues, queue_list, queue_at, partner, coll_at, collectives, batch_last, batch_multi, batch_gloo, algos, protos, kinds, on_stream,
+                  memory_bound=_MEMORY_BOUND in checked)
 
 
 def _derive_ranks(world: int, m: int, queues: list[dict[str, Queue]], queue_list: list[Queue], queue_at: array, collectives: list[Collective],
@@ -205,53 +220,60 @@ def _facts(op: Op, machine: Machine, network: Network, rank_queues: dict[str, Qu
     """What `wire` needs of an op that its kind, spec and rank decide, checking what the
     machine must provide for it: (kind, kind code, is a comm op, runs on its stream, comm
     queue's number in `queue_list` (-1: none), algo index, proto index, matching key, the
-    key its own kind waits under). A new comm queue holds its items as `typecode`."""
+    key its own kind waits under, is a gloo op). A new comm queue holds its items as
+    `typecode`. It reads the op's shared fields from its spec (`op.spec.size_bytes` is
+    what `op.size_bytes` reads, without a property's call)."""
     kind = op.kind
+    spec = op.spec
     code = KIND_CODE[kind]
+    transport = spec.transport
     if kind not in _COMM_KINDS:
         stream_only = False
-        if kind is OpKind.COMPUTE:
-            if op.duration_us is None and op.flops is not None and (op.dtype, "flops") not in checked:
+        if kind is _COMPUTE:
+            if spec.duration_us is None and spec.flops is not None and (spec.dtype, "flops") not in checked:
                 _check_rate(machine, op)
-                checked.add((op.dtype, "flops"))
+                checked.add((spec.dtype, "flops"))
+            if spec.size_bytes and spec.duration_us is None and _MEMORY_BOUND not in checked and memory_bound(machine, op):
+                checked.add(_MEMORY_BOUND)
         elif op.is_peer_copy:
-            if op.transport not in checked:
+            if transport not in checked:
                 _check_transport(machine, op)
-                checked.add(op.transport)
+                checked.add(transport)
             network.check_copy(op)
-            stream_only = op.transport is Transport.MEMCPY
-        return kind, code, False, stream_only, -1, 0, 0, None, None
-    transport = op.transport
+            stream_only = transport is _MEMCPY
+        return kind, code, False, stream_only, -1, 0, 0, None, None, transport is _GLOO
     if transport not in checked:
         _check_transport(machine, op)
         checked.add(transport)
     q = -1
-    if transport is Transport.MEMCPY:  # no communicator: it runs on its stream
+    group = spec.group
+    if transport is _MEMCPY:  # no communicator: it runs on its stream
         if kind not in P2P_KINDS:
             raise ScheduleError(f"{op.label} on rank {op.rank}: transport=memcpy copies point to point only (send, "
                                 f"recv, a copy to a peer), not a collective", op.loc, rank=op.rank,
                                 hint="give the collective transport=nccl or transport=gloo")  # fmt: skip
         network.check_copy(op)
     else:
-        queue = rank_queues.get(op.group)
+        queue = rank_queues.get(group)
         if queue is None:
-            queue = rank_queues[op.group] = Queue(op.rank, op.group, typecode, len(queue_list))
+            queue = rank_queues[group] = Queue(op.rank, group, typecode, len(queue_list))
             queue_list.append(queue)
         q = queue.number
     # The op's algorithm and protocol: the network's choice, or what it forces (checked there).
     # A point-to-point op's depends on its pair (the link between them), so on its rank too.
-    shape = (op.group, kind, op.size_bytes, transport, op.algo, op.proto, op.peer, -1 if op.peer is None else op.rank)
+    peer = spec.peer
+    shape = (group, kind, spec.size_bytes, transport, spec.algo, spec.proto, peer, -1 if peer is None else op.rank)
     pick = chosen.get(shape)
     if pick is None:
-        algo, proto = network.choose(op, group_ranks[op.group])
+        algo, proto = network.choose(op, group_ranks[group])
         pick = chosen[shape] = (ALGOS.index(algo), PROTOS.index(proto))
     # Sends and recvs pair first in, first out per (src, dst, group).
     key = own = None
-    if kind is OpKind.SEND:
-        key, own = (op.rank, op.peer, op.group, OpKind.RECV), (op.rank, op.peer, op.group, OpKind.SEND)
-    elif kind is OpKind.RECV:
-        key, own = (op.peer, op.rank, op.group, OpKind.SEND), (op.peer, op.rank, op.group, OpKind.RECV)
-    return kind, code, True, transport is Transport.MEMCPY and kind in P2P_KINDS, q, *pick, key, own
+    if kind is _SEND:
+        key, own = (op.rank, peer, group, _RECV), (op.rank, peer, group, _SEND)
+    elif kind is _RECV:
+        key, own = (peer, op.rank, group, _SEND), (peer, op.rank, group, _RECV)
+    return kind, code, True, transport is _MEMCPY and kind in P2P_KINDS, q, *pick, key, own, transport is _GLOO
 
 
 def _check_transport(machine: Machine, op: Op) -> None:
