@@ -335,3 +335,29 @@ def test_per_op_arrays_hold_every_op_number_of_the_program():
         assert array(op_index_typecode(n), [n - 1, -1])[0] == n - 1
         assert array(entry_typecode(n), [4 * (n - 1) + 3])[0] == 4 * (n - 1) + 3
     assert op_index_typecode(1000) == "i" and entry_typecode(1000) == "I"  # entries are never negative
+
+
+def test_the_engines_timeout_is_simpys_own_event_in_simpys_order():
+    # network.timeout writes SimPy's queue as Environment.schedule does (it reads its
+    # internals, as the engine reads env._now): it must stay the same event, at the same
+    # time, priority and id as env.timeout's, and fire in the same order, on the SimPy
+    # release installed. A SimPy that changes those internals fails here, not in a result.
+    import simpy
+
+    from commdsl.sim.network import timeout
+
+    fired: dict[str, list] = {"simpy": [], "ours": []}
+    envs = {name: simpy.Environment(initial_time=5.0) for name in fired}
+    for name, env in envs.items():
+        for delay, value in ((3.0, "a"), (0.0, "b"), (3.0, "c"), (1.5, "d")):
+            if name == "simpy":
+                env.timeout(delay, value).callbacks.append(lambda ev, name=name: fired[name].append((ev.env.now, ev.value)))
+            else:
+                timeout(env, delay, value, lambda ev, name=name: fired[name].append((ev.env.now, ev.value)))
+    assert [(t, p, eid, type(ev), ev._delay, ev.ok) for t, p, eid, ev in sorted(envs["simpy"]._queue)] == \
+           [(t, p, eid, type(ev), ev._delay, ev.ok) for t, p, eid, ev in sorted(envs["ours"]._queue)]  # fmt: skip
+    for env in envs.values():
+        env.run()
+    assert fired["ours"] == fired["simpy"] == [(5.0, "b"), (6.5, "d"), (8.0, "a"), (8.0, "c")]
+    with pytest.raises(ValueError, match="Negative delay"):
+        timeout(envs["ours"], -1.0, None, lambda ev: None)
