@@ -35,14 +35,17 @@ def _pipeliner():
     return module
 
 
-def median_ms(call: Callable[[], object], repeats: int) -> float:
-    call()  # warm: imports, caches
-    times = []
-    for _ in range(repeats):
+def median_ms(call: Callable[..., object], repeats: int, setup: Callable[[], object] | None = None) -> float:
+    """Median CPU time of `call()` (ms), or of `call(setup())` with `setup` untimed."""
+
+    def once() -> float:
+        args = () if setup is None else (setup(),)
         start = time.process_time()
-        call()
-        times.append(time.process_time() - start)
-    return statistics.median(times) * 1e3
+        call(*args)
+        return time.process_time() - start
+
+    once()  # warm: imports, caches
+    return statistics.median(once() for _ in range(repeats)) * 1e3
 
 
 def main() -> None:
@@ -67,18 +70,21 @@ def main() -> None:
     print(f"1F1B, {args.stages} stages x {microbatches} microbatches: {program.num_ops:,} ops; machine {machine.name}; "
           f"{commdsl.ENGINE_BUILD.describe()}; load {os.getloadavg()[0]:.1f}; median CPU of {args.repeats} calls")  # fmt: skip
     # A planner's candidates are new programs: the same program's next call starts from
-    # the wiring its last one left (`commdsl.sim.simulate`), a new one wires itself.
-    fresh = iter([build(microbatches) for _ in range(args.repeats + 1)])
-    cases = {
+    # the wiring its last one left (`commdsl.sim.simulate`), a new one wires itself. As in
+    # a planner's loop, each new program is built (untimed) just before its call and
+    # dropped after it.
+    cases: dict[str, Callable[..., object] | tuple[Callable[[], object], Callable[..., object]]] = {
         "build with the Builder": lambda: build(microbatches),
         "simulate(program, Machine, 'analytic')": lambda: commdsl.simulate(program, machine, network="analytic"),
-        "simulate(new program, Machine, 'analytic')": lambda: commdsl.simulate(next(fresh), machine, network="analytic"),
+        "simulate(new program, Machine, 'analytic')": (lambda: build(microbatches),
+                                                       lambda fresh: commdsl.simulate(fresh, machine, network="analytic")),
         "simulate(program, name, 'analytic')": lambda: commdsl.simulate(program, args.machine, network="analytic"),
         "simulate + metrics (analytic)": lambda: commdsl.metrics(commdsl.simulate(program, machine, network="analytic")),
         "simulate(program, Machine, 'flow')": lambda: commdsl.simulate(program, machine, network="flow"),
     }
-    for label, call in cases.items():
-        ms = median_ms(call, args.repeats)
+    for label, case in cases.items():
+        setup, call = case if isinstance(case, tuple) else (None, case)
+        ms = median_ms(call, args.repeats, setup)
         print(f"  {label:<42} {ms:8.2f} ms  {ms * 1e3 / program.num_ops:6.2f} us/op")
 
 
