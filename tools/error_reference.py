@@ -5,7 +5,8 @@
 
 The rows come from tests/test_bad_inputs.py, the tables the tests loop over: schedules
 (`CASES`), machine files (`MACHINE_CASES`), command lines (`USAGE_CASES`) and simulated
-times past the horizon (`HORIZON_CASES`). Each row runs again here, through the same
+times past the horizon (`HORIZON_CASES`); and from tests/test_nccl_logs_bad.py, the
+nccl-tests logs calibrate refuses (`STRUCTURE`, `NUMBERS`). Each row runs again here, through the same
 functions the command line calls, and its message goes into the page exactly as a user
 sees it. Sections follow the tables' own `# ...` comments. `tests/test_docs.py` fails when
 the page and this script disagree, so the reference cannot fall behind the code.
@@ -102,6 +103,17 @@ def horizon_rows(bad) -> list[tuple[str, str, str]]:
     return rows
 
 
+def log_rows(logbad) -> list[tuple[str, str, str]]:
+    """nccl-tests logs `calibrate --from-nccl-tests` refuses (tests/test_nccl_logs_bad.py)."""
+    from commdsl.calibrate.nccl_logs import parse_logs
+
+    rows = []
+    for section, table in (("what a log says", logbad.STRUCTURE), ("numbers in a log", logbad.NUMBERS)):
+        for row_id, text, *_ in table:
+            rows.append((section, row_id, f"```text\n{_message(lambda: parse_logs(text, 'bad.log'))}\n```"))
+    return rows
+
+
 def usage_rows(bad) -> list[tuple[str, str, str]]:
     from commdsl.cli import main
 
@@ -151,17 +163,19 @@ def render() -> str:
     sys.path.insert(0, str(TESTS.parent))
     os.environ.setdefault("COLUMNS", "120")
     import test_bad_inputs as bad
+    import test_nccl_logs_bad as logbad
 
     from commdsl import errors
     from commdsl.commands.compare import EXIT_OVER_MAX_ERROR
 
     kinds = [("schedule files", schedule_rows(bad)), ("machine files", machine_rows(bad)),
-             ("simulation", horizon_rows(bad)), ("command lines", usage_rows(bad))]  # fmt: skip
+             ("simulation", horizon_rows(bad)), ("logs of nccl-tests", log_rows(logbad)),
+             ("command lines", usage_rows(bad))]  # fmt: skip
     out = [
         "# Error reference",
         "",
         "<!-- Written by `python tools/error_reference.py` from the tables of bad inputs in",
-        "tests/test_bad_inputs.py; do not edit by hand. -->",
+        "tests/test_bad_inputs.py and tests/test_nccl_logs_bad.py; do not edit by hand. -->",
         "",
         "Every mistake ends in one message, with the file, line and column where there is one, the",
         "line itself with a caret, and a hint where one helps, and a non-zero exit code; never a",
