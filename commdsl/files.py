@@ -48,9 +48,14 @@ def exists(path: str | Path) -> bool:
 
 
 def read_text(path: str | Path, display: str, error: type[CommdslError], what: str = "file") -> str:
-    """The UTF-8 text of `path`. `display` names the file in messages; a decoding failure
-    raises `error` at the line and column of the first byte that is not UTF-8."""
+    """The UTF-8 text of `path` (or UTF-16 after its byte-order mark, as Windows
+    PowerShell's `>` saves a command's output, where the whole file decodes so). `display`
+    names the file in messages; a decoding failure raises `error` at the line and column of
+    the first byte that is not UTF-8."""
     data = read_bytes(path, display, what)
+    if data[:2] in (b"\xff\xfe", b"\xfe\xff"):
+        with suppress(UnicodeDecodeError):  # not UTF-16 after all: told as bytes that are not UTF-8, below
+            return data.decode("utf-16")
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as e:

@@ -647,6 +647,15 @@ def test_file_not_utf8_points_at_the_byte(kind, data, line, column, tmp_path):
     assert "cannot be decoded" in err.format() and "codec" not in err.format()
 
 
+def test_a_schedule_saved_as_utf16_with_its_bom_loads_as_its_text(tmp_path):
+    from commdsl.dsl import load_schedule, load_schedule_text
+
+    text = "name: t\nworld: 2\nprogram: |\n  compute F 1ms\n"
+    path = tmp_path / "ps.yaml"
+    path.write_bytes(text.encode("utf-16"))  # Windows PowerShell's `>` writes UTF-16 with a byte-order mark
+    assert load_schedule(str(path)).ops == load_schedule_text(text, str(path)).ops
+
+
 # An error on a very long line: the message stays short, the caret under the culprit (the
 # first character of the case's marker, which names where the error is).
 CLIP_CASES = [

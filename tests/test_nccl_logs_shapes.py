@@ -154,3 +154,23 @@ def test_a_log_whose_only_run_failed_is_an_error_quoting_the_failure(tmp_path):
     with pytest.raises(LogError) as info:
         read_logs([str(only)])
     assert "no results: the run of line 3 ends before its first result line: cnode2-001: Test NCCL failure" in info.value.message
+
+
+@pytest.mark.parametrize("encoding", ["utf-16", "utf-16-le", "utf-16-be"])
+def test_a_log_saved_as_utf16_with_its_bom_reads_as_its_utf8_text(tmp_path, encoding):
+    # Windows PowerShell's `>` saves a command's output as UTF-16 with a byte-order mark.
+    text = (DATA / "kubectl_launcher_no_tool.md").read_text()
+    saved = tmp_path / "ps.log"
+    bom = b"" if encoding == "utf-16" else ("\ufeff".encode(encoding))
+    saved.write_bytes(bom + text.encode(encoding))
+    (log,) = read_logs([str(saved)])
+    (want,) = read_logs([str(DATA / "kubectl_launcher_no_tool.md")])
+    assert (log.tool, log.ranks, log.nodes, log.points) == (want.tool, want.ranks, want.nodes, want.points)
+
+
+def test_bytes_that_only_start_like_utf16_are_an_error_at_the_first_byte_not_utf8(tmp_path):
+    bad = tmp_path / "bad16.log"
+    bad.write_bytes(b"\xff\xfeA")  # a BOM, then half a UTF-16 unit
+    with pytest.raises(LogError, match="is not UTF-8 text: byte 0xff cannot be decoded") as info:
+        read_logs([str(bad)])
+    assert (info.value.loc.line, info.value.loc.column) == (1, 1) and info.value.hint == "save the file as UTF-8"
