@@ -44,6 +44,7 @@ from commdsl.files import is_file, read_text, source_lines
 from commdsl.ir import Algo, Dtype, OpKind, Protocol
 from commdsl.limits import MAX_MACHINE_TIME_US, MAX_SIZE_BYTES, MAX_WORLD_SIZE
 from commdsl.machine.nccl import NCCL_ALGOS, PROTOCOLS
+from commdsl.sim.collectives import bus_factor
 
 TOOLS = {
     "all_reduce_perf": OpKind.ALL_REDUCE, "all_gather_perf": OpKind.ALL_GATHER, "reduce_scatter_perf": OpKind.REDUCE_SCATTER,
@@ -92,14 +93,6 @@ _REDUCING = frozenset({"all_reduce_perf", "reduce_scatter_perf", "reduce_perf", 
 _ROOTED = frozenset({"broadcast_perf", "reduce_perf"})
 """The tools whose `root` column names a rank; the others print -1."""
 
-
-def bus_factor(tool: str, ranks: int) -> float:
-    """busbw / algbw of an nccl-tests tool on `ranks` GPUs (its `GetBw`, src/*.cu)."""
-    if tool == "all_reduce_perf":
-        return 2 * (ranks - 1) / ranks
-    if tool in ("all_gather_perf", "reduce_scatter_perf", "alltoall_perf"):
-        return (ranks - 1) / ranks
-    return 1.0
 
 
 @dataclass(frozen=True)
@@ -271,6 +264,7 @@ class _Run:
     last: int = 0
     """The last line read into it."""
     collnet: bool | None = None
+    """NCCL_COLLNET_ENABLE as the lines before or in the run set it (None: not said)."""
     redops: set[str] = field(default_factory=set)
     """The `redop` column's words (`none`, `sum`, ...): what tells a reducing tool from another."""
     roots: set[int] = field(default_factory=set)
@@ -505,17 +499,16 @@ class _Reader:
             # Out of place is what a schedule's op does; a run of in-place ops only times that.
             run.points.append(Point(size, times[0] if times[0] is not None else times[1], times[1], i + 1))
 
-    def _infer_tool(self, run: _Run, ranks: int) -> str | None:
-        """The tool of a run that does not name it, where its columns fit one tool only
-        and say enough (some results of at least `_MIN_ALGBW` GB/s); told in `notes`."""
-        fits = _tools_fitting(run, ranks)
+    def _infer_tool(self, run: _Run, ranks: int, fits: list[str]) -> str | None:
+        """The tool of a run that does not name it, where its columns (`fits`) fit one tool
+        only and say enough (some results of at least `_MIN_ALGBW` GB/s); told in `notes`."""
         if len(fits) != 1 or not run.bandwidths:
             return None
         tool = fits[0]
         if self.notes is not None:
             redop = f"redop {'/'.join(sorted(run.redops))}, " if run.redops else ""
             self.notes.append(f"{self.path}:{run.line}: the log does not name its tool; read as {tool} from its columns "
-                              f"({redop}busbw = {bus_factor(tool, ranks):.4g} x algbw on {ranks} GPUs)")  # fmt: skip
+                              f"({redop}busbw = {bus_factor(TOOLS[tool], ranks):.4g} x algbw on {ranks} GPUs)")  # fmt: skip
         return tool
 
     @staticmethod
@@ -577,22 +570,19 @@ class _Reader:
             raise LogError(f"the log is {tool}'s, not {given.tool}'s as the command line says", at(run.tool_line))
         tool = tool or given.tool
         ranks_known = len(run.ranks) if run.header else given.ranks
+        fits = _tools_fitting(run, ranks_known) if ranks_known else list(TOOLS)
         if tool is None and ranks_known:
-            tool = self._infer_tool(run, ranks_known)
-        elif run.tool is None and tool is not None and ranks_known and tool in TOOLS:
-            fits = _tools_fitting(run, ranks_known)
-            if tool not in fits and run.bandwidths:
-                which = f"{', '.join(fits[:-1])} or {fits[-1]}" if len(fits) > 1 else fits[0] if fits else "no nccl-tests tool"
-                raise LogError(f"the run of line {run.line} has the columns of {which} (redop {'/'.join(sorted(run.redops)) or 'not printed'}, "
-                               f"busbw / algbw {run.bandwidths[-1][1] / run.bandwidths[-1][0]:.4g} on {ranks_known} GPUs), "
-                               f"not {tool}'s ({bus_factor(tool, ranks_known):.4g}) as the command line says", at(run.line),
-                               hint=f"name the tool that wrote it, e.g. {fits[0] if fits else 'all_reduce_perf'}={self.path}")  # fmt: skip
+            tool = self._infer_tool(run, ranks_known, fits)
+        elif run.tool is None and tool in TOOLS and ranks_known and run.bandwidths and tool not in fits:
+            raise LogError(f"the run of line {run.line} has the columns of {_either(fits) or 'no nccl-tests tool'} (redop "
+                           f"{'/'.join(sorted(run.redops)) or 'not printed'}, busbw / algbw {run.bandwidths[-1][1] / run.bandwidths[-1][0]:.4g} "
+                           f"on {ranks_known} GPUs), not {tool}'s ({bus_factor(TOOLS[tool], ranks_known):.4g}) as the command line says",
+                           at(run.line), hint=f"name the tool that wrote it, e.g. {fits[0] if fits else 'all_reduce_perf'}={self.path}")  # fmt: skip
         if tool is None and not run.header and given.ranks is None:
             raise LogError(f"a result table without nccl-tests' header (line {run.line}): the log does not say which tool wrote it "
                            "or how many GPUs ran it", at(run.line), hint=f"name both: TOOL:GPUS=FILE, e.g. all_reduce_perf:8={self.path}")  # fmt: skip
         if tool is None:
-            fits = _tools_fitting(run, ranks_known) if ranks_known else list(TOOLS)
-            said = f"; its columns fit {', '.join(fits[:-1])} or {fits[-1]}" if 1 < len(fits) < len(TOOLS) else ""
+            said = f"; its columns fit {_either(fits)}" if 1 < len(fits) < len(TOOLS) else ""
             raise LogError(f"cannot tell which nccl-tests tool wrote the run of line {run.line} (no `# Collective test starting:` "
                            f"line, no command naming it{said})", at(run.line),
                            hint=f"name it: TOOL=FILE, e.g. {fits[0] if fits else 'all_reduce_perf'}={self.path}")  # fmt: skip
@@ -647,11 +637,16 @@ def _tools_fitting(run: _Run, ranks: int) -> list[str]:
             continue
         if run.roots and (max(run.roots) >= 0) != (tool in _ROOTED):
             continue
-        f = bus_factor(tool, ranks)
+        f = bus_factor(TOOLS[tool], ranks)
         if any(abs(busbw - f * algbw) > 0.011 + 0.0005 * busbw for algbw, busbw in run.bandwidths):
             continue
         fits.append(tool)
     return fits
+
+
+def _either(tools: list[str]) -> str:
+    """`a`, `a or b`, `a, b or c`."""
+    return f"{', '.join(tools[:-1])} or {tools[-1]}" if len(tools) > 1 else "".join(tools)
 
 
 def _starts(line: str) -> list[int]:

@@ -47,6 +47,7 @@ from commdsl.machine.nccl import HopKind, NcclConfig, NcclVersion, format_nccl_v
 from commdsl.progress import Progress
 from commdsl.sim import nccl
 from commdsl.sim.chain_times import ChainTerms
+from commdsl.sim.collectives import bus_factor
 from commdsl.sim.fabric import Fabric
 from commdsl.sim.nccl_flows import NcclFlows
 from commdsl.sim.simulate import simulate
@@ -55,13 +56,6 @@ ITERS = 5
 """Ops in a row per simulated point: the steady state is reached after the first."""
 TIMED_ITERS = 20
 """nccl-tests' timed ops per size (`-n`, its default 20): what a chain's fill is spread over."""
-
-BUS_FACTOR = {
-    OpKind.ALL_REDUCE: lambda n: 2 * (n - 1) / n, OpKind.ALL_GATHER: lambda n: (n - 1) / n,
-    OpKind.REDUCE_SCATTER: lambda n: (n - 1) / n, OpKind.ALL_TO_ALL: lambda n: (n - 1) / n,
-    OpKind.SEND: lambda n: 1.0, OpKind.BROADCAST: lambda n: 1.0, OpKind.REDUCE: lambda n: 1.0,
-}  # fmt: skip
-"""nccl-tests' busbw = algbw x factor (its doc/PERFORMANCE.md)."""
 
 DEVICE_PRESETS = {"NVIDIA H100 80GB HBM3": "dgx-h100", "NVIDIA A100-SXM4-80GB": "dgx-a100", "NVIDIA A100-SXM4-40GB": "dgx-a100"}
 """Base machine per GPU name as nccl-tests prints it, when `--machine` is not given."""
@@ -251,7 +245,7 @@ def simulate_run(machine: Machine, run: Run, size: int, network: str = "flow") -
 
 
 def busbw_gb_per_s(op: OpKind, ranks: int, size: int, time_us: float) -> float:
-    return size / (time_us * 1e3) * BUS_FACTOR[op](ranks)
+    return size / (time_us * 1e3) * bus_factor(op, ranks)
 
 
 # ---- the closed form the fit uses ------------------------------------------------------
