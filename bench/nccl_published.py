@@ -1,5 +1,5 @@
-"""How close the simulator comes to published nccl-tests measurements of H100 / A100 systems
-(1 to 10 nodes; the sources and run conditions are in bench/data/README.md).
+"""How close the simulator comes to published nccl-tests measurements of H100 / A100 / B200
+systems (1 to 64 nodes; the sources and run conditions are in bench/data/README.md).
 
     python bench/nccl_published.py            # every point; docs/validation.md quotes it
     python bench/nccl_published.py --quick    # every point, no 4,096-rank all_to_all

@@ -126,6 +126,27 @@ def test_p2p_channels_per_peer_across_nodes_follow_nccls_rule():
         assert nccl.p2p_channels_per_peer(m.nccl, comm) == per_peer
 
 
+def test_sendrecv_over_b200_nodes_steps_down_as_nccls_p2p_channels_do():
+    # DGX B200 nodes under NCCL 2.29.7 (together-nccl-tests' sendrecv scaling report): about
+    # 43 GB/s at 2 and 4 nodes, 26 at 8, 14.6 from 16 on. NCCL's P2P channel rule gives the
+    # steps: 4 channels a remote peer fill the NIC, 2 at 64 ranks, 1 from 128 (the 2-node
+    # log prints "16 p2p channels, 4 p2p channels per peer").
+    from commdsl.calibrate.nccl_tests import Run, bench_machine, busbw_gb_per_s, choice, simulate_run
+
+    b200 = resolve_machine("dgx-b200")
+    assert (b200.nccl.generation.value, b200.nccl.channels, b200.nccl.coll_channels(2), b200.nccl.p2p_channel_count(2)) == ("blackwell", 32, 16, 16)
+    size = 64 << 20
+    busbw = {}
+    for nodes, channels in ((2, 4), (4, 4), (8, 2), (16, 1)):
+        run = Run(OpKind.SEND, 8 * nodes)
+        assert choice(bench_machine(b200, run), run, size).channels == channels
+        busbw[nodes] = busbw_gb_per_s(OpKind.SEND, run.ranks, size, simulate_run(b200, run, size))
+    assert busbw[2] == pytest.approx(busbw[4], rel=0.01)
+    assert 42 < busbw[2] < 47  # the NIC's 47 GB/s at Simple's efficiency
+    assert busbw[8] == pytest.approx(2 * 14, rel=0.02)  # two channels at NCCL's 14 GB/s each
+    assert busbw[16] == pytest.approx(14, rel=0.02)
+
+
 def test_p2p_channels_of_a_communicator_with_fewer_gpus_a_node_follow_its_own_graph():
     # NCCL's P2P channels are its communicator's collective channels across nodes: a ring
     # per NIC its GPUs use, doubled up to 4 rings (ncclTopoDupChannels) and again
@@ -224,7 +245,14 @@ def test_an_all_to_all_across_nodes_waits_for_its_remote_peers_to_be_posted():
     assert latency(10, 8) - latency(2, 8) == pytest.approx((72 - 8) * 3.0)
     assert latency(10, 4) - latency(2, 4) == pytest.approx((36 - 4) * 3.0)
     assert latency(10, 8, proto=Protocol.LL) - latency(2, 8, proto=Protocol.LL) == pytest.approx(72 - 8)
-    assert latency(1, 8) == pytest.approx(latency(1, 8, OpKind.SEND))  # inside one node: no proxy
+    simple = H100.nccl.protocol(Protocol.SIMPLE)
+    assert latency(1, 8) == pytest.approx(simple.base_latency_us + simple.hop_us(HopKind.NVLINK))  # inside one node: no proxy
+    # A send is one peer's kernel: NCCL's own base latency (tuning.cc baseLat, Simple 8.4
+    # us), not the one the machine's collectives were fitted to; across nodes the
+    # receiver's clear-to-send crosses the network before the first chunk does.
+    assert latency(1, 8, OpKind.SEND) == pytest.approx(8.4 + simple.hop_us(HopKind.NVLINK))
+    assert latency(2, 8, OpKind.SEND) == pytest.approx(8.4 + 2 * simple.hop_us(HopKind.NETWORK))
+    assert latency(2, 8, OpKind.SEND, Protocol.LL) == pytest.approx(6.6 + 2 * H100.nccl.protocol(Protocol.LL).hop_us(HopKind.NETWORK))
     m = H100.with_nodes(10)
     amd = dataclasses.replace(m.nccl, cpu=CpuVendor.AMD)  # 2 us per network operation
     lay = NcclFlows(Fabric(m, 80), m.nccl).layout(tuple(range(80)))

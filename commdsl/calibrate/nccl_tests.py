@@ -57,7 +57,7 @@ ITERS = 5
 TIMED_ITERS = 20
 """nccl-tests' timed ops per size (`-n`, its default 20): what a chain's fill is spread over."""
 
-DEVICE_PRESETS = {"NVIDIA H100 80GB HBM3": "dgx-h100", "NVIDIA A100-SXM4-80GB": "dgx-a100", "NVIDIA A100-SXM4-40GB": "dgx-a100"}
+DEVICE_PRESETS = {"NVIDIA H100 80GB HBM3": "dgx-h100", "NVIDIA B200": "dgx-b200", "NVIDIA A100-SXM4-80GB": "dgx-a100", "NVIDIA A100-SXM4-40GB": "dgx-a100"}
 """Base machine per GPU name as nccl-tests prints it, when `--machine` is not given."""
 
 

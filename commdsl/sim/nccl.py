@@ -25,9 +25,12 @@ is the flow network's, over the links the algorithm loads, see `commdsl.sim.flow
     nvls        the machine's NVLS latency (+ one network hop across nodes)
     nvls_tree   NVLS latency + 2 log2(N) tree levels (NCCL's NVLS_TREE figure, per release)
     collnet     base + 2 intra hops + one network hop (direct); 2(ppn-1) intra (chain)
-    p2p         base + one hop of its path; an all_to_all (gather, scatter) across nodes
-                also waits while each proxy posts its remote peers' network operations
-                one after another (`proxy_posts_us`)
+    send, recv  NCCL's own base latency of the protocol (tuning.cc baseLat, not the
+                machine's fitted one) + one hop inside a node; across nodes two network
+                hops (the receiver's clear-to-send, then the first chunk)
+    all_to_all  base + one hop of its path; across nodes (gather, scatter alike) it also
+                waits while each proxy posts its remote peers' network operations one
+                after another (`proxy_posts_us`)
 
 with n ranks over N nodes, ppn per node; every network hop also pays the network's own
 latency per message (`nccl.net_latency_us`, twice with Simple). NVLS kernels stream once
@@ -444,6 +447,13 @@ def latency_us(cfg: NcclConfig, kind: OpKind, layout: Layout, algo: Algo, proto:
     if kind is OpKind.BARRIER:
         kind = OpKind.ALL_REDUCE
     if kind in P2P_BASED:
+        if kind in (OpKind.SEND, OpKind.RECV):
+            # One peer's kernel: NCCL's own base latency of the protocol, not the fixed
+            # cost a machine's collectives were fitted to. Across nodes the receiver's
+            # proxy posts its buffer and its clear-to-send crosses the network before the
+            # sender's proxy writes the first chunk: two network hops (net transport).
+            base = cfg.tuning.base_latency_us[Algo.RING][PROTOCOLS.index(proto)]
+            return base + (2 * net if nodes > 1 else intra)
         return spec.base_latency_us + (net if nodes > 1 else intra) + proxy_posts_us(cfg, kind, layout, proto)
     if algo in (Algo.RING, Algo.CHAIN):
         if kind is OpKind.ALL_REDUCE:
