@@ -21,7 +21,7 @@ import pytest
 from commdsl.calibrate.nccl_logs import parse_log, read_logs
 from commdsl.calibrate.nccl_tests import Run, bench_machine, from_nccl_tests, simulate_run
 from commdsl.errors import LogError
-from commdsl.ir import Algo, OpKind
+from commdsl.ir import Algo, OpKind, Protocol
 from commdsl.machine import load_machine, resolve_machine
 
 DATA = Path(__file__).parent / "data" / "nccl_tests"
@@ -389,3 +389,27 @@ def test_a_run_on_part_of_each_node_calibrates_and_its_closed_form_is_the_simula
     # The same 8 ranks on one node would cross no NIC: the run's time is its layout's.
     one_node = replace(runs[0], ranks_per_node=None)
     assert simulate_run(base, runs[0], 1 << 30) > 2 * simulate_run(base, one_node, 1 << 30)
+
+
+def test_a_round_that_moves_nccls_choice_to_a_worse_fit_does_not_replace_a_better_one(monkeypatch):
+    # The fit runs again while the fitted machine makes other choices than the one it was
+    # fitted on; each round is scored on its own machine's choices (what the simulator
+    # will time), and the best round is kept. Round 1 here slows NVLink five-fold, which
+    # moves NCCL's protocol at some sizes (another round follows); round 2 is far worse.
+    from commdsl.calibrate import nccl_tests as nt
+
+    logs = read_logs([str(AR)], [])
+    base = resolve_machine("dgx-h100")
+    rounds = []
+
+    def fake_minimise(points, base_vals, free, start, progress):
+        good = {k: base_vals[k] for k in free} | {"scale.nvlink": 0.2}
+        bad = {k: (v * 20 if "latency" in k or ".hop." in k else v) for k, v in good.items()}
+        rounds.append(bad if rounds else good)
+        return rounds[-1]
+
+    monkeypatch.setattr(nt, "_minimise", fake_minimise)
+    fitted = nt.fit(base, Path(base.source).read_text(), logs, [Run.of(log) for log in logs], [str(AR)])
+    assert len(rounds) == 2  # the first round's machine chose otherwise, so the fit ran again
+    assert fitted.values == rounds[0]
+    assert fitted.machine.nccl.protocol(Protocol.LL).base_latency_us == pytest.approx(base.nccl.protocol(Protocol.LL).base_latency_us)

@@ -575,22 +575,37 @@ def fit(base: Machine, base_text: str, logs: list[NcclTestsLog], runs: list[Run]
     machine makes the same choices (the closed form then is the simulator's model)."""
     start_vals = _parameters(base)
     values: dict[str, float] = {}
-    machine, text = base, base_text
     points = _points(base, base, logs, runs)
+    best: tuple[float, dict[str, float], Machine, str, list[_Point]] | None = None
     for r in range(ROUNDS):
         free = sorted(set().union(*(_uses(p, start_vals) for p in points)))
         values = _minimise(points, start_vals, free, {**start_vals, **values}, lambda msg: progress(f"round {r + 1}: {msg}"))
         text = fitted_machine_text(base_text, values, sources)
         machine = load_machine_text(text, "<fitted machine>")
         again = _points(machine, base, logs, runs)
+        # The fitted machine on its own choices, as the simulator times it: a round whose
+        # fit moved NCCL's choices to where the model fits worse does not replace a better one.
+        misfit = _misfit(again, {**start_vals, **values})
+        if best is None or misfit < best[0]:
+            best = (misfit, values, machine, text, again)
         if [p.choice for p in again] == [p.choice for p in points]:
-            points = again
             break
         changed = sum(a.choice != b.choice for a, b in zip(again, points))
         progress(f"round {r + 1}: NCCL's choice moved at {changed} of {len(points)} points on the fitted machine; fitting again")
         points = again
+    _, values, machine, text, points = best
     uses = tuple(frozenset(set().union(*(_uses(p, start_vals) for p in points if p.log == li))) for li in range(len(logs)))
     return Fitted(values, machine, text, uses)
+
+
+def _misfit(points: list[_Point], values: dict[str, float]) -> float:
+    """The points' soft-L1 log error with the parameters' `values` (`SCALE`): what
+    `_minimise` minimises, without the pull towards the base machine."""
+    total = 0.0
+    for pred, p in zip(_predict(points, values), points):
+        e = math.log(pred / p.measured_us) / SCALE
+        total += 2.0 * (math.sqrt(1.0 + e * e) - 1.0)
+    return total
 
 
 def _minimise(points: list[_Point], base_vals: dict[str, float], free: list[str], start: dict[str, float],
@@ -599,7 +614,6 @@ def _minimise(points: list[_Point], base_vals: dict[str, float], free: list[str]
     `base_vals` (`PRIOR`), from `start`."""
     centre = [math.log(base_vals[k] or LATENCY_FLOOR_US) for k in free]
     x0 = [math.log(start[k] or LATENCY_FLOOR_US) for k in free]
-    measured = [p.measured_us for p in points]
     vals = dict(start)
 
     def loss(x: list[float]) -> float:
@@ -607,11 +621,7 @@ def _minimise(points: list[_Point], base_vals: dict[str, float], free: list[str]
             vals[k] = math.exp(xi)
         if any(vals[k] > 1.0 for k in free if k.endswith("efficiency")):
             return math.inf  # a fraction of the link
-        total = 0.0
-        for pred, meas in zip(_predict(points, vals), measured):
-            e = math.log(pred / meas) / SCALE
-            total += 2.0 * (math.sqrt(1.0 + e * e) - 1.0)
-        return total + PRIOR / SCALE**2 * sum((xi - si) ** 2 for xi, si in zip(x, centre))
+        return _misfit(points, vals) + PRIOR / SCALE**2 * sum((xi - si) ** 2 for xi, si in zip(x, centre))
 
     best = nelder_mead(loss, x0, progress)
     return {k: math.exp(xi) for k, xi in zip(free, best)}
