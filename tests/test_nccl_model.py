@@ -252,7 +252,15 @@ def test_an_all_to_all_across_nodes_waits_for_its_remote_peers_to_be_posted():
     # receiver's clear-to-send crosses the network before the first chunk does.
     assert latency(1, 8, OpKind.SEND) == pytest.approx(8.4 + simple.hop_us(HopKind.NVLINK))
     assert latency(2, 8, OpKind.SEND) == pytest.approx(8.4 + 2 * simple.hop_us(HopKind.NETWORK))
-    assert latency(2, 8, OpKind.SEND, Protocol.LL) == pytest.approx(6.6 + 2 * H100.nccl.protocol(Protocol.LL).hop_us(HopKind.NETWORK))
+    # The handshake is the proxies', the same for LL: two of their (Simple) network steps.
+    assert latency(2, 8, OpKind.SEND, Protocol.LL) == pytest.approx(6.6 + 2 * simple.hop_us(HopKind.NETWORK))
+    # A network that adds latency per message (TCP offload) adds it to both messages,
+    # and Simple's flush of the receive once more.
+    m = H100.with_nodes(2)
+    tcpx = dataclasses.replace(m.nccl, net_latency_us=30.0)
+    lay = NcclFlows(Fabric(m, 16), m.nccl).layout((0, 8))
+    assert nccl.latency_us(tcpx, OpKind.SEND, lay, Algo.DIRECT, Protocol.SIMPLE) == pytest.approx(8.4 + 2 * simple.hop_us(HopKind.NETWORK) + 90)
+    assert nccl.latency_us(tcpx, OpKind.SEND, lay, Algo.DIRECT, Protocol.LL) == pytest.approx(6.6 + 2 * simple.hop_us(HopKind.NETWORK) + 60)
     m = H100.with_nodes(10)
     amd = dataclasses.replace(m.nccl, cpu=CpuVendor.AMD)  # 2 us per network operation
     lay = NcclFlows(Fabric(m, 80), m.nccl).layout(tuple(range(80)))

@@ -26,8 +26,9 @@ is the flow network's, over the links the algorithm loads, see `commdsl.sim.flow
     nvls_tree   NVLS latency + 2 log2(N) tree levels (NCCL's NVLS_TREE figure, per release)
     collnet     base + 2 intra hops + one network hop (direct); 2(ppn-1) intra (chain)
     send, recv  NCCL's own base latency of the protocol (tuning.cc baseLat, not the
-                machine's fitted one) + one hop inside a node; across nodes two network
-                hops (the receiver's clear-to-send, then the first chunk)
+                machine's fitted one) + one hop inside a node; across nodes two of the
+                proxies' network steps (Simple's, for any protocol: the receiver's
+                clear-to-send, then the first chunk)
     all_to_all  base + one hop of its path; across nodes (gather, scatter alike) it also
                 waits while each proxy posts its remote peers' network operations one
                 after another (`proxy_posts_us`)
@@ -451,9 +452,14 @@ def latency_us(cfg: NcclConfig, kind: OpKind, layout: Layout, algo: Algo, proto:
             # One peer's kernel: NCCL's own base latency of the protocol, not the fixed
             # cost a machine's collectives were fitted to. Across nodes the receiver's
             # proxy posts its buffer and its clear-to-send crosses the network before the
-            # sender's proxy writes the first chunk: two network hops (net transport).
+            # sender's proxy writes the first chunk (net transport): two of the proxies'
+            # network steps, Simple's whatever the protocol (LL's own step is a ring's
+            # with its buffers already posted), and the network's latency per message.
             base = cfg.tuning.base_latency_us[Algo.RING][PROTOCOLS.index(proto)]
-            return base + (2 * net if nodes > 1 else intra)
+            if nodes <= 1:
+                return base + intra
+            step = cfg.protocol(Protocol.SIMPLE).hop_us(HopKind.NETWORK)
+            return base + 2 * step + cfg.net_latency_us + cfg.net_message_us(proto)
         return spec.base_latency_us + (net if nodes > 1 else intra) + proxy_posts_us(cfg, kind, layout, proto)
     if algo in (Algo.RING, Algo.CHAIN):
         if kind is OpKind.ALL_REDUCE:
