@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from commdsl.calibrate.nccl_logs import parse_given, parse_logs, read_logs
+from commdsl.calibrate.nccl_logs import Given, parse_given, parse_logs, read_logs
 from commdsl.errors import CommdslError, LogError, UsageError
 from commdsl.limits import MAX_WORLD_SIZE
 
@@ -68,6 +68,11 @@ STRUCTURE = [
      "its columns fit all_reduce_perf or sendrecv_perf"),
     ("no tool named, the columns fit none", UNNAMED + ROW.replace("0.10    0.10", "1.00    3.00") + END, 1, None,
      "no command naming it)"),
+    # A grep of several logs' rows: the table ends at the text between them, and the second says nothing of its GPUs.
+    ("rows of two runs without their headers", "$ grep -E 'nodes|1024 ' sweep.log\n== 1 node ==\n"
+     "node0:7:7 [0] NCCL INFO comm 0x5f00 rank 0 nranks 4 cudaDev 0 busId 18000 - Init COMPLETE\n"
+     + ROW.replace("0.10    0.10", "1.00    1.50") + "== 2 nodes ==\n" + ROW.replace("0.10    0.10", "1.00    1.75"), 6, None,
+     "a result table without nccl-tests' header (line 6): the log does not say which tool wrote it or how many GPUs ran it"),
 ]  # fmt: skip
 
 NUMBERS = [
@@ -148,6 +153,18 @@ def test_given_values_must_agree_with_the_log(tmp_path):
         read_logs([f"all_reduce_perf:4={log}"])
     (weird := tmp_path / "a=b.log").write_text(GOOD)  # a file name with "=" that names no tool
     assert read_logs([str(weird)])[0].ranks == 2
+
+
+def test_a_gpu_count_given_for_tables_without_headers_must_be_of_one_table_and_agree_with_nccl():
+    rows = ROW + "== 2 nodes ==\n" + ROW
+    with pytest.raises(LogError, match=r"2 result tables without a header or rank lines \(lines 1, 3\): the GPU count given \(8\)") as info:
+        parse_logs(rows, "grep.log", Given("all_reduce_perf", 8))
+    assert info.value.loc.line == 3 and "a file of its own" in info.value.hint
+    said = ROW + "node0:7:7 [0] NCCL INFO comm 0x5f00 rank 0 nranks 4 cudaDev 0 busId 18000 - Destroy COMPLETE\n"
+    with pytest.raises(LogError, match=r"the run has 4 GPUs \(NCCL's INFO lines: nranks 4\), not 8 as the command line says"):
+        parse_logs(said, "said.log", Given("all_reduce_perf", 8))
+    (log,) = parse_logs(said, "said.log", Given("all_reduce_perf", 4))
+    assert (log.ranks, log.nodes) == (4, None)
 
 
 def _special_files(tmp_path) -> list[tuple[str, str]]:

@@ -58,6 +58,15 @@ SHAPES = [
       (51, "all_reduce_perf", 8, 4, 2, False, Dtype.FP64, H100, None, None, "2.26.2", None, 4, 33554432, 1548.01, 1563.49)]),
     ("mpirun_tag_output.log",
      [(2, "broadcast_perf", 8, 1, 1, False, Dtype.FP16, H100, None, None, None, None, 22, 8, 9.0, 9.09)]),
+    # Pasted into markdown without a code fence: nccl-tests' `# nThread`, `# Rank`, titles and summary lost their `#`.
+    ("markdown_lost_hashes.md",
+     [(7, "all_gather_perf", 4, 1, 2, False, Dtype.FP32, "NVIDIA A100-SXM4-80GB", None, None, None, None, 4, 1048576, 61.5, 62.12)]),
+    # rccl-tests cut above its rank list (no header; rank lines with no device name): the ranks give the GPUs and nodes.
+    ("rccl_snipped_rank_lines.md",
+     [(19, "all_reduce_perf", 8, 1, 2, False, Dtype.FP32, "", None, None, None, None, 7, 65536, 48.0, 48.5)]),
+    # A table without header or rank lines: NCCL's INFO line (`comm 0x... rank 0 nranks 16`) gives the GPU count.
+    ("headerless_nccl_info_nranks.md",
+     [(7, "all_reduce_perf", 16, 1, None, False, Dtype.FP32, "", None, None, None, None, 6, 1048576, 92.4, 93.4)]),
 ]  # fmt: skip
 
 

@@ -25,8 +25,14 @@ A saved log carries more, all of it read past or used:
 - no line naming the tool (nccl-tests before 2.13, the command not echoed): the columns say
   it where they fit one tool only (the `redop` word, the `root`, and busbw / algbw, the
   tool's bus factor on the run's GPU count);
-- a table pasted without its header lines: what it does not say (the tool, the GPU count)
-  must be given with the file (`TOOL:GPUS=FILE`), and the error names the line it stopped at.
+- nccl-tests' `#` lines with the `#` lost (a log pasted into markdown without a code fence,
+  where `# nThread ...` became a heading);
+- a log cut above its header: `# Rank` lines before the table are its ranks (rccl-tests may
+  print them without a device name);
+- a table pasted without its header lines: NCCL's INFO line `comm 0x... rank R nranks N` gives
+  its GPU count; what it does not say (the tool, the GPU count) must be given with the file
+  (`TOOL:GPUS=FILE`), and the error names the line it stopped at. Such a table ends at the
+  first line of other text (a grep of several logs is several tables).
 
 Every value is checked where it is read, against the bounds of `commdsl.limits`; every
 problem is a `LogError` naming the file and line.
@@ -69,18 +75,24 @@ before it is converted."""
 
 _HEADER = re.compile(r"#\s*nThread\s+(\S+)\s+nGpus\s+(\S+)(.*)$")
 _GRAPH = re.compile(r"graph:\s*(\S+)")
-_RANK = re.compile(r"#\s+Rank\s+(\S+)\s+(?:Group\s+\S+\s+)?Pid\s+(\S+)\s+on\s+(\S+)\s+device\s+(\S+)\s+\[[^\]]*\]\s+(.+?)\s*$")
+_RANK = re.compile(r"#\s+Rank\s+(\S+)\s+(?:Group\s+\S+\s+)?Pid\s+(\S+)\s+on\s+(\S+)\s+device\s+(\S+)\s+\[[^\]]*\]\s*(.*?)\s*$")
+"""`#  Rank R Group G Pid P on HOST device D [BUS] NAME`; rccl-tests may print no NAME."""
 _TOOL = re.compile(r"#\s*Collective test starting:\s*(\S+)")
 _TESTS_VERSION = re.compile(r"#\s*nccl-tests version \S+.*?nccl-library=(\d{1,8})\b")
 _NCCL_VERSION = re.compile(r"NCCL version (\d{1,4}\.\d{1,4}\.\d{1,4})")
 _ENV = re.compile(r"NCCL_(ALGO|PROTO) set by environment to (\S+)")
 _CHANNELS = re.compile(r"\b(\d{1,6}) coll channels,(?: (\d{1,6}) collnet channels,)?(?: (\d{1,6}) nvls channels,)? (\d{1,6}) p2p channels,"
                        r" (\d{1,6}) p2p channels per peer")  # fmt: skip
+_NRANKS = re.compile(r"\bcomm 0x[0-9a-fA-F]+ rank \d{1,6} nranks (\d{1,6})\b")
 _COLLNET = re.compile(r"\bNCCL_COLLNET_ENABLE(?:\s+set by environment to\s+|\s*=\s*)[\"']?(\d)\b")
 """NCCL_COLLNET_ENABLE as NCCL's INFO line reports it or a command line / environment dump sets it."""
 _PREFIX = re.compile(r"^(?:\[[^\]]{0,40}\](?:<std(?:out|err)>)?:?\s*|\d{1,6}:\s+)")
 """What a launcher puts before a line: `[1,0]<stdout>:` (mpirun --tag-output), `[1,0]:`,
 `[0] `, `12: ` (srun --label)."""
+_BARE_COMMENT = re.compile(r"(?:nThread\s+\S+\s+nGpus\s|Rank\s+\d+\s+(?:Group\s+\d+\s+)?Pid\s|Using devices\b|size\s+count\s+type\s"
+                           r"|\(B\)\s+\(elements\)|Out of bounds values\s*:|Avg bus bandwidth\s*:|Collective test (?:starting|concluded):)")
+"""nccl-tests' own `#` lines with the `#` lost: a log pasted into markdown (GitHub issues, READMEs)
+without a code fence turns `# nThread ...` into a heading and drops the `#`."""
 _NUMBER = re.compile(r"[-+]?(?:\d|\.\d)")
 """How a result line starts (a size, maybe mangled: a sign, a fraction)."""
 _TIME_COLUMNS = ("time", "cputime")
@@ -269,6 +281,9 @@ class _Run:
     """The `redop` column's words (`none`, `sum`, ...): what tells a reducing tool from another."""
     roots: set[int] = field(default_factory=set)
     """The `root` column's values (-1: no root; broadcast and reduce name one)."""
+    nranks: int | None = None
+    """The communicator's size as NCCL's INFO lines report it (`comm 0x... rank 0 nranks 16 ...`);
+    what a table without its rank lines says of its GPU count."""
     bandwidths: list[tuple[float, float]] = field(default_factory=list)
     """(algbw, busbw) of out-of-place results of at least `_MIN_ALGBW` GB/s: their ratio is the tool's bus factor."""
 
@@ -284,6 +299,9 @@ class _Reader:
         self.next_tool: tuple[str, int] | None = None
         self.next_version: str | None = None
         self.next_collnet: bool | None = None
+        self.next_ranks: dict[int, tuple[str, str, str]] = {}
+        """`# Rank` lines outside a run (the log was cut above them): the ranks of the table that follows."""
+        self.next_nranks: int | None = None
         self.notes = notes
         """Hears of the runs that ended before their first result (a sweep's failed test)."""
 
@@ -296,14 +314,24 @@ class _Reader:
             if not stripped:
                 continue
             line = _PREFIX.sub("", stripped, count=1)
-            if line:
-                self._line(i, line, raw.find(line) + 1 if line in raw else 1)
+            if not line:
+                continue
+            col = raw.find(line) + 1 if line in raw else 1
+            if _BARE_COMMENT.match(line):
+                line, col = "# " + line, col - 2  # read as nccl-tests printed it; columns still count in the file's line
+            self._line(i, line, col)
         if self.run is not None and not self.run.closed and not self.run.points and self.runs[:-1]:
             self._failed(self.run)  # the last run of a sweep failed; the others stand
         if not self.runs:
             raise LogError("not nccl-tests output: no `# nThread ... nGpus ...` header and no result table",
                            SourceLoc(self.path, 1, 1, self.lines[0] if self.lines else ""),
                            hint="pass the output of nccl-tests *_perf runs (all_reduce_perf, ...)")  # fmt: skip
+        bare = [run for run in self.runs if not run.header and not run.ranks and not run.nranks]
+        if self.given.ranks is not None and len(bare) > 1:
+            raise LogError(f"{len(bare)} result tables without a header or rank lines (lines {', '.join(str(r.line) for r in bare[:6])}): "
+                           f"the GPU count given ({self.given.ranks}) cannot tell which runs it is of",
+                           SourceLoc(self.path, bare[1].line, 1, self.lines[bare[1].line - 1]),
+                           hint="save each run to a file of its own and give each its GPU count")  # fmt: skip
         return [self._finish(run) for run in self.runs]
 
     def _line(self, i: int, line: str, col: int) -> None:
@@ -311,12 +339,16 @@ class _Reader:
         if "NCCL INFO" in line or "NCCL WARN" in line or _NCCL_VERSION.match(line):
             self._nccl(i, line)
             return
-        if line.startswith("#"):
-            self._comment(i, line, col)
-            return
         open_table = run is not None and not run.closed and run.columns is not None
         if open_table and _NUMBER.match(line):
             self._result(i, line, col)
+            return
+        if open_table and not run.header and run.points and (not line.startswith("#") or _RANK.match(line)):
+            # A table without its header ends at the first other line (text, or the rank list of
+            # another run): rows after it are another run's (a grep of several logs, say).
+            run.closed = True
+        if line.startswith("#"):
+            self._comment(i, line, col)
             return
         tokens = line.split()
         if (run is None or run.closed) and len(tokens) >= 8 and tokens[0].isdigit() and tokens[1].isdigit():
@@ -360,6 +392,18 @@ class _Reader:
             return
         if self._collnet(line):
             return
+        m = _NRANKS.search(line)
+        if m and (target_open or not self.runs):
+            # The communicator's size, for a table without rank lines. Lines after a run (its
+            # teardown) are not the next run's; communicators of different sizes say nothing (0).
+            nranks = self._int(m.group(1), "nranks", i, 1, 1, MAX_WORLD_SIZE)
+            have = run.nranks if target_open else self.next_nranks
+            nranks = nranks if have in (None, nranks) else 0
+            if target_open:
+                run.nranks = nranks
+            else:
+                self.next_nranks = nranks
+            return
         if not target_open:
             return  # NCCL's lines after a run (teardown) say nothing of the next
         m = _ENV.search(line)
@@ -397,7 +441,9 @@ class _Reader:
             self.run.tool, self.run.tool_line = self.next_tool
         self.run.version = self.next_version
         self.run.collnet = self.next_collnet
-        self.next_tool = None
+        if not header:
+            self.run.ranks, self.run.nranks = self.next_ranks, self.next_nranks
+        self.next_tool, self.next_ranks, self.next_nranks = None, {}, None
 
     def _failed(self, run: _Run) -> None:
         """Drop a run that ended before its first result: it measured nothing."""
@@ -439,24 +485,30 @@ class _Reader:
             if not any(t in _TIME_COLUMNS for t in tokens) or "type" not in tokens:
                 raise LogError("column titles without `time` and `type`: not nccl-tests' table", self.loc(i, col))
             return
-        if run is None or run.closed:
-            return  # a comment before any run, or between runs (`# Collective test concluded`)
         m = _RANK.match(line)
+        if run is None or run.closed:
+            if m:  # the rank list of a run whose header was cut off: kept for the table that follows
+                self._rank(i, col, m, self.next_ranks)
+            return  # other comments before any run, or between runs (`# Collective test concluded`)
         if m:
-            r = self._int(m.group(1), "rank", i, col + m.start(1), 0, MAX_WORLD_SIZE - 1,
-                          hint=f"a run has at most {MAX_WORLD_SIZE} ranks (commdsl.limits.MAX_WORLD_SIZE)")  # fmt: skip
-            if r in run.ranks:
-                raise LogError(f"rank {r} is listed twice (mixed runs in one file?)", self.loc(i))
-            if len(run.ranks) >= MAX_WORLD_SIZE:
-                raise LogError(f"more than {MAX_WORLD_SIZE} ranks: the most a run may have (commdsl.limits.MAX_WORLD_SIZE)", self.loc(i))
-            self._int(m.group(4), "device", i, col + m.start(4), 0, MAX_WORLD_SIZE)
-            run.ranks[r] = (m.group(3), m.group(5), m.group(2))
+            self._rank(i, col, m, run.ranks)
             return
         if line.startswith("# Avg bus bandwidth"):
             if run.columns is None or not run.points:
                 raise LogError("a closing summary with no results before it", self.loc(i), hint="the run failed; rerun it")
             run.closed = True
             run.last = i + 1
+
+    def _rank(self, i: int, col: int, m: re.Match[str], ranks: dict[int, tuple[str, str, str]]) -> None:
+        """Take one `# Rank R ... on HOST device D [BUS] NAME` line into `ranks`."""
+        r = self._int(m.group(1), "rank", i, col + m.start(1), 0, MAX_WORLD_SIZE - 1,
+                      hint=f"a run has at most {MAX_WORLD_SIZE} ranks (commdsl.limits.MAX_WORLD_SIZE)")  # fmt: skip
+        if r in ranks:
+            raise LogError(f"rank {r} is listed twice (mixed runs in one file?)", self.loc(i))
+        if len(ranks) >= MAX_WORLD_SIZE:
+            raise LogError(f"more than {MAX_WORLD_SIZE} ranks: the most a run may have (commdsl.limits.MAX_WORLD_SIZE)", self.loc(i))
+        self._int(m.group(4), "device", i, col + m.start(4), 0, MAX_WORLD_SIZE)
+        ranks[r] = (m.group(3), m.group(5), m.group(2))
 
     def _result(self, i: int, line: str, col: int) -> None:
         run = self.run
@@ -569,7 +621,13 @@ class _Reader:
         if given.tool is not None and tool is not None and given.tool != tool:
             raise LogError(f"the log is {tool}'s, not {given.tool}'s as the command line says", at(run.tool_line))
         tool = tool or given.tool
-        ranks_known = len(run.ranks) if run.header else given.ranks
+        listed = run.header or bool(run.ranks)
+        """The run lists its ranks (`# Rank` lines); a table without them has only what the command line or NCCL says."""
+        said = run.nranks or None
+        if not listed and given.ranks is not None and said is not None and given.ranks != said:
+            raise LogError(f"the run has {said} GPUs (NCCL's INFO lines: nranks {said}), not {given.ranks} as the command line says",
+                           at(run.line))  # fmt: skip
+        ranks_known = len(run.ranks) if listed else given.ranks or said
         fits = _tools_fitting(run, ranks_known) if ranks_known else list(TOOLS)
         if tool is None and ranks_known:
             tool = self._infer_tool(run, ranks_known, fits)
@@ -578,7 +636,7 @@ class _Reader:
                            f"{'/'.join(sorted(run.redops)) or 'not printed'}, busbw / algbw {run.bandwidths[-1][1] / run.bandwidths[-1][0]:.4g} "
                            f"on {ranks_known} GPUs), not {tool}'s ({bus_factor(TOOLS[tool], ranks_known):.4g}) as the command line says",
                            at(run.line), hint=f"name the tool that wrote it, e.g. {fits[0] if fits else 'all_reduce_perf'}={self.path}")  # fmt: skip
-        if tool is None and not run.header and given.ranks is None:
+        if tool is None and not listed and ranks_known is None:
             raise LogError(f"a result table without nccl-tests' header (line {run.line}): the log does not say which tool wrote it "
                            "or how many GPUs ran it", at(run.line), hint=f"name both: TOOL:GPUS=FILE, e.g. all_reduce_perf:8={self.path}")  # fmt: skip
         if tool is None:
@@ -588,11 +646,11 @@ class _Reader:
                            hint=f"name it: TOOL=FILE, e.g. {fits[0] if fits else 'all_reduce_perf'}={self.path}")  # fmt: skip
         if tool not in TOOLS:
             raise LogError(f"nccl-tests tool '{tool}' is not one calibrate reads (it reads: {', '.join(TOOLS)})", at(run.tool_line or run.line))
-        if not run.header:
-            if given.ranks is None:
+        if not listed:
+            if ranks_known is None:
                 raise LogError(f"a result table without nccl-tests' header (line {run.line}): the log does not say how many GPUs ran it",
                                at(run.line), hint=f"name the tool and the GPU count: {tool}:GPUS=FILE, e.g. {tool}:8={self.path}")  # fmt: skip
-            return NcclTestsLog(path, tool, TOOLS[tool], given.ranks, 1, None, None, False, run.dtype, "", tuple(run.points),
+            return NcclTestsLog(path, tool, TOOLS[tool], ranks_known, 1, None, None, False, run.dtype, "", tuple(run.points),
                                 run.algos, run.protos, run.version, run.channels, run.line, run.collnet, self.path)  # fmt: skip
         ranks = run.ranks
         if not ranks:
@@ -614,6 +672,8 @@ class _Reader:
         for host, _, pid in ranks.values():
             per_process[(host, pid)] = per_process.get((host, pid), 0) + 1
             per_host[host] = per_host.get(host, 0) + 1
+        if not run.header and len(set(per_process.values())) == 1:
+            per_thread = next(iter(per_process.values()))  # no header (cut above the rank lines): each process drives its ranks
         if any(c != per_thread * run.threads for c in per_process.values()):
             counts = sorted(set(per_process.values()))
             raise LogError(f"processes drive different numbers of GPUs ({', '.join(map(str, counts))}; nThread x nGpus is "
