@@ -58,6 +58,12 @@ SHAPES = [
       (51, "all_reduce_perf", 8, 4, 2, False, Dtype.FP64, H100, None, None, "2.26.2", None, 4, 33554432, 1548.01, 1563.49)]),
     ("mpirun_tag_output.log",
      [(2, "broadcast_perf", 8, 1, 1, False, Dtype.FP16, H100, None, None, None, None, 22, 8, 9.0, 9.09)]),
+    # A sweep in nccl-tests' columns of before 2.13, naming no tool: all_gather's titles have neither redop nor root,
+    # broadcast's root alone, alltoall's a redop printed blank; with busbw / algbw each fits one tool.
+    ("old_format_per_tool_columns.log",
+     [(2, "all_gather_perf", 4, 4, 1, False, Dtype.FP32, "Tesla V100-SXM2-16GB", None, None, None, None, 5, 262144, 21.5, 21.9),
+      (22, "broadcast_perf", 4, 4, 1, False, Dtype.FP32, "Tesla V100-SXM2-16GB", None, None, None, None, 5, 262144, 18.25, 18.55),
+      (42, "alltoall_perf", 4, 4, 1, False, Dtype.FP32, "Tesla V100-SXM2-16GB", None, None, None, None, 5, 262144, 24.0, 24.5)]),
     # Pasted into markdown without a code fence: nccl-tests' `# nThread`, `# Rank`, titles and summary lost their `#`.
     ("markdown_lost_hashes.md",
      [(7, "all_gather_perf", 4, 1, 2, False, Dtype.FP32, "NVIDIA A100-SXM4-80GB", None, None, None, None, 4, 1048576, 61.5, 62.12)]),
@@ -144,8 +150,23 @@ def test_a_log_too_small_to_show_its_bus_factor_is_asked_for_its_tool(tmp_path):
     small.write_text("\n".join(line for line in lines if not (line.split() and line.split()[0].isdigit() and int(line.split()[0]) > 8192)))
     with pytest.raises(LogError) as info:
         read_logs([str(small)])
-    assert info.value.message.endswith("its columns fit all_reduce_perf, reduce_scatter_perf, sendrecv_perf or reduce_perf)")
+    # Titles of before nccl-tests 2.13 with `redop` and no `root`: all_reduce's, reduce_scatter's or alltoall's, and the
+    # redop `sum` is not alltoall's (blank).
+    assert info.value.message.endswith("its columns fit all_reduce_perf or reduce_scatter_perf)")
     assert f"all_reduce_perf={small}" in info.value.hint and info.value.loc.line == 1
+
+
+@pytest.mark.parametrize("tool,first", [("all_gather_perf", 13), ("broadcast_perf", 33), ("alltoall_perf", 53)])
+def test_rows_of_the_old_columns_pasted_without_titles_read_their_times(tmp_path, tool, first):
+    # A row says its columns: the words between `type` and the eight timing columns are a redop (a word) or a root (a
+    # number); old alltoall's blank redop leaves a row like all_gather's.
+    lines = (DATA / "old_format_per_tool_columns.log").read_text().split("\n")
+    rows = tmp_path / "rows.txt"
+    rows.write_text("\n".join(lines[first - 1 : first + 4]) + "\n")
+    (log,) = read_logs([f"{tool}:4={rows}"])
+    want = {p.size_bytes: (p.time_us, p.in_place_us) for p in read_logs([str(DATA / "old_format_per_tool_columns.log")])[
+        ["all_gather_perf", "broadcast_perf", "alltoall_perf"].index(tool)].points}
+    assert {p.size_bytes: (p.time_us, p.in_place_us) for p in log.points} == want
 
 
 def test_a_failed_run_of_a_sweep_is_skipped_and_told():

@@ -24,7 +24,8 @@ A saved log carries more, all of it read past or used:
 - several runs one after another (a sweep of ops or of GPU counts): each is a log of its own;
 - no line naming the tool (nccl-tests before 2.13, the command not echoed): the columns say
   it where they fit one tool only (the `redop` word, the `root`, and busbw / algbw, the
-  tool's bus factor on the run's GPU count);
+  tool's bus factor on the run's GPU count; before 2.13 each tool had its own titles, see
+  `_OLD_TITLES`, and alltoall printed its redop blank);
 - nccl-tests' `#` lines with the `#` lost (a log pasted into markdown without a code fence,
   where `# nThread ...` became a heading);
 - a log cut above its header: `# Rank` lines before the table are its ranks (rccl-tests may
@@ -104,6 +105,13 @@ _REDUCING = frozenset({"all_reduce_perf", "reduce_scatter_perf", "reduce_perf", 
 (nccl-tests src/*.cu: `TimeTest(..., "none", root)`). sendrecv prints the op it was given."""
 _ROOTED = frozenset({"broadcast_perf", "reduce_perf"})
 """The tools whose `root` column names a rank; the others print -1."""
+_OLD_TITLES = {
+    "all_reduce_perf": ("redop",), "reduce_scatter_perf": ("redop",), "alltoall_perf": ("redop",), "reduce_perf": ("redop", "root"),
+    "broadcast_perf": ("root",), "all_gather_perf": (), "sendrecv_perf": (),
+}  # fmt: skip
+"""Which of `redop` and `root` each tool's column titles had before nccl-tests 2.13 gave every
+tool both (src/*.cu up to 2022: all_gather and sendrecv neither, broadcast `root` alone,
+reduce both, the others `redop`; alltoall printed its `redop` blank)."""
 
 
 
@@ -264,6 +272,8 @@ class _Run:
     ranks: dict[int, tuple[str, str, str]] = field(default_factory=dict)
     """Rank: (host, device name, pid)."""
     columns: tuple[str, ...] | None = None
+    titled: bool = False
+    """The columns are the log's own titles (not guessed from a row)."""
     points: list[Point] = field(default_factory=list)
     dtype: Dtype | None = None
     algos: frozenset[Algo] | None = None
@@ -481,7 +491,7 @@ class _Reader:
             if run is None or run.closed or run.columns is not None:
                 self._start(i, header=False)  # column titles pasted without the header above them
                 run = self.run
-            run.columns = tuple(tokens)
+            run.columns, run.titled = tuple(tokens), True
             if not any(t in _TIME_COLUMNS for t in tokens) or "type" not in tokens:
                 raise LogError("column titles without `time` and `type`: not nccl-tests' table", self.loc(i, col))
             return
@@ -518,6 +528,10 @@ class _Reader:
         if not run.columns:
             run.columns = columns
         need = len(columns)
+        if len(tokens) == need - 1 and run.titled and "redop" in columns and _is_number(tokens[columns.index("redop")]):
+            k = columns.index("redop")  # alltoall before nccl-tests 2.13 printed its redop blank
+            tokens.insert(k, "")
+            starts.insert(k, starts[k])
         if len(tokens) < need:
             raise LogError(f"a cut-off result line: {len(tokens)} columns, the table has {need} ({' '.join(columns)})", self.loc(i),
                            hint="the log is truncated or mangled; rerun the test or drop the line")  # fmt: skip
@@ -558,9 +572,9 @@ class _Reader:
             return None
         tool = fits[0]
         if self.notes is not None:
-            redop = f"redop {'/'.join(sorted(run.redops))}, " if run.redops else ""
+            said = _columns_said(run)
             self.notes.append(f"{self.path}:{run.line}: the log does not name its tool; read as {tool} from its columns "
-                              f"({redop}busbw = {bus_factor(TOOLS[tool], ranks):.4g} x algbw on {ranks} GPUs)")  # fmt: skip
+                              f"({said + ', ' if said else ''}busbw = {bus_factor(TOOLS[tool], ranks):.4g} x algbw on {ranks} GPUs)")  # fmt: skip
         return tool
 
     @staticmethod
@@ -632,8 +646,8 @@ class _Reader:
         if tool is None and ranks_known:
             tool = self._infer_tool(run, ranks_known, fits)
         elif run.tool is None and tool in TOOLS and ranks_known and run.bandwidths and tool not in fits:
-            raise LogError(f"the run of line {run.line} has the columns of {_either(fits) or 'no nccl-tests tool'} (redop "
-                           f"{'/'.join(sorted(run.redops)) or 'not printed'}, busbw / algbw {run.bandwidths[-1][1] / run.bandwidths[-1][0]:.4g} "
+            raise LogError(f"the run of line {run.line} has the columns of {_either(fits) or 'no nccl-tests tool'} "
+                           f"({_columns_said(run) or 'redop not printed'}, busbw / algbw {run.bandwidths[-1][1] / run.bandwidths[-1][0]:.4g} "
                            f"on {ranks_known} GPUs), not {tool}'s ({bus_factor(TOOLS[tool], ranks_known):.4g}) as the command line says",
                            at(run.line), hint=f"name the tool that wrote it, e.g. {fits[0] if fits else 'all_reduce_perf'}={self.path}")  # fmt: skip
         if tool is None and not listed and ranks_known is None:
@@ -693,8 +707,13 @@ def _tools_fitting(run: _Run, ranks: int) -> list[str]:
     `ranks` GPUs, within the columns' rounding to 0.01)."""
     fits = []
     for tool in TOOLS:
-        if run.redops and (run.redops != {"none"}) != (tool in _REDUCING):
+        if "" in run.redops and tool != "alltoall_perf":
+            continue  # a blank `redop`: old alltoall's
+        if run.redops - {""} and (run.redops != {"none"}) != (tool in _REDUCING):
             continue
+        if run.titled and not {"redop", "root"} <= set(run.columns) and _OLD_TITLES[tool] != tuple(
+                t for t in ("redop", "root") if t in run.columns):  # fmt: skip
+            continue  # titles of before 2.13 (no `redop` or no `root`): each tool had its own
         if run.roots and (max(run.roots) >= 0) != (tool in _ROOTED):
             continue
         f = bus_factor(TOOLS[tool], ranks)
@@ -704,9 +723,27 @@ def _tools_fitting(run: _Run, ranks: int) -> list[str]:
     return fits
 
 
+def _columns_said(run: _Run) -> str:
+    """What a run's columns say of its tool besides busbw / algbw, as a message quotes it."""
+    parts = []
+    if run.titled and not {"redop", "root"} <= set(run.columns or ()):
+        kept = [t for t in ("redop", "root") if t in (run.columns or ())]
+        parts.append(f"titles of before nccl-tests 2.13 with {' and '.join(kept) or 'neither redop nor root'}")
+    if run.redops:
+        parts.append(f"redop {'/'.join(sorted(w or 'blank' for w in run.redops))}")
+    return ", ".join(parts)
+
+
 def _either(tools: list[str]) -> str:
     """`a`, `a or b`, `a, b or c`."""
     return f"{', '.join(tools[:-1])} or {tools[-1]}" if len(tools) > 1 else "".join(tools)
+
+
+def _is_number(word: str) -> bool:
+    try:
+        return len(word) <= 40 and math.isfinite(float(word))
+    except ValueError:
+        return False
 
 
 def _starts(line: str) -> list[int]:
@@ -715,10 +752,12 @@ def _starts(line: str) -> list[int]:
 
 
 def _guess_columns(tokens: list[str]) -> tuple[str, ...]:
-    """The columns of a table pasted without its titles: nccl-tests' current ones (with
-    `root`, a whole number) or those before root was added."""
-    with_root = len(tokens) > 4 and tokens[4].lstrip("-").isdigit()
-    head = ("size", "count", "type", "redop") + (("root",) if with_root else ())
+    """The columns of a table pasted without its titles, from its first row: eight timing
+    columns (time, algbw, busbw, #wrong, out of place then in place) after `size count type`
+    and what the row has between: a word (`redop`), a whole number (`root`) or both; a row of
+    other length reads as nccl-tests' current columns."""
+    between = tokens[3:-8] if len(tokens) in (11, 12, 13) else ["sum", "-1"]
+    head = ("size", "count", "type") + tuple("root" if word.lstrip("-").isdigit() else "redop" for word in between)
     return head + ("time", "algbw", "busbw", "#wrong", "time", "algbw", "busbw", "#wrong")
 
 
