@@ -167,6 +167,20 @@ def test_a_gpu_count_given_for_tables_without_headers_must_be_of_one_table_and_a
     assert (log.ranks, log.nodes) == (4, None)
 
 
+def test_runs_on_one_gpu_are_skipped_and_a_log_of_only_those_is_refused(tmp_path):
+    # A run on 1 GPU moves nothing between GPUs (its in-place reduce takes 0.2 us): nothing to fit, and the simulator has no
+    # transfer to time.
+    one = "".join(line + "\n" for line in HEADER.replace("nGpus 2", "nGpus 1").splitlines() if "Rank  1" not in line) + ROW + END
+    (only := tmp_path / "one.log").write_text(one)
+    with pytest.raises(LogError, match="every run of .*one.log is on 1 GPU: it moves no data between GPUs") as info:
+        read_logs([str(only)])
+    assert info.value.loc.line == 3
+    (both := tmp_path / "both.log").write_text(one + GOOD)
+    notes: list[str] = []
+    assert [log.ranks for log in read_logs([str(both)], notes)] == [2]
+    assert notes == [f"skipped {both}:3: all_reduce_perf on 1 GPU moves no data between GPUs"]
+
+
 def _special_files(tmp_path) -> list[tuple[str, str]]:
     fifo = tmp_path / "fifo.log"
     os.mkfifo(fifo)

@@ -208,14 +208,24 @@ def parse_given(arg: str) -> tuple[Given, str]:
 def read_logs(args: list[str], notes: list[str] | None = None) -> list[NcclTestsLog]:
     """Each argument is a log file, or `TOOL=FILE` / `TOOL:GPUS=FILE` for one that does not
     say which tool wrote it (or how many GPUs ran it); a file with several runs gives a log
-    per run. Runs that failed before their first result are skipped, and told in `notes`."""
+    per run. Runs that failed before their first result, and runs on 1 GPU, are skipped and
+    told in `notes`."""
     logs = []
     for arg in args:
         given, path = parse_given(arg)
         if not is_file(path):
             raise UsageError(f"cannot read nccl-tests log {path}: {'not a regular file' if _exists(path) else 'no such file'}",
                              hint="pass the text file nccl-tests' output was saved to")  # fmt: skip
-        logs += parse_logs(read_text(path, path, LogError, "nccl-tests log"), path, given, notes)
+        runs = parse_logs(read_text(path, path, LogError, "nccl-tests log"), path, given, notes)
+        # A run on one GPU moves nothing between GPUs (NCCL copies within the GPU, or nothing
+        # in place): nothing of the cluster to fit. Skipped and told, as a failed run is.
+        for run in runs:
+            if run.ranks == 1 and notes is not None:
+                notes.append(f"skipped {run.path}: {run.tool} on 1 GPU moves no data between GPUs")
+        if all(run.ranks == 1 for run in runs):
+            raise LogError(f"every run of {path} is on 1 GPU: it moves no data between GPUs, nothing to fit",
+                           SourceLoc(path, runs[0].line, 1, ""), hint="pass logs of runs on 2 GPUs or more")  # fmt: skip
+        logs += [run for run in runs if run.ranks > 1]
     devices = {log.device for log in logs if log.device}
     if len(devices) > 1:
         raise LogError(f"the logs come from different GPUs ({', '.join(sorted(devices))}); calibrate one machine at a time",
