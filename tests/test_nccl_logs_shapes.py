@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from commdsl.calibrate.nccl_logs import Channels, parse_logs, read_logs
+from commdsl.calibrate.nccl_logs import Channels, _command_gpus, _tool_name, parse_logs, read_logs
 from commdsl.calibrate.nccl_tests import Run, bench_machine, choice
 from commdsl.errors import LogError
 from commdsl.ir import Algo, Dtype, OpKind, Protocol
@@ -58,6 +58,11 @@ SHAPES = [
       (51, "all_reduce_perf", 8, 4, 2, False, Dtype.FP64, H100, None, None, "2.26.2", None, 4, 33554432, 1548.01, 1563.49)]),
     ("mpirun_tag_output.log",
      [(2, "broadcast_perf", 8, 1, 1, False, Dtype.FP16, H100, None, None, None, None, 22, 8, 9.0, 9.09)]),
+    # Tables pasted under the command that ran them, without header or rank lines: the command says the GPUs
+    # (`-g 4` alone; `mpirun -np 2` continued over lines, `-g 1`).
+    ("command_gpus_headerless.md",
+     [(6, "reduce_scatter_perf", 4, 4, None, False, Dtype.BF16, "", None, None, None, None, 4, 67108864, 402.5, 405.0),
+      (19, "all_reduce_perf", 2, 1, None, False, Dtype.FP32, "", None, None, None, None, 2, 1073741824, 48210.0, 48250.0)]),
     # A sweep in nccl-tests' columns of before 2.13, naming no tool: all_gather's titles have neither redop nor root,
     # broadcast's root alone, alltoall's a redop printed blank; with busbw / algbw each fits one tool.
     ("old_format_per_tool_columns.log",
@@ -167,6 +172,29 @@ def test_rows_of_the_old_columns_pasted_without_titles_read_their_times(tmp_path
     want = {p.size_bytes: (p.time_us, p.in_place_us) for p in read_logs([str(DATA / "old_format_per_tool_columns.log")])[
         ["all_gather_perf", "broadcast_perf", "alltoall_perf"].index(tool)].points}
     assert {p.size_bytes: (p.time_us, p.in_place_us) for p in log.points} == want
+
+
+COMMANDS = [
+    ("./build/sendrecv_perf -b 128M -e 1G -f 2 -g 8", (8, 8)),
+    ("root@box:~/nccl-tests# ./build/all_reduce_perf -b 8 -e 1024M -f 2 -g2", (2, 2)),
+    ("$ NCCL_ALGO=Ring sudo all_gather_perf --ngpus=4 -t 2", (8, 4)),
+    ("mpirun -n 4 --bind-to none ./all_reduce_perf -t 2 -g 2", (16, 2)),
+    ("> mpirun -v --hostfile h -np 16 -npernode 8 -x VARS /opt/nccl-tests/build/all_reduce_perf -b 8 -g 1", (16, 1)),
+    ("srun -n 16 --mpi=pmix all_reduce_perf_mpi -b 512M -g 1", (16, 1)),
+    ("srun -N2 --gpus-per-node=4 all_reduce_perf -b 1M", None),  # the task count is Slurm's
+    ("mpirun -np $NP ./all_reduce_perf -g 1", None),
+    ("timeout 60 ./build/all_reduce_perf -g 8", None),  # another program before the tool
+    ("kubectl exec pod -- /scripts/all_gather_perf -g 8", None),
+    ("./build/all_reduce_perf -g 0", None),
+    ("./build/all_reduce_perf -g 70000", None),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("command,want", COMMANDS, ids=[c for c, _ in COMMANDS])
+def test_an_echoed_command_says_its_gpus_where_it_can(command, want):
+    words = command.split()
+    k = next(k for k, w in enumerate(words) if _tool_name(w))
+    assert _command_gpus(words, k) == want
 
 
 def test_a_failed_run_of_a_sweep_is_skipped_and_told():

@@ -30,8 +30,9 @@ A saved log carries more, all of it read past or used:
   where `# nThread ...` became a heading);
 - a log cut above its header: `# Rank` lines before the table are its ranks (rccl-tests may
   print them without a device name);
-- a table pasted without its header lines: NCCL's INFO line `comm 0x... rank R nranks N` gives
-  its GPU count; what it does not say (the tool, the GPU count) must be given with the file
+- a table pasted without its header lines: NCCL's INFO line `comm 0x... rank R nranks N`, or
+  else the echoed command that ran it (`-g 8` alone, `mpirun -np 2 ... -g 4`; see
+  `_command_gpus`), gives its GPU count; what it does not say (the tool, the GPU count) must be given with the file
   (`TOOL:GPUS=FILE`), and the error names the line it stopped at. Such a table ends at the
   first line of other text (a grep of several logs is several tables).
 
@@ -301,6 +302,9 @@ class _Run:
     """The `redop` column's words (`none`, `sum`, ...): what tells a reducing tool from another."""
     roots: set[int] = field(default_factory=set)
     """The `root` column's values (-1: no root; broadcast and reduce name one)."""
+    command_gpus: tuple[int, int] | None = None
+    """The GPUs, and GPUs per thread, the echoed command that ran it says (`-g 8` alone: 8 and
+    8; `mpirun -np 2 ... -g 4`: 8 and 4)."""
     nranks: int | None = None
     """The communicator's size as NCCL's INFO lines report it (`comm 0x... rank 0 nranks 16 ...`);
     what a table without its rank lines says of its GPU count."""
@@ -322,6 +326,10 @@ class _Reader:
         self.next_ranks: dict[int, tuple[str, str, str]] = {}
         """`# Rank` lines outside a run (the log was cut above them): the ranks of the table that follows."""
         self.next_nranks: int | None = None
+        self.next_command_gpus: tuple[int, int] | None = None
+        self.command: list[str] = []
+        """The words of the command line being read (a command continued with `\\` spans lines)."""
+        self.continues = False
         self.notes = notes
         """Hears of the runs that ended before their first result (a sweep's failed test)."""
 
@@ -356,6 +364,7 @@ class _Reader:
 
     def _line(self, i: int, line: str, col: int) -> None:
         run = self.run
+        continued, self.continues = self.continues, False
         if "NCCL INFO" in line or "NCCL WARN" in line or _NCCL_VERSION.match(line):
             self._nccl(i, line)
             return
@@ -381,10 +390,13 @@ class _Reader:
         self._collnet(line)
         # Other text (a command echo, a banner, a warning, a code fence, an env dump): read past,
         # except a command that runs an nccl-tests tool, which names the next run's tool.
-        for word in tokens:
+        words = (self.command if continued else []) + tokens
+        self.command, self.continues = words, line.endswith("\\")
+        for k, word in enumerate(words):
             tool = _tool_name(word)
             if tool is not None and (run is None or run.closed):
                 self.next_tool = (tool, i + 1)
+                self.next_command_gpus = _command_gpus(words, k)
                 break
 
     def _collnet(self, line: str) -> bool:
@@ -462,8 +474,8 @@ class _Reader:
         self.run.version = self.next_version
         self.run.collnet = self.next_collnet
         if not header:
-            self.run.ranks, self.run.nranks = self.next_ranks, self.next_nranks
-        self.next_tool, self.next_ranks, self.next_nranks = None, {}, None
+            self.run.ranks, self.run.nranks, self.run.command_gpus = self.next_ranks, self.next_nranks, self.next_command_gpus
+        self.next_tool, self.next_ranks, self.next_nranks, self.next_command_gpus = None, {}, None, None
 
     def _failed(self, run: _Run) -> None:
         """Drop a run that ended before its first result: it measured nothing."""
@@ -651,7 +663,11 @@ class _Reader:
         if not listed and given.ranks is not None and said is not None and given.ranks != said:
             raise LogError(f"the run has {said} GPUs (NCCL's INFO lines: nranks {said}), not {given.ranks} as the command line says",
                            at(run.line))  # fmt: skip
-        ranks_known = len(run.ranks) if listed else given.ranks or said
+        command = run.command_gpus or (None, 1)
+        ranks_known = len(run.ranks) if listed else given.ranks or said or command[0]
+        if not listed and given.ranks is None and ranks_known is not None and self.notes is not None:
+            source = f"NCCL's INFO lines say (nranks {said})" if said else "the command that ran it says"
+            self.notes.append(f"{self.path}:{run.line}: a table without rank lines; read as {ranks_known} GPUs, as {source}")
         fits = _tools_fitting(run, ranks_known) if ranks_known else list(TOOLS)
         if tool is None and ranks_known:
             tool = self._infer_tool(run, ranks_known, fits)
@@ -674,7 +690,8 @@ class _Reader:
             if ranks_known is None:
                 raise LogError(f"a result table without nccl-tests' header (line {run.line}): the log does not say how many GPUs ran it",
                                at(run.line), hint=f"name the tool and the GPU count: {tool}:GPUS=FILE, e.g. {tool}:8={self.path}")  # fmt: skip
-            return NcclTestsLog(path, tool, TOOLS[tool], ranks_known, 1, None, None, False, run.dtype, "", tuple(run.points),
+            per_thread = command[1] if command[0] == ranks_known else 1  # `-g` of the command that ran these GPUs
+            return NcclTestsLog(path, tool, TOOLS[tool], ranks_known, per_thread, None, None, False, run.dtype, "", tuple(run.points),
                                 run.algos, run.protos, run.version, run.channels, run.line, run.collnet, self.path)  # fmt: skip
         ranks = run.ranks
         if not ranks:
@@ -747,6 +764,44 @@ def _columns_said(run: _Run) -> str:
 def _either(tools: list[str]) -> str:
     """`a`, `a or b`, `a, b or c`."""
     return f"{', '.join(tools[:-1])} or {tools[-1]}" if len(tools) > 1 else "".join(tools)
+
+
+_LAUNCHERS = {"mpirun": ("-np", "-n", "--np", "--n"), "mpiexec": ("-np", "-n", "--np", "--n"), "orterun": ("-np", "-n", "--np"),
+              "srun": ("-n", "--ntasks")}  # fmt: skip
+"""Launchers and their options for the number of processes they start."""
+_PROMPT = re.compile(r"(?:\S*[$#>%]|sudo|env|time|[A-Za-z_][A-Za-z0-9_]*=\S*)")
+"""What may stand before a tool that runs as one process: a shell prompt (`$`, `root@host:~#`,
+a markdown quote `>`), `sudo`, `env`, `time`, environment settings (`NCCL_ALGO=Ring`)."""
+
+
+def _command_gpus(words: list[str], k: int) -> tuple[int, int] | None:
+    """The GPUs a command running an nccl-tests tool (`words[k]`) starts, and those each
+    thread drives (`-g`): processes x `-t` threads x `-g` GPUs, the processes from the
+    launcher's count (`mpirun -np 2`, `srun -n 8`) or 1 with no launcher; None where the
+    command does not say (a launcher without a count, another program before the tool, a
+    value that is not a number)."""
+    before, after = words[:k], words[k + 1 :]
+    launchers = [w.rsplit("/", 1)[-1] for w in before if w.rsplit("/", 1)[-1] in _LAUNCHERS]
+    if launchers:
+        procs = _option(before, _LAUNCHERS[launchers[0]])
+    else:
+        procs = "1" if all(_PROMPT.fullmatch(w) for w in before) else None
+    values = [procs, _option(after, ("-t", "--nthreads")) or "1", _option(after, ("-g", "--ngpus")) or "1"]
+    if any(v is None or not v.isdigit() or len(v) > 6 or int(v) < 1 for v in values):
+        return None
+    n = math.prod(int(v) for v in values)
+    return (n, int(values[2])) if n <= MAX_WORLD_SIZE else None
+
+
+def _option(words: list[str], names: tuple[str, ...]) -> str | None:
+    """The value of the first of `names` in `words`: `-g 8`, `-g8`, `--ngpus=8`; None if absent."""
+    for j, w in enumerate(words):
+        for name in names:
+            if w == name:
+                return words[j + 1] if j + 1 < len(words) else None
+            if w.startswith(name + "=") or (len(name) == 2 and w.startswith(name) and w[2:].isdigit()):
+                return w[len(name) :].lstrip("=")
+    return None
 
 
 def _is_number(word: str) -> bool:
