@@ -68,6 +68,10 @@ STRUCTURE = [
      "its columns fit all_reduce_perf or sendrecv_perf"),
     ("no tool named, the columns fit none", UNNAMED + ROW.replace("0.10    0.10", "1.00    3.00") + END, 1, None,
      "no command naming it)"),
+    # nccl-tests built without MPI support under mpirun: every process runs alone and lists itself as rank 0.
+    ("copies of a 1-GPU test", HEADER.replace("nGpus 2", "nGpus 1").replace("#  Rank  1 Group  0 Pid   4000 on      node0 device  1",
+                                                                         "#  Rank  0 Group  0 Pid   4001 on      node0 device  1")
+     + ROW + END, 7, None, "rank 0 is listed by two processes (pid 4000 on node0, pid 4001 on node0): each ran its own test on 1 GPU"),
     # A grep of several logs' rows: the table ends at the text between them, and the second says nothing of its GPUs.
     ("rows of two runs without their headers", "$ grep -E 'nodes|1024 ' sweep.log\n== 1 node ==\n"
      "node0:7:7 [0] NCCL INFO comm 0x5f00 rank 0 nranks 4 cudaDev 0 busId 18000 - Init COMPLETE\n"

@@ -69,6 +69,9 @@ SHAPES = [
      [(2, "all_gather_perf", 4, 4, 1, False, Dtype.FP32, "Tesla V100-SXM2-16GB", None, None, None, None, 5, 262144, 21.5, 21.9),
       (22, "broadcast_perf", 4, 4, 1, False, Dtype.FP32, "Tesla V100-SXM2-16GB", None, None, None, None, 5, 262144, 18.25, 18.55),
       (42, "alltoall_perf", 4, 4, 1, False, Dtype.FP32, "Tesla V100-SXM2-16GB", None, None, None, None, 5, 262144, 24.0, 24.5)]),
+    # `kubectl logs --timestamps`: a timestamp before every line, mpirun's help-message lines inside the table.
+    ("logger_timestamp_prefix.log",
+     [(4, "all_reduce_perf", 4, 1, 2, False, Dtype.FP16, H100, None, None, "2.27.5", None, 4, 1048576, 71.25, 72.0)]),
     # Pasted into markdown without a code fence: nccl-tests' `# nThread`, `# Rank`, titles and summary lost their `#`.
     ("markdown_lost_hashes.md",
      [(7, "all_gather_perf", 4, 1, 2, False, Dtype.FP32, "NVIDIA A100-SXM4-80GB", None, None, None, None, 4, 1048576, 61.5, 62.12)]),

@@ -20,7 +20,8 @@ A saved log carries more, all of it read past or used:
 - NCCL_COLLNET_ENABLE (CollNet, IB SHARP), from an INFO line, the echoed command
   (`-x NCCL_COLLNET_ENABLE=1`) or an environment dump before the run;
 - a launcher's prefix on every line (`[1,0]<stdout>:` of mpirun --tag-output, `0: ` of srun
-  --label);
+  --label), or a logger's (a timestamp of `kubectl logs --timestamps`): nccl-tests' lines are
+  found after it, its rows inside a table; mpirun's own messages inside a table are text;
 - several runs one after another (a sweep of ops or of GPU counts): each is a log of its own;
 - no line naming the tool (nccl-tests before 2.13, the command not echoed): the columns say
   it where they fit one tool only (the `redop` word, the `root`, and busbw / algbw, the
@@ -85,7 +86,9 @@ _NCCL_VERSION = re.compile(r"NCCL version (\d{1,4}\.\d{1,4}\.\d{1,4})")
 _ENV = re.compile(r"NCCL_(ALGO|PROTO) set by environment to (\S+)")
 _CHANNELS = re.compile(r"\b(\d{1,6}) coll channels,(?: (\d{1,6}) collnet channels,)?(?: (\d{1,6}) nvls channels,)? (\d{1,6}) p2p channels,"
                        r" (\d{1,6}) p2p channels per peer")  # fmt: skip
-_NRANKS = re.compile(r"\bcomm 0x[0-9a-fA-F]+ rank \d{1,6} nranks (\d{1,6})\b")
+_NRANKS = re.compile(r"\bcomm 0x[0-9a-fA-F]+ rank \d{1,6} n[Rr]anks (\d{1,6})\b")
+"""NCCL's INFO lines that give a communicator's size: `... comm 0x... rank 0 nranks 16 ... Init
+COMPLETE` (and `Destroy COMPLETE`), `comm 0x... rank 0 nRanks 16 nNodes 2 ...` (2.19+)."""
 _COLLNET = re.compile(r"\bNCCL_COLLNET_ENABLE(?:\s+set by environment to\s+|\s*=\s*)[\"']?(\d)\b")
 """NCCL_COLLNET_ENABLE as NCCL's INFO line reports it or a command line / environment dump sets it."""
 _PREFIX = re.compile(r"^(?:\[[^\]]{0,40}\](?:<std(?:out|err)>)?:?\s*|\d{1,6}:\s+)")
@@ -95,8 +98,16 @@ _BARE_COMMENT = re.compile(r"(?:nThread\s+\S+\s+nGpus\s|Rank\s+\d+\s+(?:Group\s+
                            r"|\(B\)\s+\(elements\)|Out of bounds values\s*:|Avg bus bandwidth\s*:|Collective test (?:starting|concluded):)")
 """nccl-tests' own `#` lines with the `#` lost: a log pasted into markdown (GitHub issues, READMEs)
 without a code fence turns `# nThread ...` into a heading and drops the `#`."""
-_NUMBER = re.compile(r"[-+]?(?:\d|\.\d)")
-"""How a result line starts (a size, maybe mangled: a sign, a fraction)."""
+_EMBEDDED = re.compile(r"#\s*(?:nccl-tests version\s|Collective test (?:starting|concluded):|nThread\s+\S+\s+nGpus\s"
+                       r"|Rank\s+\d+\s+(?:Group\s+\d+\s+)?Pid\s|Using devices\b|size\s+count\s+type\s|\(B\)\s+\(elements\)"
+                       r"|Out of bounds values\s*:\s*\d|Avg bus bandwidth\s*:\s*[-+.\d])")
+"""nccl-tests' own `#` lines after other text on the line: a logger's prefix (a timestamp of
+`kubectl logs --timestamps`, `ts`, a function name of an instrumented build)."""
+_EMBEDDED_ROW = re.compile(r"(?<!\S)\d{1,20}\s+\d{1,20}\s+[A-Za-z][A-Za-z0-9_]*\s")
+"""A result row (size, count, type) after such a prefix, inside a table."""
+_NUMBER = re.compile(r"[-+]?(?:\d|\.\d)[\d.]*(?:\s|$)")
+"""How a result line starts: a size, maybe mangled (a sign, a fraction), then a space; not a
+timestamp, nor mpirun's `3 more processes have sent help message ...` (see `_line`)."""
 _TIME_COLUMNS = ("time", "cputime")
 _MIN_ALGBW = 0.5
 """Least algbw (GB/s) of a result whose busbw / algbw ratio is read: both columns have two
@@ -347,6 +358,9 @@ class _Reader:
             col = raw.find(line) + 1 if line in raw else 1
             if _BARE_COMMENT.match(line):
                 line, col = "# " + line, col - 2  # read as nccl-tests printed it; columns still count in the file's line
+            elif not line.startswith("#") and "NCCL INFO" not in line and "NCCL WARN" not in line:
+                cut = self._embedded(line)
+                line, col = line[cut:], col + cut
             self._line(i, line, col)
         if self.run is not None and not self.run.closed and not self.run.points and self.runs[:-1]:
             self._failed(self.run)  # the last run of a sweep failed; the others stand
@@ -362,6 +376,18 @@ class _Reader:
                            hint="save each run to a file of its own and give each its GPU count")  # fmt: skip
         return [self._finish(run) for run in self.runs]
 
+    def _embedded(self, line: str) -> int:
+        """Where nccl-tests' own text starts on a line that a logger prefixed (0: at its start)."""
+        m = _EMBEDDED.search(line, 1)
+        if m:
+            return m.start()
+        run = self.run
+        if run is not None and not run.closed and run.columns is not None:
+            m = _EMBEDDED_ROW.search(line)
+            if m:
+                return m.start()
+        return 0
+
     def _line(self, i: int, line: str, col: int) -> None:
         run = self.run
         continued, self.continues = self.continues, False
@@ -369,7 +395,9 @@ class _Reader:
             self._nccl(i, line)
             return
         open_table = run is not None and not run.closed and run.columns is not None
-        if open_table and _NUMBER.match(line):
+        words = line.split(None, 2)
+        if open_table and _NUMBER.match(line) and not (len(words) > 1 and words[1].isalpha()):
+            # (`3 more processes have sent help message ...` of mpirun is text, not a row)
             self._result(i, line, col)
             return
         if open_table and not run.header and run.points and (not line.startswith("#") or _RANK.match(line)):
@@ -536,6 +564,14 @@ class _Reader:
         r = self._int(m.group(1), "rank", i, col + m.start(1), 0, MAX_WORLD_SIZE - 1,
                       hint=f"a run has at most {MAX_WORLD_SIZE} ranks (commdsl.limits.MAX_WORLD_SIZE)")  # fmt: skip
         if r in ranks:
+            host, _, pid = ranks[r]
+            if r == 0 and len(ranks) == 1 and (host, pid) != (m.group(3), m.group(2)):
+                # nccl-tests without MPI support, started by mpirun or srun: every process runs the
+                # test alone on its GPU and calls itself rank 0 (nccl-tests' README, "MPI=1").
+                raise LogError(f"rank 0 is listed by two processes (pid {pid} on {host}, pid {m.group(2)} on {m.group(3)}): each "
+                               "ran its own test on 1 GPU, not one test across them (nccl-tests built without MPI support and "
+                               "started by mpirun or srun?)", self.loc(i),
+                               hint="build nccl-tests with `make MPI=1` and rerun, or run one process with -g N")  # fmt: skip
             raise LogError(f"rank {r} is listed twice (mixed runs in one file?)", self.loc(i))
         if len(ranks) >= MAX_WORLD_SIZE:
             raise LogError(f"more than {MAX_WORLD_SIZE} ranks: the most a run may have (commdsl.limits.MAX_WORLD_SIZE)", self.loc(i))
