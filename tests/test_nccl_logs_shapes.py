@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from commdsl.calibrate.nccl_logs import Channels, _command_gpus, _tool_name, parse_logs, read_logs
-from commdsl.calibrate.nccl_tests import Run, bench_machine, choice
+from commdsl.calibrate.nccl_tests import DEVICE_PRESETS, Run, bench_machine, choice
 from commdsl.errors import LogError
 from commdsl.ir import Algo, Dtype, OpKind, Protocol
 from commdsl.machine import resolve_machine
@@ -198,6 +198,14 @@ def test_an_echoed_command_says_its_gpus_where_it_can(command, want):
     words = command.split()
     k = next(k for k, w in enumerate(words) if _tool_name(w))
     assert _command_gpus(words, k) == want
+
+
+@pytest.mark.parametrize("device,preset", [("A100-SXM4-40GB", "dgx-a100"), ("NVIDIA H200", "dgx-h200"), ("NVIDIA H800", "hgx-h800"),
+                                           ("NVIDIA GeForce RTX 4090", "pcie-rtx4090")])  # fmt: skip
+def test_gpu_names_as_logs_print_them_choose_the_preset_of_that_gpu(device, preset):
+    # Old drivers print "A100-SXM4-40GB" (Microsoft SuperBench's logs); each preset with an `nccl:` section is a base.
+    machine = resolve_machine(DEVICE_PRESETS[device])
+    assert machine.name == preset and machine.nccl is not None
 
 
 def test_a_failed_run_of_a_sweep_is_skipped_and_told():

@@ -57,8 +57,14 @@ ITERS = 5
 TIMED_ITERS = 20
 """nccl-tests' timed ops per size (`-n`, its default 20): what a chain's fill is spread over."""
 
-DEVICE_PRESETS = {"NVIDIA H100 80GB HBM3": "dgx-h100", "NVIDIA A100-SXM4-80GB": "dgx-a100", "NVIDIA A100-SXM4-40GB": "dgx-a100"}
-"""Base machine per GPU name as nccl-tests prints it, when `--machine` is not given."""
+DEVICE_PRESETS = {
+    "NVIDIA H100 80GB HBM3": "dgx-h100", "NVIDIA A100-SXM4-80GB": "dgx-a100", "NVIDIA A100-SXM4-40GB": "dgx-a100",
+    "A100-SXM4-80GB": "dgx-a100", "A100-SXM4-40GB": "dgx-a100",  # as older drivers named them (no "NVIDIA ")
+    "NVIDIA H200": "dgx-h200", "NVIDIA H800": "hgx-h800", "NVIDIA GeForce RTX 4090": "pcie-rtx4090",
+}  # fmt: skip
+"""Base machine per GPU name as nccl-tests prints it, when `--machine` is not given: the SXM
+parts of the NVSwitch presets (H200 NVL, H100 PCIe and others print other names) and the
+GeForce RTX 4090 of the PCIe preset."""
 
 
 @dataclass(frozen=True)
