@@ -54,7 +54,8 @@ STRUCTURE = [
     ("ranks not a multiple", HEADER.replace("nGpus 2", "nGpus 4") + ROW + END, 3, None, "not a multiple of nGpus 4"),
     ("missing ranks", HEADER.replace("Rank  1 Group", "Rank  3 Group") + ROW + END, 3, None, "ranks [1, 2] are missing"),
     ("unknown type", _row("float", "quad"), 11, 32, "type 'quad'"),
-    ("two types", HEADER + ROW + ROW.replace("float", " half") + END, 12, 33, "type fp16 after fp32"),
+    ("only types without a dtype", HEADER + ROW.replace("   float", "  uint32") + ROW.replace("   float", "  uint64").replace("1024 ", "2048 ")
+     + END, 11, 31, "type 'uint32' has no commdsl dtype"),
     ("time not a number", _row("10.00    0.10", "oops    0.10"), 11, 57, "time 'oops' is not a number"),
     ("unknown tool", HEADER.replace("all_reduce_perf", "hypercube_perf", 1) + ROW + END, 2, None, "hypercube_perf"),
     ("mixed GPUs", HEADER.replace("device  1 [0000:19:00] NVIDIA H100 80GB HBM3", "device  1 [0000:19:00] NVIDIA A100-SXM4-80GB") + ROW + END,

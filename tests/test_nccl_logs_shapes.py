@@ -69,6 +69,14 @@ SHAPES = [
      [(2, "all_gather_perf", 4, 4, 1, False, Dtype.FP32, "Tesla V100-SXM2-16GB", None, None, None, None, 5, 262144, 21.5, 21.9),
       (22, "broadcast_perf", 4, 4, 1, False, Dtype.FP32, "Tesla V100-SXM2-16GB", None, None, None, None, 5, 262144, 18.25, 18.55),
       (42, "alltoall_perf", 4, 4, 1, False, Dtype.FP32, "Tesla V100-SXM2-16GB", None, None, None, None, 5, 262144, 24.0, 24.5)]),
+    # `-d all` then `-o all`: a block of rows per type (uint32 and uint64, no commdsl dtype, skipped) and per reduction,
+    # each read as a run of its own.
+    ("several_types_and_reductions.log",
+     [(line, "all_reduce_perf", 2, 2, 1, False, dtype, "NVIDIA GeForce RTX 4090", None, None, "2.24.2", None, 3, 1048576, t, t + 1.5)
+      for line, dtype, t in [(4, Dtype.INT8, 161.5), (16, Dtype.UINT8, 162.25), (19, Dtype.INT32, 163.0), (25, Dtype.INT64, 164.5),
+                             (31, Dtype.FP16, 166.0), (34, Dtype.FP32, 166.75), (37, Dtype.FP64, 167.5), (40, Dtype.BF16, 168.25)]]
+     + [(line, "all_reduce_perf", 2, 2, 1, False, Dtype.FP32, "NVIDIA GeForce RTX 4090", None, None, "2.24.2", None, 3, 1048576, t,
+         t + 1.25) for line, t in [(51, 161.5), (63, 162.0), (66, 162.5), (69, 163.0), (72, 163.5)]]),
     # `kubectl logs --timestamps`: a timestamp before every line, mpirun's help-message lines inside the table.
     ("logger_timestamp_prefix.log",
      [(4, "all_reduce_perf", 4, 1, 2, False, Dtype.FP16, H100, None, None, "2.27.5", None, 4, 1048576, 71.25, 72.0)]),

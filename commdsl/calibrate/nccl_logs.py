@@ -23,6 +23,8 @@ A saved log carries more, all of it read past or used:
   --label), or a logger's (a timestamp of `kubectl logs --timestamps`): nccl-tests' lines are
   found after it, its rows inside a table; mpirun's own messages inside a table are text;
 - several runs one after another (a sweep of ops or of GPU counts): each is a log of its own;
+  so is each block of rows of a run of several types or reductions (`-d all`, `-o all`), and
+  rows of a type commdsl has no dtype for (uint32, uint64) are skipped;
 - no line naming the tool (nccl-tests before 2.13, the command not echoed): the columns say
   it where they fit one tool only (the `redop` word, the `root`, and busbw / algbw, the
   tool's bus factor on the run's GPU count; before 2.13 each tool had its own titles, see
@@ -45,7 +47,7 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from commdsl.errors import LogError, SourceLoc, UsageError
@@ -320,6 +322,13 @@ class _Run:
     """The communicator's size as NCCL's INFO lines report it (`comm 0x... rank 0 nranks 16 ...`);
     what a table without its rank lines says of its GPU count."""
     bandwidths: list[tuple[float, float]] = field(default_factory=list)
+    block: tuple[object, ...] | None = None
+    origin: int | None = None
+    """The first line of the run this one goes on from (`-d all`, `-o all`); None: not one."""
+    unknown: tuple[int, int, str] | None = None
+    """(line, column, type) of its first row of a type with no commdsl dtype (skipped)."""
+    """(dtype, redop, root) of its rows: a run of several types (`-d all`) or reductions (`-o all`)
+    prints one block of rows for each, read as a run of its own."""
     """(algbw, busbw) of out-of-place results of at least `_MIN_ALGBW` GB/s: their ratio is the tool's bus factor."""
 
 
@@ -505,8 +514,15 @@ class _Reader:
             self.run.ranks, self.run.nranks, self.run.command_gpus = self.next_ranks, self.next_nranks, self.next_command_gpus
         self.next_tool, self.next_ranks, self.next_nranks, self.next_command_gpus = None, {}, None, None
 
+    def _no_dtype(self, run: _Run) -> None:
+        """A run without results whose rows were all of types commdsl has no dtype for is an error at the first."""
+        if run.unknown is not None:
+            i, col, name = run.unknown
+            raise LogError(f"type '{name}' has no commdsl dtype (known: {', '.join(TYPES)})", self.loc(i, col))
+
     def _failed(self, run: _Run) -> None:
         """Drop a run that ended before its first result: it measured nothing."""
+        self._no_dtype(run)
         self.runs.remove(run)
         what = f"{self.path}:{run.line}: {run.tool or 'a run'} ended before its first result" + (f" ({run.failure})" if run.failure else "")
         if self.notes is not None:
@@ -555,6 +571,7 @@ class _Reader:
             return
         if line.startswith("# Avg bus bandwidth"):
             if run.columns is None or not run.points:
+                self._no_dtype(run)
                 raise LogError("a closing summary with no results before it", self.loc(i), hint="the run failed; rerun it")
             run.closed = True
             run.last = i + 1
@@ -602,11 +619,16 @@ class _Reader:
         t = columns.index("type")
         type_name = tokens[t]
         if type_name not in TYPES:
-            raise LogError(f"type '{type_name}' has no commdsl dtype (known: {', '.join(TYPES)})", self.loc(i, at(t)))
+            # A block of `-d all` (uint32, uint64) commdsl has no dtype for: skipped; a run of
+            # such rows only is an error (`_no_dtype`).
+            run.unknown = run.unknown or (i, at(t), _short(type_name))
+            run.last = i + 1
+            return
         dtype = TYPES[type_name]
-        if run.dtype is not None and dtype is not run.dtype:
-            raise LogError(f"type {dtype.value} after {run.dtype.value}: one run times one type", self.loc(i, at(t)))
-        run.dtype = dtype
+        block = (dtype,) + tuple(tokens[columns.index(c)][:20] for c in ("redop", "root") if c in columns)
+        if run.block is not None and block != run.block:
+            run = self._split(i, run, block)  # `-d all` / `-o all`: the rows of the next type or reduction
+        run.block, run.dtype = block, dtype
         times: list[float | None] = []
         for k in [k for k, c in enumerate(columns) if c in _TIME_COLUMNS][:2]:
             word = tokens[k]
@@ -622,6 +644,20 @@ class _Reader:
         if size > 0:
             # Out of place is what a schedule's op does; a run of in-place ops only times that.
             run.points.append(Point(size, times[0] if times[0] is not None else times[1], times[1], i + 1))
+
+    def _split(self, i: int, run: _Run, block: tuple[object, ...]) -> _Run:
+        """End `run` at line `i` (0-based), where its rows turn to another type or reduction,
+        and go on with a run of the same GPUs and settings for the rows from there."""
+        run.closed = True
+        new = replace(run, line=i + 1, points=[], dtype=None, redops=set(), roots=set(), bandwidths=[], block=None, unknown=None, closed=False,
+                      last=0, failure=None)  # fmt: skip
+        self.runs.append(new)
+        self.run = new
+        if self.notes is not None and run.origin is None:
+            self.notes.append(f"{self.path}:{run.line}: the run times several types or reductions (-d all, -o all): the rows of "
+                              "each are read as a run of its own, named by their first line")  # fmt: skip
+        new.origin = run.origin or run.line
+        return new
 
     def _infer_tool(self, run: _Run, ranks: int, fits: list[str]) -> str | None:
         """The tool of a run that does not name it, where its columns (`fits`) fit one tool
@@ -679,6 +715,10 @@ class _Reader:
             return SourceLoc(self.path, line, 1, self.lines[line - 1] if 0 < line <= len(self.lines) else "")
 
         end = run.last or run.line
+        if not run.points:
+            self._no_dtype(run)
+        elif run.unknown is not None and self.notes is not None:
+            self.notes.append(f"{self.path}:{run.unknown[0] + 1}: rows of type {run.unknown[2]} skipped: commdsl has no dtype for it")
         if not run.closed:
             if not run.points:
                 failure = f": {run.failure}" if run.failure else ""
