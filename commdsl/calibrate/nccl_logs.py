@@ -35,9 +35,10 @@ A saved log carries more, all of it read past or used:
   print them without a device name);
 - a table pasted without its header lines: NCCL's INFO line `comm 0x... rank R nranks N`, or
   else the echoed command that ran it (`-g 8` alone, `mpirun -np 2 ... -g 4`; see
-  `_command_gpus`), gives its GPU count; what it does not say (the tool, the GPU count) must be given with the file
-  (`TOOL:GPUS=FILE`), and the error names the line it stopped at. Such a table ends at the
-  first line of other text (a grep of several logs is several tables).
+  `_command_gpus`), gives its GPU count; what it does not say (the tool, the GPU count)
+  must be given with the file (`TOOL:GPUS=FILE`), and the error names the line it stopped
+  at. Such a table ends at the first line of other text (a grep of several logs is several
+  tables).
 
 Every value is checked where it is read, against the bounds of `commdsl.limits`; every
 problem is a `LogError` naming the file and line.
@@ -322,14 +323,14 @@ class _Run:
     """The communicator's size as NCCL's INFO lines report it (`comm 0x... rank 0 nranks 16 ...`);
     what a table without its rank lines says of its GPU count."""
     bandwidths: list[tuple[float, float]] = field(default_factory=list)
+    """(algbw, busbw) of out-of-place results of at least `_MIN_ALGBW` GB/s: their ratio is the tool's bus factor."""
     block: tuple[object, ...] | None = None
+    """(dtype, redop, root) of its rows: a run of several types (`-d all`) or reductions (`-o all`)
+    prints one block of rows for each, read as a run of its own."""
     origin: int | None = None
     """The first line of the run this one goes on from (`-d all`, `-o all`); None: not one."""
     unknown: tuple[int, int, str] | None = None
     """(line, column, type) of its first row of a type with no commdsl dtype (skipped)."""
-    """(dtype, redop, root) of its rows: a run of several types (`-d all`) or reductions (`-o all`)
-    prints one block of rows for each, read as a run of its own."""
-    """(algbw, busbw) of out-of-place results of at least `_MIN_ALGBW` GB/s: their ratio is the tool's bus factor."""
 
 
 class _Reader:
@@ -649,8 +650,8 @@ class _Reader:
         """End `run` at line `i` (0-based), where its rows turn to another type or reduction,
         and go on with a run of the same GPUs and settings for the rows from there."""
         run.closed = True
-        new = replace(run, line=i + 1, points=[], dtype=None, redops=set(), roots=set(), bandwidths=[], block=None, unknown=None, closed=False,
-                      last=0, failure=None)  # fmt: skip
+        new = replace(run, line=i + 1, points=[], dtype=None, redops=set(), roots=set(), bandwidths=[], block=None, unknown=None,
+                      closed=False, last=0, failure=None)  # fmt: skip
         self.runs.append(new)
         self.run = new
         if self.notes is not None and run.origin is None:
