@@ -77,6 +77,9 @@ SHAPES = [
                              (31, Dtype.FP16, 166.0), (34, Dtype.FP32, 166.75), (37, Dtype.FP64, 167.5), (40, Dtype.BF16, 168.25)]]
      + [(line, "all_reduce_perf", 2, 2, 1, False, Dtype.FP32, "NVIDIA GeForce RTX 4090", None, None, "2.24.2", None, 3, 1048576, t,
          t + 1.25) for line, t in [(51, 161.5), (63, 162.0), (66, 162.5), (69, 163.0), (72, 163.5)]]),
+    # nccl-tests 2.19's `-S 1`: a timestamp column (date and time, two words) after the in-place columns.
+    ("timestamp_column_two_nodes.log",
+     [(3, "alltoall_perf", 8, 4, 2, False, Dtype.FP32, "NVIDIA H200", None, None, "2.30.1", None, 4, 16777216, 170.5, 171.25)]),
     # `kubectl logs --timestamps`: a timestamp before every line, mpirun's help-message lines inside the table.
     ("logger_timestamp_prefix.log",
      [(4, "all_reduce_perf", 4, 1, 2, False, Dtype.FP16, H100, None, None, "2.27.5", None, 4, 1048576, 71.25, 72.0)]),
