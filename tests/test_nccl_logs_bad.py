@@ -160,6 +160,15 @@ def test_given_values_must_agree_with_the_log(tmp_path):
     assert read_logs([str(weird)])[0].ranks == 2
 
 
+def test_a_table_that_does_not_say_its_gpus_beside_other_runs_is_asked_to_be_cut_out_or_passed_alone():
+    # A README's grep of several logs after whole runs: a GPU count given with the file would be every run's.
+    text = GOOD + "$ grep 1024 sweep.log\n" + ROW
+    with pytest.raises(LogError) as info:
+        parse_logs(text, "readme.md")
+    assert info.value.loc.line == 17 and "does not say which tool wrote it or how many GPUs ran it" in info.value.message
+    assert info.value.hint.startswith("the file has 2 runs: cut this table out, or save it to a file of its own")
+
+
 def test_a_gpu_count_given_for_tables_without_headers_must_be_of_one_table_and_agree_with_nccl():
     rows = ROW + "== 2 nodes ==\n" + ROW
     with pytest.raises(LogError, match=r"2 result tables without a header or rank lines \(lines 1, 3\): the GPU count given \(8\)") as info:

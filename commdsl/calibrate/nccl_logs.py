@@ -646,6 +646,14 @@ class _Reader:
             # Out of place is what a schedule's op does; a run of in-place ops only times that.
             run.points.append(Point(size, times[0] if times[0] is not None else times[1], times[1], i + 1))
 
+    def _bare_hint(self, hint: str) -> str:
+        """What to do of a table that does not say its tool or GPU count: with the file's other
+        runs, a GPU count given with the file would be theirs too."""
+        if len(self.runs) == 1:
+            return hint
+        return (f"the file has {len(self.runs)} runs: cut this table out, or save it to a file of its own and pass that as "
+                "TOOL:GPUS=TABLE (e.g. all_reduce_perf:8=table.txt)")
+
     def _split(self, i: int, run: _Run, block: tuple[object, ...]) -> _Run:
         """End `run` at line `i` (0-based), where its rows turn to another type or reduction,
         and go on with a run of the same GPUs and settings for the rows from there."""
@@ -755,7 +763,7 @@ class _Reader:
                            at(run.line), hint=f"name the tool that wrote it, e.g. {fits[0] if fits else 'all_reduce_perf'}={self.path}")  # fmt: skip
         if tool is None and not listed and ranks_known is None:
             raise LogError(f"a result table without nccl-tests' header (line {run.line}): the log does not say which tool wrote it "
-                           "or how many GPUs ran it", at(run.line), hint=f"name both: TOOL:GPUS=FILE, e.g. all_reduce_perf:8={self.path}")  # fmt: skip
+                           "or how many GPUs ran it", at(run.line), hint=self._bare_hint(f"name both: TOOL:GPUS=FILE, e.g. all_reduce_perf:8={self.path}"))  # fmt: skip
         if tool is None:
             said = f"; its columns fit {_either(fits)}" if 1 < len(fits) < len(TOOLS) else ""
             raise LogError(f"cannot tell which nccl-tests tool wrote the run of line {run.line} (no `# Collective test starting:` "
@@ -766,7 +774,7 @@ class _Reader:
         if not listed:
             if ranks_known is None:
                 raise LogError(f"a result table without nccl-tests' header (line {run.line}): the log does not say how many GPUs ran it",
-                               at(run.line), hint=f"name the tool and the GPU count: {tool}:GPUS=FILE, e.g. {tool}:8={self.path}")  # fmt: skip
+                               at(run.line), hint=self._bare_hint(f"name the tool and the GPU count: {tool}:GPUS=FILE, e.g. {tool}:8={self.path}"))  # fmt: skip
             per_thread = command[1] if command[0] == ranks_known else 1  # `-g` of the command that ran these GPUs
             return NcclTestsLog(path, tool, TOOLS[tool], ranks_known, per_thread, None, None, False, run.dtype, "", tuple(run.points),
                                 run.algos, run.protos, run.version, run.channels, run.line, run.collnet, self.path)  # fmt: skip
