@@ -179,6 +179,9 @@ def test_a_gpu_count_given_for_tables_without_headers_must_be_of_one_table_and_a
         parse_logs(said, "said.log", Given("all_reduce_perf", 8))
     (log,) = parse_logs(said, "said.log", Given("all_reduce_perf", 4))
     assert (log.ranks, log.nodes) == (4, None)
+    # One table of two types (`-d all`) is one table: the GPU count given is both blocks'.
+    two_types = ROW + ROW.replace("   float", "    half").replace("256 ", "512 ")
+    assert [(log.ranks, log.dtype.value) for log in parse_logs(two_types, "d.log", Given("all_reduce_perf", 8))] == [(8, "fp32"), (8, "fp16")]
 
 
 def test_runs_on_one_gpu_are_skipped_and_a_log_of_only_those_is_refused(tmp_path):

@@ -378,7 +378,7 @@ class _Reader:
             raise LogError("not nccl-tests output: no `# nThread ... nGpus ...` header and no result table",
                            SourceLoc(self.path, 1, 1, self.lines[0] if self.lines else ""),
                            hint="pass the output of nccl-tests *_perf runs (all_reduce_perf, ...)")  # fmt: skip
-        bare = [run for run in self.runs if not run.header and not run.ranks and not run.nranks]
+        bare = [run for run in self.runs if not run.header and not run.ranks and not run.nranks and run.origin is None]
         if self.given.ranks is not None and len(bare) > 1:
             raise LogError(f"{len(bare)} result tables without a header or rank lines (lines {', '.join(str(r.line) for r in bare[:6])}): "
                            f"the GPU count given ({self.given.ranks}) cannot tell which runs it is of",
