@@ -219,6 +219,15 @@ def test_gpu_names_as_logs_print_them_choose_the_preset_of_that_gpu(device, pres
     assert machine.name == preset and machine.nccl is not None
 
 
+def test_a_command_continued_over_lines_says_its_gpus_with_options_after_the_tool():
+    rows = (DATA / "command_gpus_headerless.md").read_text().split("```")[3].split("\n", 4)[4]  # the all_reduce table, titled
+    text = "mpirun -np 2 -H a:1,b:1 \\\n    ./build/all_reduce_perf \\\n    -b 1G -e 2G -f 2 -g 4\n" + rows
+    notes: list[str] = []
+    (log,) = parse_logs(text, "multi.md", notes=notes)
+    assert (log.tool, log.ranks, log.gpus_per_process) == ("all_reduce_perf", 8, 4)
+    assert "multi.md:5: a table without rank lines; read as 8 GPUs, as the command that ran it says" in notes
+
+
 def test_a_failed_run_of_a_sweep_is_skipped_and_told():
     notes: list[str] = []
     logs = read_logs([str(DATA / "sweep_with_failed_run.log")], notes)

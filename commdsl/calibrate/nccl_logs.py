@@ -351,6 +351,8 @@ class _Reader:
         self.command: list[str] = []
         """The words of the command line being read (a command continued with `\\` spans lines)."""
         self.continues = False
+        self.tool_at: int | None = None
+        """Where in `command` the nccl-tests tool it runs is (None: it names none yet)."""
         self.notes = notes
         """Hears of the runs that ended before their first result (a sweep's failed test)."""
 
@@ -428,14 +430,22 @@ class _Reader:
         self._collnet(line)
         # Other text (a command echo, a banner, a warning, a code fence, an env dump): read past,
         # except a command that runs an nccl-tests tool, which names the next run's tool.
-        words = (self.command if continued else []) + tokens
+        # A command may go on over lines (`\`): its words are gathered (up to _COMMAND_WORDS, so
+        # that no file of continued lines makes reading slow) and its GPU count read again as
+        # options after the tool come in.
+        prev = self.command if continued else []
+        if not continued:
+            self.tool_at = None
+        if len(prev) >= _COMMAND_WORDS:
+            return
+        words = (prev + tokens)[:_COMMAND_WORDS]
         self.command, self.continues = words, line.endswith("\\")
-        for k, word in enumerate(words):
-            tool = _tool_name(word)
+        for k in range(len(prev), len(words)):
+            tool = _tool_name(words[k]) if self.tool_at is None else None
             if tool is not None and (run is None or run.closed):
-                self.next_tool = (tool, i + 1)
-                self.next_command_gpus = _command_gpus(words, k)
-                break
+                self.next_tool, self.tool_at = (tool, i + 1), k
+        if self.tool_at is not None and (run is None or run.closed):
+            self.next_command_gpus = _command_gpus(words, self.tool_at)
 
     def _collnet(self, line: str) -> bool:
         """Take NCCL_COLLNET_ENABLE from a line that sets or reports it, for the open run,
@@ -851,6 +861,8 @@ def _either(tools: list[str]) -> str:
     return f"{', '.join(tools[:-1])} or {tools[-1]}" if len(tools) > 1 else "".join(tools)
 
 
+_COMMAND_WORDS = 256
+"""Most words of a command continued over lines that are kept (a real one has a few dozen)."""
 _LAUNCHERS = {"mpirun": ("-np", "-n", "--np", "--n"), "mpiexec": ("-np", "-n", "--np", "--n"), "orterun": ("-np", "-n", "--np"),
               "srun": ("-n", "--ntasks")}  # fmt: skip
 """Launchers and their options for the number of processes they start."""
