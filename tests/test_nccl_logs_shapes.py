@@ -245,6 +245,17 @@ def test_a_log_whose_only_run_failed_is_an_error_quoting_the_failure(tmp_path):
     assert "no results: the run of line 3 ends before its first result line: cnode2-001: Test NCCL failure" in info.value.message
 
 
+@pytest.mark.parametrize("spec,runs", SHAPES, ids=[s for s, _ in SHAPES])
+def test_each_shape_saved_with_windows_line_endings_reads_the_same(tmp_path, spec, runs):
+    given, eq, name = spec.rpartition("=")
+    saved = tmp_path / name
+    saved.write_bytes((DATA / name).read_bytes().replace(b"\n", b"\r\n"))
+    got = read_logs([f"{given}={saved}" if eq else str(saved)])
+    want = read_logs([_arg(spec)])
+    assert [(log.line, log.tool, log.ranks, log.nodes, log.points) for log in got] == [
+        (log.line, log.tool, log.ranks, log.nodes, log.points) for log in want]
+
+
 @pytest.mark.parametrize("encoding", ["utf-16", "utf-16-le", "utf-16-be"])
 def test_a_log_saved_as_utf16_with_its_bom_reads_as_its_utf8_text(tmp_path, encoding):
     # Windows PowerShell's `>` saves a command's output as UTF-16 with a byte-order mark.
