@@ -57,14 +57,15 @@ ITERS = 5
 TIMED_ITERS = 20
 """nccl-tests' timed ops per size (`-n`, its default 20): what a chain's fill is spread over."""
 
-DEVICE_PRESETS = {
-    "NVIDIA H100 80GB HBM3": "dgx-h100", "NVIDIA A100-SXM4-80GB": "dgx-a100", "NVIDIA A100-SXM4-40GB": "dgx-a100",
-    "A100-SXM4-80GB": "dgx-a100", "A100-SXM4-40GB": "dgx-a100",  # as older drivers named them (no "NVIDIA ")
+DEVICE_PRESETS = {"NVIDIA H100 80GB HBM3": "dgx-h100", "NVIDIA A100-SXM4-80GB": "dgx-a100", "NVIDIA A100-SXM4-40GB": "dgx-a100"}
+"""Base machine per GPU name as nccl-tests prints it, when `--machine` is not given."""
+# More names that lead to a preset: the A100s as older drivers name them (no "NVIDIA "), the
+# SXM parts of dgx-h200 and hgx-h800 (H200 NVL, H100 PCIe and others print other names), and
+# pcie-rtx4090's GeForce RTX 4090.
+DEVICE_PRESETS.update({
+    "A100-SXM4-80GB": "dgx-a100", "A100-SXM4-40GB": "dgx-a100",
     "NVIDIA H200": "dgx-h200", "NVIDIA H800": "hgx-h800", "NVIDIA GeForce RTX 4090": "pcie-rtx4090",
-}  # fmt: skip
-"""Base machine per GPU name as nccl-tests prints it, when `--machine` is not given: the SXM
-parts of the NVSwitch presets (H200 NVL, H100 PCIe and others print other names) and the
-GeForce RTX 4090 of the PCIe preset."""
+})  # fmt: skip
 
 
 @dataclass(frozen=True)
