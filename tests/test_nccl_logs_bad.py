@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from commdsl.calibrate.nccl_logs import parse_given, parse_logs, read_logs
+from commdsl.calibrate.nccl_logs import Given, parse_given, parse_logs, read_logs
 from commdsl.errors import CommdslError, LogError, UsageError
 from commdsl.limits import MAX_WORLD_SIZE
 
@@ -54,7 +54,8 @@ STRUCTURE = [
     ("ranks not a multiple", HEADER.replace("nGpus 2", "nGpus 4") + ROW + END, 3, None, "not a multiple of nGpus 4"),
     ("missing ranks", HEADER.replace("Rank  1 Group", "Rank  3 Group") + ROW + END, 3, None, "ranks [1, 2] are missing"),
     ("unknown type", _row("float", "quad"), 11, 32, "type 'quad'"),
-    ("two types", HEADER + ROW + ROW.replace("float", " half") + END, 12, 33, "type fp16 after fp32"),
+    ("only types without a dtype", HEADER + ROW.replace("   float", "  uint32") + ROW.replace("   float", "  uint64").replace("1024 ", "2048 ")
+     + END, 11, 31, "type 'uint32' has no commdsl dtype"),
     ("time not a number", _row("10.00    0.10", "oops    0.10"), 11, 57, "time 'oops' is not a number"),
     ("unknown tool", HEADER.replace("all_reduce_perf", "hypercube_perf", 1) + ROW + END, 2, None, "hypercube_perf"),
     ("mixed GPUs", HEADER.replace("device  1 [0000:19:00] NVIDIA H100 80GB HBM3", "device  1 [0000:19:00] NVIDIA A100-SXM4-80GB") + ROW + END,
@@ -68,6 +69,15 @@ STRUCTURE = [
      "its columns fit all_reduce_perf or sendrecv_perf"),
     ("no tool named, the columns fit none", UNNAMED + ROW.replace("0.10    0.10", "1.00    3.00") + END, 1, None,
      "no command naming it)"),
+    # nccl-tests built without MPI support under mpirun: every process runs alone and lists itself as rank 0.
+    ("copies of a 1-GPU test", HEADER.replace("nGpus 2", "nGpus 1").replace("#  Rank  1 Group  0 Pid   4000 on      node0 device  1",
+                                                                         "#  Rank  0 Group  0 Pid   4001 on      node0 device  1")
+     + ROW + END, 7, None, "rank 0 is listed by two processes (pid 4000 on node0, pid 4001 on node0): each ran its own test on 1 GPU"),
+    # A grep of several logs' rows: the table ends at the text between them, and the second says nothing of its GPUs.
+    ("rows of two runs without their headers", "$ grep -E 'nodes|1024 ' sweep.log\n== 1 node ==\n"
+     "node0:7:7 [0] NCCL INFO comm 0x5f00 rank 0 nranks 4 cudaDev 0 busId 18000 - Init COMPLETE\n"
+     + ROW.replace("0.10    0.10", "1.00    1.50") + "== 2 nodes ==\n" + ROW.replace("0.10    0.10", "1.00    1.75"), 6, None,
+     "a result table without nccl-tests' header (line 6): the log does not say which tool wrote it or how many GPUs ran it"),
 ]  # fmt: skip
 
 NUMBERS = [
@@ -148,6 +158,44 @@ def test_given_values_must_agree_with_the_log(tmp_path):
         read_logs([f"all_reduce_perf:4={log}"])
     (weird := tmp_path / "a=b.log").write_text(GOOD)  # a file name with "=" that names no tool
     assert read_logs([str(weird)])[0].ranks == 2
+
+
+def test_a_table_that_does_not_say_its_gpus_beside_other_runs_is_asked_to_be_cut_out_or_passed_alone():
+    # A README's grep of several logs after whole runs: a GPU count given with the file would be every run's.
+    text = GOOD + "$ grep 1024 sweep.log\n" + ROW
+    with pytest.raises(LogError) as info:
+        parse_logs(text, "readme.md")
+    assert info.value.loc.line == 17 and "does not say which tool wrote it or how many GPUs ran it" in info.value.message
+    assert info.value.hint.startswith("the file has 2 runs: cut this table out, or save it to a file of its own")
+
+
+def test_a_gpu_count_given_for_tables_without_headers_must_be_of_one_table_and_agree_with_nccl():
+    rows = ROW + "== 2 nodes ==\n" + ROW
+    with pytest.raises(LogError, match=r"2 result tables without a header or rank lines \(lines 1, 3\): the GPU count given \(8\)") as info:
+        parse_logs(rows, "grep.log", Given("all_reduce_perf", 8))
+    assert info.value.loc.line == 3 and "a file of its own" in info.value.hint
+    said = ROW + "node0:7:7 [0] NCCL INFO comm 0x5f00 rank 0 nranks 4 cudaDev 0 busId 18000 - Destroy COMPLETE\n"
+    with pytest.raises(LogError, match=r"the run has 4 GPUs \(NCCL's INFO lines: nranks 4\), not 8 as the command line says"):
+        parse_logs(said, "said.log", Given("all_reduce_perf", 8))
+    (log,) = parse_logs(said, "said.log", Given("all_reduce_perf", 4))
+    assert (log.ranks, log.nodes) == (4, None)
+    # One table of two types (`-d all`) is one table: the GPU count given is both blocks'.
+    two_types = ROW + ROW.replace("   float", "    half").replace("256 ", "512 ")
+    assert [(log.ranks, log.dtype.value) for log in parse_logs(two_types, "d.log", Given("all_reduce_perf", 8))] == [(8, "fp32"), (8, "fp16")]
+
+
+def test_runs_on_one_gpu_are_skipped_and_a_log_of_only_those_is_refused(tmp_path):
+    # A run on 1 GPU moves nothing between GPUs (its in-place reduce takes 0.2 us): nothing to fit, and the simulator has no
+    # transfer to time.
+    one = "".join(line + "\n" for line in HEADER.replace("nGpus 2", "nGpus 1").splitlines() if "Rank  1" not in line) + ROW + END
+    (only := tmp_path / "one.log").write_text(one)
+    with pytest.raises(LogError, match="every run of .*one.log is on 1 GPU: it moves no data between GPUs") as info:
+        read_logs([str(only)])
+    assert info.value.loc.line == 3
+    (both := tmp_path / "both.log").write_text(one + GOOD)
+    notes: list[str] = []
+    assert [log.ranks for log in read_logs([str(both)], notes)] == [2]
+    assert notes == [f"skipped {both}:3: all_reduce_perf on 1 GPU moves no data between GPUs"]
 
 
 def _special_files(tmp_path) -> list[tuple[str, str]]:

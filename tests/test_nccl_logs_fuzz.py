@@ -33,6 +33,10 @@ LINES = [
     "#  Rank 99999 Group  0 Pid 1 on h device 0 [0000:00:00] NVIDIA H100 80GB HBM3",
     "#       size         count      type   redop    root     time   algbw   busbw  #wrong",
     "# Avg bus bandwidth    : 0", "# Collective test starting: gather_perf", "           8             2     float     sum      -1",
+    "node:1:1 [0] NCCL INFO comm 0x5f00 rank 0 nranks 99999 cudaDev 0 busId 18000 - Init COMPLETE", "nThread 1 nGpus 99999 minBytes 8",
+    "2026-01-01T00:00:00.5Z # nThread 1 nGpus 2 minBytes 8 maxBytes 8", "[h:00017] 3 more processes have sent help message x.txt",
+    "mpirun -np 99999 \\", "./build/all_reduce_perf -b 8 -g 70000 -t 0", "#  Rank  0 Group  0 Pid 1 on h device 0 [0000:00:00]",
+    "          16             4    uint64     sum      -1     9.00    0.00    0.00      0     9.00    0.00    0.00      0",
 ]  # fmt: skip
 
 

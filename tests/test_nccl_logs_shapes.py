@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from commdsl.calibrate.nccl_logs import Channels, parse_logs, read_logs
-from commdsl.calibrate.nccl_tests import Run, bench_machine, choice
+from commdsl.calibrate.nccl_logs import Channels, _command_gpus, _tool_name, parse_logs, read_logs
+from commdsl.calibrate.nccl_tests import DEVICE_PRESETS, Run, bench_machine, choice
 from commdsl.errors import LogError
 from commdsl.ir import Algo, Dtype, OpKind, Protocol
 from commdsl.machine import resolve_machine
@@ -58,6 +58,40 @@ SHAPES = [
       (51, "all_reduce_perf", 8, 4, 2, False, Dtype.FP64, H100, None, None, "2.26.2", None, 4, 33554432, 1548.01, 1563.49)]),
     ("mpirun_tag_output.log",
      [(2, "broadcast_perf", 8, 1, 1, False, Dtype.FP16, H100, None, None, None, None, 22, 8, 9.0, 9.09)]),
+    # Tables pasted under the command that ran them, without header or rank lines: the command says the GPUs
+    # (`-g 4` alone; `mpirun -np 2` continued over lines, `-g 1`).
+    ("command_gpus_headerless.md",
+     [(6, "reduce_scatter_perf", 4, 4, None, False, Dtype.BF16, "", None, None, None, None, 4, 67108864, 402.5, 405.0),
+      (19, "all_reduce_perf", 2, 1, None, False, Dtype.FP32, "", None, None, None, None, 2, 1073741824, 48210.0, 48250.0)]),
+    # A sweep in nccl-tests' columns of before 2.13, naming no tool: all_gather's titles have neither redop nor root,
+    # broadcast's root alone, alltoall's a redop printed blank; with busbw / algbw each fits one tool.
+    ("old_format_per_tool_columns.log",
+     [(2, "all_gather_perf", 4, 4, 1, False, Dtype.FP32, "Tesla V100-SXM2-16GB", None, None, None, None, 5, 262144, 21.5, 21.9),
+      (22, "broadcast_perf", 4, 4, 1, False, Dtype.FP32, "Tesla V100-SXM2-16GB", None, None, None, None, 5, 262144, 18.25, 18.55),
+      (42, "alltoall_perf", 4, 4, 1, False, Dtype.FP32, "Tesla V100-SXM2-16GB", None, None, None, None, 5, 262144, 24.0, 24.5)]),
+    # `-d all` then `-o all`: a block of rows per type (uint32 and uint64, no commdsl dtype, skipped) and per reduction,
+    # each read as a run of its own.
+    ("several_types_and_reductions.log",
+     [(line, "all_reduce_perf", 2, 2, 1, False, dtype, "NVIDIA GeForce RTX 4090", None, None, "2.24.2", None, 3, 1048576, t, t + 1.5)
+      for line, dtype, t in [(4, Dtype.INT8, 161.5), (16, Dtype.UINT8, 162.25), (19, Dtype.INT32, 163.0), (25, Dtype.INT64, 164.5),
+                             (31, Dtype.FP16, 166.0), (34, Dtype.FP32, 166.75), (37, Dtype.FP64, 167.5), (40, Dtype.BF16, 168.25)]]
+     + [(line, "all_reduce_perf", 2, 2, 1, False, Dtype.FP32, "NVIDIA GeForce RTX 4090", None, None, "2.24.2", None, 3, 1048576, t,
+         t + 1.25) for line, t in [(51, 161.5), (63, 162.0), (66, 162.5), (69, 163.0), (72, 163.5)]]),
+    # nccl-tests 2.19's `-S 1`: a timestamp column (date and time, two words) after the in-place columns.
+    ("timestamp_column_two_nodes.log",
+     [(3, "alltoall_perf", 8, 4, 2, False, Dtype.FP32, "NVIDIA H200", None, None, "2.30.1", None, 4, 16777216, 170.5, 171.25)]),
+    # `kubectl logs --timestamps`: a timestamp before every line, mpirun's help-message lines inside the table.
+    ("logger_timestamp_prefix.log",
+     [(4, "all_reduce_perf", 4, 1, 2, False, Dtype.FP16, H100, None, None, "2.27.5", None, 4, 1048576, 71.25, 72.0)]),
+    # Pasted into markdown without a code fence: nccl-tests' `# nThread`, `# Rank`, titles and summary lost their `#`.
+    ("markdown_lost_hashes.md",
+     [(7, "all_gather_perf", 4, 1, 2, False, Dtype.FP32, "NVIDIA A100-SXM4-80GB", None, None, None, None, 4, 1048576, 61.5, 62.12)]),
+    # rccl-tests cut above its rank list (no header; rank lines with no device name): the ranks give the GPUs and nodes.
+    ("rccl_snipped_rank_lines.md",
+     [(19, "all_reduce_perf", 8, 1, 2, False, Dtype.FP32, "", None, None, None, None, 7, 65536, 48.0, 48.5)]),
+    # A table without header or rank lines: NCCL's INFO line (`comm 0x... rank 0 nranks 16`) gives the GPU count.
+    ("headerless_nccl_info_nranks.md",
+     [(7, "all_reduce_perf", 16, 1, None, False, Dtype.FP32, "", None, None, None, None, 6, 1048576, 92.4, 93.4)]),
 ]  # fmt: skip
 
 
@@ -135,8 +169,63 @@ def test_a_log_too_small_to_show_its_bus_factor_is_asked_for_its_tool(tmp_path):
     small.write_text("\n".join(line for line in lines if not (line.split() and line.split()[0].isdigit() and int(line.split()[0]) > 8192)))
     with pytest.raises(LogError) as info:
         read_logs([str(small)])
-    assert info.value.message.endswith("its columns fit all_reduce_perf, reduce_scatter_perf, sendrecv_perf or reduce_perf)")
+    # Titles of before nccl-tests 2.13 with `redop` and no `root`: all_reduce's, reduce_scatter's or alltoall's, and the
+    # redop `sum` is not alltoall's (blank).
+    assert info.value.message.endswith("its columns fit all_reduce_perf or reduce_scatter_perf)")
     assert f"all_reduce_perf={small}" in info.value.hint and info.value.loc.line == 1
+
+
+@pytest.mark.parametrize("tool,first", [("all_gather_perf", 13), ("broadcast_perf", 33), ("alltoall_perf", 53)])
+def test_rows_of_the_old_columns_pasted_without_titles_read_their_times(tmp_path, tool, first):
+    # A row says its columns: the words between `type` and the eight timing columns are a redop (a word) or a root (a
+    # number); old alltoall's blank redop leaves a row like all_gather's.
+    lines = (DATA / "old_format_per_tool_columns.log").read_text().split("\n")
+    rows = tmp_path / "rows.txt"
+    rows.write_text("\n".join(lines[first - 1 : first + 4]) + "\n")
+    (log,) = read_logs([f"{tool}:4={rows}"])
+    want = {p.size_bytes: (p.time_us, p.in_place_us) for p in read_logs([str(DATA / "old_format_per_tool_columns.log")])[
+        ["all_gather_perf", "broadcast_perf", "alltoall_perf"].index(tool)].points}
+    assert {p.size_bytes: (p.time_us, p.in_place_us) for p in log.points} == want
+
+
+COMMANDS = [
+    ("./build/sendrecv_perf -b 128M -e 1G -f 2 -g 8", (8, 8)),
+    ("root@box:~/nccl-tests# ./build/all_reduce_perf -b 8 -e 1024M -f 2 -g2", (2, 2)),
+    ("$ NCCL_ALGO=Ring sudo all_gather_perf --ngpus=4 -t 2", (8, 4)),
+    ("mpirun -n 4 --bind-to none ./all_reduce_perf -t 2 -g 2", (16, 2)),
+    ("> mpirun -v --hostfile h -np 16 -npernode 8 -x VARS /opt/nccl-tests/build/all_reduce_perf -b 8 -g 1", (16, 1)),
+    ("srun -n 16 --mpi=pmix all_reduce_perf_mpi -b 512M -g 1", (16, 1)),
+    ("srun -N2 --gpus-per-node=4 all_reduce_perf -b 1M", None),  # the task count is Slurm's
+    ("mpirun -np $NP ./all_reduce_perf -g 1", None),
+    ("timeout 60 ./build/all_reduce_perf -g 8", None),  # another program before the tool
+    ("kubectl exec pod -- /scripts/all_gather_perf -g 8", None),
+    ("./build/all_reduce_perf -g 0", None),
+    ("./build/all_reduce_perf -g 70000", None),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("command,want", COMMANDS, ids=[c for c, _ in COMMANDS])
+def test_an_echoed_command_says_its_gpus_where_it_can(command, want):
+    words = command.split()
+    k = next(k for k, w in enumerate(words) if _tool_name(w))
+    assert _command_gpus(words, k) == want
+
+
+@pytest.mark.parametrize("device,preset", [("A100-SXM4-40GB", "dgx-a100"), ("NVIDIA H200", "dgx-h200"), ("NVIDIA H800", "hgx-h800"),
+                                           ("NVIDIA GeForce RTX 4090", "pcie-rtx4090")])  # fmt: skip
+def test_gpu_names_as_logs_print_them_choose_the_preset_of_that_gpu(device, preset):
+    # Old drivers print "A100-SXM4-40GB" (Microsoft SuperBench's logs); each preset with an `nccl:` section is a base.
+    machine = resolve_machine(DEVICE_PRESETS[device])
+    assert machine.name == preset and machine.nccl is not None
+
+
+def test_a_command_continued_over_lines_says_its_gpus_with_options_after_the_tool():
+    rows = (DATA / "command_gpus_headerless.md").read_text().split("```")[3].split("\n", 4)[4]  # the all_reduce table, titled
+    text = "mpirun -np 2 -H a:1,b:1 \\\n    ./build/all_reduce_perf \\\n    -b 1G -e 2G -f 2 -g 4\n" + rows
+    notes: list[str] = []
+    (log,) = parse_logs(text, "multi.md", notes=notes)
+    assert (log.tool, log.ranks, log.gpus_per_process) == ("all_reduce_perf", 8, 4)
+    assert "multi.md:5: a table without rank lines; read as 8 GPUs, as the command that ran it says" in notes
 
 
 def test_a_failed_run_of_a_sweep_is_skipped_and_told():
@@ -154,6 +243,17 @@ def test_a_log_whose_only_run_failed_is_an_error_quoting_the_failure(tmp_path):
     with pytest.raises(LogError) as info:
         read_logs([str(only)])
     assert "no results: the run of line 3 ends before its first result line: cnode2-001: Test NCCL failure" in info.value.message
+
+
+@pytest.mark.parametrize("spec,runs", SHAPES, ids=[s for s, _ in SHAPES])
+def test_each_shape_saved_with_windows_line_endings_reads_the_same(tmp_path, spec, runs):
+    given, eq, name = spec.rpartition("=")
+    saved = tmp_path / name
+    saved.write_bytes((DATA / name).read_bytes().replace(b"\n", b"\r\n"))
+    got = read_logs([f"{given}={saved}" if eq else str(saved)])
+    want = read_logs([_arg(spec)])
+    assert [(log.line, log.tool, log.ranks, log.nodes, log.points) for log in got] == [
+        (log.line, log.tool, log.ranks, log.nodes, log.points) for log in want]
 
 
 @pytest.mark.parametrize("encoding", ["utf-16", "utf-16-le", "utf-16-be"])

@@ -20,13 +20,25 @@ A saved log carries more, all of it read past or used:
 - NCCL_COLLNET_ENABLE (CollNet, IB SHARP), from an INFO line, the echoed command
   (`-x NCCL_COLLNET_ENABLE=1`) or an environment dump before the run;
 - a launcher's prefix on every line (`[1,0]<stdout>:` of mpirun --tag-output, `0: ` of srun
-  --label);
+  --label), or a logger's (a timestamp of `kubectl logs --timestamps`): nccl-tests' lines are
+  found after it, its rows inside a table; mpirun's own messages inside a table are text;
 - several runs one after another (a sweep of ops or of GPU counts): each is a log of its own;
+  so is each block of rows of a run of several types or reductions (`-d all`, `-o all`), and
+  rows of a type commdsl has no dtype for (uint32, uint64) are skipped;
 - no line naming the tool (nccl-tests before 2.13, the command not echoed): the columns say
   it where they fit one tool only (the `redop` word, the `root`, and busbw / algbw, the
-  tool's bus factor on the run's GPU count);
-- a table pasted without its header lines: what it does not say (the tool, the GPU count)
-  must be given with the file (`TOOL:GPUS=FILE`), and the error names the line it stopped at.
+  tool's bus factor on the run's GPU count; before 2.13 each tool had its own titles, see
+  `_OLD_TITLES`, and alltoall printed its redop blank);
+- nccl-tests' `#` lines with the `#` lost (a log pasted into markdown without a code fence,
+  where `# nThread ...` became a heading);
+- a log cut above its header: `# Rank` lines before the table are its ranks (rccl-tests may
+  print them without a device name);
+- a table pasted without its header lines: NCCL's INFO line `comm 0x... rank R nranks N`, or
+  else the echoed command that ran it (`-g 8` alone, `mpirun -np 2 ... -g 4`; see
+  `_command_gpus`), gives its GPU count; what it does not say (the tool, the GPU count)
+  must be given with the file (`TOOL:GPUS=FILE`), and the error names the line it stopped
+  at. Such a table ends at the first line of other text (a grep of several logs is several
+  tables).
 
 Every value is checked where it is read, against the bounds of `commdsl.limits`; every
 problem is a `LogError` naming the file and line.
@@ -36,7 +48,7 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from commdsl.errors import LogError, SourceLoc, UsageError
@@ -69,20 +81,36 @@ before it is converted."""
 
 _HEADER = re.compile(r"#\s*nThread\s+(\S+)\s+nGpus\s+(\S+)(.*)$")
 _GRAPH = re.compile(r"graph:\s*(\S+)")
-_RANK = re.compile(r"#\s+Rank\s+(\S+)\s+(?:Group\s+\S+\s+)?Pid\s+(\S+)\s+on\s+(\S+)\s+device\s+(\S+)\s+\[[^\]]*\]\s+(.+?)\s*$")
+_RANK = re.compile(r"#\s+Rank\s+(\S+)\s+(?:Group\s+\S+\s+)?Pid\s+(\S+)\s+on\s+(\S+)\s+device\s+(\S+)\s+\[[^\]]*\]\s*(.*?)\s*$")
+"""`#  Rank R Group G Pid P on HOST device D [BUS] NAME`; rccl-tests may print no NAME."""
 _TOOL = re.compile(r"#\s*Collective test starting:\s*(\S+)")
 _TESTS_VERSION = re.compile(r"#\s*nccl-tests version \S+.*?nccl-library=(\d{1,8})\b")
 _NCCL_VERSION = re.compile(r"NCCL version (\d{1,4}\.\d{1,4}\.\d{1,4})")
 _ENV = re.compile(r"NCCL_(ALGO|PROTO) set by environment to (\S+)")
 _CHANNELS = re.compile(r"\b(\d{1,6}) coll channels,(?: (\d{1,6}) collnet channels,)?(?: (\d{1,6}) nvls channels,)? (\d{1,6}) p2p channels,"
                        r" (\d{1,6}) p2p channels per peer")  # fmt: skip
+_NRANKS = re.compile(r"\bcomm 0x[0-9a-fA-F]+ rank \d{1,6} n[Rr]anks (\d{1,6})\b")
+"""NCCL's INFO lines that give a communicator's size: `... comm 0x... rank 0 nranks 16 ... Init
+COMPLETE` (and `Destroy COMPLETE`), `comm 0x... rank 0 nRanks 16 nNodes 2 ...` (2.19+)."""
 _COLLNET = re.compile(r"\bNCCL_COLLNET_ENABLE(?:\s+set by environment to\s+|\s*=\s*)[\"']?(\d)\b")
 """NCCL_COLLNET_ENABLE as NCCL's INFO line reports it or a command line / environment dump sets it."""
 _PREFIX = re.compile(r"^(?:\[[^\]]{0,40}\](?:<std(?:out|err)>)?:?\s*|\d{1,6}:\s+)")
 """What a launcher puts before a line: `[1,0]<stdout>:` (mpirun --tag-output), `[1,0]:`,
 `[0] `, `12: ` (srun --label)."""
-_NUMBER = re.compile(r"[-+]?(?:\d|\.\d)")
-"""How a result line starts (a size, maybe mangled: a sign, a fraction)."""
+_BARE_COMMENT = re.compile(r"(?:nThread\s+\S+\s+nGpus\s|Rank\s+\d+\s+(?:Group\s+\d+\s+)?Pid\s|Using devices\b|size\s+count\s+type\s"
+                           r"|\(B\)\s+\(elements\)|Out of bounds values\s*:|Avg bus bandwidth\s*:|Collective test (?:starting|concluded):)")
+"""nccl-tests' own `#` lines with the `#` lost: a log pasted into markdown (GitHub issues, READMEs)
+without a code fence turns `# nThread ...` into a heading and drops the `#`."""
+_EMBEDDED = re.compile(r"#\s*(?:nccl-tests version\s|Collective test (?:starting|concluded):|nThread\s+\S+\s+nGpus\s"
+                       r"|Rank\s+\d+\s+(?:Group\s+\d+\s+)?Pid\s|Using devices\b|size\s+count\s+type\s|\(B\)\s+\(elements\)"
+                       r"|Out of bounds values\s*:\s*\d|Avg bus bandwidth\s*:\s*[-+.\d])")
+"""nccl-tests' own `#` lines after other text on the line: a logger's prefix (a timestamp of
+`kubectl logs --timestamps`, `ts`, a function name of an instrumented build)."""
+_EMBEDDED_ROW = re.compile(r"(?<!\S)\d{1,20}\s+\d{1,20}\s+[A-Za-z][A-Za-z0-9_]*\s")
+"""A result row (size, count, type) after such a prefix, inside a table."""
+_NUMBER = re.compile(r"[-+]?(?:\d|\.\d)[\d.]*(?:\s|$)")
+"""How a result line starts: a size, maybe mangled (a sign, a fraction), then a space; not a
+timestamp, nor mpirun's `3 more processes have sent help message ...` (see `_line`)."""
 _TIME_COLUMNS = ("time", "cputime")
 _MIN_ALGBW = 0.5
 """Least algbw (GB/s) of a result whose busbw / algbw ratio is read: both columns have two
@@ -92,6 +120,13 @@ _REDUCING = frozenset({"all_reduce_perf", "reduce_scatter_perf", "reduce_perf", 
 (nccl-tests src/*.cu: `TimeTest(..., "none", root)`). sendrecv prints the op it was given."""
 _ROOTED = frozenset({"broadcast_perf", "reduce_perf"})
 """The tools whose `root` column names a rank; the others print -1."""
+_OLD_TITLES = {
+    "all_reduce_perf": ("redop",), "reduce_scatter_perf": ("redop",), "alltoall_perf": ("redop",), "reduce_perf": ("redop", "root"),
+    "broadcast_perf": ("root",), "all_gather_perf": (), "sendrecv_perf": (),
+}  # fmt: skip
+"""Which of `redop` and `root` each tool's column titles had before nccl-tests 2.13 gave every
+tool both (src/*.cu up to 2022: all_gather and sendrecv neither, broadcast `root` alone,
+reduce both, the others `redop`; alltoall printed its `redop` blank)."""
 
 
 
@@ -188,14 +223,24 @@ def parse_given(arg: str) -> tuple[Given, str]:
 def read_logs(args: list[str], notes: list[str] | None = None) -> list[NcclTestsLog]:
     """Each argument is a log file, or `TOOL=FILE` / `TOOL:GPUS=FILE` for one that does not
     say which tool wrote it (or how many GPUs ran it); a file with several runs gives a log
-    per run. Runs that failed before their first result are skipped, and told in `notes`."""
+    per run. Runs that failed before their first result, and runs on 1 GPU, are skipped and
+    told in `notes`."""
     logs = []
     for arg in args:
         given, path = parse_given(arg)
         if not is_file(path):
             raise UsageError(f"cannot read nccl-tests log {path}: {'not a regular file' if _exists(path) else 'no such file'}",
                              hint="pass the text file nccl-tests' output was saved to")  # fmt: skip
-        logs += parse_logs(read_text(path, path, LogError, "nccl-tests log"), path, given, notes)
+        runs = parse_logs(read_text(path, path, LogError, "nccl-tests log"), path, given, notes)
+        # A run on one GPU moves nothing between GPUs (NCCL copies within the GPU, or nothing
+        # in place): nothing of the cluster to fit. Skipped and told, as a failed run is.
+        for run in runs:
+            if run.ranks == 1 and notes is not None:
+                notes.append(f"skipped {run.path}: {run.tool} on 1 GPU moves no data between GPUs")
+        if all(run.ranks == 1 for run in runs):
+            raise LogError(f"every run of {path} is on 1 GPU: it moves no data between GPUs, nothing to fit",
+                           SourceLoc(path, runs[0].line, 1, ""), hint="pass logs of runs on 2 GPUs or more")  # fmt: skip
+        logs += [run for run in runs if run.ranks > 1]
     devices = {log.device for log in logs if log.device}
     if len(devices) > 1:
         raise LogError(f"the logs come from different GPUs ({', '.join(sorted(devices))}); calibrate one machine at a time",
@@ -252,6 +297,8 @@ class _Run:
     ranks: dict[int, tuple[str, str, str]] = field(default_factory=dict)
     """Rank: (host, device name, pid)."""
     columns: tuple[str, ...] | None = None
+    titled: bool = False
+    """The columns are the log's own titles (not guessed from a row)."""
     points: list[Point] = field(default_factory=list)
     dtype: Dtype | None = None
     algos: frozenset[Algo] | None = None
@@ -269,8 +316,21 @@ class _Run:
     """The `redop` column's words (`none`, `sum`, ...): what tells a reducing tool from another."""
     roots: set[int] = field(default_factory=set)
     """The `root` column's values (-1: no root; broadcast and reduce name one)."""
+    command_gpus: tuple[int, int] | None = None
+    """The GPUs, and GPUs per thread, the echoed command that ran it says (`-g 8` alone: 8 and
+    8; `mpirun -np 2 ... -g 4`: 8 and 4)."""
+    nranks: int | None = None
+    """The communicator's size as NCCL's INFO lines report it (`comm 0x... rank 0 nranks 16 ...`);
+    what a table without its rank lines says of its GPU count."""
     bandwidths: list[tuple[float, float]] = field(default_factory=list)
     """(algbw, busbw) of out-of-place results of at least `_MIN_ALGBW` GB/s: their ratio is the tool's bus factor."""
+    block: tuple[object, ...] | None = None
+    """(dtype, redop, root) of its rows: a run of several types (`-d all`) or reductions (`-o all`)
+    prints one block of rows for each, read as a run of its own."""
+    origin: int | None = None
+    """The first line of the run this one goes on from (`-d all`, `-o all`); None: not one."""
+    unknown: tuple[int, int, str] | None = None
+    """(line, column, type) of its first row of a type with no commdsl dtype (skipped)."""
 
 
 class _Reader:
@@ -284,6 +344,15 @@ class _Reader:
         self.next_tool: tuple[str, int] | None = None
         self.next_version: str | None = None
         self.next_collnet: bool | None = None
+        self.next_ranks: dict[int, tuple[str, str, str]] = {}
+        """`# Rank` lines outside a run (the log was cut above them): the ranks of the table that follows."""
+        self.next_nranks: int | None = None
+        self.next_command_gpus: tuple[int, int] | None = None
+        self.command: list[str] = []
+        """The words of the command line being read (a command continued with `\\` spans lines)."""
+        self.continues = False
+        self.tool_at: int | None = None
+        """Where in `command` the nccl-tests tool it runs is (None: it names none yet)."""
         self.notes = notes
         """Hears of the runs that ended before their first result (a sweep's failed test)."""
 
@@ -296,27 +365,59 @@ class _Reader:
             if not stripped:
                 continue
             line = _PREFIX.sub("", stripped, count=1)
-            if line:
-                self._line(i, line, raw.find(line) + 1 if line in raw else 1)
+            if not line:
+                continue
+            col = raw.find(line) + 1 if line in raw else 1
+            if _BARE_COMMENT.match(line):
+                line, col = "# " + line, col - 2  # read as nccl-tests printed it; columns still count in the file's line
+            elif not line.startswith("#") and "NCCL INFO" not in line and "NCCL WARN" not in line:
+                cut = self._embedded(line)
+                line, col = line[cut:], col + cut
+            self._line(i, line, col)
         if self.run is not None and not self.run.closed and not self.run.points and self.runs[:-1]:
             self._failed(self.run)  # the last run of a sweep failed; the others stand
         if not self.runs:
             raise LogError("not nccl-tests output: no `# nThread ... nGpus ...` header and no result table",
                            SourceLoc(self.path, 1, 1, self.lines[0] if self.lines else ""),
                            hint="pass the output of nccl-tests *_perf runs (all_reduce_perf, ...)")  # fmt: skip
+        bare = [run for run in self.runs if not run.header and not run.ranks and not run.nranks and run.origin is None]
+        if self.given.ranks is not None and len(bare) > 1:
+            raise LogError(f"{len(bare)} result tables without a header or rank lines (lines {', '.join(str(r.line) for r in bare[:6])}): "
+                           f"the GPU count given ({self.given.ranks}) cannot tell which runs it is of",
+                           SourceLoc(self.path, bare[1].line, 1, self.lines[bare[1].line - 1]),
+                           hint="save each run to a file of its own and give each its GPU count")  # fmt: skip
         return [self._finish(run) for run in self.runs]
+
+    def _embedded(self, line: str) -> int:
+        """Where nccl-tests' own text starts on a line that a logger prefixed (0: at its start)."""
+        m = _EMBEDDED.search(line, 1)
+        if m:
+            return m.start()
+        run = self.run
+        if run is not None and not run.closed and run.columns is not None:
+            m = _EMBEDDED_ROW.search(line)
+            if m:
+                return m.start()
+        return 0
 
     def _line(self, i: int, line: str, col: int) -> None:
         run = self.run
+        continued, self.continues = self.continues, False
         if "NCCL INFO" in line or "NCCL WARN" in line or _NCCL_VERSION.match(line):
             self._nccl(i, line)
             return
+        open_table = run is not None and not run.closed and run.columns is not None
+        words = line.split(None, 2)
+        if open_table and _NUMBER.match(line) and not (len(words) > 1 and words[1].isalpha()):
+            # (`3 more processes have sent help message ...` of mpirun is text, not a row)
+            self._result(i, line, col)
+            return
+        if open_table and not run.header and run.points and (not line.startswith("#") or _RANK.match(line)):
+            # A table without its header ends at the first other line (text, or the rank list of
+            # another run): rows after it are another run's (a grep of several logs, say).
+            run.closed = True
         if line.startswith("#"):
             self._comment(i, line, col)
-            return
-        open_table = run is not None and not run.closed and run.columns is not None
-        if open_table and _NUMBER.match(line):
-            self._result(i, line, col)
             return
         tokens = line.split()
         if (run is None or run.closed) and len(tokens) >= 8 and tokens[0].isdigit() and tokens[1].isdigit():
@@ -329,11 +430,22 @@ class _Reader:
         self._collnet(line)
         # Other text (a command echo, a banner, a warning, a code fence, an env dump): read past,
         # except a command that runs an nccl-tests tool, which names the next run's tool.
-        for word in tokens:
-            tool = _tool_name(word)
+        # A command may go on over lines (`\`): its words are gathered (up to _COMMAND_WORDS, so
+        # that no file of continued lines makes reading slow) and its GPU count read again as
+        # options after the tool come in.
+        prev = self.command if continued else []
+        if not continued:
+            self.tool_at = None
+        if len(prev) >= _COMMAND_WORDS:
+            return
+        words = (prev + tokens)[:_COMMAND_WORDS]
+        self.command, self.continues = words, line.endswith("\\")
+        for k in range(len(prev), len(words)):
+            tool = _tool_name(words[k]) if self.tool_at is None else None
             if tool is not None and (run is None or run.closed):
-                self.next_tool = (tool, i + 1)
-                break
+                self.next_tool, self.tool_at = (tool, i + 1), k
+        if self.tool_at is not None and (run is None or run.closed):
+            self.next_command_gpus = _command_gpus(words, self.tool_at)
 
     def _collnet(self, line: str) -> bool:
         """Take NCCL_COLLNET_ENABLE from a line that sets or reports it, for the open run,
@@ -359,6 +471,18 @@ class _Reader:
                 self.next_version = m.group(1)
             return
         if self._collnet(line):
+            return
+        m = _NRANKS.search(line)
+        if m and (target_open or not self.runs):
+            # The communicator's size, for a table without rank lines. Lines after a run (its
+            # teardown) are not the next run's; communicators of different sizes say nothing (0).
+            nranks = self._int(m.group(1), "nranks", i, 1, 1, MAX_WORLD_SIZE)
+            have = run.nranks if target_open else self.next_nranks
+            nranks = nranks if have in (None, nranks) else 0
+            if target_open:
+                run.nranks = nranks
+            else:
+                self.next_nranks = nranks
             return
         if not target_open:
             return  # NCCL's lines after a run (teardown) say nothing of the next
@@ -397,10 +521,19 @@ class _Reader:
             self.run.tool, self.run.tool_line = self.next_tool
         self.run.version = self.next_version
         self.run.collnet = self.next_collnet
-        self.next_tool = None
+        if not header:
+            self.run.ranks, self.run.nranks, self.run.command_gpus = self.next_ranks, self.next_nranks, self.next_command_gpus
+        self.next_tool, self.next_ranks, self.next_nranks, self.next_command_gpus = None, {}, None, None
+
+    def _no_dtype(self, run: _Run) -> None:
+        """A run without results whose rows were all of types commdsl has no dtype for is an error at the first."""
+        if run.unknown is not None:
+            i, col, name = run.unknown
+            raise LogError(f"type '{name}' has no commdsl dtype (known: {', '.join(TYPES)})", self.loc(i, col))
 
     def _failed(self, run: _Run) -> None:
         """Drop a run that ended before its first result: it measured nothing."""
+        self._no_dtype(run)
         self.runs.remove(run)
         what = f"{self.path}:{run.line}: {run.tool or 'a run'} ended before its first result" + (f" ({run.failure})" if run.failure else "")
         if self.notes is not None:
@@ -435,28 +568,43 @@ class _Reader:
             if run is None or run.closed or run.columns is not None:
                 self._start(i, header=False)  # column titles pasted without the header above them
                 run = self.run
-            run.columns = tuple(tokens)
+            run.columns, run.titled = tuple(tokens), True
             if not any(t in _TIME_COLUMNS for t in tokens) or "type" not in tokens:
                 raise LogError("column titles without `time` and `type`: not nccl-tests' table", self.loc(i, col))
             return
-        if run is None or run.closed:
-            return  # a comment before any run, or between runs (`# Collective test concluded`)
         m = _RANK.match(line)
+        if run is None or run.closed:
+            if m:  # the rank list of a run whose header was cut off: kept for the table that follows
+                self._rank(i, col, m, self.next_ranks)
+            return  # other comments before any run, or between runs (`# Collective test concluded`)
         if m:
-            r = self._int(m.group(1), "rank", i, col + m.start(1), 0, MAX_WORLD_SIZE - 1,
-                          hint=f"a run has at most {MAX_WORLD_SIZE} ranks (commdsl.limits.MAX_WORLD_SIZE)")  # fmt: skip
-            if r in run.ranks:
-                raise LogError(f"rank {r} is listed twice (mixed runs in one file?)", self.loc(i))
-            if len(run.ranks) >= MAX_WORLD_SIZE:
-                raise LogError(f"more than {MAX_WORLD_SIZE} ranks: the most a run may have (commdsl.limits.MAX_WORLD_SIZE)", self.loc(i))
-            self._int(m.group(4), "device", i, col + m.start(4), 0, MAX_WORLD_SIZE)
-            run.ranks[r] = (m.group(3), m.group(5), m.group(2))
+            self._rank(i, col, m, run.ranks)
             return
         if line.startswith("# Avg bus bandwidth"):
             if run.columns is None or not run.points:
+                self._no_dtype(run)
                 raise LogError("a closing summary with no results before it", self.loc(i), hint="the run failed; rerun it")
             run.closed = True
             run.last = i + 1
+
+    def _rank(self, i: int, col: int, m: re.Match[str], ranks: dict[int, tuple[str, str, str]]) -> None:
+        """Take one `# Rank R ... on HOST device D [BUS] NAME` line into `ranks`."""
+        r = self._int(m.group(1), "rank", i, col + m.start(1), 0, MAX_WORLD_SIZE - 1,
+                      hint=f"a run has at most {MAX_WORLD_SIZE} ranks (commdsl.limits.MAX_WORLD_SIZE)")  # fmt: skip
+        if r in ranks:
+            host, _, pid = ranks[r]
+            if r == 0 and len(ranks) == 1 and (host, pid) != (m.group(3), m.group(2)):
+                # nccl-tests without MPI support, started by mpirun or srun: every process runs the
+                # test alone on its GPU and calls itself rank 0 (nccl-tests' README, "MPI=1").
+                raise LogError(f"rank 0 is listed by two processes (pid {pid} on {host}, pid {m.group(2)} on {m.group(3)}): each "
+                               "ran its own test on 1 GPU, not one test across them (nccl-tests built without MPI support and "
+                               "started by mpirun or srun?)", self.loc(i),
+                               hint="build nccl-tests with `make MPI=1` and rerun, or run one process with -g N")  # fmt: skip
+            raise LogError(f"rank {r} is listed twice (mixed runs in one file?)", self.loc(i))
+        if len(ranks) >= MAX_WORLD_SIZE:
+            raise LogError(f"more than {MAX_WORLD_SIZE} ranks: the most a run may have (commdsl.limits.MAX_WORLD_SIZE)", self.loc(i))
+        self._int(m.group(4), "device", i, col + m.start(4), 0, MAX_WORLD_SIZE)
+        ranks[r] = (m.group(3), m.group(5), m.group(2))
 
     def _result(self, i: int, line: str, col: int) -> None:
         run = self.run
@@ -466,6 +614,10 @@ class _Reader:
         if not run.columns:
             run.columns = columns
         need = len(columns)
+        if len(tokens) == need - 1 and run.titled and "redop" in columns and _is_number(tokens[columns.index("redop")]):
+            k = columns.index("redop")  # alltoall before nccl-tests 2.13 printed its redop blank
+            tokens.insert(k, "")
+            starts.insert(k, starts[k])
         if len(tokens) < need:
             raise LogError(f"a cut-off result line: {len(tokens)} columns, the table has {need} ({' '.join(columns)})", self.loc(i),
                            hint="the log is truncated or mangled; rerun the test or drop the line")  # fmt: skip
@@ -478,11 +630,16 @@ class _Reader:
         t = columns.index("type")
         type_name = tokens[t]
         if type_name not in TYPES:
-            raise LogError(f"type '{type_name}' has no commdsl dtype (known: {', '.join(TYPES)})", self.loc(i, at(t)))
+            # A block of `-d all` (uint32, uint64) commdsl has no dtype for: skipped; a run of
+            # such rows only is an error (`_no_dtype`).
+            run.unknown = run.unknown or (i, at(t), _short(type_name))
+            run.last = i + 1
+            return
         dtype = TYPES[type_name]
-        if run.dtype is not None and dtype is not run.dtype:
-            raise LogError(f"type {dtype.value} after {run.dtype.value}: one run times one type", self.loc(i, at(t)))
-        run.dtype = dtype
+        block = (dtype,) + tuple(tokens[columns.index(c)][:20] for c in ("redop", "root") if c in columns)
+        if run.block is not None and block != run.block:
+            run = self._split(i, run, block)  # `-d all` / `-o all`: the rows of the next type or reduction
+        run.block, run.dtype = block, dtype
         times: list[float | None] = []
         for k in [k for k, c in enumerate(columns) if c in _TIME_COLUMNS][:2]:
             word = tokens[k]
@@ -499,6 +656,28 @@ class _Reader:
             # Out of place is what a schedule's op does; a run of in-place ops only times that.
             run.points.append(Point(size, times[0] if times[0] is not None else times[1], times[1], i + 1))
 
+    def _bare_hint(self, hint: str) -> str:
+        """What to do of a table that does not say its tool or GPU count: with the file's other
+        runs, a GPU count given with the file would be theirs too."""
+        if len(self.runs) == 1:
+            return hint
+        return (f"the file has {len(self.runs)} runs: cut this table out, or save it to a file of its own and pass that as "
+                "TOOL:GPUS=TABLE (e.g. all_reduce_perf:8=table.txt)")
+
+    def _split(self, i: int, run: _Run, block: tuple[object, ...]) -> _Run:
+        """End `run` at line `i` (0-based), where its rows turn to another type or reduction,
+        and go on with a run of the same GPUs and settings for the rows from there."""
+        run.closed = True
+        new = replace(run, line=i + 1, points=[], dtype=None, redops=set(), roots=set(), bandwidths=[], block=None, unknown=None,
+                      closed=False, last=0, failure=None)  # fmt: skip
+        self.runs.append(new)
+        self.run = new
+        if self.notes is not None and run.origin is None:
+            self.notes.append(f"{self.path}:{run.line}: the run times several types or reductions (-d all, -o all): the rows of "
+                              "each are read as a run of its own, named by their first line")  # fmt: skip
+        new.origin = run.origin or run.line
+        return new
+
     def _infer_tool(self, run: _Run, ranks: int, fits: list[str]) -> str | None:
         """The tool of a run that does not name it, where its columns (`fits`) fit one tool
         only and say enough (some results of at least `_MIN_ALGBW` GB/s); told in `notes`."""
@@ -506,9 +685,9 @@ class _Reader:
             return None
         tool = fits[0]
         if self.notes is not None:
-            redop = f"redop {'/'.join(sorted(run.redops))}, " if run.redops else ""
+            said = _columns_said(run)
             self.notes.append(f"{self.path}:{run.line}: the log does not name its tool; read as {tool} from its columns "
-                              f"({redop}busbw = {bus_factor(TOOLS[tool], ranks):.4g} x algbw on {ranks} GPUs)")  # fmt: skip
+                              f"({said + ', ' if said else ''}busbw = {bus_factor(TOOLS[tool], ranks):.4g} x algbw on {ranks} GPUs)")  # fmt: skip
         return tool
 
     @staticmethod
@@ -555,6 +734,10 @@ class _Reader:
             return SourceLoc(self.path, line, 1, self.lines[line - 1] if 0 < line <= len(self.lines) else "")
 
         end = run.last or run.line
+        if not run.points:
+            self._no_dtype(run)
+        elif run.unknown is not None and self.notes is not None:
+            self.notes.append(f"{self.path}:{run.unknown[0] + 1}: rows of type {run.unknown[2]} skipped: commdsl has no dtype for it")
         if not run.closed:
             if not run.points:
                 failure = f": {run.failure}" if run.failure else ""
@@ -569,18 +752,28 @@ class _Reader:
         if given.tool is not None and tool is not None and given.tool != tool:
             raise LogError(f"the log is {tool}'s, not {given.tool}'s as the command line says", at(run.tool_line))
         tool = tool or given.tool
-        ranks_known = len(run.ranks) if run.header else given.ranks
+        listed = run.header or bool(run.ranks)
+        """The run lists its ranks (`# Rank` lines); a table without them has only what the command line or NCCL says."""
+        said = run.nranks or None
+        if not listed and given.ranks is not None and said is not None and given.ranks != said:
+            raise LogError(f"the run has {said} GPUs (NCCL's INFO lines: nranks {said}), not {given.ranks} as the command line says",
+                           at(run.line))  # fmt: skip
+        command = run.command_gpus or (None, 1)
+        ranks_known = len(run.ranks) if listed else given.ranks or said or command[0]
+        if not listed and given.ranks is None and ranks_known is not None and self.notes is not None:
+            source = f"NCCL's INFO lines say (nranks {said})" if said else "the command that ran it says"
+            self.notes.append(f"{self.path}:{run.line}: a table without rank lines; read as {ranks_known} GPUs, as {source}")
         fits = _tools_fitting(run, ranks_known) if ranks_known else list(TOOLS)
         if tool is None and ranks_known:
             tool = self._infer_tool(run, ranks_known, fits)
         elif run.tool is None and tool in TOOLS and ranks_known and run.bandwidths and tool not in fits:
-            raise LogError(f"the run of line {run.line} has the columns of {_either(fits) or 'no nccl-tests tool'} (redop "
-                           f"{'/'.join(sorted(run.redops)) or 'not printed'}, busbw / algbw {run.bandwidths[-1][1] / run.bandwidths[-1][0]:.4g} "
+            raise LogError(f"the run of line {run.line} has the columns of {_either(fits) or 'no nccl-tests tool'} "
+                           f"({_columns_said(run) or 'redop not printed'}, busbw / algbw {run.bandwidths[-1][1] / run.bandwidths[-1][0]:.4g} "
                            f"on {ranks_known} GPUs), not {tool}'s ({bus_factor(TOOLS[tool], ranks_known):.4g}) as the command line says",
                            at(run.line), hint=f"name the tool that wrote it, e.g. {fits[0] if fits else 'all_reduce_perf'}={self.path}")  # fmt: skip
-        if tool is None and not run.header and given.ranks is None:
+        if tool is None and not listed and ranks_known is None:
             raise LogError(f"a result table without nccl-tests' header (line {run.line}): the log does not say which tool wrote it "
-                           "or how many GPUs ran it", at(run.line), hint=f"name both: TOOL:GPUS=FILE, e.g. all_reduce_perf:8={self.path}")  # fmt: skip
+                           "or how many GPUs ran it", at(run.line), hint=self._bare_hint(f"name both: TOOL:GPUS=FILE, e.g. all_reduce_perf:8={self.path}"))  # fmt: skip
         if tool is None:
             said = f"; its columns fit {_either(fits)}" if 1 < len(fits) < len(TOOLS) else ""
             raise LogError(f"cannot tell which nccl-tests tool wrote the run of line {run.line} (no `# Collective test starting:` "
@@ -588,11 +781,12 @@ class _Reader:
                            hint=f"name it: TOOL=FILE, e.g. {fits[0] if fits else 'all_reduce_perf'}={self.path}")  # fmt: skip
         if tool not in TOOLS:
             raise LogError(f"nccl-tests tool '{tool}' is not one calibrate reads (it reads: {', '.join(TOOLS)})", at(run.tool_line or run.line))
-        if not run.header:
-            if given.ranks is None:
+        if not listed:
+            if ranks_known is None:
                 raise LogError(f"a result table without nccl-tests' header (line {run.line}): the log does not say how many GPUs ran it",
-                               at(run.line), hint=f"name the tool and the GPU count: {tool}:GPUS=FILE, e.g. {tool}:8={self.path}")  # fmt: skip
-            return NcclTestsLog(path, tool, TOOLS[tool], given.ranks, 1, None, None, False, run.dtype, "", tuple(run.points),
+                               at(run.line), hint=self._bare_hint(f"name the tool and the GPU count: {tool}:GPUS=FILE, e.g. {tool}:8={self.path}"))  # fmt: skip
+            per_thread = command[1] if command[0] == ranks_known else 1  # `-g` of the command that ran these GPUs
+            return NcclTestsLog(path, tool, TOOLS[tool], ranks_known, per_thread, None, None, False, run.dtype, "", tuple(run.points),
                                 run.algos, run.protos, run.version, run.channels, run.line, run.collnet, self.path)  # fmt: skip
         ranks = run.ranks
         if not ranks:
@@ -614,6 +808,8 @@ class _Reader:
         for host, _, pid in ranks.values():
             per_process[(host, pid)] = per_process.get((host, pid), 0) + 1
             per_host[host] = per_host.get(host, 0) + 1
+        if not run.header and len(set(per_process.values())) == 1:
+            per_thread = next(iter(per_process.values()))  # no header (cut above the rank lines): each process drives its ranks
         if any(c != per_thread * run.threads for c in per_process.values()):
             counts = sorted(set(per_process.values()))
             raise LogError(f"processes drive different numbers of GPUs ({', '.join(map(str, counts))}; nThread x nGpus is "
@@ -633,8 +829,13 @@ def _tools_fitting(run: _Run, ranks: int) -> list[str]:
     `ranks` GPUs, within the columns' rounding to 0.01)."""
     fits = []
     for tool in TOOLS:
-        if run.redops and (run.redops != {"none"}) != (tool in _REDUCING):
+        if "" in run.redops and tool != "alltoall_perf":
+            continue  # a blank `redop`: old alltoall's
+        if run.redops - {""} and (run.redops != {"none"}) != (tool in _REDUCING):
             continue
+        if run.titled and not {"redop", "root"} <= set(run.columns) and _OLD_TITLES[tool] != tuple(
+                t for t in ("redop", "root") if t in run.columns):  # fmt: skip
+            continue  # titles of before 2.13 (no `redop` or no `root`): each tool had its own
         if run.roots and (max(run.roots) >= 0) != (tool in _ROOTED):
             continue
         f = bus_factor(TOOLS[tool], ranks)
@@ -644,9 +845,67 @@ def _tools_fitting(run: _Run, ranks: int) -> list[str]:
     return fits
 
 
+def _columns_said(run: _Run) -> str:
+    """What a run's columns say of its tool besides busbw / algbw, as a message quotes it."""
+    parts = []
+    if run.titled and not {"redop", "root"} <= set(run.columns or ()):
+        kept = [t for t in ("redop", "root") if t in (run.columns or ())]
+        parts.append(f"titles of before nccl-tests 2.13 with {' and '.join(kept) or 'neither redop nor root'}")
+    if run.redops:
+        parts.append(f"redop {'/'.join(sorted(w or 'blank' for w in run.redops))}")
+    return ", ".join(parts)
+
+
 def _either(tools: list[str]) -> str:
     """`a`, `a or b`, `a, b or c`."""
     return f"{', '.join(tools[:-1])} or {tools[-1]}" if len(tools) > 1 else "".join(tools)
+
+
+_COMMAND_WORDS = 256
+"""Most words of a command continued over lines that are kept (a real one has a few dozen)."""
+_LAUNCHERS = {"mpirun": ("-np", "-n", "--np", "--n"), "mpiexec": ("-np", "-n", "--np", "--n"), "orterun": ("-np", "-n", "--np"),
+              "srun": ("-n", "--ntasks")}  # fmt: skip
+"""Launchers and their options for the number of processes they start."""
+_PROMPT = re.compile(r"(?:\S*[$#>%]|sudo|env|time|[A-Za-z_][A-Za-z0-9_]*=\S*)")
+"""What may stand before a tool that runs as one process: a shell prompt (`$`, `root@host:~#`,
+a markdown quote `>`), `sudo`, `env`, `time`, environment settings (`NCCL_ALGO=Ring`)."""
+
+
+def _command_gpus(words: list[str], k: int) -> tuple[int, int] | None:
+    """The GPUs a command running an nccl-tests tool (`words[k]`) starts, and those each
+    thread drives (`-g`): processes x `-t` threads x `-g` GPUs, the processes from the
+    launcher's count (`mpirun -np 2`, `srun -n 8`) or 1 with no launcher; None where the
+    command does not say (a launcher without a count, another program before the tool, a
+    value that is not a number)."""
+    before, after = words[:k], words[k + 1 :]
+    launchers = [w.rsplit("/", 1)[-1] for w in before if w.rsplit("/", 1)[-1] in _LAUNCHERS]
+    if launchers:
+        procs = _option(before, _LAUNCHERS[launchers[0]])
+    else:
+        procs = "1" if all(_PROMPT.fullmatch(w) for w in before) else None
+    values = [procs, _option(after, ("-t", "--nthreads")) or "1", _option(after, ("-g", "--ngpus")) or "1"]
+    if any(v is None or not v.isdigit() or len(v) > 6 or int(v) < 1 for v in values):
+        return None
+    n = math.prod(int(v) for v in values)
+    return (n, int(values[2])) if n <= MAX_WORLD_SIZE else None
+
+
+def _option(words: list[str], names: tuple[str, ...]) -> str | None:
+    """The value of the first of `names` in `words`: `-g 8`, `-g8`, `--ngpus=8`; None if absent."""
+    for j, w in enumerate(words):
+        for name in names:
+            if w == name:
+                return words[j + 1] if j + 1 < len(words) else None
+            if w.startswith(name + "=") or (len(name) == 2 and w.startswith(name) and w[2:].isdigit()):
+                return w[len(name) :].lstrip("=")
+    return None
+
+
+def _is_number(word: str) -> bool:
+    try:
+        return len(word) <= 40 and math.isfinite(float(word))
+    except ValueError:
+        return False
 
 
 def _starts(line: str) -> list[int]:
@@ -655,10 +914,12 @@ def _starts(line: str) -> list[int]:
 
 
 def _guess_columns(tokens: list[str]) -> tuple[str, ...]:
-    """The columns of a table pasted without its titles: nccl-tests' current ones (with
-    `root`, a whole number) or those before root was added."""
-    with_root = len(tokens) > 4 and tokens[4].lstrip("-").isdigit()
-    head = ("size", "count", "type", "redop") + (("root",) if with_root else ())
+    """The columns of a table pasted without its titles, from its first row: eight timing
+    columns (time, algbw, busbw, #wrong, out of place then in place) after `size count type`
+    and what the row has between: a word (`redop`), a whole number (`root`) or both; a row of
+    other length reads as nccl-tests' current columns."""
+    between = tokens[3:-8] if len(tokens) in (11, 12, 13) else ["sum", "-1"]
+    head = ("size", "count", "type") + tuple("root" if word.lstrip("-").isdigit() else "redop" for word in between)
     return head + ("time", "algbw", "busbw", "#wrong", "time", "algbw", "busbw", "#wrong")
 
 

@@ -59,6 +59,13 @@ TIMED_ITERS = 20
 
 DEVICE_PRESETS = {"NVIDIA H100 80GB HBM3": "dgx-h100", "NVIDIA B200": "dgx-b200", "NVIDIA A100-SXM4-80GB": "dgx-a100", "NVIDIA A100-SXM4-40GB": "dgx-a100"}
 """Base machine per GPU name as nccl-tests prints it, when `--machine` is not given."""
+# More names that lead to a preset: the A100s as older drivers name them (no "NVIDIA "), the
+# SXM parts of dgx-h200 and hgx-h800 (H200 NVL, H100 PCIe and others print other names), and
+# pcie-rtx4090's GeForce RTX 4090.
+DEVICE_PRESETS.update({
+    "A100-SXM4-80GB": "dgx-a100", "A100-SXM4-40GB": "dgx-a100",
+    "NVIDIA H200": "dgx-h200", "NVIDIA H800": "hgx-h800", "NVIDIA GeForce RTX 4090": "pcie-rtx4090",
+})  # fmt: skip
 
 
 @dataclass(frozen=True)
