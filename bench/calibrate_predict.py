@@ -17,9 +17,8 @@ import statistics
 from pathlib import Path
 
 from commdsl.calibrate.nccl_logs import read_logs
-from commdsl.calibrate.nccl_tests import DEVICE_PRESETS, SPLIT_BYTES, Run, holdout_errors
+from commdsl.calibrate.nccl_tests import SPLIT_BYTES, Run, base_machine, holdout_errors
 from commdsl.dsl.values import Unit, parse_quantity
-from commdsl.machine import resolve_machine
 
 FIXTURES = sorted(str(p) for p in (Path(__file__).parent.parent / "tests" / "data" / "nccl_tests").glob("*.log"))
 TARGET_MEDIAN = 0.05
@@ -37,7 +36,7 @@ def main() -> None:
         assert q.unit is Unit.SIZE, f"--split takes a size, got {args.split!r}"
         split = int(q.value)
     logs = read_logs(args.logs)
-    base = resolve_machine(args.machine or DEVICE_PRESETS[logs[0].device])
+    base = base_machine(logs, args.machine)
     runs = [Run.of(log) for log in logs]
     print(f"{len(logs)} log(s), {sum(len(log.points) for log in logs)} points, base machine {base.name}, split at {split} B")
     for direction, errors in holdout_errors(base, logs, runs, split).items():

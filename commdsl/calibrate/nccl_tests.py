@@ -57,15 +57,14 @@ ITERS = 5
 TIMED_ITERS = 20
 """nccl-tests' timed ops per size (`-n`, its default 20): what a chain's fill is spread over."""
 
-DEVICE_PRESETS = {"NVIDIA H100 80GB HBM3": "dgx-h100", "NVIDIA B200": "dgx-b200", "NVIDIA A100-SXM4-80GB": "dgx-a100", "NVIDIA A100-SXM4-40GB": "dgx-a100"}
-"""Base machine per GPU name as nccl-tests prints it, when `--machine` is not given."""
-# More names that lead to a preset: the A100s as older drivers name them (no "NVIDIA "), the
-# SXM parts of dgx-h200 and hgx-h800 (H200 NVL, H100 PCIe and others print other names), and
-# pcie-rtx4090's GeForce RTX 4090.
-DEVICE_PRESETS.update({
-    "A100-SXM4-80GB": "dgx-a100", "A100-SXM4-40GB": "dgx-a100",
-    "NVIDIA H200": "dgx-h200", "NVIDIA H800": "hgx-h800", "NVIDIA GeForce RTX 4090": "pcie-rtx4090",
-})  # fmt: skip
+DEVICE_PRESETS = {
+    "NVIDIA H100 80GB HBM3": "dgx-h100", "NVIDIA H200": "dgx-h200", "NVIDIA H800": "hgx-h800", "NVIDIA B200": "dgx-b200",
+    "NVIDIA A100-SXM4-80GB": "dgx-a100", "NVIDIA A100-SXM4-40GB": "dgx-a100",
+    "A100-SXM4-80GB": "dgx-a100", "A100-SXM4-40GB": "dgx-a100",  # as older drivers name them
+    "NVIDIA GeForce RTX 4090": "pcie-rtx4090",
+}  # fmt: skip
+"""Base machine per GPU name as nccl-tests prints it, when `--machine` is not given (the
+SXM parts of the presets; an H200 NVL, H100 PCIe and others print other names)."""
 
 
 @dataclass(frozen=True)
@@ -664,6 +663,19 @@ def _round(v: float) -> float:
     return float(f"{v:.4g}")
 
 
+def base_machine(logs: list[NcclTestsLog], name: str | None) -> Machine:
+    """The machine the logs are fitted from: `name` (a preset or machine file), else the
+    preset of the GPU the first log names (`DEVICE_PRESETS`); it must have an NCCL model."""
+    preset = name or DEVICE_PRESETS.get(logs[0].device)
+    if preset is None:
+        raise UsageError(f"no base machine for GPU '{logs[0].device or 'not named in the logs'}': name one with --machine (a preset "
+                         "or file with nccl: and the cluster's node topology)", hint="e.g. --machine dgx-h100")  # fmt: skip
+    machine = resolve_machine(preset)
+    if machine.nccl is None:
+        raise UsageError(f"machine {machine.name} has no nccl: section to fit", hint="use dgx-h100 or dgx-a100 as the base")
+    return machine
+
+
 def from_nccl_tests(paths: list[str], out: str, base: str | None = None, algo: Algo | None = None, proto: Protocol | None = None,
                     echo: Callable[[str], None] = print, progress: Progress | None = None) -> Machine:  # fmt: skip
     """Fit a machine to nccl-tests logs and write it to `out` (see the module doc); returns
@@ -675,13 +687,7 @@ def from_nccl_tests(paths: list[str], out: str, base: str | None = None, algo: A
     logs = read_logs(paths, notes)
     for note in notes:
         echo(f"calibrate: {note}")
-    preset = base or DEVICE_PRESETS.get(logs[0].device)
-    if preset is None:
-        raise UsageError(f"no base machine for GPU '{logs[0].device or 'not named in the logs'}': name one with --machine (a preset "
-                         "or file with nccl: and the cluster's node topology)", hint="e.g. --machine dgx-h100")  # fmt: skip
-    machine = resolve_machine(preset)
-    if machine.nccl is None:
-        raise UsageError(f"machine {machine.name} has no nccl: section to fit", hint="use dgx-h100 or dgx-a100 as the base")
+    machine = base_machine(logs, base)
     runs = [Run.of(log, algo, proto) for log in logs]
     for run in runs:
         bench_machine(machine, run)  # the layout is one the base machine can run, before any work
