@@ -94,6 +94,8 @@ class NcclFlows:
         self._network_channels = frozenset(c for c, (a, b) in enumerate(fabric.ends) if NETWORK_VERTEX in (a, b))
         """Channels between a NIC and the network."""
         self._nic_rates: dict[int, float] = {}
+        self._nic_channels: dict[int, int] = {}
+        self._p2p_comms: dict[tuple[int, ...], nccl.P2pComm] = {}
         self._layouts: dict[tuple[int, ...], nccl.Layout] = {}
         self._choices: dict[tuple, nccl.Choice] = {}
         self._shapes: dict[tuple, tuple[dict[int, float], float]] = {}
@@ -153,7 +155,14 @@ class NcclFlows:
     def p2p_comm(self, group: tuple[int, ...]) -> nccl.P2pComm:
         """The communicator of the ranks `group`, as NCCL's P2P channel counts see it: its
         size, its nodes, and across nodes the least NIC bandwidth of its GPUs and the NICs
-        they use on the node that uses the fewest (0 when that is every NIC of a node)."""
+        they use on the node that uses the fewest (0 when that is every NIC of a node).
+        Cached per group: every send of a communicator asks it."""
+        comm = self._p2p_comms.get(group)
+        if comm is None:
+            comm = self._p2p_comms[group] = self._p2p_comm(group)
+        return comm
+
+    def _p2p_comm(self, group: tuple[int, ...]) -> nccl.P2pComm:
         g = self.gpus_per_node
         by_node: dict[int, set[int]] = {}
         for r in group:
@@ -176,8 +185,11 @@ class NcclFlows:
 
     def _nic_channel(self, local: int) -> int:
         """The channel from the NIC that GPU `local` of a node uses into the network (-1: none)."""
-        up = self.fabric.cross_up(local, local, Transport.NCCL)
-        return next((c for c in up if c in self._network_channels), -1)
+        c = self._nic_channels.get(local)
+        if c is None:
+            up = self.fabric.cross_up(local, local, Transport.NCCL)
+            c = self._nic_channels[local] = next((c for c in up if c in self._network_channels), -1)
+        return c
 
     def choice_of(self, kind: OpKind, ranks: tuple[int, ...], size: int, algo: Algo, proto: Protocol,
                   group: tuple[int, ...] = ()) -> nccl.Choice:  # fmt: skip
