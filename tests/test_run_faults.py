@@ -52,6 +52,14 @@ FAULTS = [
 ]
 
 
+def _sigint_at_its_default() -> None:
+    """In the launcher before it starts: SIGINT at its default, as a terminal's foreground
+    job has it. A test run may have SIGINT ignored (a background job of a shell script
+    ignores it, and children inherit that), and Python then keeps it ignored: the
+    Ctrl-C this file sends would never arrive."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 class Run:
     """`commdsl run` of a long ping-pong on 2 ranks, in its own session; its stderr is
     read as it comes."""
@@ -61,7 +69,8 @@ class Run:
         cmd = [sys.executable, "-m", "commdsl.cli", "run", str(DATA / "ping_pong_long.yaml"), "-n", "2", "--duration-mode",
                "sleep", "--warmup", "0", "--iters", "3", "--timeout", str(WATCHDOG_S), "--out", str(self.out)]  # fmt: skip
         self.proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                                     start_new_session=True, env=dict(os.environ, **{PROGRESS_INTERVAL_ENV: "0.5"}))  # fmt: skip
+                                     start_new_session=True, env=dict(os.environ, **{PROGRESS_INTERVAL_ENV: "0.5"}),
+                                     preexec_fn=_sigint_at_its_default)  # fmt: skip
         self.lines: list[str] = []
         self.running = threading.Event()
         self._reader = threading.Thread(target=self._read, daemon=True)
