@@ -752,8 +752,9 @@ class _Reader:
         if given.tool is not None and tool is not None and given.tool != tool:
             raise LogError(f"the log is {tool}'s, not {given.tool}'s as the command line says", at(run.tool_line))
         tool = tool or given.tool
+        # The run lists its ranks (`# Rank` lines); a table without them has only what the
+        # command line or NCCL says.
         listed = run.header or bool(run.ranks)
-        """The run lists its ranks (`# Rank` lines); a table without them has only what the command line or NCCL says."""
         said = run.nranks or None
         if not listed and given.ranks is not None and said is not None and given.ranks != said:
             raise LogError(f"the run has {said} GPUs (NCCL's INFO lines: nranks {said}), not {given.ranks} as the command line says",

@@ -93,7 +93,6 @@ class NcclFlows:
         self._has_nvswitch = any(k is VertexKind.NVSWITCH for _, k in topo.vertices)
         self._network_channels = frozenset(c for c, (a, b) in enumerate(fabric.ends) if NETWORK_VERTEX in (a, b))
         """Channels between a NIC and the network."""
-        self._nic_rates: dict[int, float] = {}
         self._nic_channels: dict[int, int] = {}
         self._p2p_comms: dict[tuple[int, ...], nccl.P2pComm] = {}
         self._layouts: dict[tuple[int, ...], nccl.Layout] = {}
@@ -177,11 +176,8 @@ class NcclFlows:
     def _nic_gb_per_s(self, local: int) -> float:
         """The bandwidth of the NIC that GPU `local` of a node reaches the network through
         (its link to the network; a NIC that GPUs share counts whole, as NCCL counts it)."""
-        bw = self._nic_rates.get(local)
-        if bw is None:
-            c = self._nic_channel(local)
-            bw = self._nic_rates[local] = self.fabric.bandwidth_gb_per_s[c] if c >= 0 else 0.0
-        return bw
+        c = self._nic_channel(local)
+        return self.fabric.bandwidth_gb_per_s[c] if c >= 0 else 0.0
 
     def _nic_channel(self, local: int) -> int:
         """The channel from the NIC that GPU `local` of a node uses into the network (-1: none)."""
