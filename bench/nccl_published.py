@@ -56,8 +56,10 @@ def run_of(row: dict) -> Run:
     algo = Algo(row["nccl_algo"]) if row["nccl_algo"] else None
     max_ch = int(row["nccl_max_channels"]) if row["nccl_max_channels"] else None
     version = re.search(r"NCCL (\d+\.\d+\.\d+)", row["conditions"])  # the run's NCCL release, where the source says it
-    return Run(OPS[row["op"]], int(row["ranks"]), int(row["gpus_per_process"]), row["cuda_graph"] == "1", algo=algo,
-               max_channels=max_ch, nccl_version=parse_nccl_version(version.group(1)) if version else None)  # fmt: skip
+    ranks, nodes = int(row["ranks"]), int(row["nodes"])
+    return Run(OPS[row["op"]], ranks, int(row["gpus_per_process"]), row["cuda_graph"] == "1", algo=algo, max_channels=max_ch,
+               nccl_version=parse_nccl_version(version.group(1)) if version else None,
+               ranks_per_node=ranks // nodes if nodes > 1 else None)  # fmt: skip
 
 
 def main() -> None:

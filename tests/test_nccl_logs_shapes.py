@@ -212,7 +212,7 @@ def test_an_echoed_command_says_its_gpus_where_it_can(command, want):
 
 
 @pytest.mark.parametrize("device,preset", [("A100-SXM4-40GB", "dgx-a100"), ("NVIDIA H200", "dgx-h200"), ("NVIDIA H800", "hgx-h800"),
-                                           ("NVIDIA GeForce RTX 4090", "pcie-rtx4090")])  # fmt: skip
+                                           ("NVIDIA GeForce RTX 4090", "pcie-rtx4090"), ("NVIDIA GH200 120GB", "gh200-quad")])  # fmt: skip
 def test_gpu_names_as_logs_print_them_choose_the_preset_of_that_gpu(device, preset):
     # Old drivers print "A100-SXM4-40GB" (Microsoft SuperBench's logs); each preset with an `nccl:` section is a base.
     machine = resolve_machine(DEVICE_PRESETS[device])

@@ -12,7 +12,6 @@ from commdsl.dsl import load_schedule_text
 from commdsl.errors import MachineError, ScheduleError
 from commdsl.ir import Algo, OpKind, Protocol, Transport
 from commdsl.machine import load_machine_text, resolve_machine
-from commdsl.machine.nccl import PROTOCOLS as PROTOS
 from commdsl.machine.model import LinkKind
 from commdsl.machine.nccl import CpuVendor, Generation, HopKind
 from commdsl.sim import nccl, simulate
@@ -145,6 +144,55 @@ def test_sendrecv_over_b200_nodes_steps_down_as_nccls_p2p_channels_do():
     assert 42 < busbw[2] < 47  # the NIC's 47 GB/s at Simple's efficiency
     assert busbw[8] == pytest.approx(2 * 14, rel=0.02)  # two channels at NCCL's 14 GB/s each
     assert busbw[16] == pytest.approx(14, rel=0.02)
+
+
+GH200 = resolve_machine("gh200-quad")
+
+
+def test_rings_of_an_nvlink_mesh_node_spread_over_every_link():
+    # A quad GH200 node: six NVLinks between every two GPUs, no switch. NCCL's search places
+    # each ring on the links the rings before it left free; one order for all would put the
+    # 24 channels on 4 of the 12 GPU-to-GPU directions.
+    f, lay = flows(GH200, 4)
+    assert lay.mesh and lay.intra_gb_per_s == pytest.approx(3 * 123.6)
+    assert not flows(H100, 8)[1].mesh and not flows(resolve_machine("pcie-nvlink-pairs"), 8)[1].mesh
+    rings = nccl.ring_orders(lay, 24)
+    assert all(sorted(ring) == [0, 1, 2, 3] for ring in rings)
+    assert sorted(nccl.ring_edges(lay, 24, 1.0).values()) == [8.0] * 12
+    # Across nodes each ring still enters a node at member c and leaves at c + 1 (its rails).
+    m = GH200.with_nodes(2)
+    lay2 = NcclFlows(Fabric(m, 8), m.nccl).layout(tuple(range(8)))
+    for c, ring in enumerate(nccl.ring_orders(lay2, 8)):
+        assert (ring[0], ring[3], ring[4], ring[7]) == (c % 4, (c + 1) % 4, 4 + c % 4, 4 + (c + 1) % 4)
+
+
+def test_a_collective_on_an_nvlink_mesh_node_uses_all_its_links():
+    # all_gather of 1 GiB on one quad GH200 node: the rings move at a GPU's three links
+    # (370.8 GB/s as NCCL moves them, Simple's efficiency), not one pair's 123.6.
+    from commdsl.calibrate.nccl_tests import Run, busbw_gb_per_s, simulate_run
+
+    run, size = Run(OpKind.ALL_GATHER, 4), 1 << 30
+    assert 330 < busbw_gb_per_s(OpKind.ALL_GATHER, 4, size, simulate_run(GH200, run, size)) < 370.8
+    send = Run(OpKind.SEND, 4)  # one peer: one pair's links
+    assert busbw_gb_per_s(OpKind.SEND, 4, size, simulate_run(GH200, send, size)) < 123.6
+
+
+def test_nccl_takes_the_tree_on_two_nodes_whose_nics_are_slower_than_nvlink():
+    # NCCL searches a ring at one speed inside and across nodes, no faster than the NICs;
+    # a tree's speed inside may rise to twice that, and its table reads the inside speed on
+    # two nodes (search.cc pass 2, tuning.cc). Two quad GH200 nodes (one 200G NIC a GPU):
+    # the ring's table bandwidth is the NICs', the tree's is higher, so large all_reduces
+    # take the tree, which moves more than a ring through those NICs could (CSCS's 2 x 4
+    # GH200 log: 122 GB/s of bus bandwidth at 128 MiB, above the NICs' 94).
+    f, lay = flows(GH200.with_nodes(2), 8)
+    table = nccl.nccl_table(f.cfg, OpKind.ALL_REDUCE, lay)
+    nch = f.cfg.coll_channels(2) // 2
+    assert table[(Algo.RING, Protocol.SIMPLE)][1] == pytest.approx(nch * lay.inter_gb_per_s / nch * 8 / 14)
+    assert table[(Algo.TREE, Protocol.SIMPLE)][1] > table[(Algo.RING, Protocol.SIMPLE)][1]
+    assert pick(GH200.with_nodes(2), OpKind.ALL_REDUCE, 8, 128 << 20)[0] == "tree"
+    # On a DGX H100 pair the NICs (47 GB/s each) match NVLink per channel: nothing moves.
+    f, lay = flows(H100, 16)
+    assert nccl._graph(f.cfg, lay, Algo.TREE)[1] == nccl._graph(f.cfg, lay, Algo.RING)[1] == pytest.approx(370.8 / 8)
 
 
 def test_p2p_channels_of_a_communicator_with_fewer_gpus_a_node_follow_its_own_graph():

@@ -61,7 +61,7 @@ DEVICE_PRESETS = {
     "NVIDIA H100 80GB HBM3": "dgx-h100", "NVIDIA H200": "dgx-h200", "NVIDIA H800": "hgx-h800", "NVIDIA B200": "dgx-b200",
     "NVIDIA A100-SXM4-80GB": "dgx-a100", "NVIDIA A100-SXM4-40GB": "dgx-a100",
     "A100-SXM4-80GB": "dgx-a100", "A100-SXM4-40GB": "dgx-a100",  # as older drivers name them
-    "NVIDIA GeForce RTX 4090": "pcie-rtx4090",
+    "NVIDIA GeForce RTX 4090": "pcie-rtx4090", "NVIDIA GH200 120GB": "gh200-quad",
 }  # fmt: skip
 """Base machine per GPU name as nccl-tests prints it, when `--machine` is not given (the
 SXM parts of the presets; an H200 NVL, H100 PCIe and others print other names)."""

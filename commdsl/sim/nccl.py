@@ -42,6 +42,7 @@ threshold` bytes.
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass
 
@@ -102,6 +103,10 @@ class Layout:
     """A node's bandwidth to the network: all its NICs (inf on one node)."""
     nvswitch: bool
     """The node's GPUs meet in an NVSwitch (CollNet Direct needs it)."""
+    mesh: bool = False
+    """Every two GPUs of each node are joined by NVLinks of their own, no switch between
+    (a GH200 quad node): `intra_gb_per_s` is then all of a GPU's links to its node, and
+    the channels' rings take different paths through a node (`ring_orders`)."""
 
     @property
     def n(self) -> int:
@@ -145,8 +150,15 @@ def _graph(cfg: NcclConfig, layout: Layout, algo: Algo) -> tuple[int, float, flo
         return nch, speed, inter
     nch = max(1, cfg.coll_channels(layout.num_nodes) // 2)
     intra = layout.intra_gb_per_s / nch
-    inter = layout.inter_gb_per_s / nch if layout.num_nodes > 1 else intra
-    return nch, intra, inter
+    if layout.num_nodes == 1:
+        return nch, intra, intra
+    # Across nodes NCCL's search runs a ring at one speed inside and between nodes (bwIntra
+    # = bwInter), no faster than the NICs; a tree's (or CollNet's) inside may rise to twice
+    # that (search.cc, pass 2: "increase bwIntra for trees"), which its table reads on two
+    # nodes: where the NICs are slower than NVLink, NCCL takes the tree there.
+    inter = layout.inter_gb_per_s / nch
+    cap = inter if algo is Algo.RING else 2 * inter
+    return nch, min(intra, cap), inter
 
 
 def nccl_table(cfg: NcclConfig, kind: OpKind, layout: Layout) -> dict[tuple[Algo, Protocol], tuple[float, float]]:
@@ -588,17 +600,51 @@ def ring_orders(layout: Layout, channels: int) -> list[list[int]]:
     order, entering at member c and leaving at member c+1 (mod ppn) of channel c; across
     nodes it goes from one node's exit to the next node's entry. Every NIC of a node with a
     GPU per NIC thus carries the rings of channels/ppn channels in each direction: NCCL's
-    rings are rail-aligned in the same sense."""
+    rings are rail-aligned in the same sense. On a node whose GPUs form an NVLink mesh
+    (`Layout.mesh`) the order in between is `_mesh_path`'s."""
     out = []
+    loads: dict[tuple[int, int], int] = {}  # mesh nodes: rings per GPU-to-GPU link so far
     for c in range(channels):
         ring: list[int] = []
         for members in layout.nodes:
             m = len(members)
             start = c % m
-            # enter at `start`, walk down, leave at start + 1: start, start-1, ..., start+1
-            ring.extend(members[(start - i) % m] for i in range(m))
+            if layout.mesh and 3 <= m <= MESH_SEARCH_MAX_GPUS:
+                ring.extend(_mesh_path(members, start, (start + 1) % m if layout.num_nodes > 1 else None, loads))
+            else:
+                # enter at `start`, walk down, leave at start + 1: start, start-1, ..., start+1
+                ring.extend(members[(start - i) % m] for i in range(m))
         out.append(ring)
     return out
+
+
+MESH_SEARCH_MAX_GPUS = 6
+"""The most GPUs of a mesh node whose rings `_mesh_path` searches ((n-1)! orders);
+larger ones keep the rotated order."""
+
+
+def _mesh_path(members: tuple[int, ...], start: int, exit_: int | None, loads: dict[tuple[int, int], int]) -> list[int]:
+    """A channel's order through a node whose GPUs are all joined pairwise (`Layout.mesh`):
+    from member `start`, every member once, to member `exit_` (None: on one node, back to
+    `start`, a cycle). Like NCCL's ring search, which places each ring on the links the
+    rings before it left free, it takes the order whose busiest link carries the fewest
+    rings once it is added (then the fewest in all; then the first in order), and counts
+    it in `loads`. On 4 GPUs the 24 channels of one node spread over all 12 links, 8
+    rings each, where one rotated order would put them all on 4 of them."""
+    first = members[start]
+    rest = [r for i, r in enumerate(members) if i != start and (exit_ is None or i != exit_)]
+    best: tuple[tuple[int, int], list[int], list[tuple[int, int]]] | None = None
+    for middle in itertools.permutations(rest):
+        path = [first, *middle] + ([] if exit_ is None else [members[exit_]])
+        links = list(zip(path, path[1:])) + ([(path[-1], first)] if exit_ is None else [])
+        after = [loads.get(link, 0) + 1 for link in links]
+        score = (max(after), sum(after))
+        if best is None or score < best[0]:
+            best = (score, path, links)
+    assert best is not None
+    for link in best[2]:
+        loads[link] = loads.get(link, 0) + 1
+    return best[1]
 
 
 def ring_edges(layout: Layout, channels: int, bytes_per_channel_edge: float) -> dict[tuple[int, int], float]:

@@ -127,9 +127,29 @@ class NcclFlows:
                 if route.staged or any(fabric.kinds[c] is not LinkKind.NVLINK for c in chans):
                     hop = HopKind.PCIE
                 width = min(width, min((fabric.bandwidth_gb_per_s[c] for c in chans), default=_INF))
+        mesh_widths = [] if self._has_nvswitch or any(len(m) < 3 for m in nodes) else [self._mesh_width(m) for m in nodes]
+        mesh = bool(mesh_widths) and all(mesh_widths)
+        if mesh:
+            width = min(mesh_widths)  # NCCL's rings spread over every link of the mesh (`nccl.ring_orders`)
         ppn = max(len(m) for m in nodes)
         inter = self._node_network_gb_per_s * min(1.0, ppn / g) if len(nodes) > 1 else _INF
-        return nccl.Layout(ranks, nodes, hop, width, inter, self._has_nvswitch)
+        return nccl.Layout(ranks, nodes, hop, width, inter, self._has_nvswitch, mesh)
+
+    def _mesh_width(self, members: tuple[int, ...]) -> float:
+        """Where every two of `members` are joined by an NVLink of their own (one link,
+        nothing staged), the least over them of a GPU's links to the others, summed; else 0."""
+        fabric, width = self.fabric, _INF
+        for a in members:
+            total = 0.0
+            for b in members:
+                if b == a:
+                    continue
+                route = fabric.route(a, b, Transport.NCCL)
+                if route.staged or len(route.channels) != 1 or fabric.kinds[route.channels[0]] is not LinkKind.NVLINK:
+                    return 0.0
+                total += fabric.bandwidth_gb_per_s[route.channels[0]]
+            width = min(width, total)
+        return width
 
     # ---- the choice ---------------------------------------------------------------------
 
@@ -305,7 +325,7 @@ class NcclFlows:
             for members in lay.nodes:
                 m = len(members)
                 if m > 1:  # a ring all_reduce inside the node
-                    node = nccl.Layout(members, (members,), lay.intra_hop, lay.intra_gb_per_s, _INF, lay.nvswitch)
+                    node = nccl.Layout(members, (members,), lay.intra_hop, lay.intra_gb_per_s, _INF, lay.nvswitch, lay.mesh)
                     self._charge(loads, nccl.ring_edges(node, channels, 2 * (m - 1) / m / channels))
                 for r in members:
                     self._network(loads, r, 1.0 / m)
