@@ -195,6 +195,31 @@ def test_nccl_takes_the_tree_on_two_nodes_whose_nics_are_slower_than_nvlink():
     assert nccl._graph(f.cfg, lay, Algo.TREE)[1] == nccl._graph(f.cfg, lay, Algo.RING)[1] == pytest.approx(370.8 / 8)
 
 
+def test_a_networks_latency_per_message_is_paid_once_per_crossing_not_per_ring_step():
+    # TCPXO (Google Cloud A3 Mega) takes tens of microseconds per message where InfiniBand
+    # takes none in the model. A connection keeps NCCL_STEPS messages in flight, so a ring
+    # pays that latency once per crossing of its chain (as NCCL's table counts it), while
+    # each of its 15 steps on 2 x 8 GPUs still takes the network step's turn.
+    from commdsl.calibrate.nccl_tests import Run, busbw_gb_per_s, simulate_run
+
+    a3 = resolve_machine("a3-mega")
+    assert a3.nccl.net_latency_us == 57
+    f, lay = flows(a3.with_nodes(2), 16)
+    none = dataclasses.replace(f.cfg, net_latency_us=0.0)
+    for kind, crossings in ((OpKind.ALL_GATHER, 1), (OpKind.ALL_REDUCE, 2)):
+        for proto in (Protocol.LL128, Protocol.SIMPLE):
+            added = nccl.latency_us(f.cfg, kind, lay, Algo.RING, proto) - nccl.latency_us(none, kind, lay, Algo.RING, proto)
+            assert added == pytest.approx(crossings * f.cfg.net_message_us(proto))
+    # So a 2-node all_gather of 64 MiB stays near its NICs' bandwidth (measured 121 GB/s
+    # of bus bandwidth on GKE A3 Mega), and an 8-byte all_reduce pays two messages (123-147
+    # us measured on another A3 Mega cluster; the tree's two network levels).
+    run = Run(OpKind.ALL_GATHER, 16)
+    assert 100 < busbw_gb_per_s(OpKind.ALL_GATHER, 16, 64 << 20, simulate_run(a3, run, 64 << 20)) < 188
+    small = Run(OpKind.ALL_REDUCE, 16)
+    ib = dataclasses.replace(a3, nccl=dataclasses.replace(a3.nccl, net_latency_us=0.0))
+    assert simulate_run(a3, small, 8) - simulate_run(ib, small, 8) == pytest.approx(2 * 57, rel=0.01)
+
+
 def test_p2p_channels_of_a_communicator_with_fewer_gpus_a_node_follow_its_own_graph():
     # NCCL's P2P channels are its communicator's collective channels across nodes: a ring
     # per NIC its GPUs use, doubled up to 4 rings (ncclTopoDupChannels) and again

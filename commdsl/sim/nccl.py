@@ -491,8 +491,10 @@ def latency_us(cfg: NcclConfig, kind: OpKind, layout: Layout, algo: Algo, proto:
         # LL128 and Simple: every rank takes a step at once and waits for its
         # predecessor's piece: across nodes each step of the ring lasts as long as its
         # slowest hop, the network's (kept linear in the hop latencies, as the
-        # calibration's closed form needs)
-        return spec.base_latency_us + steps * net
+        # calibration's closed form needs). The network's own latency per message is no
+        # part of a step's turn: a connection keeps NCCL_STEPS messages in flight, so the
+        # ring pays it once per crossing of its chain, as NCCL's table counts it.
+        return spec.base_latency_us + steps * spec.hop_us(HopKind.NETWORK) + inter * cfg.net_message_us(proto)
     if algo is Algo.TREE:
         return spec.base_latency_us + 2 * ((layout.ppn - 1) * intra + log2i(nodes) * _tree_net_hop_us(cfg, algo, proto))
     if algo is Algo.NVLS:
