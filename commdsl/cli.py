@@ -91,14 +91,16 @@ def add_fold_argument(parser: argparse.ArgumentParser) -> None:
                              "program (by default one replica stands for them all: docs/simulator.md, folding)")  # fmt: skip
 
 
-def load_from_args(args: argparse.Namespace, *, validate: bool = True, fold: bool = False):
+def load_from_args(args: argparse.Namespace, *, validate: bool = True, fold: bool = False, fold_unit: int = 1):
     """Load the schedule named by a command's arguments; `fold`: fold the replicas along a
-    mesh axis where that is verified (`load_schedule`) unless the command's --no-fold says not."""
+    mesh axis where that is verified (`load_schedule`, with `fold_unit`) unless the
+    command's --no-fold says not."""
     from commdsl.dsl import DEFAULT_MAX_OPS, load_schedule, parse_overrides
 
     max_ops = args.max_ops if args.max_ops is not None else DEFAULT_MAX_OPS
     fold = fold and getattr(args, "fold", True)
-    return load_schedule(args.schedule, parse_overrides(args.param), max_ops=max_ops, validate=validate, fold=fold)
+    return load_schedule(args.schedule, parse_overrides(args.param), max_ops=max_ops, validate=validate, fold=fold,
+                         fold_unit=fold_unit)  # fmt: skip
 
 
 def build_parser(commands: Iterable[str] | None = None) -> argparse.ArgumentParser:

@@ -510,20 +510,30 @@ class Group:
 @dataclass(frozen=True)
 class Fold:
     """Replicas along a mesh axis folded into one (`commdsl.dsl.fold`): the ranks whose
-    coordinate on `axis` is 0 (the representative replica) are expanded; every other rank
-    runs its representative's ops up to renaming (its rank, peers and in-replica groups
-    shifted by a multiple of `stride`), which expansion verified, and has no ops of its own
-    in the `Program`. A group is either inside one replica or spans every replica (a group
-    along `axis`, or the world): of the latter only the representative members issue ops."""
+    coordinate on `axis` is below `block` (the representative: one replica, or `block`
+    consecutive ones) are expanded; every other rank runs its representative's ops up to
+    renaming (its rank, peers and in-replica groups shifted by a multiple of `stride`),
+    which expansion verified, and has no ops of its own in the `Program`. A group is either
+    inside the representative's copy or spans every copy (a group along `axis`, or the
+    world): of the latter only the representative members issue ops. Below, a "replica"
+    is one copy of the representative."""
 
     axis: str
     """The folded mesh axis."""
     replicas: int
-    """Its size: how many replicas the representative stands for."""
+    """How many copies of the representative make the axis (its size / `block`)."""
     stride: int
-    """Global-rank distance from one replica to the next (the axis's stride in the mesh)."""
+    """Global-rank distance from one copy to the next (`block` x the axis's stride in the mesh)."""
     ranks: tuple[int, ...]
-    """The representative replica's ranks, ascending."""
+    """The representative's ranks, ascending."""
+    block: int = 1
+    """The axis's replicas the representative holds together: more than one where one
+    replica's ranks are not a whole number of a node's GPUs (`commdsl.dsl.fold.make_fold`)."""
+
+    @property
+    def label(self) -> str:
+        """Which ranks the representative holds, as a reader names them: `dp = 0`, `dp < 2`."""
+        return f"{self.axis} = 0" if self.block == 1 else f"{self.axis} < {self.block}"
 
     def replica_of(self, rank: int) -> int:
         """The replica (coordinate on `axis`) of a global rank."""

@@ -70,6 +70,60 @@ def test_folded_llm_3d_simulates_as_every_rank_on_the_flow_network(params):
     assert len(every_rank) == params["dp"] * len(links)
 
 
+def test_replicas_smaller_than_a_node_fold_in_blocks_of_whole_nodes(capsys):
+    """TP 4 on 8-GPU nodes: one replica fills half a node, so two consecutive replicas
+    stand for the rest, each pair on a node of its own; on the flow network that is what a
+    run of every rank gives, links included."""
+    params = {"dp": 4, "tp": 4, "heads": 4, "kv_heads": 4}
+    text = {k: str(v) for k, v in {**SMALL, **params}.items()}
+    folded, unfolded = load_schedule("llm_3d", text, fold=True, fold_unit=8), _llm(False, **params)
+    fold = folded.fold
+    assert (fold.axis, fold.block, fold.replicas, fold.stride, fold.label) == ("dp", 2, 2, 8, "dp < 2"), folded.fold_note
+    assert fold.ranks == (0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23)  # pp stride 16: dp 0-1 of each stage
+    assert "the 16 ranks with dp < 2 run for all 4 replicas, 2 at a time" in folded.fold_note
+    assert folded.num_ops * fold.replicas == unfolded.num_ops
+    assert load_schedule("llm_3d", text, fold=True).fold.block == 1  # no node size given: one replica
+    machine = resolve_machine("dgx-h100", nodes=4)
+    a, b = simulate(folded, machine), simulate(unfolded, machine)
+    _same_results(a, b)
+    links, every_rank = a.summary().to_json()["links"], {link["name"]: link for link in b.summary().to_json()["links"]}
+    assert links and all(every_rank[link["name"]] == link for link in links)
+    # The command folds so on a machine of 8-GPU nodes.
+    args = ["llm_3d", *(f"-p{k}={v}" for k, v in text.items()), "--machine", "dgx-h100", "--nodes", "4", "--json"]
+    assert main(["simulate", *args]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["fold"].startswith("folded along dp: the 16 ranks with dp < 2") and out["makespan_us"] == b.summary().to_json()["makespan_us"]
+
+
+def test_a_fold_whose_replicas_meet_a_tree_on_their_nics_is_kept_and_warned():
+    """NCCL's tree loads its inner nodes' NICs more than its leaves'. DP 4 over 4 nodes with
+    the tree (a machine whose `nccl.algo` is tree) and PP 2, whose sends cross nodes too:
+    the folded run may differ a little from a run of every rank, so it warns. With rings
+    (NCCL's own choice at these sizes), with PP 1 (nothing of a replica crosses nodes) and
+    on the analytic network it is exact, and says nothing."""
+    import dataclasses
+
+    from commdsl.ir import Algo
+
+    def with_trees(machine):
+        return dataclasses.replace(machine, nccl=dataclasses.replace(machine.nccl, algos=frozenset({Algo.TREE})))
+
+    machine = resolve_machine("dgx-h100", nodes=8)
+    trees = with_trees(machine)
+    params = {"tp": 8, "heads": 8, "kv_heads": 8, "dp": 4}
+    program = _llm(True, **params)
+
+    def warned(result) -> list[str]:
+        return [w for w in result.warnings if w.startswith("folded along")]
+
+    (warning,) = warned(simulate(program, trees))
+    assert warning.startswith("folded along dp: all_reduce G_bucket[0]") and "tree" in warning and "--no-fold" in warning
+    assert not warned(simulate(program, machine))
+    assert not warned(simulate(program, trees, "analytic"))
+    one_stage = _llm(True, **{**params, "pp": 1, "layers": 2})
+    assert not warned(simulate(one_stage, with_trees(resolve_machine("dgx-h100", nodes=4))))
+
+
 def test_a_folded_program_refuses_a_machine_where_replicas_share_links():
     folded = _llm(True, dp=2, tp=2)  # the replicas are 2 ranks apart: on one 8-GPU node
     with pytest.raises(UsageError, match="share nodes"):

@@ -91,8 +91,10 @@ def run(args: argparse.Namespace) -> int:
             # them all (the young generation's count is theirs), then again in the next
             # generation.
             with gc_paused():
-                program = load_from_args(args, fold=True)
                 machine = machine_from_args(args)
+                # On a shared-link network a folded copy must hold whole nodes (commdsl.sim.folding)
+                unit = machine.topology.gpus_per_node if machine.topology is not None and args.network != "analytic" else 1
+                program = load_from_args(args, fold=True, fold_unit=unit)
                 if (why := inexact(program, machine, args.network, args.samples)) is not None:
                     progress.phase(f"expanding {args.schedule} for every rank")
                     program = replace(load_from_args(args), fold_note=f"not folded along {program.fold.axis}: {why}")
@@ -107,7 +109,7 @@ def run(args: argparse.Namespace) -> int:
 
                 progress.phase(f"writing Kineto traces into {args.trace_dir}", unit="ranks")
                 if program.fold is not None:
-                    print(f"commdsl simulate: the folded program's Kineto traces are the {program.fold.axis} = 0 replica's ranks', "
+                    print(f"commdsl simulate: the folded program's Kineto traces are the {program.fold.label} ranks', "
                           f"which stand for every replica (--no-fold: every rank's)", file=sys.stderr)  # fmt: skip
                 backend, device = machine_device(machine)
                 write_kineto_traces(result.timeline, program, args.trace_dir, backend=backend, device=device, progress=progress.update)

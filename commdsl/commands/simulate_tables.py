@@ -46,7 +46,7 @@ def print_terminal(result: SimResult, summary: Summary, *, links: int | None, ga
     if trace:
         console.print(f"\ntrace: {escape(trace)} (open it in https://ui.perfetto.dev)")
         if result.program.fold is not None:
-            console.print(f"  it holds the {result.program.fold.axis} = 0 replica's ranks, which stand for every replica (--no-fold: every rank's)")
+            console.print(f"  it holds the {result.program.fold.label} ranks, which stand for every replica (--no-fold: every rank's)")
 
 
 def print_summary(console: Console, s: Summary) -> None:

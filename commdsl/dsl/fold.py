@@ -24,7 +24,9 @@ Folding is verified, never assumed. An axis is folded only if
   * no rank warns (a warning names its rank).
 
 Otherwise the program is expanded for every rank as usual, and `Program.fold_note` says
-why it was not folded. The one axis folded is the outermost that passes the first test
+why it was not folded. Where a replica's ranks are not a whole number of a node's GPUs
+(`load_schedule`'s `fold_unit`), the representative is the fewest consecutive replicas
+that are, and "replica" above reads "that block of replicas". The one axis folded is the outermost that passes the first test
 (the replicas furthest apart in rank order: on a machine of identical nodes filled in rank
 order, on nodes of their own soonest).
 """
@@ -66,17 +68,23 @@ def fold_axis(layout: WorldLayout, rank_reads: Iterable[tuple[str, ...]]) -> tup
     return None, "every mesh axis of two or more ranks is told apart (" + "; ".join(why) + ")"
 
 
-def make_fold(layout: WorldLayout, axis: str) -> Fold:
-    """The `Fold` of `axis`: its size, its stride and the representative replica's ranks."""
+def make_fold(layout: WorldLayout, axis: str, unit: int = 1) -> Fold:
+    """The `Fold` of `axis`: how many copies of the representative, their stride and the
+    representative's ranks. With `unit` (a node's GPUs) the representative holds the
+    fewest consecutive replicas whose ranks are a whole number of `unit` apart (2 where
+    a replica of TP 4 fills half an 8-GPU node), so each copy has nodes of its own; one
+    replica where no such block divides the axis."""
     stride = 1
     sizes = dict(layout.mesh)
     for name, size in reversed(layout.mesh):
         if name == axis:
             break
         stride *= size
-    replicas = sizes[axis]
+    size = sizes[axis]
+    block = next((k for k in range(1, size + 1) if size % k == 0 and k * stride % unit == 0), 1)
+    replicas, stride = size // block, stride * block
     ranks = tuple(r for r in range(layout.world_size) if r // stride % replicas == 0)
-    return Fold(axis, replicas, stride, ranks)
+    return Fold(axis, replicas, stride, ranks, block)
 
 
 class FoldGroups:

@@ -84,11 +84,14 @@ def load_schedule(
     max_ops: int = DEFAULT_MAX_OPS,
     validate: bool = True,
     fold: bool = False,
+    fold_unit: int = 1,
 ) -> Program:
     """Load a schedule by path or bundled name; `overrides` are `-p key=value` pairs.
     `fold`: where the replicas along a mesh axis verifiably run the same program, expand
     one of them and describe the others by `Program.fold` (`commdsl.dsl.fold`; only for
-    consumers that understand a `Fold`: the checks and the simulator)."""
+    consumers that understand a `Fold`: the checks and the simulator). `fold_unit`: the
+    GPUs of a node of the machine it will run on; where one replica's ranks are not a
+    whole number of them, the fewest consecutive replicas that are stand for the rest."""
     path = resolve_schedule(arg)
     if path is None:
         raise UsageError(
@@ -99,7 +102,7 @@ def load_schedule(
     # messages do not depend on where commdsl lives.
     display = arg if is_file(arg) else f"schedules/{path.name}"
     text = read_text(path, display, ScheduleError, "schedule")
-    return load_schedule_text(text, display, overrides, max_ops=max_ops, validate=validate, fold=fold)
+    return load_schedule_text(text, display, overrides, max_ops=max_ops, validate=validate, fold=fold, fold_unit=fold_unit)
 
 
 def parse_overrides(items: list[str]) -> dict[str, str]:
@@ -125,9 +128,10 @@ def load_schedule_text(
     max_ops: int = DEFAULT_MAX_OPS,
     validate: bool = True,
     fold: bool = False,
+    fold_unit: int = 1,
 ) -> Program:
-    """Load a schedule from its text; `file` is the name used in messages; `fold` as in
-    `load_schedule`."""
+    """Load a schedule from its text; `file` is the name used in messages; `fold` and
+    `fold_unit` as in `load_schedule`."""
     doc = _YamlFile(text, file)
     if doc.root is None:
         raise ScheduleError("the schedule file is empty", doc.file_start(),
@@ -164,7 +168,7 @@ def load_schedule_text(
     try:
         rank_reads = compiler.rank_reads if fold else None
         return _expand(name, docstring, file, params, layout, origin, compiled, compiler.reads_rank, compiler.names,
-                       max_ops=max_ops, validate=validate, rank_reads=rank_reads)  # fmt: skip
+                       max_ops=max_ops, validate=validate, rank_reads=rank_reads, fold_unit=fold_unit)  # fmt: skip
     finally:
         if collecting:
             gc.enable()
@@ -172,11 +176,11 @@ def load_schedule_text(
 
 def _expand(name: str, docstring: str, file: str, params: dict[str, object], layout: WorldLayout, origin: TextOrigin,
             compiled, reads_rank: bool, names: dict[str, str], *, max_ops: int, validate: bool,
-            rank_reads: set[tuple[str, ...]] | None = None) -> Program:  # fmt: skip
+            rank_reads: set[tuple[str, ...]] | None = None, fold_unit: int = 1) -> Program:  # fmt: skip
     """Run the compiled program for every rank (or, if it never reads its rank, for rank 0,
     then copy: commdsl/dsl/spmd.py), place the stage transfers, validate. With
     `rank_reads` (what the program reads of its rank), fold the replicas along a mesh
-    axis where that is verified (commdsl/dsl/fold.py)."""
+    axis where that is verified (commdsl/dsl/fold.py; `fold_unit` as `load_schedule`'s)."""
     budget = ExpansionBudget(max_ops=max_ops, max_steps=max(4 * max_ops, 1_000_000))
     tables = InternTables(names)
 
@@ -221,7 +225,7 @@ def _expand(name: str, docstring: str, file: str, params: dict[str, object], lay
 
     fold_note = ""
     if rank_reads is not None:
-        folded = _expand_folded(layout, rank_reads, expand_rank)
+        folded = _expand_folded(layout, rank_reads, expand_rank, fold_unit)
         if not isinstance(folded, str):
             per_rank, fold, fold_note = folded
             return program_of(per_rank, (), fold, fold_note)
@@ -247,15 +251,16 @@ def _expand(name: str, docstring: str, file: str, params: dict[str, object], lay
     return program_of(per_rank, warnings, fold_note=fold_note)
 
 
-def _expand_folded(layout: WorldLayout, rank_reads: set[tuple[str, ...]], expand_rank) -> tuple[list, Fold, str] | str:
+def _expand_folded(layout: WorldLayout, rank_reads: set[tuple[str, ...]], expand_rank,
+                   unit: int = 1) -> tuple[list, Fold, str] | str:  # fmt: skip
     """The folded expansion (commdsl/dsl/fold.py): (the ops per rank, empty but for the
-    representative replica's ranks; the `Fold`; a line that says so), or why it cannot
-    be folded ("" where there is nothing to fold). `expand_rank(rank)` runs the program
-    for a rank."""
+    representative's ranks; the `Fold`; a line that says so), or why it cannot be folded
+    ("" where there is nothing to fold). `expand_rank(rank)` runs the program for a rank;
+    `unit` as `make_fold`'s."""
     axis, why = fold_axis(layout, rank_reads)
     if axis is None:
         return f"not folded: {why}" if why else ""
-    fold = make_fold(layout, axis)
+    fold = make_fold(layout, axis, unit)
     checked = sorted({1, fold.replicas - 1})  # the next replica and the last one
     empty = StageTransfers((), ())
     per_rank: list[tuple] = [()] * layout.world_size
@@ -282,8 +287,14 @@ def _expand_folded(layout: WorldLayout, rank_reads: set[tuple[str, ...]], expand
         for rank in fold.ranks:
             per_rank[rank + replica * fold.stride] = ()
     ranks = f"the {len(fold.ranks):,} ranks" if len(fold.ranks) > 1 else "the rank"
-    note = (f"folded along {axis}: {ranks} with {axis} = 0 run for all {fold.replicas} replicas ("
-            + " and ".join(f"{axis} = {k}" for k in checked) + " expanded too, and found the same renamed)")
+    if fold.block == 1:
+        note = (f"folded along {axis}: {ranks} with {axis} = 0 run for all {fold.replicas} replicas ("
+                + " and ".join(f"{axis} = {k}" for k in checked) + " expanded too, and found the same renamed)")
+    else:
+        b = fold.block
+        note = (f"folded along {axis}: {ranks} with {fold.label} run for all {fold.replicas * b} replicas, {b} at a time, "
+                f"a whole number of nodes (" + " and ".join(f"{axis} = {k * b}..{k * b + b - 1}" for k in checked)
+                + " expanded too, and found the same renamed)")  # fmt: skip
     return per_rank, fold, note
 
 

@@ -68,6 +68,53 @@ def inexact(program: Program, machine: Machine, network: str, samples: int = 1) 
     return None
 
 
+def approximate(program: Program, machine: Machine, network: str) -> str | None:
+    """Why a folded simulation that `inexact` lets run gives close to, not exactly, what a
+    run of every rank gives; None where it is exact. On the flow network a collective that
+    spans the replicas loads every member's links as its algorithm does: a ring the same
+    on every node, NCCL's trees more on the tree's inner nodes than on its leaves. Where the
+    replicas' own transfers also cross nodes (pipeline sends), they meet that collective
+    on their NICs, and each replica's nodes sit elsewhere in the tree: the representative's
+    transfers see its own nodes' load, the others' theirs."""
+    fold = program.fold
+    topo = machine.topology
+    if fold is None or network == "analytic" or topo is None or machine.nccl is None:
+        return None
+    per_node = topo.gpus_per_node
+    own = set(fold.ranks)
+    groups = {g.id: g for g in program.groups}
+
+    def nodes(ranks) -> int:
+        return len({r // per_node for r in ranks})
+
+    spanning: dict[tuple, object] = {}
+    crosses = False
+    for rank in fold.ranks:
+        for op in program.ops[rank]:
+            if op.kind.is_p2p:
+                crosses = crosses or (op.peer is not None and op.peer // per_node != rank // per_node)
+            elif op.group is not None and op.kind.is_collective:
+                ranks = groups[op.group].ranks
+                if own.issuperset(ranks):
+                    crosses = crosses or nodes(ranks) > 1
+                elif nodes(ranks) > 2:
+                    spanning.setdefault((op.group, op.kind, op.size_bytes, op.algo, op.proto), op)
+    if not crosses or not spanning:
+        return None
+    from commdsl.ir import Algo
+    from commdsl.sim.nccl_flows import machine_links
+
+    _, flows = machine_links(machine, program.world_size)
+    for op in spanning.values():
+        algo = flows.choose(op, groups[op.group].ranks).algo
+        if algo in (Algo.TREE, Algo.NVLS_TREE, Algo.COLLNET_CHAIN, Algo.COLLNET_DIRECT):
+            return (f"{op.label} (across the {fold.axis} replicas) runs NCCL's {algo.value} over the nodes, whose inner "
+                    f"nodes' NICs carry more than its leaves', and the replicas' own transfers across nodes meet it there: "
+                    f"each replica runs as the representative's nodes load, so the result may differ a little from a run of "
+                    f"every rank (--no-fold simulates every rank)")  # fmt: skip
+    return None
+
+
 def unfolded(per_rank: tuple[T, ...], program: Program) -> tuple[T, ...]:
     """Per-rank entries (dataclasses whose first field is `rank`, one per rank in rank
     order) of a folded program's simulation, where only the representative's are real:

@@ -29,7 +29,7 @@ from commdsl.machine.model import Machine, timeless_machine
 from commdsl.sim.collector import frozen, gc_paused
 from commdsl.sim.engine import Engine, Issued
 from commdsl.sim.entities import RawResult
-from commdsl.sim.folding import inexact
+from commdsl.sim.folding import approximate, inexact
 from commdsl.sim.medians import medians
 from commdsl.sim.memory import check_memory
 from commdsl.sim.models import DEFAULT_NETWORK, NETWORKS
@@ -120,8 +120,11 @@ def _simulate(program: Program, machine: Machine, network: str, samples: int, se
     if samples < 1:
         raise UsageError(f"--samples must be at least 1, got {samples}")
     if (why := inexact(program, machine, network, samples)) is not None:
+        hint, topo = "load it with fold=False", machine.topology
+        if topo is not None and program.fold.stride % topo.gpus_per_node:
+            hint += f", or with fold_unit={topo.gpus_per_node} (each folded copy on nodes of its own)"
         raise UsageError(f"{program.name} is folded along {program.fold.axis}, but simulated folded it would not be what a "
-                         f"run of every rank gives: {why}", hint="load it with fold=False")  # fmt: skip
+                         f"run of every rank gives: {why}", hint=hint)  # fmt: skip
     if samples > 1 and machine.compute_noise is None:
         raise UsageError(f"machine {machine.name} has no compute_noise, so every sample would be the same",
                          hint="calibrate the machine (`torchrun -m commdsl.calibrate`) or add compute_noise: {stalls_per_s, stall_us}")  # fmt: skip
@@ -133,6 +136,8 @@ def _simulate(program: Program, machine: Machine, network: str, samples: int, se
             hint=f"simulate with --nodes {-(-program.world_size // topo.gpus_per_node)}, or set topology.nodes",
         )  # fmt: skip
     warnings = []
+    if (why := approximate(program, machine, network)) is not None:
+        warnings.append(f"folded along {program.fold.axis}: {why}")
     if topo is None and program.world_size > machine.num_devices:
         warnings.append(
             f"machine {machine.name} has {machine.num_devices} devices but the schedule has {program.world_size} ranks; "
