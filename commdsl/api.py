@@ -124,13 +124,15 @@ def metrics(result: SimResult) -> Metrics:
     simulation, as plain values: the summary's (`SimResult.summary()`) per-rank figures
     and memory peaks, without the parts a planner's loop does not read (links,
     transfers, critical path), which cost it more than these."""
+    from commdsl.sim.folding import unfolded
     from commdsl.sim.memory import memory_profile
     from commdsl.sim.summary import _rank_summaries
 
-    ranks = _rank_summaries(result)
+    program = result.program
+    ranks = unfolded(tuple(_rank_summaries(result)), program)  # folded: every rank's, as the summary's
     bubbles = [r.bubble_fraction for r in ranks if r.bubble_fraction is not None]
-    peaks = [0] * result.program.world_size
-    for m in memory_profile(result.raw):
+    peaks = [0] * program.world_size
+    for m in unfolded(memory_profile(result.raw), program):
         peaks[m.rank] = m.peak_bytes
     return Metrics(
         makespan_us=result.makespan_us,

@@ -219,23 +219,30 @@ def evaluate(task: _Task) -> list[Row]:
     from commdsl.api import metrics
     from commdsl.dsl import load_schedule_text
     from commdsl.sim import simulate
+    from commdsl.sim.folding import approximate, fold_unit, inexact
 
     rows = []
     for point in task.points:
         started = time.process_time()
         base = {"schedule": point.schedule, "params": dict(point.params), "machine": point.machine, "nodes": point.nodes}
         display, text = task.schedules[point.schedule]
+        machine = task.machines[(point.machine, point.nodes)]
         program = None
         try:
-            program = load_schedule_text(text, display, dict(point.params), max_ops=task.max_ops)
-            result = simulate(program, task.machines[(point.machine, point.nodes)], task.network)
+            # Data-parallel replicas folded where that is exactly a run of every rank
+            # (commdsl.sim.folding); every rank expanded where it would be only close.
+            program = load_schedule_text(text, display, dict(point.params), max_ops=task.max_ops, fold=True,
+                                         fold_unit=fold_unit(machine, task.network))  # fmt: skip
+            if program.fold is not None and (inexact(program, machine, task.network) or approximate(program, machine, task.network)):
+                program = load_schedule_text(text, display, dict(point.params), max_ops=task.max_ops)
+            result = simulate(program, machine, task.network)
             m = metrics(result)
         except CommdslError as err:
             rows.append(Row(**base, world_size=program.world_size if program else None,
-                            num_ops=program.num_ops if program else None, error=str(err).split("\n")[0],
+                            num_ops=program.total_ops if program else None, error=str(err).split("\n")[0],
                             error_kind=type(err).__name__, cpu_s=time.process_time() - started))  # fmt: skip
             continue
-        rows.append(Row(**base, world_size=program.world_size, num_ops=program.num_ops, makespan_us=m.makespan_us,
+        rows.append(Row(**base, world_size=program.world_size, num_ops=program.total_ops, makespan_us=m.makespan_us,
                         bubble_fraction=m.bubble_fraction, exposed_comm_us=m.max_exposed_comm_us,
                         peak_memory_bytes=m.max_peak_memory_bytes, exposed_comm_us_per_rank=m.exposed_comm_us,
                         peak_memory_bytes_per_rank=m.peak_memory_bytes, cpu_s=time.process_time() - started))  # fmt: skip

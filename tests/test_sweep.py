@@ -198,3 +198,43 @@ def test_a_worker_that_dies_is_one_message(exchange, monkeypatch):
     monkeypatch.setattr(sweeps, "evaluate", _die)  # the workers are forked: they run it too
     with pytest.raises(commdsl.CommdslError, match="a worker process ended abruptly while simulating .*order=0"):
         commdsl.sweep([exchange], {"order": "0,1"}, machines=["dgx-h100"], network="analytic", jobs=2)
+
+
+def test_a_sweep_folds_data_parallel_replicas_where_that_is_exact(tmp_path, monkeypatch):
+    """llm_3d over DP: a point folds its replicas where each copy fills whole nodes (TP 8:
+    a replica a node; TP 4: two replicas a node, from DP 4), and its row is every rank's,
+    as an unfolded simulation gives it. Where a fold would be only close (NCCL's tree on
+    the replicas' NICs, with pipeline sends across nodes: a machine whose `nccl.algo` is
+    tree), the point runs every rank, and its row is exact too."""
+    from commdsl.dsl import load_schedule
+    from commdsl.machine.loader import PRESETS_DIR
+
+    small = {"layers": "4", "hidden": "256", "vocab": "512", "seq": "64", "microbatches": "4", "pp": "2", "heads": "8", "kv_heads": "8"}
+    trees = tmp_path / "trees.yaml"
+    trees.write_text((PRESETS_DIR / "dgx-h100.yaml").read_text().replace("name: dgx-h100", "name: trees")
+                     .replace("nccl:\n  generation: hopper", "nccl:\n  algo: [tree]\n  generation: hopper"))  # fmt: skip
+    import commdsl.sim
+
+    simulated, simulate = {}, commdsl.sim.simulate
+
+    def recording(program, machine, network="flow", **kw):  # what each point simulated (jobs=1: in this process)
+        simulated[(machine.name == "dgx-h100", program.params)] = program.fold is not None
+        return simulate(program, machine, network, **kw)
+
+    monkeypatch.setattr(commdsl.sim, "simulate", recording)
+    rows = commdsl.sweep(["llm_3d"], {**small, "dp": "2,4", "tp": "4,8"}, machines=["dgx-h100", str(trees)], nodes=8, jobs=1)
+    monkeypatch.setattr(commdsl.sim, "simulate", simulate)
+    assert len(rows) == 8 and all(r.ok for r in rows), [r.error for r in rows]
+    folds = {}
+    for r in rows:
+        params = {k: str(v) for k, v in r.params.items()}
+        machine = commdsl.load_machine(r.machine).with_nodes(8)
+        every_rank = load_schedule("llm_3d", params)
+        m = commdsl.metrics(commdsl.simulate(every_rank, machine))
+        assert (r.num_ops, r.makespan_us, r.exposed_comm_us_per_rank, r.peak_memory_bytes_per_rank) == (
+            every_rank.num_ops, m.makespan_us, m.exposed_comm_us, m.peak_memory_bytes)
+        folds[(r.machine == "dgx-h100", params["dp"], params["tp"])] = simulated[(r.machine == "dgx-h100", every_rank.params)]
+    # folded and exact: TP 8, and TP 4 from DP 4 (two replicas a node); DP 2 x TP 4 fills a
+    # node only with both replicas; the tree makes TP 8's folds close only (every rank runs)
+    assert folds == {(True, "2", "4"): False, (True, "4", "4"): True, (True, "2", "8"): True, (True, "4", "8"): True,
+                     (False, "2", "4"): False, (False, "4", "4"): True, (False, "2", "8"): True, (False, "4", "8"): False}

@@ -25,7 +25,7 @@ from commdsl.progress import Progress
 from commdsl.sim import NETWORKS, simulate
 from commdsl.sim.models import DEFAULT_NETWORK
 from commdsl.sim.collector import frozen, gc_paused
-from commdsl.sim.folding import inexact
+from commdsl.sim.folding import fold_unit, inexact
 from commdsl.sim.summary import flow_entries, summarize
 
 # rich (the terminal tables) and the Gantt chart are imported where they are printed:
@@ -92,9 +92,7 @@ def run(args: argparse.Namespace) -> int:
             # generation.
             with gc_paused():
                 machine = machine_from_args(args)
-                # On a shared-link network a folded copy must hold whole nodes (commdsl.sim.folding)
-                unit = machine.topology.gpus_per_node if machine.topology is not None and args.network != "analytic" else 1
-                program = load_from_args(args, fold=True, fold_unit=unit)
+                program = load_from_args(args, fold=True, fold_unit=fold_unit(machine, args.network))
                 if (why := inexact(program, machine, args.network, args.samples)) is not None:
                     progress.phase(f"expanding {args.schedule} for every rank")
                     program = replace(load_from_args(args), fold_note=f"not folded along {program.fold.axis}: {why}")

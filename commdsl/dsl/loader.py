@@ -261,6 +261,9 @@ def _expand_folded(layout: WorldLayout, rank_reads: set[tuple[str, ...]], expand
     if axis is None:
         return f"not folded: {why}" if why else ""
     fold = make_fold(layout, axis, unit)
+    if fold.replicas < 2:
+        return (f"not folded along {axis}: its {fold.block} replicas fill whole {unit}-rank nodes only all together "
+                f"(one replica is {fold.stride // fold.block} ranks)")  # fmt: skip
     checked = sorted({1, fold.replicas - 1})  # the next replica and the last one
     empty = StageTransfers((), ())
     per_rank: list[tuple] = [()] * layout.world_size

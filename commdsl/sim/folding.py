@@ -68,6 +68,13 @@ def inexact(program: Program, machine: Machine, network: str, samples: int = 1) 
     return None
 
 
+def fold_unit(machine: Machine, network: str) -> int:
+    """The ranks a folded copy must fill whole on `machine` with `network` (`load_schedule`'s
+    `fold_unit`): a node's GPUs where replicas could share links, else 1."""
+    topo = machine.topology
+    return topo.gpus_per_node if topo is not None and network != "analytic" else 1
+
+
 def approximate(program: Program, machine: Machine, network: str) -> str | None:
     """Why a folded simulation that `inexact` lets run gives close to, not exactly, what a
     run of every rank gives; None where it is exact. On the flow network a collective that
