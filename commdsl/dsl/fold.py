@@ -24,11 +24,12 @@ Folding is verified, never assumed. An axis is folded only if
   * no rank warns (a warning names its rank).
 
 Otherwise the program is expanded for every rank as usual, and `Program.fold_note` says
-why it was not folded. Where a replica's ranks are not a whole number of a node's GPUs
-(`load_schedule`'s `fold_unit`), the representative is the fewest consecutive replicas
-that are, and "replica" above reads "that block of replicas". The one axis folded is the outermost that passes the first test
+why it was not folded. The one axis folded is the outermost that passes the first test
 (the replicas furthest apart in rank order: on a machine of identical nodes filled in rank
-order, on nodes of their own soonest).
+order, on nodes of their own soonest). Where a replica's ranks are not a whole number of
+a node's GPUs (`load_schedule`'s `fold_unit`), the representative is the fewest
+consecutive replicas that are, and "replica" above reads "that block of replicas"; where
+only the whole axis is, nothing is folded.
 """
 
 from __future__ import annotations

@@ -30,7 +30,7 @@ from __future__ import annotations
 from dataclasses import fields
 from typing import TypeVar
 
-from commdsl.ir import Program
+from commdsl.ir import Algo, Program
 from commdsl.machine.model import Machine
 from commdsl.sim.network import Network
 
@@ -108,8 +108,7 @@ def approximate(program: Program, machine: Machine, network: str) -> str | None:
                     spanning.setdefault((op.group, op.kind, op.size_bytes, op.algo, op.proto), op)
     if not crosses or not spanning:
         return None
-    from commdsl.ir import Algo
-    from commdsl.sim.nccl_flows import machine_links
+    from commdsl.sim.nccl_flows import machine_links  # the NCCL model, only where a fold may meet its trees
 
     _, flows = machine_links(machine, program.world_size)
     for op in spanning.values():
