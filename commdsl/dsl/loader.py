@@ -290,14 +290,11 @@ def _expand_folded(layout: WorldLayout, rank_reads: set[tuple[str, ...]], expand
         for rank in fold.ranks:
             per_rank[rank + replica * fold.stride] = ()
     ranks = f"the {len(fold.ranks):,} ranks" if len(fold.ranks) > 1 else "the rank"
-    if fold.block == 1:
-        note = (f"folded along {axis}: {ranks} with {axis} = 0 run for all {fold.replicas} replicas ("
-                + " and ".join(f"{axis} = {k}" for k in checked) + " expanded too, and found the same renamed)")
-    else:
-        b = fold.block
-        note = (f"folded along {axis}: {ranks} with {fold.label} run for all {fold.replicas * b} replicas, {b} at a time, "
-                f"a whole number of nodes (" + " and ".join(f"{axis} = {k * b}..{k * b + b - 1}" for k in checked)
-                + " expanded too, and found the same renamed)")  # fmt: skip
+    b = fold.block
+    at_a_time = "" if b == 1 else f", {b} at a time, a whole number of nodes"
+    expanded = " and ".join(f"{axis} = {k * b}" + ("" if b == 1 else f"..{k * b + b - 1}") for k in checked)
+    note = (f"folded along {axis}: {ranks} with {fold.label} run for all {fold.replicas * b} replicas{at_a_time} "
+            f"({expanded} expanded too, and found the same renamed)")  # fmt: skip
     return per_rank, fold, note
 
 

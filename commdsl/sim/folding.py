@@ -89,7 +89,6 @@ def approximate(program: Program, machine: Machine, network: str) -> str | None:
         return None
     per_node = topo.gpus_per_node
     own = set(fold.ranks)
-    groups = {g.id: g for g in program.groups}
 
     def nodes(ranks) -> int:
         return len({r // per_node for r in ranks})
@@ -101,7 +100,7 @@ def approximate(program: Program, machine: Machine, network: str) -> str | None:
             if op.kind.is_p2p:
                 crosses = crosses or (op.peer is not None and op.peer // per_node != rank // per_node)
             elif op.group is not None and op.kind.is_collective:
-                ranks = groups[op.group].ranks
+                ranks = program.group(op.group).ranks
                 if own.issuperset(ranks):
                     crosses = crosses or nodes(ranks) > 1
                 elif nodes(ranks) > 2:
@@ -112,7 +111,7 @@ def approximate(program: Program, machine: Machine, network: str) -> str | None:
 
     _, flows = machine_links(machine, program.world_size)
     for op in spanning.values():
-        algo = flows.choose(op, groups[op.group].ranks).algo
+        algo = flows.choose(op, program.group(op.group).ranks).algo
         if algo in (Algo.TREE, Algo.NVLS_TREE, Algo.COLLNET_CHAIN, Algo.COLLNET_DIRECT):
             return (f"{op.label} (across the {fold.axis} replicas) runs NCCL's {algo.value} over the nodes, whose inner "
                     f"nodes' NICs carry more than its leaves', and the replicas' own transfers across nodes meet it there: "
