@@ -83,6 +83,9 @@ def test_replicas_smaller_than_a_node_fold_in_blocks_of_whole_nodes(capsys):
     assert "the 16 ranks with dp < 2 run for all 4 replicas, 2 at a time" in folded.fold_note
     assert folded.num_ops * fold.replicas == unfolded.num_ops
     assert load_schedule("llm_3d", text, fold=True).fold.block == 1  # no node size given: one replica
+    for bad in (0, -8, 2.5):
+        with pytest.raises(UsageError, match="fold_unit is the GPUs of a node"):
+            load_schedule("llm_3d", text, fold=True, fold_unit=bad)
     machine = resolve_machine("dgx-h100", nodes=4)
     a, b = simulate(folded, machine), simulate(unfolded, machine)
     _same_results(a, b)

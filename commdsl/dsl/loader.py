@@ -132,6 +132,8 @@ def load_schedule_text(
 ) -> Program:
     """Load a schedule from its text; `file` is the name used in messages; `fold` and
     `fold_unit` as in `load_schedule`."""
+    if not isinstance(fold_unit, int) or fold_unit < 1:
+        raise UsageError(f"fold_unit is the GPUs of a node, a whole number of at least 1, got {fold_unit!r}")
     doc = _YamlFile(text, file)
     if doc.root is None:
         raise ScheduleError("the schedule file is empty", doc.file_start(),
