@@ -33,6 +33,7 @@ import math
 from dataclasses import asdict, dataclass, replace
 from functools import cached_property
 
+from commdsl.errors import MachineError
 from commdsl.ir import Dtype, OpKind, ReduceOp, Transport
 from commdsl.machine.nccl import NcclConfig
 
@@ -479,9 +480,21 @@ class Machine:
         return any(t is transport and k is kind for t, k, _ in self.collective_overrides)
 
     def with_nodes(self, nodes: int) -> Machine:
-        """The same machine with `nodes` nodes (its topology copied); needs a topology."""
-        assert self.topology is not None
-        topo = replace(self.topology, nodes=nodes)
+        """The same machine with `nodes` nodes (its topology copied). Raises `MachineError`
+        where it has no topology, for fewer than one node, and for more than one where its
+        node has no link to `network` (no NIC: the nodes could not reach each other)."""
+        topo = self.topology
+        if topo is None:
+            raise MachineError(f"machine {self.name} has no topology, so it has no node to repeat {nodes:,} times",
+                               hint="use a machine with a topology (docs/machines.md), such as dgx-h100")  # fmt: skip
+        if nodes < 1:
+            raise MachineError(f"machine {self.name}: nodes must be at least 1, got {nodes}")
+        if nodes > 1 and not topo.networked:
+            raise MachineError(f"machine {self.name}: {nodes:,} nodes, but its node has no link to '{NETWORK_VERTEX}' "
+                               "(no NIC), so the nodes could not reach each other",
+                               hint="give the node NICs linked to 'network' in a machine file (docs/machines.md), "
+                                    "or use a machine that has them, such as dgx-h100")  # fmt: skip
+        topo = replace(topo, nodes=nodes)
         return replace(self, topology=topo, num_devices=topo.num_devices)
 
     def with_peak_tflops(self, rates: dict[Dtype, float]) -> Machine:
@@ -678,6 +691,11 @@ class Topology:
     @property
     def num_devices(self) -> int:
         return self.nodes * self.gpus_per_node
+
+    @property
+    def networked(self) -> bool:
+        """Whether a node has a link to `network` (a NIC), so that nodes reach each other."""
+        return any(NETWORK_VERTEX in (link.a, link.b) for link in self.links)
 
     def peers(self, a: int, b: int) -> bool:
         """Whether node-local GPUs a and b have peer access."""

@@ -133,7 +133,8 @@ def _simulate(program: Program, machine: Machine, network: str, samples: int, se
         raise MachineError(
             f"machine {machine.name} has {topo.nodes} node(s) x {topo.gpus_per_node} devices = {topo.num_devices}, "
             f"but the schedule has {program.world_size} ranks",
-            hint=f"simulate with --nodes {-(-program.world_size // topo.gpus_per_node)}, or set topology.nodes",
+            hint=(f"simulate with --nodes {-(-program.world_size // topo.gpus_per_node)}, or set topology.nodes" if topo.networked
+                  else "use a machine with as many devices, or one whose nodes have NICs (docs/machines.md)"),
         )  # fmt: skip
     warnings = []
     if (why := approximate(program, machine, network)) is not None:
