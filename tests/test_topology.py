@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import pytest
 
+import commdsl
+
 from commdsl.cli import main
 from commdsl.dsl import load_schedule_text
 from commdsl.errors import MachineError
@@ -126,6 +128,25 @@ def test_more_ranks_than_devices_and_memcpy_between_nodes(capsys):
     assert "--nodes needs a machine with a topology" in capsys.readouterr().err
 
 
+def test_nodes_of_a_machine_without_nics_or_topology_are_an_error_not_a_traceback(tmp_path, capsys):
+    """A node with no link to `network` cannot be repeated: its nodes could not reach each
+    other (the route search found no path and raised a KeyError). The API says so too."""
+    program = tmp_path / "x.yaml"
+    program.write_text("name: t\nworld: 16\nstreams: [s]\nprogram: |\n  if rank == 0:\n    send x 1MiB to 8\n"
+                       "  if rank == 8:\n    recv x 1MiB from 0\n")  # fmt: skip
+    for preset in ("pcie-nvlink-pairs", "pcie-rtx4090"):
+        assert main(["simulate", str(program), "--machine", preset, "--nodes", "2"]) == 1
+        err = capsys.readouterr().err
+        assert f"machine error: machine {preset}: 2 nodes, but its node has no link to 'network' (no NIC)" in err
+        assert "Traceback" not in err
+    assert main(["simulate", str(program), "--machine", "pcie-nvlink-pairs", "--nodes", "1"]) == 1  # 16 ranks, 8 GPUs
+    assert "--nodes 2" not in capsys.readouterr().err
+    with pytest.raises(MachineError, match="machine h100-nvlink has no topology"):
+        commdsl.simulate(str(program), resolve_machine("h100-nvlink"), nodes=2)
+    with pytest.raises(MachineError, match="nodes must be at least 1, got 0"):
+        resolve_machine("dgx-h100").with_nodes(0)
+
+
 def test_routes_prefer_nvlink_stage_without_peer_access_and_use_the_gpus_own_nic():
     f = Fabric(resolve_machine("pcie-nvlink-pairs"), 8)
     assert f.describe(f.route(0, 1, Transport.MEMCPY)) == "gpu0 -> gpu1"
@@ -144,6 +165,32 @@ def test_routes_prefer_nvlink_stage_without_peer_access_and_use_the_gpus_own_nic
     star = Fabric(resolve_machine("h100-nvlink"), 4)
     assert star.describe(star.route(0, 3, Transport.NCCL)) == "rank0 -> nccl -> rank3"
 
+
+
+@pytest.mark.parametrize("preset", ["dgx-h100", "dgx-a100", "gh200-quad"])
+def test_routes_on_a_large_cluster_are_the_two_node_routes_moved_and_cost_two_nodes_to_search(preset):
+    """Every route of a cluster is node 0's or node 0 -> 1's, moved: on 40 nodes the routes
+    between nodes 37 and 38 (and inside 39) read as those of a 2-node machine, and the
+    searches behind them reach the vertices of two nodes and the network, not of 40."""
+    machine = resolve_machine(preset)
+    g = machine.topology.gpus_per_node
+    small, large = Fabric(machine.with_nodes(2), 2 * g), Fabric(machine.with_nodes(40), 40 * g)
+
+    def local(text: str, *nodes: int) -> str:
+        for new, old in enumerate(nodes):
+            text = text.replace(f"n{old}.", f"n{new}.")
+        return text
+
+    for transport in (Transport.NCCL, Transport.GLOO):
+        for i in range(g):
+            for j in range(g):
+                across = large.route(37 * g + i, 38 * g + j, transport)
+                assert local(large.describe(across), 37, 38) == small.describe(small.route(i, g + j, transport))
+                if i != j:
+                    inside = large.route(39 * g + i, 39 * g + j, transport)
+                    assert local(large.describe(inside), 39) == small.describe(small.route(i, j, transport))
+    searched = [len(paths) for paths in large._trees.values()]
+    assert searched and max(searched) <= len(small.vertex_names)
 
 OVERRIDE = """
 name: calibrated

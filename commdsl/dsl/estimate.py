@@ -149,14 +149,23 @@ def _shapes(stmts: Sequence[Callable]):
             yield shape
 
 
+def body_writes(ctx, body: tuple[Callable, ...]) -> frozenset[str]:
+    """The names a block's `body` assigns, with `_DEFINES` if it holds a `def`: fixed by
+    the compiled program, so worked out once per body (`ctx.tables.body_writes`)."""
+    memo = ctx.tables.body_writes
+    out = memo.get(id(body))
+    if out is None:
+        out = memo[id(body)] = assigned_names(body) | ({_DEFINES} if defines_blocks(body) else frozenset())
+    return out
+
+
 def check_loop(ctx, env: dict, shape: ForShape, trips: int, loc: SourceLoc) -> None:
     """Before a loop's first iteration: fail if the ops and steps it will certainly make
     pass what is left of the expansion budget (`ctx.budget`)."""
     if trips <= 0:
         return
     unknown = shape.body_assigned
-    memo = ctx.tables.defines_blocks
-    if any(memo[id(body)] if id(body) in memo else memo.setdefault(id(body), defines_blocks(body)) for _, body in ctx.functions.values()):
+    if any(_DEFINES in body_writes(ctx, body) for _, body in ctx.functions.values()):
         unknown = unknown | {_DEFINES}  # a call may redefine the blocks the loop calls
     ops, steps = _Bound(ctx).of(shape.body, env, unknown, 0)
     budget = ctx.budget
@@ -232,7 +241,7 @@ class _Bound:
             else:
                 local[name] = value[0]
         # Globals the caller's loop may change are unknown inside the block too.
-        callee_unknown = unknown | unset | assigned_names(body) | ({_DEFINES} if defines_blocks(body) else set())
+        callee_unknown = unknown | unset | body_writes(ctx, body)
         ops, steps = self.of(body, local, frozenset(callee_unknown), depth + 1)
         return ops, steps + 1
 

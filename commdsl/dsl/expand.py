@@ -155,10 +155,10 @@ class InternTables:
     indices: list[int] = field(default_factory=list)
     """0, 1, 2, ...: op indices past 256 are objects of their own in Python, so every rank's
     op i takes its index from here rather than holding an int of its own."""
-    defines_blocks: dict[int, bool] = field(default_factory=dict)
+    body_writes: dict[int, frozenset[str]] = field(default_factory=dict)
     """id of a block's body (one tuple for every rank, alive as long as the compiled
-    program) -> whether it holds a `def` (`commdsl.dsl.estimate.check_loop` asks at every
-    loop of every rank)."""
+    program) -> the names it assigns, with a marker if it holds a `def`
+    (`commdsl.dsl.estimate.body_writes`: asked at every loop and block call of every rank)."""
 
     def index(self, n: int) -> int:
         """The shared int `n` (n >= 0)."""

@@ -188,12 +188,18 @@ class Fabric:
 
     def _paths_from(self, src: int) -> dict[int, tuple[int, ...]]:
         """Widest-then-shortest path (channel ids) from vertex `src` to every vertex it
-        reaches, never passing through a device. One BFS per distinct bandwidth."""
+        reaches, never passing through a device. One BFS per distinct bandwidth.
+
+        The search stays in nodes 0 and 1 and the network: routes are searched there only
+        and moved to other nodes (`_moved`). A path between them never passes a third
+        node (it would have to leave the network and enter it again), and leaving the
+        other nodes out changes no vertex's order in the search, so the paths are those
+        of the whole cluster, at the cost of two nodes rather than thousands."""
         cached = self._trees.get(src)
         if cached is not None:
             return cached
         paths: dict[int, tuple[int, ...]] = {src: ()}
-        kinds, cap = self.vertex_kinds, self.capacity
+        kinds, cap, node = self.vertex_kinds, self.capacity, self.node_of_vertex
         for width in self._widths:
             parent: dict[int, tuple[int, int]] = {src: (-1, -1)}
             todo = deque([src])
@@ -202,7 +208,7 @@ class Fabric:
                 if v != src and kinds[v] is VertexKind.GPU:
                     continue  # reached, never a transit
                 for w, c in self.adj[v]:
-                    if w not in parent and cap[c] >= width:
+                    if w not in parent and cap[c] >= width and node[w] <= 1:
                         parent[w] = (v, c)
                         todo.append(w)
             for v in parent:

@@ -698,17 +698,20 @@ def tree_edges(layout: Layout, channels: int, size: float) -> dict[tuple[int, in
     Each channel reduces size/channels up and broadcasts it down every edge."""
     out: dict[tuple[int, int], float] = {}
     share = size / max(channels, 1)
+    trees = [_binary_tree(len(layout.nodes), second) for second in (False, True)]
     for c in range(channels):
         heads = []
         for members in layout.nodes:
             m = len(members)
+            if m == 1:  # the node's one member heads it: no chain inside
+                heads.append(members[0])
+                continue
             order = [members[(c + i) % m] for i in range(m)]
             heads.append(order[0])
             for a, b in zip(order, order[1:]):
                 out[(a, b)] = out.get((a, b), 0.0) + share
                 out[(b, a)] = out.get((b, a), 0.0) + share
-        parents = _binary_tree(len(heads), second=c % 2 == 1)
-        for i, p in enumerate(parents):
+        for i, p in enumerate(trees[c % 2]):
             if p >= 0:
                 a, b = heads[i], heads[p]
                 out[(a, b)] = out.get((a, b), 0.0) + share
