@@ -6,6 +6,8 @@ import dataclasses
 import math
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from commdsl.cli import main
 from commdsl.dsl import load_schedule_text
@@ -758,3 +760,33 @@ def test_an_nvls_tree_level_costs_what_the_releases_table_says():
     hops = tuple((h, 99.0 if h is HopKind.NETWORK else us) for h, us in spec.hop_latency_us)
     slow_ring = replace(H100.nccl, version=(2, 29, 2), protocols=tuple((p, replace(s, hop_latency_us=hops) if p is Protocol.SIMPLE else s) for p, s in H100.nccl.protocols))
     assert nccl.latency_us(slow_ring, OpKind.ALL_REDUCE, lay, Algo.NVLS_TREE, Protocol.SIMPLE) == times[(2, 29, 2)]
+
+
+@settings(max_examples=200, deadline=None)
+@given(sizes=st.lists(st.integers(1, 8), min_size=1, max_size=24), channels=st.integers(1, 40), size=st.sampled_from([1.0, 3.0, 12345.678]))
+def test_tree_edges_are_every_channels_chain_and_tree_summed(sizes, channels, size):
+    """`tree_edges` works out one period of channels (the trees' parity, each node's head)
+    and counts how often each edge recurs: the loads, their order and every float are those
+    of a walk over every channel that adds size / channels to each edge it uses."""
+    nodes, first = [], 0
+    for m in sizes:
+        nodes.append(tuple(range(first, first + m)))
+        first += m + 1  # ranks of a node need not be contiguous with the next's
+    lay = nccl.Layout(tuple(r for node in nodes for r in node), tuple(nodes), HopKind.NVLINK, 1.0, 1.0, True, False)
+    want: dict[tuple[int, int], float] = {}
+
+    def add(a: int, b: int) -> None:
+        want[(a, b)] = want.get((a, b), 0.0) + size / channels
+        want[(b, a)] = want.get((b, a), 0.0) + size / channels
+
+    for c in range(channels):
+        heads = []
+        for members in nodes:
+            order = [members[(c + i) % len(members)] for i in range(len(members))]
+            heads.append(order[0])
+            for a, b in zip(order, order[1:]):
+                add(a, b)
+        for i, parent in enumerate(nccl._binary_tree(len(nodes), second=c % 2 == 1)):
+            if parent >= 0:
+                add(heads[i], heads[parent])
+    assert list(nccl.tree_edges(lay, channels, size).items()) == list(want.items())

@@ -269,14 +269,9 @@ class Fabric:
             return self._route(src, dst, transport)  # a template itself (or memcpy's error, naming these ranks)
         template = self.route(i, j if k == m else g + j, transport)
         per, local = self._per_node, self._node_channels
-        dst_shift = (m if k == m else m - 1) * per
-
-        def move(c: int) -> int:
-            if c >= local:
-                return c  # a machine-wide channel (a shared bandwidth)
-            return c + (k * per if c < per else dst_shift)
-
-        legs = tuple(tuple(move(c) for c in leg) for leg in template.legs)
+        src_shift, dst_shift = k * per, (m if k == m else m - 1) * per
+        # A machine-wide channel (a shared bandwidth, at `local` and above) stays.
+        legs = tuple(tuple([c if c >= local else c + (src_shift if c < per else dst_shift) for c in leg]) for leg in template.legs)
         return Route(legs, template.staged, template.latency_us, template.spec)
 
     def cross_up(self, src: int, dst_local: int, transport: Transport) -> tuple[int, ...]:

@@ -696,27 +696,33 @@ def tree_edges(layout: Layout, channels: int, size: float) -> dict[tuple[int, in
     (member c mod ppn, its NIC's GPU) and, across nodes, NCCL's binary tree of the heads
     (odd channels its second tree, so a node that is inner in one tree is a leaf in the other).
     Each channel reduces size/channels up and broadcasts it down every edge."""
-    out: dict[tuple[int, int], float] = {}
     share = size / max(channels, 1)
     trees = [_binary_tree(len(layout.nodes), second) for second in (False, True)]
-    for c in range(channels):
+    # Channel c's edges depend on c only modulo the period below (the tree's parity and each
+    # node's head), so the first period's channels stand for all, each counted as often as
+    # its residue recurs. An edge's bytes are then `share` added once per use, as a sum in
+    # channel order would give them (the same float: every term is `share`).
+    period = math.lcm(2, *(len(members) for members in layout.nodes))
+    uses: dict[tuple[int, int], int] = {}
+    for c in range(min(channels, period)):
+        times = (channels - 1 - c) // period + 1
         heads = []
         for members in layout.nodes:
             m = len(members)
-            if m == 1:  # the node's one member heads it: no chain inside
-                heads.append(members[0])
-                continue
-            order = [members[(c + i) % m] for i in range(m)]
+            order = [members[(c + i) % m] for i in range(m)] if m > 1 else members
             heads.append(order[0])
             for a, b in zip(order, order[1:]):
-                out[(a, b)] = out.get((a, b), 0.0) + share
-                out[(b, a)] = out.get((b, a), 0.0) + share
+                uses[(a, b)] = uses.get((a, b), 0) + times
+                uses[(b, a)] = uses.get((b, a), 0) + times
         for i, p in enumerate(trees[c % 2]):
             if p >= 0:
                 a, b = heads[i], heads[p]
-                out[(a, b)] = out.get((a, b), 0.0) + share
-                out[(b, a)] = out.get((b, a), 0.0) + share
-    return out
+                uses[(a, b)] = uses.get((a, b), 0) + times
+                uses[(b, a)] = uses.get((b, a), 0) + times
+    sums = [0.0]
+    for _ in range(max(uses.values(), default=0)):
+        sums.append(sums[-1] + share)
+    return {edge: sums[n] for edge, n in uses.items()}
 
 
 def head_tree_edges(layout: Layout, size: float) -> dict[tuple[int, int], float]:
