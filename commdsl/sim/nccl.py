@@ -318,7 +318,8 @@ def select(cfg: NcclConfig, kind: OpKind, layout: Layout, size_bytes: int, algo:
             best = (t, a, p)
     if best is None:
         has = ", ".join(sorted({f"{a.value}/{p.value}" for a, p in table}))
-        wanted = "/".join(x for x in (algo.value if algo else "", proto.value if proto else "") if x) or "the machine's nccl.algo / nccl.proto"
+        wanted = ("/".join(x for x in (algo.value if algo else "", proto.value if proto else "") if x)
+                  or "algorithm and protocol among the machine's nccl.algo / nccl.proto")
         raise ScheduleError(f"NCCL has no {wanted} for {kind.value} on {layout.n} ranks over {layout.num_nodes} node(s) of this "
                             f"machine (it has: {has or 'nothing'})", op.loc if op else None, rank=op.rank if op else None)  # fmt: skip
     _, a, p = best
