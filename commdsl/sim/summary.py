@@ -362,6 +362,8 @@ def _json_value(value):
 
 
 _SCALAR_TYPES = frozenset({str, int, float, bool, type(None)})
+_PLAIN_TYPES = _SCALAR_TYPES - {float}
+"""Values `_json_value` gives back as they are."""
 
 
 def _entries(items: list | tuple) -> list:
@@ -375,11 +377,14 @@ def _entries(items: list | tuple) -> list:
     values_of = attrgetter(*names)
     out = []
     for item in items:
-        values = values_of(item) if type(item) is cls else ()
-        if values and _SCALAR_TYPES.issuperset(map(type, values)):
-            out.append(dict(zip(names, [_round(v) if type(v) is float else v for v in values])))
-        else:
+        if type(item) is not cls:
             out.append(_json_value(item))
+            continue
+        values = values_of(item)
+        if _SCALAR_TYPES.issuperset(map(type, values)):
+            out.append(dict(zip(names, [_round(v) if type(v) is float else v for v in values])))
+        else:  # a field holds a list or a dataclass: that field alone goes through `_json_value`
+            out.append(dict(zip(names, [v if type(v) in _PLAIN_TYPES else _json_value(v) for v in values])))
     return out
 
 
