@@ -367,9 +367,10 @@ _PLAIN_TYPES = _SCALAR_TYPES - {float}
 
 
 def _entries(items: list | tuple) -> list:
-    """`_json_value` of a list of dataclasses (a summary's ranks, critical path, links):
-    an entry of one class whose fields are all strings, numbers or None becomes its dict
-    in one comprehension, without a call per field."""
+    """`_json_value` of a list of dataclasses (a summary's ranks, critical path, links,
+    memory): each entry of the first one's class becomes its dict in one comprehension,
+    its floats rounded and only its list or dataclass fields (a rank's live buffers) sent
+    through `_json_value`, without looking its fields up again."""
     cls = type(items[0])
     names = tuple(f.name for f in fields(cls))
     if len(names) < 2:
