@@ -30,7 +30,7 @@ from __future__ import annotations
 from dataclasses import fields
 from typing import TypeVar
 
-from commdsl.ir import Algo, Program
+from commdsl.ir import Algo, Op, Program
 from commdsl.machine.model import Machine
 from commdsl.sim.network import Network
 
@@ -93,7 +93,7 @@ def approximate(program: Program, machine: Machine, network: str) -> str | None:
     def nodes(ranks) -> int:
         return len({r // per_node for r in ranks})
 
-    spanning: dict[tuple, object] = {}
+    spanning: dict[tuple, Op] = {}
     crosses = False
     for rank in fold.ranks:
         for op in program.ops[rank]:
