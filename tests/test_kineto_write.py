@@ -141,7 +141,12 @@ def _check_against_hta(folder: Path, ours: dict[int, dict[str, float]], makespan
     graph, ok = analysis.critical_path_analysis(rank=0, annotation="ProfilerStep", instance_id=0)
     assert ok and graph.critical_path_nodes
     path = graph.get_critical_path_breakdown()
-    assert path["duration"].sum() == pytest.approx(makespan_us, rel=0.05)
+    # The path runs through rank 0's profiler step, which spans rank 0's own spans: in a
+    # measured run the other rank may start earlier or end later than rank 0, so the step,
+    # not the makespan over all ranks, is what the path adds up to.
+    (step,) = [e for e in _trace(folder, 0)["traceEvents"] if e["name"] == "ProfilerStep#0"]
+    assert step["dur"] <= makespan_us * (1 + 1e-9)
+    assert path["duration"].sum() == pytest.approx(step["dur"], rel=0.05)
 
 
 def test_hta_reads_the_predicted_traces_and_agrees_with_the_summary(predicted):
