@@ -164,6 +164,69 @@ def test_a_file_that_is_not_a_kineto_trace_is_a_clear_error_naming_it(tmp_path, 
         assert message in err and name in err and "Traceback" not in err
 
 
+def _first(data: dict, cat: str) -> dict:
+    return next(e for e in data["traceEvents"] if e.get("cat") == cat)
+
+
+def _set(path: str, value):
+    """An edit of a trace's JSON setting the value at `path` (keys separated by dots)."""
+    def edit(data: dict) -> None:
+        *keys, last = path.split(".")
+        node = data
+        for k in keys:
+            node = node[k]
+        node[last] = value
+    return edit
+
+
+BAD_FIELDS = [
+    ("info_list", _set("distributedInfo", [0]), "distributedInfo is list, not an object"),
+    ("world_text", _set("distributedInfo.world_size", "x"), 'distributedInfo.world_size is "x", not an integer from 1 to 65536'),
+    ("world_huge", _set("distributedInfo.world_size", 10**12), "distributedInfo.world_size is 1000000000000, not an integer"),
+    ("rank_huge", _set("distributedInfo.rank", 10**12), "distributedInfo.rank is 1000000000000, not an integer from 0 to 65535"),
+    ("rank_bool", _set("distributedInfo.rank", True), "distributedInfo.rank is true, not an integer"),
+    ("pg_config_int", _set("distributedInfo.pg_config", 5), "distributedInfo.pg_config is int, not a list of process groups"),
+    ("pg_ranks_text", lambda d: d["distributedInfo"].update(pg_config=[{"pg_name": "0", "ranks": ["a"]}]),
+     "the ranks of process group '0' is \"a\", not an integer"),
+    ("copy_bytes_text", lambda d: _first(d, "gpu_memcpy")["args"].update(bytes="abc"), 'has bytes "abc", not a count of bytes'),
+    ("negative_dur", lambda d: _first(d, "kernel").update(dur=-50), "has a negative duration (dur -50)"),
+    ("huge_ts", lambda d: _first(d, "kernel").update(ts=10**400), "has no numeric 'ts'"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("name,edit,message", BAD_FIELDS, ids=[b[0] for b in BAD_FIELDS])
+def test_a_trace_field_of_the_wrong_type_or_range_is_a_trace_error_naming_the_file(tmp_path, name, edit, message):
+    data = json.loads(gzip.decompress((GPU / "rank0.json.gz").read_bytes()))
+    data["distributedInfo"].setdefault("rank", 0)
+    edit(data)
+    folder = tmp_path / name
+    folder.mkdir()
+    f = folder / "rank0.json"
+    f.write_text(json.dumps(data))
+    with pytest.raises(TraceError) as info:
+        read_job(folder)
+    assert message in info.value.message and str(f) in info.value.message
+
+
+def test_ids_and_step_numbers_that_cannot_key_anything_are_read_past(tmp_path):
+    """A correlation id that is a list, or a step number of 5,000 digits, is not a launch
+    or a step: the rest of the trace reads as before, without a traceback."""
+    data = json.loads(gzip.decompress((GPU / "rank0.json.gz").read_bytes()))
+    _first(data, "cuda_runtime")["args"]["correlation"] = [1]
+    data["traceEvents"].append({**_first(data, "user_annotation"), "name": "ProfilerStep#" + "9" * 5000})
+    (tmp_path / "rank0.json").write_text(json.dumps(data))
+    job = read_job(tmp_path)
+    assert job.ranks[0].step == read_job(GPU).ranks[0].step
+
+
+def test_a_json_integer_past_pythons_digit_limit_is_a_trace_error(tmp_path):
+    f = tmp_path / "rank0.json"
+    f.write_text('{"schemaVersion": 1, "traceEvents": [{"ts": ' + "9" * 5000 + "}]}")
+    with pytest.raises(TraceError) as info:
+        load_trace(f)
+    assert f"{f} is not a profiler trace" in info.value.message
+
+
 def test_an_empty_folder_and_traces_of_another_job_are_usage_errors(tmp_path, predicted, capsys):
     assert main(["compare", str(predicted), str(tmp_path)]) == 2
     assert "holds no profiler traces" in capsys.readouterr().err

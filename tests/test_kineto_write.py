@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import re
 import os
 import sys
 from pathlib import Path
@@ -169,3 +170,21 @@ def test_a_trace_dir_that_is_a_file_is_refused_before_any_work(tmp_path, capsys)
     taken.write_text("")
     assert main(["simulate", *DDP, "--trace-dir", str(taken)]) == 2
     assert f"--trace-dir {taken}: a file of that name exists" in capsys.readouterr().err
+
+
+def test_predicted_pipeline_traces_import_back_with_each_sends_peer(tmp_path):
+    """A send or recv kernel names its peer as torch's profiler does (`Dst Rank`, `Src
+    Rank`), so `import kineto` replays a 4-stage 1F1B from its own predicted traces, whose
+    point-to-point group is all four ranks, with every transfer between the same ranks."""
+    folder, out = tmp_path / "traces", tmp_path / "back.yaml"
+    original = json.loads(_cli(["simulate", "1f1b", "--machine", "dgx-h100", "--trace-dir", str(folder), "--json"]))
+    kernels = [e for e in _trace(folder, 1)["traceEvents"] if e.get("cat") == "kernel" and "SendRecv" in e["name"]]
+    assert {(e["args"]["Collective name"], e["args"].get("Dst Rank"), e["args"].get("Src Rank")) for e in kernels} == {
+        ("send", 0, None), ("send", 2, None), ("recv", None, 0), ("recv", None, 2)}
+    _cli(["import", "kineto", str(folder), "-o", str(out)])
+    text = out.read_text()
+    for rank, peers in {0: {"to 1", "from 1"}, 1: {"to 0", "to 2", "from 0", "from 2"}, 3: {"to 2", "from 2"}}.items():
+        block = text.split(f"rank == {rank}:")[1].split("rank ==")[0]
+        assert set(re.findall(r"(?:to|from) \d", block)) == peers
+    replayed = json.loads(_cli(["simulate", str(out), "--machine", "dgx-h100", "--json"]))
+    assert replayed["makespan_us"] == pytest.approx(original["makespan_us"], rel=0.02)

@@ -111,7 +111,10 @@ def _comm_statement(c: TraceComm, rank: int, trace: RankTrace, world: int, group
     dtype = f" dtype={c.dtype.value}" if c.dtype is not None and total % c.dtype.itemsize == 0 else " dtype=uint8"
     if kind in (OpKind.SEND, OpKind.RECV):
         members = c.group or tuple(range(world))
-        others = [r for r in members if r != rank]
+        others = [c.peer] if c.peer is not None else [r for r in members if r != rank]
+        if c.peer is not None and (c.peer == rank or c.peer not in members):
+            raise TraceError(f"{trace.path}: {c.name} at {c.start_us - trace.step_start_us:.1f} us into the step names rank "
+                             f"{c.peer} as its peer, which is {'itself' if c.peer == rank else f'not in its group {list(members)}'}")  # fmt: skip
         if len(others) != 1:
             raise TraceError(f"{trace.path}: {c.name} at {c.start_us - trace.step_start_us:.1f} us into the step: the trace names "
                              f"no peer, and its group has {len(members)} ranks")  # fmt: skip

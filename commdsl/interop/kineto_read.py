@@ -34,9 +34,9 @@ from pathlib import Path
 from commdsl.dsl.values import format_bytes
 from commdsl.errors import UsageError
 from commdsl.ir import CopyDir, Dtype, HostMemory, OpKind
-from commdsl.limits import MAX_TRACE_BYTES
+from commdsl.limits import MAX_TRACE_BYTES, MAX_WORLD_SIZE
 
-STEP_RANGE = re.compile(r"ProfilerStep#(\d+)")
+STEP_RANGE = re.compile(r"ProfilerStep#(\d{1,18})")
 """The range `torch.profiler.profile.step` (and `commdsl run --profile`) puts around a step."""
 
 TRACE_SUFFIXES = (".json", ".json.gz")
@@ -193,6 +193,9 @@ class TraceComm:
     launch: tuple[float, float] | None = None
     """The start and end of the host's call that launched an NCCL kernel; None for gloo
     ranges and kernels without a launch event."""
+    peer: int | None = None
+    """The other rank of a send or recv (a global rank), as the profiler's `Dst Rank` /
+    `Src Rank` args name it; None where the trace does not."""
 
     @property
     def duration_us(self) -> float:
@@ -276,6 +279,8 @@ def load_trace(path: str | Path) -> dict:
         raise TraceError(f"{p} is not a JSON profiler trace: byte {e.start} is not UTF-8") from None
     except RecursionError:
         raise TraceError(f"{p} is not a profiler trace: its JSON nests too deeply") from None
+    except ValueError as e:  # an integer of more digits than Python converts
+        raise TraceError(f"{p} is not a profiler trace: {e}") from None
     if not isinstance(data, dict) or not isinstance(data.get("traceEvents"), list):
         raise TraceError(f"{p} is not a Kineto trace: no traceEvents list",
                          hint="give the JSON files torch.profiler writes (export_chrome_trace, tensorboard_trace_handler)")  # fmt: skip
@@ -335,14 +340,15 @@ def read_job(path: str | Path, step: int | None = None) -> KinetoJob:
     ranks: dict[int, tuple[Path, dict]] = {}
     world = 0
     for f, data in traces:
-        info = data.get("distributedInfo") or {}
+        info = _distributed_info(data, f)
         rank = info.get("rank", 0 if len(traces) == 1 else None)
-        if not isinstance(rank, int):
+        if rank is None:
             raise TraceError(f"{f}: the trace names no rank (distributedInfo.rank)", hint="profile with torch.distributed initialised")
+        rank = _count(rank, "distributedInfo.rank", f, 0)
         if rank in ranks:
             raise TraceError(f"{f} and {ranks[rank][0]} are both rank {rank}'s trace", hint="one trace per rank in the folder")
         ranks[rank] = (f, data)
-        world = max(world, int(info.get("world_size", 1)))
+        world = max(world, _count(info.get("world_size", 1), "distributedInfo.world_size", f, 1))
     steps = [set(_steps(data)) for _, data in ranks.values()]
     common = set.intersection(*steps) if steps else set()
     if step is None:
@@ -357,6 +363,32 @@ def read_job(path: str | Path, step: int | None = None) -> KinetoJob:
     return KinetoJob(str(path), out, max(world, max(out) + 1))
 
 
+def _distributed_info(data: dict, f: str | Path) -> dict:
+    """The trace's `distributedInfo` ({} where it has none)."""
+    info = data.get("distributedInfo")
+    if info is None:
+        return {}
+    if not isinstance(info, dict):
+        raise TraceError(f"{f}: distributedInfo is {type(info).__name__}, not an object (rank, world_size, pg_config)")
+    return info
+
+
+def _count(value: object, what: str, f: str | Path, least: int) -> int:
+    """A rank or a rank count of the trace, checked: an integer from `least` below
+    `MAX_WORLD_SIZE` (a rank) or up to it (a count)."""
+    most = MAX_WORLD_SIZE - 1 if least == 0 else MAX_WORLD_SIZE
+    if isinstance(value, bool) or not isinstance(value, int) or not least <= value <= most:
+        raise TraceError(f"{f}: {what} is {json.dumps(value)[:40]}, not an integer from {least} to {most}")
+    return value
+
+
+def _group_ranks(value: object, what: str, f: str | Path) -> tuple[int, ...]:
+    """A process group's ranks as the trace lists them, checked."""
+    if not isinstance(value, list):
+        raise TraceError(f"{f}: {what} is {json.dumps(value)[:40]}, not a list of ranks")
+    return tuple(_count(r, what, f, 0) for r in value)
+
+
 def _steps(data: dict) -> list[int]:
     out = []
     for e in data["traceEvents"]:
@@ -369,17 +401,24 @@ def _steps(data: dict) -> list[int]:
 
 def _number(e: dict, key: str, f: str) -> float:
     v = e.get(key)
-    if not isinstance(v, (int, float)) or not math.isfinite(v):
+    # (an integer past a float's range would overflow math.isfinite)
+    finite = isinstance(v, float) and math.isfinite(v) or isinstance(v, int) and not isinstance(v, bool) and abs(v) < 2**1023
+    if not finite:
         raise TraceError(f"{f}: an event ({e.get('name')!r}) has no numeric '{key}'")
+    if key == "dur" and v < 0:
+        raise TraceError(f"{f}: an event ({e.get('name')!r}) at ts {e.get('ts')} has a negative duration (dur {v})")
     return float(v)
 
 
 def _rank_trace(f: str, data: dict, rank: int, world: int, step: int | None) -> RankTrace:
-    info = data.get("distributedInfo") or {}
+    info = _distributed_info(data, f)
     groups = {}
-    for pg in info.get("pg_config") or []:
-        if isinstance(pg, dict) and isinstance(pg.get("ranks"), list):
-            groups[str(pg.get("pg_name"))] = tuple(int(r) for r in pg["ranks"])
+    pg_config = info.get("pg_config") or []
+    if not isinstance(pg_config, list):
+        raise TraceError(f"{f}: distributedInfo.pg_config is {type(pg_config).__name__}, not a list of process groups")
+    for pg in pg_config:
+        if isinstance(pg, dict) and pg.get("ranks") is not None:
+            groups[str(pg.get("pg_name"))] = _group_ranks(pg["ranks"], f"the ranks of process group {pg.get('pg_name')!r}", f)
     events = [e for e in data["traceEvents"] if isinstance(e, dict) and e.get("ph") == "X"]
     name = f"ProfilerStep#{step}" if step is not None else ""
     lo, hi = -math.inf, math.inf
@@ -388,7 +427,8 @@ def _rank_trace(f: str, data: dict, rank: int, world: int, step: int | None) -> 
         lo = _number(marks[0], "ts", f)
         hi = lo + _number(marks[0], "dur", f)
     # Device work belongs to the step whose host range launched it.
-    launches = {e["args"].get("correlation"): e for e in events if e.get("cat") == "cuda_runtime" and isinstance(e.get("args"), dict)}
+    launches = {e["args"].get("correlation"): e for e in events
+                if e.get("cat") == "cuda_runtime" and isinstance(e.get("args"), dict) and _is_key(e["args"].get("correlation"))}  # fmt: skip
     launched = {c for c, e in launches.items() if lo <= _number(e, "ts", f) <= hi}
     nccl_ranges = sorted((e for e in events if e.get("cat") == "user_annotation" and NCCL_RANGE.fullmatch(str(e.get("name", "")))),
                          key=lambda e: -_number(e, "ts", f))  # innermost (latest start) first  # fmt: skip
@@ -401,11 +441,12 @@ def _rank_trace(f: str, data: dict, rank: int, world: int, step: int | None) -> 
         ts = _number(e, "ts", f)
         end = ts + _number(e, "dur", f)
         if cat in ("kernel", "gpu_memcpy", "gpu_memset"):
-            if step is not None and args.get("correlation") not in launched:
+            correlation = args.get("correlation") if _is_key(args.get("correlation")) else None
+            if step is not None and correlation not in launched:
                 continue
             device_lo, device_hi = min(device_lo, ts), max(device_hi, end)
             track = f"stream {args.get('stream', e.get('tid'))}"
-            launch = launches.get(args.get("correlation"))
+            launch = launches.get(correlation)
             issued = _number(launch, "ts", f) if launch is not None else ts
             call = (issued, issued + _number(launch, "dur", f)) if launch is not None else None
             host = next((r for r in nccl_ranges if launch is not None and r.get("tid") == launch.get("tid")
@@ -416,7 +457,7 @@ def _rank_trace(f: str, data: dict, rank: int, world: int, step: int | None) -> 
             elif cat == "kernel":
                 trace.kernels.append(TraceRange(ename, track, Place.DEVICE, ts, end, launch=call))
             elif cat == "gpu_memcpy":
-                trace.copies.append(TraceRange(ename, track, Place.DEVICE, ts, end, int(args.get("bytes", 0) or 0), call))
+                trace.copies.append(TraceRange(ename, track, Place.DEVICE, ts, end, _copy_bytes(args.get("bytes"), e, f), call))
         elif cat == "cuda_runtime" and ename in BLOCKING_CALLS and lo <= ts and end <= hi:
             trace.host_blocks.append(TraceRange(ename, f"thread {e.get('tid')}", Place.HOST, ts, end))
         elif cat == "gpu_user_annotation":
@@ -443,6 +484,20 @@ def _rank_trace(f: str, data: dict, rank: int, world: int, step: int | None) -> 
     return trace
 
 
+def _is_key(value: object) -> bool:
+    """Whether a `correlation` id can key a launch (an integer or a string, as profilers write it)."""
+    return isinstance(value, (int, str))
+
+
+def _copy_bytes(value: object, e: dict, f: str) -> int:
+    """A copy's `bytes` arg (0 where the trace leaves it out)."""
+    if value is None:
+        return 0
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise TraceError(f"{f}: the copy {e.get('name')!r} at ts {e.get('ts')} has bytes {json.dumps(value)[:40]}, not a count of bytes")
+    return value
+
+
 def _profiler(data: dict) -> str:
     parts = [f"Kineto schemaVersion {data.get('schemaVersion', '?')}"]
     if data.get("trace_id"):
@@ -454,14 +509,15 @@ def _profiler(data: dict) -> str:
 
 
 def _ranks_arg(value: object) -> tuple[int, ...] | None:
-    if isinstance(value, list):
-        return tuple(int(r) for r in value)
+    """An NCCL kernel's `Process Group Ranks` (a list, or a list written as a string);
+    None where it is neither or holds something other than ranks."""
     if isinstance(value, str):
         try:
-            parsed = json.loads(value)
-        except json.JSONDecodeError:
+            value = json.loads(value)
+        except ValueError:
             return None
-        return tuple(int(r) for r in parsed) if isinstance(parsed, list) else None
+    if isinstance(value, list) and all(isinstance(r, int) and not isinstance(r, bool) and 0 <= r < MAX_WORLD_SIZE for r in value):
+        return tuple(value)
     return None
 
 
@@ -489,7 +545,10 @@ def _nccl_comm(name: str, args: dict, track: str, ts: float, end: float, issued:
     group = _ranks_arg(args.get("Process Group Ranks"))
     if group is None and str(args.get("Process Group Name")) in groups:
         group = groups[str(args.get("Process Group Name"))]
-    return TraceComm(name, kinds, in_bytes, dtype, group, track, Place.DEVICE, ts, end, issued)
+    # torch's profiler names a send's destination and a recv's source (global ranks).
+    peer = args.get("Dst Rank") if kinds == {OpKind.SEND} else args.get("Src Rank") if kinds == {OpKind.RECV} else None
+    peer = peer if isinstance(peer, int) and not isinstance(peer, bool) and 0 <= peer < MAX_WORLD_SIZE else None
+    return TraceComm(name, kinds, in_bytes, dtype, group, track, Place.DEVICE, ts, end, issued, peer=peer)
 
 
 def _gloo_comm(collective: str, name: str, args: dict, track: str, ts: float, end: float) -> TraceComm | None:

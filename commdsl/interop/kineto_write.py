@@ -284,7 +284,7 @@ def _comm_args(op: Op, program: Program) -> dict[str, object]:
     group = program.group(op.group) if op.group is not None else None
     ranks = list(group.ranks) if group is not None else sorted({op.rank, op.peer if op.peer is not None else op.rank})
     args = dict(comm_span_args(op, len(ranks)))
-    return {
+    out: dict[str, object] = {
         "Collective name": args["Collective name"], "In msg nelems": args["In msg nelems"],
         "Out msg nelems": args["Out msg nelems"], "Group size": len(ranks), "dtype": _TORCH_DTYPE[op.dtype.value],
         "In split size": "[]", "Out split size": "[]",
@@ -292,3 +292,9 @@ def _comm_args(op: Op, program: Program) -> dict[str, object]:
         "Process Group Description": group.family if group is not None else "p2p",
         "Process Group Ranks": json.dumps(ranks), "Rank": op.rank,
     }  # fmt: skip
+    if op.kind in (OpKind.SEND, OpKind.RECV) and op.peer is not None:
+        # As torch's profiler gives a send or recv: `Rank` is the peer's rank in the
+        # group, `Dst Rank` / `Src Rank` its global rank.
+        out["Rank"] = ranks.index(op.peer)
+        out["Dst Rank" if op.kind is OpKind.SEND else "Src Rank"] = op.peer
+    return out
