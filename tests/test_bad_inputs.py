@@ -937,3 +937,10 @@ def test_quoted_program_with_escapes_points_at_its_start():
     err = _run_case(Case("q", 'world: 4\nprogram: "pass\\ncompute F zz"\n', "", 0, 0))
     assert "unknown name 'zz'" in err.message
     assert (err.loc.line, err.loc.column) == (2, 11)
+
+
+def test_a_negative_zero_amount_is_kept_as_zero():
+    """`1GFLOP * -0.0` passes the sign check; the op holds 0, not -0 (shown as `-0FLOP`)."""
+    ops = load_schedule_text("world: 1\nprogram: |\n  compute c 1GFLOP * -0.0 dtype=fp32\n  compute d 1ms * -0.0\n").ops[0]
+    assert [str(op.spec.flops) for op in ops if op.spec.flops is not None] == ["0.0"]
+    assert [str(op.spec.duration_us) for op in ops if op.spec.duration_us is not None] == ["0.0"]

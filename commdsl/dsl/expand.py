@@ -440,7 +440,9 @@ class RankExpander:
                     self.check_amount(f"compute {name}", what, x, unit, where)
             stream = self.stream(placement, loc)
             self._no_batch("compute", loc)
-            spec = self._spec(stream, loc, duration_us=duration_us, flops=flops, size_bytes=int(size_bytes or 0),
+            # `+ 0.0`: a -0.0 (`1GFLOP * -0.0`) passes the sign check and is kept as 0
+            spec = self._spec(stream, loc, duration_us=None if duration_us is None else duration_us + 0.0,
+                              flops=None if flops is None else flops + 0.0, size_bytes=int(size_bytes or 0),
                               dtype=site.dtype or self.layout.default_dtype, action=key[4], stage=key[5])  # fmt: skip
             site.cache[key] = spec
         elif self.batch_start is not None:
