@@ -70,6 +70,21 @@ def test_a_job_with_missing_ranks_is_refused_naming_them(capsys, tmp_path):
     assert not (tmp_path / "x.yaml").exists()
 
 
+def test_a_step_with_nothing_in_it_is_refused_not_written_as_an_empty_schedule(capsys, tmp_path):
+    """The ranks' traces hold the step's range and launch calls but no kernel, copy, comm
+    or range in it: nothing to replay, said of the traces."""
+    folder = tmp_path / "empty_step"
+    folder.mkdir()
+    for f in CPU.iterdir():
+        data = json.loads(f.read_text())
+        data["traceEvents"] = [e for e in data["traceEvents"] if e.get("ph") != "X" or str(e.get("name")).startswith("ProfilerStep#")]
+        (folder / f.name).write_text(json.dumps(data))
+    assert main(["import", "kineto", str(folder), "-o", str(tmp_path / "x.yaml")]) == 2
+    err = capsys.readouterr().err
+    assert f"{folder}: ProfilerStep#1 of the traces holds nothing to replay" in err, err
+    assert not (tmp_path / "x.yaml").exists()
+
+
 def test_a_folder_that_is_not_traces_is_a_clear_error(capsys, tmp_path):
     folder = tmp_path / "t"
     shutil.copytree(CPU, folder)

@@ -318,6 +318,9 @@ def schedule_text(job: KinetoJob, name: str, tolerance_us: float = DEFAULT_TOLER
         bodies.append((rank, lines))
         ops, from_launch = ops + len(work), from_launch + launched
     step = next(iter(job.ranks.values())).step or "the whole trace"
+    if not streams:
+        raise TraceError(f"{job.folder}: {step} of the traces holds nothing to replay (no kernel, copy, communication "
+                         "or range in it)", hint="profile the step with the activities it ran (ProfilerActivity.CPU, CUDA)")  # fmt: skip
     out = [f"name: {name}",
            f"# Replays {step} of the profiler traces in {job.folder}: per rank, its device-side work in stream",
            "# order with measured compute durations, copies and communication from the trace, cross-stream",
