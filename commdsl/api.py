@@ -178,6 +178,16 @@ def compare_named(predicted: Timeline, measured: Timeline, predicted_name: str, 
     if predicted.schedule != measured.schedule:
         raise UsageError(f"the timelines are of different schedules: '{predicted.schedule}' ({predicted_name}) "
                          f"vs '{measured.schedule}' ({measured_name})")  # fmt: skip
+    # A run's timeline holds a span of every rank with ops: one missing would show as a
+    # rank that did no work. (A prediction may hold only some ranks: a folded program's
+    # representatives. A hung run's partial timeline may hold no span of a rank that
+    # started no op: its ops are listed as unpaired.)
+    if measured.source == "measured" and not measured.meta.get("partial"):
+        lost = sorted({s.rank for s in predicted.spans} - {s.rank for s in measured.spans})
+        if lost:
+            shown = ", ".join(map(str, lost[:8])) + (", ..." if len(lost) > 8 else "")
+            raise UsageError(f"{measured_name} holds no span of rank(s) {shown}, which have ops in {predicted_name}: "
+                             "the run's timeline is missing ranks", hint="`torchrun -m commdsl.run --out` writes every rank's ops")  # fmt: skip
     cmp = compare_timelines(predicted, measured, min_duration_us=min_duration_us)
     if not cmp.ops:
         raise UsageError("the timelines have no op in common (are they of the same schedule and params?)")

@@ -598,7 +598,8 @@ def match_trace(predicted: Timeline, job) -> TraceMatch:
       * communication by kind and input size, per process group in issue order
         (`_match_comms`): the longest in-order pairing of a rank's ops in a group with
         the trace's NCCL kernels or gloo ranges of that group.
-    Nothing is paired on a guess: what does not pair is listed in `unmatched`."""
+    Nothing is paired on a guess: what does not pair is listed in `unmatched`. `job` holds
+    every rank's trace (`compare_trace` checks)."""
     pred = sorted((s for s in predicted.spans if s.role is SpanRole.EXEC), key=lambda s: _op_key(s.op_id))
     measured = Timeline("measured", predicted.schedule, job.world_size,
                         meta={"trace": job.folder, "step": next(iter(job.ranks.values())).step,
@@ -606,11 +607,8 @@ def match_trace(predicted: Timeline, job) -> TraceMatch:
     match = TraceMatch(measured, job.step_us)
     lanes = comm_lanes(pred)
     for rank in sorted({s.rank for s in pred}):
-        trace = job.ranks.get(rank)
+        trace = job.ranks[rank]
         mine = [s for s in pred if s.rank == rank]
-        if trace is None:
-            match.unmatched.append(f"rank {rank}: no trace of this rank ({len(mine)} ops)")
-            continue
         by_name: dict[str, list[Span]] = {}
         for s in mine:
             if not OpKind(s.kind).is_comm:
@@ -643,6 +641,7 @@ def compare_trace(predicted: Timeline, job, *, min_duration_us: float = 10.0) ->
     makespan is the trace's step time, and what did not pair is in `Comparison.unmatched`."""
     if predicted.world_size != job.world_size:
         raise UsageError(f"the prediction has {predicted.world_size} ranks, the traces' job {job.world_size} ({job.folder})")
+    job.require_every_rank("a comparison")
     match = match_trace(predicted, job)
     if not match.measured.spans:
         raise UsageError(f"no op of {predicted.schedule} was found in the traces of {job.folder}",

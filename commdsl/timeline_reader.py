@@ -8,21 +8,26 @@ values) are kept once each. Every value is checked where it is read, and one tha
 wrong (a time that is not a finite number or lies past the horizon, a rank outside the
 world, an op id that is not a string, a size below zero, an integer of thousands of
 digits) is a usage error naming the file, the line and column of its event, and which
-event it is: never a Python error, never a value dropped.
+event it is: never a Python error, never a value dropped. What one op's spans can be is
+checked too: its op id names the rank (pid) it runs on, and it has one exec span and at
+most one issue span (`Timeline` producers write no other). The meta values `commdsl
+compare` computes with (the machine's rates, sample and iteration counts, memory peaks,
+measured FLOP rates) are checked for their shape.
 """
 
 from __future__ import annotations
 
 import math
+import re
 import sys
 from pathlib import Path
 
 from commdsl.errors import SourceLoc, UsageError
 from commdsl.files import decode_error_loc, exists, open_input, read_bytes
-from commdsl.ir import OpKind
+from commdsl.ir import Dtype, OpKind
 from commdsl.jsonstream import JsonStreamError, ObjectStream, Place
 from commdsl.limits import HORIZON_US, MAX_FLOPS, MAX_SIZE_BYTES, MAX_WORLD_SIZE
-from commdsl.timeline import FORMAT_VERSION, CounterSample, Flow, Span, SpanRole, Timeline
+from commdsl.timeline import FLOP_RATE_META, FORMAT_VERSION, MEMORY_PEAK_META, CounterSample, Flow, Span, SpanRole, Timeline
 
 _HINT = "timelines come from `commdsl simulate --trace` or `commdsl run --out`"
 _KINDS = frozenset(k.value for k in OpKind)
@@ -32,6 +37,9 @@ _SIZE_ARGS = {"bytes": MAX_SIZE_BYTES, "In msg nelems": MAX_SIZE_BYTES, "Out msg
 """Annotations that are counts: whole numbers from 0 to their bound."""
 _AMOUNT_ARGS = {"flops": MAX_FLOPS, "requested_duration_us": HORIZON_US}
 """Annotations that are amounts: finite numbers from 0 to their bound."""
+_OP_ID = re.compile(r"(0|[1-9][0-9]{0,17}):(0|[1-9][0-9]{0,17})")
+"""An op id as `commdsl.ir.Op.id` writes it: "rank:index", whole numbers in decimal."""
+_DTYPES = frozenset(d.value for d in Dtype)
 MAX_TEXT_CHARS = 1 << 16
 """Longest string a span's op id, name, track or annotation may be."""
 
@@ -80,6 +88,8 @@ class _Reader:
         thousand of them (a pipeline's microbatch F[7] on every stage)."""
         self.annotations: dict[tuple, tuple] = {}
         """A span's args (their items and types) -> its annotations, checked (`_annotations`)."""
+        self.seen: dict[SpanRole, set[str]] = {r: set() for r in SpanRole}
+        """Per role, the op ids of the spans read: an op has one span of each at most."""
 
     def _once(self, value):
         return self.strings.setdefault(value, value)
@@ -104,6 +114,8 @@ class _Reader:
             if not isinstance(args, dict):
                 raise _Bad(f"'args' is an object, not {_kind(args)}")
             op_id = _text(args.pop("op_id", None), "args.op_id")
+            if _OP_ID.fullmatch(op_id) is None:
+                raise _Bad(f"args.op_id {_shown(op_id)} is not an op id: \"<rank>:<index>\", two whole numbers (\"0:3\")")
             kind = _text(args.pop("kind", None), "args.kind")
             if kind not in _KINDS:
                 raise _Bad(f"args.kind {kind!r} is not an op kind")
@@ -111,6 +123,9 @@ class _Reader:
             if role is None:
                 raise _Bad(f"args.role is one of {', '.join(_ROLES)}")
             pid, tid = _index(ev.get("pid"), "pid"), _index(ev.get("tid"), "tid")
+            if op_id in self.seen[role]:  # compare would pair the last one read alone
+                raise _Bad(f"a second {role.value} span of op {op_id!r}: an op has one exec span and at most one issue span")
+            self.seen[role].add(op_id)
             ts = _time(ev.get("ts"), "ts", -HORIZON_US)
             dur = _time(ev.get("dur"), "dur", 0.0)
             name = _text(ev.get("name"), "name")
@@ -165,6 +180,9 @@ class _Reader:
         if names is None or tid >= len(names):
             where = f"rank {pid} is outside the world of {self.world}" if pid >= self.world else f"rank {pid} has no track {tid}"
             raise self._error(f"a span of op {op_id!r}: pid/tid {pid}/{tid}: {where} (otherData.commdsl.tracks)", place)
+        rank = op_id.partition(":")[0]
+        if rank != str(pid):  # an op's spans are all on its own rank (checked after the world's bounds)
+            raise self._error(f"a span of op {op_id!r} is on rank (pid) {pid}: an op of rank {rank} runs on that rank", place)
         return Span(op_id, pid, names[tid], role, kind, name, start, end, args)
 
     def timeline(self, others: dict) -> Timeline:
@@ -176,6 +194,7 @@ class _Reader:
             extra = meta.get("meta", {})
             if not isinstance(extra, dict):
                 raise _Bad(f"otherData.commdsl.meta is an object, not {_kind(extra)}")
+            _meta(extra, self.world)
             flows = meta.get("flows", [])
             if not isinstance(flows, list) or not all(isinstance(f, list) and len(f) == 3 and all(isinstance(x, str) for x in f) for f in flows):
                 raise _Bad("otherData.commdsl.flows is a list of [send op id, recv op id, name]")
@@ -249,13 +268,58 @@ def _shown(value: object) -> str:
     return text if len(text) <= 40 else text[:40] + "..."
 
 
+def _meta(meta: dict, world: int) -> None:
+    """The values of a timeline's meta that `commdsl compare` computes with, checked for
+    their shape (the rest is only shown)."""
+    machine = _object(meta.get("machine", {}), "machine")
+    if "name" in machine:
+        _text(machine["name"], "otherData.commdsl.meta.machine.name")
+    if machine.get("calibration") is not None:
+        _object(machine["calibration"], "machine.calibration")
+    device = _object(machine.get("device", {}), "machine.device")
+    for dtype, tflops in _object(device.get("peak_tflops", {}), "machine.device.peak_tflops").items():
+        _rate(tflops, f"machine.device.peak_tflops[{_shown(dtype)}]")
+    for key in ("samples", "iters"):
+        value = meta.get(key)
+        if value is not None and (type(value) is not int or value < 1):
+            raise _Bad(f"otherData.commdsl.meta.{key} is a whole number from 1, got {_shown(value)}")
+    if "memory_peak_source" in meta:
+        _text(meta["memory_peak_source"], "otherData.commdsl.meta.memory_peak_source")
+    for rank, rates in _object(meta.get(FLOP_RATE_META, {}), FLOP_RATE_META).items():
+        _rank_key(rank, f"otherData.commdsl.meta.{FLOP_RATE_META}", world)
+        for dtype, tflops in _object(rates, f"{FLOP_RATE_META}.{rank}").items():
+            if dtype not in _DTYPES:
+                raise _Bad(f"otherData.commdsl.meta.{FLOP_RATE_META}.{rank} names {_shown(dtype)}, not a dtype ({', '.join(sorted(_DTYPES))})")
+            _rate(tflops, f"{FLOP_RATE_META}.{rank}.{dtype}")
+    for rank, peak in _object(meta.get(MEMORY_PEAK_META, {}), MEMORY_PEAK_META).items():
+        _rank_key(rank, f"otherData.commdsl.meta.{MEMORY_PEAK_META}", world)
+        if type(peak) is not int or not 0 <= peak <= MAX_SIZE_BYTES:
+            raise _Bad(f"otherData.commdsl.meta.{MEMORY_PEAK_META}.{rank} is a whole number of bytes from 0 to {MAX_SIZE_BYTES:,}, "
+                       f"got {_shown(peak)}")  # fmt: skip
+
+
+def _object(value: object, what: str) -> dict:
+    if not isinstance(value, dict):
+        raise _Bad(f"otherData.commdsl.meta.{what} is an object, not {_kind(value)}")
+    return value
+
+
+def _rate(value: object, what: str) -> None:
+    if not _number(value) or value < 0:  # type: ignore[operator]
+        raise _Bad(f"otherData.commdsl.meta.{what} is a finite number of TFLOP/s from 0, got {_shown(value)}")
+
+
+def _rank_key(key: str, what: str, world: int) -> None:
+    if not (key.isascii() and key.isdigit() and len(key) <= 6 and int(key) < world):
+        raise _Bad(f"{what} names rank {_shown(key)}, not one of the world's 0..{world - 1}")
+
+
 def _tracks(value: object, world: int) -> dict[int, list[str]]:
     if not isinstance(value, dict):
         raise _Bad(f"otherData.commdsl.tracks is an object, not {_kind(value)}")
     out: dict[int, list[str]] = {}
     for key, names in value.items():
-        if not (key.isascii() and key.isdigit() and len(key) <= 6 and int(key) < world):
-            raise _Bad(f"otherData.commdsl.tracks names rank {_shown(key)}, not one of the world's 0..{world - 1}")
+        _rank_key(key, "otherData.commdsl.tracks", world)
         if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
             raise _Bad(f"otherData.commdsl.tracks[{key}] is a list of track names")
         out[int(key)] = [sys.intern(n) for n in names]

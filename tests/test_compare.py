@@ -262,3 +262,52 @@ def test_json_written_streamed_is_json_dumps_text(monkeypatch, predicted, ops_pe
     cmp.write_json(out)
     assert out.getvalue() == json.dumps(cmp.to_json(), indent=1)
     assert len(json.loads(out.getvalue())["ops"]) == len(cmp.ops) == len(predicted)
+
+
+def test_a_run_missing_a_rank_is_refused(tmp_path: Path) -> None:
+    """A run's timeline holds a span of every rank with ops: one without rank 1's would
+    show rank 1 as a rank that did no work."""
+    from commdsl.api import compare
+
+    p, _ = _write(tmp_path)
+    lost = tmp_path / "lost.json"
+    _timeline("measured", [s for s in MEASURED if s[1] == 0]).write(lost)
+    proc = _cli("compare", str(p), str(lost))
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert f"{lost} holds no span of rank(s) 1, which have ops in {p}: the run's timeline is missing ranks" in " ".join(proc.stderr.split())
+    # A hung run's partial timeline may hold no span of a rank that started no op; a
+    # prediction may hold only some ranks (a folded program's representatives).
+    partial = _timeline("measured", [s for s in MEASURED if s[1] == 0])
+    partial.meta["partial"] = True
+    assert compare(_timeline("predicted", PREDICTED), partial).only_predicted == ["1:0", "1:1"]
+    assert compare(_timeline("predicted", PREDICTED), _timeline("predicted", MEASURED[:2])).only_predicted == ["1:0", "1:1"]
+
+
+KINETO = Path(__file__).parent / "data" / "kineto" / "cpu_gloo_1f1b"
+"""Both ranks' profiler traces of a 2-rank job."""
+
+
+def _rank0(folder: Path, **info) -> Path:
+    """`folder` holding rank 0's trace alone, its distributedInfo updated with `info`."""
+    folder.mkdir()
+    data = json.loads((KINETO / "rank0.pt.trace.json").read_text())
+    data["distributedInfo"].update(info)
+    (folder / "rank0.pt.trace.json").write_text(json.dumps(data))
+    return folder
+
+
+# (id, the measured path made in tmp_path, message): profiler traces that are not every rank's
+BAD_TRACES = [
+    ("folder_missing_rank_1", lambda t: _rank0(t / "job"), "job holds the traces of ranks [0] of a 2-rank job; ranks [1] are missing"),
+    ("one_file_of_two_ranks", lambda t: _rank0(t / "job") / "rank0.pt.trace.json",
+     "rank0.pt.trace.json holds the traces of ranks [0] of a 2-rank job; ranks [1] are missing"),
+    ("rank_negative", lambda t: _rank0(t / "job", rank=-1), "distributedInfo.rank is -1, not an integer from 0"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("case_id, make, message", BAD_TRACES, ids=[c[0] for c in BAD_TRACES])
+def test_profiler_traces_missing_a_rank_are_refused(case_id, make, message, tmp_path: Path) -> None:
+    p, _ = _write(tmp_path)
+    proc = _cli("compare", str(p), str(make(tmp_path)))
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr and message in " ".join(proc.stderr.split()), proc.stderr
+    assert "trace error: " in proc.stderr

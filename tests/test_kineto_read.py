@@ -230,9 +230,20 @@ def test_a_json_integer_past_pythons_digit_limit_is_a_trace_error(tmp_path):
 def test_an_empty_folder_and_traces_of_another_job_are_usage_errors(tmp_path, predicted, capsys):
     assert main(["compare", str(predicted), str(tmp_path)]) == 2
     assert "holds no profiler traces" in capsys.readouterr().err
-    with pytest.raises(UsageError) as info:  # a DDP job's trace holds no op of 1f1b
+    # A DDP job's traces (rank 0's, and a copy of it as rank 1) hold no op of 1f1b.
+    ddp = tmp_path / "ddp"
+    ddp.mkdir()
+    data = json.loads(gzip.decompress((GPU / "rank0.json.gz").read_bytes()))
+    data["distributedInfo"]["rank"] = 0
+    (ddp / "rank0.json").write_text(json.dumps(data))
+    data["distributedInfo"]["rank"] = 1
+    (ddp / "rank1.json").write_text(json.dumps(data))
+    with pytest.raises(UsageError) as info:
+        compare_trace(Timeline.read(predicted), read_job(ddp))
+    assert f"no op of 1f1b was found in the traces of {ddp}" in info.value.message
+    with pytest.raises(TraceError) as info:  # rank 0's alone: the job's rank 1 is missing
         compare_trace(Timeline.read(predicted), read_job(GPU))
-    assert f"no op of 1f1b was found in the traces of {GPU}" in info.value.message
+    assert "holds the traces of ranks [0] of a 2-rank job; ranks [1] are missing" in info.value.message
 
 
 def test_traces_read_whatever_their_names_and_gzip(predicted, capsys, tmp_path):

@@ -75,7 +75,7 @@ def test_timeline_write_encodes_any_name_and_annotation_as_json_does(tmp_path: P
     tl.spans = [
         Span("0:0", 0, "s", SpanRole.EXEC, "compute", 'F"1"%d', 0, 5, (("name", "ü"), ("sizes", [1, 2]), ("source", "a\\b:1"))),
         Span("0:1", 0, "host", SpanRole.ISSUE, "send", "gloo:send", 1.25, 2.5),
-        Span("0:1", 0, "comm:pp", SpanRole.EXEC, "send", "gloo:send", 2.5, 7.0004, (("op_id", "x"), ("cat", 3))),
+        Span("0:1", 0, "comm:pp", SpanRole.EXEC, "send", "gloo:send", 2.5, 7.0004, (("op_id", "0:1"), ("cat", 3))),
         Span("1:0", 1, "comm:pp", SpanRole.EXEC, "recv", "gloo:recv", 2.0, 7.0, (("ratio", 1e-7), ("ok", True), ("none", None))),
         Span("1:1", 1, "comm:pp", SpanRole.EXEC, "recv", "gloo:recv", float("inf"), float("inf")),  # JSON's Infinity and NaN
     ]

@@ -299,11 +299,7 @@ def _rank_program(trace: RankTrace, work: list[_Work], t0: float, tolerance_us: 
 
 def schedule_text(job: KinetoJob, name: str, tolerance_us: float = DEFAULT_TOLERANCE_US) -> str:
     """The schedule (YAML text) that replays `job`'s step (see the module docstring)."""
-    missing = sorted(set(range(job.world_size)) - set(job.ranks))
-    if missing:
-        raise TraceError(f"{job.folder} holds the traces of ranks {sorted(job.ranks)} of a {job.world_size}-rank job; "
-                         f"ranks {missing[:8]}{'...' if len(missing) > 8 else ''} are missing",
-                         hint="a replay needs every rank's trace of the same step (one file per rank in the folder)")  # fmt: skip
+    job.require_every_rank("a replay")
     world = job.world_size
     group_ranks = sorted({c.group for t in job.ranks.values() for c in t.comms if c.group and len(c.group) < world})
     groups = {g: f"g{i}" for i, g in enumerate(group_ranks)}

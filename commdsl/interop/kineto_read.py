@@ -245,6 +245,15 @@ class KinetoJob:
         """The step's time: first start to last end over the ranks."""
         return max(r.step_end_us for r in self.ranks.values()) - min(r.step_start_us for r in self.ranks.values())
 
+    def require_every_rank(self, purpose: str) -> None:
+        """Refuse a job some rank's trace is missing from: `purpose` ("a replay", "a
+        comparison") would take that rank for one that did no work."""
+        missing = sorted(set(range(self.world_size)) - set(self.ranks))
+        if missing:
+            raise TraceError(f"{self.folder} holds the traces of ranks {sorted(self.ranks)} of a {self.world_size}-rank job; "
+                             f"ranks {missing[:8]}{'...' if len(missing) > 8 else ''} are missing",
+                             hint=f"{purpose} needs every rank's trace of the same step (one file per rank in the folder)")  # fmt: skip
+
 
 def trace_files(path: str | Path) -> list[Path]:
     """The trace files of a folder (`*.json`, `*.json.gz`), or the one file named."""
