@@ -12,6 +12,7 @@ import pytest
 
 from commdsl.calibrate.nccl_logs import Given, parse_given, parse_logs, read_logs
 from commdsl.errors import CommdslError, LogError, UsageError
+from commdsl.ir import Protocol
 from commdsl.limits import MAX_WORLD_SIZE
 
 HEADER = """# nccl-tests version 2.17.9 nccl-headers=22602 nccl-library=22602
@@ -35,6 +36,16 @@ BIG = "1" + "0" * 5000
 
 def _row(old: str, new: str) -> str:
     return HEADER + ROW.replace(old, new, 1) + END
+
+
+def _info(line: str) -> str:
+    """GOOD with an NCCL INFO line after the rank lines (line 8)."""
+    return HEADER.replace("#\n#       size", f"node0:4000:4000 [0] NCCL INFO {line}\n#\n#       size", 1) + ROW + END
+
+
+def _bw(busbw: str, size: int = 1024) -> str:
+    """ROW at algbw 1.00 GB/s and the given busbw, its time made to agree (nccl-tests prints algbw = size / time)."""
+    return ROW.replace("1024 ", f"{size} ").replace("10.00    0.10    0.10", f"{size / 1e3:5.2f}    1.00    {busbw}")
 
 
 # (name, text, line, column or None, message)
@@ -63,11 +74,11 @@ STRUCTURE = [
     ("summary without results", HEADER + END, 12, None, "closing summary with no results"),
     ("titles without a time", HEADER.replace("  time", "  tiem") + ROW + END, 9, None, "without `time` and `type`"),
     ("no rank lines", "".join(line + "\n" for line in HEADER.splitlines() if "Rank" not in line) + ROW + END, 3, None, "no `# Rank N"),
-    ("no tool named, the columns fit two", UNNAMED + ROW.replace("sum", "none").replace("0.10    0.10", "1.00    0.50") + END, 1, None,
+    ("no tool named, the columns fit two", UNNAMED + _bw("0.50").replace("sum", "none") + END, 1, None,
      "its columns fit all_gather_perf or alltoall_perf"),
-    ("no tool named, 2 GPUs: all_reduce or sendrecv", UNNAMED + ROW.replace("0.10    0.10", "1.00    1.00") + END, 1, None,
+    ("no tool named, 2 GPUs: all_reduce or sendrecv", UNNAMED + _bw("1.00") + END, 1, None,
      "its columns fit all_reduce_perf or sendrecv_perf"),
-    ("no tool named, the columns fit none", UNNAMED + ROW.replace("0.10    0.10", "1.00    3.00") + END, 1, None,
+    ("no tool named, the columns fit none", UNNAMED + _bw("3.00") + END, 1, None,
      "no command naming it)"),
     # nccl-tests built without MPI support under mpirun: every process runs alone and lists itself as rank 0.
     ("copies of a 1-GPU test", HEADER.replace("nGpus 2", "nGpus 1").replace("#  Rank  1 Group  0 Pid   4000 on      node0 device  1",
@@ -76,8 +87,16 @@ STRUCTURE = [
     # A grep of several logs' rows: the table ends at the text between them, and the second says nothing of its GPUs.
     ("rows of two runs without their headers", "$ grep -E 'nodes|1024 ' sweep.log\n== 1 node ==\n"
      "node0:7:7 [0] NCCL INFO comm 0x5f00 rank 0 nranks 4 cudaDev 0 busId 18000 - Init COMPLETE\n"
-     + ROW.replace("0.10    0.10", "1.00    1.50") + "== 2 nodes ==\n" + ROW.replace("0.10    0.10", "1.00    1.75"), 6, None,
+     + _bw("1.50") + "== 2 nodes ==\n" + _bw("1.75"), 6, None,
      "a result table without nccl-tests' header (line 6): the log does not say which tool wrote it or how many GPUs ran it"),
+    # Fuzz of issue 43: rows inside a table that were read past as text, or read wrong.
+    ("a size twice", HEADER + ROW + ROW + END, 12, 9, "size 1024 is listed twice in the run: first at line 11"),
+    ("an unknown type", _row("float", " foo "), 11, 33, "type 'foo' is not one nccl-tests prints"),
+    ("an unknown redop", _row("sum", "add"), 11, 42, "redop 'add' is not one nccl-tests prints (sum, prod, max, min, avg, mulsum, none)"),
+    ("every row failed the data check", _row("0.10       0    10.00    0.10    0.10       0", "0.10       5    10.00    0.10    0.10       5"), 11,
+     1, "every result of the run of line 3 failed nccl-tests' data check (#wrong above 0): nothing to fit"),
+    ("nranks against the rank lines", _info("comm 0x5f00 rank 0 nranks 4 cudaDev 0 busId 18000 - Init COMPLETE"), 3, None,
+     "the run lists 2 ranks, and NCCL's INFO lines say its communicator has 4 (nranks 4)"),
 ]  # fmt: skip
 
 NUMBERS = [
@@ -92,6 +111,32 @@ NUMBERS = [
     ("time negative", _row("10.00    0.10", "-3.0    0.10"), 11, 57, "time -3.0 us"),
     ("time zero", _row("10.00    0.10", "0.00    0.10"), 11, 57, "time 0.00 us"),
     ("time of 5,000 digits", _row("10.00    0.10", BIG + "    0.10"), 11, 57, "time 100000000000... (5001 characters) us: times are positive"),
+    # Fuzz of issue 43: a row that does not start with a size is a row all the same; float() reads more than nccl-tests prints.
+    ("size 1.024e3", _row("        1024", "     1.024e3"), 11, 6, "size '1.024e3' is not a whole number"),
+    ("size nan", _row("        1024", "         nan"), 11, 10, "size 'nan' is not a whole number"),
+    ("size 0x400", _row("        1024", "       0x400"), 11, 8, "size '0x400' is not a whole number"),
+    ("size 1_024", _row("        1024", "       1_024"), 11, 8, "size '1_024' is not a whole number"),
+    ("size N/A", _row("        1024", "         N/A"), 11, 10, "size 'N/A' is not a whole number"),
+    ("size +1024", _row("        1024", "       +1024"), 11, 8, "size '+1024' is not a whole number"),
+    ("size with a NUL byte", _row("        1024", "        10\x0024"), 11, 9, "size '10\\x0024' is not a whole number"),
+    ("count nan", _row("256", "nan"), 11, 24, "count 'nan' is not a whole number"),
+    ("root ab", _row("-1", "ab"), 11, 51, "root 'ab' is not a whole number"),
+    ("time 1e-300", _row("10.00    0.10", "1e-300    0.10"), 11, 57, "time '1e-300' is not a time as nccl-tests prints it"),
+    ("time 1_0.00", _row("10.00    0.10", "1_0.00    0.10"), 11, 57, "time '1_0.00' is not a time as nccl-tests prints it"),
+    ("time +10.00", _row("10.00    0.10", "+10.00    0.10"), 11, 57, "time '+10.00' is not a time as nccl-tests prints it"),
+    ("time in Arabic-Indic digits", _row("10.00    0.10", "\u0661\u0660.\u0660\u0660    0.10"), 11, 57,
+     "time '\u0661\u0660.\u0660\u0660' is not a time as nccl-tests prints it"),
+    ("time against its algbw", _row("10.00    0.10", "0.01    0.10"), 11, 57,
+     "time 0.01 us and algbw 0.10 GB/s disagree: 1024 B in 0.01 us is 102.4 GB/s"),
+    ("algbw abc", _row("10.00    0.10", "10.00     abc"), 11, 67, "algbw 'abc' is not a bandwidth as nccl-tests prints it"),
+    ("algbw -1", _row("10.00    0.10", "10.00   -1.00"), 11, 65, "algbw '-1.00' is not a bandwidth"),
+    ("busbw nan", _row("0.10    0.10", "0.10     nan"), 11, 75, "busbw 'nan' is not a bandwidth"),
+    ("#wrong nan", _row("0.10       0", "0.10     nan"), 11, 83, "#wrong 'nan' is not a count of wrong elements as nccl-tests prints it"),
+    ("#wrong -1", _row("0.10       0", "0.10      -1"), 11, 84, "#wrong '-1' is not a count of wrong elements"),
+    ("0 coll channels", _info("0 coll channels, 0 nvls channels, 32 p2p channels, 32 p2p channels per peer"), 8, 31,
+     "coll channels 0 is out of range: it must be from 1 to 128"),
+    ("99999999999 p2p channels", _info("24 coll channels, 0 nvls channels, 99999999999 p2p channels, 32 p2p channels per peer"), 8, 66,
+     "p2p channels 99999999999 is out of range"),
     ("nGpus 0", HEADER.replace("nGpus 2", "nGpus 0") + ROW + END, 3, 19, "nGpus 0 is out of range: it must be from 1 to 65536"),
     ("nThread 0", HEADER.replace("nThread 1", "nThread 0") + ROW + END, 3, 11, "nThread 0 is out of range"),
     ("nGpus of 5,000 digits", HEADER.replace("nGpus 2", f"nGpus {BIG}") + ROW + END, 3, 19, "nGpus 100000000000... (5001 characters) is out of range"),
@@ -130,6 +175,7 @@ GIVEN = [
     ("all_reduce_perf:eight=x.log", "got 'eight'"),
     (f"all_reduce_perf:{BIG}=x.log", "must be a whole number"),
     ("all_reduce_perf:70000=x.log", "got '70000'"),
+    ("all_reduce_perf:\uff18=x.log", "got '\uff18'"),  # a full-width 8
 ]
 
 
@@ -147,7 +193,7 @@ def test_given_values_must_agree_with_the_log(tmp_path):
         read_logs([f"all_gather_perf={log}"])
     assert info.value.loc.line == 2
     unnamed = tmp_path / "b.log"
-    unnamed.write_text(UNNAMED + ROW.replace("0.10    0.10", "1.00    1.00").replace("1024 ", "4096 ") + END)  # 2 GPUs: 2(n-1)/n = 1
+    unnamed.write_text(UNNAMED + _bw("1.00", 4096) + END)  # 2 GPUs: 2(n-1)/n = 1
     with pytest.raises(LogError, match=r"has the columns of all_reduce_perf or sendrecv_perf \(redop sum, busbw / algbw 1 on 2 GPUs\), "
                                        r"not all_gather_perf's \(0.5\) as the command line says") as info:  # fmt: skip
         read_logs([f"all_gather_perf={unnamed}"])
@@ -223,3 +269,43 @@ def test_the_command_line_refuses_a_fifo_without_blocking(tmp_path):
     assert r.returncode == 2 and "Traceback" not in r.stderr
     assert f"cannot read nccl-tests log {fifo}: not a regular file" in r.stderr
     assert not (tmp_path / "m.yaml").exists()
+
+
+def test_a_row_whose_data_check_failed_is_skipped_and_told():
+    # #wrong above 0: nccl-tests found wrong elements, the time is of an op that went wrong. N/A: not checked (-c 0).
+    second = ROW.replace("1024 ", "2048 ").replace("0.10    0.10", "0.20    0.20")
+    text = HEADER + ROW.replace("0.10       0    10.00", "0.10      17    10.00", 1) + second.replace("       0\n", "     N/A\n") + END
+    notes: list[str] = []
+    (log,) = parse_logs(text, "wrong.log", notes=notes)
+    assert [(p.size_bytes, p.line) for p in log.points] == [(2048, 12)]
+    assert notes == ["wrong.log:11: the result of size 1024 skipped: nccl-tests found wrong elements (#wrong 17 out of place)"]
+
+
+def test_the_sweeps_of_run_cycles_repeat_their_sizes():
+    # `-N 2` times the sizes again from the first; a size twice within one sweep is an error (the table above).
+    second = ROW.replace("1024 ", "2048 ").replace("0.10    0.10", "0.20    0.20")
+    (log,) = parse_logs(HEADER + ROW + second + ROW + second + END, "cycles.log")
+    assert [p.size_bytes for p in log.points] == [1024, 2048, 1024, 2048]
+    with pytest.raises(LogError, match="size 2048 is listed twice in the run: first at line 12") as info:
+        parse_logs(HEADER + ROW + second + second + END, "twice.log")
+    assert info.value.loc.line == 13 and info.value.related[0][1].line == 12
+
+
+def test_nccl_algo_names_commdsl_does_not_read_are_told():
+    notes: list[str] = []
+    (log,) = parse_logs(_info("NCCL_ALGO set by environment to bogus"), "algo.log", notes=notes)
+    assert log.algos is None
+    assert notes == ["algo.log:8: NCCL_ALGO bogus: bogus not read (commdsl reads tree, ring, collnetdirect, collnetchain, nvls, nvlstree); "
+                     "the run is simulated with NCCL's own choice"]  # fmt: skip
+    notes.clear()
+    (log,) = parse_logs(_info("NCCL_PROTO set by environment to Simple,^LL128."), "proto.log", notes=notes)
+    assert log.protos == frozenset({Protocol.SIMPLE})
+    assert notes == ["proto.log:8: NCCL_PROTO Simple,^LL128: ^LL128 not read (commdsl reads ll, ll128, simple); the run is simulated "
+                     "with NCCL's own choice among simple"]  # fmt: skip
+
+
+def test_mpirun_messages_inside_a_table_are_still_text():
+    # Lines with the table's width that are not rows: few of their words are numbers.
+    help_line = "[h:00017] 3 more processes have sent help message help-mpi-btl-openib.txt / no device params found\n"
+    (log,) = parse_logs(HEADER + help_line + ROW + END, "mpi.log")
+    assert [p.line for p in log.points] == [12]

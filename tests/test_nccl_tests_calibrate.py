@@ -191,8 +191,8 @@ def _log_text(tool: str, run: Run, points: list[tuple[int, float]]) -> str:
     """An nccl-tests log of `run` (one process per GPU, 8 per node) with the given times."""
     ranks = "".join(f"#  Rank {r:2d} Group  0 Pid {5000 + r:6d} on {'n%d' % (r // 8):>10} device {r % 8:2d} [0000:18:00] NVIDIA H100 80GB HBM3\n"
                     for r in range(run.ranks))  # fmt: skip
-    rows = "".join(f"{s:12d}  {s // 8:12d}    double    none      -1  {t:7.2f}    0.00    0.00       0  {t:7.2f}    0.00    0.00     N/A\n"
-                   for s, t in points)  # fmt: skip
+    rows = "".join(f"{s:12d}  {s // 8:12d}    double    none      -1  {t:7.2f}  {s / t / 1e3:6.2f}    0.00       0  {t:7.2f}  {s / t / 1e3:6.2f}"
+                   "    0.00     N/A\n" for s, t in points)  # fmt: skip
     return (f"# Collective test starting: {tool}\n# nThread 1 nGpus 1 minBytes 8 maxBytes 8 step: 2(factor) warmup iters: 5 iters: 20 "
             f"agg iters: 1 validation: 1 graph: 0\n#\n# Using devices\n{ranks}#\n"
             "#       size         count      type   redop    root     time   algbw   busbw  #wrong     time   algbw   busbw  #wrong\n"
@@ -259,8 +259,26 @@ def test_outputs_and_layouts_it_cannot_take_are_refused_before_any_work(tmp_path
                     for r in range(32))  # fmt: skip
     head, tail = HEADER.split("#  Rank  0", 1)[0], "#\n#       size" + HEADER.split("#\n#       size", 1)[1]
     wide.write_text(head.replace("nGpus 2", "nGpus 1") + ranks + tail + ROW + END)
-    with pytest.raises(UsageError, match="the run has 16 GPUs on each of 2 nodes, and machine dgx-h100 has 8 a node"):
+    with pytest.raises(LogError, match="the run has 16 GPUs on each of 2 nodes, and machine dgx-h100 has 8 a node") as info:
         from_nccl_tests([str(wide)], str(tmp_path / "m.yaml"), "dgx-h100", echo=lambda _: None)
+    assert (info.value.loc.file, info.value.loc.line) == (str(wide), 3)
+    # 8 GPUs on one node, a base machine of 4 a node: not spread over two of its nodes.
+    with pytest.raises(LogError, match="the run has 8 GPUs on one node, and machine gh200-quad has 4 a node") as info:
+        from_nccl_tests([str(AR)], str(tmp_path / "m.yaml"), "gh200-quad", echo=lambda _: None)
+    assert (info.value.loc.file, info.value.loc.line) == (str(AR), read_logs([str(AR)])[0].line)
+    assert not (tmp_path / "m.yaml").exists()
+
+
+def test_an_algorithm_the_base_machine_lacks_is_an_error_at_the_logs_line(tmp_path):
+    # NCCL_ALGO=CollNetDirect from the log's INFO line, on a DGX H100 without CollNet: NCCL's choice fails
+    # inside the fit, named at the log's point, not at the schedule calibrate simulates.
+    log = tmp_path / "collnet.log"
+    log.write_text(AR.read_text().replace("NCCL_ALGO set by environment to Ring", "NCCL_ALGO set by environment to CollNetDirect"))
+    with pytest.raises(LogError) as info:
+        from_nccl_tests([str(log)], str(tmp_path / "m.yaml"), "dgx-h100", echo=lambda _: None)
+    assert (info.value.loc.file, info.value.loc.line) == (str(log), read_logs([str(log)])[0].points[0].line)
+    assert "cannot run this point as the log ran it: NCCL has no collnet_direct for all_reduce" in info.value.message
+    assert "NCCL_ALGO collnet_direct" in info.value.hint
     assert not (tmp_path / "m.yaml").exists()
 
 

@@ -41,13 +41,18 @@ A saved log carries more, all of it read past or used:
   tables).
 
 Every value is checked where it is read, against the bounds of `commdsl.limits`; every
-problem is a `LogError` naming the file and line.
+problem is a `LogError` naming the file and line. A result row is read as nccl-tests prints
+it (ASCII digits, `_PRINTED`), each time against its algbw (`_agree`), each size once a sweep;
+a line inside a table with the table's columns, mostly numbers, is a row (`_mangled_row`), so
+a mangled one is an error, not text read past. A row whose `#wrong` is above 0 (the data
+check failed) is skipped and told in `notes`.
 """
 
 from __future__ import annotations
 
 import math
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -75,6 +80,17 @@ TYPES = {
 }  # fmt: skip
 """nccl-tests' `-d` type names (src/common.cu `test_typenames`) that have a commdsl dtype."""
 
+NO_DTYPE_TYPES = ("uint32", "uint64", "f8e5m2", "fp8_e5m2", "char", "int")
+"""nccl-tests' (and rccl-tests') other type names: rows of these are skipped and told; a type
+in neither list is a mangled row, an error."""
+
+REDOPS = ("sum", "prod", "max", "min", "avg", "mulsum", "none")
+"""What nccl-tests prints in the `redop` column (src/common.cu `test_opnames`; `none`: a tool
+that does not reduce); old alltoall printed it blank."""
+
+MAX_CHANNELS = 128
+"""Most channels of one kind an INFO line may report: RCCL's MAXCHANNELS (NCCL's is 64)."""
+
 MAX_DIGITS = 20
 """Most digits a whole number of a log may have (2^64 has 20): a longer one is refused
 before it is converted."""
@@ -87,9 +103,9 @@ _TOOL = re.compile(r"#\s*Collective test starting:\s*(\S+)")
 _TESTS_VERSION = re.compile(r"#\s*nccl-tests version \S+.*?nccl-library=(\d{1,8})\b")
 _NCCL_VERSION = re.compile(r"NCCL version (\d{1,4}\.\d{1,4}\.\d{1,4})")
 _ENV = re.compile(r"NCCL_(ALGO|PROTO) set by environment to (\S+)")
-_CHANNELS = re.compile(r"\b(\d{1,6}) coll channels,(?: (\d{1,6}) collnet channels,)?(?: (\d{1,6}) nvls channels,)? (\d{1,6}) p2p channels,"
-                       r" (\d{1,6}) p2p channels per peer")  # fmt: skip
-_NRANKS = re.compile(r"\bcomm 0x[0-9a-fA-F]+ rank \d{1,6} n[Rr]anks (\d{1,6})\b")
+_CHANNELS = re.compile(r"\b(\d+) coll channels,(?: (\d+) collnet channels,)?(?: (\d+) nvls channels,)? (\d+) p2p channels,"
+                       r" (\d+) p2p channels per peer")  # fmt: skip
+_NRANKS = re.compile(r"\bcomm 0x[0-9a-fA-F]+ rank \d{1,6} n[Rr]anks (\d+)\b")
 """NCCL's INFO lines that give a communicator's size: `... comm 0x... rank 0 nranks 16 ... Init
 COMPLETE` (and `Destroy COMPLETE`), `comm 0x... rank 0 nRanks 16 nNodes 2 ...` (2.19+)."""
 _COLLNET = re.compile(r"\bNCCL_COLLNET_ENABLE(?:\s+set by environment to\s+|\s*=\s*)[\"']?(\d)\b")
@@ -112,6 +128,12 @@ _NUMBER = re.compile(r"[-+]?(?:\d|\.\d)[\d.]*(?:\s|$)")
 """How a result line starts: a size, maybe mangled (a sign, a fraction), then a space; not a
 timestamp, nor mpirun's `3 more processes have sent help message ...` (see `_line`)."""
 _TIME_COLUMNS = ("time", "cputime")
+_PRINTED = re.compile(r"[0-9]+(?:\.[0-9]{1,2})?|[0-9](?:\.[0-9])?e\+[0-9]{2,3}")
+"""A time, algbw or busbw as nccl-tests prints it (src/util.cu `getFloatStr`: `%.2f`, `%.1f`
+or `%.0f`, then `%.1e` / `%.0e` for a value too wide for its column; before 2.14 `%.2f` and
+the like): ASCII digits, no sign, an exponent only above the column's width."""
+_WRONG = re.compile(r"[0-9]+|[0-9](?:\.[0-9]+)?e\+[0-9]{2,3}")
+"""`#wrong` as nccl-tests prints it (`%6g` of a count); `N/A` where the data is not checked (`-c 0`)."""
 _MIN_ALGBW = 0.5
 """Least algbw (GB/s) of a result whose busbw / algbw ratio is read: both columns have two
 decimals, so a smaller one says little of the ratio."""
@@ -213,7 +235,7 @@ def parse_given(arg: str) -> tuple[Given, str]:
         return Given(), arg  # a file whose name holds "="
     ranks = None
     if colon:
-        if not gpus.isdigit() or len(gpus) > MAX_DIGITS or not 1 <= int(gpus) <= MAX_WORLD_SIZE:
+        if not (gpus.isascii() and gpus.isdigit()) or len(gpus) > MAX_DIGITS or not 1 <= int(gpus) <= MAX_WORLD_SIZE:
             raise UsageError(f"{name}=...: the GPU count after '{tool}:' must be a whole number from 1 to {MAX_WORLD_SIZE}, got {gpus!r}",
                              hint=f"e.g. {tool}:8={rest}")  # fmt: skip
         ranks = int(gpus)
@@ -331,6 +353,10 @@ class _Run:
     """The first line of the run this one goes on from (`-d all`, `-o all`); None: not one."""
     unknown: tuple[int, int, str] | None = None
     """(line, column, type) of its first row of a type with no commdsl dtype (skipped)."""
+    sizes: dict[int, tuple[int, int]] = field(default_factory=dict)
+    """Size: (line, column) of the rows of its sweep so far (nccl-tests times each size once a sweep)."""
+    wrong: int = 0
+    """The line of its first row that failed nccl-tests' data check (#wrong > 0; skipped); 0: none."""
 
 
 class _Reader:
@@ -355,6 +381,8 @@ class _Reader:
         """Where in `command` the nccl-tests tool it runs is (None: it names none yet)."""
         self.notes = notes
         """Hears of the runs that ended before their first result (a sweep's failed test)."""
+        self.told: set[tuple[str, str]] = set()
+        """The NCCL_ALGO / NCCL_PROTO settings `notes` heard of."""
 
     def loc(self, i: int, col: int = 1) -> SourceLoc:
         return SourceLoc(self.path, i + 1, col, self.lines[i] if i < len(self.lines) else "")
@@ -404,11 +432,11 @@ class _Reader:
         run = self.run
         continued, self.continues = self.continues, False
         if "NCCL INFO" in line or "NCCL WARN" in line or _NCCL_VERSION.match(line):
-            self._nccl(i, line)
+            self._nccl(i, line, col)
             return
         open_table = run is not None and not run.closed and run.columns is not None
         words = line.split(None, 2)
-        if open_table and _NUMBER.match(line) and not (len(words) > 1 and words[1].isalpha()):
+        if open_table and (_NUMBER.match(line) and not (len(words) > 1 and words[1].isalpha()) or _mangled_row(run.columns, line)):
             # (`3 more processes have sent help message ...` of mpirun is text, not a row)
             self._result(i, line, col)
             return
@@ -460,7 +488,7 @@ class _Reader:
             self.next_collnet = m.group(1) != "0"
         return True
 
-    def _nccl(self, i: int, line: str) -> None:
+    def _nccl(self, i: int, line: str, col: int) -> None:
         run = self.run
         target_open = run is not None and not run.closed
         m = _NCCL_VERSION.search(line)
@@ -476,7 +504,7 @@ class _Reader:
         if m and (target_open or not self.runs):
             # The communicator's size, for a table without rank lines. Lines after a run (its
             # teardown) are not the next run's; communicators of different sizes say nothing (0).
-            nranks = self._int(m.group(1), "nranks", i, 1, 1, MAX_WORLD_SIZE)
+            nranks = self._int(m.group(1), "nranks", i, col + m.start(1), 1, MAX_WORLD_SIZE)
             have = run.nranks if target_open else self.next_nranks
             nranks = nranks if have in (None, nranks) else 0
             if target_open:
@@ -488,18 +516,36 @@ class _Reader:
             return  # NCCL's lines after a run (teardown) say nothing of the next
         m = _ENV.search(line)
         if m:
-            names = [x for x in re.split(r"[,;]", m.group(2)) if x and ":" not in x and not x.startswith("^")]
+            value = m.group(2).rstrip(".")  # NCCL ends some of these lines with a period
+            words = [x for x in re.split(r"[,;]", value) if x]
             if m.group(1) == "ALGO":
                 known = {a.value.replace("_", ""): a for a in NCCL_ALGOS}
-                run.algos = frozenset(known[n.lower()] for n in names if n.lower() in known) or None
             else:
-                run.protos = frozenset(p for p in PROTOCOLS if p.value in {n.lower() for n in names}) or None
+                known = {p.value: p for p in PROTOCOLS}
+            # An exclusion (`^NVLS`), a per-collective setting (`allreduce:tree`) or a name commdsl
+            # does not model (PAT) is not read: told, and the run simulated with NCCL's own choice.
+            read = [known[x.lower()] for x in words if x.lower() in known]
+            unread = [x for x in words if x.lower() not in known]
+            if unread and self.notes is not None and (m.group(1), value) not in self.told:
+                self.told.add((m.group(1), value))  # every rank prints it: told once
+                self.notes.append(f"{self.path}:{i + 1}: NCCL_{m.group(1)} {_short(value)}: {_short(', '.join(unread))} not read "
+                                  f"(commdsl reads {', '.join(known)}); the run is simulated with NCCL's own choice"
+                                  + (f" among {', '.join(x.value for x in read)}" if read else ""))  # fmt: skip
+            if m.group(1) == "ALGO":
+                run.algos = frozenset(read) or None
+            else:
+                run.protos = frozenset(read) or None
             return
         m = _CHANNELS.search(line)
         if m:
             # NCCL prints its ring/tree channel count as the "collnet channels" too (init.cc),
             # so that count says nothing of CollNet.
-            coll, _, nvls, p2p, per_peer = (int(g) if g is not None else None for g in m.groups())
+            counts = []
+            for k, name in enumerate(("coll", "collnet", "nvls", "p2p", "p2p per peer"), 1):
+                lo = 0 if name in ("collnet", "nvls") else 1  # no NVLS (CollNet) is 0; NCCL runs one channel of the others at least
+                word = m.group(k)
+                counts.append(None if word is None else self._int(word, f"{name} channels", i, col + m.start(k), lo, MAX_CHANNELS))
+            coll, _, nvls, p2p, per_peer = counts
             new = Channels(coll, nvls, p2p, per_peer)
             # Every rank reports them; NCCL agrees on one count across ranks, so the least is kept.
             run.channels = new if run.channels is None else Channels(
@@ -525,15 +571,19 @@ class _Reader:
             self.run.ranks, self.run.nranks, self.run.command_gpus = self.next_ranks, self.next_nranks, self.next_command_gpus
         self.next_tool, self.next_ranks, self.next_nranks, self.next_command_gpus = None, {}, None, None
 
-    def _no_dtype(self, run: _Run) -> None:
-        """A run without results whose rows were all of types commdsl has no dtype for is an error at the first."""
+    def _no_results(self, run: _Run) -> None:
+        """A run without results whose rows were all skipped is an error at the first: rows of
+        types commdsl has no dtype for, or rows that failed nccl-tests' data check."""
         if run.unknown is not None:
             i, col, name = run.unknown
             raise LogError(f"type '{name}' has no commdsl dtype (known: {', '.join(TYPES)})", self.loc(i, col))
+        if run.wrong:
+            raise LogError(f"every result of the run of line {run.line} failed nccl-tests' data check (#wrong above 0): nothing to fit",
+                           self.loc(run.wrong - 1), hint="the GPUs or the network corrupted data; fix the cluster and rerun the test")  # fmt: skip
 
     def _failed(self, run: _Run) -> None:
         """Drop a run that ended before its first result: it measured nothing."""
-        self._no_dtype(run)
+        self._no_results(run)
         self.runs.remove(run)
         what = f"{self.path}:{run.line}: {run.tool or 'a run'} ended before its first result" + (f" ({run.failure})" if run.failure else "")
         if self.notes is not None:
@@ -582,7 +632,7 @@ class _Reader:
             return
         if line.startswith("# Avg bus bandwidth"):
             if run.columns is None or not run.points:
-                self._no_dtype(run)
+                self._no_results(run)
                 raise LogError("a closing summary with no results before it", self.loc(i), hint="the run failed; rerun it")
             run.closed = True
             run.last = i + 1
@@ -630,31 +680,103 @@ class _Reader:
         t = columns.index("type")
         type_name = tokens[t]
         if type_name not in TYPES:
+            if type_name not in NO_DTYPE_TYPES:
+                raise LogError(f"type {_short(type_name)!r} is not one nccl-tests prints ({', '.join(TYPES)}, {', '.join(NO_DTYPE_TYPES)})",
+                               self.loc(i, at(t)), hint="the row is mangled; rerun the test or drop the line")  # fmt: skip
             # A block of `-d all` (uint32, uint64) commdsl has no dtype for: skipped; a run of
-            # such rows only is an error (`_no_dtype`).
+            # such rows only is an error (`_no_results`).
             run.unknown = run.unknown or (i, at(t), _short(type_name))
             run.last = i + 1
             return
         dtype = TYPES[type_name]
-        block = (dtype,) + tuple(tokens[columns.index(c)][:20] for c in ("redop", "root") if c in columns)
+        redop = tokens[columns.index("redop")] if "redop" in columns else None
+        if redop is not None and redop not in (*REDOPS, ""):  # "": old alltoall's blank (see above)
+            k = columns.index("redop")
+            raise LogError(f"redop {_short(redop)!r} is not one nccl-tests prints ({', '.join(REDOPS)})", self.loc(i, at(k)))
+        root = None
+        if "root" in columns:
+            k = columns.index("root")
+            root = self._int(tokens[k], "root", i, at(k), -1, MAX_WORLD_SIZE - 1)
+        block = (dtype,) + tuple(v for v in (redop, root) if v is not None)
         if run.block is not None and block != run.block:
             run = self._split(i, run, block)  # `-d all` / `-o all`: the rows of the next type or reduction
         run.block, run.dtype = block, dtype
-        times: list[float | None] = []
-        for k in [k for k, c in enumerate(columns) if c in _TIME_COLUMNS][:2]:
-            word = tokens[k]
-            if word == "N/A":
-                times.append(None)
-                continue
-            times.append(self._time(word, size, i, at(k)))
-        times += [None] * (2 - len(times))
-        if times[0] is None and times[1] is None:
+        if size > 0:
+            self._new_size(i, run, size, at(0))
+        groups = [self._timed(i, tokens, columns, k, size, at) for k, c in enumerate(columns) if c in _TIME_COLUMNS][:2]
+        groups += [(None, None, None)] * (2 - len(groups))
+        (time, bandwidths, wrong), (in_place, _, wrong_in_place) = groups
+        if time is None and in_place is None:
             raise LogError("no time on this result line (N/A out of place and in place)", self.loc(i, at(0)))
         run.last = i + 1
-        self._evidence(run, columns, tokens)
+        if wrong or wrong_in_place:
+            # nccl-tests' check of the data failed: the time is of an op that went wrong.
+            run.wrong = run.wrong or i + 1
+            if self.notes is not None:
+                where = " and ".join(f"{w} {what}" for w, what in ((wrong, "out of place"), (wrong_in_place, "in place")) if w)
+                self.notes.append(f"{self.path}:{i + 1}: the result of size {size} skipped: nccl-tests found wrong elements (#wrong {where})")
+            return
+        # What the row says of its tool, for a log that does not name it (`_infer_tool`).
+        if redop is not None:
+            run.redops.add(redop)
+        if root is not None:
+            run.roots.add(root)
+        if bandwidths is not None and bandwidths[0] >= _MIN_ALGBW:
+            run.bandwidths.append(bandwidths)
         if size > 0:
             # Out of place is what a schedule's op does; a run of in-place ops only times that.
-            run.points.append(Point(size, times[0] if times[0] is not None else times[1], times[1], i + 1))
+            run.points.append(Point(size, time if time is not None else in_place, in_place, i + 1))
+
+    def _new_size(self, i: int, run: _Run, size: int, col: int) -> None:
+        """Take a row's size into its sweep: nccl-tests times each size once a sweep, so a size
+        twice is a mangled log (or two merged), except where `-N` (run_cycles) starts the sweep
+        again from its first size."""
+        if size in run.sizes:
+            first, last = next(iter(run.sizes)), next(reversed(run.sizes))
+            if size != first or last == size:
+                line, column = run.sizes[size]
+                raise LogError(f"size {size} is listed twice in the run: first at line {line}", self.loc(i, col),
+                               hint="nccl-tests times each size once; the log is mangled or holds two runs' rows: cut the wrong ones out",
+                               related=(("first here", self.loc(line - 1, column)),))  # fmt: skip
+            run.sizes = {}  # -N: the next sweep
+        run.sizes[size] = (i + 1, col)
+
+    def _timed(self, i: int, tokens: list[str], columns: tuple[str, ...], k: int, size: int,
+               at: Callable[[int], int]) -> tuple[float | None, tuple[float, float] | None, str | None]:  # fmt: skip
+        """The time of column `k` (None: N/A), its (algbw, busbw) and its `#wrong` where the data
+        check failed (the word; None: passed or not checked), each in nccl-tests' form; a time
+        must agree with its algbw (`_agree`). A time's columns are the first of each name after it."""
+        word = tokens[k]
+        if word == "N/A":
+            return None, None, None
+        time = self._time(word, size, i, at(k))
+        own: dict[str, int] = {}
+        for j in range(k + 1, len(columns)):
+            if columns[j] in _TIME_COLUMNS:
+                break
+            own.setdefault(columns[j], j)
+        bandwidths = []
+        for name in ("algbw", "busbw"):
+            j = own.get(name)
+            if j is not None and not (_PRINTED.fullmatch(tokens[j]) and math.isfinite(float(tokens[j]))):
+                raise LogError(f"{name} {_short(tokens[j])!r} is not a bandwidth as nccl-tests prints it (GB/s, digits and "
+                               "a decimal point)", self.loc(i, at(j)), hint="the row is mangled; rerun the test or drop the line")  # fmt: skip
+            bandwidths.append(None if j is None else float(tokens[j]))
+        j = own.get("algbw")
+        # A cputime column (-C 1) is the host's time; algbw is of the GPU's.
+        if j is not None and columns[k] == "time" and not _agree(size, word, tokens[j]):
+            raise LogError(f"time {word} us and algbw {tokens[j]} GB/s disagree: {size} B in {word} us is "
+                           f"{size / (time * 1e3):.4g} GB/s (nccl-tests prints algbw = size / time)", self.loc(i, at(k)),
+                           hint="the row is mangled; rerun the test or drop the line")  # fmt: skip
+        wrong = None
+        j = own.get("#wrong")
+        if j is not None and tokens[j] != "N/A":
+            if not _WRONG.fullmatch(tokens[j]):
+                raise LogError(f"#wrong {_short(tokens[j])!r} is not a count of wrong elements as nccl-tests prints it "
+                               "(a whole number, or N/A)", self.loc(i, at(j)))  # fmt: skip
+            wrong = tokens[j] if float(tokens[j]) > 0 else None
+        both = (bandwidths[0], bandwidths[1]) if None not in bandwidths else None
+        return time, both, wrong
 
     def _bare_hint(self, hint: str) -> str:
         """What to do of a table that does not say its tool or GPU count: with the file's other
@@ -669,7 +791,7 @@ class _Reader:
         and go on with a run of the same GPUs and settings for the rows from there."""
         run.closed = True
         new = replace(run, line=i + 1, points=[], dtype=None, redops=set(), roots=set(), bandwidths=[], block=None, unknown=None,
-                      closed=False, last=0, failure=None)  # fmt: skip
+                      closed=False, last=0, failure=None, sizes={}, wrong=0)  # fmt: skip
         self.runs.append(new)
         self.run = new
         if self.notes is not None and run.origin is None:
@@ -690,24 +812,6 @@ class _Reader:
                               f"({said + ', ' if said else ''}busbw = {bus_factor(TOOLS[tool], ranks):.4g} x algbw on {ranks} GPUs)")  # fmt: skip
         return tool
 
-    @staticmethod
-    def _evidence(run: _Run, columns: tuple[str, ...], tokens: list[str]) -> None:
-        """Keep what a result line says of its tool (redop, root, busbw / algbw), for a log
-        that does not name it (`_infer_tool`)."""
-        if "redop" in columns:
-            run.redops.add(tokens[columns.index("redop")][:20])
-        if "root" in columns:
-            word = tokens[columns.index("root")]
-            if word.lstrip("-").isdigit() and len(word) <= MAX_DIGITS:
-                run.roots.add(int(word))
-        if "algbw" in columns and "busbw" in columns:
-            try:
-                algbw, busbw = float(tokens[columns.index("algbw")][:40]), float(tokens[columns.index("busbw")][:40])
-            except ValueError:
-                return  # a mangled bandwidth says nothing of the tool; the times are what is read
-            if math.isfinite(algbw) and math.isfinite(busbw) and algbw >= _MIN_ALGBW:
-                run.bandwidths.append((algbw, busbw))
-
     def _time(self, word: str, size: int, i: int, col: int) -> float:
         try:
             v = float(word) if len(word) <= 40 else math.nan
@@ -717,10 +821,13 @@ class _Reader:
             raise LogError(f"time {_short(word)} us: times are positive finite numbers", self.loc(i, col))
         if v > MAX_MACHINE_TIME_US:
             raise LogError(f"time {_short(word)} us is above the limit of {MAX_MACHINE_TIME_US:g} us (commdsl.limits.MAX_MACHINE_TIME_US)", self.loc(i, col))
+        if not _PRINTED.fullmatch(word):  # float() also reads `1_000`, `+5`, `1e-300` and other scripts' digits
+            raise LogError(f"time {_short(word)!r} is not a time as nccl-tests prints it (us, digits and at most two decimals)",
+                           self.loc(i, col), hint="the row is mangled; rerun the test or drop the line")  # fmt: skip
         return v
 
     def _int(self, word: str, what: str, i: int, col: int, lo: int, hi: int, hint: str | None = None) -> int:
-        digits = word.lstrip("+-")
+        digits = word[1:] if word.startswith("-") else word  # nccl-tests prints no `+`
         if not digits.isdigit() or not digits.isascii():
             raise LogError(f"{what} {_short(word)!r} is not a whole number", self.loc(i, col))
         if len(digits) > MAX_DIGITS or not lo <= int(word) <= hi:
@@ -735,7 +842,7 @@ class _Reader:
 
         end = run.last or run.line
         if not run.points:
-            self._no_dtype(run)
+            self._no_results(run)
         elif run.unknown is not None and self.notes is not None:
             self.notes.append(f"{self.path}:{run.unknown[0] + 1}: rows of type {run.unknown[2]} skipped: commdsl has no dtype for it")
         if not run.closed:
@@ -798,6 +905,10 @@ class _Reader:
             raise LogError(f"ranks {missing} are missing from the rank list (ranks 0..{max(ranks)})", at(run.line))
         if given.ranks is not None and given.ranks != n:
             raise LogError(f"the run has {n} GPUs, not {given.ranks} as the command line says", at(run.line))
+        if said is not None and said != n:
+            raise LogError(f"the run lists {n} ranks, and NCCL's INFO lines say its communicator has {said} (nranks {said})", at(run.line),
+                           hint="lines of another run mixed in, or a run of split communicators (NCCL_TESTS_SPLIT): calibrate reads "
+                                "runs of one communicator of all the ranks")  # fmt: skip
         devices = {name for _, name, _ in ranks.values()}
         if len(devices) > 1:
             raise LogError(f"the run mixes GPUs ({', '.join(sorted(devices))})", at(run.line))
@@ -885,7 +996,7 @@ def _command_gpus(words: list[str], k: int) -> tuple[int, int] | None:
     else:
         procs = "1" if all(_PROMPT.fullmatch(w) for w in before) else None
     values = [procs, _option(after, ("-t", "--nthreads")) or "1", _option(after, ("-g", "--ngpus")) or "1"]
-    if any(v is None or not v.isdigit() or len(v) > 6 or int(v) < 1 for v in values):
+    if any(v is None or not (v.isascii() and v.isdigit()) or len(v) > 6 or int(v) < 1 for v in values):
         return None
     n = math.prod(int(v) for v in values)
     return (n, int(values[2])) if n <= MAX_WORLD_SIZE else None
@@ -900,6 +1011,35 @@ def _option(words: list[str], names: tuple[str, ...]) -> str | None:
             if w.startswith(name + "=") or (len(name) == 2 and w.startswith(name) and w[2:].isdigit()):
                 return w[len(name) :].lstrip("=")
     return None
+
+
+def _mangled_row(columns: tuple[str, ...], line: str) -> bool:
+    """Whether a line inside a table that does not start with a size is a result row all the
+    same (a size `1.3e8`, `nan`, `0x10`): it has the table's columns (one fewer: old alltoall's
+    blank redop) and most of its words after the type hold digits. mpirun's and other programs'
+    messages inside a table have few numbers."""
+    tokens = line.split()
+    t = columns.index("type") if "type" in columns else 2
+    rest = tokens[t + 1 :]
+    numbers = sum(any(c.isdigit() for c in word) for word in rest)
+    return bool(columns) and len(tokens) >= len(columns) - 1 and numbers > len(rest) / 2
+
+
+def _agree(size: int, time: str, algbw: str) -> bool:
+    """Whether a time (us) and its algbw (GB/s) agree as nccl-tests prints them: algbw = size /
+    time / 1e3, each rounded to the digits printed (`_half_unit`)."""
+    t, a = float(time), float(algbw)
+    dt, da = _half_unit(time), _half_unit(algbw)
+    lo = size / ((t + dt) * 1e3) - da
+    hi = size / ((t - dt) * 1e3) + da if t > dt else math.inf
+    return lo * (1 - 1e-9) <= a <= hi * (1 + 1e-9)
+
+
+def _half_unit(word: str) -> float:
+    """Half the last digit of a number as printed (`12.34`: 0.005; `1.2e+07`: 50000): how far
+    the printed value may be from the value."""
+    mantissa, _, exponent = word.partition("e")
+    return 0.5 * 10.0 ** (int(exponent or 0) - len(mantissa.partition(".")[2]))
 
 
 def _is_number(word: str) -> bool:

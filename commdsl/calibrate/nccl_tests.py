@@ -35,7 +35,7 @@ from pathlib import Path
 
 import yaml
 
-from commdsl.calibrate.nccl_logs import Channels, NcclTestsLog, read_logs
+from commdsl.calibrate.nccl_logs import Channels, NcclTestsLog, Point, read_logs
 from commdsl.dsl import load_schedule_text
 from commdsl.calibrate.fit import nelder_mead
 from commdsl.errors import CommdslError, LogError, SourceLoc, UsageError, require_output_folder
@@ -410,7 +410,10 @@ def _points(machine: Machine, base: Machine, logs: list[NcclTestsLog], runs: lis
         base_fabric = Fabric(bench_machine(base, run), world)
         cls = _classes(base_fabric)
         for p in log.points:
-            c = choice(m, run, p.size_bytes, flows)
+            try:
+                c = choice(m, run, p.size_bytes, flows)
+            except CommdslError as e:
+                raise _at_point(log, p, f"machine {m.name} cannot run this point as the log ran it", e) from None
             out.append(_point(li, m, flows, base_fabric.capacity, cls, run, p.size_bytes, p.time_us, c))
     return out
 
@@ -689,7 +692,8 @@ def from_nccl_tests(paths: list[str], out: str, base: str | None = None, algo: A
         echo(f"calibrate: {note}")
     machine = base_machine(logs, base)
     runs = [Run.of(log, algo, proto) for log in logs]
-    for run in runs:
+    for log, run in zip(logs, runs):
+        _check_nodes(machine, log)
         bench_machine(machine, run)  # the layout is one the base machine can run, before any work
     echo(f"calibrate: {sum(len(l.points) for l in logs)} points in {len(logs)} log(s), base machine {machine.name}")
     progress.phase("fitting")
@@ -716,6 +720,28 @@ def from_nccl_tests(paths: list[str], out: str, base: str | None = None, algo: A
     return load_machine(out)
 
 
+def _check_nodes(machine: Machine, log: NcclTestsLog) -> None:
+    """A log's GPUs on each node fit the base machine's node. `bench_machine` checks a run
+    across nodes; a run on one node (whose `Run` leaves the layout to the machine) is checked
+    here, or its GPUs would be spread over several of the machine's nodes."""
+    topo = machine.topology
+    if topo is not None and log.ranks_per_node is not None and log.ranks_per_node > topo.gpus_per_node:
+        nodes = "one node" if log.nodes == 1 else f"each of {log.nodes} nodes"
+        raise LogError(f"the run has {log.ranks_per_node} GPUs on {nodes}, and machine {machine.name} has {topo.gpus_per_node} a node",
+                       SourceLoc(log.file, log.line, 1), hint="name a base machine with the cluster's nodes: --machine")  # fmt: skip
+
+
+def _at_point(log: NcclTestsLog, p: Point, what: str, e: CommdslError) -> LogError:
+    """The simulator's error on a log's point, named at the point's line of the log (not the
+    simulated schedule's): NCCL_ALGO / NCCL_PROTO from the log's INFO lines that the machine
+    does not have, say."""
+    # The settings `Run.of` takes from the log: one algorithm, one protocol.
+    said = " and ".join(f"NCCL_{name} {next(iter(v)).value}" for name, v in (("ALGO", log.algos), ("PROTO", log.protos))
+                        if v is not None and len(v) == 1)  # fmt: skip
+    hint = f"the log's NCCL INFO lines set {said}: name a base machine that has it (--machine)" if said else e.hint
+    return LogError(f"{what}: {e.message}", SourceLoc(log.file, p.line, 1), hint=hint)
+
+
 def simulated_errors(machine: Machine, logs: list[NcclTestsLog], runs: list[Run], progress: Progress | None = None) -> list[list[float]]:
     """Per log, the simulator's relative error (predicted / measured - 1) at every point."""
     progress = progress or Progress("calibrate", enabled=False)
@@ -726,8 +752,8 @@ def simulated_errors(machine: Machine, logs: list[NcclTestsLog], runs: list[Run]
         for p in log.points:
             try:
                 errs.append(simulate_run(machine, run, p.size_bytes) / p.time_us - 1.0)
-            except CommdslError as e:  # named at the log's line, not the simulated schedule's
-                raise LogError(f"the fitted machine cannot simulate this point: {e.message}", SourceLoc(log.file, p.line, 1)) from None
+            except CommdslError as e:
+                raise _at_point(log, p, "the fitted machine cannot simulate this point", e) from None
             progress.advance()
         out.append(errs)
     return out
