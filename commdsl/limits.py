@@ -35,6 +35,12 @@ MAX_WORLD_SIZE = 65_536
 DEFAULT_MAX_OPS = 5_000_000
 """Default limit on the ops a schedule may expand to, over all ranks (`--max-ops`)."""
 
+MAX_SWEEP_POINTS = 100_000
+"""Most points one sweep may have (schedules x every param's values x machines x node
+counts), refused before any point runs: a typo in a range should not queue days of work.
+A point costs tens of milliseconds to seconds (docs/performance.md: 79 ms for a 64-rank
+1F1B), so 100,000 of them are hours on a workstation; split a larger sweep."""
+
 MIN_BANDWIDTH_GB_PER_S = 1e-3
 """Slowest bandwidth a machine may give (a link, a transport, memory): 1 MB/s."""
 

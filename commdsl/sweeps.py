@@ -13,13 +13,14 @@ ends included) or a range with a factor (`8:64:x2`). Points run in worker proces
 point's schedule text and machine travel with it, so a worker reads no file. A point
 that fails (an `assert` of the schedule, a deadlock, a rank out of memory, a limit) is a
 row with its error, never the end of the sweep. Everything a user can get wrong in the
-sweep itself (an unknown param, an empty range, an unknown machine, an unwritable
-output) is one `UsageError` before any point runs.
+sweep itself (a schedule that is no schedule, an unknown param, an empty range, too many
+points, an unknown machine, an unwritable output) is one `UsageError` before any point runs.
 """
 
 from __future__ import annotations
 
 import csv
+import decimal
 import enum
 import html
 import io
@@ -34,14 +35,13 @@ from concurrent.futures.process import BrokenProcessPool
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-import yaml
-
 from commdsl.errors import CommdslError, UsageError, did_you_mean
 from commdsl.files import check_output_path
-from commdsl.limits import DEFAULT_MAX_OPS
+from commdsl.limits import DEFAULT_MAX_OPS, MAX_SWEEP_POINTS
 
-MAX_POINTS = 1_000_000
-"""Most points one sweep may have: a typo in a range should not start a week of work."""
+MAX_JOBS = 1024
+"""Most worker processes (or CPUs of a local Ray instance) a sweep starts: more than one
+machine's CPUs, and the same bound on every machine."""
 
 
 class Objective(str, enum.Enum):
@@ -143,6 +143,8 @@ def parse_values(name: str, text: str) -> tuple[str, ...]:
     """The values of `-p NAME=TEXT`: a list (`2,4,8`), a range with a step (`a:b:step`)
     or a factor (`a:b:xF`), both ends included, its bounds plain numbers or numbers with
     one unit (`1MiB:8MiB:x2`, `1ms:4ms:1ms`); each value as the schedule reads it."""
+    from commdsl.dsl.values import INT_LIMIT
+
     text = str(text).strip()
     flag = f"-p {name}={text}"
     if ":" in text:
@@ -158,9 +160,15 @@ def parse_values(name: str, text: str) -> tuple[str, ...]:
             raise UsageError(f"{flag}: the range's bounds{'' if factor_m else ' and step'} take one unit, got "
                              + ", ".join(sorted(u or "none" for u in units)))  # fmt: skip
         numbers = [start_m.group(1), stop_m.group(1), (factor_m or step_m).group(1)]
-        start, stop, step = (float(x) for x in numbers)
-        factor = factor_m is not None
         integral = all(re.fullmatch(r"[-+]?\d+", x) for x in numbers)
+        for x in numbers:  # integers step exactly (as ints), other numbers as floats
+            if integral and abs(float(x)) >= INT_LIMIT:
+                raise UsageError(f"{flag}: {_clip(x)} is too large (the limit is 2**63)")
+            if not math.isfinite(float(x)):
+                raise UsageError(f"{flag}: {_clip(x)} is too large for a number (the limit is about 1.8e308)")
+        # (via Decimal: int() refuses a text of more than 4,300 digits, leading zeros too)
+        start, stop, step = (int(decimal.Decimal(x)) if integral else float(x) for x in numbers)
+        factor = factor_m is not None
         if factor and step <= 1:
             raise UsageError(f"{flag}: the factor must be more than 1, got x{numbers[2]}")
         if factor and start <= 0:
@@ -171,9 +179,9 @@ def parse_values(name: str, text: str) -> tuple[str, ...]:
             raise UsageError(f"{flag}: the range is empty ({parts[0].strip()} is past {parts[1].strip()})")
         values = []
         x = start
-        while x <= stop * (1 + 1e-12):
-            if len(values) >= MAX_POINTS:
-                raise UsageError(f"{flag}: more than {MAX_POINTS:,} values")
+        while x <= (stop if integral else stop + abs(stop) * 1e-12):
+            if len(values) >= MAX_SWEEP_POINTS:
+                raise UsageError(f"{flag}: more than {MAX_SWEEP_POINTS:,} values, the most points a sweep may have")
             values.append((str(int(x)) if integral else f"{x:.12g}") + unit)
             x = x * step if factor else x + step
         return tuple(values)
@@ -183,12 +191,18 @@ def parse_values(name: str, text: str) -> tuple[str, ...]:
     return values
 
 
+def _clip(number: str) -> str:
+    """A number as written, its start only where it is long (its digits could fill screens)."""
+    return number if len(number) <= 40 else f"{number[:20]}... ({len(number)} characters)"
+
+
 def _points(schedules: Sequence[str], params: Mapping[str, Sequence[str]], machines: Sequence[str],
             nodes: Sequence[int | None]) -> list[Point]:  # fmt: skip
     names = list(params)
     count = len(schedules) * len(machines) * len(nodes) * math.prod(len(v) for v in params.values())
-    if count > MAX_POINTS:
-        raise UsageError(f"the sweep has {count:,} points, more than the limit of {MAX_POINTS:,}")
+    if count > MAX_SWEEP_POINTS:
+        raise UsageError(f"the sweep has {count:,} points, more than the limit of {MAX_SWEEP_POINTS:,}",
+                         hint="sweep fewer values, or split the sweep into several")  # fmt: skip
     return [
         Point(schedule, tuple(zip(names, combo)), machine, n)
         for schedule in schedules
@@ -198,17 +212,18 @@ def _points(schedules: Sequence[str], params: Mapping[str, Sequence[str]], machi
     ]
 
 
-def declared_params(display: str, text: str) -> list[str] | None:
-    """The params a schedule's text declares, or None where its YAML cannot be read (its
-    points then fail with the loader's message, each a row)."""
+def declared_params(display: str, text: str) -> list[str]:
+    """The params a schedule's text declares. A text that is no schedule at all (not YAML,
+    not a mapping, an unknown top-level key, no `program:`) is refused with the loader's
+    message, as a `UsageError`, before any point runs; what depends on a point's values
+    (a param's value, the world, the program) fails that point, as a row."""
+    from commdsl.dsl import loader
+    from commdsl.errors import ScheduleError
+
     try:
-        doc = yaml.safe_load(text)
-    except yaml.YAMLError:
-        return None
-    if not isinstance(doc, dict):
-        return None
-    params = doc.get("params") or {}
-    return [str(k) for k in params] if isinstance(params, dict) else None
+        return loader.declared_params(text, display)
+    except ScheduleError as err:
+        raise UsageError(err.message, err.loc, hint=err.hint, related=err.related) from None
 
 
 # ---- the work of one point -------------------------------------------------------------
@@ -268,7 +283,6 @@ def plan(schedules: Sequence[str] | str, params: Mapping[str, object] | None = N
     `params` maps a name to its values: a text as `-p` takes it (`"8:64:x2"`) or a list."""
     from commdsl.dsl.loader import resolve_schedule
     from commdsl.files import is_file, read_text
-    from commdsl.errors import ScheduleError
     from commdsl.resources import bundled_schedules
     from commdsl.sim.models import NETWORKS
 
@@ -300,10 +314,8 @@ def plan(schedules: Sequence[str] | str, params: Mapping[str, object] | None = N
             raise UsageError(f"no such schedule file or bundled schedule: {schedule}",
                              hint="bundled schedules: " + ", ".join(bundled_schedules()))  # fmt: skip
         display = schedule if is_file(schedule) else f"schedules/{path.name}"
-        texts[schedule] = (display, read_text(path, display, ScheduleError, "schedule"))
+        texts[schedule] = (display, read_text(path, display, UsageError, "schedule"))
         declared = declared_params(*texts[schedule])
-        if declared is None:
-            continue
         for name in values:
             if name not in declared:
                 raise UsageError(f"-p {name}: schedule {schedule} has no param '{name}'"
@@ -337,8 +349,8 @@ def run_plan(checked: SweepPlan, *, jobs: int = 1, executor: Executor | str = Ex
         executor = Executor(executor)
     except ValueError:
         raise UsageError(f"unknown executor '{executor}' (known: {', '.join(e.value for e in Executor)})") from None
-    if not isinstance(jobs, int) or jobs < 1:
-        raise UsageError(f"jobs must be a whole number >= 1, got {jobs!r}")
+    if not isinstance(jobs, int) or not 1 <= jobs <= MAX_JOBS:
+        raise UsageError(f"jobs must be a whole number from 1 to {MAX_JOBS:,}, got {jobs!r}")
     if address is not None and executor is not Executor.RAY:
         raise UsageError("--address names a Ray cluster: use it with --executor ray")
     tasks = _chunks(checked, jobs)
@@ -370,7 +382,7 @@ def _chunks(checked: SweepPlan, jobs: int) -> list[_Task]:
 def _run_local(tasks: list[_Task], jobs: int, report: Callable[[int, int], None], total: int) -> list[list[Row]]:
     results: list[list[Row] | None] = [None] * len(tasks)
     done = 0
-    with ProcessPoolExecutor(max_workers=jobs) as pool:
+    with ProcessPoolExecutor(max_workers=min(jobs, len(tasks))) as pool:
         futures = {pool.submit(evaluate, task): i for i, task in enumerate(tasks)}
         for future in as_completed(futures):
             try:

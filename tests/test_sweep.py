@@ -53,6 +53,9 @@ def exchange(tmp_path: Path) -> str:
     ("7", ("7",)),
     ("1MiB:8MiB:x2", ("1MiB", "2MiB", "4MiB", "8MiB")),
     ("1ms:2ms:0.5ms", ("1ms", "1.5ms", "2ms")),
+    ("-1.5:-0.5:0.5", ("-1.5", "-1", "-0.5")),
+    ("9007199254740993:9007199254740995:1", ("9007199254740993", "9007199254740994", "9007199254740995")),  # past 2**53: exact
+    ("1:" + "0" * 5000 + "2:1", ("1", "2")),
 ])  # fmt: skip
 def test_values(text, values):
     assert parse_values("p", text) == values
@@ -67,6 +70,11 @@ def test_values(text, values):
     ("2,,4", "separated by commas"),
     ("1MiB:8GiB:x2", "take one unit"),
     ("1:2:3:4", "a range is START:STOP:STEP"),
+    ("1:1" + "0" * 400 + ":x2", r"-p p=1:1000.*: 10000000000000000000\.\.\. \(401 characters\) is too large \(the limit is 2\*\*63\)"),
+    ("1:9223372036854775808:1", "9223372036854775808 is too large"),
+    ("1:1e400:x2", "1e400 is too large for a number"),
+    ("1:2:1e309", "1e309 is too large for a number"),
+    ("1:1000000:1", "more than 100,000 values"),
 ])  # fmt: skip
 def test_bad_values(text, words):
     with pytest.raises(commdsl.UsageError, match=words):
@@ -140,15 +148,47 @@ def test_parquet(exchange, tmp_path):
     (["--address", "auto"], "use it with --executor ray"),
     (["-p", "order=0", "-p", "order=1"], "given twice"),
     (["-p", "order"], "KEY=VALUE"),
+    (["-p", "order=0:1:x1e400"], "1e400 is too large for a number"),
+    (["-p", "order=0:999:1", "-p", "n=0:999:1"], "the sweep has 1,000,000 points, more than the limit of 100,000"),
+    (["-j", "99999999999"], "argument -j/--jobs: must be at most 1,024, got 99,999,999,999"),
+    (["trace.json"], "unknown top-level key 'displayTimeUnit'"),
+    (["empty.yaml"], "the schedule file is empty"),
+    (["noprogram.yaml"], "the schedule has no `program:` block"),
 ])  # fmt: skip
 def test_bad_input_is_one_message_before_any_work(exchange, tmp_path, capsys, monkeypatch, args, words):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "OUTDIR.html").mkdir()
+    (tmp_path / "trace.json").write_text('{"displayTimeUnit": "ms", "traceEvents": []}')  # another tool's file
+    (tmp_path / "empty.yaml").write_text("")
+    (tmp_path / "noprogram.yaml").write_text("params: {order: 0}\nworld: 2\n")
     args = [a.replace("OUTDIR", "OUTDIR.html") for a in args]
     assert main(["sweep", exchange, *args]) == 2
     err = capsys.readouterr().err
     assert words in err and "Traceback" not in err
     assert not (tmp_path / "r.xlsx").exists()
+
+
+def test_a_sweep_where_no_point_simulated_exits_1_with_its_rows(exchange, tmp_path, capsys):
+    out = tmp_path / "r.csv"
+    argv = ["sweep", exchange, "-j", "1", "--network", "analytic", "--out", str(out)]
+    assert main([*argv, "-p", "order=1"]) == 1  # a deadlock
+    assert "1 points: 0 simulated, 1 failed" in capsys.readouterr().out
+    assert [row["error_kind"] for row in csv.DictReader(out.open())] == ["DeadlockError"]
+    assert main([*argv, "--max-ops", "1"]) == 1
+    assert "more than 1 ops" in capsys.readouterr().out
+    assert main([*argv, "-p", "order=0,1"]) == 0  # one point simulated
+
+
+def test_a_point_past_max_ops_stops_at_its_own_limit(exchange):
+    """The point's --max-ops bounds its expansion (here counted as it runs: 1F1B's loop
+    bound is below the limit, rank 0's ops above it), not the default 5,000,000."""
+    [row] = commdsl.sweep(["1f1b"], {"microbatches": "100000"}, network="analytic", jobs=1, max_ops=500_000)
+    assert row.error_kind == "LimitError" and "the schedule expands to more than 500,000 ops" in row.error
+
+
+def test_jobs_are_bounded(exchange):
+    with pytest.raises(commdsl.UsageError, match="jobs must be a whole number from 1 to 1,024, got 1025"):
+        commdsl.sweep([exchange], {"order": "0"}, jobs=1025)
 
 
 def test_several_schedules_need_the_same_params(exchange, capsys):

@@ -16,7 +16,7 @@ from commdsl.dsl import DEFAULT_MAX_OPS, parse_overrides
 from commdsl.errors import UsageError
 from commdsl.progress import Progress
 from commdsl.sim.models import DEFAULT_NETWORK, NETWORKS
-from commdsl.sweeps import OUT_SUFFIXES, Executor, Objective, check_output
+from commdsl.sweeps import MAX_JOBS, OUT_SUFFIXES, Executor, Objective, check_output
 
 DEFAULT_TOP = 10
 
@@ -33,8 +33,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="node counts of machines with a topology, separated by commas (e.g. 1,2,4)")  # fmt: skip
     parser.add_argument("--network", default=DEFAULT_NETWORK, choices=sorted(NETWORKS),
                         help=f"network model (default {DEFAULT_NETWORK}; analytic: no contention, the fastest)")  # fmt: skip
-    parser.add_argument("-j", "--jobs", type=count_at_least(1), default=os.cpu_count() or 1, metavar="N",
-                        help="worker processes (or CPUs of a local Ray instance); default: this machine's CPUs")  # fmt: skip
+    parser.add_argument("-j", "--jobs", type=parse_jobs, default=min(os.cpu_count() or 1, MAX_JOBS), metavar="N",
+                        help=f"worker processes (or CPUs of a local Ray instance), 1 to {MAX_JOBS:,}: each is a process "
+                             "of its own, so more would only exhaust the system; default: this machine's CPUs")  # fmt: skip
     parser.add_argument("--executor", default=Executor.LOCAL.value, choices=[e.value for e in Executor],
                         help="local worker processes, or Ray tasks (pip install 'commdsl[ray]')")  # fmt: skip
     parser.add_argument("--address", default=None, metavar="ADDR",
@@ -51,6 +52,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="write a self-contained report: makespan against peak memory, the Pareto front, the table")  # fmt: skip
     parser.add_argument("--max-ops", type=count_at_least(1), default=None, metavar="N",
                         help="a point whose schedule expands to more than N ops fails (default 5,000,000)")  # fmt: skip
+
+
+def parse_jobs(text: str) -> int:
+    """-j: a whole number from 1 to `MAX_JOBS`."""
+    jobs = count_at_least(1)(text)
+    if jobs > MAX_JOBS:
+        raise argparse.ArgumentTypeError(f"must be at most {MAX_JOBS:,}, got {jobs:,}")
+    return jobs
 
 
 def parse_memory(text: str | None) -> int | None:
@@ -103,7 +112,7 @@ def run(args: argparse.Namespace) -> int:
             write_html(rows, args.html, objective=objective, max_memory_bytes=max_memory,
                        title="commdsl sweep: " + " ".join(args.schedules))  # fmt: skip
     print_table(rows, objective, max_memory, args.top)
-    return 0
+    return 0 if any(r.ok for r in rows) else 1  # every point failed: the rows say why, the exit says so
 
 
 def print_table(rows, objective: Objective, max_memory: int | None, top: int) -> None:

@@ -134,18 +134,7 @@ def load_schedule_text(
     `fold_unit` as in `load_schedule`."""
     if not isinstance(fold_unit, int) or fold_unit < 1:
         raise UsageError(f"fold_unit is the GPUs of a node, a whole number of at least 1, got {fold_unit!r}")
-    doc = _YamlFile(text, file)
-    if doc.root is None:
-        raise ScheduleError("the schedule file is empty", doc.file_start(),
-                            hint="a schedule needs at least `world:` and `program:`")  # fmt: skip
-    top = doc.mapping(doc.root, "the schedule")
-    for key, (knode, _) in top.items():
-        if key not in _TOP_LEVEL_KEYS:
-            raise ScheduleError(f"unknown top-level key '{key}' (known: {', '.join(_TOP_LEVEL_KEYS)})", doc.loc(knode),
-                                hint=did_you_mean(key, _TOP_LEVEL_KEYS))  # fmt: skip
-    if "program" not in top:
-        raise ScheduleError("the schedule has no `program:` block", doc.loc(doc.root))
-
+    doc, top = _schedule_top(text, file)
     name = _string(doc, top, "name", Path(file).stem)
     docstring = _string(doc, top, "doc", "")
     params = _params(doc, top.get("params"), overrides or {})
@@ -298,6 +287,30 @@ def _expand_folded(layout: WorldLayout, rank_reads: set[tuple[str, ...]], expand
     note = (f"folded along {axis}: {ranks} with {fold.label} run for all {fold.replicas * b} replicas{at_a_time} "
             f"({expanded} expanded too, and found the same renamed)")  # fmt: skip
     return per_rank, fold, note
+
+
+def _schedule_top(text: str, file: str) -> tuple[_YamlFile, dict[str, tuple[yaml.Node, yaml.Node]]]:
+    """A schedule's YAML and its top-level keys, checked to be a schedule's (known keys, a
+    `program:`); what the keys hold is read later."""
+    doc = _YamlFile(text, file)
+    if doc.root is None:
+        raise ScheduleError("the schedule file is empty", doc.file_start(),
+                            hint="a schedule needs at least `world:` and `program:`")  # fmt: skip
+    top = doc.mapping(doc.root, "the schedule")
+    for key, (knode, _) in top.items():
+        if key not in _TOP_LEVEL_KEYS:
+            raise ScheduleError(f"unknown top-level key '{key}' (known: {', '.join(_TOP_LEVEL_KEYS)})", doc.loc(knode),
+                                hint=did_you_mean(key, _TOP_LEVEL_KEYS))  # fmt: skip
+    if "program" not in top:
+        raise ScheduleError("the schedule has no `program:` block", doc.loc(doc.root))
+    return doc, top
+
+
+def declared_params(text: str, file: str) -> list[str]:
+    """The names of the params a schedule's text declares, its top level checked as
+    `load_schedule_text` checks it (a `ScheduleError` where it is no schedule)."""
+    doc, top = _schedule_top(text, file)
+    return list(doc.mapping(top["params"][1], "params")) if "params" in top else []
 
 
 def _string(doc: _YamlFile, top, key: str, default: str) -> str:
