@@ -912,6 +912,17 @@ def test_giant_loop_fails_fast():
     assert time.perf_counter() - start < 30.0
 
 
+def test_a_loop_past_the_op_limit_counts_the_branch_its_ifs_take():
+    """An `if` whose condition the loop does not change takes one branch on every pass:
+    the bound before the loop counts that branch's ops (1F1B's steady loop: 6 a pass on
+    rank 0, where the least over `if not last:` and nothing gave 4), so the schedule is
+    refused at the loop, before millions of ops are made."""
+    from commdsl.dsl import load_schedule
+    with pytest.raises(LimitError) as info:
+        load_schedule("1f1b", {"microbatches": "1048576"})
+    assert "this loop would add at least 6,291,438 (1,048,573 iterations of at least 6 each)" in info.value.message
+
+
 def test_max_ops_default_and_configurable():
     from commdsl.dsl import DEFAULT_MAX_OPS
 

@@ -162,7 +162,8 @@ class StatementRules(RuleSet):
             else:
                 otherwise = clause[1]
 
-        shape = IfShape(tuple(tuple(b) for _, b, _ in branches) + ((tuple(otherwise),) if otherwise else ()), otherwise is not None)
+        shape = IfShape(tuple(tuple(b) for _, b, _ in branches) + ((tuple(otherwise),) if otherwise else ()), otherwise is not None,
+                        tuple(c for c, _, _ in branches))
         if len(branches) == 1 and otherwise is None:  # `if COND:` alone, the usual case: no loop over branches
             test, stmts, loc = branches[0]
 

@@ -64,6 +64,13 @@ class IfShape:
     branches: tuple[tuple[Callable, ...], ...]
     exhaustive: bool
     """Whether one branch always runs (there is an `else`)."""
+    conditions: tuple[Callable, ...] = ()
+    """The `if` / `elif` conditions, one per branch before the `else`."""
+    condition_names: frozenset[str] = field(init=False)
+    """The names the conditions read (worked out once, as `ForShape.body_assigned`)."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "condition_names", expression_names(self.conditions))
 
 
 @dataclass(frozen=True)
@@ -201,6 +208,9 @@ class _Bound:
             elif isinstance(shape, BodyShape):
                 o, s = self.of(shape.body, env, unknown, depth)
                 ops, steps = ops + o, steps + s
+            elif isinstance(shape, IfShape) and (taken := self._taken(shape, env, unknown)) is not None:
+                o, s = self.of(taken, env, unknown, depth)
+                ops, steps = ops + o, steps + s
             elif isinstance(shape, IfShape) and shape.exhaustive:
                 least = [self.of(b, env, unknown, depth) for b in shape.branches]
                 ops, steps = ops + min(o for o, _ in least), steps + min(s for _, s in least)
@@ -244,6 +254,20 @@ class _Bound:
         callee_unknown = unknown | unset | body_writes(ctx, body)
         ops, steps = self.of(body, local, frozenset(callee_unknown), depth + 1)
         return ops, steps + 1
+
+    def _taken(self, shape: IfShape, env: dict, unknown: frozenset[str]) -> tuple[Callable, ...] | None:
+        """The branch an `if` takes on every pass when its conditions read nothing the
+        loop changes and are booleans now (`()`: none, and no `else`); None where that
+        is not known, and the bound falls back to the least over the branches."""
+        if shape.condition_names & unknown:
+            return None
+        for cond, branch in zip(shape.conditions, shape.branches):
+            value = self._values((cond,), env)
+            if value is None or value[0].__class__ is not bool:
+                return None
+            if value[0]:
+                return branch
+        return shape.branches[-1] if shape.exhaustive else ()
 
     @staticmethod
     def _values(exprs: Sequence[Callable], env: dict) -> list | None:
