@@ -125,6 +125,29 @@ BAD = [
     (lambda b: b.rank(7), "rank 7 is out of range"),
     (lambda b: (b.rank(0).wait("h"), b.build()), "no handle or event of that name"),
     (lambda b: (b.rank(0).send("x", 8, peer=1), b.build()), "send"),
+    (lambda b: b.rank(0).barrier(root=0), "barrier takes no root="),
+    (lambda b: b.rank(0).compute("c", 10**400), "beyond every limit"),
+    (lambda b: b.rank(0).host("h", None), "host needs duration_us="),
+    (lambda b: b.rank(0).send("x", 8, peer=1, group=["world"]), "group must be a group family's name"),
+    (lambda b: b.rank(0).group_rank("zzz"), "unknown group 'zzz'"),
+    (lambda b: b.rank(0).group_rank(None), "group must be a group family's name"),
+    (lambda b: b.rank(0).all_reduce("g", 8, async_op="no"), "async_op= must be True or False"),
+    (lambda b: b.rank(0).compute(None, 1), "op name must be a non-empty str"),
+    (lambda b: b.rank(0).record(5), "event name must be a non-empty str"),
+    (lambda b: b.rank(0).compute("c", size_bytes=1.5), "size_bytes must be a whole number"),
+    (lambda b: b.rank(0).send("x", None, peer=1), "size_bytes must be a finite number"),
+    (lambda b: b.rank(0).compute("c", 1, stream=["a"]), "stream= must be a stream's name"),
+    (lambda b: b.coords(2), "rank 2 is out of range"),
+    (lambda b: b.coords(-1), "rank -1 is out of range"),
+    (lambda b: b.coords("a"), "rank must be an integer rank"),
+    (lambda b: b.rank_at(pp=0), "'pp' is not a mesh axis (axes: none)"),
+    (lambda b: b.rank_at(world=9), "'world' is not a mesh axis"),
+    (lambda b: b.rank_at(), "a flat world (world_size=) has no mesh coordinates"),
+    (lambda b: Builder(mesh={"pp": 2, "dp": 2}).rank_at(pp=0), "no coordinate for mesh axis 'dp'"),
+    (lambda b: Builder(mesh={"pp": 2, "dp": 2}).rank_at(pp=0, dp=0, zz=1), "'zz' is not a mesh axis (axes: pp, dp)"),
+    (lambda b: Builder(mesh={"pp": 2, "dp": 2}).rank_at(pp="a", dp=0), "pp='a' is outside the mesh (pp is 0..1)"),
+    (lambda b: Builder(mesh={"pp": 2, "dp": 2}).rank_at(pp=2, dp=0), "pp=2 is outside the mesh"),
+    (lambda b: Builder(mesh={"pp": 2, "dp": 2}).coords(9), "rank 9 is out of range"),
 ]
 
 
@@ -145,6 +168,16 @@ def test_bad_calls(call, words):
     ({"world_size": 4, "groups": {"g": [0, 9]}}, "rank 9 is out of range"),
     ({"world_size": 70_000}, "exceeds the limit"),
     ({"world_size": 2, "transport": "tcp"}, "unknown transport 'tcp'"),
+    ({"mesh": [("pp", 2)]}, "mesh= must be a mapping of axis name to size"),
+    ({"mesh": "pp"}, "mesh= must be a mapping of axis name to size"),
+    ({"world_size": 4, "groups": [("pairs", [0])]}, "groups= must be a mapping"),
+    ({"world_size": 4, "groups": {"pairs": 5}}, "group 'pairs' must be a list of ranks"),
+    ({"world_size": 2, "params": [1, 2]}, "params= must be a mapping"),
+    ({"world_size": 2, "max_ops": "10"}, "max_ops must be an integer >= 1"),
+    ({"world_size": 2, "max_ops": None}, "max_ops must be an integer >= 1"),
+    ({"world_size": 2, "max_ops": float("nan")}, "max_ops must be an integer >= 1"),
+    ({"world_size": 2, "max_ops": 1.5}, "max_ops must be an integer >= 1"),
+    ({"world_size": 2, "streams": 5}, "streams= must be a non-empty list"),
 ])  # fmt: skip
 def test_bad_builders(kwargs, words):
     with pytest.raises(commdsl.ScheduleError) as err:
@@ -182,6 +215,47 @@ def test_op_limit_and_single_use():
     b.build()
     with pytest.raises(commdsl.UsageError):
         b.build()
+
+
+def test_after_build_every_call_is_an_error_at_the_callers_line():
+    b = Builder(world_size=1)
+    r = b.rank(0)
+    r.compute("F", duration_us=1)
+    program = b.build()
+    for call in (lambda: r.compute("G", duration_us=1), lambda: b.rank(0), lambda: b.build()):
+        with pytest.raises(commdsl.UsageError, match="already built") as err:
+            call()
+        assert err.value.loc is not None and err.value.loc.file == __file__
+    assert program.num_ops == 1
+    with pytest.raises(commdsl.UsageError) as err:
+        r.wait("x")  # MARK-kept-wait
+    assert err.value.loc.line == _line("# MARK-kept-wait")
+
+
+def test_auto_handles_skip_taken_names_and_rebinding_warns_as_in_a_schedule():
+    b = Builder(world_size=2)
+    r0 = b.rank(0)
+    h1 = r0.isend("a", 8, peer=1)
+    r0.isend("b", 8, peer=1, handle="isend#2")
+    h3 = r0.isend("c", 8, peer=1)
+    assert (h1, h3) == ("isend#1", "isend#3")
+    for h in (h1, "isend#2", h3):
+        r0.wait(h)
+    r0.isend("d", 8, peer=1, handle="h")
+    r0.isend("e", 8, peer=1, handle="h")  # the first is never waited: a warning, as a schedule's `h = isend` twice
+    r0.wait("h")
+    for n in "abcde":
+        b.rank(1).recv(n, 8, peer=0)
+    program = b.build()
+    assert [op.handle for op in program.ops[0] if op.kind.value == "send"] == ["isend#1", "isend#2", "isend#3", "h", "h"]
+    assert any("handle 'h' rebound before it was waited" in w for w in program.warnings)
+
+
+def test_coords_and_rank_at_round_trip():
+    b = Builder(mesh={"pp": 2, "dp": 3})
+    for r in range(6):
+        assert b.rank_at(**b.coords(r)) == r
+    assert Builder(world_size=2).coords(1) == {}
 
 
 def test_machines_load_once(tmp_path):

@@ -80,7 +80,13 @@ class WorldLayout:
     default_transport: Transport
     default_dtype: Dtype
 
-    def coords(self, rank: int) -> dict[str, int]:
+    def coords(self, rank: int, loc: SourceLoc | None = None) -> dict[str, int]:
+        """`rank`'s coordinate on each mesh axis (none in a flat world); a rank outside the
+        world is an error (at `loc`, the caller's line)."""
+        if not isinstance(rank, int) or isinstance(rank, bool):
+            raise ScheduleError(f"rank must be an integer rank, got {rank!r} (the world has ranks 0..{self.world_size - 1})", loc)
+        if not 0 <= rank < self.world_size:
+            raise ScheduleError(f"rank {rank} is out of range: the world has ranks 0..{self.world_size - 1}", loc)
         out = {}
         rest = rank
         for axis, size in reversed(self.mesh):
@@ -88,11 +94,33 @@ class WorldLayout:
             rest //= size
         return out
 
-    def rank_at(self, coords: dict[str, int]) -> int:
+    def rank_at(self, coords: dict[str, int], loc: SourceLoc | None = None) -> int:
+        """The rank at `coords`: a coordinate for every mesh axis, each in range; anything
+        else is an error (at `loc`, the caller's line). The language's `rank_at()` fills
+        in the axes its call leaves out and checks the rest first, with its own messages."""
+        axes = self.axes
+        for axis in coords:
+            if axis not in axes:
+                raise ScheduleError(f"rank_at(): '{axis}' is not a mesh axis (axes: {', '.join(axes) or 'none'})", loc,
+                                    hint=None if axes else "a flat world (world_size=) has no mesh: a rank is its own number")  # fmt: skip
+        if not axes:
+            raise ScheduleError("rank_at(): a flat world (world_size=) has no mesh coordinates", loc,
+                                hint="a rank is its own number; give the Builder mesh= for axes")  # fmt: skip
         rank = 0
         for axis, size in self.mesh:
-            rank = rank * size + coords[axis]
+            if axis not in coords:
+                raise ScheduleError(f"rank_at(): no coordinate for mesh axis '{axis}' (give every axis: "
+                                    + ", ".join(f"{a}=0..{n - 1}" for a, n in self.mesh) + ")", loc)  # fmt: skip
+            v = coords[axis]
+            if not isinstance(v, int) or isinstance(v, bool) or not 0 <= v < size:
+                raise ScheduleError(f"rank_at(): {axis}={v!r} is outside the mesh ({axis} is 0..{size - 1})", loc)
+            rank = rank * size + v
         return rank
+
+    @functools.cached_property
+    def axes(self) -> dict[str, int]:
+        """Mesh axis -> its size (empty in a flat world)."""
+        return dict(self.mesh)
 
     @functools.cached_property
     def membership(self) -> dict[str, dict[int, tuple[Group, int]]]:
@@ -304,6 +332,10 @@ class RankExpander:
     def _membership(self, family: str, loc: SourceLoc) -> tuple[Group, int]:
         found = self.group_of.get(family)
         if found is None:
+            if family not in self.layout.families:
+                families = self.layout.families
+                raise self.fail(f"unknown group '{family}' (groups: {', '.join(families)})", loc,
+                                hint=did_you_mean(str(family), families))  # fmt: skip
             members = ", ".join(str(list(x.ranks)) for x in self.layout.families[family])
             raise self.fail(f"rank {self.rank} is not a member of group '{family}' ({members})", loc)
         return found
