@@ -20,10 +20,15 @@ torch: running a schedule for real is `commdsl run` (or `torchrun -m commdsl.run
 from __future__ import annotations
 
 import functools
+import math
+import numbers
 import os
 from dataclasses import dataclass
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
+
+from commdsl.arguments import describe, path_text, whole_number
+from commdsl.errors import UsageError
 
 if TYPE_CHECKING:  # the heavy modules load on first use, so `import commdsl` stays light
     from commdsl.comparison import Comparison
@@ -44,9 +49,13 @@ def load(schedule: PathLike, params: Mapping[str, object] | None = None, /, *, m
     matching, collective order) that every command runs."""
     from commdsl.dsl import DEFAULT_MAX_OPS, load_schedule
 
+    text = path_text("load", "schedule", schedule, "a schedule file or the name of a bundled schedule")
+    if params is not None and not isinstance(params, Mapping):
+        raise UsageError(f"load: params must be a mapping of param names to values (or keywords), got {describe(params)}")
+    max_ops = DEFAULT_MAX_OPS if max_ops is None else whole_number("max_ops", max_ops)
     merged = {**(params or {}), **kw_params}
     overrides = {str(k): _param_text(v) for k, v in merged.items()}
-    return load_schedule(os.fspath(schedule), overrides, max_ops=max_ops or DEFAULT_MAX_OPS, validate=validate)
+    return load_schedule(text, overrides, max_ops=max_ops, validate=validate)
 
 
 def load_machine(name: PathLike | None = None, *, nodes: int | None = None) -> Machine:
@@ -55,7 +64,8 @@ def load_machine(name: PathLike | None = None, *, nodes: int | None = None) -> M
     Machines are immutable, so a repeated call returns the machine already loaded (a
     file's is loaded again once it changes): a planner that simulates thousands of
     candidates by machine name loads each machine once."""
-    text = None if name is None else os.fspath(name)
+    text = None if name is None else path_text("load_machine", "name", name, "a preset name or a machine file (or None)")
+    nodes = None if nodes is None else whole_number("nodes", nodes)
     try:
         stat = os.stat(text) if text is not None else None
         stamp = (stat.st_mtime_ns, stat.st_size) if stat is not None else None
@@ -84,9 +94,15 @@ def simulate(program: Program | PathLike, machine: Machine | PathLike | None = N
     from commdsl.machine.model import Machine
     from commdsl.sim import simulate as run_simulation
 
+    samples = whole_number("samples", samples)
     if not isinstance(program, Program):
-        program = load(program)
+        if callable(getattr(program, "build", None)):
+            raise UsageError(f"simulate: program must be a Program, a schedule file or a bundled schedule's name, got {describe(program)}",
+                             hint="call its .build() to get the Program")  # fmt: skip
+        program = load(path_text("simulate", "program", program, "a Program, a schedule file or a bundled schedule's name"))
     if not isinstance(machine, Machine):
+        if machine is not None:
+            path_text("simulate", "machine", machine, "a Machine, a preset name or a machine file (or None)")
         machine = load_machine(machine, nodes=nodes)
     elif nodes is not None:
         machine = machine.with_nodes(nodes)
@@ -126,8 +142,11 @@ def metrics(result: SimResult) -> Metrics:
     transfers, critical path), which cost it more than these."""
     from commdsl.sim.folding import unfolded
     from commdsl.sim.memory import memory_profile
+    from commdsl.sim.result import SimOutcome
     from commdsl.sim.summary import _rank_summaries
 
+    if not isinstance(result, SimOutcome):
+        raise UsageError(f"metrics takes a simulation's result (the SimResult that commdsl.simulate returns), got {describe(result)}")
     program = result.program
     ranks = unfolded(tuple(_rank_summaries(result)), program)  # folded: every rank's, as the summary's
     bubbles = [r.bubble_fraction for r in ranks if r.bubble_fraction is not None]
@@ -147,7 +166,7 @@ def read_timeline(path: PathLike) -> Timeline:
     """A timeline written by `commdsl simulate --trace` or `commdsl run --out`."""
     from commdsl.timeline import Timeline
 
-    return Timeline.read(os.fspath(path))
+    return Timeline.read(path_text("read_timeline", "path", path, "a timeline file"))
 
 
 def compare(predicted: SimResult | Timeline | PathLike, measured: Timeline | PathLike, *,
@@ -161,8 +180,17 @@ def compare(predicted: SimResult | Timeline | PathLike, measured: Timeline | Pat
 
     if isinstance(predicted, SimResult):
         predicted = predicted.timeline
-    pred, pred_name = (predicted, "predicted") if isinstance(predicted, Timeline) else (read_timeline(predicted), os.fspath(predicted))
-    meas, meas_name = (measured, "measured") if isinstance(measured, Timeline) else (read_timeline(measured), os.fspath(measured))
+    if not isinstance(predicted, Timeline):
+        predicted = path_text("compare", "predicted", predicted, "a SimResult, a Timeline or a timeline file")
+    if isinstance(measured, SimResult):
+        raise UsageError("compare: measured must be a Timeline or a timeline file, got a SimResult",
+                         hint="a simulation's result is a prediction: give it as `predicted`, or its `.timeline` as `measured`")  # fmt: skip
+    if not isinstance(measured, Timeline):
+        measured = path_text("compare", "measured", measured, "a Timeline or a timeline file")
+    if isinstance(min_duration_us, bool) or not isinstance(min_duration_us, numbers.Real) or not 0 <= min_duration_us < math.inf:
+        raise UsageError(f"compare: min_duration_us must be a number of microseconds from 0, got {describe(min_duration_us)}")
+    pred, pred_name = (predicted, "predicted") if isinstance(predicted, Timeline) else (read_timeline(predicted), predicted)
+    meas, meas_name = (measured, "measured") if isinstance(measured, Timeline) else (read_timeline(measured), measured)
     return compare_named(pred, meas, pred_name, meas_name, min_duration_us)
 
 

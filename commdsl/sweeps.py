@@ -27,6 +27,8 @@ import io
 import itertools
 import json
 import math
+import numbers
+import os
 import re
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -35,6 +37,7 @@ from concurrent.futures.process import BrokenProcessPool
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from commdsl.arguments import describe, path_text, whole_number
 from commdsl.errors import CommdslError, UsageError, did_you_mean
 from commdsl.files import check_output_path
 from commdsl.limits import DEFAULT_MAX_OPS, MAX_SWEEP_POINTS
@@ -196,6 +199,15 @@ def _clip(number: str) -> str:
     return number if len(number) <= 40 else f"{number[:20]}... ({len(number)} characters)"
 
 
+def _listed(name: str, given: object, takes: str) -> list:
+    """A sweep's argument that is one value (a text, a path) or a list or tuple of them."""
+    if isinstance(given, (str, os.PathLike)):
+        return [given]
+    if not isinstance(given, (list, tuple)):
+        raise UsageError(f"sweep: {name} must be {takes}, got {describe(given)}")
+    return list(given)
+
+
 def _points(schedules: Sequence[str], params: Mapping[str, Sequence[str]], machines: Sequence[str],
             nodes: Sequence[int | None]) -> list[Point]:  # fmt: skip
     names = list(params)
@@ -284,21 +296,28 @@ def plan(schedules: Sequence[str] | str, params: Mapping[str, object] | None = N
     from commdsl.dsl.loader import resolve_schedule
     from commdsl.files import is_file, read_text
     from commdsl.resources import bundled_schedules
-    from commdsl.sim.models import NETWORKS
+    from commdsl.sim.models import check_network
 
     from commdsl.api import load_machine
 
-    schedules = [schedules] if isinstance(schedules, str) else list(schedules)
-    machines = [m.strip() for m in machines.split(",")] if isinstance(machines, str) else list(machines)
-    node_counts: list[int | None] = [nodes] if nodes is None or isinstance(nodes, int) else list(nodes)
+    schedules = [path_text("sweep", "a schedule", x, "a schedule file or the name of a bundled schedule")
+                 for x in _listed("schedules", schedules, "a schedule or a list of schedules")]  # fmt: skip
+    machines = ([m.strip() for m in machines.split(",")] if isinstance(machines, str) else
+                [path_text("sweep", "a machine", m, "a preset name or a machine file")
+                 for m in _listed("machines", machines, "a machine or a list of machines")])  # fmt: skip
+    node_counts = [None if n is None else whole_number("nodes", n)
+                   for n in ([nodes] if nodes is None or not isinstance(nodes, (list, tuple)) else nodes)]  # fmt: skip
+    max_ops = DEFAULT_MAX_OPS if max_ops is None else whole_number("max_ops", max_ops)
     if not schedules:
         raise UsageError("a sweep needs at least one schedule")
     if not machines or any(not m for m in machines):
         raise UsageError("--machine: give one or more machines separated by commas, e.g. dgx-h100,dgx-a100")
     if not node_counts:
         raise UsageError("--nodes: give one or more node counts, e.g. 1,2,4")
-    if network not in NETWORKS:
-        raise UsageError(f"unknown network model '{network}' (known: {', '.join(NETWORKS)})")
+    check_network(network)
+    if params is not None and not isinstance(params, Mapping):
+        raise UsageError(f"sweep: params must be a mapping of param names to values (a text such as '2,4,8', or a list), "
+                         f"got {describe(params)}")  # fmt: skip
     values: dict[str, tuple[str, ...]] = {}
     for name, given in (params or {}).items():
         if isinstance(given, (list, tuple)):
@@ -348,9 +367,12 @@ def run_plan(checked: SweepPlan, *, jobs: int = 1, executor: Executor | str = Ex
     try:
         executor = Executor(executor)
     except ValueError:
-        raise UsageError(f"unknown executor '{executor}' (known: {', '.join(e.value for e in Executor)})") from None
-    if not isinstance(jobs, int) or not 1 <= jobs <= MAX_JOBS:
-        raise UsageError(f"jobs must be a whole number from 1 to {MAX_JOBS:,}, got {jobs!r}")
+        raise UsageError(f"unknown executor {describe(executor)} (known: {', '.join(e.value for e in Executor)})") from None
+    jobs = whole_number("jobs", jobs, maximum=MAX_JOBS)
+    if progress is not None and not callable(progress):
+        raise UsageError(f"sweep: progress must be a function taking (points done, points in all), or None, got {describe(progress)}")
+    if address is not None and not isinstance(address, str):
+        raise UsageError(f"sweep: address must be a Ray cluster's address (a text) or None, got {describe(address)}")
     if address is not None and executor is not Executor.RAY:
         raise UsageError("--address names a Ray cluster: use it with --executor ray")
     tasks = _chunks(checked, jobs)
@@ -414,7 +436,7 @@ def _run_ray(tasks: list[_Task], jobs: int, address: str | None, report: Callabl
         options = {"address": address} if address else {"num_cpus": jobs, "include_dashboard": False}
         try:
             ray.init(**options, log_to_driver=False, configure_logging=False)
-        except (ConnectionError, RuntimeError, ValueError) as err:
+        except Exception as err:  # Ray raises bare Exceptions too (a cluster it cannot start or reach)
             raise UsageError(f"--executor ray: cannot start or reach Ray{f' at {address}' if address else ''}: {err}") from None
     try:
         remote = ray.remote(num_cpus=1)(evaluate)
@@ -444,7 +466,13 @@ def best_rows(rows: Iterable[Row], objective: Objective | str = Objective.MAKESP
               max_memory_bytes: int | None = None) -> list[Row]:  # fmt: skip
     """The points that succeeded and fit the memory cap (the largest rank's peak at most
     `max_memory_bytes`), best first by `objective`."""
-    objective = Objective(objective)
+    try:
+        objective = Objective(objective)
+    except ValueError:
+        raise UsageError(f"unknown objective {describe(objective)} (known: {', '.join(o.value for o in Objective)})") from None
+    if max_memory_bytes is not None and (isinstance(max_memory_bytes, bool) or not isinstance(max_memory_bytes, numbers.Real)
+                                         or not 0 <= max_memory_bytes < math.inf):  # fmt: skip
+        raise UsageError(f"max_memory_bytes must be a number of bytes from 0 (or None), got {describe(max_memory_bytes)}")
     fit = [r for r in rows if r.ok and (max_memory_bytes is None or (r.peak_memory_bytes or 0) <= max_memory_bytes)]
     return sorted(fit, key=lambda r: r.value(objective))
 

@@ -70,9 +70,62 @@ def test_compare_pairs_ops_by_identity(tmp_path):
         (lambda: commdsl.simulate("1f1b", network="fast"), "UsageError", "unknown network model 'fast'"),
         (lambda: commdsl.compare(commdsl.simulate("gpipe").timeline, commdsl.simulate("1f1b").timeline), "UsageError",
          "different schedules: 'gpipe' \\(predicted\\) vs '1f1b' \\(measured\\)"),
+        # a value of the wrong kind: the argument and what it got, never a TypeError from inside
+        (lambda: commdsl.metrics(None), "UsageError", "metrics takes a simulation's result .*, got None"),
+        (lambda: commdsl.metrics({"makespan_us": 1}), "UsageError", "metrics takes a simulation's result .*, got a dict"),
+        (lambda: commdsl.metrics(commdsl.simulate("gpipe").summary()), "UsageError", "got a Summary"),
+        (lambda: commdsl.metrics(commdsl.load("gpipe")), "UsageError", "got a Program"),
+        (lambda: commdsl.simulate({"a": 1}), "UsageError", "simulate: program must be a Program, .*, got a dict"),
+        (lambda: commdsl.simulate(None), "UsageError", "simulate: program must be .*, got None"),
+        (lambda: commdsl.simulate(commdsl.Builder(world_size=2)), "UsageError", "got a Builder"),
+        (lambda: commdsl.load(None), "UsageError", "load: schedule must be .*, got None"),
+        (lambda: commdsl.load(3), "UsageError", "load: schedule must be .*, got 3"),
+        (lambda: commdsl.simulate("gpipe", 5), "UsageError", "simulate: machine must be a Machine, .*, got 5"),
+        (lambda: commdsl.simulate("gpipe", ["dgx-h100"]), "UsageError", "simulate: machine must be .*, got a list"),
+        (lambda: commdsl.load_machine(3), "UsageError", "load_machine: name must be .*, got 3"),
+        (lambda: commdsl.load_machine({}), "UsageError", "load_machine: name must be .*, got a dict"),
+        (lambda: commdsl.load_machine("dgx-h100", nodes=[2]), "UsageError", "nodes must be a whole number, got a list"),
+        (lambda: commdsl.load_machine("dgx-h100", nodes="2"), "UsageError", "nodes must be a whole number, got '2'"),
+        (lambda: commdsl.load_machine("dgx-h100", nodes=2.0), "UsageError", "nodes must be a whole number, got 2.0"),
+        (lambda: commdsl.load_machine("dgx-h100", nodes=2.5), "UsageError", "nodes must be a whole number, got 2.5"),
+        (lambda: commdsl.load_machine("dgx-h100", nodes=float("nan")), "UsageError", "nodes must be a whole number, got nan"),
+        (lambda: commdsl.load_machine("dgx-h100", nodes=True), "UsageError", "nodes must be a whole number, got True"),
+        (lambda: commdsl.load_machine("dgx-h100", nodes=0), "UsageError", "nodes must be at least 1, got 0"),
+        (lambda: commdsl.simulate("gpipe", "dgx-h100", nodes=2.5), "UsageError", "nodes must be a whole number, got 2.5"),
+        (lambda: commdsl.simulate("gpipe", commdsl.load_machine("dgx-h100"), nodes="2"), "MachineError",
+         "machine dgx-h100: nodes must be a whole number, got '2'"),
+        (lambda: commdsl.load_machine("dgx-h100").with_nodes(True), "MachineError", "nodes must be a whole number, got True"),
+        (lambda: commdsl.simulate("gpipe", samples=None), "UsageError", "samples must be a whole number, got None"),
+        (lambda: commdsl.simulate("gpipe", samples="3"), "UsageError", "samples must be a whole number, got '3'"),
+        (lambda: commdsl.simulate("gpipe", network=["flow"]), "UsageError", "network must be the name of a network model .*, got a list"),
+        (lambda: commdsl.load("gpipe", max_ops="10"), "UsageError", "max_ops must be a whole number, got '10'"),
+        (lambda: commdsl.load("gpipe", max_ops=0), "UsageError", "max_ops must be at least 1, got 0"),
+        (lambda: commdsl.load("1f1b", [("stages", 2)]), "UsageError", "load: params must be a mapping .*, got a list"),
+        (lambda: commdsl.load("1f1b", "stages=2"), "UsageError", "load: params must be a mapping .*, got 'stages=2'"),
+        (lambda: commdsl.compare(None, None), "UsageError", "compare: predicted must be .*, got None"),
+        (lambda: commdsl.compare(commdsl.simulate("gpipe"), commdsl.simulate("gpipe")), "UsageError",
+         "compare: measured must be a Timeline or a timeline file, got a SimResult"),
+        (lambda: commdsl.compare(commdsl.simulate("gpipe"), commdsl.simulate("gpipe").timeline, min_duration_us="x"), "UsageError",
+         "min_duration_us must be a number of microseconds from 0, got 'x'"),
+        (lambda: commdsl.compare(commdsl.simulate("gpipe"), commdsl.simulate("gpipe").timeline, min_duration_us=float("nan")),
+         "UsageError", "min_duration_us must be .*, got nan"),
+        (lambda: commdsl.read_timeline(None), "UsageError", "read_timeline: path must be a timeline file, got None"),
     ],
 )  # fmt: skip
 def test_bad_input_raises_the_commdsl_error(call, error, match):
     with pytest.raises(getattr(commdsl, error), match=match) as info:
         call()
     assert isinstance(info.value, commdsl.CommdslError)
+
+
+def test_a_result_cannot_be_changed_under_its_outputs():
+    """A `SimResult` is frozen: its summary, metrics and timeline are made from its fields."""
+    import dataclasses
+
+    result = commdsl.simulate("gpipe")
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        result.makespan_us = -5
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        result.program = None
+    assert result.timeline is result.timeline  # built once, kept
+    assert commdsl.metrics(result).makespan_us == result.makespan_us > 0

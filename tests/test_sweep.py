@@ -6,6 +6,7 @@ import csv
 import json
 import math
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -191,6 +192,49 @@ def test_jobs_are_bounded(exchange):
         commdsl.sweep([exchange], {"order": "0"}, jobs=1025)
 
 
+@pytest.mark.parametrize("kw,words", [
+    ({"schedules": None}, "sweep: schedules must be a schedule or a list of schedules, got None"),
+    ({"schedules": 5}, "sweep: schedules must be .*, got 5"),
+    ({"schedules": ["EXCHANGE", 5]}, "sweep: a schedule must be .*, got 5"),
+    ({"params": [("order", "0")]}, "sweep: params must be a mapping .*, got a list"),
+    ({"params": "order=0"}, "sweep: params must be a mapping .*, got 'order=0'"),
+    ({"machines": None}, "sweep: machines must be a machine or a list of machines, got None"),
+    ({"machines": [5]}, "sweep: a machine must be a preset name or a machine file, got 5"),
+    ({"nodes": [2.0]}, "nodes must be a whole number, got 2.0"),
+    ({"nodes": "2"}, "nodes must be a whole number, got '2'"),
+    ({"nodes": True}, "nodes must be a whole number, got True"),
+    ({"nodes": [1, float("nan")]}, "nodes must be a whole number, got nan"),
+    ({"network": ["flow"]}, "network must be the name of a network model .*, got a list"),
+    ({"max_ops": "x"}, "max_ops must be a whole number, got 'x'"),
+    ({"max_ops": 0}, "max_ops must be at least 1, got 0"),
+    ({"jobs": True}, "jobs must be a whole number, got True"),
+    ({"jobs": 2.0}, "jobs must be a whole number, got 2.0"),
+    ({"progress": 5}, "sweep: progress must be a function .*, got 5"),
+    ({"executor": ["ray"]}, "unknown executor a list"),
+    ({"executor": "ray", "address": 5}, "sweep: address must be .*, got 5"),
+])  # fmt: skip
+def test_a_bad_argument_is_a_usage_error_naming_it(exchange, kw, words):
+    kw = {"schedules": [exchange], "params": {"order": "0"}, "network": "analytic", **kw}
+    if isinstance(kw["schedules"], list):
+        kw["schedules"] = [exchange if s == "EXCHANGE" else s for s in kw["schedules"]]
+    with pytest.raises(commdsl.UsageError, match=words):
+        commdsl.sweep(kw.pop("schedules"), kw.pop("params"), **kw)
+
+
+def test_ray_that_cannot_start_is_a_usage_error(exchange, monkeypatch):
+    """Ray raises bare `Exception`s (a cluster it cannot reach, a token it lacks): one
+    usage error with Ray's message, not Ray's traceback."""
+    import types
+
+    def init(**kw):
+        raise Exception("could not connect to the cluster")  # noqa: TRY002 (as Ray does)
+
+    fake = types.SimpleNamespace(is_initialized=lambda: False, init=init)
+    monkeypatch.setitem(sys.modules, "ray", fake)
+    with pytest.raises(commdsl.UsageError, match="cannot start or reach Ray: could not connect to the cluster"):
+        commdsl.sweep([exchange], {"order": "0"}, network="analytic", executor="ray")
+
+
 def test_several_schedules_need_the_same_params(exchange, capsys):
     assert main(["sweep", exchange, "1f1b", "-p", "order=0"]) == 2
     assert "schedule 1f1b has no param 'order'" in capsys.readouterr().err
@@ -210,6 +254,12 @@ def test_pareto_front_and_memory_cap():
             assert any(f.makespan_us <= r.makespan_us and f.peak_memory_bytes <= r.peak_memory_bytes for f in front)
     assert [r.makespan_us for r in best_rows(rows, "makespan", max_memory_bytes=6)] == [9, 10, 11, 12]
     assert best_rows(rows, Objective.PEAK_MEMORY)[0].peak_memory_bytes == 4
+    assert [r.makespan_us for r in best_rows(rows, "makespan", max_memory_bytes=0)] == []  # a cap of 0 is a cap
+    with pytest.raises(commdsl.UsageError, match="unknown objective 'zz' \\(known: makespan, bubble, exposed_comm, peak_memory\\)"):
+        best_rows(rows, "zz")
+    for cap in (float("nan"), -1, "80GiB", True):
+        with pytest.raises(commdsl.UsageError, match="max_memory_bytes must be a number of bytes from 0"):
+            best_rows(rows, max_memory_bytes=cap)
 
 
 def test_ray_executor_gives_the_same_rows(exchange):

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import yaml
 
+from commdsl.arguments import whole_number
 from commdsl.errors import MachineError, SourceLoc, UsageError, did_you_mean
 from commdsl.files import is_file, read_text
 from commdsl.ir import COLLECTIVE_KINDS, REDUCING_KINDS, Dtype, OpKind, ReduceOp, Transport
@@ -60,8 +61,8 @@ def resolve_machine(arg: str | Path | None, *, nodes: int | None = None) -> Mach
     machine = _find_machine(str(arg) if arg is not None else DEFAULT_MACHINE)
     if nodes is None:
         return machine
-    if nodes < 1:
-        raise UsageError(f"--nodes must be at least 1, got {nodes}")
+
+    nodes = whole_number("--nodes", nodes)
     if machine.topology is None:
         raise UsageError(f"--nodes needs a machine with a topology; {machine.name} has none",
                          hint="try --machine dgx-h100 or dgx-a100")  # fmt: skip

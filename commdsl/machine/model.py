@@ -33,6 +33,7 @@ import math
 from dataclasses import asdict, dataclass, replace
 from functools import cached_property
 
+from commdsl.arguments import whole_number
 from commdsl.errors import MachineError
 from commdsl.ir import Dtype, OpKind, ReduceOp, Transport
 from commdsl.machine.nccl import NcclConfig
@@ -483,12 +484,12 @@ class Machine:
         """The same machine with `nodes` nodes (its topology copied). Raises `MachineError`
         where it has no topology, for fewer than one node, and for more than one where its
         node has no link to `network` (no NIC: the nodes could not reach each other)."""
+
+        nodes = whole_number(f"machine {self.name}: nodes", nodes, error=MachineError)
         topo = self.topology
         if topo is None:
             raise MachineError(f"machine {self.name} has no topology, so it has no node to repeat {nodes:,} times",
                                hint="use a machine with a topology (docs/machines.md), such as dgx-h100")  # fmt: skip
-        if nodes < 1:
-            raise MachineError(f"machine {self.name}: nodes must be at least 1, got {nodes}")
         if nodes > 1 and not topo.networked:
             raise MachineError(f"machine {self.name}: {nodes:,} nodes, but its node has no link to '{NETWORK_VERTEX}' "
                                "(no NIC), so the nodes could not reach each other",

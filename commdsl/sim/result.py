@@ -17,7 +17,7 @@ from commdsl.sim.folding import own_channels
 from commdsl.sim.network import FlowStat, LinkStat, Network
 
 
-@dataclass
+@dataclass(frozen=True)
 class SimOutcome:
     """A simulation's outcome: per-op times (`raw`), the makespan and critical path, the
     network's per-flow and per-link statistics: what the summary, the predicted

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from commdsl.dsl.values import format_us
+from commdsl.arguments import whole_number
 from commdsl.errors import LimitError, MachineError, UsageError
 from commdsl.ir import Program
 from commdsl.limits import HORIZON_US
@@ -32,7 +33,7 @@ from commdsl.sim.entities import RawResult
 from commdsl.sim.folding import approximate, inexact
 from commdsl.sim.medians import medians
 from commdsl.sim.memory import check_memory
-from commdsl.sim.models import DEFAULT_NETWORK, NETWORKS
+from commdsl.sim.models import DEFAULT_NETWORK, NETWORKS, check_network
 from commdsl.sim.network import Network
 from commdsl.sim.result import SimOutcome
 from commdsl.sim.shape_memo import shape_table
@@ -52,10 +53,11 @@ where the run itself dwarfs them."""
 # where an output is first asked for, as `check_deadlock` needs none of them.
 
 
-@dataclass
+@dataclass(frozen=True)
 class SimResult(SimOutcome):
     """A simulation's outcome (`SimOutcome`) with its outputs: the summary, the predicted
-    `timeline`, the Chrome trace."""
+    `timeline`, the Chrome trace. Frozen, as its outputs are made from it (and the
+    timeline is kept once built): a changed field would leave them disagreeing."""
 
     _timeline: Timeline | None = field(default=None, repr=False)
 
@@ -76,7 +78,7 @@ class SimResult(SimOutcome):
         if self._timeline is None:
             from commdsl.sim.trace import predicted_timeline
 
-            self._timeline = predicted_timeline(self)
+            object.__setattr__(self, "_timeline", predicted_timeline(self))  # a cache, not a field a caller sets
         return self._timeline
 
     def write_trace(self, path: str | Path, flag: str = "--trace", progress: Callable[[int, int], None] | None = None) -> None:
@@ -115,10 +117,8 @@ def simulate(program: Program, machine: Machine, network: str = DEFAULT_NETWORK,
 
 def _simulate(program: Program, machine: Machine, network: str, samples: int, seed: int,
               progress: Callable[[int, int], None] | None, fold: bool) -> SimResult:  # fmt: skip
-    if network not in NETWORKS:
-        raise UsageError(f"unknown network model '{network}' (known: {', '.join(NETWORKS)})")
-    if samples < 1:
-        raise UsageError(f"--samples must be at least 1, got {samples}")
+    check_network(network)
+    samples = whole_number("--samples", samples)
     if (why := inexact(program, machine, network, samples)) is not None:
         hint, topo = "load it with fold=False", machine.topology
         if topo is not None and program.fold.stride % topo.gpus_per_node:
