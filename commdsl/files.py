@@ -170,6 +170,8 @@ def check_output_folder(flag: str, folder: str | None) -> None:
     whose nearest existing parent is not a folder."""
     if folder is None:
         return
+    if not str(folder).strip():
+        raise UsageError(f"{flag} {folder!r}: not a folder name", hint=f"e.g. {flag} traces/")
     path = Path(folder)
     try:
         if path.exists() and not path.is_dir():
@@ -179,6 +181,40 @@ def check_output_folder(flag: str, folder: str | None) -> None:
         raise UsageError(f"cannot make {flag} {folder}: {e.strerror or e}") from None
     if parent is not None and not parent.is_dir():
         raise UsageError(f"{flag} {folder}: {parent} is not a folder")
+    # The folders missing are made and removed again: what the system refuses (a read-only
+    # place, /proc, no permission) is found before the work, not after it.
+    missing = [p for p in (path, *path.parents) if not p.exists()][::-1]
+    made: list[Path] = []
+    try:
+        for p in missing:
+            p.mkdir()
+            made.append(p)
+    except OSError as e:
+        raise UsageError(f"cannot make {flag} {folder}: {e.strerror or e}") from None
+    finally:
+        for p in reversed(made):
+            p.rmdir()
+
+
+def check_output_format(flag: str, out: str | None, source: str, writes: str, wrong_suffixes: tuple[str, ...]) -> None:
+    """Refuse, before any work, an output that is the command's own input `source` (it would
+    be overwritten by another format) or whose suffix names another format than the one
+    it `writes` (a schedule written to `.csv`)."""
+    if out is None:
+        return
+    try:
+        same = Path(source).is_file() and Path(out).exists() and os.path.samefile(source, out)
+    except OSError:
+        same = False
+    if same:
+        raise UsageError(f"{flag} {out} is the input file: writing {writes} there would replace it", hint=f"give another {flag} file")
+    if Path(out).suffix.lower() in wrong_suffixes:
+        raise UsageError(f"{flag} {out}: this writes {writes}, not a {Path(out).suffix} file",
+                         hint=f"name the output for what it holds, e.g. {flag} {Path(out).with_suffix(_SUFFIX_OF[writes]).name}")  # fmt: skip
+
+
+_SUFFIX_OF = {"a schedule (YAML)": ".yaml", "a pipelining CSV": ".csv"}
+"""The suffix `check_output_format`'s hint gives an output of each kind."""
 
 
 class OutputPath(argparse.Action):

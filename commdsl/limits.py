@@ -35,6 +35,15 @@ MAX_WORLD_SIZE = 65_536
 DEFAULT_MAX_OPS = 5_000_000
 """Default limit on the ops a schedule may expand to, over all ranks (`--max-ops`)."""
 
+MAX_RUN_ITERS = 100_000
+"""Most warm-up or measured iterations of `commdsl run` (each at least a barrier and the
+schedule's ops; the spans of every measured one are kept until the medians are taken)."""
+
+MAX_LOCAL_RANKS = 256
+"""Most ranks `commdsl run -n` / `commdsl calibrate -n` start on this machine: each is a
+Python process with torch loaded (a few hundred MB). More ranks: torchrun over several
+nodes (docs/executor.md)."""
+
 MAX_SWEEP_POINTS = 100_000
 """Most points one sweep may have (schedules x every param's values x machines x node
 counts), refused before any point runs: a typo in a range should not queue days of work.

@@ -210,6 +210,10 @@ def test_calibrate_usage_errors(tmp_path: Path) -> None:
                          capture_output=True, text=True, timeout=60)  # fmt: skip
     assert one.returncode == 2 and "give one message size, and calibrate fits a line through at least two" in one.stderr
     assert "--max-size 4KiB or more" in one.stderr and "Traceback" not in one.stderr
+    for sizes in ("0,-3", "64,x", "100000"):  # (0 and -3 gave an empty compute rate, written with exit 0)
+        r = subprocess.run([sys.executable, "-m", "commdsl.calibrate", "--out", "x.yaml", "--matmul-sizes", sizes],
+                           capture_output=True, text=True, timeout=60)  # fmt: skip
+        assert r.returncode == 2 and "--matmul-sizes takes whole numbers from 1 to 32,768" in r.stderr, r.stderr
     # The output folder is checked before a minute of calibration, not after.
     nowhere = subprocess.run([sys.executable, "-m", "commdsl.calibrate", "--out", "/no/such/folder/m.yaml"],
                              capture_output=True, text=True, timeout=60)  # fmt: skip

@@ -150,6 +150,22 @@ def test_bad_csv_through_the_cli(tmp_path):
     assert missing.returncode == 2 and "no such file" in missing.stderr
 
 
+def test_an_output_that_is_the_input_or_of_another_format_is_refused(tmp_path):
+    """`export -o` onto its own schedule, or `import -o` onto its own CSV, replaced the
+    input with the other format; a CSV written to `.yaml` (a schedule to `.csv`) misled."""
+    schedule = tmp_path / "z.yaml"
+    schedule.write_text(Path(__file__).parent.parent.joinpath("schedules", "zbv.yaml").read_text())
+    text = schedule.read_text()
+    same = _cli("export", "pipelining", str(schedule), "-o", str(schedule), cwd=tmp_path)
+    assert same.returncode == 2 and f"-o {schedule} is the input file" in same.stderr and schedule.read_text() == text
+    wrong = _cli("export", "pipelining", str(schedule), "-o", "e.yaml", cwd=tmp_path)
+    assert wrong.returncode == 2 and "this writes a pipelining CSV, not a .yaml file" in wrong.stderr and "-o e.csv" in wrong.stderr
+    assert _cli("export", "pipelining", str(schedule), "-o", "e.csv", cwd=tmp_path).returncode == 0
+    csv_text = (tmp_path / "e.csv").read_text()
+    back = _cli("import", "pipelining", "e.csv", "-o", "e.csv", cwd=tmp_path)
+    assert back.returncode == 2 and "-o e.csv is the input file" in back.stderr and (tmp_path / "e.csv").read_text() == csv_text
+
+
 def test_export_names_an_op_without_its_action(tmp_path):
     path = tmp_path / "plain.yaml"
     path.write_text("world: 2\nprogram: |\n  compute F 1ms\n")

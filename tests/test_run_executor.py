@@ -147,7 +147,7 @@ def test_without_torchrun_a_multi_rank_schedule_asks_for_torchrun(capsys, monkey
     "args, message",
     [
         (["no_such_schedule_xyz"], "no such schedule file"),
-        (["1f1b", "--iters", "0"], "--iters must be >= 1"),
+        (["1f1b", "--iters", "0"], "--iters must be from 1 to 100,000"),
         (["1f1b", "-p", "nope=1"], "no param 'nope'"),
         (["1f1b", "--timeout", "-1"], "--timeout must be a number of seconds above 0"),
         (["1f1b", "--timeout", "inf"], "--timeout must be a number of seconds above 0 and below"),

@@ -240,14 +240,18 @@ def config_from_args(args: argparse.Namespace) -> CalibrateConfig:
         raise UsageError(f"--min-size {format_bytes(lo)} and --max-size {format_bytes(hi)} with --size-factor {args.size_factor} "
                          "give one message size, and calibrate fits a line through at least two",
                          hint=f"use --max-size {format_bytes(lo * args.size_factor)} or more")  # fmt: skip
-    try:
-        mm = tuple(int(x) for x in args.matmul_sizes.split(",") if x.strip())
-    except ValueError:
-        raise UsageError(f"--matmul-sizes takes integers like 128,256,512, got {args.matmul_sizes!r}") from None
+    words = [x.strip() for x in args.matmul_sizes.split(",") if x.strip()]
+    if not all(w.isascii() and w.isdigit() and len(w) <= 6 and 1 <= int(w) <= MAX_MATMUL_SIDE for w in words):
+        raise UsageError(f"--matmul-sizes takes whole numbers from 1 to {MAX_MATMUL_SIDE:,} like 128,256,512, got {args.matmul_sizes!r}")
+    mm = tuple(int(w) for w in words)
     require_output_folder("--out", args.out)
     require_output_folder("--raw", args.raw)
     return CalibrateConfig(args.out, args.raw, args.name, lo, hi, args.size_factor, repeats, args.warmup, args.backend, mm,
                            warm_up_s=args.warm_up, effort=effort)  # fmt: skip
+
+
+MAX_MATMUL_SIDE = 32_768
+"""Largest n of --matmul-sizes: an fp32 n x n matmul's three matrices are 12 GiB there."""
 
 
 def message_sizes(cfg: CalibrateConfig, world_size: int) -> list[int]:
@@ -621,6 +625,9 @@ def build_machine(cfg: CalibrateConfig, res: Results, world: int, backend: str, 
     # (the fitted line's slope ignores each call's fixed cost and is reported only).
     from commdsl.run.compute import flop_block
 
+    if not res.matmul:
+        raise UsageError("no matmul was measured (every dtype's series was skipped, as said above): the machine would have no "
+                         "compute rate, so none is written", hint="see the skipped series' reasons; --matmul-sizes")  # fmt: skip
     block = flop_block(device.type)
     block_tflops = {d: 2.0 * block**3 / dict(pts)[block] / 1e6 for d, pts in res.matmul.items()}
     # A copy reads and writes every byte.

@@ -15,7 +15,7 @@ import argparse
 import sys
 
 from commdsl.cli import add_schedule_arguments, load_from_args
-from commdsl.files import OutputPath, write_text
+from commdsl.files import OutputPath, check_output_format, write_text
 
 FORMATS = ("pipelining",)
 CSV_FORMATS = ("compute_only", "compute_comms")
@@ -33,6 +33,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from commdsl.interop.pipelining import csv_rows, format_csv
 
+    check_output_format("-o", args.out, args.schedule, "a pipelining CSV", (".yaml", ".yml", ".json"))
     program = load_from_args(args)
     text = format_csv(csv_rows(program, with_transfers=args.csv_format == "compute_comms"))
     if args.out:

@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 
 from commdsl.errors import CommdslError, UsageError
-from commdsl.files import OutputPath, write_text
+from commdsl.files import OutputPath, check_output_format, write_text
 from commdsl.progress import Progress
 
 FORMATS = ("pipelining", "kineto")
@@ -43,6 +43,7 @@ def run(args: argparse.Namespace) -> int:
     from commdsl.interop.pipelining import read_csv, schedule_text
     from commdsl.sim import check_deadlock
 
+    check_output_format("-o", args.out, args.file, "a schedule (YAML)", (".csv", ".json"))
     name = args.name or Path(args.out or args.file).stem
     if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_.-]*", name):
         raise UsageError(f"--name {name!r}: a schedule name is letters, digits, _ . -")

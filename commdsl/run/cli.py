@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 from commdsl.errors import CommdslError, UsageError, require_output_folder
 from commdsl.files import check_output_folder
+from commdsl.limits import MAX_RUN_ITERS
 from commdsl.run.config import BackendChoice, DurationMode, RunConfig
 from commdsl.run.launch import ArgumentRecorder, torch_required
 
@@ -95,10 +96,10 @@ def config_from_args(a: argparse.Namespace) -> RunConfig:
     """The run's settings from parsed options (`add_arguments`), every value checked."""
     from commdsl.dsl import parse_overrides
 
-    if a.warmup < 0:
-        raise UsageError(f"--warmup must be >= 0, got {a.warmup}")
-    if a.iters < 1:
-        raise UsageError(f"--iters must be >= 1, got {a.iters}")
+    if not 0 <= a.warmup <= MAX_RUN_ITERS:
+        raise UsageError(f"--warmup must be from 0 to {MAX_RUN_ITERS:,}, got {a.warmup:,}")
+    if not 1 <= a.iters <= MAX_RUN_ITERS:
+        raise UsageError(f"--iters must be from 1 to {MAX_RUN_ITERS:,}, got {a.iters:,}")
     if not 0 < a.timeout < MAX_TIMEOUT_S:  # also refuses nan and inf
         raise UsageError(f"--timeout must be a number of seconds above 0 and below {MAX_TIMEOUT_S:g}, got {a.timeout}")
     if a.max_ops is not None and a.max_ops < 1:

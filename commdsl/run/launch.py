@@ -37,6 +37,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from commdsl.errors import UsageError
+from commdsl.limits import MAX_LOCAL_RANKS
 
 POLL_S = 0.05
 """How often the launcher looks at its ranks."""
@@ -104,8 +105,9 @@ def launch(module: str, argv: list[str], nproc: int, command: str) -> int:
     every rank succeeded, else that of the rank that failed first (128 + N for a rank
     killed by signal N, said in one line), 130 after Ctrl-C, 128 + N after signal N to
     the launcher."""
-    if nproc < 1:
-        raise UsageError(f"-n must be at least 1, got {nproc}")
+    if not 1 <= nproc <= MAX_LOCAL_RANKS:
+        raise UsageError(f"-n must be from 1 to {MAX_LOCAL_RANKS} ranks on this machine, got {nproc:,}",
+                         hint="more ranks: torchrun -m commdsl.run over several nodes (docs/executor.md)")  # fmt: skip
     with torch_required(command):
         from torch.distributed import TCPStore
     env = dict(os.environ)
@@ -121,12 +123,17 @@ def launch(module: str, argv: list[str], nproc: int, command: str) -> int:
     ranks = Ranks()
     with _signals_raise(signal.SIGTERM, signal.SIGHUP):
         try:
-            for rank in range(nproc):
-                # Each rank in a process group of its own: a terminal's Ctrl-C reaches
-                # the launcher only, which stops the ranks (else every rank would print
-                # its own interruption, and gloo's threads abort the process).
-                ranks.procs.append(subprocess.Popen([sys.executable, "-m", module, *argv], start_new_session=True,
-                                                    env=dict(env, RANK=str(rank), LOCAL_RANK=str(rank))))  # fmt: skip
+            with _signals_held(signal.SIGINT, signal.SIGTERM, signal.SIGHUP) as held:
+                for rank in range(nproc):
+                    # Each rank in a process group of its own: a terminal's Ctrl-C reaches
+                    # the launcher only, which stops the ranks (else every rank would print
+                    # its own interruption, and gloo's threads abort the process).
+                    ranks.procs.append(subprocess.Popen([sys.executable, "-m", module, *argv], start_new_session=True,
+                                                        env=dict(env, RANK=str(rank), LOCAL_RANK=str(rank))))  # fmt: skip
+                    if held:
+                        break
+            if held:  # acted on now that every rank started is in `ranks`, so stopped
+                raise KeyboardInterrupt if held[0] is signal.SIGINT else Stopped(held[0])
             failed = ranks.wait_first_failure()
             killed = ranks.stop() if failed is not None else []
         except KeyboardInterrupt:
@@ -174,6 +181,23 @@ def _signals_raise(*signals: signal.Signals) -> Iterator[None]:
     previous = {sig: signal.signal(sig, handler) for sig in signals}
     try:
         yield
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+
+
+@contextmanager
+def _signals_held(*signals: signal.Signals) -> Iterator[list[signal.Signals]]:
+    """Inside, `signals` are noted in the list it yields, not acted on: an exception raised
+    between a rank's fork and its `Popen`'s return would lose the rank's process (left
+    running, an orphan the launcher never stops)."""
+    held: list[signal.Signals] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield held
+        return
+    previous = {sig: signal.signal(sig, lambda signum, _frame: held.append(signal.Signals(signum))) for sig in signals}
+    try:
+        yield held
     finally:
         for sig, old in previous.items():
             signal.signal(sig, old)
