@@ -142,7 +142,10 @@ class Watchdog:
             self.store.set(self._key("abort"), json.dumps({"rank": self.rank, "code": code, "why": why}))
         else:
             lines = lines + self.describe(now)
-        print("\n".join(lines), file=sys.stderr, flush=True)
+        # One write of whole lines: print() writes its end apart, and another rank's report
+        # on the same stderr could land between a line and its newline.
+        sys.stderr.write("".join(line + "\n" for line in lines))
+        sys.stderr.flush()
         try:
             payload = self.partial_payload()
         except Exception:
