@@ -20,14 +20,12 @@ torch: running a schedule for real is `commdsl run` (or `torchrun -m commdsl.run
 from __future__ import annotations
 
 import functools
-import math
-import numbers
 import os
 from dataclasses import dataclass
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
-from commdsl.arguments import describe, path_text, whole_number
+from commdsl.arguments import describe, is_amount, path_text, whole_number
 from commdsl.errors import UsageError
 
 if TYPE_CHECKING:  # the heavy modules load on first use, so `import commdsl` stays light
@@ -187,7 +185,7 @@ def compare(predicted: SimResult | Timeline | PathLike, measured: Timeline | Pat
                          hint="a simulation's result is a prediction: give it as `predicted`, or its `.timeline` as `measured`")  # fmt: skip
     if not isinstance(measured, Timeline):
         measured = path_text("compare", "measured", measured, "a Timeline or a timeline file")
-    if isinstance(min_duration_us, bool) or not isinstance(min_duration_us, numbers.Real) or not 0 <= min_duration_us < math.inf:
+    if not is_amount(min_duration_us):
         raise UsageError(f"compare: min_duration_us must be a number of microseconds from 0, got {describe(min_duration_us)}")
     pred, pred_name = (predicted, "predicted") if isinstance(predicted, Timeline) else (read_timeline(predicted), predicted)
     meas, meas_name = (measured, "measured") if isinstance(measured, Timeline) else (read_timeline(measured), measured)

@@ -4,8 +4,11 @@ argument and what it got, never a TypeError from deep inside."""
 
 from __future__ import annotations
 
+import enum
+import math
 import numbers
 import os
+from typing import TypeVar
 
 from commdsl.errors import CommdslError, UsageError
 
@@ -42,3 +45,20 @@ def describe(value: object) -> str:
         text = repr(value)
         return text if len(text) <= 80 else f"{text[:60]}... ({len(text):,} characters)"
     return f"a {type(value).__name__}"
+
+
+E = TypeVar("E", bound=enum.Enum)
+
+
+def member(enum_type: type[E], value: object, what: str) -> E:
+    """`value` (a member or its value) as a member of `enum_type`; else a `UsageError`
+    naming `what` it is and the known values."""
+    try:
+        return enum_type(value)
+    except ValueError:
+        raise UsageError(f"unknown {what} {describe(value)} (known: {', '.join(str(m.value) for m in enum_type)})") from None
+
+
+def is_amount(value: object) -> bool:
+    """Whether `value` is a real number from 0 below infinity (not a bool, not NaN)."""
+    return not isinstance(value, bool) and isinstance(value, numbers.Real) and 0 <= value < math.inf

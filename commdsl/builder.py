@@ -178,7 +178,7 @@ class Builder:
 
     def rank(self, rank: int) -> RankBuilder:
         """The builder of `rank`'s ops, in issue order."""
-        self.check_open(caller_loc)
+        self.check_open()
         if not isinstance(rank, int) or isinstance(rank, bool) or not 0 <= rank < self.world_size:
             raise ScheduleError(f"rank {rank!r} is out of range: the world has ranks 0..{self.world_size - 1}", caller_loc())
         rb = self._ranks[rank]
@@ -191,12 +191,11 @@ class Builder:
         """Every rank's builder, rank 0 first."""
         return (self.rank(r) for r in range(self.world_size))
 
-    def check_open(self, where) -> None:
+    def check_open(self, loc: SourceLoc | None = None) -> None:
         """After `build()`, a further op (or a second build) is an error at the caller's
-        line (`where`: a `SourceLoc`, or `caller_loc` to find it only when needed)."""
+        line (`loc`, found here where not given)."""
         if self._built:
-            raise UsageError("this Builder has already built its program; make a new Builder for another",
-                             where() if callable(where) else where)  # fmt: skip
+            raise UsageError("this Builder has already built its program; make a new Builder for another", loc or caller_loc())
 
     def site(self, key: tuple, make):
         site = self._sites.get(key)
@@ -208,7 +207,7 @@ class Builder:
         """The program: each rank's end-of-program checks (waits on names never bound),
         the op limit over all ranks, then (`validate`) the cross-rank checks `commdsl.load`
         runs (send/recv matching, collective order, peer copies)."""
-        self.check_open(caller_loc)
+        self.check_open()
         per_rank = []
         warnings: list[str] = []
         for r in range(self.world_size):

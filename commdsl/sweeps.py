@@ -27,7 +27,6 @@ import io
 import itertools
 import json
 import math
-import numbers
 import os
 import re
 import time
@@ -37,7 +36,7 @@ from concurrent.futures.process import BrokenProcessPool
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from commdsl.arguments import describe, path_text, whole_number
+from commdsl.arguments import describe, is_amount, member, path_text, whole_number
 from commdsl.errors import CommdslError, UsageError, did_you_mean
 from commdsl.files import check_output_path
 from commdsl.limits import DEFAULT_MAX_OPS, MAX_SWEEP_POINTS
@@ -364,10 +363,7 @@ def sweep(schedules: Sequence[str] | str, params: Mapping[str, object] | None = 
 def run_plan(checked: SweepPlan, *, jobs: int = 1, executor: Executor | str = Executor.LOCAL, address: str | None = None,
              progress: Callable[[int, int], None] | None = None) -> list[Row]:  # fmt: skip
     """Run a checked sweep's points (see `sweep`)."""
-    try:
-        executor = Executor(executor)
-    except ValueError:
-        raise UsageError(f"unknown executor {describe(executor)} (known: {', '.join(e.value for e in Executor)})") from None
+    executor = member(Executor, executor, "executor")
     jobs = whole_number("jobs", jobs, maximum=MAX_JOBS)
     if progress is not None and not callable(progress):
         raise UsageError(f"sweep: progress must be a function taking (points done, points in all), or None, got {describe(progress)}")
@@ -466,12 +462,8 @@ def best_rows(rows: Iterable[Row], objective: Objective | str = Objective.MAKESP
               max_memory_bytes: int | None = None) -> list[Row]:  # fmt: skip
     """The points that succeeded and fit the memory cap (the largest rank's peak at most
     `max_memory_bytes`), best first by `objective`."""
-    try:
-        objective = Objective(objective)
-    except ValueError:
-        raise UsageError(f"unknown objective {describe(objective)} (known: {', '.join(o.value for o in Objective)})") from None
-    if max_memory_bytes is not None and (isinstance(max_memory_bytes, bool) or not isinstance(max_memory_bytes, numbers.Real)
-                                         or not 0 <= max_memory_bytes < math.inf):  # fmt: skip
+    objective = member(Objective, objective, "objective")
+    if max_memory_bytes is not None and not is_amount(max_memory_bytes):
         raise UsageError(f"max_memory_bytes must be a number of bytes from 0 (or None), got {describe(max_memory_bytes)}")
     fit = [r for r in rows if r.ok and (max_memory_bytes is None or (r.peak_memory_bytes or 0) <= max_memory_bytes)]
     return sorted(fit, key=lambda r: r.value(objective))

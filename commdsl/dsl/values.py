@@ -9,11 +9,9 @@ Operations here raise `ValueFault` (no location); the compiler adds the location
 
 from __future__ import annotations
 
-import decimal
 import enum
 import math
 import re
-import sys
 
 from commdsl.ir import Dtype
 
@@ -345,12 +343,9 @@ def format_bytes(n: float) -> str:
 
 
 def format_us(us: float, digits: int = 6) -> str:
-    """A time in the largest unit that keeps it >= 1, with `digits` significant digits
-    (an int too large for a float too: shown through `Decimal`)."""
+    """A time in the largest unit that keeps it >= 1, with `digits` significant digits."""
     for suffix, mult in (("s", 1e6), ("ms", 1e3), ("us", 1.0)):
         if abs(us) >= mult:
-            if isinstance(us, int) and abs(us) > sys.float_info.max:
-                return f"{decimal.Decimal(us) / 1_000_000:.{digits}g}s"
             return f"{us / mult:.{digits}g}{suffix}"
     return f"{us * 1e3:.{digits}g}ns" if us else "0us"
 

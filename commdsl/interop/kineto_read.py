@@ -382,6 +382,11 @@ def _distributed_info(data: dict, f: str | Path) -> dict:
     return info
 
 
+def _is_rank(value: object) -> bool:
+    """Whether `value` is a rank number: an int (not a bool) from 0 below `MAX_WORLD_SIZE`."""
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < MAX_WORLD_SIZE
+
+
 def _count(value: object, what: str, f: str | Path, least: int) -> int:
     """A rank or a rank count of the trace, checked: an integer from `least` below
     `MAX_WORLD_SIZE` (a rank) or up to it (a count)."""
@@ -525,7 +530,7 @@ def _ranks_arg(value: object) -> tuple[int, ...] | None:
             value = json.loads(value)
         except ValueError:
             return None
-    if isinstance(value, list) and all(isinstance(r, int) and not isinstance(r, bool) and 0 <= r < MAX_WORLD_SIZE for r in value):
+    if isinstance(value, list) and all(map(_is_rank, value)):
         return tuple(value)
     return None
 
@@ -556,7 +561,7 @@ def _nccl_comm(name: str, args: dict, track: str, ts: float, end: float, issued:
         group = groups[str(args.get("Process Group Name"))]
     # torch's profiler names a send's destination and a recv's source (global ranks).
     peer = args.get("Dst Rank") if kinds == {OpKind.SEND} else args.get("Src Rank") if kinds == {OpKind.RECV} else None
-    peer = peer if isinstance(peer, int) and not isinstance(peer, bool) and 0 <= peer < MAX_WORLD_SIZE else None
+    peer = peer if _is_rank(peer) else None
     return TraceComm(name, kinds, in_bytes, dtype, group, track, Place.DEVICE, ts, end, issued, peer=peer)
 
 

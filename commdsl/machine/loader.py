@@ -61,7 +61,6 @@ def resolve_machine(arg: str | Path | None, *, nodes: int | None = None) -> Mach
     machine = _find_machine(str(arg) if arg is not None else DEFAULT_MACHINE)
     if nodes is None:
         return machine
-
     nodes = whole_number("--nodes", nodes)
     if machine.topology is None:
         raise UsageError(f"--nodes needs a machine with a topology; {machine.name} has none",

@@ -484,7 +484,6 @@ class Machine:
         """The same machine with `nodes` nodes (its topology copied). Raises `MachineError`
         where it has no topology, for fewer than one node, and for more than one where its
         node has no link to `network` (no NIC: the nodes could not reach each other)."""
-
         nodes = whole_number(f"machine {self.name}: nodes", nodes, error=MachineError)
         topo = self.topology
         if topo is None:

@@ -168,16 +168,12 @@ class Stopped(Exception):
 
 
 @contextmanager
-def _signals_raise(*signals: signal.Signals) -> Iterator[None]:
-    """Inside, `signals` raise `Stopped` in the main thread (as SIGINT raises
-    KeyboardInterrupt), so that the ranks are stopped before the launcher exits."""
+def _signal_handlers(handler, signals: tuple[signal.Signals, ...]) -> Iterator[None]:
+    """Inside, `handler` handles `signals` (in the main thread only: elsewhere Python
+    cannot set handlers); the handlers before are back after."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-
-    def handler(signum: int, _frame) -> None:
-        raise Stopped(signal.Signals(signum))
-
     previous = {sig: signal.signal(sig, handler) for sig in signals}
     try:
         yield
@@ -186,21 +182,24 @@ def _signals_raise(*signals: signal.Signals) -> Iterator[None]:
             signal.signal(sig, old)
 
 
+def _signals_raise(*signals: signal.Signals):
+    """Inside, `signals` raise `Stopped` in the main thread (as SIGINT raises
+    KeyboardInterrupt), so that the ranks are stopped before the launcher exits."""
+
+    def handler(signum: int, _frame) -> None:
+        raise Stopped(signal.Signals(signum))
+
+    return _signal_handlers(handler, signals)
+
+
 @contextmanager
 def _signals_held(*signals: signal.Signals) -> Iterator[list[signal.Signals]]:
     """Inside, `signals` are noted in the list it yields, not acted on: an exception raised
     between a rank's fork and its `Popen`'s return would lose the rank's process (left
     running, an orphan the launcher never stops)."""
     held: list[signal.Signals] = []
-    if threading.current_thread() is not threading.main_thread():
+    with _signal_handlers(lambda signum, _frame: held.append(signal.Signals(signum)), signals):
         yield held
-        return
-    previous = {sig: signal.signal(sig, lambda signum, _frame: held.append(signal.Signals(signum))) for sig in signals}
-    try:
-        yield held
-    finally:
-        for sig, old in previous.items():
-            signal.signal(sig, old)
 
 
 class Ranks:
