@@ -43,7 +43,7 @@ from commdsl.files import write_text
 from commdsl.ir import Algo, Dtype, Op, OpKind, Protocol, Transport
 from commdsl.machine.loader import load_machine, load_machine_text, resolve_machine
 from commdsl.machine.model import NETWORK_VERTEX, Calibration, LinkKind, LinkSpec, Machine, shm_link
-from commdsl.machine.nccl import HopKind, NcclConfig, NcclVersion, format_nccl_version, parse_nccl_version
+from commdsl.machine.nccl import PROTOCOL_EFFICIENCY, HopKind, NcclConfig, NcclVersion, format_nccl_version, parse_nccl_version
 from commdsl.progress import Progress
 from commdsl.sim import nccl
 from commdsl.sim.chain_times import ChainTerms
@@ -396,6 +396,10 @@ class _Point:
     """A point-to-point based op whose paced pair spans nodes: its P2P channels also run at
     most at NCCL's per-channel network rate (`nccl.channel_cap_gb_per_s`)."""
     fixed_us: float = 0.0
+    nic_efficiency: float = 0.0
+    """Data per wire byte on the NICs where that is the protocol's wire format, which no fit
+    moves (ring, tree and NVLS_TREE collectives: `nccl.net_efficiency`); 0: the point's
+    fitted efficiency (point-to-point based ops, NVLS)."""
     """The part of its latency no fitted latency scales: the proxies' posting of an
     all_to_all's remote peers (`nccl.proxy_posts_us`, the host's network overhead)."""
 
@@ -435,12 +439,17 @@ def _point(li: int, m: Machine, flows: NcclFlows, capacity, cls: list[int], run:
     per = [0.0] * (len(RATES) + 1)
     serial = 1.0
     net_p2p = False
+    nic_wire = 0.0
     root = ranks[0] if kind in (OpKind.BROADCAST, OpKind.REDUCE) else None
     undo = m.nccl.p2p_net_efficiency if kind in nccl.P2P_BASED else 1.0  # kept apart: a parameter of its own
     for group in pairs:
         co = flows.coflow(kind, group, size, root, c.algo, c.proto, ranks)
         used = flows.choice_of(kind, group, size, c.algo, c.proto, ranks)
         eff, eff_net = nccl.efficiency(m.nccl, used), nccl.net_efficiency(m.nccl, used, kind)
+        if used.algo is Algo.NVLS_TREE:
+            eff_net = PROTOCOL_EFFICIENCY[Protocol.SIMPLE]  # its tree's bytes cross the NICs as NCCL's net transport sends them
+        if kind not in nccl.P2P_BASED and used.algo is not Algo.NVLS:
+            nic_wire = eff_net
         for ch, wire in co.channel_bytes:
             data = wire * (eff_net * undo if cls[ch] == _NIC else eff)
             per[cls[ch]] = max(per[cls[ch]], data / capacity[ch])
@@ -461,7 +470,7 @@ def _point(li: int, m: Machine, flows: NcclFlows, capacity, cls: list[int], run:
     chain = _chain_terms(zero, kind, lay, flows.choice_of(kind, ranks, size, c.algo, c.proto), size) if kind in (OpKind.BROADCAST, OpKind.REDUCE) else None
     return _Point(li, float(size), measured, c.proto, c.algo in (Algo.NVLS, Algo.NVLS_TREE), kind in nccl.P2P_BASED,
                   coeff, tuple(per), c.channels, serial, 0 if run.graph else run.gpus_per_process, lay.intra_hop,
-                  (c.algo, c.proto, c.channels), chain, net_p2p, fixed)  # fmt: skip
+                  (c.algo, c.proto, c.channels), chain, net_p2p, fixed, nic_wire)  # fmt: skip
 
 
 def _chain_terms(zero: NcclConfig, kind: OpKind, lay: nccl.Layout, c: nccl.Choice, size: int) -> ChainTerms:
@@ -494,6 +503,8 @@ def _predict(points: list[_Point], values: dict[str, float]) -> list[float]:
         for k, rate in enumerate(RATES):
             if p.per_byte[k]:
                 scale = values[f"scale.{rate.name}"] * (values["p2p_net_efficiency"] if p.p2p and k == _NIC else 1.0)
+                if k == _NIC and p.nic_efficiency:
+                    scale *= p.nic_efficiency / eff  # the NICs carry the protocol's wire format, not the fitted efficiency
                 worst = max(worst, p.per_byte[k] / scale)
         rate = eff / worst if worst > 0 else math.inf
         per_channel = values["p2p_channel_bandwidth_gb_per_s"] if p.p2p else values[f"protocols.{proto}.channel_bandwidth_gb_per_s"]
