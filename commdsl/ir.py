@@ -146,6 +146,9 @@ class Algo(str, enum.Enum):
     """In-network reduction (IB SHARP): every GPU of a node talks to the switch directly."""
     COLLNET_CHAIN = "collnet_chain"
     """In-network reduction through a chain of the node's GPUs."""
+    PAT = "pat"
+    """Parallel Aggregated Trees (NCCL 2.23+): all_gather / reduce_scatter with one GPU per
+    node, in log2(nodes) tree levels rather than a ring's nodes - 1 steps."""
 
 
 class Protocol(str, enum.Enum):

@@ -12,7 +12,7 @@ import pytest
 
 from commdsl.calibrate.nccl_logs import Given, parse_given, parse_logs, read_logs
 from commdsl.errors import CommdslError, LogError, UsageError
-from commdsl.ir import Protocol
+from commdsl.ir import Algo, Protocol
 from commdsl.limits import MAX_WORLD_SIZE
 
 HEADER = """# nccl-tests version 2.17.9 nccl-headers=22602 nccl-library=22602
@@ -295,9 +295,11 @@ def test_nccl_algo_names_commdsl_does_not_read_are_told():
     notes: list[str] = []
     (log,) = parse_logs(_info("NCCL_ALGO set by environment to bogus"), "algo.log", notes=notes)
     assert log.algos is None
-    assert notes == ["algo.log:8: NCCL_ALGO bogus: bogus not read (commdsl reads tree, ring, collnetdirect, collnetchain, nvls, nvlstree); "
+    assert notes == ["algo.log:8: NCCL_ALGO bogus: bogus not read (commdsl reads tree, ring, collnetdirect, collnetchain, nvls, nvlstree, pat); "
                      "the run is simulated with NCCL's own choice"]  # fmt: skip
     notes.clear()
+    (log,) = parse_logs(_info("NCCL_ALGO set by environment to PAT,Ring"), "pat.log", notes=notes)
+    assert log.algos == frozenset({Algo.PAT, Algo.RING}) and notes == []
     (log,) = parse_logs(_info("NCCL_PROTO set by environment to Simple,^LL128."), "proto.log", notes=notes)
     assert log.protos == frozenset({Protocol.SIMPLE})
     assert notes == ["proto.log:8: NCCL_PROTO Simple,^LL128: ^LL128 not read (commdsl reads ll, ll128, simple); the run is simulated "

@@ -523,7 +523,7 @@ class _Reader:
             else:
                 known = {p.value: p for p in PROTOCOLS}
             # An exclusion (`^NVLS`), a per-collective setting (`allreduce:tree`) or a name commdsl
-            # does not model (PAT) is not read: told, and the run simulated with NCCL's own choice.
+            # does not know is not read: told, and the run simulated with NCCL's own choice.
             read = [known[x.lower()] for x in words if x.lower() in known]
             unread = [x for x in words if x.lower() not in known]
             if unread and self.notes is not None and (m.group(1), value) not in self.told:

@@ -50,9 +50,8 @@ class HopKind(str, enum.Enum):
     NETWORK = "network"
 
 
-NCCL_ALGOS = (Algo.TREE, Algo.RING, Algo.COLLNET_DIRECT, Algo.COLLNET_CHAIN, Algo.NVLS, Algo.NVLS_TREE)
-"""The collective algorithms of NCCL's tuning table, in its order (PAT, for one GPU per
-node, is not modelled)."""
+NCCL_ALGOS = (Algo.TREE, Algo.RING, Algo.COLLNET_DIRECT, Algo.COLLNET_CHAIN, Algo.NVLS, Algo.NVLS_TREE, Algo.PAT)
+"""The collective algorithms of NCCL's tuning table, in its order."""
 PROTOCOLS = (Protocol.LL, Protocol.LL128, Protocol.SIMPLE)
 """NCCL's protocols in its order."""
 
@@ -79,6 +78,10 @@ class Tuning:
     """`nvlsEfficiency`: NVLS bus bandwidth per channel over the graph's (v2.28+)."""
     row: int
     """This generation's row in `ll_max_bus_gb_per_s` (NCCL's compCapIndex)."""
+    pat: bool = True
+    """The release has PAT (NCCL 2.23 and later, `PAT_SINCE`)."""
+    pat_bandwidth_factor: float = 0.75
+    """What the table takes of PAT's graph bandwidth (`busBw *= .75`, from v2.24; 1 in 2.23)."""
     nvls_switch_model: bool = True
     """How the table rates NVLS and NVLS_TREE. True (NCCL 2.28 and later): the switch's
     bus bandwidth per channel, the graph's intra bandwidth x `nvls_efficiency` x
@@ -91,15 +94,18 @@ class Tuning:
 _BASE = {
     Algo.TREE: (6.8, 14.0, 8.4), Algo.RING: (6.6, 14.0, 8.4),
     Algo.COLLNET_DIRECT: (0.0, 0.0, 0.0), Algo.COLLNET_CHAIN: (0.0, 0.0, 0.0),
-    Algo.NVLS: (0.0, 0.0, 0.0), Algo.NVLS_TREE: (0.0, 0.0, 0.0),
+    Algo.NVLS: (0.0, 0.0, 0.0), Algo.NVLS_TREE: (0.0, 0.0, 0.0), Algo.PAT: (8.0, 8.0, 8.0),
 }  # fmt: skip
 _HW = {
     HopKind.NVLINK: {Algo.TREE: (0.6, 1.25, 4.0), Algo.RING: (0.6, 1.9, 3.4), Algo.COLLNET_DIRECT: (0.0, 0.0, 3.7),
-                     Algo.COLLNET_CHAIN: (0.0, 0.0, 2.8), Algo.NVLS: (0.0, 0.0, 25.0), Algo.NVLS_TREE: (0.0, 0.0, 25.0)},
+                     Algo.COLLNET_CHAIN: (0.0, 0.0, 2.8), Algo.NVLS: (0.0, 0.0, 25.0), Algo.NVLS_TREE: (0.0, 0.0, 25.0),
+                     Algo.PAT: (0.0, 0.0, 4.0)},
     HopKind.PCIE: {Algo.TREE: (1.0, 1.9, 4.0), Algo.RING: (1.0, 2.5, 5.7), Algo.COLLNET_DIRECT: (0.0, 0.0, 3.7),
-                   Algo.COLLNET_CHAIN: (0.0, 0.0, 2.8), Algo.NVLS: (0.0, 0.0, 0.0), Algo.NVLS_TREE: (0.0, 0.0, 0.0)},
+                   Algo.COLLNET_CHAIN: (0.0, 0.0, 2.8), Algo.NVLS: (0.0, 0.0, 0.0), Algo.NVLS_TREE: (0.0, 0.0, 0.0),
+                   Algo.PAT: (0.0, 0.0, 4.0)},
     HopKind.NETWORK: {Algo.TREE: (5.0, 8.5, 14.0), Algo.RING: (2.7, 4.0, 14.0), Algo.COLLNET_DIRECT: (0.0, 0.0, 31.0),
-                      Algo.COLLNET_CHAIN: (0.0, 0.0, 30.0), Algo.NVLS: (0.0, 0.0, 18.0), Algo.NVLS_TREE: (0.0, 0.0, 20.9)},
+                      Algo.COLLNET_CHAIN: (0.0, 0.0, 30.0), Algo.NVLS: (0.0, 0.0, 18.0), Algo.NVLS_TREE: (0.0, 0.0, 20.9),
+                      Algo.PAT: (0.0, 0.0, 14.0)},
 }  # fmt: skip
 _LL_MAX = ((39.0, 39.0, 20.4), (87.7, 22.5, 19.0), (141.0, 45.0, 35.0), (282.0, 90.0, 70.0))
 
@@ -124,6 +130,14 @@ NcclVersion = tuple[int, int, int]
 NVLS_SWITCH_MODEL_SINCE: NcclVersion = (2, 28, 0)
 """The first release whose table rates NVLS by the switch (`nvlsEfficiency`,
 `perChMaxNVLSTreeBws`, tuning.cc v2.28.3); before, by the graph (v2.27.7 and earlier)."""
+PAT_SINCE: NcclVersion = (2, 23, 0)
+"""The first release with PAT (v2.23.4, the first 2.23 tag)."""
+PAT_BANDWIDTH_FACTOR = ((2, 24, 0), 0.75)
+"""tuning.cc `busBw *= .75` for PAT: from v2.24.3 on; v2.23.4 takes the graph's whole."""
+PAT_RANK_US = 2.8
+"""tuning.cc, PAT's latency: `nRanks * 2.8` us, "still a linear part" beside its log2(nodes)
+tree levels (each `interLat / 3.5`, `PAT_LEVEL_DIVISOR`): NCCL's own figures, v2.23 on."""
+PAT_LEVEL_DIVISOR = 3.5
 NVLS_TREE_NET_LATENCY_US = ((2, 28, 9), 20.9, 14.0)
 """hwLat[NET][NVLS_TREE] Simple: 20.9 us from v2.28.9 on (the release that reordered the
 main and proxy threads' operations), 14 us before (tuning.cc v2.28.7 and earlier)."""
@@ -147,7 +161,8 @@ def format_nccl_version(version: NcclVersion) -> str:
 def tuning_for(generation: Generation, version: NcclVersion | None) -> Tuning:
     """NCCL's table for `generation` as release `version` has it (None: the newest release
     modelled). What differs between the releases modelled: the NVLS bandwidth model
-    (`Tuning.nvls_switch_model`) and hwLat[NET][NVLS_TREE] (`NVLS_TREE_NET_LATENCY_US`)."""
+    (`Tuning.nvls_switch_model`), hwLat[NET][NVLS_TREE] (`NVLS_TREE_NET_LATENCY_US`), and
+    PAT (`PAT_SINCE`, `PAT_BANDWIDTH_FACTOR`)."""
     t = TUNING[generation]
     if version is None:
         return t
@@ -160,6 +175,10 @@ def tuning_for(generation: Generation, version: NcclVersion | None) -> Tuning:
         changes["hop_latency_us"] = {**t.hop_latency_us, HopKind.NETWORK: net}
     if version < NVLS_SWITCH_MODEL_SINCE:
         changes["nvls_switch_model"] = False
+    if version < PAT_SINCE:
+        changes["pat"] = False
+    elif version < PAT_BANDWIDTH_FACTOR[0]:
+        changes["pat_bandwidth_factor"] = 1.0
     return replace(t, **changes) if changes else t
 
 
@@ -245,6 +264,9 @@ class NcclConfig:
     """Fraction of an NVLink's bandwidth NVLS reaches (NCCL's `nvlsEfficiency`)."""
     collnet: bool = False
     """In-network reduction between nodes (IB SHARP switches): COLLNET_DIRECT and CHAIN."""
+    net_device_offload: bool = False
+    """The network plugin leaves received data for the GPU to unpack (NCCL's net device
+    type is not HOST, as with GPUDirect-TCPX's plugin). NCCL then runs no PAT."""
     p2p_channels: int = 32
     """Channels of point-to-point transfers and all_to_all (NCCL's `p2pnChannels`)."""
     p2p_channels_per_peer: int = 32

@@ -10,6 +10,7 @@
       nvls_latency_us: 6
       nvls_efficiency: 0.85
       collnet: false              # in-network reduction between nodes
+      net_device_offload: false   # the GPU unpacks received data (GPUDirect-TCPX): no PAT
       p2p_channels: 32
       p2p_channels_per_peer: 32
       p2p_channel_bandwidth_gb_per_s: 10
@@ -60,7 +61,7 @@ class FieldReader(Interface):
     def enum(self, node: yaml.Node, enum_cls: type[enum.Enum], what: str) -> enum.Enum: ...
 
 _KEYS = (
-    "generation", "version", "channels", "channels_across_nodes", "cpu", "nvls", "nvls_channels", "nvls_latency_us", "nvls_efficiency", "collnet", "p2p_channels",
+    "generation", "version", "channels", "channels_across_nodes", "cpu", "nvls", "nvls_channels", "nvls_latency_us", "nvls_efficiency", "collnet", "net_device_offload", "p2p_channels",
     "p2p_channels_per_peer", "p2p_channel_bandwidth_gb_per_s", "p2p_net_channel_bandwidth_gb_per_s",
     "p2p_net_efficiency", "net_latency_us", "tree_net_scale", "launch_us", "launch_per_channel_us", "algo", "proto", "protocols",
 )  # fmt: skip
@@ -83,6 +84,7 @@ def read_nccl(r: FieldReader, node: yaml.Node, topology: Topology | None) -> Ncc
         cpu=r.enum(keys["cpu"][1], CpuVendor, "nccl.cpu") if "cpu" in keys else CpuVendor.INTEL,
         nvls=_flag(r, keys, "nvls"),
         collnet=_flag(r, keys, "collnet"),
+        net_device_offload=_flag(r, keys, "net_device_offload"),
     )
     numbers: dict = {}
     if "version" in keys:

@@ -25,6 +25,8 @@ is the flow network's, over the links the algorithm loads, see `commdsl.sim.flow
     nvls        the machine's NVLS latency (+ one network hop across nodes)
     nvls_tree   NVLS latency + 2 log2(N) tree levels (NCCL's NVLS_TREE figure, per release)
     collnet     base + 2 intra hops + one network hop (direct); 2(ppn-1) intra (chain)
+    pat         NCCL's base for PAT + log2(N) tree levels / 3.5 + 2.8 us a rank (NCCL's
+                own figures; all_gather and reduce_scatter with one GPU a node)
     send, recv  NCCL's own base latency of the protocol (tuning.cc baseLat, not the
                 machine's fitted one) + one hop inside a node; across nodes two of the
                 proxies' network steps (Simple's, for any protocol: the receiver's
@@ -49,7 +51,8 @@ from dataclasses import dataclass
 from commdsl.errors import ScheduleError
 from commdsl.ir import Algo, Op, OpKind, Protocol
 from commdsl.machine.nccl import (MAX_THREADS, NVLS_CHUNK_BYTES, NVLS_PIPELINE_CHUNKS, NVLS_TREE_MAX_CHUNK_BYTES_4_NODES,
-                                  P2P_CHANNEL_NET_GB_PER_S, P2P_CHUNK_BYTES, P2P_LL_THRESHOLD_BYTES, PROTOCOL_EFFICIENCY,
+                                  P2P_CHANNEL_NET_GB_PER_S, P2P_CHUNK_BYTES, P2P_LL_THRESHOLD_BYTES, PAT_LEVEL_DIVISOR, PAT_RANK_US,
+                                  PROTOCOL_EFFICIENCY,
                                   P2P_PEERS_PER_BATCH, PROTOCOLS, THREAD_THRESHOLD_BYTES, CpuVendor,
                                   Generation, HopKind, NcclConfig)  # fmt: skip
 
@@ -60,12 +63,12 @@ P2P_BASED = frozenset({OpKind.ALL_TO_ALL, OpKind.GATHER, OpKind.SCATTER, OpKind.
 
 ALGOS_BY_KIND = {
     OpKind.ALL_REDUCE: (Algo.RING, Algo.TREE, Algo.NVLS, Algo.NVLS_TREE, Algo.COLLNET_DIRECT, Algo.COLLNET_CHAIN),
-    OpKind.ALL_GATHER: (Algo.RING, Algo.NVLS, Algo.COLLNET_DIRECT),
-    OpKind.REDUCE_SCATTER: (Algo.RING, Algo.NVLS, Algo.COLLNET_DIRECT),
+    OpKind.ALL_GATHER: (Algo.RING, Algo.NVLS, Algo.COLLNET_DIRECT, Algo.PAT),
+    OpKind.REDUCE_SCATTER: (Algo.RING, Algo.NVLS, Algo.COLLNET_DIRECT, Algo.PAT),
     OpKind.BROADCAST: (Algo.RING,),
     OpKind.REDUCE: (Algo.RING,),
 }
-"""What NCCL's table considers per collective (tuning.cc; PAT, one GPU per node, is not modelled)."""
+"""What NCCL's table considers per collective (tuning.cc)."""
 
 _SPEEDS_INTRA = {
     Generation.VOLTA: (40.0, 30.0, 20.0, 18.0, 15.0, 12.0, 10.0, 9.0, 7.0, 6.0, 5.0, 4.0, 3.0),
@@ -157,7 +160,7 @@ def _graph(cfg: NcclConfig, layout: Layout, algo: Algo) -> tuple[int, float, flo
     # that (search.cc, pass 2: "increase bwIntra for trees"), which its table reads on two
     # nodes: where the NICs are slower than NVLink, NCCL takes the tree there.
     inter = layout.inter_gb_per_s / nch
-    cap = inter if algo is Algo.RING else 2 * inter
+    cap = inter if algo is Algo.RING else 2 * inter  # PAT runs on the tree's graph (init.cc)
     return nch, min(intra, cap), inter
 
 
@@ -180,7 +183,7 @@ def nccl_table(cfg: NcclConfig, kind: OpKind, layout: Layout) -> dict[tuple[Algo
             continue
         nch, bw_intra, bw_inter = _graph(cfg, layout, algo)
         for p, proto in enumerate(PROTOCOLS):
-            if algo in (Algo.NVLS, Algo.NVLS_TREE, Algo.COLLNET_DIRECT, Algo.COLLNET_CHAIN) and proto is not Protocol.SIMPLE:
+            if algo in (Algo.NVLS, Algo.NVLS_TREE, Algo.COLLNET_DIRECT, Algo.COLLNET_CHAIN, Algo.PAT) and proto is not Protocol.SIMPLE:
                 continue
             if proto is Protocol.LL128 and not ll128:
                 continue
@@ -224,6 +227,8 @@ def nccl_table(cfg: NcclConfig, kind: OpKind, layout: Layout) -> dict[tuple[Algo
                         bus *= 0.85
             if algo is Algo.NVLS and kind in (OpKind.ALL_GATHER, OpKind.REDUCE_SCATTER) and nodes > 1:
                 bus = 0.0
+            if algo is Algo.PAT:
+                bus *= t.pat_bandwidth_factor
             if not (algo is not Algo.RING and kind in (OpKind.ALL_GATHER, OpKind.REDUCE_SCATTER)):
                 if algo is Algo.RING:
                     bus *= n / nsteps
@@ -261,6 +266,8 @@ def nccl_table(cfg: NcclConfig, kind: OpKind, layout: Layout) -> dict[tuple[Algo
                 lat = intra_lat + (inter_lat if nodes > 1 else 0.0)
             elif algo is Algo.NVLS_TREE:
                 lat += intra_lat + 2 * log2i(nodes) * inter_lat
+            elif algo is Algo.PAT:
+                lat += log2i(nodes) * inter_lat / PAT_LEVEL_DIVISOR + n * PAT_RANK_US
             out[(algo, proto)] = (lat, bus)
     return out
 
@@ -280,6 +287,10 @@ def _enabled(cfg: NcclConfig, algo: Algo, layout: Layout) -> bool:
             return False
         if algo is Algo.COLLNET_DIRECT and not layout.nvswitch:
             return False
+    if algo is Algo.PAT:
+        # one GPU a node, with the release's PAT, and a plugin that leaves no unpacking to
+        # the GPU (tuning.cc `ncclPatEnable`)
+        return cfg.tuning.pat and nodes == layout.n and not cfg.net_device_offload
     return True
 
 
@@ -502,6 +513,13 @@ def latency_us(cfg: NcclConfig, kind: OpKind, layout: Layout, algo: Algo, proto:
         return cfg.nvls_latency_us + (net if nodes > 1 else 0.0)
     if algo is Algo.NVLS_TREE:
         return cfg.nvls_latency_us + 2 * log2i(nodes) * _tree_net_hop_us(cfg, algo, proto)
+    if algo is Algo.PAT:
+        # NCCL's own figures, as no measured curve of PAT was at hand to time it by: its
+        # base (not the one a machine's rings are fitted to, which carries their pipeline
+        # start), log2(N) tree levels, pipelined (each a fraction of the machine's tree
+        # level), and a part linear in the ranks
+        base = cfg.tuning.base_latency_us[Algo.PAT][PROTOCOLS.index(proto)]
+        return base + log2i(nodes) * _tree_net_hop_us(cfg, Algo.TREE, proto) / PAT_LEVEL_DIVISOR + n * PAT_RANK_US
     if algo is Algo.COLLNET_DIRECT:
         return spec.base_latency_us + 2 * intra + net
     if algo is Algo.COLLNET_CHAIN:

@@ -294,7 +294,10 @@ class NcclFlows:
             return loads, (n - 1) / n
         if kind is OpKind.BARRIER:
             kind = OpKind.ALL_REDUCE
-        if algo is Algo.RING:
+        # PAT (all_gather, reduce_scatter) sends each rank's (n-1)/n of the data out through
+        # its NIC and takes as much in, as a ring does; its peers differ (a binomial tree's),
+        # but with one GPU a node the NICs are all it loads, so the ring's edges load them alike.
+        if algo is Algo.RING or algo is Algo.PAT:
             if kind in (OpKind.BROADCAST, OpKind.REDUCE):
                 pairs: dict[tuple[int, int], float] = {}
                 for ring in nccl.ring_orders(lay, channels):
