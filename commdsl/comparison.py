@@ -465,9 +465,10 @@ class TraceMatch:
     unmatched: list[str] = field(default_factory=list)
     """Ops and trace events left unpaired, and names found more or fewer times than the
     schedule has ops of that name, one line each."""
-    skipped: int = 0
-    """Predicted waits, records and synchronizes the trace has no range for (they do no
-    work of their own; real jobs do not annotate them)."""
+    skipped: list[str] = field(default_factory=list)
+    """Op ids of predicted waits, records, synchronizes, allocs and frees the trace has no
+    range for (they do no work of their own; real jobs do not annotate them): not sought,
+    so not "only predicted" either."""
 
 
 def _pred_in_bytes(span: Span) -> int:
@@ -622,7 +623,7 @@ def match_trace(predicted: Timeline, job) -> TraceMatch:
             found = device or found
             if not found:
                 busy = [s for s in ops if s.kind not in NON_BUSY_KINDS]
-                match.skipped += len(ops) - len(busy)
+                match.skipped += [s.op_id for s in ops if s.kind in NON_BUSY_KINDS]
                 match.unmatched += [f"rank {rank}: {s.kind} {name} (op {s.op_id}): no range named {name} in the trace" for s in busy]
             elif len(found) != len(ops):
                 match.unmatched.append(f"rank {rank}: {name}: ambiguous, {len(ops)} op(s) of this name ({', '.join(s.op_id for s in ops)}) "
@@ -650,4 +651,6 @@ def compare_trace(predicted: Timeline, job, *, min_duration_us: float = 10.0) ->
     cmp = compare_timelines(predicted, match.measured, min_duration_us=min_duration_us, measured_origin_us=step_start_us)
     cmp.measured_makespan_us = match.step_us
     cmp.unmatched = match.unmatched
+    skipped = set(match.skipped)
+    cmp.only_predicted = [op_id for op_id in cmp.only_predicted if op_id not in skipped]
     return cmp, match

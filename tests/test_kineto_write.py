@@ -188,3 +188,18 @@ def test_predicted_pipeline_traces_import_back_with_each_sends_peer(tmp_path):
         assert set(re.findall(r"(?:to|from) \d", block)) == peers
     replayed = json.loads(_cli(["simulate", str(out), "--machine", "dgx-h100", "--json"]))
     assert replayed["makespan_us"] == pytest.approx(original["makespan_us"], rel=0.02)
+
+
+def test_a_prediction_compared_with_its_own_traces_pairs_every_op_that_does_work(tmp_path):
+    """1F1B declares its memory (alloc, free): a profiler trace holds no range for those,
+    nor for waits and records, so they are not sought there, and none of them is reported
+    as an op "only predicted"; every op that does work pairs with itself."""
+    pred, folder = tmp_path / "pred.json", tmp_path / "traces"
+    _cli(["simulate", "1f1b", "--trace", str(pred), "--trace-dir", str(folder), "--json"])
+    cmp = json.loads(_cli(["compare", str(pred), str(folder), "--json"]))
+    timeline = Timeline.read(pred)
+    kinds = {s.op_id: s.kind for s in timeline.spans}
+    assert {"alloc", "free"} <= set(kinds.values())
+    working = {op for op, kind in kinds.items() if kind not in ("alloc", "free", "wait", "wait_event", "record", "synchronize")}
+    assert cmp["ops_compared"] == len(working) and cmp["only_predicted"] == [] and cmp["only_measured"] == []
+    assert cmp["makespan_error_pct"] == pytest.approx(0.0, abs=1e-6)
