@@ -5,15 +5,19 @@ hang; every number is checked where it is read, against commdsl.limits."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 
 import pytest
 
-from commdsl.calibrate.nccl_logs import Given, parse_given, parse_logs, read_logs
+from commdsl.calibrate.nccl_logs import Given, parse_given, parse_logs, parse_nccl_list, read_logs
+from commdsl.calibrate.nccl_tests import Run, bench_machine, choice
 from commdsl.errors import CommdslError, LogError, UsageError
-from commdsl.ir import Algo, Protocol
+from commdsl.ir import Algo, OpKind, Protocol
 from commdsl.limits import MAX_WORLD_SIZE
+from commdsl.machine import resolve_machine
+from commdsl.machine.nccl import NCCL_ALGOS
 
 HEADER = """# nccl-tests version 2.17.9 nccl-headers=22602 nccl-library=22602
 # Collective test starting: all_reduce_perf
@@ -295,15 +299,59 @@ def test_nccl_algo_names_commdsl_does_not_read_are_told():
     notes: list[str] = []
     (log,) = parse_logs(_info("NCCL_ALGO set by environment to bogus"), "algo.log", notes=notes)
     assert log.algos is None
-    assert notes == ["algo.log:8: NCCL_ALGO bogus: bogus not read (commdsl reads tree, ring, collnetdirect, collnetchain, nvls, nvlstree, pat); "
-                     "the run is simulated with NCCL's own choice"]  # fmt: skip
+    assert notes == ["algo.log:8: NCCL_ALGO bogus not read: 'bogus' is not one of its names (it takes tree, ring, collnetdirect, "
+                     "collnetchain, nvls, nvlstree, pat); the run is simulated with NCCL's own choice"]  # fmt: skip
     notes.clear()
     (log,) = parse_logs(_info("NCCL_ALGO set by environment to PAT,Ring"), "pat.log", notes=notes)
     assert log.algos == frozenset({Algo.PAT, Algo.RING}) and notes == []
     (log,) = parse_logs(_info("NCCL_PROTO set by environment to Simple,^LL128."), "proto.log", notes=notes)
-    assert log.protos == frozenset({Protocol.SIMPLE})
-    assert notes == ["proto.log:8: NCCL_PROTO Simple,^LL128: ^LL128 not read (commdsl reads ll, ll128, simple); the run is simulated "
-                     "with NCCL's own choice among simple"]  # fmt: skip
+    assert log.protos is None
+    assert notes == ["proto.log:8: NCCL_PROTO Simple,^LL128 not read: '^LL128' is not one of its names (it takes ll, ll128, "
+                     "simple); the run is simulated with NCCL's own choice"]  # fmt: skip
+
+
+ALL_ALGOS = frozenset(NCCL_ALGOS)
+NCCL_LISTS = [
+    # (NCCL_ALGO as set, what it enables for all_reduce, for all_gather); tuning.cc parseList's own examples among them
+    ("Ring", {Algo.RING}, {Algo.RING}),
+    ("ring,TREE", {Algo.RING, Algo.TREE}, {Algo.RING, Algo.TREE}),
+    ("^NVLS", ALL_ALGOS - {Algo.NVLS}, ALL_ALGOS - {Algo.NVLS}),
+    ("ring,collnetdirect;allreduce:tree,collnetdirect;broadcast:ring", {Algo.TREE, Algo.COLLNET_DIRECT}, {Algo.RING, Algo.COLLNET_DIRECT}),
+    ("allreduce:tree", {Algo.TREE}, ALL_ALGOS),
+    ("AllGather:^ring;allreduce:nvlstree", {Algo.NVLS_TREE}, ALL_ALGOS - {Algo.RING}),
+]
+
+
+@pytest.mark.parametrize("value,all_reduce,all_gather", NCCL_LISTS)
+def test_nccl_algo_is_read_as_nccl_reads_it(value, all_reduce, all_gather):
+    lists = parse_nccl_list(value, {a.value.replace("_", ""): a for a in NCCL_ALGOS})
+    assert lists[OpKind.ALL_REDUCE] == all_reduce and lists[OpKind.ALL_GATHER] == all_gather
+
+
+@pytest.mark.parametrize("value,why", [
+    ("tree;ring", "'ring' names no collective, as every entry after the first must"),
+    ("alltoall:ring", "'alltoall' is no collective of NCCL's"),
+    ("allreduce:tree,hypercube", "'hypercube' is not one of its names"),
+])  # fmt: skip
+def test_what_nccl_refuses_in_nccl_algo_is_named(value, why):
+    with pytest.raises(ValueError, match=re.escape(why)):
+        parse_nccl_list(value, {a.value.replace("_", ""): a for a in NCCL_ALGOS})
+
+
+def test_a_runs_nccl_algo_is_its_collectives_own_and_leaves_nccl_to_choose_among_it():
+    notes: list[str] = []
+    (log,) = parse_logs(_info("NCCL_PROTO set by environment to ^LL128;allreduce:LL128"), "proto.log", notes=notes)
+    assert log.protos == frozenset({Protocol.LL128}) and notes == []  # the log's run is an all_reduce
+    (log,) = parse_logs(_info("NCCL_ALGO set by environment to allgather:ring"), "algo.log", notes=notes)
+    assert log.algos is None  # all of NCCL's algorithms for all_reduce
+    # ^Ring on two H100s: NCCL's choice among the rest (the tree), where it takes a ring
+    (log,) = parse_logs(_info("NCCL_ALGO set by environment to ^Ring"), "algo.log", notes=notes)
+    run = Run.of(log)
+    h100 = resolve_machine("dgx-h100")
+    assert run.algo is None and run.algos == ALL_ALGOS - {Algo.RING}
+    assert choice(bench_machine(h100, run), run, 1 << 30).algo is Algo.TREE
+    free = Run.of(parse_logs(_info("NCCL_ALGO set by environment to allgather:tree"), "free.log", notes=notes)[0])
+    assert free.algos is None and choice(bench_machine(h100, free), free, 1 << 30).algo is Algo.RING
 
 
 def test_mpirun_messages_inside_a_table_are_still_text():

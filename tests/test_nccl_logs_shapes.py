@@ -151,8 +151,8 @@ def test_each_shape_reads_as_the_runs_it_records(spec, runs):
 def test_the_run_of_a_log_carries_its_layout_and_channels():
     (log,) = read_logs([str(DATA / "nccl_info_interleaved.log")])
     run = Run.of(log)
-    assert (run.op, run.ranks, run.ranks_per_node, run.algo, run.proto, run.channels) == (
-        OpKind.ALL_REDUCE, 16, 8, Algo.TREE, Protocol.SIMPLE, Channels(24, 0, 32, 32))
+    assert (run.op, run.ranks, run.ranks_per_node, run.algos, run.protos, run.channels) == (
+        OpKind.ALL_REDUCE, 16, 8, {Algo.TREE}, {Protocol.SIMPLE}, Channels(24, 0, 32, 32))
 
 
 @pytest.mark.parametrize("spec,hint", [("headerless_table.txt", "all_reduce_perf:8="), ("all_reduce_perf=headerless_table.txt", ":GPUS=FILE")])

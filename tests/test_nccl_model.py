@@ -76,7 +76,7 @@ def test_the_op_or_the_machine_can_force_algorithm_and_protocol():
     with pytest.raises(ScheduleError, match="NCCL has no tree for all_gather"):
         pick(H100, OpKind.ALL_GATHER, 8, 1 << 20, algo=Algo.TREE)
     nvls_only = load_machine_text(open(H100.source).read() + "  algo: [nvls]\n", "nvls.yaml")
-    with pytest.raises(ScheduleError, match=r"NCCL has no algorithm and protocol among the machine's nccl.algo / nccl.proto "
+    with pytest.raises(ScheduleError, match=r"NCCL has no nvls among the machine's nccl.algo / nccl.proto "
                                             r"for broadcast on 8 ranks .* \(it has: ring/ll, ring/ll128, ring/simple\)"):
         pick(nvls_only, OpKind.BROADCAST, 8, 1 << 20)
 

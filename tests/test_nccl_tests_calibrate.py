@@ -38,7 +38,7 @@ def test_the_fixture_logs_read_as_the_runs_they_record():
     assert ar.device == "NVIDIA H100 80GB HBM3"
     assert (ag.op, ag.gpus_per_process, ag.algos) == (OpKind.ALL_GATHER, 1, frozenset({Algo.RING}))  # MPI prefixes stripped
     assert (a2a.op, a2a.ranks, a2a.nodes, a2a.algos) == (OpKind.ALL_TO_ALL, 16, 2, None)
-    assert Run.of(ar) == Run(OpKind.ALL_REDUCE, 8, 8, False, algo=Algo.RING, nccl_version=(2, 26, 2))  # "NCCL version 2.26.2"
+    assert Run.of(ar) == Run(OpKind.ALL_REDUCE, 8, 8, False, algos=frozenset({Algo.RING}), nccl_version=(2, 26, 2))  # "NCCL version 2.26.2"
 
 
 def test_a_log_s_nccl_release_chooses_its_algorithms():
@@ -277,7 +277,7 @@ def test_an_algorithm_the_base_machine_lacks_is_an_error_at_the_logs_line(tmp_pa
     with pytest.raises(LogError) as info:
         from_nccl_tests([str(log)], str(tmp_path / "m.yaml"), "dgx-h100", echo=lambda _: None)
     assert (info.value.loc.file, info.value.loc.line) == (str(log), read_logs([str(log)])[0].points[0].line)
-    assert "cannot run this point as the log ran it: NCCL has no collnet_direct for all_reduce" in info.value.message
+    assert "cannot run this point as the log ran it: NCCL has no collnet_direct among the machine's nccl.algo" in info.value.message
     assert "NCCL_ALGO collnet_direct" in info.value.hint
     assert not (tmp_path / "m.yaml").exists()
 

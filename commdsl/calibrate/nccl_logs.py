@@ -55,6 +55,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import TypeVar
 
 from commdsl.errors import LogError, SourceLoc, UsageError
 from commdsl.files import is_file, read_text, source_lines
@@ -103,6 +104,11 @@ _TOOL = re.compile(r"#\s*Collective test starting:\s*(\S+)")
 _TESTS_VERSION = re.compile(r"#\s*nccl-tests version \S+.*?nccl-library=(\d{1,8})\b")
 _NCCL_VERSION = re.compile(r"NCCL version (\d{1,4}\.\d{1,4}\.\d{1,4})")
 _ENV = re.compile(r"NCCL_(ALGO|PROTO) set by environment to (\S+)")
+T = TypeVar("T")
+
+NCCL_FUNCTIONS = {"broadcast": OpKind.BROADCAST, "reduce": OpKind.REDUCE, "allgather": OpKind.ALL_GATHER,
+                  "reducescatter": OpKind.REDUCE_SCATTER, "allreduce": OpKind.ALL_REDUCE}
+"""NCCL's collectives as NCCL_ALGO / NCCL_PROTO name them (init.cc `ncclFuncStr`, any case)."""
 _CHANNELS = re.compile(r"\b(\d+) coll channels,(?: (\d+) collnet channels,)?(?: (\d+) nvls channels,)? (\d+) p2p channels,"
                        r" (\d+) p2p channels per peer")  # fmt: skip
 _NRANKS = re.compile(r"\bcomm 0x[0-9a-fA-F]+ rank \d{1,6} n[Rr]anks (\d+)\b")
@@ -202,8 +208,11 @@ class NcclTestsLog:
     """The GPUs' name as nccl-tests prints it (`NVIDIA H100 80GB HBM3`); "" when not said."""
     points: tuple[Point, ...]
     algos: frozenset[Algo] | None
-    """NCCL_ALGO as the log's NCCL INFO lines report it; None: not reported."""
+    """What NCCL_ALGO, as the log's NCCL INFO lines report it, enables for the run's
+    collective (NCCL's own syntax: `ring`, `^nvls`, `tree;allgather:ring`); None: not
+    reported, all of NCCL's algorithms, or a point-to-point run (NCCL_ALGO does not apply)."""
     protos: frozenset[Protocol] | None
+    """The same of NCCL_PROTO."""
     nccl_version: str | None = None
     """NCCL's version (`NCCL version 2.24.3+cuda12.6`, or nccl-tests' `nccl-library=22403`)."""
     channels: Channels | None = None
@@ -323,8 +332,9 @@ class _Run:
     """The columns are the log's own titles (not guessed from a row)."""
     points: list[Point] = field(default_factory=list)
     dtype: Dtype | None = None
-    algos: frozenset[Algo] | None = None
-    protos: frozenset[Protocol] | None = None
+    algo_lists: dict[OpKind, frozenset[Algo]] | None = None
+    """NCCL_ALGO per collective (`parse_nccl_list`); None: not said."""
+    proto_lists: dict[OpKind, frozenset[Protocol]] | None = None
     version: str | None = None
     channels: Channels | None = None
     closed: bool = False
@@ -357,6 +367,15 @@ class _Run:
     """Size: (line, column) of the rows of its sweep so far (nccl-tests times each size once a sweep)."""
     wrong: int = 0
     """The line of its first row that failed nccl-tests' data check (#wrong > 0; skipped); 0: none."""
+
+    def lists_for(self, op: OpKind) -> tuple[frozenset[Algo] | None, frozenset[Protocol] | None]:
+        """What NCCL_ALGO and NCCL_PROTO enable for the run's collective; None where they
+        are not said, leave it everything, or do not apply (point-to-point ops)."""
+        out = []
+        for lists, every in ((self.algo_lists, frozenset(NCCL_ALGOS)), (self.proto_lists, frozenset(PROTOCOLS))):
+            enabled = lists.get(op) if lists is not None else None
+            out.append(None if enabled == every else enabled)
+        return out[0], out[1]
 
 
 class _Reader:
@@ -517,24 +536,24 @@ class _Reader:
         m = _ENV.search(line)
         if m:
             value = m.group(2).rstrip(".")  # NCCL ends some of these lines with a period
-            words = [x for x in re.split(r"[,;]", value) if x]
             if m.group(1) == "ALGO":
                 known = {a.value.replace("_", ""): a for a in NCCL_ALGOS}
             else:
                 known = {p.value: p for p in PROTOCOLS}
-            # An exclusion (`^NVLS`), a per-collective setting (`allreduce:tree`) or a name commdsl
-            # does not know is not read: told, and the run simulated with NCCL's own choice.
-            read = [known[x.lower()] for x in words if x.lower() in known]
-            unread = [x for x in words if x.lower() not in known]
-            if unread and self.notes is not None and (m.group(1), value) not in self.told:
-                self.told.add((m.group(1), value))  # every rank prints it: told once
-                self.notes.append(f"{self.path}:{i + 1}: NCCL_{m.group(1)} {_short(value)}: {_short(', '.join(unread))} not read "
-                                  f"(commdsl reads {', '.join(known)}); the run is simulated with NCCL's own choice"
-                                  + (f" among {', '.join(x.value for x in read)}" if read else ""))  # fmt: skip
+            try:
+                lists = parse_nccl_list(value, known)
+            except ValueError as e:
+                # What NCCL itself refuses (its run fails) or a name commdsl does not know:
+                # told, and the run simulated with NCCL's own choice.
+                lists = None
+                if self.notes is not None and (m.group(1), value) not in self.told:
+                    self.told.add((m.group(1), value))  # every rank prints it: told once
+                    self.notes.append(f"{self.path}:{i + 1}: NCCL_{m.group(1)} {_short(value)} not read: {e} (it takes "
+                                      f"{', '.join(known)}); the run is simulated with NCCL's own choice")  # fmt: skip
             if m.group(1) == "ALGO":
-                run.algos = frozenset(read) or None
+                run.algo_lists = lists
             else:
-                run.protos = frozenset(read) or None
+                run.proto_lists = lists
             return
         m = _CHANNELS.search(line)
         if m:
@@ -895,7 +914,7 @@ class _Reader:
                                at(run.line), hint=self._bare_hint(f"name the tool and the GPU count: {tool}:GPUS=FILE, e.g. {tool}:8={self.path}"))  # fmt: skip
             per_thread = command[1] if command[0] == ranks_known else 1  # `-g` of the command that ran these GPUs
             return NcclTestsLog(path, tool, TOOLS[tool], ranks_known, per_thread, None, None, False, run.dtype, "", tuple(run.points),
-                                run.algos, run.protos, run.version, run.channels, run.line, run.collnet, self.path)  # fmt: skip
+                                *run.lists_for(TOOLS[tool]), run.version, run.channels, run.line, run.collnet, self.path)  # fmt: skip
         ranks = run.ranks
         if not ranks:
             raise LogError("no `# Rank N ... on HOST device D` lines: cannot tell the GPUs", at(run.line))
@@ -932,7 +951,37 @@ class _Reader:
                            at(run.line))  # fmt: skip
         per_node = next(iter(per_host.values()))
         return NcclTestsLog(path, tool, TOOLS[tool], n, per_thread, len(per_host), per_node, run.graph, run.dtype, devices.pop(),
-                            tuple(run.points), run.algos, run.protos, run.version, run.channels, run.line, run.collnet, self.path)  # fmt: skip
+                            tuple(run.points), *run.lists_for(TOOLS[tool]), run.version, run.channels, run.line, run.collnet, self.path)  # fmt: skip
+
+
+def parse_nccl_list(value: str, known: dict[str, T]) -> dict[OpKind, frozenset[T]]:
+    """NCCL_ALGO or NCCL_PROTO as NCCL reads it (tuning.cc `parseList`): per collective,
+    what it enables. `ring,tree` enables those for every collective, `^nvls` all but NVLS;
+    `;`-separated entries after the first name their collective (`allreduce:tree`) and
+    replace its list; names in any case. `known` maps lower-case names to values. A
+    ValueError says what NCCL refuses (a later entry without its collective, an unknown
+    collective or name)."""
+    out = {op: frozenset(known.values()) for op in NCCL_FUNCTIONS.values()}
+    for index, entry in enumerate(x for x in value.split(";") if x):
+        prefix, colon, names = entry.partition(":")
+        if not colon:
+            if index:
+                raise ValueError(f"'{entry}' names no collective, as every entry after the first must")
+            ops, names = tuple(out), prefix
+        elif prefix.lower() in NCCL_FUNCTIONS:
+            ops = (NCCL_FUNCTIONS[prefix.lower()],)
+        else:
+            raise ValueError(f"'{prefix}' is no collective of NCCL's ({', '.join(NCCL_FUNCTIONS)})")
+        exclude = names.startswith("^")
+        chosen = set()
+        for name in (x for x in names.removeprefix("^").split(",") if x):
+            if name.lower() not in known:
+                raise ValueError(f"'{name}' is not one of its names")
+            chosen.add(known[name.lower()])
+        enabled = frozenset(v for v in known.values() if (v in chosen) != exclude)
+        for op in ops:
+            out[op] = enabled
+    return out
 
 
 def _tools_fitting(run: _Run, ranks: int) -> list[str]:

@@ -79,7 +79,8 @@ class Run:
     """Ops launched from CUDA graphs (`-G`): no host launch per op."""
     dtype: Dtype = Dtype.FP32
     algo: Algo | None = None
-    """NCCL_ALGO forced for the run (None: NCCL's choice among the machine's)."""
+    """An algorithm forced on every op of the run (`calibrate --algo`, a bench point's
+    NCCL_ALGO; None: NCCL's choice among `algos`, else the machine's)."""
     proto: Protocol | None = None
     max_channels: int | None = None
     """NCCL_MAX_NCHANNELS of the run (None: NCCL's own)."""
@@ -91,16 +92,20 @@ class Run:
     """The NCCL release of the run, as its log prints it (None: the machine's `nccl.version`)."""
     collnet: bool | None = None
     """CollNet (IB SHARP) on or off in the run, as its log says (None: the machine's `nccl.collnet`)."""
+    algos: frozenset[Algo] | None = None
+    """The algorithms NCCL_ALGO left the run to choose among (None: the machine's `nccl.algo`)."""
+    protos: frozenset[Protocol] | None = None
+    """The protocols NCCL_PROTO left it (None: the machine's `nccl.proto`)."""
 
     @staticmethod
     def of(log: NcclTestsLog, algo: Algo | None = None, proto: Protocol | None = None) -> Run:
-        """The run a log records; NCCL_ALGO / NCCL_PROTO from the log, else `algo` / `proto`."""
-        a = next(iter(log.algos)) if log.algos is not None and len(log.algos) == 1 else algo
-        p = next(iter(log.protos)) if log.protos is not None and len(log.protos) == 1 else proto
+        """The run a log records: NCCL chooses among what the log's NCCL_ALGO / NCCL_PROTO
+        enable, else `algo` / `proto` force the choice."""
         per_node = log.ranks_per_node if log.nodes is not None and log.nodes > 1 else None
         version = parse_nccl_version(log.nccl_version) if log.nccl_version else None
-        return Run(log.op, log.ranks, log.gpus_per_process, log.graph, log.dtype, a, p, ranks_per_node=per_node, channels=log.channels,
-                   nccl_version=version, collnet=log.collnet)  # fmt: skip
+        return Run(log.op, log.ranks, log.gpus_per_process, log.graph, log.dtype, algo if log.algos is None else None,
+                   proto if log.protos is None else None, ranks_per_node=per_node, channels=log.channels, nccl_version=version,
+                   collnet=log.collnet, algos=log.algos, protos=log.protos)  # fmt: skip
 
 
 def bench_machine(machine: Machine, run: Run) -> Machine:
@@ -121,6 +126,8 @@ def bench_machine(machine: Machine, run: Run) -> Machine:
                       p2p_channels=p2p, p2p_channels_per_peer=min(cfg.p2p_channels_per_peer, p2p))  # fmt: skip
     if run.nccl_version is not None:
         cfg = replace(cfg, version=run.nccl_version)  # its table chooses as the run's NCCL did
+    if run.algos is not None or run.protos is not None:  # NCCL_ALGO / NCCL_PROTO of the run
+        cfg = replace(cfg, algos=run.algos if run.algos is not None else cfg.algos, protos=run.protos if run.protos is not None else cfg.protos)
     if run.collnet is not None and run.collnet != cfg.collnet:
         cfg = replace(cfg, collnet=run.collnet)  # NCCL_COLLNET_ENABLE of the run: its SHARP switches, or none
     if run.channels is not None:
@@ -746,9 +753,9 @@ def _at_point(log: NcclTestsLog, p: Point, what: str, e: CommdslError) -> LogErr
     """The simulator's error on a log's point, named at the point's line of the log (not the
     simulated schedule's): NCCL_ALGO / NCCL_PROTO from the log's INFO lines that the machine
     does not have, say."""
-    # The settings `Run.of` takes from the log: one algorithm, one protocol.
-    said = " and ".join(f"NCCL_{name} {next(iter(v)).value}" for name, v in (("ALGO", log.algos), ("PROTO", log.protos))
-                        if v is not None and len(v) == 1)  # fmt: skip
+    # The settings `Run.of` takes from the log.
+    said = " and ".join(f"NCCL_{name} {', '.join(sorted(x.value for x in v))}" for name, v in (("ALGO", log.algos), ("PROTO", log.protos))
+                        if v is not None)  # fmt: skip
     hint = f"the log's NCCL INFO lines set {said}: name a base machine that has it (--machine)" if said else e.hint
     return LogError(f"{what}: {e.message}", SourceLoc(log.file, p.line, 1), hint=hint)
 

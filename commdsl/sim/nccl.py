@@ -329,8 +329,11 @@ def select(cfg: NcclConfig, kind: OpKind, layout: Layout, size_bytes: int, algo:
             best = (t, a, p)
     if best is None:
         has = ", ".join(sorted({f"{a.value}/{p.value}" for a, p in table}))
-        wanted = ("/".join(x for x in (algo.value if algo else "", proto.value if proto else "") if x)
-                  or "algorithm and protocol among the machine's nccl.algo / nccl.proto")
+        # what the op forces, else what the machine (nccl.algo / nccl.proto, a log's NCCL_ALGO) allows
+        named = [", ".join(sorted(x.value for x in allowed)) for allowed in (algos, protos) if allowed is not None]
+        wanted = "/".join(named) or "algorithm and protocol"
+        if (algo is None and cfg.algos is not None) or (proto is None and cfg.protos is not None):
+            wanted += " among the machine's nccl.algo / nccl.proto"
         raise ScheduleError(f"NCCL has no {wanted} for {kind.value} on {layout.n} ranks over {layout.num_nodes} node(s) of this "
                             f"machine (it has: {has or 'nothing'})", op.loc if op else None, rank=op.rank if op else None)  # fmt: skip
     _, a, p = best
