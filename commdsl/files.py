@@ -182,18 +182,28 @@ def check_output_folder(flag: str, folder: str | None) -> None:
     if parent is not None and not parent.is_dir():
         raise UsageError(f"{flag} {folder}: {parent} is not a folder")
     # The folders missing are made and removed again: what the system refuses (a read-only
-    # place, /proc, no permission) is found before the work, not after it.
+    # place, /proc, no permission) is found before the work, not after it. Every rank of a
+    # run checks the same folder at once: one made meanwhile by another is no error, and
+    # one another rank has put its own folder in (or removed) stays as it is.
     missing = [p for p in (path, *path.parents) if not p.exists()][::-1]
     made: list[Path] = []
     try:
         for p in missing:
-            p.mkdir()
+            try:
+                p.mkdir()
+            except FileExistsError:
+                if p.is_dir():
+                    continue
+                raise
             made.append(p)
     except OSError as e:
         raise UsageError(f"cannot make {flag} {folder}: {e.strerror or e}") from None
     finally:
         for p in reversed(made):
-            p.rmdir()
+            try:
+                p.rmdir()
+            except OSError:
+                pass
 
 
 def check_output_format(flag: str, out: str | None, source: str, writes: str, wrong_suffixes: tuple[str, ...]) -> None:

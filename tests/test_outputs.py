@@ -152,3 +152,35 @@ def test_inputs_that_are_not_files_never_block(kind, tmp_path):
         proc = subprocess.run([sys.executable, "-m", "commdsl.cli", *args], capture_output=True, text=True, timeout=120)
         assert proc.returncode == 2, proc.stderr
         assert str(path) in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_every_rank_checking_the_same_output_folder_at_once_is_no_error(tmp_path, monkeypatch):
+    """`run --profile DIR` checks DIR in every rank at once: a folder another rank made
+    between this rank's look and its own mkdir, or filled before this rank removes it
+    again, is no error (it was: rank 1 of a loaded 4-rank run exited 2, silently)."""
+    from commdsl.files import check_output_folder
+
+    target = tmp_path / "prof" / "deep"
+    real_mkdir, real_rmdir = Path.mkdir, Path.rmdir
+
+    def mkdir_after_another_rank(self, *args, **kwargs):
+        real_mkdir(self, *args, **kwargs)  # another rank made it first
+        raise FileExistsError(17, "File exists", str(self))
+
+    monkeypatch.setattr(Path, "mkdir", mkdir_after_another_rank)
+    check_output_folder("--profile", str(target))
+    monkeypatch.setattr(Path, "mkdir", real_mkdir)
+    real_rmdir(target)
+    real_rmdir(target.parent)
+
+    def rmdir_after_another_rank_filled_it(self):
+        (self / "rank-1").mkdir(exist_ok=True)  # another rank's own check made its folder inside
+        real_rmdir(self)
+
+    monkeypatch.setattr(Path, "rmdir", rmdir_after_another_rank_filled_it)
+    check_output_folder("--profile", str(target))
+    # a name that is a file stays refused
+    monkeypatch.undo()
+    (tmp_path / "file").write_text("")
+    with pytest.raises(UsageError, match="a file of that name exists"):
+        check_output_folder("--profile", str(tmp_path / "file"))

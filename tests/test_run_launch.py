@@ -150,16 +150,27 @@ def test_calibrate_from_nccl_tests_logs_starts_no_ranks(tmp_path):
     assert "base machine dgx-h100" in r.stderr and out.is_file()
 
 
-@pytest.mark.parametrize(("rank", "prints", "waits"), [("0", True, False), ("1", False, True)])
-def test_an_error_every_rank_hits_is_printed_by_rank_0_while_the_others_wait(rank, prints, waits, monkeypatch, capsys):
+@pytest.mark.parametrize(("rank", "stopped", "printed"), [
+    ("0", False, "usage error: --iters must be from 1 to 100,000"),  # rank 0 says it at once
+    ("1", True, None),  # rank 0 said it and ended the run: the launcher stops the others in their wait
+    ("1", False, "rank 1: usage error: --iters must be from 1 to 100,000"),  # nobody ended it: the error is rank 1's alone
+])  # fmt: skip
+def test_an_error_every_rank_hits_is_printed_by_rank_0_while_the_others_wait(rank, stopped, printed, monkeypatch, capsys):
     # Another rank that exited at once could make the launcher stop rank 0 before it printed.
     slept = []
+
+    def sleep(seconds: float) -> None:
+        slept.append(seconds)
+        if stopped:
+            raise KeyboardInterrupt
+
     monkeypatch.setenv("RANK", rank)
-    monkeypatch.setattr(run_cli.time, "sleep", slept.append)
+    monkeypatch.setattr(run_cli.time, "sleep", sleep)
     code = run_cli.main(["1f1b", "--iters", "0"])
     assert code == 2
-    assert ("--iters must be from 1 to 100,000" in capsys.readouterr().err) is prints
-    assert slept == ([run_cli.COMMON_ERROR_GRACE_S] if waits else [])
+    err = capsys.readouterr().err
+    assert (printed in err) if printed else ("--iters" not in err), err
+    assert slept == ([run_cli.COMMON_ERROR_GRACE_S] if rank != "0" else [])
 
 
 def test_the_first_failure_seen_is_reported_and_a_signal_death_comes_first_in_a_tie():

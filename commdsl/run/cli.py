@@ -164,15 +164,17 @@ COMMON_ERROR_GRACE_S = 10.0
 """How long a rank other than 0 waits before exiting with an error every rank hits alike."""
 
 
-def _let_rank_0_report() -> None:
+def _let_rank_0_report() -> bool:
     """Rank 0 prints an error that every rank hits; another rank that exits first makes
     the launcher stop rank 0, maybe before it printed. So the other ranks wait: the
     launcher stops them as soon as rank 0 has exited (in a tenth of a second with
-    `commdsl run -n`)."""
+    `commdsl run -n`). Returns whether the wait ran out: rank 0 did not end the run, so
+    the error is this rank's alone, and this rank has to say it."""
     try:
         time.sleep(COMMON_ERROR_GRACE_S)
     except KeyboardInterrupt:
-        pass
+        return False
+    return True
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -187,8 +189,8 @@ def main(argv: list[str] | None = None) -> int:
     except CommdslError as err:
         if first:
             print(err.format(), file=sys.stderr, flush=True)
-        else:
-            _let_rank_0_report()
+        elif _let_rank_0_report():
+            print(f"rank {os.environ.get('RANK')}: {err.format()}", file=sys.stderr, flush=True)
         return err.exit_code
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
