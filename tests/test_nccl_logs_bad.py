@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from commdsl.calibrate.nccl_logs import Given, parse_given, parse_logs, parse_nccl_list, read_logs
+from commdsl.calibrate.nccl_logs import ALGO_NAMES, Given, parse_given, parse_logs, parse_nccl_list, read_logs
 from commdsl.calibrate.nccl_tests import Run, bench_machine, choice
 from commdsl.errors import CommdslError, LogError, UsageError
 from commdsl.ir import Algo, OpKind, Protocol
@@ -324,7 +324,7 @@ NCCL_LISTS = [
 
 @pytest.mark.parametrize("value,all_reduce,all_gather", NCCL_LISTS)
 def test_nccl_algo_is_read_as_nccl_reads_it(value, all_reduce, all_gather):
-    lists = parse_nccl_list(value, {a.value.replace("_", ""): a for a in NCCL_ALGOS})
+    lists = parse_nccl_list(value, ALGO_NAMES)
     assert lists[OpKind.ALL_REDUCE] == all_reduce and lists[OpKind.ALL_GATHER] == all_gather
 
 
@@ -335,7 +335,7 @@ def test_nccl_algo_is_read_as_nccl_reads_it(value, all_reduce, all_gather):
 ])  # fmt: skip
 def test_what_nccl_refuses_in_nccl_algo_is_named(value, why):
     with pytest.raises(ValueError, match=re.escape(why)):
-        parse_nccl_list(value, {a.value.replace("_", ""): a for a in NCCL_ALGOS})
+        parse_nccl_list(value, ALGO_NAMES)
 
 
 def test_a_runs_nccl_algo_is_its_collectives_own_and_leaves_nccl_to_choose_among_it():

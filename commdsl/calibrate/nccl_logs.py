@@ -109,6 +109,10 @@ T = TypeVar("T")
 NCCL_FUNCTIONS = {"broadcast": OpKind.BROADCAST, "reduce": OpKind.REDUCE, "allgather": OpKind.ALL_GATHER,
                   "reducescatter": OpKind.REDUCE_SCATTER, "allreduce": OpKind.ALL_REDUCE}
 """NCCL's collectives as NCCL_ALGO / NCCL_PROTO name them (init.cc `ncclFuncStr`, any case)."""
+ALGO_NAMES = {a.value.replace("_", ""): a for a in NCCL_ALGOS}
+"""NCCL_ALGO's names (init.cc `ncclAlgoStr`, lower case) of each algorithm."""
+PROTO_NAMES = {p.value: p for p in PROTOCOLS}
+"""NCCL_PROTO's names (`ncclProtoStr`, lower case) of each protocol."""
 _CHANNELS = re.compile(r"\b(\d+) coll channels,(?: (\d+) collnet channels,)?(?: (\d+) nvls channels,)? (\d+) p2p channels,"
                        r" (\d+) p2p channels per peer")  # fmt: skip
 _NRANKS = re.compile(r"\bcomm 0x[0-9a-fA-F]+ rank \d{1,6} n[Rr]anks (\d+)\b")
@@ -371,11 +375,12 @@ class _Run:
     def lists_for(self, op: OpKind) -> tuple[frozenset[Algo] | None, frozenset[Protocol] | None]:
         """What NCCL_ALGO and NCCL_PROTO enable for the run's collective; None where they
         are not said, leave it everything, or do not apply (point-to-point ops)."""
-        out = []
-        for lists, every in ((self.algo_lists, frozenset(NCCL_ALGOS)), (self.proto_lists, frozenset(PROTOCOLS))):
-            enabled = lists.get(op) if lists is not None else None
-            out.append(None if enabled == every else enabled)
-        return out[0], out[1]
+
+        def enabled(lists: dict | None, names: dict) -> frozenset | None:
+            chosen = lists.get(op) if lists is not None else None
+            return None if chosen == frozenset(names.values()) else chosen
+
+        return enabled(self.algo_lists, ALGO_NAMES), enabled(self.proto_lists, PROTO_NAMES)
 
 
 class _Reader:
@@ -536,10 +541,7 @@ class _Reader:
         m = _ENV.search(line)
         if m:
             value = m.group(2).rstrip(".")  # NCCL ends some of these lines with a period
-            if m.group(1) == "ALGO":
-                known = {a.value.replace("_", ""): a for a in NCCL_ALGOS}
-            else:
-                known = {p.value: p for p in PROTOCOLS}
+            known = ALGO_NAMES if m.group(1) == "ALGO" else PROTO_NAMES
             try:
                 lists = parse_nccl_list(value, known)
             except ValueError as e:

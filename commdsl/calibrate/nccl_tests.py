@@ -43,7 +43,7 @@ from commdsl.files import write_text
 from commdsl.ir import Algo, Dtype, Op, OpKind, Protocol, Transport
 from commdsl.machine.loader import load_machine, load_machine_text, resolve_machine
 from commdsl.machine.model import NETWORK_VERTEX, Calibration, LinkKind, LinkSpec, Machine, shm_link
-from commdsl.machine.nccl import PROTOCOL_EFFICIENCY, HopKind, NcclConfig, NcclVersion, format_nccl_version, parse_nccl_version
+from commdsl.machine.nccl import HopKind, NcclConfig, NcclVersion, format_nccl_version, parse_nccl_version
 from commdsl.progress import Progress
 from commdsl.sim import nccl
 from commdsl.sim.chain_times import ChainTerms
@@ -403,12 +403,12 @@ class _Point:
     """A point-to-point based op whose paced pair spans nodes: its P2P channels also run at
     most at NCCL's per-channel network rate (`nccl.channel_cap_gb_per_s`)."""
     fixed_us: float = 0.0
-    nic_efficiency: float = 0.0
-    """Data per wire byte on the NICs where that is the protocol's wire format, which no fit
-    moves (ring, tree and NVLS_TREE collectives: `nccl.net_efficiency`); 0: the point's
-    fitted efficiency (point-to-point based ops, NVLS)."""
     """The part of its latency no fitted latency scales: the proxies' posting of an
     all_to_all's remote peers (`nccl.proxy_posts_us`, the host's network overhead)."""
+    nic_efficiency: float = 0.0
+    """Data per wire byte on the NICs where that is a protocol's wire format, which no fit
+    moves (`nccl.net_wire_format`); 0: the point's fitted efficiency (point-to-point based
+    ops, NVLS)."""
 
 
 def _points(machine: Machine, base: Machine, logs: list[NcclTestsLog], runs: list[Run]) -> list[_Point]:
@@ -453,9 +453,7 @@ def _point(li: int, m: Machine, flows: NcclFlows, capacity, cls: list[int], run:
         co = flows.coflow(kind, group, size, root, c.algo, c.proto, ranks)
         used = flows.choice_of(kind, group, size, c.algo, c.proto, ranks)
         eff, eff_net = nccl.efficiency(m.nccl, used), nccl.net_efficiency(m.nccl, used, kind)
-        if used.algo is Algo.NVLS_TREE:
-            eff_net = PROTOCOL_EFFICIENCY[Protocol.SIMPLE]  # its tree's bytes cross the NICs as NCCL's net transport sends them
-        if kind not in nccl.P2P_BASED and used.algo is not Algo.NVLS:
+        if nccl.net_wire_format(used, kind):
             nic_wire = eff_net
         for ch, wire in co.channel_bytes:
             data = wire * (eff_net * undo if cls[ch] == _NIC else eff)

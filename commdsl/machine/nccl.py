@@ -132,8 +132,9 @@ NVLS_SWITCH_MODEL_SINCE: NcclVersion = (2, 28, 0)
 `perChMaxNVLSTreeBws`, tuning.cc v2.28.3); before, by the graph (v2.27.7 and earlier)."""
 PAT_SINCE: NcclVersion = (2, 23, 0)
 """The first release with PAT (v2.23.4, the first 2.23 tag)."""
-PAT_BANDWIDTH_FACTOR = ((2, 24, 0), 0.75)
-"""tuning.cc `busBw *= .75` for PAT: from v2.24.3 on; v2.23.4 takes the graph's whole."""
+PAT_BANDWIDTH_FACTOR_SINCE: NcclVersion = (2, 24, 0)
+"""The first release whose table takes PAT's bandwidth x 0.75 (`Tuning.pat_bandwidth_factor`,
+v2.24.3); v2.23.4 takes the graph's whole."""
 PAT_RANK_US = 2.8
 """tuning.cc, PAT's latency: `nRanks * 2.8` us, "still a linear part" beside its log2(nodes)
 tree levels (each `interLat / 3.5`, `PAT_LEVEL_DIVISOR`): NCCL's own figures, v2.23 on."""
@@ -162,7 +163,7 @@ def tuning_for(generation: Generation, version: NcclVersion | None) -> Tuning:
     """NCCL's table for `generation` as release `version` has it (None: the newest release
     modelled). What differs between the releases modelled: the NVLS bandwidth model
     (`Tuning.nvls_switch_model`), hwLat[NET][NVLS_TREE] (`NVLS_TREE_NET_LATENCY_US`), and
-    PAT (`PAT_SINCE`, `PAT_BANDWIDTH_FACTOR`)."""
+    PAT (`PAT_SINCE`, `PAT_BANDWIDTH_FACTOR_SINCE`)."""
     t = TUNING[generation]
     if version is None:
         return t
@@ -177,7 +178,7 @@ def tuning_for(generation: Generation, version: NcclVersion | None) -> Tuning:
         changes["nvls_switch_model"] = False
     if version < PAT_SINCE:
         changes["pat"] = False
-    elif version < PAT_BANDWIDTH_FACTOR[0]:
+    elif version < PAT_BANDWIDTH_FACTOR_SINCE:
         changes["pat_bandwidth_factor"] = 1.0
     return replace(t, **changes) if changes else t
 

@@ -606,14 +606,22 @@ def efficiency(cfg: NcclConfig, choice: Choice) -> float:
     return cfg.protocol(choice.proto).efficiency
 
 
+def net_wire_format(choice: Choice, kind: OpKind) -> bool:
+    """Whether the NICs carry the chosen kernel's bytes at a protocol's wire format, which
+    no fit moves (ring, tree, PAT, CollNet and NVLS_TREE collectives), rather than at the
+    kernel's own efficiency (point-to-point based ops, NVLS)."""
+    return kind not in P2P_BASED and choice.algo is not Algo.NVLS
+
+
 def net_efficiency(cfg: NcclConfig, choice: Choice, kind: OpKind) -> float:
-    """Data per byte on a NIC's link of the chosen kernel: a ring or tree collective's at
-    its protocol's wire format (`PROTOCOL_EFFICIENCY`: NCCL's net transport sends the
-    buffer as it is, and a NIC's rate is what NCCL delivers through it); point-to-point
-    based ops and NVLS kernels as on every other link (`efficiency`)."""
-    if kind in P2P_BASED or choice.algo in (Algo.NVLS, Algo.NVLS_TREE):
+    """Data per byte on a NIC's link of the chosen kernel: a collective's at its protocol's
+    wire format (`PROTOCOL_EFFICIENCY`: NCCL's net transport sends the buffer as it is,
+    and a NIC's rate is what NCCL delivers through it), NVLS_TREE's at Simple's (its tree
+    between nodes runs the net transport with Simple); point-to-point based ops and NVLS
+    kernels as on every other link (`efficiency`)."""
+    if not net_wire_format(choice, kind):
         return efficiency(cfg, choice)
-    return PROTOCOL_EFFICIENCY[choice.proto]
+    return PROTOCOL_EFFICIENCY[Protocol.SIMPLE if choice.algo is Algo.NVLS_TREE else choice.proto]
 
 
 # ---- where bytes go ------------------------------------------------------------------

@@ -45,7 +45,7 @@ from dataclasses import dataclass
 
 from commdsl.ir import Algo, Op, OpKind, Protocol, Transport
 from commdsl.machine.model import NETWORK_VERTEX, LinkKind, Machine, VertexKind
-from commdsl.machine.nccl import PROTOCOL_EFFICIENCY, HopKind, NcclConfig
+from commdsl.machine.nccl import HopKind, NcclConfig
 from commdsl.sim import nccl
 from commdsl.sim.fabric import Fabric, solo_rate
 
@@ -257,7 +257,7 @@ class NcclFlows:
             # data alone (module doc)
             simple = self.cfg.protocol(Protocol.SIMPLE).efficiency
             kinds = self.fabric.kinds
-            wire = PROTOCOL_EFFICIENCY[Protocol.SIMPLE]
+            wire = nccl.net_efficiency(self.cfg, choice, kind)
             return Coflow(tuple((c, b / (eff if kinds[c] is LinkKind.NVLINK else wire if c in net else simple)) for c, b in loads.items()),
                           cap, latency)  # fmt: skip
         eff_net = nccl.net_efficiency(self.cfg, choice, kind)
