@@ -50,6 +50,21 @@ class HopKind(str, enum.Enum):
     NETWORK = "network"
 
 
+class NicPath(str, enum.Enum):
+    """How a GPU reaches a NIC, as NCCL's path types tell them apart (topo.h `PATH_*`):
+    what decides whether LL128 may cross the network (`Tuning.ll128_nic_paths`)."""
+
+    PCIE_SWITCH = "pcie_switch"
+    """Through PCIe switches only, no CPU (PIX, PXB)."""
+    C2C = "c2c"
+    """Through the GPU's own CPU, reached over NVLink-C2C (GH200): P2C from NCCL 2.27, a
+    path through a CPU (PHB) before."""
+    CPU = "cpu"
+    """Through a CPU's PCIe root complex (PHB)."""
+    CPUS = "cpus"
+    """Across CPU sockets (SYS)."""
+
+
 NCCL_ALGOS = (Algo.TREE, Algo.RING, Algo.COLLNET_DIRECT, Algo.COLLNET_CHAIN, Algo.NVLS, Algo.NVLS_TREE, Algo.PAT)
 """The collective algorithms of NCCL's tuning table, in its order."""
 PROTOCOLS = (Protocol.LL, Protocol.LL128, Protocol.SIMPLE)
@@ -89,6 +104,10 @@ class Tuning:
     `nvls_tree_channel_gb_per_s`; algorithm bandwidth = bus x n / nsteps. False (NCCL 2.27
     and earlier): the graph's bandwidth, min(intra, inter) for NVLS and min(intra, inter /
     2 beyond two nodes) for NVLS_TREE, and algorithm bandwidth = bus x 5/6."""
+    ll128_nic_paths: frozenset[NicPath] = frozenset({NicPath.PCIE_SWITCH})
+    """How a node's GPUs may reach their NICs for LL128 to cross the network by default
+    (tuning.cc: `typeInter <= PATH_PXB`; on Hopper and later up to PXN, and from NCCL 2.27
+    through C2C too, `NCCL_LL128_C2C` default 1, `LL128_C2C_SINCE`)."""
 
 
 _BASE = {
@@ -117,8 +136,10 @@ def _tuning(row: int, ring_ll128, tree_ll128, tree, nvls_tree, nvls_eff) -> Tuni
 TUNING: dict[Generation, Tuning] = {
     Generation.VOLTA: _tuning(0, (20.0,) * 3, (20.0,) * 3, (26.5, 18.5, 10.0), (26.5, 18.5, 10.0), 0.0),
     Generation.AMPERE: _tuning(1, (20.0,) * 3, (20.0,) * 3, (24.0, 23.6, 17.8), (24.0, 23.6, 17.8), 0.0),
-    Generation.HOPPER: _tuning(2, (36.7,) * 3, (36.7, 36.7, 29.0), (38.7, 41.4, 36.0), (0.0, 57.7, 45.5), 0.85),
-    Generation.BLACKWELL: _tuning(3, (40.0,) * 3, (55.6, 31.67, 20.0), (70.0, 42.8, 24.0), (0.0, 96.0, 80.0), 0.74),
+    Generation.HOPPER: replace(_tuning(2, (36.7,) * 3, (36.7, 36.7, 29.0), (38.7, 41.4, 36.0), (0.0, 57.7, 45.5), 0.85),
+                               ll128_nic_paths=frozenset({NicPath.PCIE_SWITCH, NicPath.C2C})),
+    Generation.BLACKWELL: replace(_tuning(3, (40.0,) * 3, (55.6, 31.67, 20.0), (70.0, 42.8, 24.0), (0.0, 96.0, 80.0), 0.74),
+                                  ll128_nic_paths=frozenset({NicPath.PCIE_SWITCH, NicPath.C2C})),
 }
 """NCCL's tuning constants per generation as the newest release modelled has them
 (tuning.cc: `ncclTunerConstantsDefaults` in v2.28+, the static tables `baseLat`, `hwLat`,
@@ -130,6 +151,10 @@ NcclVersion = tuple[int, int, int]
 NVLS_SWITCH_MODEL_SINCE: NcclVersion = (2, 28, 0)
 """The first release whose table rates NVLS by the switch (`nvlsEfficiency`,
 `perChMaxNVLSTreeBws`, tuning.cc v2.28.3); before, by the graph (v2.27.7 and earlier)."""
+LL128_C2C_SINCE: NcclVersion = (2, 27, 0)
+"""The first release whose LL128 may cross the network from a GPU that reaches its NIC
+through its CPU over C2C (v2.27.3: `NCCL_LL128_C2C`, path type P2C); before, such a path
+is PHB, beyond LL128's reach."""
 PAT_SINCE: NcclVersion = (2, 23, 0)
 """The first release with PAT (v2.23.4, the first 2.23 tag)."""
 PAT_BANDWIDTH_FACTOR_SINCE: NcclVersion = (2, 24, 0)
@@ -162,8 +187,8 @@ def format_nccl_version(version: NcclVersion) -> str:
 def tuning_for(generation: Generation, version: NcclVersion | None) -> Tuning:
     """NCCL's table for `generation` as release `version` has it (None: the newest release
     modelled). What differs between the releases modelled: the NVLS bandwidth model
-    (`Tuning.nvls_switch_model`), hwLat[NET][NVLS_TREE] (`NVLS_TREE_NET_LATENCY_US`), and
-    PAT (`PAT_SINCE`, `PAT_BANDWIDTH_FACTOR_SINCE`)."""
+    (`Tuning.nvls_switch_model`), hwLat[NET][NVLS_TREE] (`NVLS_TREE_NET_LATENCY_US`),
+    PAT (`PAT_SINCE`, `PAT_BANDWIDTH_FACTOR_SINCE`) and LL128 through C2C (`LL128_C2C_SINCE`)."""
     t = TUNING[generation]
     if version is None:
         return t
@@ -180,6 +205,8 @@ def tuning_for(generation: Generation, version: NcclVersion | None) -> Tuning:
         changes["pat"] = False
     elif version < PAT_BANDWIDTH_FACTOR_SINCE:
         changes["pat_bandwidth_factor"] = 1.0
+    if version < LL128_C2C_SINCE:
+        changes["ll128_nic_paths"] = t.ll128_nic_paths - {NicPath.C2C}
     return replace(t, **changes) if changes else t
 
 

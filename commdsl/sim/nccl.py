@@ -54,7 +54,7 @@ from commdsl.machine.nccl import (MAX_THREADS, NVLS_CHUNK_BYTES, NVLS_PIPELINE_C
                                   P2P_CHANNEL_NET_GB_PER_S, P2P_CHUNK_BYTES, P2P_LL_THRESHOLD_BYTES, PAT_LEVEL_DIVISOR, PAT_RANK_US,
                                   PROTOCOL_EFFICIENCY,
                                   P2P_PEERS_PER_BATCH, PROTOCOLS, THREAD_THRESHOLD_BYTES, CpuVendor,
-                                  Generation, HopKind, NcclConfig)  # fmt: skip
+                                  Generation, HopKind, NcclConfig, NicPath)  # fmt: skip
 
 NCCL_KINDS = frozenset({OpKind.ALL_REDUCE, OpKind.ALL_GATHER, OpKind.REDUCE_SCATTER, OpKind.BROADCAST, OpKind.REDUCE})
 """Collectives NCCL runs with its own algorithms (the rest are point-to-point based)."""
@@ -110,6 +110,12 @@ class Layout:
     """Every two GPUs of each node are joined by NVLinks of their own, no switch between
     (a GH200 quad node): `intra_gb_per_s` is then all of a GPU's links to its node, and
     the channels' rings take different paths through a node (`ring_orders`)."""
+    nic_path: NicPath | None = None
+    """How the group's GPUs reach the network, as NCCL's graph across nodes sees it: on the
+    node that fares worst, the best of its members' paths to a NIC (the graph enters and
+    leaves a node at the GPU nearest a NIC; the others reach it over NVLink, NCCL's PXN).
+    None on one node (nothing crosses the network), and on a layout built by hand without
+    it (nothing then restricts LL128)."""
 
     @property
     def n(self) -> int:
@@ -133,6 +139,11 @@ class Choice:
     proto: Protocol
     channels: int
     """Channels (CTAs) the kernel uses at this size."""
+
+
+NIC_PATH_WORDS = {NicPath.PCIE_SWITCH: "through PCIe switches", NicPath.C2C: "through their CPU over C2C (before NCCL 2.27)",
+                  NicPath.CPU: "through a CPU", NicPath.CPUS: "across CPU sockets"}  # fmt: skip
+"""How an error says a `NicPath`."""
 
 
 def log2i(n: int) -> int:
@@ -176,7 +187,9 @@ def nccl_table(cfg: NcclConfig, kind: OpKind, layout: Layout) -> dict[tuple[Algo
     intra_hw = layout.intra_hop
     hw = intra_hw if nodes == 1 else HopKind.NETWORK
     nsteps = 2 * (n - 1) if kind is OpKind.ALL_REDUCE else n - 1 if kind in (OpKind.ALL_GATHER, OpKind.REDUCE_SCATTER) else n
-    ll128 = intra_hw is HopKind.NVLINK  # LL128 needs NVLink-class ordering (tuning.cc pEnable)
+    # LL128 needs NVLink inside the node and, across nodes, GPUs near enough their NICs
+    # (tuning.cc pEnable: typeIntra <= NVB, typeInter by release and generation)
+    ll128 = intra_hw is HopKind.NVLINK and (layout.nic_path is None or layout.nic_path in t.ll128_nic_paths)
     out: dict[tuple[Algo, Protocol], tuple[float, float]] = {}
     for algo in ALGOS_BY_KIND[kind]:
         if not _enabled(cfg, algo, layout):
@@ -334,8 +347,12 @@ def select(cfg: NcclConfig, kind: OpKind, layout: Layout, size_bytes: int, algo:
         wanted = "/".join(named) or "algorithm and protocol"
         if (algo is None and cfg.algos is not None) or (proto is None and cfg.protos is not None):
             wanted += " among the machine's nccl.algo / nccl.proto"
+        why = ""
+        if Protocol.LL128 in (protos or ()) and layout.nic_path is not None and layout.nic_path not in cfg.tuning.ll128_nic_paths:
+            why = (f"; LL128 does not cross the network where the GPUs reach their NICs {NIC_PATH_WORDS[layout.nic_path]}"
+                   " (tuning.cc: typeInter)")  # fmt: skip
         raise ScheduleError(f"NCCL has no {wanted} for {kind.value} on {layout.n} ranks over {layout.num_nodes} node(s) of this "
-                            f"machine (it has: {has or 'nothing'})", op.loc if op else None, rank=op.rank if op else None)  # fmt: skip
+                            f"machine (it has: {has or 'nothing'}){why}", op.loc if op else None, rank=op.rank if op else None)  # fmt: skip
     _, a, p = best
     return Choice(a, p, collective_channels(cfg, a, p, layout, size_bytes))
 

@@ -41,11 +41,12 @@ Point-to-point based ops keep the fitted efficiency on every link, with
 from __future__ import annotations
 
 import math
+from collections import deque
 from dataclasses import dataclass
 
 from commdsl.ir import Algo, Op, OpKind, Protocol, Transport
-from commdsl.machine.model import NETWORK_VERTEX, LinkKind, Machine, VertexKind
-from commdsl.machine.nccl import HopKind, NcclConfig
+from commdsl.machine.model import NETWORK_VERTEX, LinkKind, Machine, Topology, VertexKind
+from commdsl.machine.nccl import HopKind, NcclConfig, NicPath
 from commdsl.sim import nccl
 from commdsl.sim.fabric import Fabric, solo_rate
 
@@ -80,6 +81,47 @@ def machine_links(machine: Machine, world_size: int) -> tuple[Fabric, NcclFlows 
     return links
 
 
+_NIC_PATH_ORDER = (NicPath.PCIE_SWITCH, NicPath.C2C, NicPath.CPU, NicPath.CPUS)
+"""Nearest first, as NCCL ranks its path types (topo.h)."""
+
+
+def nic_paths(topo: Topology) -> tuple[NicPath, ...]:
+    """Per GPU of a node, how it reaches its nearest NIC (NCCL's path type, `NicPath`): the
+    best of the node's paths from the GPU to a NIC that pass no other GPU. A path with no
+    CPU on it is through PCIe switches; one through a single CPU is C2C where the GPU's
+    own link to that CPU is NVLink (GH200), else through the CPU's root complex; one
+    through two CPUs crosses sockets. A GPU of a node without NICs counts as near: its
+    node never reaches the network, so nothing is restricted."""
+    gpus = [f"gpu{i}" for i in range(topo.gpus_per_node)]
+    kinds = {**dict(topo.vertices), **{g: VertexKind.GPU for g in gpus}, NETWORK_VERTEX: VertexKind.NETWORK}
+    adj: dict[str, list[tuple[str, LinkKind]]] = {}
+    for link in topo.links:
+        adj.setdefault(link.a, []).append((link.b, link.kind))
+        adj.setdefault(link.b, []).append((link.a, link.kind))
+
+    def nearest(gpu: str) -> NicPath:
+        # A search over (vertex, CPUs passed: 0, 1 or more, through C2C): each state once.
+        found: set[NicPath] = set()
+        start = [(w, min(int(kinds[w] is VertexKind.CPU), 2), kinds[w] is VertexKind.CPU and kind is LinkKind.NVLINK)
+                 for w, kind in adj.get(gpu, ())]  # fmt: skip
+        seen, todo = set(start), deque(start)
+        while todo:
+            v, cpus, c2c = todo.popleft()
+            if kinds[v] in (VertexKind.GPU, VertexKind.NETWORK):
+                continue  # never a transit
+            if kinds[v] is VertexKind.NIC:
+                found.add(NicPath.PCIE_SWITCH if cpus == 0 else NicPath.CPUS if cpus > 1 else NicPath.C2C if c2c else NicPath.CPU)
+                continue
+            for w, _ in adj.get(v, ()):
+                state = (w, min(cpus + (kinds[w] is VertexKind.CPU), 2), c2c)
+                if state not in seen:
+                    seen.add(state)
+                    todo.append(state)
+        return min(found, key=_NIC_PATH_ORDER.index, default=NicPath.PCIE_SWITCH)
+
+    return tuple(nearest(g) for g in gpus)
+
+
 class NcclFlows:
     """NCCL's choice and loads for the transfers on one machine's links (cached per shape)."""
 
@@ -91,6 +133,8 @@ class NcclFlows:
         self.gpus_per_node = topo.gpus_per_node
         self._node_network_gb_per_s = sum(l.bandwidth_gb_per_s for l in topo.links if NETWORK_VERTEX in (l.a, l.b))
         self._has_nvswitch = any(k is VertexKind.NVSWITCH for _, k in topo.vertices)
+        self._nic_paths = nic_paths(topo)
+        """Per GPU of a node (local index), how it reaches its nearest NIC (None: no NIC)."""
         self._network_channels = frozenset(c for c, (a, b) in enumerate(fabric.ends) if NETWORK_VERTEX in (a, b))
         """Channels between a NIC and the network."""
         self._nic_channels: dict[int, int] = {}
@@ -133,7 +177,11 @@ class NcclFlows:
             width = min(mesh_widths)  # NCCL's rings spread over every link of the mesh (`nccl.ring_orders`)
         ppn = max(len(m) for m in nodes)
         inter = self._node_network_gb_per_s * min(1.0, ppn / g) if len(nodes) > 1 else _INF
-        return nccl.Layout(ranks, nodes, hop, width, inter, self._has_nvswitch, mesh)
+        nic_path = None
+        if len(nodes) > 1:  # the node whose best member is farthest from a NIC decides
+            paths = [min((self._nic_paths[r % g] for r in members), key=_NIC_PATH_ORDER.index) for members in nodes]
+            nic_path = max(paths, key=_NIC_PATH_ORDER.index)
+        return nccl.Layout(ranks, nodes, hop, width, inter, self._has_nvswitch, mesh, nic_path)
 
     def _mesh_width(self, members: tuple[int, ...]) -> float:
         """Where every two of `members` are joined by an NVLink of their own (one link,
