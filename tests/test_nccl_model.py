@@ -440,6 +440,9 @@ BAD_NCCL = [
     ("p2p net channel rate", None, "nccl.p2p_net_channel_bandwidth_gb_per_s"),
     ("version", "  version: latest\n", "nccl.version must be an NCCL release such as 2.24.3"),
     ("version list", "  version: [2, 24, 3]\n", "nccl.version must be an NCCL release"),
+    ("graph scale kind", "  graph_scale: {nic: 1.0, infiniband: 0.9}\n", "unknown key 'infiniband'"),
+    ("graph scale factor", "  graph_scale: {nvlink: 0}\n", "nccl.graph_scale.nvlink must be"),
+    ("graph scale list", "  graph_scale: [0.9]\n", "nccl.graph_scale"),
 ]
 
 

@@ -19,10 +19,10 @@ from pathlib import Path
 import pytest
 
 from commdsl.calibrate.nccl_logs import parse_log, read_logs
-from commdsl.calibrate.nccl_tests import Run, bench_machine, from_nccl_tests, simulate_run
+from commdsl.calibrate.nccl_tests import Run, bench_machine, choice, from_nccl_tests, simulate_run
 from commdsl.errors import LogError
-from commdsl.ir import Algo, OpKind, Protocol
-from commdsl.machine import load_machine, resolve_machine
+from commdsl.ir import Algo, OpKind
+from commdsl.machine import load_machine, load_machine_text, resolve_machine
 
 DATA = Path(__file__).parent / "data" / "nccl_tests"
 AR = DATA / "h100_all_reduce_g8_ring.log"
@@ -412,22 +412,50 @@ def test_a_run_on_part_of_each_node_calibrates_and_its_closed_form_is_the_simula
 def test_a_round_that_moves_nccls_choice_to_a_worse_fit_does_not_replace_a_better_one(monkeypatch):
     # The fit runs again while the fitted machine makes other choices than the one it was
     # fitted on; each round is scored on its own machine's choices (what the simulator
-    # will time), and the best round is kept. Round 1 here slows NVLink five-fold, which
-    # moves NCCL's protocol at some sizes (another round follows); round 2 is far worse.
+    # will time), and the best round is kept. Round 1 here gives the network 20 us per
+    # message, which NCCL's table counts, so its choice moves at a size of the all_reduce
+    # (another round follows); the rounds after it are far worse (every latency x 1000).
     from commdsl.calibrate import nccl_tests as nt
 
-    logs = read_logs([str(AR)], [])
+    part = Path(__file__).parent / "data" / "nccl_logs" / "sweep_with_failed_run.log"  # 4 GPUs on each of 2 nodes
+    logs = read_logs([str(part)], [])
     base = resolve_machine("dgx-h100")
     rounds = []
 
     def fake_minimise(points, base_vals, free, start, progress):
-        good = {k: base_vals[k] for k in free} | {"scale.nvlink": 0.2}
-        bad = {k: (v * 20 if "latency" in k or ".hop." in k else v) for k, v in good.items()}
+        assert "net_latency_us" in free
+        good = {k: base_vals[k] for k in free} | {"net_latency_us": 20.0}
+        bad = {k: (v * 1000 if "latency" in k or ".hop." in k else v) for k, v in good.items()}
         rounds.append(bad if rounds else good)
         return rounds[-1]
 
     monkeypatch.setattr(nt, "_minimise", fake_minimise)
-    fitted = nt.fit(base, Path(base.source).read_text(), logs, [Run.of(log) for log in logs], [str(AR)])
-    assert len(rounds) == 2  # the first round's machine chose otherwise, so the fit ran again
+    fitted = nt.fit(base, Path(base.source).read_text(), logs, [Run.of(log) for log in logs], [str(part)])
+    assert len(rounds) >= 2  # the first round's machine chose otherwise, so the fit ran again
     assert fitted.values == rounds[0]
-    assert fitted.machine.nccl.protocol(Protocol.LL).base_latency_us == pytest.approx(base.nccl.protocol(Protocol.LL).base_latency_us)
+    assert fitted.machine.nccl.net_latency_us == pytest.approx(20.0)
+
+
+def test_a_fitted_rate_moves_times_not_nccls_choices():
+    # NCCL's table rates its graphs by the speeds its search reads off the hardware: a fit
+    # that finds the links deliver less (or more) keeps NCCL's choices where they were, and
+    # the fitted machine file says so (nccl.graph_scale, the inverse of the fitted rate).
+    from commdsl.calibrate import nccl_tests as nt
+
+    part = Path(__file__).parent / "data" / "nccl_logs" / "sweep_with_failed_run.log"
+    logs = read_logs([str(AR), str(part)], [])
+    runs = [Run.of(log) for log in logs]
+    base = resolve_machine("dgx-h100")
+    values = {"scale.nvlink": 0.2, "scale.nic": 1.25}
+    text = nt.fitted_machine_text(Path(base.source).read_text(), values, [str(part)])
+    slow = load_machine_text(text, "<fitted>")
+    assert dict(slow.nccl.graph_scale) == {"nvlink": 5.0, "nic": 0.8}
+    sizes = [p.size_bytes for log in logs for p in log.points]
+    for run in runs:
+        for size in sizes:
+            assert choice(bench_machine(slow, run), run, size) == choice(bench_machine(base, run), run, size)
+    run = runs[0]
+    assert abs(simulate_run(slow, run, 1 << 28) / simulate_run(base, run, 1 << 28) - 1) > 0.1  # the times move
+    # Without graph_scale the same links would have moved NCCL's choice somewhere.
+    leaky = replace(slow, nccl=replace(slow.nccl, graph_scale=()))
+    assert any(choice(bench_machine(leaky, run), run, size) != choice(bench_machine(base, run), run, size) for run in runs for size in sizes)

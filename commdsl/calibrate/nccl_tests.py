@@ -43,7 +43,7 @@ from commdsl.files import write_text
 from commdsl.ir import Algo, Dtype, Op, OpKind, Protocol, Transport
 from commdsl.machine.loader import load_machine, load_machine_text, resolve_machine
 from commdsl.machine.model import NETWORK_VERTEX, Calibration, LinkKind, LinkSpec, Machine, shm_link
-from commdsl.machine.nccl import HopKind, NcclConfig, NcclVersion, format_nccl_version, parse_nccl_version
+from commdsl.machine.nccl import GRAPH_LINKS, HopKind, NcclConfig, NcclVersion, format_nccl_version, parse_nccl_version
 from commdsl.progress import Progress
 from commdsl.sim import nccl
 from commdsl.sim.chain_times import ChainTerms
@@ -665,6 +665,10 @@ def fitted_machine_text(base_text: str, values: dict[str, float], sources: list[
         parts = name.split(".")
         if name in rates:
             rates[name].write(doc, v)
+            if parts[1] in GRAPH_LINKS and v != 1.0:
+                # NCCL's search keeps seeing the base's speeds: a fitted rate moves times, not NCCL's choices
+                graph = nccl_doc.setdefault("graph_scale", {})
+                graph[parts[1]] = _round(graph.get(parts[1], 1.0) / v)
         elif parts[0] == "protocols":
             entry = protocols.setdefault(parts[1], {})
             if parts[2] == "hop":

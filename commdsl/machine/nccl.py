@@ -145,6 +145,10 @@ TUNING: dict[Generation, Tuning] = {
 (tuning.cc: `ncclTunerConstantsDefaults` in v2.28+, the static tables `baseLat`, `hwLat`,
 `llMaxBws`, `perChMax*Bws` before); `tuning_for` gives an older release's."""
 
+GRAPH_LINKS = ("nic", "nvlink", "pcie")
+"""The kinds of link NCCL's graphs are rated by (`NcclConfig.graph_scale`): a GPU's links
+inside its node (NVLink or PCIe) and its node's NICs."""
+
 NcclVersion = tuple[int, int, int]
 """An NCCL release as (major, minor, patch): (2, 24, 3) for `NCCL version 2.24.3`."""
 
@@ -322,6 +326,13 @@ class NcclConfig:
     network's `net_latency_us`. A parameter of its own, apart from a ring's network step:
     NCCL's trees and rings across nodes pace differently, and a fit to one must not move
     the other. 1: NCCL's figures."""
+    graph_scale: tuple[tuple[str, float], ...] = ()
+    """How NCCL's topology search sees each kind of link (`GRAPH_LINKS`: `nic`, `nvlink`,
+    `pcie`) against the rate the topology gives it, as (kind, factor) pairs; a kind not
+    listed: 1. NCCL rates its graphs by the speeds its search reads off the hardware, and
+    its table chooses by them (`nccl.select`), not by what the links deliver. A machine
+    that `commdsl calibrate --from-nccl-tests` fitted to deliver more or less than its base
+    keeps its base's speeds here, so that a fitted rate moves times, not NCCL's choices."""
     launch_us: float = 0.0
     """Host time NCCL takes to enqueue and launch one collective's kernel on one GPU, us
     (what a loop of back-to-back ops costs the thread that issues them)."""
@@ -348,6 +359,10 @@ class NcclConfig:
         if nodes > 1 and self.channels_across_nodes is not None:
             return min(self.p2p_channels, 1 << (self.channels_across_nodes - 1).bit_length())
         return self.p2p_channels
+
+    def graph_factor(self, link: str) -> float:
+        """`graph_scale`'s factor for a kind of link (1 where it has none)."""
+        return next((f for name, f in self.graph_scale if name == link), 1.0)
 
     def protocol(self, proto: Protocol) -> ProtocolSpec:
         for p, spec in self.protocols:
@@ -393,6 +408,7 @@ class NcclConfig:
             "tree_net_scale": self.tree_net_scale,
             "launch_us": self.launch_us,
             "launch_per_channel_us": self.launch_per_channel_us,
+            **({"graph_scale": dict(self.graph_scale)} if self.graph_scale else {}),
             **({"version": format_nccl_version(self.version)} if self.version is not None else {}),
             **({"algo": sorted(a.value for a in self.algos)} if self.algos is not None else {}),
             **({"proto": sorted(p.value for p in self.protos)} if self.protos is not None else {}),

@@ -17,6 +17,7 @@
       p2p_net_efficiency: 0.78
       net_latency_us: 0           # the network's own latency per message (TCPXO: tens of us)
       tree_net_scale: 1           # a tree level across nodes over NCCL's own figure for it
+      graph_scale: {nic: 0.9}     # NCCL's search sees the NICs at 0.9 x their rate (calibrated machines)
       launch_us: 4.2
       launch_per_channel_us: 0.04
       algo: [ring, tree]          # as NCCL_ALGO (optional)
@@ -38,7 +39,7 @@ from commdsl.errors import did_you_mean
 from commdsl.ir import Algo, Protocol
 from commdsl.limits import MIN_BANDWIDTH_GB_PER_S
 from commdsl.machine.model import Topology, VertexKind
-from commdsl.machine.nccl import (NCCL_ALGOS, PROTOCOLS, CpuVendor, Generation, HopKind, NcclConfig, NcclVersion, ProtocolSpec,
+from commdsl.machine.nccl import (GRAPH_LINKS, NCCL_ALGOS, PROTOCOLS, CpuVendor, Generation, HopKind, NcclConfig, NcclVersion, ProtocolSpec,
                                   default_protocol, parse_nccl_version)  # fmt: skip
 
 
@@ -63,7 +64,7 @@ class FieldReader(Interface):
 _KEYS = (
     "generation", "version", "channels", "channels_across_nodes", "cpu", "nvls", "nvls_channels", "nvls_latency_us", "nvls_efficiency", "collnet", "net_device_offload", "p2p_channels",
     "p2p_channels_per_peer", "p2p_channel_bandwidth_gb_per_s", "p2p_net_channel_bandwidth_gb_per_s",
-    "p2p_net_efficiency", "net_latency_us", "tree_net_scale", "launch_us", "launch_per_channel_us", "algo", "proto", "protocols",
+    "p2p_net_efficiency", "net_latency_us", "tree_net_scale", "graph_scale", "launch_us", "launch_per_channel_us", "algo", "proto", "protocols",
 )  # fmt: skip
 _PROTOCOL_KEYS = ("base_latency_us", "hop_latency_us", "efficiency", "channel_bandwidth_gb_per_s")
 _MAX_CHANNELS = 64  # NCCL's MAXCHANNELS
@@ -100,6 +101,10 @@ def read_nccl(r: FieldReader, node: yaml.Node, topology: Topology | None) -> Ncc
             numbers[name] = _fraction(r, keys[name][1], f"nccl.{name}")
     if "tree_net_scale" in keys:
         numbers["tree_net_scale"] = r.number(keys["tree_net_scale"][1], "nccl.tree_net_scale", positive=True)
+    if "graph_scale" in keys:
+        given = r.mapping(keys["graph_scale"][1], "nccl.graph_scale", GRAPH_LINKS)
+        numbers["graph_scale"] = tuple((link, r.number(given[link][1], f"nccl.graph_scale.{link}", positive=True))
+                                       for link in GRAPH_LINKS if link in given)  # fmt: skip
     for name in ("channels_across_nodes", "nvls_channels", "p2p_channels", "p2p_channels_per_peer"):
         if name in keys:
             numbers[name] = _count(r, keys, name, 1, _MAX_CHANNELS)

@@ -170,13 +170,15 @@ class NcclFlows:
                 chans = route.channels
                 if route.staged or any(fabric.kinds[c] is not LinkKind.NVLINK for c in chans):
                     hop = HopKind.PCIE
-                width = min(width, min((fabric.bandwidth_gb_per_s[c] for c in chans), default=_INF))
+                width = min(width, min((self._graph_gb_per_s(c) for c in chans), default=_INF))
         mesh_widths = [] if self._has_nvswitch or any(len(m) < 3 for m in nodes) else [self._mesh_width(m) for m in nodes]
         mesh = bool(mesh_widths) and all(mesh_widths)
         if mesh:
             width = min(mesh_widths)  # NCCL's rings spread over every link of the mesh (`nccl.ring_orders`)
         ppn = max(len(m) for m in nodes)
-        inter = self._node_network_gb_per_s * min(1.0, ppn / g) if len(nodes) > 1 else _INF
+        inter = _INF
+        if len(nodes) > 1:
+            inter = self._node_network_gb_per_s * (self.cfg.graph_factor("nic") if self.cfg is not None else 1.0) * min(1.0, ppn / g)
         nic_path = None
         if len(nodes) > 1:  # the node whose best member is farthest from a NIC decides
             paths = [min((self._nic_paths[r % g] for r in members), key=_NIC_PATH_ORDER.index) for members in nodes]
@@ -195,9 +197,15 @@ class NcclFlows:
                 route = fabric.route(a, b, Transport.NCCL)
                 if route.staged or len(route.channels) != 1 or fabric.kinds[route.channels[0]] is not LinkKind.NVLINK:
                     return 0.0
-                total += fabric.bandwidth_gb_per_s[route.channels[0]]
+                total += self._graph_gb_per_s(route.channels[0])
             width = min(width, total)
         return width
+
+    def _graph_gb_per_s(self, c: int) -> float:
+        """Fabric channel `c`'s rate as NCCL's topology search sees it (`NcclConfig.graph_scale`)."""
+        kind = self.fabric.kinds[c]
+        link = "nic" if c in self._network_channels else kind.value if kind in (LinkKind.NVLINK, LinkKind.PCIE) else None
+        return self.fabric.bandwidth_gb_per_s[c] * (self.cfg.graph_factor(link) if link and self.cfg is not None else 1.0)
 
     # ---- the choice ---------------------------------------------------------------------
 
@@ -243,9 +251,10 @@ class NcclFlows:
 
     def _nic_gb_per_s(self, local: int) -> float:
         """The bandwidth of the NIC that GPU `local` of a node reaches the network through
-        (its link to the network; a NIC that GPUs share counts whole, as NCCL counts it)."""
+        (its link to the network, as NCCL's search sees it; a NIC that GPUs share counts
+        whole, as NCCL counts it)."""
         c = self._nic_channel(local)
-        return self.fabric.bandwidth_gb_per_s[c] if c >= 0 else 0.0
+        return self._graph_gb_per_s(c) if c >= 0 else 0.0
 
     def _nic_channel(self, local: int) -> int:
         """The channel from the NIC that GPU `local` of a node uses into the network (-1: none)."""
