@@ -47,6 +47,11 @@ def _info(line: str) -> str:
     return HEADER.replace("#\n#       size", f"node0:4000:4000 [0] NCCL INFO {line}\n#\n#       size", 1) + ROW + END
 
 
+def _unchecked(row: str) -> str:
+    """A row of a run with nccl-tests' data check off (`-c 0`): #wrong N/A out of place and in place."""
+    return row.replace("       0", "     N/A")
+
+
 def _bw(busbw: str, size: int = 1024) -> str:
     """ROW at algbw 1.00 GB/s and the given busbw, its time made to agree (nccl-tests prints algbw = size / time)."""
     return ROW.replace("1024 ", f"{size} ").replace("10.00    0.10    0.10", f"{size / 1e3:5.2f}    1.00    {busbw}")
@@ -78,9 +83,10 @@ STRUCTURE = [
     ("summary without results", HEADER + END, 12, None, "closing summary with no results"),
     ("titles without a time", HEADER.replace("  time", "  tiem") + ROW + END, 9, None, "without `time` and `type`"),
     ("no rank lines", "".join(line + "\n" for line in HEADER.splitlines() if "Rank" not in line) + ROW + END, 3, None, "no `# Rank N"),
-    ("no tool named, the columns fit two", UNNAMED + _bw("0.50").replace("sum", "none") + END, 1, None,
+    # (with the data checked, the in-place #wrong tells them: a count, or N/A for alltoall and sendrecv)
+    ("no tool named, the columns fit two", UNNAMED + _unchecked(_bw("0.50").replace("sum", "none")) + END, 1, None,
      "its columns fit all_gather_perf or alltoall_perf"),
-    ("no tool named, 2 GPUs: all_reduce or sendrecv", UNNAMED + _bw("1.00") + END, 1, None,
+    ("no tool named, 2 GPUs: all_reduce or sendrecv", UNNAMED + _unchecked(_bw("1.00")) + END, 1, None,
      "its columns fit all_reduce_perf or sendrecv_perf"),
     ("no tool named, the columns fit none", UNNAMED + _bw("3.00") + END, 1, None,
      "no command naming it)"),
@@ -197,7 +203,7 @@ def test_given_values_must_agree_with_the_log(tmp_path):
         read_logs([f"all_gather_perf={log}"])
     assert info.value.loc.line == 2
     unnamed = tmp_path / "b.log"
-    unnamed.write_text(UNNAMED + _bw("1.00", 4096) + END)  # 2 GPUs: 2(n-1)/n = 1
+    unnamed.write_text(UNNAMED + _unchecked(_bw("1.00", 4096)) + END)  # 2 GPUs: 2(n-1)/n = 1; -c 0
     with pytest.raises(LogError, match=r"has the columns of all_reduce_perf or sendrecv_perf \(redop sum, busbw / algbw 1 on 2 GPUs\), "
                                        r"not all_gather_perf's \(0.5\) as the command line says") as info:  # fmt: skip
         read_logs([f"all_gather_perf={unnamed}"])
@@ -359,3 +365,22 @@ def test_mpirun_messages_inside_a_table_are_still_text():
     help_line = "[h:00017] 3 more processes have sent help message help-mpi-btl-openib.txt / no device params found\n"
     (log,) = parse_logs(HEADER + help_line + ROW + END, "mpi.log")
     assert [p.line for p in log.points] == [12]
+
+
+def test_a_file_of_several_runs_asks_for_the_unnamed_run_on_its_own(tmp_path):
+    # A tool named for the file would be every run's: the hint says to save the one run apart.
+    log = tmp_path / "two.log"
+    log.write_text(GOOD + "\n" + UNNAMED + _unchecked(_bw("1.00")) + END)
+    with pytest.raises(LogError, match="cannot tell which nccl-tests tool wrote the run of line 17") as info:
+        read_logs([str(log)])
+    assert "save the run of line 17 to a file of its own" in info.value.hint
+
+
+def test_a_header_whose_rank_lines_were_cut_reads_with_the_gpu_count_given(tmp_path):
+    log = tmp_path / "cut.log"
+    log.write_text("\n".join(line for line in GOOD.split("\n") if "Rank" not in line))
+    with pytest.raises(LogError, match="no `# Rank N ... on HOST device D` lines") as info:
+        read_logs([str(log)])
+    assert f"all_reduce_perf:8={log}" in info.value.hint
+    (taken,) = read_logs([f"all_reduce_perf:2={log}"])
+    assert (taken.tool, taken.ranks, taken.nodes) == ("all_reduce_perf", 2, None)

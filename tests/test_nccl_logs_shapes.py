@@ -92,6 +92,29 @@ SHAPES = [
     # A table without header or rank lines: NCCL's INFO line (`comm 0x... rank 0 nranks 16`) gives the GPU count.
     ("headerless_nccl_info_nranks.md",
      [(7, "all_reduce_perf", 16, 1, None, False, Dtype.FP32, "", None, None, None, None, 6, 1048576, 92.4, 93.4)]),
+    # nccl-tests 2.13's header (no `# Collective test starting:`) under a RHEL shell prompt `[root@host dir]# mpirun ...`
+    # in `~~~` fences: the echoed command names the tool; the second with -c 0 (no data check).
+    ("rhel_prompt_tildes.md",
+     [(5, "all_reduce_perf", 2, 1, 2, False, Dtype.FP32, "NVIDIA L40S", None, None, None, None, 4, 1048576, 95.0, 95.95),
+      (27, "sendrecv_perf", 4, 2, 2, False, Dtype.FP32, "NVIDIA L40S", None, None, None, None, 4, 1048576, 120.0, 121.2)]),
+    # A run that hung after NCCL's init (stopped with ^C) between two whole runs: the next command names the next run's
+    # tool, and that run, printing no version, has none (not the hung one's NCCL version).
+    ("hung_run_then_rerun.log",
+     [(4, "all_reduce_perf", 2, 2, 1, False, Dtype.FP32, H100, None, None, "2.19.3", None, 4, 1048576, 20.0, 20.2),
+      (34, "all_reduce_perf", 2, 2, 1, False, Dtype.FP32, H100, None, None, None, None, 4, 1048576, 21.0, 21.21)]),
+    # No tool named: all_gather and alltoall print the same columns (redop none, busbw = (n-1)/n x algbw), but alltoall never
+    # checks its in-place results (#wrong N/A) where all_gather does.
+    ("inplace_wrong_tells_the_tool.log",
+     [(1, "all_gather_perf", 16, 1, 2, False, Dtype.FP32, H100, None, None, None, None, 4, 16777216, 420.0, 424.2),
+      (32, "alltoall_perf", 16, 1, 2, False, Dtype.FP32, H100, None, None, None, None, 4, 16777216, 450.0, 454.5)]),
+    # `export NCCL_ALGO=RING` / `NCCL_PROTO=Simple` in the shell lines above the runs; `unset NCCL_PROTO` before the second.
+    ("export_algo_before_table.md",
+     [(12, "all_reduce_perf", 16, 1, 2, False, Dtype.FP32, H100, {Algo.RING}, {Protocol.SIMPLE}, "2.29.2", None, 3, 1073741824, 5900.0,
+       5959.0),
+      (54, "all_reduce_perf", 16, 1, 2, False, Dtype.FP32, H100, {Algo.RING}, None, "2.29.2", None, 3, 1073741824, 5850.0, 5908.5)]),
+    # Rank lines with the host names taken out (no `on HOST`): one process drives the eight GPUs, so one node.
+    ("rank_lines_without_hosts.md",
+     [(6, "all_reduce_perf", 8, 8, 1, False, Dtype.FP32, "NVIDIA B200", None, None, "2.27.5", None, 3, 1048576, 30.0, 30.3)]),
 ]  # fmt: skip
 
 
@@ -105,7 +128,7 @@ def test_a_log_that_does_not_name_its_tool_is_read_from_its_columns_and_says_so(
     (log,) = read_logs([str(DATA / "kubectl_launcher_no_tool.md")], notes)
     assert log.tool == "all_reduce_perf"
     assert notes == [f"{DATA / 'kubectl_launcher_no_tool.md'}:5: the log does not name its tool; read as all_reduce_perf from its "
-                     "columns (redop sum, busbw = 1.875 x algbw on 16 GPUs)"]  # fmt: skip
+                     "columns (redop sum, in-place results checked, busbw = 1.875 x algbw on 16 GPUs)"]  # fmt: skip
 
 
 def test_collnet_is_taken_from_the_command_that_enabled_it_and_the_run_is_simulated_with_it():

@@ -98,8 +98,9 @@ before it is converted."""
 
 _HEADER = re.compile(r"#\s*nThread\s+(\S+)\s+nGpus\s+(\S+)(.*)$")
 _GRAPH = re.compile(r"graph:\s*(\S+)")
-_RANK = re.compile(r"#\s+Rank\s+(\S+)\s+(?:Group\s+\S+\s+)?Pid\s+(\S+)\s+on\s+(\S+)\s+device\s+(\S+)\s+\[[^\]]*\]\s*(.*?)\s*$")
-"""`#  Rank R Group G Pid P on HOST device D [BUS] NAME`; rccl-tests may print no NAME."""
+_RANK = re.compile(r"#\s+Rank\s+(\S+)\s+(?:Group\s+\S+\s+)?Pid\s+(\S+)\s+(?:on\s+(\S+)\s+)?device\s+(\S+)\s+\[[^\]]*\]\s*(.*?)\s*$")
+"""`#  Rank R Group G Pid P on HOST device D [BUS] NAME`; rccl-tests may print no NAME, and a
+log pasted with its host names taken out has no `on HOST`."""
 _TOOL = re.compile(r"#\s*Collective test starting:\s*(\S+)")
 _TESTS_VERSION = re.compile(r"#\s*nccl-tests version \S+.*?nccl-library=(\d{1,8})\b")
 _NCCL_VERSION = re.compile(r"NCCL version (\d{1,4}\.\d{1,4}\.\d{1,4})")
@@ -120,9 +121,12 @@ _NRANKS = re.compile(r"\bcomm 0x[0-9a-fA-F]+ rank \d{1,6} n[Rr]anks (\d+)\b")
 COMPLETE` (and `Destroy COMPLETE`), `comm 0x... rank 0 nRanks 16 nNodes 2 ...` (2.19+)."""
 _COLLNET = re.compile(r"\bNCCL_COLLNET_ENABLE(?:\s+set by environment to\s+|\s*=\s*)[\"']?(\d)\b")
 """NCCL_COLLNET_ENABLE as NCCL's INFO line reports it or a command line / environment dump sets it."""
-_PREFIX = re.compile(r"^(?:\[[^\]]{0,40}\](?:<std(?:out|err)>)?:?\s*|\d{1,6}:\s+)")
+_PREFIX = re.compile(r"^(?:\[[^\]]{0,40}\](?![$#%>](?:\s|$))(?:<std(?:out|err)>)?:?\s*|\d{1,6}:\s+)")
 """What a launcher puts before a line: `[1,0]<stdout>:` (mpirun --tag-output), `[1,0]:`,
-`[0] `, `12: ` (srun --label)."""
+`[0] `, `12: ` (srun --label); not a shell prompt in brackets (`[root@host dir]# cmd`)."""
+_SHELL_ENV = re.compile(r"(?:^|[\s;])(?:(export)\s+)?NCCL_(ALGO|PROTO)=(\"[^\"]*\"|'[^']*'|[^\s;]*)|(?:^|[\s;])unset\s+NCCL_(ALGO|PROTO)\b")
+"""NCCL_ALGO / NCCL_PROTO as a shell line sets them: `export NCCL_ALGO=Ring` (every later run),
+`NCCL_ALGO=Ring ./all_reduce_perf`, `mpirun -x NCCL_ALGO=Ring ...` (the next run), `unset`."""
 _BARE_COMMENT = re.compile(r"(?:nThread\s+\S+\s+nGpus\s|Rank\s+\d+\s+(?:Group\s+\d+\s+)?Pid\s|Using devices\b|size\s+count\s+type\s"
                            r"|\(B\)\s+\(elements\)|Out of bounds values\s*:|Avg bus bandwidth\s*:|Collective test (?:starting|concluded):)")
 """nccl-tests' own `#` lines with the `#` lost: a log pasted into markdown (GitHub issues, READMEs)
@@ -151,6 +155,10 @@ _REDUCING = frozenset({"all_reduce_perf", "reduce_scatter_perf", "reduce_perf", 
 """The tools whose `redop` column names a reduction (`sum`); the others print `none`
 (nccl-tests src/*.cu: `TimeTest(..., "none", root)`). sendrecv prints the op it was given."""
 _ROOTED = frozenset({"broadcast_perf", "reduce_perf"})
+_UNCHECKED_IN_PLACE = frozenset({"alltoall_perf", "sendrecv_perf"})
+"""The tools that never check their in-place results (alltoall.cu, sendrecv.cu: `reportErrors =
+in_place ? 0 : 1`, since each was added): with the data checked, their in-place `#wrong` is
+N/A, every other tool's a count."""
 """The tools whose `root` column names a rank; the others print -1."""
 _OLD_TITLES = {
     "all_reduce_perf": ("redop",), "reduce_scatter_perf": ("redop",), "alltoall_perf": ("redop",), "reduce_perf": ("redop", "root"),
@@ -329,8 +337,8 @@ class _Run:
     threads: int = 1
     gpus: int = 1
     graph: bool = False
-    ranks: dict[int, tuple[str, str, str]] = field(default_factory=dict)
-    """Rank: (host, device name, pid)."""
+    ranks: dict[int, tuple[str | None, str, str]] = field(default_factory=dict)
+    """Rank: (host, device name, pid); the host None where the rank line has none."""
     columns: tuple[str, ...] | None = None
     titled: bool = False
     """The columns are the log's own titles (not guessed from a row)."""
@@ -371,6 +379,9 @@ class _Run:
     """Size: (line, column) of the rows of its sweep so far (nccl-tests times each size once a sweep)."""
     wrong: int = 0
     """The line of its first row that failed nccl-tests' data check (#wrong > 0; skipped); 0: none."""
+    in_place_checked: set[bool] = field(default_factory=set)
+    """Of rows whose out-of-place data was checked (#wrong a count): whether the in-place one
+    was too (a count) or not (N/A), which tells alltoall and sendrecv from the rest."""
 
     def lists_for(self, op: OpKind) -> tuple[frozenset[Algo] | None, frozenset[Protocol] | None]:
         """What NCCL_ALGO and NCCL_PROTO enable for the run's collective; None where they
@@ -398,6 +409,10 @@ class _Reader:
         """`# Rank` lines outside a run (the log was cut above them): the ranks of the table that follows."""
         self.next_nranks: int | None = None
         self.next_command_gpus: tuple[int, int] | None = None
+        self.env_lists: dict[str, dict | None] = {}
+        """NCCL_ALGO / NCCL_PROTO ("ALGO", "PROTO") as `export` set them: every later run's."""
+        self.next_lists: dict[str, dict | None] = {}
+        """The same as a command sets them for the run it starts (`NCCL_ALGO=Ring ./...`, `-x`)."""
         self.command: list[str] = []
         """The words of the command line being read (a command continued with `\\` spans lines)."""
         self.continues = False
@@ -480,6 +495,7 @@ class _Reader:
         if run is not None and not run.closed and run.failure is None and "failure" in line.lower():
             run.failure = line[:120]  # nccl-tests' "Test NCCL failure common.cu:401 '...'", told if the run has no results
         self._collnet(line)
+        self._shell_env(i, line)
         # Other text (a command echo, a banner, a warning, a code fence, an env dump): read past,
         # except a command that runs an nccl-tests tool, which names the next run's tool.
         # A command may go on over lines (`\`): its words are gathered (up to _COMMAND_WORDS, so
@@ -494,10 +510,43 @@ class _Reader:
         self.command, self.continues = words, line.endswith("\\")
         for k in range(len(prev), len(words)):
             tool = _tool_name(words[k]) if self.tool_at is None else None
+            if tool is not None and run is not None and not run.closed and not run.points:
+                # A command that runs a tool while a run waits for its first result: that run
+                # is over (it hung, or was stopped), and the command starts the next.
+                self._failed(run)
+                run = self.run = None
             if tool is not None and (run is None or run.closed):
                 self.next_tool, self.tool_at = (tool, i + 1), k
         if self.tool_at is not None and (run is None or run.closed):
             self.next_command_gpus = _command_gpus(words, self.tool_at)
+
+    def _shell_env(self, i: int, line: str) -> None:
+        """Take NCCL_ALGO / NCCL_PROTO from a shell line that sets them (`_SHELL_ENV`): an
+        `export` for every later run, a command's own setting for the run it starts; `unset`
+        drops both. A value NCCL would refuse is told, and its runs are NCCL's own choice."""
+        for m in _SHELL_ENV.finditer(line):
+            if m.group(4):  # unset
+                self.env_lists.pop(m.group(4), None)
+                self.next_lists.pop(m.group(4), None)
+                continue
+            which, value = m.group(2), m.group(3).strip("\"'")
+            lists = self._nccl_list(i, which, value) if value else None
+            (self.env_lists if m.group(1) else self.next_lists)[which] = lists
+
+    def _nccl_list(self, i: int, which: str, value: str) -> dict | None:
+        """NCCL_ALGO / NCCL_PROTO's value read as NCCL reads it; None (told once) where NCCL or
+        commdsl would not take it."""
+        known = ALGO_NAMES if which == "ALGO" else PROTO_NAMES
+        try:
+            return parse_nccl_list(value, known)
+        except ValueError as e:
+            # What NCCL itself refuses (its run fails) or a name commdsl does not know:
+            # told, and the run simulated with NCCL's own choice.
+            if self.notes is not None and (which, value) not in self.told:
+                self.told.add((which, value))  # every rank prints it: told once
+                self.notes.append(f"{self.path}:{i + 1}: NCCL_{which} {_short(value)} not read: {e} (it takes "
+                                  f"{', '.join(known)}); the run is simulated with NCCL's own choice")  # fmt: skip
+            return None
 
     def _collnet(self, line: str) -> bool:
         """Take NCCL_COLLNET_ENABLE from a line that sets or reports it, for the open run,
@@ -540,18 +589,7 @@ class _Reader:
             return  # NCCL's lines after a run (teardown) say nothing of the next
         m = _ENV.search(line)
         if m:
-            value = m.group(2).rstrip(".")  # NCCL ends some of these lines with a period
-            known = ALGO_NAMES if m.group(1) == "ALGO" else PROTO_NAMES
-            try:
-                lists = parse_nccl_list(value, known)
-            except ValueError as e:
-                # What NCCL itself refuses (its run fails) or a name commdsl does not know:
-                # told, and the run simulated with NCCL's own choice.
-                lists = None
-                if self.notes is not None and (m.group(1), value) not in self.told:
-                    self.told.add((m.group(1), value))  # every rank prints it: told once
-                    self.notes.append(f"{self.path}:{i + 1}: NCCL_{m.group(1)} {_short(value)} not read: {e} (it takes "
-                                      f"{', '.join(known)}); the run is simulated with NCCL's own choice")  # fmt: skip
+            lists = self._nccl_list(i, m.group(1), m.group(2).rstrip("."))  # NCCL ends some of these lines with a period
             if m.group(1) == "ALGO":
                 run.algo_lists = lists
             else:
@@ -586,11 +624,14 @@ class _Reader:
         self.runs.append(self.run)
         if self.next_tool is not None:
             self.run.tool, self.run.tool_line = self.next_tool
-        self.run.version = self.next_version
+        self.run.version = self.next_version  # a run's own: the next prints its own, or none
         self.run.collnet = self.next_collnet
+        lists = {**self.env_lists, **self.next_lists}
+        self.run.algo_lists, self.run.proto_lists = lists.get("ALGO"), lists.get("PROTO")
         if not header:
             self.run.ranks, self.run.nranks, self.run.command_gpus = self.next_ranks, self.next_nranks, self.next_command_gpus
         self.next_tool, self.next_ranks, self.next_nranks, self.next_command_gpus = None, {}, None, None
+        self.next_version, self.next_lists = None, {}
 
     def _no_results(self, run: _Run) -> None:
         """A run without results whose rows were all skipped is an error at the first: rows of
@@ -654,7 +695,8 @@ class _Reader:
         if line.startswith("# Avg bus bandwidth"):
             if run.columns is None or not run.points:
                 self._no_results(run)
-                raise LogError("a closing summary with no results before it", self.loc(i), hint="the run failed; rerun it")
+                raise LogError("a closing summary with no results before it", self.loc(i),
+                               hint="the run failed, or its rows were cut out of the log; rerun it, or save the whole table")  # fmt: skip
             run.closed = True
             run.last = i + 1
 
@@ -726,7 +768,8 @@ class _Reader:
             self._new_size(i, run, size, at(0))
         groups = [self._timed(i, tokens, columns, k, size, at) for k, c in enumerate(columns) if c in _TIME_COLUMNS][:2]
         groups += [(None, None, None)] * (2 - len(groups))
-        (time, bandwidths, wrong), (in_place, _, wrong_in_place) = groups
+        (time, bandwidths, checked), (in_place, _, checked_in_place) = groups
+        wrong, wrong_in_place = (w if w is not None and w != "N/A" and float(w) > 0 else None for w in (checked, checked_in_place))
         if time is None and in_place is None:
             raise LogError("no time on this result line (N/A out of place and in place)", self.loc(i, at(0)))
         run.last = i + 1
@@ -744,6 +787,8 @@ class _Reader:
             run.roots.add(root)
         if bandwidths is not None and bandwidths[0] >= _MIN_ALGBW:
             run.bandwidths.append(bandwidths)
+        if checked not in (None, "N/A") and checked_in_place is not None:
+            run.in_place_checked.add(checked_in_place != "N/A")
         if size > 0:
             # Out of place is what a schedule's op does; a run of in-place ops only times that.
             run.points.append(Point(size, time if time is not None else in_place, in_place, i + 1))
@@ -764,9 +809,10 @@ class _Reader:
 
     def _timed(self, i: int, tokens: list[str], columns: tuple[str, ...], k: int, size: int,
                at: Callable[[int], int]) -> tuple[float | None, tuple[float, float] | None, str | None]:  # fmt: skip
-        """The time of column `k` (None: N/A), its (algbw, busbw) and its `#wrong` where the data
-        check failed (the word; None: passed or not checked), each in nccl-tests' form; a time
-        must agree with its algbw (`_agree`). A time's columns are the first of each name after it."""
+        """The time of column `k` (None: N/A), its (algbw, busbw) and its `#wrong` (the word: a
+        count, or N/A where the data was not checked; None: no such column, or no time), each
+        in nccl-tests' form; a time must agree with its algbw (`_agree`). A time's columns are
+        the first of each name after it."""
         word = tokens[k]
         if word == "N/A":
             return None, None, None
@@ -789,13 +835,12 @@ class _Reader:
             raise LogError(f"time {word} us and algbw {tokens[j]} GB/s disagree: {size} B in {word} us is "
                            f"{size / (time * 1e3):.4g} GB/s (nccl-tests prints algbw = size / time)", self.loc(i, at(k)),
                            hint="the row is mangled; rerun the test or drop the line")  # fmt: skip
-        wrong = None
         j = own.get("#wrong")
         if j is not None and tokens[j] != "N/A":
             if not _WRONG.fullmatch(tokens[j]):
                 raise LogError(f"#wrong {_short(tokens[j])!r} is not a count of wrong elements as nccl-tests prints it "
                                "(a whole number, or N/A)", self.loc(i, at(j)))  # fmt: skip
-            wrong = tokens[j] if float(tokens[j]) > 0 else None
+        wrong = tokens[j] if j is not None else None
         both = (bandwidths[0], bandwidths[1]) if None not in bandwidths else None
         return time, both, wrong
 
@@ -882,8 +927,9 @@ class _Reader:
         tool = tool or given.tool
         # The run lists its ranks (`# Rank` lines); a table without them has only what the
         # command line or NCCL says.
-        listed = run.header or bool(run.ranks)
         said = run.nranks or None
+        # (a header whose rank lines were cut out, given its GPU count, reads as a table without them)
+        listed = bool(run.ranks) or (run.header and given.ranks is None and said is None)
         if not listed and given.ranks is not None and said is not None and given.ranks != said:
             raise LogError(f"the run has {said} GPUs (NCCL's INFO lines: nranks {said}), not {given.ranks} as the command line says",
                            at(run.line))  # fmt: skip
@@ -905,9 +951,12 @@ class _Reader:
                            "or how many GPUs ran it", at(run.line), hint=self._bare_hint(f"name both: TOOL:GPUS=FILE, e.g. all_reduce_perf:8={self.path}"))  # fmt: skip
         if tool is None:
             said = f"; its columns fit {_either(fits)}" if 1 < len(fits) < len(TOOLS) else ""
+            example = fits[0] if fits else "all_reduce_perf"
+            hint = (f"name it: TOOL=FILE, e.g. {example}={self.path}" if len(self.runs) == 1 else
+                    f"a tool named for the file is every run's: save the run of line {run.line} to a file of its own and name it, "
+                    f"e.g. {example}=PART")  # fmt: skip
             raise LogError(f"cannot tell which nccl-tests tool wrote the run of line {run.line} (no `# Collective test starting:` "
-                           f"line, no command naming it{said})", at(run.line),
-                           hint=f"name it: TOOL=FILE, e.g. {fits[0] if fits else 'all_reduce_perf'}={self.path}")  # fmt: skip
+                           f"line, no command naming it{said})", at(run.line), hint=hint)  # fmt: skip
         if tool not in TOOLS:
             raise LogError(f"nccl-tests tool '{tool}' is not one calibrate reads (it reads: {', '.join(TOOLS)})", at(run.tool_line or run.line))
         if not listed:
@@ -919,7 +968,8 @@ class _Reader:
                                 *run.lists_for(TOOLS[tool]), run.version, run.channels, run.line, run.collnet, self.path)  # fmt: skip
         ranks = run.ranks
         if not ranks:
-            raise LogError("no `# Rank N ... on HOST device D` lines: cannot tell the GPUs", at(run.line))
+            raise LogError("no `# Rank N ... on HOST device D` lines: cannot tell the GPUs", at(run.line),
+                           hint=f"give the GPU count: TOOL:GPUS=FILE, e.g. {tool}:8={self.path}")  # fmt: skip
         n = len(ranks)
         if max(ranks) != n - 1:
             missing = sorted(set(range(max(ranks) + 1)) - set(ranks))[:10]
@@ -936,8 +986,8 @@ class _Reader:
         per_thread = run.gpus
         if n % per_thread:
             raise LogError(f"{n} ranks is not a multiple of nGpus {per_thread} (each thread drives nGpus GPUs): mixed runs?", at(run.line))
-        per_process: dict[tuple[str, str], int] = {}
-        per_host: dict[str, int] = {}
+        per_process: dict[tuple[str | None, str], int] = {}
+        per_host: dict[str | None, int] = {}
         for host, _, pid in ranks.values():
             per_process[(host, pid)] = per_process.get((host, pid), 0) + 1
             per_host[host] = per_host.get(host, 0) + 1
@@ -947,12 +997,20 @@ class _Reader:
             counts = sorted(set(per_process.values()))
             raise LogError(f"processes drive different numbers of GPUs ({', '.join(map(str, counts))}; nThread x nGpus is "
                            f"{per_thread * run.threads}): mixed runs?", at(run.line))  # fmt: skip
-        if len(set(per_host.values())) > 1:
+        nodes: int | None = len(per_host)
+        if None in per_host:
+            # Rank lines without their hosts (taken out before the log was shared): one process
+            # runs on one host; the hosts of several are not said.
+            nodes = 1 if len(per_process) == 1 else None
+            if nodes is None and self.notes is not None:
+                self.notes.append(f"{self.path}:{run.line}: the rank lines name no hosts: read as {n} GPUs of "
+                                  f"{len(per_process)} processes, the nodes not said")  # fmt: skip
+        elif len(set(per_host.values())) > 1:
             counts = ", ".join(f"{h}: {c}" for h, c in sorted(per_host.items())[:8])
             raise LogError(f"the hosts run different numbers of GPUs ({counts}): calibrate reads runs with the same GPUs on every node",
                            at(run.line))  # fmt: skip
-        per_node = next(iter(per_host.values()))
-        return NcclTestsLog(path, tool, TOOLS[tool], n, per_thread, len(per_host), per_node, run.graph, run.dtype, devices.pop(),
+        per_node = n // nodes if nodes else None
+        return NcclTestsLog(path, tool, TOOLS[tool], n, per_thread, nodes, per_node, run.graph, run.dtype, devices.pop(),
                             tuple(run.points), *run.lists_for(TOOLS[tool]), run.version, run.channels, run.line, run.collnet, self.path)  # fmt: skip
 
 
@@ -1001,6 +1059,8 @@ def _tools_fitting(run: _Run, ranks: int) -> list[str]:
             continue  # titles of before 2.13 (no `redop` or no `root`): each tool had its own
         if run.roots and (max(run.roots) >= 0) != (tool in _ROOTED):
             continue
+        if len(run.in_place_checked) == 1 and (True in run.in_place_checked) == (tool in _UNCHECKED_IN_PLACE):
+            continue
         f = bus_factor(TOOLS[tool], ranks)
         if any(abs(busbw - f * algbw) > 0.011 + 0.0005 * busbw for algbw, busbw in run.bandwidths):
             continue
@@ -1016,6 +1076,8 @@ def _columns_said(run: _Run) -> str:
         parts.append(f"titles of before nccl-tests 2.13 with {' and '.join(kept) or 'neither redop nor root'}")
     if run.redops:
         parts.append(f"redop {'/'.join(sorted(w or 'blank' for w in run.redops))}")
+    if len(run.in_place_checked) == 1:
+        parts.append("in-place results checked" if True in run.in_place_checked else "in-place #wrong N/A")
     return ", ".join(parts)
 
 
