@@ -459,3 +459,27 @@ def test_a_fitted_rate_moves_times_not_nccls_choices():
     # Without graph_scale the same links would have moved NCCL's choice somewhere.
     leaky = replace(slow, nccl=replace(slow.nccl, graph_scale=()))
     assert any(choice(bench_machine(leaky, run), run, size) != choice(bench_machine(base, run), run, size) for run in runs for size in sizes)
+
+
+def test_check_times_the_logs_on_the_machine_as_it_is_and_writes_nothing(tmp_path):
+    # `commdsl calibrate --from-nccl-tests LOG --check`: every size's measured and predicted
+    # time and error on the base machine, fitting nothing; the errors are the simulator's.
+    cmd = [sys.executable, "-m", "commdsl.cli", "calibrate", "--from-nccl-tests", str(AG), "--machine", "dgx-h100", "--check"]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert list(tmp_path.iterdir()) == []
+    (log,) = read_logs([str(AG)])
+    run = Run.of(log)
+    base = resolve_machine("dgx-h100")
+    lines = [line.split() for line in r.stdout.splitlines() if line.split() and line.split()[0].isdigit()]
+    assert [int(w[0]) for w in lines] == [p.size_bytes for p in log.points]
+    for words, p in zip(lines, log.points):
+        predicted = simulate_run(base, run, p.size_bytes)
+        assert float(words[2]) == pytest.approx(predicted, abs=0.006)
+        assert float(words[3].rstrip("%")) == pytest.approx(100 * (predicted / p.time_us - 1), abs=0.06)
+    assert "median" in r.stdout.splitlines()[-1]
+    for bad, message in ((["--out", "m.yaml"], "--check writes no machine file"),):
+        r = subprocess.run(cmd + bad, capture_output=True, text=True, timeout=120, cwd=tmp_path)
+        assert r.returncode == 2 and message in r.stderr and "Traceback" not in r.stderr
+    r = subprocess.run([sys.executable, "-m", "commdsl.cli", "calibrate", "--check"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "--check goes with --from-nccl-tests" in r.stderr

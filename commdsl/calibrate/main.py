@@ -163,6 +163,9 @@ class CalibrateConfig:
     nccl_algo: str | None = None
     """With `from_nccl_tests`: NCCL_ALGO of the runs whose logs do not say."""
     nccl_proto: str | None = None
+    check: bool = False
+    """With `from_nccl_tests`: time the logs on the base machine as it is and report each
+    size's error, fitting and writing nothing."""
     effort: Effort = FULL
     """`FULL`, or `QUICK` with --quick."""
 
@@ -187,7 +190,7 @@ def build_parser() -> argparse.ArgumentParser:
 def add_arguments(p: argparse.ArgumentParser) -> list[argparse.Action]:
     """Calibrate's options (also `commdsl calibrate`'s); returns the actions added, in order."""
     add = ArgumentRecorder(p)
-    add("--out", required=True, help="machine description to write (YAML)")
+    add("--out", help="machine description to write (YAML); needed but with --check")
     add("--quick", action="store_true",
         help="a rough machine file for a first try, in a minute or two on a small machine: one pass, sizes up to 16MiB, "
              "10 runs a point, the interference and stall probes once; the file says it is rough")  # fmt: skip
@@ -216,6 +219,9 @@ def add_arguments(p: argparse.ArgumentParser) -> list[argparse.Action]:
         "(default: h100-nvlink on a GPU, cpu-loopback on a CPU)")  # fmt: skip
     add("--nccl-algo", help="with --from-nccl-tests: NCCL_ALGO of runs whose logs do not report it (ring, tree, nvls, ...)")
     add("--nccl-proto", help="with --from-nccl-tests: NCCL_PROTO of runs whose logs do not report it (ll, ll128, simple)")
+    add("--check", action="store_true",
+        help="with --from-nccl-tests: fit nothing; time every size of the logs on --machine (default: by GPU name) as it is "
+             "and print the measured and predicted times and the errors")  # fmt: skip
     return add.actions
 
 
@@ -225,9 +231,13 @@ def parse_args(argv: list[str] | None) -> CalibrateConfig:
 
 def config_from_args(args: argparse.Namespace) -> CalibrateConfig:
     """Calibrate's settings from parsed options (`add_arguments`), every value checked."""
+    if args.check and not args.from_nccl_tests:
+        raise UsageError("--check goes with --from-nccl-tests LOG... (it times nccl-tests logs on a machine)")
+    if args.out is None and not args.check:
+        raise UsageError("the following arguments are required: --out", hint="name the machine file to write: --out machine.yaml")
     if args.from_nccl_tests:
         return CalibrateConfig(args.out, None, args.name, 0, 0, 0, 0, 0, "auto", (), from_nccl_tests=tuple(args.from_nccl_tests),
-                               base_machine=args.machine, nccl_algo=args.nccl_algo, nccl_proto=args.nccl_proto)  # fmt: skip
+                               base_machine=args.machine, nccl_algo=args.nccl_algo, nccl_proto=args.nccl_proto, check=args.check)  # fmt: skip
     effort = QUICK if args.quick else FULL
     repeats = effort.repeats if args.repeats is None else args.repeats
     lo, hi = _size(args.min_size, "--min-size"), _size(args.max_size or effort.max_size, "--max-size")
@@ -270,7 +280,7 @@ def main(argv: list[str] | None = None) -> int:
         if cfg.from_nccl_tests:
             from commdsl.calibrate.nccl_tests import main_from_nccl_tests
 
-            return main_from_nccl_tests(list(cfg.from_nccl_tests), cfg.out, cfg.base_machine, cfg.nccl_algo, cfg.nccl_proto)
+            return main_from_nccl_tests(list(cfg.from_nccl_tests), cfg.out, cfg.base_machine, cfg.nccl_algo, cfg.nccl_proto, cfg.check)
         return _calibrate(cfg)
     except CommdslError as err:
         print(err.format(), file=sys.stderr)

@@ -740,6 +740,32 @@ def from_nccl_tests(paths: list[str], out: str, base: str | None = None, algo: A
     return load_machine(out)
 
 
+def check_nccl_tests(paths: list[str], base: str | None = None, algo: Algo | None = None, proto: Protocol | None = None,
+                     echo: Callable[[str], None] = print, progress: Progress | None = None) -> list[list[float]]:  # fmt: skip
+    """Time every size of the logs on a machine as it is (`base`, else the preset of the
+    logs' GPU), fitting nothing: per log, each size's measured and predicted time and error,
+    then the median and worst. Returns the errors (predicted / measured - 1) per log."""
+    progress = progress or Progress("calibrate", enabled=False)
+    notes: list[str] = []
+    logs = read_logs(paths, notes)
+    for note in notes:
+        echo(f"calibrate: {note}")
+    machine = base_machine(logs, base)
+    runs = [Run.of(log, algo, proto) for log in logs]
+    for log, run in zip(logs, runs):
+        _check_nodes(machine, log)
+        bench_machine(machine, run)
+    errors = simulated_errors(machine, logs, runs, progress, "on the machine")
+    for log, errs in zip(logs, errors):
+        where = f", {log.nodes} node(s)" if log.nodes is not None else ""
+        echo(f"{log.path}: {log.tool} on {log.ranks} GPUs{where}, on {machine.name}")
+        echo(f"  {'size':>14} {'measured us':>12} {'predicted us':>13} {'error':>8}")
+        for p, e in zip(log.points, errs):
+            echo(f"  {p.size_bytes:>14} {p.time_us:>12.2f} {p.time_us * (1 + e):>13.2f} {100 * e:>+7.1f}%")
+        echo(f"  median {100 * statistics.median(abs(e) for e in errs):.1f}%, worst {100 * max(abs(e) for e in errs):.1f}% over {len(errs)} sizes")
+    return errors
+
+
 def _check_nodes(machine: Machine, log: NcclTestsLog) -> None:
     """A log's GPUs on each node fit the base machine's node. `bench_machine` checks a run
     across nodes; a run on one node (whose `Run` leaves the layout to the machine) is checked
@@ -762,10 +788,11 @@ def _at_point(log: NcclTestsLog, p: Point, what: str, e: CommdslError) -> LogErr
     return LogError(f"{what}: {e.message}", SourceLoc(log.file, p.line, 1), hint=hint)
 
 
-def simulated_errors(machine: Machine, logs: list[NcclTestsLog], runs: list[Run], progress: Progress | None = None) -> list[list[float]]:
+def simulated_errors(machine: Machine, logs: list[NcclTestsLog], runs: list[Run], progress: Progress | None = None,
+                     which: str = "on the fitted machine") -> list[list[float]]:  # fmt: skip
     """Per log, the simulator's relative error (predicted / measured - 1) at every point."""
     progress = progress or Progress("calibrate", enabled=False)
-    progress.phase("simulating the logs' points on the fitted machine", sum(len(log.points) for log in logs), "points")
+    progress.phase(f"simulating the logs' points {which}", sum(len(log.points) for log in logs), "points")
     out = []
     for log, run in zip(logs, runs):
         errs = []
@@ -773,7 +800,7 @@ def simulated_errors(machine: Machine, logs: list[NcclTestsLog], runs: list[Run]
             try:
                 errs.append(simulate_run(machine, run, p.size_bytes) / p.time_us - 1.0)
             except CommdslError as e:
-                raise _at_point(log, p, "the fitted machine cannot simulate this point", e) from None
+                raise _at_point(log, p, f"the machine {machine.name} cannot simulate this point", e) from None
             progress.advance()
         out.append(errs)
     return out
@@ -822,12 +849,19 @@ def _report(base: Machine, logs: list[NcclTestsLog], fitted: Fitted, errors: lis
     echo(f"  not fitted (no point depends on them), from {base.name}: {', '.join(rest)}")
 
 
-def main_from_nccl_tests(paths: list[str], out: str | None, base: str | None, algo: str | None, proto: str | None) -> int:
+def main_from_nccl_tests(paths: list[str], out: str | None, base: str | None, algo: str | None, proto: str | None,
+                         check: bool = False) -> int:  # fmt: skip
     """The command-line entry (`--from-nccl-tests`), without torch."""
-    if not out:
-        raise UsageError("--from-nccl-tests needs --out FILE (the machine file to write)")
     a = _enum(Algo, algo, "--nccl-algo")
     p = _enum(Protocol, proto, "--nccl-proto")
+    if check:
+        if out:
+            raise UsageError("--check writes no machine file: leave --out out", hint="drop --check to fit and write one")
+        with Progress("calibrate") as progress:
+            check_nccl_tests(paths, base, a, p, echo=print, progress=progress)
+        return 0
+    if not out:
+        raise UsageError("--from-nccl-tests needs --out FILE (the machine file to write)")
     with Progress("calibrate") as progress:
         from_nccl_tests(paths, out, base, a, p, echo=lambda s: print(s, file=sys.stderr, flush=True), progress=progress)
     print(out)

@@ -4,6 +4,7 @@
     commdsl calibrate -n 2 --quick --out rough.yaml # a minute or two: a rough first file
     commdsl calibrate -n 1 --out gpu.yaml           # one device: compute, copies, launches
     commdsl calibrate --from-nccl-tests all_reduce.log --out cluster.yaml   # a GPU cluster from its logs (no ranks)
+    commdsl calibrate --from-nccl-tests all_reduce.log --machine dgx-h100 --check   # how a machine predicts them
 
 The same options as `torchrun -m commdsl.calibrate` (checked here before any rank
 starts); `commdsl.run.launch` starts the ranks and watches them.
@@ -29,7 +30,7 @@ def run(args: argparse.Namespace) -> int:
     if cfg.from_nccl_tests:  # fitted to logs, here: no ranks, no torch
         from commdsl.calibrate.nccl_tests import main_from_nccl_tests
 
-        return main_from_nccl_tests(list(cfg.from_nccl_tests), cfg.out, cfg.base_machine, cfg.nccl_algo, cfg.nccl_proto)
+        return main_from_nccl_tests(list(cfg.from_nccl_tests), cfg.out, cfg.base_machine, cfg.nccl_algo, cfg.nccl_proto, cfg.check)
     if args.nproc < 1:
         raise UsageError(f"calibrate needs at least 1 rank, got -n {args.nproc}")
     return launch("commdsl.calibrate", rank_argv(args._rank_actions, args), args.nproc, "commdsl calibrate")
