@@ -706,15 +706,7 @@ def from_nccl_tests(paths: list[str], out: str, base: str | None = None, algo: A
     runs whose logs do not say (NCCL INFO lines). Nothing is left at `out` if it fails."""
     require_output_folder("--out", out)  # before any work
     progress = progress or Progress("calibrate", enabled=False)
-    notes: list[str] = []
-    logs = read_logs(paths, notes)
-    for note in notes:
-        echo(f"calibrate: {note}")
-    machine = base_machine(logs, base)
-    runs = [Run.of(log, algo, proto) for log in logs]
-    for log, run in zip(logs, runs):
-        _check_nodes(machine, log)
-        bench_machine(machine, run)  # the layout is one the base machine can run, before any work
+    logs, machine, runs = _read_runs(paths, base, algo, proto, echo)
     echo(f"calibrate: {sum(len(l.points) for l in logs)} points in {len(logs)} log(s), base machine {machine.name}")
     progress.phase("fitting")
     fitted = fit(machine, Path(machine.source).read_text(), logs, runs, paths, lambda msg: progress.phase(f"fitting, {msg}"))
@@ -740,12 +732,10 @@ def from_nccl_tests(paths: list[str], out: str, base: str | None = None, algo: A
     return load_machine(out)
 
 
-def check_nccl_tests(paths: list[str], base: str | None = None, algo: Algo | None = None, proto: Protocol | None = None,
-                     echo: Callable[[str], None] = print, progress: Progress | None = None) -> list[list[float]]:  # fmt: skip
-    """Time every size of the logs on a machine as it is (`base`, else the preset of the
-    logs' GPU), fitting nothing: per log, each size's measured and predicted time and error,
-    then the median and worst. Returns the errors (predicted / measured - 1) per log."""
-    progress = progress or Progress("calibrate", enabled=False)
+def _read_runs(paths: list[str], base: str | None, algo: Algo | None, proto: Protocol | None,
+               echo: Callable[[str], None]) -> tuple[list[NcclTestsLog], Machine, list[Run]]:  # fmt: skip
+    """The logs (what reading them noted, told), the base machine, and each log's run, every
+    run's layout one the base machine can run: checked before any work."""
     notes: list[str] = []
     logs = read_logs(paths, notes)
     for note in notes:
@@ -755,6 +745,16 @@ def check_nccl_tests(paths: list[str], base: str | None = None, algo: Algo | Non
     for log, run in zip(logs, runs):
         _check_nodes(machine, log)
         bench_machine(machine, run)
+    return logs, machine, runs
+
+
+def check_nccl_tests(paths: list[str], base: str | None = None, algo: Algo | None = None, proto: Protocol | None = None,
+                     echo: Callable[[str], None] = print, progress: Progress | None = None) -> list[list[float]]:  # fmt: skip
+    """Time every size of the logs on a machine as it is (`base`, else the preset of the
+    logs' GPU), fitting nothing: per log, each size's measured and predicted time and error,
+    then the median and worst. Returns the errors (predicted / measured - 1) per log."""
+    progress = progress or Progress("calibrate", enabled=False)
+    logs, machine, runs = _read_runs(paths, base, algo, proto, echo)
     errors = simulated_errors(machine, logs, runs, progress, "on the machine")
     for log, errs in zip(logs, errors):
         where = f", {log.nodes} node(s)" if log.nodes is not None else ""
