@@ -766,7 +766,7 @@ MACHINE_CASES = [
     ("misspelled_top_key", "kernel_launch_us: 4", "kernel_lanch_us: 4", "the machine: unknown key 'kernel_lanch_us'", 8, 1,
      "did you mean 'kernel_launch_us'?"),
     ("misspelled_link_key", "{kind: nvlink, bandwidth_gb_per_s: 300", "{kind: nvlink, bandwith_gb_per_s: 300",
-     "topology.links[0]: unknown key 'bandwith_gb_per_s' (known: kind, bandwidth_gb_per_s, latency_us, between)", 20, 22,
+     "topology.links[0]: unknown key 'bandwith_gb_per_s' (known: kind, bandwidth_gb_per_s, latency_us, between, line_rate_gb_per_s)", 20, 22,
      "did you mean 'bandwidth_gb_per_s'?"),
     ("misspelled_transport", "nccl: {latency_us: 5", "ncl: {latency_us: 5", "transports: unknown transport 'ncl' (known: nccl, gloo, memcpy)",
      12, 3, "did you mean 'nccl'?"),

@@ -422,7 +422,7 @@ def test_a_round_that_moves_nccls_choice_to_a_worse_fit_does_not_replace_a_bette
     base = resolve_machine("dgx-h100")
     rounds = []
 
-    def fake_minimise(points, base_vals, free, start, progress):
+    def fake_minimise(points, base_vals, free, start, progress, caps=None):
         assert "net_latency_us" in free
         good = {k: base_vals[k] for k in free} | {"net_latency_us": 20.0}
         bad = {k: (v * 1000 if "latency" in k or ".hop." in k else v) for k, v in good.items()}
@@ -446,10 +446,10 @@ def test_a_fitted_rate_moves_times_not_nccls_choices():
     logs = read_logs([str(AR), str(part)], [])
     runs = [Run.of(log) for log in logs]
     base = resolve_machine("dgx-h100")
-    values = {"scale.nvlink": 0.2, "scale.nic": 1.25}
+    values = {"scale.nvlink": 0.2, "scale.nic": 0.8}
     text = nt.fitted_machine_text(Path(base.source).read_text(), values, [str(part)])
     slow = load_machine_text(text, "<fitted>")
-    assert dict(slow.nccl.graph_scale) == {"nvlink": 5.0, "nic": 0.8}
+    assert dict(slow.nccl.graph_scale) == {"nvlink": 5.0, "nic": 1.25}
     sizes = [p.size_bytes for log in logs for p in log.points]
     for run in runs:
         for size in sizes:
@@ -483,3 +483,28 @@ def test_check_times_the_logs_on_the_machine_as_it_is_and_writes_nothing(tmp_pat
         assert r.returncode == 2 and message in r.stderr and "Traceback" not in r.stderr
     r = subprocess.run([sys.executable, "-m", "commdsl.cli", "calibrate", "--check"], capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and "--check goes with --from-nccl-tests" in r.stderr
+
+
+def test_a_fit_never_moves_a_link_faster_than_its_line_rate(tmp_path):
+    # A log faster than the NICs can signal (an all_to_all across two nodes, timed at half):
+    # the fit takes the NICs to their line rate (400 Gb/s: 50 GB/s of dgx-h100's 47) and no
+    # further; the rest of the log's speed goes to what else it moved.
+    from commdsl.calibrate import nccl_tests as nt
+
+    fast = tmp_path / "fast.log"
+    lines = []
+    for line in A2A.read_text().split("\n"):
+        words = line.split()
+        if len(words) >= 13 and words[0].isdigit() and int(words[0]) >= 1 << 26:
+            size = int(words[0])
+            t = float(words[5]) / 2
+            line = line.replace(words[5], f"{t:.2f}", 1).replace(words[6], f"{size / (t * 1e3):.2f}", 1)
+        lines.append(line)
+    fast.write_text("\n".join(lines))
+    logs = read_logs([str(fast)], [])
+    base = resolve_machine("dgx-h100")
+    assert nt._rate_caps(base) == {"scale.nic": pytest.approx(50 / 47)}
+    fitted = nt.fit(base, Path(base.source).read_text(), logs, [Run.of(log) for log in logs], [str(fast)])
+    assert "scale.nic" in fitted.values and fitted.values["scale.nic"] <= 50 / 47 + 1e-9
+    nic = next(l for l in fitted.machine.topology.links if l.kind.value == "network")
+    assert nic.bandwidth_gb_per_s <= nic.line_rate_gb_per_s == 50

@@ -72,6 +72,8 @@ def test_a_good_file_loads_and_devices_come_from_the_topology():
         ("nccl_sms: 2", "nccl_sms: 8", "topology.nccl_sms (8) must be less than device.sm_count (8)", 22, 13),
         ("  nodes: 1\n", "  nodes: 0\n", "topology.nodes must be at least 1, got 0", 9, 10),
         ("vertices: {sw:", "vertices: {gpu1:", "'gpu1' is reserved", 11, 14),
+        ("bandwidth_gb_per_s: 50\n", "bandwidth_gb_per_s: 50\n      line_rate_gb_per_s: 40\n",
+         "topology.links[1].line_rate_gb_per_s (40) is below its bandwidth_gb_per_s (50)", 19, 27),
     ],
 )
 def test_topology_errors_name_file_line_col(old, new, message, line, col, machine_error):

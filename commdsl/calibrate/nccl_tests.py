@@ -599,12 +599,13 @@ def fit(base: Machine, base_text: str, logs: list[NcclTestsLog], runs: list[Run]
     is minimised on the choices of the machine of the round before, until the fitted
     machine makes the same choices (the closed form then is the simulator's model)."""
     start_vals = _parameters(base)
+    caps = _rate_caps(base)
     values: dict[str, float] = {}
     points = _points(base, base, logs, runs)
     best: tuple[float, dict[str, float], Machine, str, list[_Point]] | None = None
     for r in range(ROUNDS):
         free = sorted(set().union(*(_uses(p, start_vals) for p in points)))
-        values = _minimise(points, start_vals, free, {**start_vals, **values}, lambda msg: progress(f"round {r + 1}: {msg}"))
+        values = _minimise(points, start_vals, free, {**start_vals, **values}, lambda msg: progress(f"round {r + 1}: {msg}"), caps)
         text = fitted_machine_text(base_text, values, sources)
         machine = load_machine_text(text, "<fitted machine>")
         again = _points(machine, base, logs, runs)
@@ -633,10 +634,26 @@ def _misfit(points: list[_Point], values: dict[str, float]) -> float:
     return total
 
 
+def _rate_caps(machine: Machine) -> dict[str, float]:
+    """Per rate (`scale.NAME`), the most the fit may scale it: no link it covers may move
+    faster than its line rate (`TopologyLink.line_rate_gb_per_s`; links without one bound nothing)."""
+    caps: dict[str, float] = {}
+    for link in machine.topology.links if machine.topology is not None else ():
+        if link.line_rate_gb_per_s is None:
+            continue
+        net = NETWORK_VERTEX in (link.a, link.b)
+        rate = next((r for r in RATES if r.covers(link.kind, net)), None)
+        if rate is not None:
+            name = f"scale.{rate.name}"
+            caps[name] = min(caps.get(name, math.inf), link.line_rate_gb_per_s / link.bandwidth_gb_per_s)
+    return caps
+
+
 def _minimise(points: list[_Point], base_vals: dict[str, float], free: list[str], start: dict[str, float],
-              progress: Callable[[str], None]) -> dict[str, float]:  # fmt: skip
+              progress: Callable[[str], None], caps: dict[str, float] | None = None) -> dict[str, float]:  # fmt: skip
     """The free parameters' values minimising the points' soft-L1 log error, pulled towards
-    `base_vals` (`PRIOR`), from `start`."""
+    `base_vals` (`PRIOR`), from `start`, no rate above its cap (`_rate_caps`)."""
+    caps = caps or {}
     centre = [math.log(base_vals[k] or LATENCY_FLOOR_US) for k in free]
     x0 = [math.log(start[k] or LATENCY_FLOOR_US) for k in free]
     vals = dict(start)
@@ -646,6 +663,8 @@ def _minimise(points: list[_Point], base_vals: dict[str, float], free: list[str]
             vals[k] = math.exp(xi)
         if any(vals[k] > 1.0 for k in free if k.endswith("efficiency")):
             return math.inf  # a fraction of the link
+        if any(vals[k] > caps[k] for k in free if k in caps):
+            return math.inf  # faster than the link signals
         return _misfit(points, vals) + PRIOR / SCALE**2 * sum((xi - si) ** 2 for xi, si in zip(x, centre))
 
     best = nelder_mead(loss, x0, progress)

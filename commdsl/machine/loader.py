@@ -45,7 +45,8 @@ _PROFILE_KEYS = ("measured_us", "measured_ranks", "measured_us_by_dtype", "measu
 _TRANSPORT_KEYS = (*_LINK_KEYS, "staged", "collectives", "shared_bandwidth_gb_per_s")
 _TOPOLOGY_KEYS = ("nodes", "gpus_per_node", "vertices", "links", "peer_access", "copy_engines", "nccl_sms",
                   "host_memory_bandwidth_gb_per_s")
-_TOPOLOGY_LINK_KEYS = ("kind", "bandwidth_gb_per_s", "latency_us", "between")
+_TOPOLOGY_LINK_KEYS = ("kind", "bandwidth_gb_per_s", "latency_us", "between", "line_rate_gb_per_s")
+_TOPOLOGY_LINK_REQUIRED = ("kind", "bandwidth_gb_per_s", "latency_us", "between")
 _LIMITS_HINT = "the limits keep simulated times finite; see docs/limits.md"
 _NUMBER_TEXT = re.compile(r"[-+]?([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][-+]?[0-9]+)?")
 """A number as a user writes it (YAML 1.1 reads some as text: 1e12, 1.5e3)."""
@@ -447,7 +448,7 @@ class _MachineReader:
             raise self.fail("topology.links must be a non-empty list of link entries", links_node)
         for i, entry in enumerate(links_node.value):
             what = f"topology.links[{i}]"
-            keys = self.mapping(entry, what, _TOPOLOGY_LINK_KEYS, _TOPOLOGY_LINK_KEYS)
+            keys = self.mapping(entry, what, _TOPOLOGY_LINK_KEYS, _TOPOLOGY_LINK_REQUIRED)
             kind = self.enum(keys["kind"][1], LinkKind, f"{what}.kind")
             if kind in IMPLIED_LINK_KINDS:
                 raise self.fail(f"{what}.kind: '{kind.value}' is implied by the topology, not a link to declare",
@@ -455,6 +456,12 @@ class _MachineReader:
                                 "transports.nccl.staged")  # fmt: skip
             bw = self.rate(keys["bandwidth_gb_per_s"][1], f"{what}.bandwidth_gb_per_s", MIN_BANDWIDTH_GB_PER_S)
             lat = self.time_us(keys["latency_us"][1], f"{what}.latency_us")
+            line = None
+            if "line_rate_gb_per_s" in keys:
+                line = self.rate(keys["line_rate_gb_per_s"][1], f"{what}.line_rate_gb_per_s", MIN_BANDWIDTH_GB_PER_S)
+                if line < bw:
+                    raise self.fail(f"{what}.line_rate_gb_per_s ({line:g}) is below its bandwidth_gb_per_s ({bw:g}): nothing moves "
+                                    "faster than the link signals", keys["line_rate_gb_per_s"][1])  # fmt: skip
             between = keys["between"][1]
             if not isinstance(between, yaml.SequenceNode) or not between.value:
                 raise self.fail(f"{what}.between must be a list of [end, end] pairs", between)
@@ -476,7 +483,7 @@ class _MachineReader:
                     raise self.fail(f"{what}.between: {a} and {b} are linked twice (first at line {seen[key].start_mark.line + 1}); "
                                     "write one link with the sum of the bandwidths", pair)  # fmt: skip
                 seen[key] = pair
-                links.append(TopologyLink(kind, a, b, bw, lat))
+                links.append(TopologyLink(kind, a, b, bw, lat, line))
         peer_access = None
         if "peer_access" in top:
             pnode = top["peer_access"][1]

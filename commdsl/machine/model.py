@@ -654,6 +654,10 @@ class TopologyLink:
     """Per direction, GB/s (10^9 B/s); may be `.inf`."""
     latency_us: float
     """Added to every step of a transfer that crosses the link."""
+    line_rate_gb_per_s: float | None = None
+    """The link's signalling rate per direction, GB/s (a 400 Gb/s NIC: 50), where
+    `bandwidth_gb_per_s` is what software reaches through it (NCCL: 47). Nothing moves
+    faster: `calibrate --from-nccl-tests` never scales the rate above it. None: not said."""
 
 
 @dataclass(frozen=True)
@@ -710,7 +714,8 @@ class Topology:
             "vertices": {n: k.value for n, k in self.vertices},
             "links": [
                 {"kind": l.kind.value, "between": [l.a, l.b], "latency_us": l.latency_us,
-                 "bandwidth_gb_per_s": l.bandwidth_gb_per_s if l.bandwidth_gb_per_s != float("inf") else "inf"}
+                 "bandwidth_gb_per_s": l.bandwidth_gb_per_s if l.bandwidth_gb_per_s != float("inf") else "inf",
+                 **({"line_rate_gb_per_s": l.line_rate_gb_per_s} if l.line_rate_gb_per_s is not None else {})}
                 for l in self.links
             ],  # fmt: skip
             "peer_access": "all" if self.peer_access is None else [sorted(s) for s in self.peer_access],
