@@ -112,6 +112,9 @@ SHAPES = [
      [(12, "all_reduce_perf", 16, 1, 2, False, Dtype.FP32, H100, {Algo.RING}, {Protocol.SIMPLE}, "2.29.2", None, 3, 1073741824, 5900.0,
        5959.0),
       (54, "all_reduce_perf", 16, 1, 2, False, Dtype.FP32, H100, {Algo.RING}, None, "2.29.2", None, 3, 1073741824, 5850.0, 5908.5)]),
+    # mpirun --tag-output repeats its tag inside a row, which nccl-tests prints in three writes.
+    ("mpirun_tag_output_split_rows.log",
+     [(2, "all_reduce_perf", 16, 1, 2, False, Dtype.FP32, H100, None, None, "2.22.3", None, 4, 8388608, 120.0, 122.4)]),
     # Rank lines with the host names taken out (no `on HOST`): one process drives the eight GPUs, so one node.
     ("rank_lines_without_hosts.md",
      [(6, "all_reduce_perf", 8, 8, 1, False, Dtype.FP32, "NVIDIA B200", None, None, "2.27.5", None, 3, 1048576, 30.0, 30.3)]),
@@ -297,3 +300,27 @@ def test_bytes_that_only_start_like_utf16_are_an_error_at_the_first_byte_not_utf
     with pytest.raises(LogError, match="is not UTF-8 text: byte 0xff cannot be decoded") as info:
         read_logs([str(bad)])
     assert (info.value.loc.line, info.value.loc.column) == (1, 1) and info.value.hint == "save the file as UTF-8"
+
+
+def test_busbw_and_algbw_each_rounded_to_two_decimals_still_tell_the_tool(tmp_path):
+    # nccl-tests computes busbw from the unrounded algbw and prints both to two decimals: on 8
+    # GPUs (all_reduce: 1.75) a row may print algbw 1.11 and busbw 1.93, 0.0125 from 1.75 x 1.11.
+    text = (DATA / "old_format_no_root.log").read_text()
+    row = "      131072         32768     float     sum    20.09    6.53   11.42   1e-07    20.29    6.46   11.31   1e-07"
+    assert row in text
+    rounded = tmp_path / "rounded.log"
+    rounded.write_text(text.replace(row, "      131072         32768     float     sum   118.08    1.11    1.93   1e-07   118.10    1.11    1.93   1e-07"))
+    notes: list[str] = []
+    (log,) = read_logs([str(rounded)], notes)
+    assert log.tool == "all_reduce_perf" and "read as all_reduce_perf from its columns" in notes[0]
+
+
+def test_rows_of_size_zero_are_skipped_and_told(tmp_path):
+    text = (DATA / "sweep_ops.log").read_text().split("\n")
+    k = next(i for i, line in enumerate(text) if line.strip().startswith("33554432"))
+    zero = "           0             0    double     sum      -1    30.00    0.00    0.00       0    30.00    0.00    0.00       0"
+    (tmp_path / "zero.log").write_text("\n".join(text[:k] + [zero] + text[k:]))
+    notes: list[str] = []
+    logs = read_logs([str(tmp_path / "zero.log")], notes)
+    assert len(logs[0].points) == 6 and logs[0].points[0].size_bytes == 33554432
+    assert any("1 row(s) of size 0 skipped (they move no data)" in n for n in notes)

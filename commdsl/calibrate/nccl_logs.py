@@ -124,6 +124,8 @@ _COLLNET = re.compile(r"\bNCCL_COLLNET_ENABLE(?:\s+set by environment to\s+|\s*=
 _PREFIX = re.compile(r"^(?:\[[^\]]{0,40}\](?![$#%>](?:\s|$))(?:<std(?:out|err)>)?:?\s*|\d{1,6}:\s+)")
 """What a launcher puts before a line: `[1,0]<stdout>:` (mpirun --tag-output), `[1,0]:`,
 `[0] `, `12: ` (srun --label); not a shell prompt in brackets (`[root@host dir]# cmd`)."""
+_MPI_TAG = re.compile(r"\[\d{1,6},\d{1,6}\]<std(?:out|err)>:")
+"""mpirun --tag-output's tag, which it repeats inside a line nccl-tests wrote in several parts."""
 _SHELL_ENV = re.compile(r"(?:^|[\s;])(?:(export)\s+)?NCCL_(ALGO|PROTO)=(\"[^\"]*\"|'[^']*'|[^\s;]*)|(?:^|[\s;])unset\s+NCCL_(ALGO|PROTO)\b")
 """NCCL_ALGO / NCCL_PROTO as a shell line sets them: `export NCCL_ALGO=Ring` (every later run),
 `NCCL_ALGO=Ring ./all_reduce_perf`, `mpirun -x NCCL_ALGO=Ring ...` (the next run), `unset`."""
@@ -379,6 +381,8 @@ class _Run:
     """Size: (line, column) of the rows of its sweep so far (nccl-tests times each size once a sweep)."""
     wrong: int = 0
     """The line of its first row that failed nccl-tests' data check (#wrong > 0; skipped); 0: none."""
+    empty_rows: int = 0
+    """Rows of size 0 (skipped: they time no data)."""
     in_place_checked: set[bool] = field(default_factory=set)
     """Of rows whose out-of-place data was checked (#wrong a count): whether the in-place one
     was too (a count) or not (N/A), which tells alltoall and sendrecv from the rest."""
@@ -432,6 +436,9 @@ class _Reader:
             if not stripped:
                 continue
             line = _PREFIX.sub("", stripped, count=1)
+            if _MPI_TAG.search(line):
+                # mpirun --tag-output tags each write: nccl-tests prints a row in several
+                line = " ".join(_MPI_TAG.sub(" ", line).split())
             if not line:
                 continue
             col = raw.find(line) + 1 if line in raw else 1
@@ -792,6 +799,8 @@ class _Reader:
         if size > 0:
             # Out of place is what a schedule's op does; a run of in-place ops only times that.
             run.points.append(Point(size, time if time is not None else in_place, in_place, i + 1))
+        else:
+            run.empty_rows += 1  # nothing moved (a count that rounds to 0 per rank): no time to fit
 
     def _new_size(self, i: int, run: _Run, size: int, col: int) -> None:
         """Take a row's size into its sweep: nccl-tests times each size once a sweep, so a size
@@ -911,6 +920,8 @@ class _Reader:
             self._no_results(run)
         elif run.unknown is not None and self.notes is not None:
             self.notes.append(f"{self.path}:{run.unknown[0] + 1}: rows of type {run.unknown[2]} skipped: commdsl has no dtype for it")
+        if run.empty_rows and run.points and self.notes is not None:
+            self.notes.append(f"{self.path}:{run.line}: {run.empty_rows} row(s) of size 0 skipped (they move no data)")
         if not run.closed:
             if not run.points:
                 failure = f": {run.failure}" if run.failure else ""
@@ -1062,10 +1073,18 @@ def _tools_fitting(run: _Run, ranks: int) -> list[str]:
         if len(run.in_place_checked) == 1 and (True in run.in_place_checked) == (tool in _UNCHECKED_IN_PLACE):
             continue
         f = bus_factor(TOOLS[tool], ranks)
-        if any(abs(busbw - f * algbw) > 0.011 + 0.0005 * busbw for algbw, busbw in run.bandwidths):
+        if any(abs(busbw - f * algbw) > _bus_slack(f, busbw) for algbw, busbw in run.bandwidths):
             continue
         fits.append(tool)
     return fits
+
+
+def _bus_slack(factor: float, busbw: float) -> float:
+    """How far a printed busbw may be from the bus factor x the printed algbw: nccl-tests
+    computes busbw from the unrounded algbw and rounds each to two decimals (half a unit in
+    the last place each, the algbw's times the factor), and a value too wide for its column
+    loses decimals (the relative part)."""
+    return 0.005 * (1.0 + factor) + 0.0005 * busbw + 1e-9
 
 
 def _columns_said(run: _Run) -> str:
