@@ -24,14 +24,19 @@ ON_SWITCHES = ("[nic0, pcie0], [nic1, pcie1], [nic2, pcie2], [nic3, pcie3],",
                "[nic4, pcie4], [nic5, pcie5], [nic6, pcie6], [nic7, pcie7],")  # fmt: skip
 
 
-def nics_on(text: str, first: str, second: str, name: str):
-    """The DGX machine of `text` with its NICs moved off the GPUs' PCIe switches: nic0-3 on
+def nics_on_text(text: str, first: str, second: str, name: str) -> str:
+    """The DGX machine file `text` with its NICs moved off the GPUs' PCIe switches: nic0-3 on
     CPU `first`, nic4-7 on CPU `second`."""
     for old in ON_SWITCHES:
         assert old in text, "the preset's NIC links moved: update this test"
     moved = text.replace(ON_SWITCHES[0], f"[nic0, {first}], [nic1, {first}], [nic2, {first}], [nic3, {first}],")
     moved = moved.replace(ON_SWITCHES[1], f"[nic4, {second}], [nic5, {second}], [nic6, {second}], [nic7, {second}],")
-    return load_machine_text(moved.replace("name: dgx-", f"name: {name}-"), f"{name}.yaml")
+    return moved.replace("name: dgx-", f"name: {name}-")
+
+
+def nics_on(text: str, first: str, second: str, name: str):
+    """`nics_on_text`, loaded."""
+    return load_machine_text(nics_on_text(text, first, second, name), f"{name}.yaml")
 
 
 def table(machine, nodes: int, kind: OpKind = OpKind.ALL_GATHER, version=None, per_node: int = 8):
@@ -95,9 +100,7 @@ def test_gh200_ll128_crosses_nodes_through_c2c_from_nccl_2_27():
 
 def test_simulate_of_a_schedule_forcing_ll128_across_far_nics_fails_with_the_ops_line(tmp_path):
     machine = tmp_path / "far.yaml"
-    machine.write_text(H100_TEXT.replace(ON_SWITCHES[0], "[nic0, cpu0], [nic1, cpu0], [nic2, cpu0], [nic3, cpu0],")
-                       .replace(ON_SWITCHES[1], "[nic4, cpu1], [nic5, cpu1], [nic6, cpu1], [nic7, cpu1],")
-                       .replace("name: dgx-h100", "name: far-nics").replace("nodes: 1", "nodes: 2"))  # fmt: skip
+    machine.write_text(nics_on_text(H100_TEXT, "cpu0", "cpu1", "far").replace("nodes: 1", "nodes: 2"))
     sched = tmp_path / "ag.yaml"
     sched.write_text("name: ag\nworld: 16\nstreams: [s]\nprogram: |\n  all_gather x 16MiB proto=ll128\n")
     cmd = [sys.executable, "-m", "commdsl.cli", "simulate", str(sched), "--machine", str(machine)]

@@ -235,6 +235,8 @@ def config_from_args(args: argparse.Namespace) -> CalibrateConfig:
         raise UsageError("--check goes with --from-nccl-tests LOG... (it times nccl-tests logs on a machine)")
     if args.out is None and not args.check:
         raise UsageError("the following arguments are required: --out", hint="name the machine file to write: --out machine.yaml")
+    if args.out is not None and args.check:
+        raise UsageError("--check writes no machine file: leave --out out", hint="drop --check to fit and write one")
     if args.from_nccl_tests:
         return CalibrateConfig(args.out, None, args.name, 0, 0, 0, 0, 0, "auto", (), from_nccl_tests=tuple(args.from_nccl_tests),
                                base_machine=args.machine, nccl_algo=args.nccl_algo, nccl_proto=args.nccl_proto, check=args.check)  # fmt: skip

@@ -873,14 +873,10 @@ def main_from_nccl_tests(paths: list[str], out: str | None, base: str | None, al
     """The command-line entry (`--from-nccl-tests`), without torch."""
     a = _enum(Algo, algo, "--nccl-algo")
     p = _enum(Protocol, proto, "--nccl-proto")
-    if check:
-        if out:
-            raise UsageError("--check writes no machine file: leave --out out", hint="drop --check to fit and write one")
+    if check:  # (--out with --check, or neither, is refused with the options: `config_from_args`)
         with Progress("calibrate") as progress:
             check_nccl_tests(paths, base, a, p, echo=print, progress=progress)
         return 0
-    if not out:
-        raise UsageError("--from-nccl-tests needs --out FILE (the machine file to write)")
     with Progress("calibrate") as progress:
         from_nccl_tests(paths, out, base, a, p, echo=lambda s: print(s, file=sys.stderr, flush=True), progress=progress)
     print(out)

@@ -134,7 +134,7 @@ class NcclFlows:
         self._node_network_gb_per_s = sum(l.bandwidth_gb_per_s for l in topo.links if NETWORK_VERTEX in (l.a, l.b))
         self._has_nvswitch = any(k is VertexKind.NVSWITCH for _, k in topo.vertices)
         self._nic_paths = nic_paths(topo)
-        """Per GPU of a node (local index), how it reaches its nearest NIC (None: no NIC)."""
+        """Per GPU of a node (local index), how it reaches its nearest NIC."""
         self._network_channels = frozenset(c for c, (a, b) in enumerate(fabric.ends) if NETWORK_VERTEX in (a, b))
         """Channels between a NIC and the network."""
         self._nic_channels: dict[int, int] = {}
@@ -176,11 +176,10 @@ class NcclFlows:
         if mesh:
             width = min(mesh_widths)  # NCCL's rings spread over every link of the mesh (`nccl.ring_orders`)
         ppn = max(len(m) for m in nodes)
-        inter = _INF
+        inter, nic_path = _INF, None
         if len(nodes) > 1:
-            inter = self._node_network_gb_per_s * (self.cfg.graph_factor("nic") if self.cfg is not None else 1.0) * min(1.0, ppn / g)
-        nic_path = None
-        if len(nodes) > 1:  # the node whose best member is farthest from a NIC decides
+            inter = self._node_network_gb_per_s * self._graph_factor("nic") * min(1.0, ppn / g)
+            # the node whose best member is farthest from a NIC decides
             paths = [min((self._nic_paths[r % g] for r in members), key=_NIC_PATH_ORDER.index) for members in nodes]
             nic_path = max(paths, key=_NIC_PATH_ORDER.index)
         return nccl.Layout(ranks, nodes, hop, width, inter, self._has_nvswitch, mesh, nic_path)
@@ -205,7 +204,11 @@ class NcclFlows:
         """Fabric channel `c`'s rate as NCCL's topology search sees it (`NcclConfig.graph_scale`)."""
         kind = self.fabric.kinds[c]
         link = "nic" if c in self._network_channels else kind.value if kind in (LinkKind.NVLINK, LinkKind.PCIE) else None
-        return self.fabric.bandwidth_gb_per_s[c] * (self.cfg.graph_factor(link) if link and self.cfg is not None else 1.0)
+        return self.fabric.bandwidth_gb_per_s[c] * self._graph_factor(link)
+
+    def _graph_factor(self, link: str | None) -> float:
+        """`NcclConfig.graph_factor` of a kind of link (1: none, or no NCCL model)."""
+        return self.cfg.graph_factor(link) if link is not None and self.cfg is not None else 1.0
 
     # ---- the choice ---------------------------------------------------------------------
 
