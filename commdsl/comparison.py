@@ -22,12 +22,14 @@ Statistics use absolute values: median, p90 and worst.
 from __future__ import annotations
 
 import json
+import re
 import statistics
 from dataclasses import dataclass, field
 from typing import TextIO
 
 from commdsl.breakdown import Breakdown, breakdown_of
 from commdsl.errors import UsageError
+from commdsl.interop.kineto_read import IMPORTED_HOST_GAP, kernel_op_names
 from commdsl.ir import Dtype, OpKind
 from commdsl.machine.model import Machine
 from commdsl.timeline import FLOP_RATE_META, MEMORY_PEAK_META, REQUESTED_DURATION_ARG, Span, SpanRole, Timeline
@@ -540,9 +542,13 @@ def comm_lanes(spans: list[Span]) -> dict[str, CommLane]:
 
 def _fits(p: Span, c) -> bool:
     """Whether predicted comm op `p` can be trace comm `c`: the kind (or one the backend runs
-    as `c`'s), the input bytes and the group's size agree where the trace gives them."""
-    return OpKind(p.kind) in (c.kinds | c.runs_for) and (c.in_bytes is None or c.in_bytes == _pred_in_bytes(p)) and (
-        c.group is None or len(c.group) == int(_arg(p, "Group size", str(len(c.group)))))
+    as `c`'s), the input bytes and the group's size agree where the trace gives them. A
+    trace's all_to_all whose input does not split evenly over its group (one no schedule
+    holds as it is: `import kineto` replays it at its group's mean) fits any all_to_all."""
+    group_size = int(_arg(p, "Group size", str(len(c.group) if c.group else 1)))
+    uneven = OpKind(p.kind) is OpKind.ALL_TO_ALL and c.in_bytes is not None and c.in_bytes % (group_size * (c.dtype.itemsize if c.dtype else 1))
+    return OpKind(p.kind) in (c.kinds | c.runs_for) and (c.in_bytes is None or c.in_bytes == _pred_in_bytes(p) or bool(uneven)) and (
+        c.group is None or len(c.group) == group_size)
 
 
 def _comm_text(c, trace) -> str:
@@ -595,7 +601,11 @@ def match_trace(predicted: Timeline, job) -> TraceMatch:
     """Find each predicted op in `job` (a `commdsl.interop.kineto_read.KinetoJob`):
       * compute, copies, host work and memory ops by name: a rank's ops named N pair, in
         order, with its ranges named N (device ranges where the trace has them, else host
-        ranges) when there are as many of each; otherwise every one is listed as ambiguous;
+        ranges) when there are as many of each; otherwise every one is listed as ambiguous.
+        Ops whose name no range has pair, by their name less its indices B (`fwd[3]`: fwd),
+        with the ranges named B, else with the kernels `import kineto` names B (the
+        innermost device range around a kernel, else its function; copies: `copy`), in
+        issue order, when there are as many of each;
       * communication by kind and input size, per process group in issue order
         (`_match_comms`): the longest in-order pairing of a rank's ops in a group with
         the trace's NCCL kernels or gloo ranges of that group.
@@ -617,24 +627,59 @@ def match_trace(predicted: Timeline, job) -> TraceMatch:
         ranges: dict[str, list] = {}
         for r in trace.ranges:
             ranges.setdefault(r.name, []).append(r)
+        unnamed: dict[str, list[Span]] = {}  # ops no range is named after, by their name less its indices
         for name, ops in by_name.items():
-            found = ranges.get(name, [])
-            device = [r for r in found if r.place.value == "device"]
-            found = device or found
+            found = _device_first(ranges.get(name, []))
             if not found:
-                busy = [s for s in ops if s.kind not in NON_BUSY_KINDS]
                 match.skipped += [s.op_id for s in ops if s.kind in NON_BUSY_KINDS]
-                match.unmatched += [f"rank {rank}: {s.kind} {name} (op {s.op_id}): no range named {name} in the trace" for s in busy]
+                for s in ops:
+                    if s.kind not in NON_BUSY_KINDS:
+                        unnamed.setdefault(_INDICES.sub("", name), []).append(s)
             elif len(found) != len(ops):
                 match.unmatched.append(f"rank {rank}: {name}: ambiguous, {len(ops)} op(s) of this name ({', '.join(s.op_id for s in ops)}) "
                                        f"and {len(found)} range(s) in the trace; none paired")  # fmt: skip
             else:
-                for s, r in zip(ops, found):
-                    measured.spans.append(Span(s.op_id, rank, r.track, SpanRole.EXEC, s.kind, s.name, r.start_us, r.end_us, s.args))
+                _pair(measured, rank, ops, found)
+        # Ops named `fwd[3]` against ranges named `fwd`, in order; then an imported
+        # schedule's ops against the kernels and copies `import kineto` named them after.
+        kernels: dict[str, list] = {"copy": list(trace.copies)}
+        for k, label in zip(trace.kernels, kernel_op_names(trace)):
+            kernels.setdefault(label, []).append(k)
+        for base, ops in unnamed.items():
+            ops.sort(key=lambda s: _op_key(s.op_id))
+            found = _device_first(ranges.get(base, []))
+            if not found and base == IMPORTED_HOST_GAP and all(s.kind == OpKind.HOST.value for s in ops):
+                match.skipped += [s.op_id for s in ops]  # an imported schedule's host time between launches: no range of its own
+                continue
+            if len(found) != len(ops):
+                found = sorted(kernels.get(base, []), key=lambda k: (k.launch[0] if k.launch else k.start_us, k.start_us))
+            if len(found) == len(ops):
+                _pair(measured, rank, ops, found)
+            elif not found:
+                match.unmatched += [f"rank {rank}: {s.kind} {_arg(s, 'name', s.name)} (op {s.op_id}): no range named "
+                                    f"{_arg(s, 'name', s.name)} in the trace" for s in ops]  # fmt: skip
+            else:
+                match.unmatched.append(f"rank {rank}: {base}: ambiguous, {len(ops)} op(s) of this name ({', '.join(s.op_id for s in ops[:8])}"
+                                       f"{', ...' if len(ops) > 8 else ''}) and {len(found)} range(s) or kernel(s) in the trace; none paired")  # fmt: skip
 
         comm_ops = [s for s in mine if OpKind(s.kind).is_comm]
         match.unmatched += _match_comms(rank, comm_ops, lanes, trace, measured)
     return match
+
+
+_INDICES = re.compile(r"(\[[^\]]*\])+$")
+"""An op name's trailing indices (`fwd[3]`, `w[1, 2]`)."""
+
+
+def _device_first(found: list) -> list:
+    """Ranges of a name: those on the GPU's streams where there are any, else the host's."""
+    return [r for r in found if r.place.value == "device"] or found
+
+
+def _pair(measured: Timeline, rank: int, ops: list[Span], found: list) -> None:
+    """Pair ops with trace ranges (or kernels, copies) in order: the ranges' times under the ops' ids."""
+    for s, r in zip(ops, found):
+        measured.spans.append(Span(s.op_id, rank, r.track, SpanRole.EXEC, s.kind, s.name, r.start_us, r.end_us, s.args))
 
 
 def compare_trace(predicted: Timeline, job, *, min_duration_us: float = 10.0) -> tuple[Comparison, TraceMatch]:

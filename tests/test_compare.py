@@ -298,9 +298,9 @@ def _rank0(folder: Path, **info) -> Path:
 
 # (id, the measured path made in tmp_path, message): profiler traces that are not every rank's
 BAD_TRACES = [
-    ("folder_missing_rank_1", lambda t: _rank0(t / "job"), "job holds the traces of ranks [0] of a 2-rank job; ranks [1] are missing"),
+    ("folder_missing_rank_1", lambda t: _rank0(t / "job"), "job holds the traces of ranks [0] of a job of 2 ranks; ranks [1] are missing"),
     ("one_file_of_two_ranks", lambda t: _rank0(t / "job") / "rank0.pt.trace.json",
-     "rank0.pt.trace.json holds the traces of ranks [0] of a 2-rank job; ranks [1] are missing"),
+     "rank0.pt.trace.json holds the traces of ranks [0] of a job of 2 ranks; ranks [1] are missing"),
     ("rank_negative", lambda t: _rank0(t / "job", rank=-1), "distributedInfo.rank is -1, not an integer from 0"),
 ]  # fmt: skip
 

@@ -66,7 +66,7 @@ def test_stdout_without_o_and_the_step_option(capsys):
 def test_a_job_with_missing_ranks_is_refused_naming_them(capsys, tmp_path):
     assert main(["import", "kineto", str(GPU), "-o", str(tmp_path / "x.yaml")]) == 2
     err = capsys.readouterr().err
-    assert "holds the traces of ranks [0] of a 2-rank job; ranks [1] are missing" in err and "Traceback" not in err
+    assert "holds the traces of ranks [0] of a job of 2 ranks; ranks [1] are missing" in err and "Traceback" not in err
     assert not (tmp_path / "x.yaml").exists()
 
 
@@ -136,6 +136,9 @@ def test_a_real_8_rank_gpu_job_replays_and_compares_op_by_op(tmp_path, capsys):
     data = json.loads(capsys.readouterr().out)
     compared = {op["op_id"] for op in data["ops"]}
     assert {op.id for r in range(8) for op in program.ops[r] if op.kind.is_comm} <= compared
+    # compute and copies pair with the kernels and copies the import named them after
+    assert {op.id for r in range(8) for op in program.ops[r] if op.kind in (OpKind.COMPUTE, OpKind.COPY)} <= compared
+    assert data["unmatched"] == []
     assert not [u for u in data["unmatched"] if "all_to_all" in u or "all_reduce" in u or "nccl" in u]
     # Measured starts count from the trace's step start, as predicted ones from the replay's.
     job = read_job(dlrm)
@@ -200,8 +203,12 @@ def test_host_gaps_are_the_time_between_launch_calls_so_the_launch_is_counted_on
     assert main(["import", "kineto", str(folder), "-o", str(out)]) == 0
     text = out.read_text()
     gaps = [float(x) for x in re.findall(r"host gap\[\d+\] ([\d.]+)us", text)]
-    # Every kernel's gap is GAP_US; the framework's 1 us before the synchronize is one too.
-    assert gaps == [GAP_US] * (KERNELS // 2 + 1) + [1.0] + [GAP_US] * (KERNELS - KERNELS // 2 - 1), gaps
+    # Every kernel's gap is GAP_US; the framework's 1 us before the synchronize is one too;
+    # the last, the host's time from its last launch to the end of the step's range.
+    events = json.loads((folder / "rank0.pt.trace.json").read_text())["traceEvents"]
+    last_call_end = max(e["ts"] + e["dur"] for e in events if e["name"] == "cudaLaunchKernel")
+    tail = 1000.0 + step_us - last_call_end
+    assert gaps == [GAP_US] * (KERNELS // 2 + 1) + [1.0] + [GAP_US] * (KERNELS - KERNELS // 2 - 1) + [tail], gaps
     assert text.count("synchronize s7") == 1
     assert f"{KERNELS} of {KERNELS} ops are the host's time between launch calls" in text
     program = load_schedule(str(out), {})
@@ -229,7 +236,8 @@ def test_ops_are_issued_in_launch_order_not_device_order(tmp_path):
     body = out.read_text().split("program: |\n")[1].split("\n")
     assert [line.strip() for line in body if line.strip()] == [
         "if rank == 0:", "host gap[0] 50.000us", "compute A[0] 1000.000us on s7", "host gap[1] 46.000us",
-        "compute X[0] 10.000us on s7", "host gap[2] 46.000us", "compute Y[0] 10.000us on s9"]  # fmt: skip
+        "compute X[0] 10.000us on s7", "host gap[2] 46.000us", "compute Y[0] 10.000us on s9",
+        f"host gap[3] {1200 - 150 - CALL_US:.3f}us"]  # the host's time to the end of its step's range  # fmt: skip
 
 
 def test_a_launch_call_without_a_duration_is_a_clear_error(tmp_path, capsys):

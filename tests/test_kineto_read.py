@@ -243,7 +243,7 @@ def test_an_empty_folder_and_traces_of_another_job_are_usage_errors(tmp_path, pr
     assert f"no op of 1f1b was found in the traces of {ddp}" in info.value.message
     with pytest.raises(TraceError) as info:  # rank 0's alone: the job's rank 1 is missing
         compare_trace(Timeline.read(predicted), read_job(GPU))
-    assert "holds the traces of ranks [0] of a 2-rank job; ranks [1] are missing" in info.value.message
+    assert "holds the traces of ranks [0] of a job of 2 ranks; ranks [1] are missing" in info.value.message
 
 
 def test_traces_read_whatever_their_names_and_gzip(predicted, capsys, tmp_path):

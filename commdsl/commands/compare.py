@@ -30,7 +30,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("measured", help="measured timeline (torchrun -m commdsl.run --out), or a folder of PyTorch profiler "
                         "(Kineto) traces of any job, one per rank (commdsl run --profile, torch.profiler)")
     parser.add_argument("--step", type=int, default=None, metavar="N",
-                        help="with profiler traces: compare step ProfilerStep#N (default: the last step every rank holds)")
+                        help="with profiler traces: compare step ProfilerStep#N (default: the last step of every rank's trace that holds work)")
     parser.add_argument("--json", action="store_true", help="print the comparison as JSON")
     parser.add_argument("--html", metavar="OUT", action=OutputPath, help="write a self-contained HTML report")
     parser.add_argument("--trace", metavar="OUT", action=OutputPath, help="write one Chrome trace holding both timelines")

@@ -25,13 +25,28 @@ from commdsl.progress import Progress
 
 FORMATS = ("pipelining", "kineto")
 
+MAX_NOTES = 5
+"""Notes of an import printed on the terminal (the schedule's header holds them all)."""
+
+NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]*")
+"""A schedule's name (the language's rule)."""
+
+
+def default_name(path: str) -> str:
+    """The schedule name taken from a file or folder: its stem (a folder's own name for
+    `.`), with characters a name cannot hold as `_`, and `_` before a leading digit."""
+    p = Path(path)
+    stem = p.stem if p.suffix or not p.is_dir() else p.resolve().name
+    name = re.sub(r"[^A-Za-z0-9_.-]", "_", stem.removesuffix(".pt.trace").removesuffix(".json")) or "imported"
+    return name if NAME.fullmatch(name) else f"_{name}"
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("format", choices=FORMATS, help="what the file is: pipelining (torch.distributed.pipelining's schedule CSV), "
                         "kineto (a folder of PyTorch profiler traces, one per rank)")
     parser.add_argument("file", help="the file (or, for kineto, the folder of traces) to import")
     parser.add_argument("--step", type=int, default=None, metavar="N",
-                        help="kineto: replay step ProfilerStep#N (default: the last step every rank's trace holds)")
+                        help="kineto: replay step ProfilerStep#N (default: the last step of every rank's trace that holds work)")
     parser.add_argument("--tolerance", type=float, default=None, metavar="US",
                         help="kineto: an op starting this close to another stream's op ending waited for it (default 20 us)")
     parser.add_argument("-o", "--out", default=None, action=OutputPath, metavar="OUT.yaml", help="write the schedule here (default: stdout)")
@@ -44,9 +59,9 @@ def run(args: argparse.Namespace) -> int:
     from commdsl.sim import check_deadlock
 
     check_output_format("-o", args.out, args.file, "a schedule (YAML)", (".csv", ".json"))
-    name = args.name or Path(args.out or args.file).stem
-    if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_.-]*", name):
-        raise UsageError(f"--name {name!r}: a schedule name is letters, digits, _ . -")
+    if args.name is not None and not NAME.fullmatch(args.name):
+        raise UsageError(f"--name {args.name!r}: a schedule name starts with a letter or _ and holds letters, digits, _ . -")
+    name = args.name or default_name(args.out or args.file)
     if args.format == "kineto":
         return _import_kineto(args, name)
     if args.step is not None or args.tolerance is not None:
@@ -55,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
         progress.phase(f"reading {args.file}")
         schedule = read_csv(args.file)
         text = schedule_text(schedule, name)
-        shown = args.out or f"<{name} imported from {args.file}>"
+        shown = f"<{name} imported from {args.file}>"  # the text as generated; nothing is written on an error
         try:
             progress.phase(f"expanding {shown}")
             program = load_schedule_text(text, shown)
@@ -86,11 +101,20 @@ def _import_kineto(args: argparse.Namespace, name: str) -> int:
         progress.phase(f"reading the traces in {args.file}")
         job = read_job(args.file, args.step)
         progress.phase("writing the schedule")
-        text = schedule_text(job, name, tolerance)
+        notes: list[str] = []
+        text = schedule_text(job, name, tolerance, notes)
         progress.phase("checking the schedule loads and finishes", unit="ops")
-        shown = args.out or f"<{name} imported from {args.file}>"
-        program = load_schedule_text(text, shown)
-        check_deadlock(program, progress.update)
+        shown = f"<{name} imported from {args.file}>"  # the text as generated; nothing is written on an error
+        try:
+            program = load_schedule_text(text, shown)
+            check_deadlock(program, progress.update)
+        except CommdslError as err:  # the traces hold what the language cannot replay as written
+            err.hint = (err.hint + "; " if err.hint else "") + f"the schedule comes from the traces in {args.file}; nothing was written"
+            raise
+    for note in notes[:MAX_NOTES]:
+        print(f"note: {note}", file=sys.stderr)
+    if len(notes) > MAX_NOTES:
+        print(f"note: ... and {len(notes) - MAX_NOTES} more, in the schedule's header", file=sys.stderr)
     if args.out:
         write_text(args.out, text, "-o")
         step = next(iter(job.ranks.values())).step or "the whole trace"

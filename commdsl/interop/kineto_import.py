@@ -7,7 +7,9 @@ each worker thread (the outermost ones, those that wrap no gloo range) and gloo'
     (`gpu_user_annotation` on its stream) or else its kernel;
   * copies keep their bytes and direction; memsets run their measured duration;
   * collectives and P2P come from the NCCL kernels' args (kind, size, dtype, group
-    ranks) or gloo's ranges, each waited on its stream (async: the host goes on);
+    ranks; a rooted one's root from `record_param_comms`) or gloo's ranges, each waited
+    on its stream (async: the host goes on); an uneven all_to_all is a batch of sends and
+    receives where the trace gives its splits, else its group's mean, noted;
   * a cross-stream dependency (an op starting within `tolerance_us` of another
     stream's op ending, after its own stream went idle) becomes `record` / `wait`;
   * host gaps (`host gap[k] ...`, the schedule's host waiting before it issues an op):
@@ -15,21 +17,24 @@ each worker thread (the outermost ones, those that wrap no gloo range) and gloo'
     host's own time between the end of the previous launch call and the start of this
     one, less the time it spent blocked in a synchronize (which becomes `synchronize`);
     the launch call itself is left out, as the machine's `kernel_launch_us` /
-    `comm_launch_us` model it. The ops are issued in their launch order. Where an op has
-    no launch call (CPU traces, older profilers), any other idle time of its stream
-    before it is the host not having launched it yet, and the host waits as long.
+    `comm_launch_us` model it (a call longer than `LAUNCH_CALL_US` keeps the rest). The
+    ops are issued in their launch order. Where an op has no launch call (CPU traces,
+    older profilers), any other idle time of its stream before it is the host not
+    having launched it yet, and the host waits as long. The host's time after its last
+    launch to its step range's end is the last gap.
 Simulated on a machine like the traced one, the schedule's makespan is the trace's step
 time give or take the machine's model of communication (docs/interop.md).
 """
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, field
 
-from commdsl.interop.kineto_read import (KinetoJob, Place, RankTrace, TraceComm, TraceError, TraceRange, host_memory_of,
-                                         memcpy_kind)  # fmt: skip
-from commdsl.ir import CopyDir, HostMemory, OpKind
+from commdsl.interop.kineto_read import (IMPORTED_HOST_GAP, ROOTED, KinetoJob, Place, RankTrace, TraceComm, TraceError, TraceRange,
+                                         host_memory_of, kernel_op_names, memcpy_kind, op_identifier)  # fmt: skip
+from commdsl.ir import CopyDir, Dtype, HostMemory, OpKind
 
 DEFAULT_TOLERANCE_US = 20.0
 """An op that starts within this long of another stream's op ending, after its own
@@ -39,9 +44,10 @@ MIN_GAP_US = 1.0
 """Host time between launch calls shorter than this is carried on to the next gap, so
 that a gap line is not written before nearly every op (the total is kept)."""
 
-MAX_NAME = 40
-"""Longest op name taken from a range or kernel (the rest is cut)."""
-
+LAUNCH_CALL_US = 10.0
+"""A launch call's usual length (cudaLaunchKernel, cudaMemcpyAsync: a few microseconds):
+a call that held the host longer keeps the rest as the host's time before the launch;
+the machine's `kernel_launch_us` stands for the call itself."""
 
 @dataclass
 class _Work:
@@ -69,19 +75,6 @@ class _Work:
         return (self.launch[0] if self.launch else self.start_us, self.start_us)
 
 
-def _kernel_identifier(signature: str) -> str:
-    """A kernel's function name without return type, namespaces, template and arguments
-    (`void at::native::vectorized_elementwise_kernel<4, ...>(...)` -> its last name)."""
-    head = signature.split("(")[0].split("<")[0].split()
-    return _identifier(head[-1].split("::")[-1] if head else signature)
-
-
-def _identifier(text: str) -> str:
-    """A schedule op name from a range or kernel name: letters, digits and _ only."""
-    name = re.sub(r"[^A-Za-z0-9_]+", "_", text).strip("_")[:MAX_NAME].strip("_") or "op"
-    return name if not name[0].isdigit() else f"k_{name}"
-
-
 def _stream(track: str) -> str:
     kind, _, ident = track.partition(" ")
     return ("s" if kind == "stream" else "t") + re.sub(r"[^A-Za-z0-9_]", "_", ident)
@@ -95,14 +88,17 @@ def _us(x: float) -> str:
     return f"{max(x, 0.0):.3f}us"
 
 
-def _comm_statement(c: TraceComm, rank: int, trace: RankTrace, world: int, group_name: str) -> str:
+def _comm_statement(c: TraceComm, rank: int, trace: RankTrace, world: int, group_name: str, even_bytes: dict[tuple[int, float], int],
+                    notes: list[str]) -> str:  # fmt: skip
     if len(c.kinds) != 1:
         raise TraceError(f"{trace.path}: {c.name} at {c.start_us - trace.step_start_us:.1f} us into the step has no args "
                          "saying whether it sends or receives (a profiler before torch 2.2 records none)",
                          hint="profile with torch >= 2.2, whose NCCL kernels carry 'Collective name'")  # fmt: skip
     kind = next(iter(c.kinds))
     if c.in_bytes is None:
-        raise TraceError(f"{trace.path}: {c.name} at {c.start_us - trace.step_start_us:.1f} us into the step gives no size")
+        raise TraceError(f"{trace.path}: {c.name} at {c.start_us - trace.step_start_us:.1f} us into the step gives no size",
+                         hint="profile with torch >= 2.2 (its NCCL kernels carry 'In msg nelems') or with record_shapes=True "
+                              "(the nccl:<collective> range around the launch carries its input's dims)")  # fmt: skip
     size = len(c.group) if c.group else world
     if kind in (OpKind.ALL_GATHER, OpKind.GATHER):
         total = c.in_bytes * size  # commdsl's size: the gathered output
@@ -123,9 +119,61 @@ def _comm_statement(c: TraceComm, rank: int, trace: RankTrace, world: int, group
         return f"{verb} {{name}} {_size(total)} {where} {others[0]} group={group_name}{dtype}"
     if kind is OpKind.BARRIER:
         return f"barrier group={group_name}"
-    if kind in (OpKind.BROADCAST, OpKind.REDUCE, OpKind.GATHER, OpKind.SCATTER):
-        raise TraceError(f"{trace.path}: {c.name}: the trace does not name the {kind.value}'s root")
+    if kind in ROOTED:
+        members = c.group or tuple(range(world))
+        if c.root is None or c.root >= len(members):
+            raise TraceError(f"{trace.path}: {c.name} at {c.start_us - trace.step_start_us:.1f} us into the step: the trace does not "
+                             f"name the {kind.value}'s root" + ("" if c.root is None else f" (its rank {c.root} is not in its group {list(members)})"),
+                             hint="profile with the CPU activity (ProfilerActivity.CPU): the record_param_comms op around the "
+                                  "launch names the root")  # fmt: skip
+        where = "src" if kind in (OpKind.BROADCAST, OpKind.SCATTER) else "dst"
+        return f"{kind.value} {{name}} {_size(total)} {where}={members[c.root]} group={group_name}{dtype}"
+    if kind is OpKind.ALL_TO_ALL and (rank, c.start_us) in even_bytes:
+        # An uneven all_to_all_single whose splits the trace does not give: the even
+        # all_to_all of its group's mean input, said in the schedule's header.
+        notes.append(f"{c.name} at {c.start_us - trace.step_start_us:.1f} us into rank {rank}'s step: an all_to_all of {total} B "
+                     f"that does not split evenly over {size} ranks, and the trace gives no split sizes: replayed as an even one "
+                     f"of {even_bytes[rank, c.start_us]} B, its group's mean")  # fmt: skip
+        total = even_bytes[rank, c.start_us]
     return f"{kind.value} {{name}} {_size(total)} group={group_name}{dtype}"
+
+
+def _even_all_to_alls(job: KinetoJob) -> dict[tuple[int, float], int]:
+    """The bytes an uneven all_to_all without split sizes is replayed with, by (rank, its
+    start): the k-th such op of a group on every member gets the members' mean input,
+    whole chunks, so that the group's ranks issue the same collective."""
+    by_group: dict[tuple[tuple[int, ...] | None, int], list[tuple[int, TraceComm]]] = {}
+    for rank, trace in job.ranks.items():
+        seen: dict[tuple[int, ...] | None, int] = {}
+        for c in sorted(trace.comms, key=lambda c: (c.start_us, c.end_us)):
+            if c.kinds == {OpKind.ALL_TO_ALL} and c.splits is None and c.in_bytes is not None:
+                k = seen[c.group] = seen.get(c.group, -1) + 1
+                by_group.setdefault((c.group, k), []).append((rank, c))
+    out = {}
+    for (group, _), ops in by_group.items():
+        chunk = len(group or range(job.world_size)) * max(c.dtype.itemsize if c.dtype else 1 for _, c in ops)
+        if any(c.in_bytes % chunk for _, c in ops) or len({c.in_bytes for _, c in ops}) > 1:
+            mean = sum(c.in_bytes for _, c in ops) // len(ops)
+            out.update({(rank, c.start_us): max(mean - mean % chunk, chunk) for rank, c in ops})
+    return out
+
+
+def _uneven_all_to_all(c: TraceComm, rank: int, stream: str, members: tuple[int, ...], group_name: str) -> _Work | None:
+    """An all_to_all with the split sizes the trace gives (`TraceComm.splits`) as NCCL runs
+    it: one batch of a send to and a receive from each other member (its own split is a
+    local copy); None where the splits do not list every member."""
+    sends, recvs = c.splits or ((), ())
+    if not len(sends) == len(recvs) == len(members):
+        return None
+    dtype = f" dtype={c.dtype.value}" if c.dtype is not None else ""
+    parts = [_Work(stream, c.start_us, c.end_us, "all_to_all", f"{verb} {{name}} {_size(n)} {where} {m} group={group_name}{dtype}",
+                   p2p=True, launch=c.launch)
+             for verb, where, split in (("isend", "to", sends), ("irecv", "from", recvs))
+             for m, n in zip(members, split) if m != rank and n > 0]  # fmt: skip
+    if not parts:
+        return None
+    parts[0].batch = parts[1:]
+    return parts[0]
 
 
 def _copy(c: TraceRange) -> _Work:
@@ -140,18 +188,18 @@ def _copy(c: TraceRange) -> _Work:
         # pinned, the copy engines' own case; docs/interop.md says so.
         pageable = host_memory_of(word) is HostMemory.PAGEABLE
         words = (" from host" if copy_dir is CopyDir.H2D else " to host") + (" memory=pageable" if pageable else "")
-    return _Work(_stream(c.track), c.start_us, c.end_us, "copy", f"copy {{name}} {_size(c.size_bytes)}{words}", blocks_host=pageable,
+    # A copy of bytes that are not whole fp32 elements (a bool or int8 `.item()`, an odd slice) is one of bytes.
+    dtype = "" if c.size_bytes % Dtype.FP32.itemsize == 0 else " dtype=uint8"
+    return _Work(_stream(c.track), c.start_us, c.end_us, "copy", f"copy {{name}} {_size(c.size_bytes)}{words}{dtype}", blocks_host=pageable,
                  launch=c.launch)  # fmt: skip
 
 
-def _device_work(trace: RankTrace, world: int, groups: dict[tuple[int, ...], str]) -> list[_Work]:
+def _device_work(trace: RankTrace, world: int, groups: dict[tuple[int, ...], str], even_bytes: dict[tuple[int, float], int],
+                 notes: list[str]) -> list[_Work]:  # fmt: skip
     out: list[_Work] = []
-    annotations = [r for r in trace.ranges if r.place is Place.DEVICE]
     gpu = bool(trace.kernels or trace.copies or any(c.place is Place.DEVICE for c in trace.comms))
     if gpu:
-        for k in trace.kernels:
-            inner = [a for a in annotations if a.track == k.track and a.start_us <= k.start_us and k.end_us <= a.end_us]
-            label = _identifier(min(inner, key=lambda a: a.duration_us).name) if inner else _kernel_identifier(k.name)
+        for k, label in zip(trace.kernels, kernel_op_names(trace)):
             out.append(_Work(_stream(k.track), k.start_us, k.end_us, label, f"compute {{name}} {_us(k.duration_us)}", launch=k.launch))
         for c in trace.copies:
             out.append(_copy(c))
@@ -162,12 +210,18 @@ def _device_work(trace: RankTrace, world: int, groups: dict[tuple[int, ...], str
             inside = any(o is not r and o.track == r.track and o.start_us <= r.start_us and r.end_us <= o.end_us
                          and (o.start_us, -o.end_us) != (r.start_us, -r.end_us) for o in host)  # fmt: skip
             if not wraps_comm and not inside:
-                out.append(_Work(_stream(r.track), r.start_us, r.end_us, _identifier(r.name), f"compute {{name}} {_us(r.duration_us)}"))
+                out.append(_Work(_stream(r.track), r.start_us, r.end_us, op_identifier(r.name), f"compute {{name}} {_us(r.duration_us)}"))
     batch_end: dict[str, tuple[_Work, float]] = {}
     for c in sorted(trace.comms, key=lambda c: (c.start_us, c.end_us)):
         group = groups[c.group] if c.group and c.group in groups else "world"
-        w = _Work(_stream(c.track), c.start_us, c.end_us, _identifier(f"{next(iter(c.kinds)).value}" if len(c.kinds) == 1 else "p2p"),
-                  _comm_statement(c, trace.rank, trace, world, group), p2p=c.kinds <= {OpKind.SEND, OpKind.RECV},
+        if c.splits is not None:
+            uneven = _uneven_all_to_all(c, trace.rank, _stream(c.track), c.group or tuple(range(world)), group)
+            if uneven is not None:
+                out.append(uneven)
+                batch_end.pop(uneven.stream, None)  # a unit of its own: later sends do not join it
+                continue
+        w = _Work(_stream(c.track), c.start_us, c.end_us, op_identifier(f"{next(iter(c.kinds)).value}" if len(c.kinds) == 1 else "p2p"),
+                  _comm_statement(c, trace.rank, trace, world, group, even_bytes, notes), p2p=c.kinds <= {OpKind.SEND, OpKind.RECV},
                   launch=c.launch)  # fmt: skip
         lead = batch_end.get(w.stream)
         if w.p2p and lead is not None and w.start_us < lead[1]:  # it began before the last P2P on its stream ended
@@ -240,24 +294,31 @@ def _rank_program(trace: RankTrace, work: list[_Work], t0: float, tolerance_us: 
     gaps = 0
     from_launch = 0
 
-    def gap(until_us: float) -> None:
+    def gap(until_us: float, last: bool = False) -> None:
+        """The replay's host waits until `until_us`; a gap is written once `MIN_GAP_US` is owed (the last: whatever is)."""
         nonlocal gaps, host_us, owed_us
         owed_us += max(until_us - host_us, 0.0)
         host_us = max(host_us, until_us)
-        if owed_us >= MIN_GAP_US:
-            lines.append(f"host gap[{gaps}] {_us(owed_us)}")
+        if owed_us >= MIN_GAP_US or last and owed_us > 0.0:
+            lines.append(f"host {IMPORTED_HOST_GAP}[{gaps}] {_us(owed_us)}")
             gaps += 1
             owed_us = 0.0
 
     blocks = [(b, _waited_stream(b, work)) for b in trace.host_blocks]
     blocks = [(b, s) for b, s in blocks if s is not None]  # a call that returned at once is the host's own time
-    for i in _issue_order(work):
-        w = work[i]
-        while blocks and blocks[0][0].start_us <= w.issue_key()[0]:
+
+    def synchronize_until(at_us: float) -> None:
+        """Write the blocking calls that began by `at_us` (trace clock)."""
+        nonlocal host_us
+        while blocks and blocks[0][0].start_us <= at_us:
             block, stream = blocks.pop(0)
             gap(block.start_us - t0)
             lines.append("synchronize" if block.name == "cudaDeviceSynchronize" else f"synchronize {stream}")
             host_us = max(host_us, block.end_us - t0)
+
+    for i in _issue_order(work):
+        w = work[i]
+        synchronize_until(w.issue_key()[0])
         at = w.start_us - t0
         idle_from = last_end.get(w.stream, 0.0)
         # Launched, yet started late on an idle stream with nothing to wait for: the
@@ -265,8 +326,10 @@ def _rank_program(trace: RankTrace, work: list[_Work], t0: float, tolerance_us: 
         # op keeps its start, as without a launch call.
         late = at - idle_from > tolerance_us and not w.waits_on and w.launch is not None and w.start_us - w.launch[1] > tolerance_us
         if w.launch is not None and not late:
-            gap(w.launch[0] - t0)
-            host_us = max(host_us, w.launch[1] - t0)  # the call is the machine's launch cost
+            # The call is the machine's launch cost; a call that held the host longer (a
+            # module loaded on first use, a full launch queue) keeps the rest as host time.
+            gap(max(w.launch[0], w.launch[1] - LAUNCH_CALL_US) - t0)
+            host_us = max(host_us, w.launch[1] - t0)
             from_launch += 1
         else:
             explained = at - idle_from <= tolerance_us or bool(w.waits_on)
@@ -294,11 +357,19 @@ def _rank_program(trace: RankTrace, work: list[_Work], t0: float, tolerance_us: 
         if i in recorded:
             lines.append(f"record ev[{i}] on {w.stream}")
         last_end[w.stream] = max(idle_from, max(m.end_us for m in (w, *w.batch)) - t0)
+    # The host's work after its last launch, to the end of its step's range: the step's
+    # time holds it (an optimizer's host side, a CUDA graph's replay, logging).
+    synchronize_until(math.inf)
+    if trace.host_end_us is not None:
+        gap(trace.host_end_us - t0, last=True)
     return lines, from_launch
 
 
-def schedule_text(job: KinetoJob, name: str, tolerance_us: float = DEFAULT_TOLERANCE_US) -> str:
-    """The schedule (YAML text) that replays `job`'s step (see the module docstring)."""
+def schedule_text(job: KinetoJob, name: str, tolerance_us: float = DEFAULT_TOLERANCE_US, notes: list[str] | None = None) -> str:
+    """The schedule (YAML text) that replays `job`'s step (see the module docstring).
+    What the replay takes other than the trace has it is appended to `notes` (and said in
+    the schedule's header)."""
+    notes = [] if notes is None else notes
     job.require_every_rank("a replay")
     world = job.world_size
     group_ranks = sorted({c.group for t in job.ranks.values() for c in t.comms if c.group and len(c.group) < world})
@@ -306,14 +377,18 @@ def schedule_text(job: KinetoJob, name: str, tolerance_us: float = DEFAULT_TOLER
     t0 = min(t.step_start_us for t in job.ranks.values())
     bodies, streams = [], set()
     ops = from_launch = 0
+    even_bytes = _even_all_to_alls(job)
     for rank, trace in sorted(job.ranks.items()):
-        work = _device_work(trace, world, groups)
+        work = _device_work(trace, world, groups, even_bytes, notes)
         _dependencies(work, t0, tolerance_us)
         streams |= {w.stream for w in work}
         lines, launched = _rank_program(trace, work, t0, tolerance_us)
         bodies.append((rank, lines))
         ops, from_launch = ops + len(work), from_launch + launched
     step = next(iter(job.ranks.values())).step or "the whole trace"
+    unsized = sum(t.unsized_copies for t in job.ranks.values())
+    if unsized:
+        notes.append(f"{unsized} copies give no size in the traces (on the copy or its runtime call): written as 0 B")
     if not streams:
         raise TraceError(f"{job.folder}: {step} of the traces holds nothing to replay (no kernel, copy, communication "
                          "or range in it)", hint="profile the step with the activities it ran (ProfilerActivity.CPU, CUDA)")  # fmt: skip
@@ -322,6 +397,7 @@ def schedule_text(job: KinetoJob, name: str, tolerance_us: float = DEFAULT_TOLER
            "# order with measured compute durations, copies and communication from the trace, cross-stream",
            "# waits, and host gaps (commdsl import kineto; docs/interop.md): the gaps before",
            f"# {from_launch} of {ops} ops are the host's time between launch calls, the rest its streams' idle time.",
+           *[f"# Note: {note}." for note in notes],
            f"world: {world}",
            f"streams: [{', '.join(sorted(streams))}]"]  # fmt: skip
     if groups:

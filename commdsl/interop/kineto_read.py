@@ -17,7 +17,8 @@ host range launched it (its launch call), since a GPU runs it after the host mov
 
 Formats read: Kineto `schemaVersion` 1 traces of torch 2.x's profiler (the traces that
 HTA's test data holds, with and without `distributedInfo.pg_config`, NCCL 2.17 args;
-torch 2.13's CPU traces with gloo ranges). Anything else (another tool's Chrome trace, a
+torch 2.13's CPU traces with gloo ranges; ROCm's, whose copies may give their size on the
+HIP call only), and torch 1.8 / 1.9's with their older event categories (`OLD_CATEGORIES`). Anything else (another tool's Chrome trace, a
 commdsl timeline, a truncated or corrupt file) is a `TraceError` naming the file.
 """
 
@@ -110,6 +111,13 @@ def host_memory_of(word: str) -> HostMemory | None:
     (managed memory, arrays)."""
     return next((m for m, w in _CUPTI_MEMORY.items() if w == word), None)
 
+OLD_CATEGORIES = {"Operator": "cpu_op", "Runtime": "cuda_runtime", "Kernel": "kernel", "Memcpy": "gpu_memcpy", "Memset": "gpu_memset"}
+"""The event categories of torch 1.8 / 1.9's profiler and the names later ones give them
+(`ProfilerStep#N` and record_function ranges were `Operator` events then)."""
+
+ROOTED = frozenset({OpKind.BROADCAST, OpKind.REDUCE, OpKind.GATHER, OpKind.SCATTER})
+"""Collectives with a root."""
+
 BLOCKING_CALLS = frozenset({"cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize"})
 """CUDA runtime calls that hold the host until device work ends: their host time is
 waiting, not the framework's own."""
@@ -196,6 +204,16 @@ class TraceComm:
     peer: int | None = None
     """The other rank of a send or recv (a global rank), as the profiler's `Dst Rank` /
     `Src Rank` args name it; None where the trace does not."""
+    splits: tuple[tuple[int, ...], tuple[int, ...]] | None = None
+    """An all_to_all with uneven splits (`all_to_all_single` with split sizes): the bytes it
+    sends to and receives from each member of its group, in group order, from the kernel's
+    `In split size` / `Out split size` args (rows of its tensors); None for an even one or
+    where the trace does not give them."""
+    root: int | None = None
+    """A broadcast's, reduce's, gather's or scatter's root as its rank in the op's group:
+    the `Rank` arg of the `record_param_comms` op around its launch, which
+    ProcessGroupNCCL records as `opts.rootRank` for rooted collectives; None where the
+    trace has no such op (its CPU ops not recorded)."""
 
     @property
     def duration_us(self) -> float:
@@ -226,10 +244,20 @@ class RankTrace:
     copies: list[TraceRange] = field(default_factory=list)
     host_blocks: list[TraceRange] = field(default_factory=list)
     """The host's blocking calls (`BLOCKING_CALLS`) in the step."""
+    host_end_us: float | None = None
+    """Where the step's host range ends (its `ProfilerStep#N`); None for a trace without steps."""
+    unsized_copies: int = 0
+    """Copies whose bytes the trace does not give (neither on the copy nor on its runtime
+    call); their size reads as 0."""
 
     @property
     def step_us(self) -> float:
         return self.step_end_us - self.step_start_us
+
+    @property
+    def holds_work(self) -> bool:
+        """Whether the step holds anything to replay or compare (a kernel, copy, comm or range)."""
+        return bool(self.kernels or self.copies or self.comms or self.ranges)
 
 
 @dataclass
@@ -250,9 +278,41 @@ class KinetoJob:
         comparison") would take that rank for one that did no work."""
         missing = sorted(set(range(self.world_size)) - set(self.ranks))
         if missing:
-            raise TraceError(f"{self.folder} holds the traces of ranks {sorted(self.ranks)} of a {self.world_size}-rank job; "
+            raise TraceError(f"{self.folder} holds the traces of ranks {sorted(self.ranks)} of a job of {self.world_size} ranks; "
                              f"ranks {missing[:8]}{'...' if len(missing) > 8 else ''} are missing",
                              hint=f"{purpose} needs every rank's trace of the same step (one file per rank in the folder)")  # fmt: skip
+
+
+IMPORTED_HOST_GAP = "gap"
+"""The name `import kineto` gives the host's time between launch calls (`host gap[k]`)."""
+
+MAX_OP_NAME = 40
+"""Longest op name taken from a range or kernel (the rest is cut)."""
+
+
+def op_identifier(text: str) -> str:
+    """A schedule op name from a range or kernel name: letters, digits and _ only."""
+    name = re.sub(r"[^A-Za-z0-9_]+", "_", text).strip("_")[:MAX_OP_NAME].strip("_") or "op"
+    return name if not name[0].isdigit() else f"k_{name}"
+
+
+def kernel_identifier(signature: str) -> str:
+    """A kernel's function name without return type, namespaces, template and arguments
+    (`void at::native::vectorized_elementwise_kernel<4, ...>(...)` -> its last name)."""
+    head = signature.split("(")[0].split("<")[0].split()
+    return op_identifier(head[-1].split("::")[-1] if head else signature)
+
+
+def kernel_op_names(trace: RankTrace) -> list[str]:
+    """The op name `import kineto` gives each of the trace's kernels (`trace.kernels`, in
+    order), by which `compare` finds them again: the innermost device range around it on
+    its stream (`gpu_user_annotation`), else its function's name."""
+    annotations = [r for r in trace.ranges if r.place is Place.DEVICE]
+    out = []
+    for k in trace.kernels:
+        inner = [a for a in annotations if a.track == k.track and a.start_us <= k.start_us and k.end_us <= a.end_us]
+        out.append(op_identifier(min(inner, key=lambda a: a.duration_us).name) if inner else kernel_identifier(k.name))
+    return out
 
 
 def trace_files(path: str | Path) -> list[Path]:
@@ -298,6 +358,9 @@ def load_trace(path: str | Path) -> dict:
     if "schemaVersion" not in data and not any(e.get("cat") == "Trace" for e in data["traceEvents"][:1000] if isinstance(e, dict)):
         raise TraceError(f"{p} is a Chrome trace but not a PyTorch profiler (Kineto) trace: it has no schemaVersion",
                          hint="traces come from torch.profiler (export_chrome_trace, tensorboard_trace_handler)")  # fmt: skip
+    for e in data["traceEvents"]:
+        if isinstance(e, dict) and e.get("cat") in OLD_CATEGORIES:
+            e["cat"] = OLD_CATEGORIES[e["cat"]]
     return data
 
 
@@ -343,13 +406,20 @@ def is_trace_path(path: str | Path) -> bool:
 
 def read_job(path: str | Path, step: int | None = None) -> KinetoJob:
     """Every rank's trace in `path` (a folder, or one file), cut to profiler step `step`
-    (its number in `ProfilerStep#N`); None: the last step every rank's trace holds."""
+    (its number in `ProfilerStep#N`); None: the last step of every rank's trace that holds work."""
     files = trace_files(path)
     traces = [(f, load_trace(f)) for f in files]
     ranks: dict[int, tuple[Path, dict]] = {}
     world = 0
+    sized: tuple[Path, int] | None = None  # the first trace that names its job's world size
     for f, data in traces:
         info = _distributed_info(data, f)
+        if "world_size" in info:
+            size = _count(info["world_size"], "distributedInfo.world_size", f, 1)
+            if sized is not None and size != sized[1]:
+                raise TraceError(f"{sized[0]} is a trace of a job of {sized[1]} ranks, {f} of a job of {size}: the folder "
+                                 "holds traces of different jobs", hint="one job's traces in the folder, one per rank")  # fmt: skip
+            sized = sized or (f, size)
         rank = info.get("rank", 0 if len(traces) == 1 else None)
         if rank is None:
             raise TraceError(f"{f}: the trace names no rank (distributedInfo.rank)", hint="profile with torch.distributed initialised")
@@ -360,15 +430,20 @@ def read_job(path: str | Path, step: int | None = None) -> KinetoJob:
         world = max(world, _count(info.get("world_size", 1), "distributedInfo.world_size", f, 1))
     steps = [set(_steps(data)) for _, data in ranks.values()]
     common = set.intersection(*steps) if steps else set()
-    if step is None:
-        chosen = max(common) if common else None
-        if chosen is None and any(steps):
-            raise TraceError(f"{path}: the ranks' traces share no profiler step (ProfilerStep#N)")
+    if step is not None and step not in common:
+        raise UsageError(f"--step {step}: not a profiler step of every rank's trace (common steps: {sorted(common) or 'none'})")
+    if step is None and not common and any(steps):
+        raise TraceError(f"{path}: the ranks' traces share no profiler step (ProfilerStep#N)")
+    # By default the last step that holds work: the profiler's last step is often cut off
+    # (the `prof.step()` after the loop's last iteration opens a step that holds only the
+    # exit's synchronize).
+    candidates = [step] if step is not None else sorted(common, reverse=True) or [None]
+    for chosen in candidates:
+        out = {r: _rank_trace(str(f), data, r, world, chosen) for r, (f, data) in sorted(ranks.items())}
+        if any(t.holds_work for t in out.values()):
+            break
     else:
-        if step not in common:
-            raise UsageError(f"--step {step}: not a profiler step of every rank's trace (common steps: {sorted(common) or 'none'})")
-        chosen = step
-    out = {r: _rank_trace(str(f), data, r, world, chosen) for r, (f, data) in sorted(ranks.items())}
+        out = {r: _rank_trace(str(f), data, r, world, candidates[0]) for r, (f, data) in sorted(ranks.items())}
     return KinetoJob(str(path), out, max(world, max(out) + 1))
 
 
@@ -446,7 +521,10 @@ def _rank_trace(f: str, data: dict, rank: int, world: int, step: int | None) -> 
     launched = {c for c, e in launches.items() if lo <= _number(e, "ts", f) <= hi}
     nccl_ranges = sorted((e for e in events if e.get("cat") == "user_annotation" and NCCL_RANGE.fullmatch(str(e.get("name", "")))),
                          key=lambda e: -_number(e, "ts", f))  # innermost (latest start) first  # fmt: skip
-    trace = RankTrace(f, rank, world, str(info.get("backend", "")), _profiler(data), name, lo, hi, groups)
+    params = sorted((e for e in events if e.get("cat") == "cpu_op" and e.get("name") == "record_param_comms" and isinstance(e.get("args"), dict)),
+                    key=lambda e: -_number(e, "ts", f))  # innermost first  # fmt: skip
+    trace = RankTrace(f, rank, world, str(info.get("backend", "")), _profiler(data), name, lo, hi, groups,
+                      host_end_us=hi if step is not None else None)  # fmt: skip
     device_lo, device_hi = math.inf, -math.inf
     annotations = []
     for e in events:
@@ -467,11 +545,17 @@ def _rank_trace(f: str, data: dict, rank: int, world: int, step: int | None) -> 
                          and _number(r, "ts", f) <= issued <= _number(r, "ts", f) + _number(r, "dur", f)), None)  # fmt: skip
             comm = _nccl_comm(ename, args, track, ts, end, issued, groups, host)
             if comm is not None:
+                if len(comm.kinds) == 1 and next(iter(comm.kinds)) in ROOTED and launch is not None:
+                    comm = replace(comm, root=_root(comm, launch, params, f))
                 trace.comms.append(replace(comm, launch=call))
             elif cat == "kernel":
                 trace.kernels.append(TraceRange(ename, track, Place.DEVICE, ts, end, launch=call))
             elif cat == "gpu_memcpy":
-                trace.copies.append(TraceRange(ename, track, Place.DEVICE, ts, end, _copy_bytes(args.get("bytes"), e, f), call))
+                size = _copy_bytes(args.get("bytes"), e, f)
+                if size is None and launch is not None and isinstance(launch.get("args"), dict):
+                    size = _launch_bytes(launch["args"].get("size"))  # ROCm's copies: the size is on the HIP call
+                trace.unsized_copies += size is None
+                trace.copies.append(TraceRange(ename, track, Place.DEVICE, ts, end, size or 0, call))
         elif cat == "cuda_runtime" and ename in BLOCKING_CALLS and lo <= ts and end <= hi:
             trace.host_blocks.append(TraceRange(ename, f"thread {e.get('tid')}", Place.HOST, ts, end))
         elif cat == "gpu_user_annotation":
@@ -498,18 +582,42 @@ def _rank_trace(f: str, data: dict, rank: int, world: int, step: int | None) -> 
     return trace
 
 
+def _root(comm: TraceComm, launch: dict, params: list[dict], f: str) -> int | None:
+    """A rooted collective's root (its rank in the op's group) from the innermost
+    `record_param_comms` op of the same collective around its launch on the launching
+    thread; None where there is none."""
+    at = _number(launch, "ts", f)
+    kind = next(iter(comm.kinds))
+    for e in params:
+        start = _number(e, "ts", f)
+        if e.get("tid") == launch.get("tid") and start <= at <= start + _number(e, "dur", f):
+            if NCCL_COLLECTIVE.get(str(e["args"].get("Collective name"))) is not kind:
+                return None
+            root = e["args"].get("Rank")
+            return root if _is_rank(root) else None
+    return None
+
+
 def _is_key(value: object) -> bool:
     """Whether a `correlation` id can key a launch (an integer or a string, as profilers write it)."""
     return isinstance(value, (int, str))
 
 
-def _copy_bytes(value: object, e: dict, f: str) -> int:
-    """A copy's `bytes` arg (0 where the trace leaves it out)."""
+def _copy_bytes(value: object, e: dict, f: str) -> int | None:
+    """A copy's `bytes` arg (None where the trace leaves it out)."""
     if value is None:
-        return 0
+        return None
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise TraceError(f"{f}: the copy {e.get('name')!r} at ts {e.get('ts')} has bytes {json.dumps(value)[:40]}, not a count of bytes")
     return value
+
+
+def _launch_bytes(value: object) -> int | None:
+    """The `size` arg of a copy's runtime call (`hipMemcpyWithStream`: a decimal string or
+    an integer); None where it is neither."""
+    if isinstance(value, str) and value.isdigit() and len(value) <= 18:
+        return int(value)
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
 
 
 def _profiler(data: dict) -> str:
@@ -562,7 +670,28 @@ def _nccl_comm(name: str, args: dict, track: str, ts: float, end: float, issued:
     # torch's profiler names a send's destination and a recv's source (global ranks).
     peer = args.get("Dst Rank") if kinds == {OpKind.SEND} else args.get("Src Rank") if kinds == {OpKind.RECV} else None
     peer = peer if _is_rank(peer) else None
-    return TraceComm(name, kinds, in_bytes, dtype, group, track, Place.DEVICE, ts, end, issued, peer=peer)
+    splits = None
+    if kinds == {OpKind.ALL_TO_ALL} and dtype is not None:
+        out_nelems = args.get("Out msg nelems")
+        ins, outs = _splits_arg(args.get("In split size")), _splits_arg(args.get("Out split size"))
+        if ins and outs and isinstance(nelems, int) and isinstance(out_nelems, int) and sum(ins) > 0 and sum(outs) > 0:
+            # Splits count rows of the tensors: a row holds nelems / rows elements.
+            splits = (tuple(n * nelems // sum(ins) * dtype.itemsize for n in ins),
+                      tuple(n * out_nelems // sum(outs) * dtype.itemsize for n in outs))  # fmt: skip
+    return TraceComm(name, kinds, in_bytes, dtype, group, track, Place.DEVICE, ts, end, issued, peer=peer, splits=splits)
+
+
+def _splits_arg(value: object) -> tuple[int, ...] | None:
+    """An NCCL kernel's `In split size` / `Out split size` (a list of row counts, or one
+    written as a string); None where it is empty (an even all_to_all) or not such a list."""
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError:
+            return None
+    if isinstance(value, list) and value and all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in value):
+        return tuple(value)
+    return None
 
 
 def _gloo_comm(collective: str, name: str, args: dict, track: str, ts: float, end: float) -> TraceComm | None:
