@@ -546,8 +546,9 @@ def _fits(p: Span, c) -> bool:
     trace's all_to_all whose input does not split evenly over its group (one no schedule
     holds as it is: `import kineto` replays it at its group's mean) fits any all_to_all."""
     group_size = int(_arg(p, "Group size", str(len(c.group) if c.group else 1)))
-    uneven = OpKind(p.kind) is OpKind.ALL_TO_ALL and c.in_bytes is not None and c.in_bytes % (group_size * (c.dtype.itemsize if c.dtype else 1))
-    return OpKind(p.kind) in (c.kinds | c.runs_for) and (c.in_bytes is None or c.in_bytes == _pred_in_bytes(p) or bool(uneven)) and (
+    chunk = group_size * (c.dtype.itemsize if c.dtype else 1)
+    uneven = OpKind(p.kind) is OpKind.ALL_TO_ALL and c.in_bytes is not None and c.in_bytes % chunk != 0
+    return OpKind(p.kind) in (c.kinds | c.runs_for) and (c.in_bytes is None or c.in_bytes == _pred_in_bytes(p) or uneven) and (
         c.group is None or len(c.group) == group_size)
 
 
@@ -659,8 +660,9 @@ def match_trace(predicted: Timeline, job) -> TraceMatch:
                 match.unmatched += [f"rank {rank}: {s.kind} {_arg(s, 'name', s.name)} (op {s.op_id}): no range named "
                                     f"{_arg(s, 'name', s.name)} in the trace" for s in ops]  # fmt: skip
             else:
-                match.unmatched.append(f"rank {rank}: {base}: ambiguous, {len(ops)} op(s) of this name ({', '.join(s.op_id for s in ops[:8])}"
-                                       f"{', ...' if len(ops) > 8 else ''}) and {len(found)} range(s) or kernel(s) in the trace; none paired")  # fmt: skip
+                ids = ", ".join(s.op_id for s in ops[:8]) + (", ..." if len(ops) > 8 else "")
+                match.unmatched.append(f"rank {rank}: {base}: ambiguous, {len(ops)} op(s) of this name ({ids}) and {len(found)} "
+                                       "range(s) or kernel(s) in the trace; none paired")  # fmt: skip
 
         comm_ops = [s for s in mine if OpKind(s.kind).is_comm]
         match.unmatched += _match_comms(rank, comm_ops, lanes, trace, measured)

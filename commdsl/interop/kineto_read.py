@@ -521,8 +521,8 @@ def _rank_trace(f: str, data: dict, rank: int, world: int, step: int | None) -> 
     launched = {c for c, e in launches.items() if lo <= _number(e, "ts", f) <= hi}
     nccl_ranges = sorted((e for e in events if e.get("cat") == "user_annotation" and NCCL_RANGE.fullmatch(str(e.get("name", "")))),
                          key=lambda e: -_number(e, "ts", f))  # innermost (latest start) first  # fmt: skip
-    params = sorted((e for e in events if e.get("cat") == "cpu_op" and e.get("name") == "record_param_comms" and isinstance(e.get("args"), dict)),
-                    key=lambda e: -_number(e, "ts", f))  # innermost first  # fmt: skip
+    params = sorted((e for e in events if e.get("cat") == "cpu_op" and e.get("name") == "record_param_comms"
+                     and isinstance(e.get("args"), dict)), key=lambda e: -_number(e, "ts", f))  # innermost first  # fmt: skip
     trace = RankTrace(f, rank, world, str(info.get("backend", "")), _profiler(data), name, lo, hi, groups,
                       host_end_us=hi if step is not None else None)  # fmt: skip
     device_lo, device_hi = math.inf, -math.inf
