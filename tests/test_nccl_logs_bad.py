@@ -36,6 +36,8 @@ GOOD = HEADER + ROW + END
 UNNAMED = HEADER.split("\n", 2)[2]
 """The header without the lines that name the tool (nccl-tests before 2.13, no command echoed)."""
 BIG = "1" + "0" * 5000
+SHORT = HEADER.replace("maxBytes 1024", "maxBytes 4096")
+"""HEADER of a sweep to 4096 bytes: a run of ROW alone stops short of it."""
 
 
 def _row(old: str, new: str) -> str:
@@ -52,6 +54,24 @@ def _unchecked(row: str) -> str:
     return row.replace("       0", "     N/A")
 
 
+OLD_GATHER = """# nThread 1 nGpus 2 minBytes 1048576 maxBytes 2097152 step: 2(factor) warmup iters: 5 iters: 20 validation: 1
+#
+# Using devices
+#   Rank  0 Pid  12979 on    node0 device  0 [0x45] Tesla V100-SXM2-16GB
+#   Rank  1 Pid  12979 on    node0 device  1 [0xc4] Tesla V100-SXM2-16GB
+#
+#                                             out-of-place                       in-place
+#       size         count    type     time   algbw   busbw  error     time   algbw   busbw  error
+#        (B)    (elements)             (us)  (GB/s)  (GB/s)            (us)  (GB/s)  (GB/s)
+"""
+"""An all_gather_perf run of nccl-tests before 2.13 on 2 GPUs, naming no tool (each rank's count is half the size)."""
+
+
+def _old_gather_row(size: int, time: float, algbw: float) -> str:
+    times = f"  {time:7.2f}  {algbw:6.2f}  {algbw:6.2f}  0e+00"
+    return f"{size:12d}  {size // 8:12d}  {'float':>6}" + times * 2 + "\n"
+
+
 def _bw(busbw: str, size: int = 1024) -> str:
     """ROW at algbw 1.00 GB/s and the given busbw, its time made to agree (nccl-tests prints algbw = size / time)."""
     return ROW.replace("1024 ", f"{size} ").replace("10.00    0.10    0.10", f"{size / 1e3:5.2f}    1.00    {busbw}")
@@ -61,9 +81,14 @@ def _bw(busbw: str, size: int = 1024) -> str:
 STRUCTURE = [
     ("another tool", "---\nRDMA_Write BW Test\n #bytes  #iterations  BW peak[Gb/sec]\n 65536  5000  97.5\n", 1, None, "not nccl-tests output"),
     ("cut mid-line", HEADER + ROW + "        2048           512     float     sum      -1    10.5", 12, 1, "cut-off result line"),
-    ("no summary", HEADER + ROW, 11, None, "truncated: the run of line 3"),
+    # (a run without its summary whose last row is the end of its sweep is whole: test_nccl_logs_shapes.py)
+    ("no summary", SHORT + ROW, 11, None, "truncated: the run of line 3"),
+    ("no summary, a step short of maxBytes", HEADER.replace("maxBytes 1024", "maxBytes 2048") + ROW, 11, None,
+     "truncated: the run of line 3 ends at line 11 without nccl-tests' closing `# Avg bus bandwidth` summary (its last row is of "
+     "size 1024; its header's sweep goes on to 2048)"),
     ("no results", HEADER, 10, None, "no results"),
-    ("a run cut off before the next", HEADER + ROW + HEADER.split("\n", 1)[1] + ROW + END, 13, None, "run of line 3 has no closing"),
+    # (each run cut off: the first's error; a file's other runs are read where they can be, see below)
+    ("a run cut off before the next", SHORT + ROW + SHORT.split("\n", 1)[1] + ROW, 13, None, "run of line 3 has no closing"),
     ("rank listed twice", HEADER.replace("#  Rank  1 Group", "#  Rank  0 Group") + ROW + END, 7, None, "rank 0 is listed twice"),
     ("mixed GPU counts", HEADER.replace("#  Rank  1 Group  0 Pid   4000", "#  Rank  1 Group  0 Pid   4001").replace("nGpus 2", "nGpus 1")
      .replace("#\n#       size", "#  Rank  2 Group  0 Pid   4001 on      node0 device  2 [0000:1a:00] NVIDIA H100 80GB HBM3\n#\n#       size")
@@ -74,8 +99,6 @@ STRUCTURE = [
     ("ranks not a multiple", HEADER.replace("nGpus 2", "nGpus 4") + ROW + END, 3, None, "not a multiple of nGpus 4"),
     ("missing ranks", HEADER.replace("Rank  1 Group", "Rank  3 Group") + ROW + END, 3, None, "ranks [1, 2] are missing"),
     ("unknown type", _row("float", "quad"), 11, 32, "type 'quad'"),
-    ("only types without a dtype", HEADER + ROW.replace("   float", "  uint32") + ROW.replace("   float", "  uint64").replace("1024 ", "2048 ")
-     + END, 11, 31, "type 'uint32' has no commdsl dtype"),
     ("time not a number", _row("10.00    0.10", "oops    0.10"), 11, 57, "time 'oops' is not a number"),
     ("unknown tool", HEADER.replace("all_reduce_perf", "hypercube_perf", 1) + ROW + END, 2, None, "hypercube_perf"),
     ("mixed GPUs", HEADER.replace("device  1 [0000:19:00] NVIDIA H100 80GB HBM3", "device  1 [0000:19:00] NVIDIA A100-SXM4-80GB") + ROW + END,
@@ -95,10 +118,10 @@ STRUCTURE = [
                                                                          "#  Rank  0 Group  0 Pid   4001 on      node0 device  1")
      + ROW + END, 7, None, "rank 0 is listed by two processes (pid 4000 on node0, pid 4001 on node0): each ran its own test on 1 GPU"),
     # A grep of several logs' rows: the table ends at the text between them, and the second says nothing of its GPUs.
+    # (where NCCL's INFO line says the first's GPUs, the first is read: test_a_table_that_does_not_say_its_gpus_...)
     ("rows of two runs without their headers", "$ grep -E 'nodes|1024 ' sweep.log\n== 1 node ==\n"
-     "node0:7:7 [0] NCCL INFO comm 0x5f00 rank 0 nranks 4 cudaDev 0 busId 18000 - Init COMPLETE\n"
-     + _bw("1.50") + "== 2 nodes ==\n" + _bw("1.75"), 6, None,
-     "a result table without nccl-tests' header (line 6): the log does not say which tool wrote it or how many GPUs ran it"),
+     + _bw("1.50") + "== 2 nodes ==\n" + _bw("1.75"), 3, None,
+     "a result table without nccl-tests' header (line 3): the log does not say which tool wrote it or how many GPUs ran it"),
     # Fuzz of issue 43: rows inside a table that were read past as text, or read wrong.
     ("a size twice", HEADER + ROW + ROW + END, 12, 9, "size 1024 is listed twice in the run: first at line 11"),
     ("an unknown type", _row("float", " foo "), 11, 33, "type 'foo' is not one nccl-tests prints"),
@@ -107,6 +130,15 @@ STRUCTURE = [
      1, "every result of the run of line 3 failed nccl-tests' data check (#wrong above 0): nothing to fit"),
     ("nranks against the rank lines", _info("comm 0x5f00 rank 0 nranks 4 cudaDev 0 busId 18000 - Init COMPLETE"), 3, None,
      "the run lists 2 ranks, and NCCL's INFO lines say its communicator has 4 (nranks 4)"),
+    # Two processes given one GPU (mpirun without a GPU binding): the second rank line names the same host, device and bus.
+    ("two ranks on one GPU", HEADER.replace("Pid   4000 on      node0 device  1 [0000:19:00]", "Pid   4001 on      node0 device  0 [0000:18:00]")
+     .replace("nGpus 2", "nGpus 1") + ROW + END, 7, None,
+     "ranks 0 and 1 run on one GPU (device 0 [0000:18:00] of host node0; rank 0 at line 6): the timings are of ranks sharing a GPU, "
+     "not of a GPU each"),
+    # nccl-tests before mid-2020 printed all_gather's algbw as (size - count x type size) / time; a table of both is mangled.
+    ("algbw of two formulas", OLD_GATHER + _old_gather_row(1048576, 40.0, 26.21) + _old_gather_row(2097152, 60.0, 17.48) + END, 11, 39,
+     "time 60.00 us and algbw 17.48 GB/s agree with algbw = (size - count x type size) / time, where the rows above have algbw = "
+     "size / time"),
 ]  # fmt: skip
 
 NUMBERS = [
@@ -204,10 +236,11 @@ def test_given_values_must_agree_with_the_log(tmp_path):
     assert info.value.loc.line == 2
     unnamed = tmp_path / "b.log"
     unnamed.write_text(UNNAMED + _unchecked(_bw("1.00", 4096)) + END)  # 2 GPUs: 2(n-1)/n = 1; -c 0
-    with pytest.raises(LogError, match=r"has the columns of all_reduce_perf or sendrecv_perf \(redop sum, busbw / algbw 1 on 2 GPUs\), "
-                                       r"not all_gather_perf's \(0.5\) as the command line says") as info:  # fmt: skip
+    with pytest.raises(LogError, match=r"the run of line 1 is not all_gather_perf's, as the command line says: its redop is sum, and "
+                                       r"all_gather_perf does not reduce \(it prints none\); its columns fit all_reduce_perf or "
+                                       r"sendrecv_perf$") as info:  # fmt: skip
         read_logs([f"all_gather_perf={unnamed}"])
-    assert info.value.loc.line == 1
+    assert info.value.loc.line == 1 and info.value.hint == f"name the tool that wrote it, e.g. all_reduce_perf={unnamed}"
     (taken,) = read_logs([f"sendrecv_perf={unnamed}"])  # a tool its columns fit is taken as given
     assert taken.tool == "sendrecv_perf"
     with pytest.raises(LogError, match="the run has 2 GPUs, not 4 as the command line says"):
@@ -217,12 +250,14 @@ def test_given_values_must_agree_with_the_log(tmp_path):
 
 
 def test_a_table_that_does_not_say_its_gpus_beside_other_runs_is_asked_to_be_cut_out_or_passed_alone():
-    # A README's grep of several logs after whole runs: a GPU count given with the file would be every run's.
+    # A README's grep of several logs after whole runs: a GPU count given with the file would be every run's. The whole
+    # run is read, the table skipped and told, with what to do.
     text = GOOD + "$ grep 1024 sweep.log\n" + ROW
-    with pytest.raises(LogError) as info:
-        parse_logs(text, "readme.md")
-    assert info.value.loc.line == 17 and "does not say which tool wrote it or how many GPUs ran it" in info.value.message
-    assert info.value.hint.startswith("the file has 2 runs: cut this table out, or save it to a file of its own")
+    notes: list[str] = []
+    assert [log.line for log in parse_logs(text, "readme.md", notes=notes)] == [3]
+    assert notes == ["skipped readme.md:17: a run refused at line 17: a result table without nccl-tests' header (line 17): the log "
+                     "does not say which tool wrote it or how many GPUs ran it; the file has 2 runs: cut this table out, or save it "
+                     "to a file of its own and pass that as TOOL:GPUS=TABLE (e.g. all_reduce_perf:8=table.txt)"]  # fmt: skip
 
 
 def test_a_gpu_count_given_for_tables_without_headers_must_be_of_one_table_and_agree_with_nccl():
@@ -368,12 +403,61 @@ def test_mpirun_messages_inside_a_table_are_still_text():
 
 
 def test_a_file_of_several_runs_asks_for_the_unnamed_run_on_its_own(tmp_path):
-    # A tool named for the file would be every run's: the hint says to save the one run apart.
+    # A tool named for the file would be every run's: the note says to save the one run apart; the other run is read.
     log = tmp_path / "two.log"
     log.write_text(GOOD + "\n" + UNNAMED + _unchecked(_bw("1.00")) + END)
-    with pytest.raises(LogError, match="cannot tell which nccl-tests tool wrote the run of line 17") as info:
+    notes: list[str] = []
+    assert [run.line for run in read_logs([str(log)], notes)] == [3]
+    assert len(notes) == 1 and notes[0].startswith(f"skipped {log}:17: a run refused at line 17: cannot tell which nccl-tests tool")
+    assert notes[0].endswith("save the run of line 17 to a file of its own and name it, e.g. all_reduce_perf=PART")
+    # Every run of a file refused: the file is, with the first run's error.
+    log.write_text(UNNAMED + _unchecked(_bw("1.00")) + END + "\n" + UNNAMED + _unchecked(_bw("1.00")) + END)
+    with pytest.raises(LogError, match="cannot tell which nccl-tests tool wrote the run of line 1 ") as info:
         read_logs([str(log)])
-    assert "save the run of line 17 to a file of its own" in info.value.hint
+    assert info.value.loc.line == 1
+
+
+NAMED = [
+    # (tool named, text, what the message names): the field that decided, not a ratio that fits.
+    ("all_gather_perf", UNNAMED + _bw("0.50").replace("     sum", "        ") + END,  # a fork's blank redop (mccl-tests)
+     "its redop is blank, as only alltoall_perf printed it (before nccl-tests 2.13); its columns fit no nccl-tests tool on 2 GPUs"),
+    ("alltoall_perf", UNNAMED + _bw("0.50").replace("sum", "none") + END,
+     "its in-place #wrong is a count (the results checked), and alltoall_perf never checks them (it prints N/A); its columns fit "
+     "all_gather_perf"),
+    ("all_reduce_perf", UNNAMED + _bw("0.50").replace("sum", "none") + END,
+     "its redop is none, and all_reduce_perf reduces (it prints the reduction, e.g. sum); its columns fit all_gather_perf"),
+    ("reduce_scatter_perf", UNNAMED + _bw("0.75") + END, "busbw / algbw is 0.75 (busbw 0.75, algbw 1), and reduce_scatter_perf's on 2 "
+     "GPUs is 0.5; its columns fit no nccl-tests tool on 2 GPUs"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("tool,text,message", NAMED, ids=[n[0] for n in NAMED])
+def test_a_tool_named_against_the_columns_is_refused_naming_the_field_that_decided(tool, text, message):
+    with pytest.raises(LogError) as info:
+        parse_logs(text, "named.log", Given(tool))
+    assert info.value.message == f"the run of line 1 is not {tool}'s, as the command line says: {message}"
+    assert info.value.loc.line == 1
+
+
+def test_without_the_data_checked_the_in_place_wrong_count_says_nothing_of_the_tool():
+    # `validation: 0` (-c 0): some nccl-tests versions print 0 in both #wrong columns all the same.
+    text = UNNAMED.replace("validation: 1", "validation: 0") + _bw("0.50").replace("sum", "none") + END
+    (log,) = parse_logs(text, "c0.log", Given("alltoall_perf"))
+    assert log.tool == "alltoall_perf"
+    with pytest.raises(LogError, match=r"its columns fit all_gather_perf or alltoall_perf\)"):
+        parse_logs(text, "c0.log")
+
+
+def test_a_partial_rank_list_under_nccl_tests_header_reads_with_the_gpu_count_given():
+    # nccl-tests lists every rank: with ranks missing the log was abridged; the count given is the run's.
+    text = HEADER.replace("Rank  1 Group", "Rank  3 Group").replace("nGpus 2", "nGpus 1") + ROW + END
+    with pytest.raises(LogError, match=r"ranks \[1, 2\] are missing") as info:
+        parse_logs(text, "abridged.log")
+    assert info.value.hint == "if the log was abridged, give the run's GPU count: TOOL:GPUS=FILE, e.g. all_reduce_perf:4=abridged.log"
+    notes: list[str] = []
+    (log,) = parse_logs(text, "abridged.log", Given("all_reduce_perf", 4), notes)
+    assert (log.ranks, log.gpus_per_process, log.nodes, log.device) == (4, 1, None, "NVIDIA H100 80GB HBM3")
+    assert notes == ["abridged.log:3: the rank list names only ranks 0, 3: read as 4 GPUs, as the command line gives, the nodes not said"]
 
 
 def test_a_header_whose_rank_lines_were_cut_reads_with_the_gpu_count_given(tmp_path):

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from commdsl.calibrate.nccl_logs import Channels, _command_gpus, _tool_name, parse_logs, read_logs
-from commdsl.calibrate.nccl_tests import DEVICE_PRESETS, Run, bench_machine, choice
+from commdsl.calibrate.nccl_logs import Channels, Given, _command_gpus, _last_sizes, _tool_name, parse_logs, read_logs
+from commdsl.calibrate.nccl_tests import DEVICE_PRESETS, Run, bench_machine, choice, from_nccl_tests
 from commdsl.errors import LogError
 from commdsl.ir import Algo, Dtype, OpKind, Protocol
 from commdsl.machine import resolve_machine
@@ -69,12 +69,13 @@ SHAPES = [
      [(2, "all_gather_perf", 4, 4, 1, False, Dtype.FP32, "Tesla V100-SXM2-16GB", None, None, None, None, 5, 262144, 21.5, 21.9),
       (22, "broadcast_perf", 4, 4, 1, False, Dtype.FP32, "Tesla V100-SXM2-16GB", None, None, None, None, 5, 262144, 18.25, 18.55),
       (42, "alltoall_perf", 4, 4, 1, False, Dtype.FP32, "Tesla V100-SXM2-16GB", None, None, None, None, 5, 262144, 24.0, 24.5)]),
-    # `-d all` then `-o all`: a block of rows per type (uint32 and uint64, no commdsl dtype, skipped) and per reduction,
-    # each read as a run of its own.
+    # `-d all` then `-o all`: a block of rows per type (uint32 and uint64, no commdsl dtype, read as int32 and int64) and
+    # per reduction, each read as a run of its own.
     ("several_types_and_reductions.log",
      [(line, "all_reduce_perf", 2, 2, 1, False, dtype, "NVIDIA GeForce RTX 4090", None, None, "2.24.2", None, 3, 1048576, t, t + 1.5)
-      for line, dtype, t in [(4, Dtype.INT8, 161.5), (16, Dtype.UINT8, 162.25), (19, Dtype.INT32, 163.0), (25, Dtype.INT64, 164.5),
-                             (31, Dtype.FP16, 166.0), (34, Dtype.FP32, 166.75), (37, Dtype.FP64, 167.5), (40, Dtype.BF16, 168.25)]]
+      for line, dtype, t in [(4, Dtype.INT8, 161.5), (16, Dtype.UINT8, 162.25), (19, Dtype.INT32, 163.0), (22, Dtype.INT32, 163.75),
+                             (25, Dtype.INT64, 164.5), (28, Dtype.INT64, 165.25), (31, Dtype.FP16, 166.0), (34, Dtype.FP32, 166.75),
+                             (37, Dtype.FP64, 167.5), (40, Dtype.BF16, 168.25)]]
      + [(line, "all_reduce_perf", 2, 2, 1, False, Dtype.FP32, "NVIDIA GeForce RTX 4090", None, None, "2.24.2", None, 3, 1048576, t,
          t + 1.25) for line, t in [(51, 161.5), (63, 162.0), (66, 162.5), (69, 163.0), (72, 163.5)]]),
     # nccl-tests 2.19's `-S 1`: a timestamp column (date and time, two words) after the in-place columns.
@@ -86,9 +87,10 @@ SHAPES = [
     # Pasted into markdown without a code fence: nccl-tests' `# nThread`, `# Rank`, titles and summary lost their `#`.
     ("markdown_lost_hashes.md",
      [(7, "all_gather_perf", 4, 1, 2, False, Dtype.FP32, "NVIDIA A100-SXM4-80GB", None, None, None, None, 4, 1048576, 61.5, 62.12)]),
-    # rccl-tests cut above its rank list (no header; rank lines with no device name): the ranks give the GPUs and nodes.
+    # rccl-tests cut above its rank list (no header; rank lines with no device name): the ranks give the GPUs and nodes,
+    # `RCCL version : 2.25.1-HEAD:...` the version.
     ("rccl_snipped_rank_lines.md",
-     [(19, "all_reduce_perf", 8, 1, 2, False, Dtype.FP32, "", None, None, None, None, 7, 65536, 48.0, 48.5)]),
+     [(19, "all_reduce_perf", 8, 1, 2, False, Dtype.FP32, "", None, None, "2.25.1", None, 7, 65536, 48.0, 48.5)]),
     # A table without header or rank lines: NCCL's INFO line (`comm 0x... rank 0 nranks 16`) gives the GPU count.
     ("headerless_nccl_info_nranks.md",
      [(7, "all_reduce_perf", 16, 1, None, False, Dtype.FP32, "", None, None, None, None, 6, 1048576, 92.4, 93.4)]),
@@ -118,6 +120,33 @@ SHAPES = [
     # Rank lines with the host names taken out (no `on HOST`): one process drives the eight GPUs, so one node.
     ("rank_lines_without_hosts.md",
      [(6, "all_reduce_perf", 8, 8, 1, False, Dtype.FP32, "NVIDIA B200", None, None, "2.27.5", None, 3, 1048576, 30.0, 30.3)]),
+    # A table pasted without nccl-tests' closing summary, its last row the last size of the header's sweep (-b 8M -e 100M
+    # -f 2 stops at 64M): a whole run.
+    ("complete_table_no_summary.md",
+     [(10, "all_reduce_perf", 4, 4, 1, False, Dtype.FP32, "NVIDIA GeForce RTX 4090", None, None, "2.26.2", None, 4, 8388608, 602.5, 608.52)]),
+    # nccl-tests of 2019: all_gather and reduce_scatter print algbw = busbw = (size - count x type size) / time; the
+    # reduce_scatter, not named, is told by that algbw (busbw = algbw) and its redop.
+    ("old_format_gather_scatter_algbw.log",
+     [(3, "all_reduce_perf", 4, 4, 1, False, Dtype.FP32, "Tesla V100-SXM2-32GB", None, None, None, None, 4, 1048576, 38.5, 38.9),
+      (23, "all_gather_perf", 4, 4, 1, False, Dtype.FP32, "Tesla V100-SXM2-32GB", None, None, None, None, 4, 1048576, 30.5, 30.8),
+      (43, "reduce_scatter_perf", 4, 4, 1, False, Dtype.FP32, "Tesla V100-SXM2-32GB", None, None, None, None, 4, 1048576, 33.25, 33.55)]),
+    # `-d all` with `Reducing maxBytes`: uint32 read as int32, f8e5m2 as fp8 (the same element size), each a run of its own.
+    ("dtype_all_unsigned_e5m2.log",
+     [(line, "all_reduce_perf", 8, 8, 1, False, dtype, "NVIDIA H200", None, None, "2.30.4", None, 2, 1073741824, t, t + 4.5)
+      for line, dtype, t in [(4, Dtype.INT32, 4650.5), (24, Dtype.INT32, 4652.25), (26, Dtype.FP8, 5760.0), (28, Dtype.FP8, 5758.75)]]),
+    # rccl-tests with NCCL_DEBUG=VERSION: `RCCL version : 2.22.3-develop:...` is the version (RCCL's track NCCL's).
+    ("rccl_version_block.log",
+     [(2, "all_reduce_perf", 8, 1, 1, False, Dtype.FP32, "AMD Instinct MI300X", None, None, "2.22.3", None, 3, 268435456, 1561.25, 1573.75)]),
+    # Markdown took every `#` out; `validation: 0` (-c 0) with 0 in both #wrong columns: no evidence of the in-place check,
+    # so the tool named (alltoall, whose busbw / algbw is all_gather's) stands.
+    ("alltoall_perf:16=no_hashes_validation_off.md",
+     [(5, "alltoall_perf", 16, 1, None, False, Dtype.FP32, "", None, None, None, None, 4, 8388608, 790.5, 781.0)]),
+    # A patched nccl-tests: `graph: 0, parallel_init:0` in the header, its own `AllReduceRunColl` line inside the table.
+    ("patched_header_parallel_init.log",
+     [(1, "all_reduce_perf", 4, 4, 1, False, Dtype.FP32, "Tesla V100-SXM2-16GB", None, None, None, None, 3, 268435456, 55810.0, 55822.0)]),
+    # A wrapper's own header (`# nGpus(perProc)`) and rank lines of ranks 7 and 15 only: the GPU count given is the run's.
+    ("all_reduce_perf:16=wrapper_header_partial_ranks.log",
+     [(10, "all_reduce_perf", 16, 1, None, False, Dtype.BF16, "NVIDIA H200", None, None, "2.27.7", None, 3, 268435456, 3105.5, 3167.61)]),
 ]  # fmt: skip
 
 
@@ -135,7 +164,7 @@ def test_a_log_that_does_not_name_its_tool_is_read_from_its_columns_and_says_so(
 
 
 def test_collnet_is_taken_from_the_command_that_enabled_it_and_the_run_is_simulated_with_it():
-    logs = {p.name: read_logs([str(p)]) for p in sorted(DATA.iterdir()) if p.name != "headerless_table.txt"}
+    logs = {spec.rpartition("=")[2]: read_logs([_arg(spec)]) for spec, _ in SHAPES}
     said = {name: {log.collnet for log in runs} for name, runs in logs.items()}
     assert said.pop("sharp_collnet_snipped.md") == {True}  # `-x NCCL_COLLNET_ENABLE=1` in the echoed mpirun
     assert all(values == {None} for values in said.values()), said  # "N collnet channels" is NCCL's ring count, not CollNet
@@ -324,3 +353,111 @@ def test_rows_of_size_zero_are_skipped_and_told(tmp_path):
     logs = read_logs([str(tmp_path / "zero.log")], notes)
     assert len(logs[0].points) == 6 and logs[0].points[0].size_bytes == 33554432
     assert any("1 row(s) of size 0 skipped (they move no data)" in n for n in notes)
+
+
+def test_a_table_without_its_summary_is_whole_where_its_last_row_ends_its_sweep(tmp_path):
+    # A paste that stops after the table (GitHub issues, READMEs): -b 8M -e 100M -f 2 times 8M to 64M, and 64M is there.
+    notes: list[str] = []
+    (log,) = read_logs([str(DATA / "complete_table_no_summary.md")], notes)
+    assert log.points[-1].size_bytes == 67108864
+    assert notes == [f"{DATA / 'complete_table_no_summary.md'}:10: no closing `# Avg bus bandwidth` summary after the run's last row "
+                     "(line 24), but that row's size 67108864 is the last of the sweep its header sets (maxBytes 104857600): read "
+                     "as a whole run"]  # fmt: skip
+    # One row fewer: the run stopped short of its sweep, cut off, as before.
+    lines = (DATA / "complete_table_no_summary.md").read_text().split("\n")
+    (cut := tmp_path / "cut.md").write_text("\n".join(line for line in lines if not line.lstrip().startswith("67108864")))
+    with pytest.raises(LogError, match=r"truncated: the run of line 10 ends at line 23 without nccl-tests' closing `# Avg bus "
+                                       r"bandwidth` summary \(its last row is of size 33554432; its header's sweep goes on to "
+                                       r"67108864\)"):  # fmt: skip
+        read_logs([str(cut)])
+
+
+def test_reducing_maxbytes_for_memory_ends_the_sweep_where_nccl_tests_says(tmp_path):
+    text = (DATA / "dtype_all_unsigned_e5m2.log").read_text()
+    table = text.split("# Out of bounds")[0]  # cut after its last row, as pasted
+    (cut := tmp_path / "cut.log").write_text(table)
+    assert [log.line for log in read_logs([str(cut)])] == [4, 24, 26, 28]  # 2G: the last size below the 3G nccl-tests lowered it to
+    # Without that line the sweep goes on to 8G: the last type's block is cut off, told; the types before it are whole.
+    (short := tmp_path / "short.log").write_text(table.replace("# Reducing maxBytes to 3221225472 due to memory limitation\n", ""))
+    notes: list[str] = []
+    assert [log.line for log in read_logs([str(short)], notes)] == [4, 23, 25]
+    assert (f"skipped {short}:27: the all_reduce_perf run refused at line 28: truncated: the run of line 27 ends at line 28 without "
+            "nccl-tests' closing `# Avg bus bandwidth` summary (its last row is of size 2147483648; its header's sweep goes on to "
+            "8589934592); the run did not finish; rerun it, or cut the log after its last whole line and add the summary") in notes
+
+
+@pytest.mark.parametrize("sweep,last", [
+    ((8, 134217728, 2, True), (67108864, 134217728)),
+    ((8388608, 104857600, 2, True), (33554432, 67108864)),
+    ((1048576, 104857600, 4, True), (16777216, 67108864)),
+    ((1024, 5000, 1024, False), (3072, 4096)),
+    ((64, 64, 2, True), (0, 64)),
+    ((8, 4, 2, True), None),  # minBytes above maxBytes
+    ((8, 64, 0, False), None),  # a step of 0 bytes would not end
+])  # fmt: skip
+def test_the_last_sizes_of_a_sweep_are_nccl_tests_own(sweep, last):
+    assert _last_sizes(sweep) == last
+
+
+def test_a_run_that_cannot_be_read_is_skipped_and_told_and_the_files_other_runs_are_read(tmp_path):
+    text = (DATA / "old_format_gather_scatter_algbw.log").read_text()
+    row = "     4194304        262144   float    68.50   45.92   45.92  0e+00    68.80   45.72   45.72  0e+00"
+    assert row in text
+    (sweep := tmp_path / "sweep.log").write_text(text.replace(row, row.replace("68.50   45.92", "68.50   99.99")))
+    notes: list[str] = []
+    assert [log.tool for log in read_logs([str(sweep)], notes)] == ["all_reduce_perf", "reduce_scatter_perf"]
+    assert notes[-1] == (f"skipped {sweep}:23: the all_gather_perf run refused at line 36: time 68.50 us and algbw 99.99 GB/s disagree: "
+                        "4194304 B in 68.50 us is 61.23 GB/s (nccl-tests prints algbw = size / time, or 3145728 B (the size less one "
+                        "rank's part) as all_gather and reduce_scatter printed it before mid-2020); the row is mangled; rerun the "
+                        "test or drop the line")  # fmt: skip
+    # The same run alone is refused with that error.
+    (alone := tmp_path / "alone.log").write_text("\n".join(sweep.read_text().split("\n")[22:42]))
+    with pytest.raises(LogError, match="time 68.50 us and algbw 99.99 GB/s disagree") as info:
+        read_logs([str(alone)])
+    assert info.value.loc.line == 14
+
+
+def test_types_without_a_dtype_of_their_own_are_read_as_their_element_size_and_told():
+    notes: list[str] = []
+    logs = read_logs([str(DATA / "dtype_all_unsigned_e5m2.log")], notes)
+    assert [log.dtype for log in logs] == [Dtype.INT32, Dtype.INT32, Dtype.FP8, Dtype.FP8]
+    path = DATA / "dtype_all_unsigned_e5m2.log"
+    assert notes[1:] == [f"{path}:24: rows of type uint32 read as int32, its element size (commdsl has no uint32; an op's time is of its "
+                         "bytes and reduction)",
+                         f"{path}:28: rows of type f8e5m2 read as fp8, its element size (commdsl has no f8e5m2; an op's time is of its "
+                         "bytes and reduction)"]  # fmt: skip
+
+
+def test_rccls_version_is_read_and_told_as_rccls():
+    notes: list[str] = []
+    (log,) = read_logs([str(DATA / "rccl_version_block.log")], notes)
+    assert log.nccl_version == "2.22.3"
+    assert notes == [f"{DATA / 'rccl_version_block.log'}:14: RCCL 2.22.3 (rccl-tests, AMD GPUs): read as the NCCL version it tracks"]
+
+
+def test_without_the_data_checked_the_in_place_wrong_column_does_not_tell_alltoall_from_all_gather():
+    # `validation: 0`, and this version printed 0 in both #wrong columns: all_gather and alltoall fit alike.
+    (log,) = read_logs([f"all_gather_perf:16={DATA / 'no_hashes_validation_off.md'}"])
+    assert log.tool == "all_gather_perf"
+    with pytest.raises(LogError, match=r"cannot tell which nccl-tests tool .*; its columns fit all_gather_perf or alltoall_perf\)"):
+        parse_logs((DATA / "no_hashes_validation_off.md").read_text(), "n.md", Given(None, 16))
+
+
+def test_a_partial_rank_list_is_read_with_the_gpu_count_given_or_the_highest_rank(tmp_path):
+    path = DATA / "wrapper_header_partial_ranks.log"
+    notes: list[str] = []
+    (log,) = read_logs([str(path)], notes)  # no count given: ranks 7 and 15 of 16
+    assert (log.tool, log.ranks, log.nodes, log.device) == ("all_reduce_perf", 16, None, "NVIDIA H200")
+    assert notes[0] == f"{path}:10: the rank list names only ranks 7, 15: read as 16 GPUs, as the highest rank listed + 1, the nodes not said"
+    with pytest.raises(LogError, match="rank 15 is listed, and the run has 8 GPUs as the command line gives") as info:
+        read_logs([f"all_reduce_perf:8={path}"])
+    assert info.value.hint == f"give the run's GPU count: TOOL:GPUS=FILE, e.g. all_reduce_perf:16={path}"
+    # The count given overrides what the rank lines imply: on 24 GPUs busbw / algbw is not all_reduce's.
+    with pytest.raises(LogError, match=r"busbw / algbw is 1.875 \(busbw 162.07, algbw 86.44\), and all_reduce_perf's on 24 GPUs is 1.917"):
+        read_logs([f"all_reduce_perf:24={path}"])
+
+
+def test_a_machine_fitted_to_one_file_of_several_runs_says_one_file(tmp_path):
+    out = tmp_path / "m.yaml"
+    from_nccl_tests([str(DATA / "dtype_all_unsigned_e5m2.log")], str(out), echo=lambda _: None)
+    assert out.read_text().startswith("# Written by `commdsl calibrate --from-nccl-tests` from 1 nccl-tests log(s):\n")

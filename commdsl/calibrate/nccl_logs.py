@@ -15,24 +15,30 @@ A saved log carries more, all of it read past or used:
 - text before a run: the launcher's echo of the command (`mpirun ... ./all_reduce_perf -b 8
   ...`: it names the tool), Slurm/MPI banners, ssh warnings, markdown code fences;
 - `NCCL version 2.x.y+cudaZ` and NCCL_DEBUG=INFO/WARN lines, interleaved anywhere: the NCCL
-  version, `NCCL_ALGO` / `NCCL_PROTO set by environment to ...` and the channel counts
-  (`N coll channels, ... M p2p channels, K p2p channels per peer`) are taken from them;
+  version (or RCCL's, `RCCL version : 2.22.3-...`, which tracks NCCL's), `NCCL_ALGO` /
+  `NCCL_PROTO set by environment to ...` and the channel counts (`N coll channels, ... M p2p
+  channels, K p2p channels per peer`) are taken from them;
 - NCCL_COLLNET_ENABLE (CollNet, IB SHARP), from an INFO line, the echoed command
   (`-x NCCL_COLLNET_ENABLE=1`) or an environment dump before the run;
 - a launcher's prefix on every line (`[1,0]<stdout>:` of mpirun --tag-output, `0: ` of srun
   --label), or a logger's (a timestamp of `kubectl logs --timestamps`): nccl-tests' lines are
   found after it, its rows inside a table; mpirun's own messages inside a table are text;
-- several runs one after another (a sweep of ops or of GPU counts): each is a log of its own;
-  so is each block of rows of a run of several types or reductions (`-d all`, `-o all`), and
-  rows of a type commdsl has no dtype for (uint32, uint64) are skipped;
+- several runs one after another (a sweep of ops or of GPU counts): each is a log of its own,
+  and one that cannot be read is skipped and told, the others read; so is each block of rows
+  of a run of several types or reductions (`-d all`, `-o all`), rows of a type commdsl has no
+  dtype for read as the dtype of its element size (uint32 as int32, see `SAME_SIZE_TYPES`);
+- a run without its closing summary (a paste that stops after the table): read where its last
+  row is the last size of the sweep its header sets, else refused as cut off;
 - no line naming the tool (nccl-tests before 2.13, the command not echoed): the columns say
   it where they fit one tool only (the `redop` word, the `root`, and busbw / algbw, the
   tool's bus factor on the run's GPU count; before 2.13 each tool had its own titles, see
-  `_OLD_TITLES`, and alltoall printed its redop blank);
+  `_OLD_TITLES`, and alltoall printed its redop blank; before mid-2020 all_gather and
+  reduce_scatter printed another algbw, see `_Reader._check_algbw`);
 - nccl-tests' `#` lines with the `#` lost (a log pasted into markdown without a code fence,
   where `# nThread ...` became a heading);
 - a log cut above its header: `# Rank` lines before the table are its ranks (rccl-tests may
-  print them without a device name);
+  print them without a device name); a rank list with ranks missing (a wrapper's own header,
+  a log abridged by hand) is read with the GPU count given, NCCL's, or its highest rank + 1;
 - a table pasted without its header lines: NCCL's INFO line `comm 0x... rank R nranks N`, or
   else the echoed command that ran it (`-g 8` alone, `mpirun -np 2 ... -g 4`; see
   `_command_gpus`), gives its GPU count; what it does not say (the tool, the GPU count)
@@ -81,9 +87,14 @@ TYPES = {
 }  # fmt: skip
 """nccl-tests' `-d` type names (src/common.cu `test_typenames`) that have a commdsl dtype."""
 
-NO_DTYPE_TYPES = ("uint32", "uint64", "f8e5m2", "fp8_e5m2", "char", "int")
-"""nccl-tests' (and rccl-tests') other type names: rows of these are skipped and told; a type
-in neither list is a mangled row, an error."""
+SAME_SIZE_TYPES = {
+    "uint32": Dtype.INT32, "uint64": Dtype.INT64, "f8e5m2": Dtype.FP8, "fp8_e5m2": Dtype.FP8, "char": Dtype.INT8, "int": Dtype.INT32,
+}  # fmt: skip
+"""nccl-tests' (and rccl-tests') other type names, each with the commdsl dtype of its element
+size (`char` and `int` are NCCL 1's int8 and int32). An op's time depends on its bytes and
+its reduction, not on how the elements are read (NCCL reduces uint32 as it does int32, e5m2
+as e4m3), so the rows are read as that dtype, and told; a type in neither list is a mangled
+row, an error."""
 
 REDOPS = ("sum", "prod", "max", "min", "avg", "mulsum", "none")
 """What nccl-tests prints in the `redop` column (src/common.cu `test_opnames`; `none`: a tool
@@ -97,13 +108,22 @@ MAX_DIGITS = 20
 before it is converted."""
 
 _HEADER = re.compile(r"#\s*nThread\s+(\S+)\s+nGpus\s+(\S+)(.*)$")
-_GRAPH = re.compile(r"graph:\s*(\S+)")
-_RANK = re.compile(r"#\s+Rank\s+(\S+)\s+(?:Group\s+\S+\s+)?Pid\s+(\S+)\s+(?:on\s+(\S+)\s+)?device\s+(\S+)\s+\[[^\]]*\]\s*(.*?)\s*$")
+_GRAPH = re.compile(r"graph:\s*([^\s,;]+)")
+"""`graph: 0`; a patched build may print another `key:value` after it (`graph: 0, parallel_init:0`)."""
+_VALIDATION = re.compile(r"validation:\s*(\d{1,9})(?![^\s,;])")
+_SWEEP = re.compile(r"minBytes\s+(\d{1,20})\s+maxBytes\s+(\d{1,20})\s+step:\s*(\d{1,20})\((factor|bytes)\)")
+"""The sizes a run times: `minBytes 8 maxBytes 134217728 step: 2(factor)` (or `step: 1024(bytes)`)."""
+_REDUCED_MAX = re.compile(r"#\s*Reducing maxBytes to (\d{1,20}) due to memory limitation")
+"""nccl-tests' line after the header where the GPUs' memory cannot hold maxBytes (src/common.cu)."""
+_RANK = re.compile(r"#\s+Rank\s+(\S+)\s+(?:Group\s+\S+\s+)?Pid\s+(\S+)\s+(?:on\s+(\S+)\s+)?device\s+(\S+)\s+\[([^\]]*)\]\s*(.*?)\s*$")
 """`#  Rank R Group G Pid P on HOST device D [BUS] NAME`; rccl-tests may print no NAME, and a
 log pasted with its host names taken out has no `on HOST`."""
 _TOOL = re.compile(r"#\s*Collective test starting:\s*(\S+)")
 _TESTS_VERSION = re.compile(r"#\s*nccl-tests version \S+.*?nccl-library=(\d{1,8})\b")
 _NCCL_VERSION = re.compile(r"NCCL version (\d{1,4}\.\d{1,4}\.\d{1,4})")
+_RCCL_VERSION = re.compile(r"RCCL version\s*:?\s*(\d{1,4}\.\d{1,4}\.\d{1,4})")
+"""RCCL's version, as rccl-tests prints it with NCCL_DEBUG=VERSION (`RCCL version : 2.22.3-develop:f5b15f2`)
+or RCCL's INFO line (`RCCL version 2.18.3+hip6.0`): its numbers track the NCCL release it follows."""
 _ENV = re.compile(r"NCCL_(ALGO|PROTO) set by environment to (\S+)")
 T = TypeVar("T")
 
@@ -169,6 +189,9 @@ _OLD_TITLES = {
 """Which of `redop` and `root` each tool's column titles had before nccl-tests 2.13 gave every
 tool both (src/*.cu up to 2022: all_gather and sendrecv neither, broadcast `root` alone,
 reduce both, the others `redop`; alltoall printed its `redop` blank)."""
+_OLD_ALGBW = ("all_gather_perf", "reduce_scatter_perf")
+"""The tools whose algbw was (size - count x type size) / time before nccl-tests ec1b5e2 (June
+2020), busbw the same (`_Reader._check_algbw`)."""
 
 
 
@@ -268,8 +291,8 @@ def parse_given(arg: str) -> tuple[Given, str]:
 def read_logs(args: list[str], notes: list[str] | None = None) -> list[NcclTestsLog]:
     """Each argument is a log file, or `TOOL=FILE` / `TOOL:GPUS=FILE` for one that does not
     say which tool wrote it (or how many GPUs ran it); a file with several runs gives a log
-    per run. Runs that failed before their first result, and runs on 1 GPU, are skipped and
-    told in `notes`."""
+    per run. Runs that failed before their first result, runs on 1 GPU, and runs that cannot
+    be read in a file whose other runs can, are skipped and told in `notes`."""
     logs = []
     for arg in args:
         given, path = parse_given(arg)
@@ -311,7 +334,9 @@ def parse_log(text: str, path: str = "<log>", given: Given | str | None = None) 
 def parse_logs(text: str, path: str = "<log>", given: Given | str | None = None, notes: list[str] | None = None) -> list[NcclTestsLog]:
     """Every run of an nccl-tests log with results, in order (see the module doc). `given`:
     what the command line says of runs that do not (a tool name alone is a `Given` of it);
-    `notes` hears of runs skipped because they failed before their first result."""
+    `notes` hears of runs skipped because they failed before their first result, or because
+    they cannot be read (with why) where the log's other runs can; a log none of whose runs
+    can be read is an error, the first run's."""
     if isinstance(given, str) or given is None:
         given = Given(_tool_name(given) if given else None)
     return _Reader(source_lines(text), path, given, notes).read()
@@ -341,6 +366,8 @@ class _Run:
     graph: bool = False
     ranks: dict[int, tuple[str | None, str, str]] = field(default_factory=dict)
     """Rank: (host, device name, pid); the host None where the rank line has none."""
+    listed_gpus: dict[tuple[str, str, str], tuple[int, int]] = field(default_factory=dict)
+    """(host, device index, bus id) of each rank line that names its host: (rank, line)."""
     columns: tuple[str, ...] | None = None
     titled: bool = False
     """The columns are the log's own titles (not guessed from a row)."""
@@ -375,8 +402,22 @@ class _Run:
     prints one block of rows for each, read as a run of its own."""
     origin: int | None = None
     """The first line of the run this one goes on from (`-d all`, `-o all`); None: not one."""
-    unknown: tuple[int, int, str] | None = None
-    """(line, column, type) of its first row of a type with no commdsl dtype (skipped)."""
+    mapped: tuple[int, str] | None = None
+    """(line, type) of its first row of a type read as the dtype of its size (`SAME_SIZE_TYPES`)."""
+    sweep: tuple[int, int, int, bool] | None = None
+    """(minBytes, maxBytes, step, step is a factor) as its header (and `Reducing maxBytes`) says."""
+    last_size: int | None = None
+    """The size of its last row, read or skipped: where a run without its summary stopped."""
+    validation: int | None = None
+    """The header's `validation:` (`-c`); 0: the data was not checked, whatever #wrong says."""
+    bw_formula: str | None = None
+    """How its algbw is of its time (`_timed`): "size" (algbw = size / time), "old" (all_gather
+    and reduce_scatter before mid-2020: the bytes but one rank's / time); None: not told yet."""
+    old_bw_line: int = 0
+    """The first row whose algbw is of the old formula only (0: none)."""
+    refused: LogError | None = None
+    """Why the run cannot be read (the first error in it): its other lines are read past, and a
+    file of several runs reads the others."""
     sizes: dict[int, tuple[int, int]] = field(default_factory=dict)
     """Size: (line, column) of the rows of its sweep so far (nccl-tests times each size once a sweep)."""
     wrong: int = 0
@@ -409,8 +450,9 @@ class _Reader:
         self.next_tool: tuple[str, int] | None = None
         self.next_version: str | None = None
         self.next_collnet: bool | None = None
-        self.next_ranks: dict[int, tuple[str, str, str]] = {}
+        self.next_ranks: dict[int, tuple[str | None, str, str]] = {}
         """`# Rank` lines outside a run (the log was cut above them): the ranks of the table that follows."""
+        self.next_gpus: dict[tuple[str, str, str], tuple[int, int]] = {}
         self.next_nranks: int | None = None
         self.next_command_gpus: tuple[int, int] | None = None
         self.env_lists: dict[str, dict | None] = {}
@@ -426,6 +468,8 @@ class _Reader:
         """Hears of the runs that ended before their first result (a sweep's failed test)."""
         self.told: set[tuple[str, str]] = set()
         """The NCCL_ALGO / NCCL_PROTO settings `notes` heard of."""
+        self.rccl_told = False
+        """Whether `notes` heard that the version is RCCL's (every run of rccl-tests prints it)."""
 
     def loc(self, i: int, col: int = 1) -> SourceLoc:
         return SourceLoc(self.path, i + 1, col, self.lines[i] if i < len(self.lines) else "")
@@ -447,9 +491,16 @@ class _Reader:
             elif not line.startswith("#") and "NCCL INFO" not in line and "NCCL WARN" not in line:
                 cut = self._embedded(line)
                 line, col = line[cut:], col + cut
-            self._line(i, line, col)
-        if self.run is not None and not self.run.closed and not self.run.points and self.runs[:-1]:
-            self._failed(self.run)  # the last run of a sweep failed; the others stand
+            try:
+                self._line(i, line, col)
+            except LogError as e:
+                self._refuse(e)
+        run = self.run
+        if run is not None and not run.closed:
+            if not run.points and self.runs[:-1]:
+                self._failed(run)  # the last run of a sweep failed; the others stand
+            elif run.points and run.refused is None and self._whole(run):
+                run.closed = True  # else refused as cut off (`_finish`)
         if not self.runs:
             raise LogError("not nccl-tests output: no `# nThread ... nGpus ...` header and no result table",
                            SourceLoc(self.path, 1, 1, self.lines[0] if self.lines else ""),
@@ -460,7 +511,56 @@ class _Reader:
                            f"the GPU count given ({self.given.ranks}) cannot tell which runs it is of",
                            SourceLoc(self.path, bare[1].line, 1, self.lines[bare[1].line - 1]),
                            hint="save each run to a file of its own and give each its GPU count")  # fmt: skip
-        return [self._finish(run) for run in self.runs]
+        logs, refused = [], []
+        for run in self.runs:
+            told = len(self.notes) if self.notes is not None else 0
+            try:
+                if run.refused is not None:
+                    raise run.refused
+                logs.append(self._finish(run))
+            except LogError as e:
+                refused.append((run, e))
+                if self.notes is not None:
+                    del self.notes[told:]  # what reading the refused run noted: its refusal says it
+        if refused and not logs:
+            raise refused[0][1]
+        for run, e in refused:
+            # A file of several runs (a sweep) reads those it can: each refused one is told, with why.
+            if self.notes is not None:
+                where = f" at line {e.loc.line}" if e.loc is not None else ""
+                self.notes.append(f"skipped {self.path}:{run.line}: {'the ' + run.tool if run.tool else 'a'} run refused{where}: "
+                                  f"{e.message}" + (f"; {e.hint}" if e.hint else ""))  # fmt: skip
+        return logs
+
+    def _refuse(self, e: LogError) -> None:
+        """Take an error at a line of the open run as that run's (`_Run.refused`): the run's
+        other lines are read past, and the file's other runs read; an error between runs is the
+        file's, raised."""
+        run = self.run
+        if run is None or run.closed:
+            raise e
+        run.refused = run.refused or e
+
+    def _whole(self, run: _Run) -> bool:
+        """Whether a run without its closing summary finished all the same: its last row is the
+        last size of the sweep its header sets (a paste that stops after the table); told."""
+        last = _last_sizes(run.sweep) if run.sweep is not None else None
+        # Tools that share a size among the ranks print it rounded down to whole elements per
+        # rank (all_gather, alltoall, ...): at most the size of the loop, above the one before.
+        if last is None or run.last_size is None or not last[0] < run.last_size <= last[1]:
+            return False
+        if self.notes is not None:
+            self.notes.append(f"{self.path}:{run.line}: no closing `# Avg bus bandwidth` summary after the run's last row (line "
+                              f"{run.last}), but that row's size {run.last_size} is the last of the sweep its header sets "
+                              f"(maxBytes {run.sweep[1]}): read as a whole run")  # fmt: skip
+        return True
+
+    def _short_of(self, run: _Run) -> str:
+        """Where a cut-off run stopped in its sweep, as a message adds it ("" where not said)."""
+        last = _last_sizes(run.sweep) if run.sweep is not None else None
+        if last is None or run.last_size is None or run.last_size >= last[1]:
+            return ""
+        return f" (its last row is of size {run.last_size}; its header's sweep goes on to {last[1]})"
 
     def _embedded(self, line: str) -> int:
         """Where nccl-tests' own text starts on a line that a logger prefixed (0: at its start)."""
@@ -477,7 +577,7 @@ class _Reader:
     def _line(self, i: int, line: str, col: int) -> None:
         run = self.run
         continued, self.continues = self.continues, False
-        if "NCCL INFO" in line or "NCCL WARN" in line or _NCCL_VERSION.match(line):
+        if "NCCL INFO" in line or "NCCL WARN" in line or _NCCL_VERSION.match(line) or _RCCL_VERSION.match(line):
             self._nccl(i, line, col)
             return
         open_table = run is not None and not run.closed and run.columns is not None
@@ -486,7 +586,7 @@ class _Reader:
             # (`3 more processes have sent help message ...` of mpirun is text, not a row)
             self._result(i, line, col)
             return
-        if open_table and not run.header and run.points and (not line.startswith("#") or _RANK.match(line)):
+        if open_table and not run.header and (run.points or run.refused) and (not line.startswith("#") or _RANK.match(line)):
             # A table without its header ends at the first other line (text, or the rank list of
             # another run): rows after it are another run's (a grep of several logs, say).
             run.closed = True
@@ -521,7 +621,7 @@ class _Reader:
                 # A command that runs a tool while a run waits for its first result: that run
                 # is over (it hung, or was stopped), and the command starts the next.
                 self._failed(run)
-                run = self.run = None
+                run = None
             if tool is not None and (run is None or run.closed):
                 self.next_tool, self.tool_at = (tool, i + 1), k
         if self.tool_at is not None and (run is None or run.closed):
@@ -571,12 +671,16 @@ class _Reader:
     def _nccl(self, i: int, line: str, col: int) -> None:
         run = self.run
         target_open = run is not None and not run.closed
-        m = _NCCL_VERSION.search(line)
+        m = _NCCL_VERSION.search(line) or _RCCL_VERSION.search(line)
         if m:
             if target_open:
                 run.version = m.group(1)
             else:
                 self.next_version = m.group(1)
+            if m.re is _RCCL_VERSION and self.notes is not None and not self.rccl_told:
+                self.rccl_told = True
+                self.notes.append(f"{self.path}:{i + 1}: RCCL {m.group(1)} (rccl-tests, AMD GPUs): read as the NCCL version "
+                                  "it tracks")  # fmt: skip
             return
         if self._collnet(line):
             return
@@ -623,10 +727,13 @@ class _Reader:
         if run is not None and not run.header and run.points:
             run.closed = True  # a pasted table has no summary: the next run ends it
         if run is not None and not run.closed:
-            if run.points:
-                raise LogError(f"a new run starts here but the run of line {run.line} has no closing `# Avg bus bandwidth` "
-                               "summary: it was cut off", self.loc(i), hint="rerun the cut-off test, or cut its lines out")  # fmt: skip
-            self._failed(run)
+            if not run.points:
+                self._failed(run)
+            elif run.refused is None and not self._whole(run):
+                run.refused = LogError(f"a new run starts here but the run of line {run.line} has no closing `# Avg bus bandwidth` "
+                                       f"summary: it was cut off{self._short_of(run)}", self.loc(i),
+                                       hint="rerun the cut-off test, or cut its lines out")  # fmt: skip
+            run.closed = True
         self.run = _Run(i + 1, header)
         self.runs.append(self.run)
         if self.next_tool is not None:
@@ -636,23 +743,25 @@ class _Reader:
         lists = {**self.env_lists, **self.next_lists}
         self.run.algo_lists, self.run.proto_lists = lists.get("ALGO"), lists.get("PROTO")
         if not header:
-            self.run.ranks, self.run.nranks, self.run.command_gpus = self.next_ranks, self.next_nranks, self.next_command_gpus
-        self.next_tool, self.next_ranks, self.next_nranks, self.next_command_gpus = None, {}, None, None
+            self.run.ranks, self.run.listed_gpus = self.next_ranks, self.next_gpus
+            self.run.nranks, self.run.command_gpus = self.next_nranks, self.next_command_gpus
+        self.next_tool, self.next_ranks, self.next_gpus, self.next_nranks, self.next_command_gpus = None, {}, {}, None, None
         self.next_version, self.next_lists = None, {}
 
-    def _no_results(self, run: _Run) -> None:
-        """A run without results whose rows were all skipped is an error at the first: rows of
-        types commdsl has no dtype for, or rows that failed nccl-tests' data check."""
-        if run.unknown is not None:
-            i, col, name = run.unknown
-            raise LogError(f"type '{name}' has no commdsl dtype (known: {', '.join(TYPES)})", self.loc(i, col))
+    def _no_results(self, run: _Run) -> LogError | None:
+        """Why a run without results has none where its rows were all skipped: they failed
+        nccl-tests' data check (the error at the first); None: it had no rows."""
         if run.wrong:
-            raise LogError(f"every result of the run of line {run.line} failed nccl-tests' data check (#wrong above 0): nothing to fit",
+            return LogError(f"every result of the run of line {run.line} failed nccl-tests' data check (#wrong above 0): nothing to fit",
                            self.loc(run.wrong - 1), hint="the GPUs or the network corrupted data; fix the cluster and rerun the test")  # fmt: skip
 
     def _failed(self, run: _Run) -> None:
-        """Drop a run that ended before its first result: it measured nothing."""
-        self._no_results(run)
+        """End a run that ended before its first result: dropped and told, as it measured
+        nothing; kept, refused, where its rows were all skipped (`_no_results`) or it is refused."""
+        run.closed = True
+        run.refused = run.refused or self._no_results(run)
+        if run.refused is not None:
+            return
         self.runs.remove(run)
         what = f"{self.path}:{run.line}: {run.tool or 'a run'} ended before its first result" + (f" ({run.failure})" if run.failure else "")
         if self.notes is not None:
@@ -680,8 +789,20 @@ class _Reader:
             g = _GRAPH.search(line, m.start(3))
             if g:
                 run.graph = self._int(g.group(1), "graph", i, col + g.start(1), 0, 1 << 30) > 0
+            v = _VALIDATION.search(line, m.start(3))
+            if v:
+                run.validation = int(v.group(1))
+            s = _SWEEP.search(line, m.start(3))
+            if s:
+                run.sweep = (int(s.group(1)), int(s.group(2)), int(s.group(3)), s.group(4) == "factor")
             return
         run = self.run
+        m = _REDUCED_MAX.match(line)
+        if m and run is not None and not run.closed and run.sweep is not None:
+            low, _, step, factor = run.sweep
+            high = int(m.group(1))
+            run.sweep = (min(low, high), high, step, factor)  # nccl-tests lowers minBytes with it
+            return
         tokens = line.lstrip("#").split()
         if tokens[:2] == ["size", "count"]:
             if run is None or run.closed or run.columns is not None:
@@ -694,21 +815,21 @@ class _Reader:
         m = _RANK.match(line)
         if run is None or run.closed:
             if m:  # the rank list of a run whose header was cut off: kept for the table that follows
-                self._rank(i, col, m, self.next_ranks)
+                self._rank(i, col, m, self.next_ranks, self.next_gpus)
             return  # other comments before any run, or between runs (`# Collective test concluded`)
-        if m:
-            self._rank(i, col, m, run.ranks)
-            return
         if line.startswith("# Avg bus bandwidth"):
-            if run.columns is None or not run.points:
-                self._no_results(run)
-                raise LogError("a closing summary with no results before it", self.loc(i),
-                               hint="the run failed, or its rows were cut out of the log; rerun it, or save the whole table")  # fmt: skip
             run.closed = True
             run.last = i + 1
+            if run.refused is None and (run.columns is None or not run.points):
+                hint = "the run failed, or its rows were cut out of the log; rerun it, or save the whole table"
+                run.refused = self._no_results(run) or LogError("a closing summary with no results before it", self.loc(i), hint=hint)
+            return
+        if m and run.refused is None:
+            self._rank(i, col, m, run.ranks, run.listed_gpus)
 
-    def _rank(self, i: int, col: int, m: re.Match[str], ranks: dict[int, tuple[str, str, str]]) -> None:
-        """Take one `# Rank R ... on HOST device D [BUS] NAME` line into `ranks`."""
+    def _rank(self, i: int, col: int, m: re.Match[str], ranks: dict[int, tuple[str | None, str, str]],
+              gpus: dict[tuple[str, str, str], tuple[int, int]]) -> None:  # fmt: skip
+        """Take one `# Rank R ... on HOST device D [BUS] NAME` line into `ranks` (and its GPU into `gpus`)."""
         r = self._int(m.group(1), "rank", i, col + m.start(1), 0, MAX_WORLD_SIZE - 1,
                       hint=f"a run has at most {MAX_WORLD_SIZE} ranks (commdsl.limits.MAX_WORLD_SIZE)")  # fmt: skip
         if r in ranks:
@@ -724,10 +845,23 @@ class _Reader:
         if len(ranks) >= MAX_WORLD_SIZE:
             raise LogError(f"more than {MAX_WORLD_SIZE} ranks: the most a run may have (commdsl.limits.MAX_WORLD_SIZE)", self.loc(i))
         self._int(m.group(4), "device", i, col + m.start(4), 0, MAX_WORLD_SIZE)
-        ranks[r] = (m.group(3), m.group(5), m.group(2))
+        host, device, bus = m.group(3), m.group(4), m.group(5).strip()
+        if host is not None and bus:
+            # Two ranks on one host with the same device and bus id share one GPU (several
+            # processes given the same CUDA device): their times are not of as many GPUs.
+            if (host, device, bus) in gpus:
+                other, line = gpus[(host, device, bus)]
+                raise LogError(f"ranks {other} and {r} run on one GPU (device {device} [{bus}] of host {host}; rank {other} at "
+                               f"line {line}): the timings are of ranks sharing a GPU, not of a GPU each", self.loc(i),
+                               hint="give each rank its own GPU (CUDA_VISIBLE_DEVICES, the launcher's GPU binding) and rerun")  # fmt: skip
+            gpus[(host, device, bus)] = (r, i + 1)
+        ranks[r] = (host, m.group(6), m.group(2))
 
     def _result(self, i: int, line: str, col: int) -> None:
         run = self.run
+        if run.refused is not None:
+            run.last = i + 1  # a row of a run that cannot be read: read past
+            return
         tokens = line.split()
         starts = _starts(line)
         columns = run.columns or _guess_columns(tokens)
@@ -746,19 +880,13 @@ class _Reader:
             return col + starts[k]
 
         size = self._int(tokens[0], "size", i, at(0), 0, MAX_SIZE_BYTES)
-        self._int(tokens[1], "count", i, at(1), 0, MAX_SIZE_BYTES)
+        count = self._int(tokens[1], "count", i, at(1), 0, MAX_SIZE_BYTES)
         t = columns.index("type")
         type_name = tokens[t]
-        if type_name not in TYPES:
-            if type_name not in NO_DTYPE_TYPES:
-                raise LogError(f"type {_short(type_name)!r} is not one nccl-tests prints ({', '.join(TYPES)}, {', '.join(NO_DTYPE_TYPES)})",
-                               self.loc(i, at(t)), hint="the row is mangled; rerun the test or drop the line")  # fmt: skip
-            # A block of `-d all` (uint32, uint64) commdsl has no dtype for: skipped; a run of
-            # such rows only is an error (`_no_results`).
-            run.unknown = run.unknown or (i, at(t), _short(type_name))
-            run.last = i + 1
-            return
-        dtype = TYPES[type_name]
+        dtype = TYPES.get(type_name) or SAME_SIZE_TYPES.get(type_name)
+        if dtype is None:
+            raise LogError(f"type {_short(type_name)!r} is not one nccl-tests prints ({', '.join(TYPES)}, {', '.join(SAME_SIZE_TYPES)})",
+                           self.loc(i, at(t)), hint="the row is mangled; rerun the test or drop the line")  # fmt: skip
         redop = tokens[columns.index("redop")] if "redop" in columns else None
         if redop is not None and redop not in (*REDOPS, ""):  # "": old alltoall's blank (see above)
             k = columns.index("redop")
@@ -767,13 +895,19 @@ class _Reader:
         if "root" in columns:
             k = columns.index("root")
             root = self._int(tokens[k], "root", i, at(k), -1, MAX_WORLD_SIZE - 1)
-        block = (dtype,) + tuple(v for v in (redop, root) if v is not None)
+        block = (type_name,) + tuple(v for v in (redop, root) if v is not None)  # the name: uint32 and int32 are blocks of their own
         if run.block is not None and block != run.block:
             run = self._split(i, run, block)  # `-d all` / `-o all`: the rows of the next type or reduction
         run.block, run.dtype = block, dtype
+        if type_name in SAME_SIZE_TYPES:
+            run.mapped = run.mapped or (i, type_name)
+        run.last_size = size
         if size > 0:
             self._new_size(i, run, size, at(0))
-        groups = [self._timed(i, tokens, columns, k, size, at) for k, c in enumerate(columns) if c in _TIME_COLUMNS][:2]
+        # all_gather and reduce_scatter before mid-2020 (titles without root) printed another algbw (`_timed`)
+        old = "root" not in columns and run.titled and (run.tool or self.given.tool) in (None, *_OLD_ALGBW)
+        moved = size - count * dtype.itemsize if old else None
+        groups = [self._timed(i, tokens, columns, k, size, at, moved) for k, c in enumerate(columns) if c in _TIME_COLUMNS][:2]
         groups += [(None, None, None)] * (2 - len(groups))
         (time, bandwidths, checked), (in_place, _, checked_in_place) = groups
         wrong, wrong_in_place = (w if w is not None and w != "N/A" and float(w) > 0 else None for w in (checked, checked_in_place))
@@ -794,7 +928,8 @@ class _Reader:
             run.roots.add(root)
         if bandwidths is not None and bandwidths[0] >= _MIN_ALGBW:
             run.bandwidths.append(bandwidths)
-        if checked not in (None, "N/A") and checked_in_place is not None:
+        if checked not in (None, "N/A") and checked_in_place is not None and run.validation != 0:
+            # (with `validation: 0` some versions print 0 in both columns: it says nothing)
             run.in_place_checked.add(checked_in_place != "N/A")
         if size > 0:
             # Out of place is what a schedule's op does; a run of in-place ops only times that.
@@ -816,12 +951,14 @@ class _Reader:
             run.sizes = {}  # -N: the next sweep
         run.sizes[size] = (i + 1, col)
 
-    def _timed(self, i: int, tokens: list[str], columns: tuple[str, ...], k: int, size: int,
-               at: Callable[[int], int]) -> tuple[float | None, tuple[float, float] | None, str | None]:  # fmt: skip
+    def _timed(self, i: int, tokens: list[str], columns: tuple[str, ...], k: int, size: int, at: Callable[[int], int],
+               moved: int | None = None) -> tuple[float | None, tuple[float, float] | None, str | None]:  # fmt: skip
         """The time of column `k` (None: N/A), its (algbw, busbw) and its `#wrong` (the word: a
         count, or N/A where the data was not checked; None: no such column, or no time), each
-        in nccl-tests' form; a time must agree with its algbw (`_agree`). A time's columns are
-        the first of each name after it."""
+        in nccl-tests' form; a time must agree with its algbw (`_agree`): algbw = size / time,
+        or, where `moved` is given (`_result`), algbw = moved / time as all_gather and
+        reduce_scatter printed it before mid-2020, the same in every row of the run. A time's
+        columns are the first of each name after it."""
         word = tokens[k]
         if word == "N/A":
             return None, None, None
@@ -840,10 +977,8 @@ class _Reader:
             bandwidths.append(None if j is None else float(tokens[j]))
         j = own.get("algbw")
         # A cputime column (-C 1) is the host's time; algbw is of the GPU's.
-        if j is not None and columns[k] == "time" and not _agree(size, word, tokens[j]):
-            raise LogError(f"time {word} us and algbw {tokens[j]} GB/s disagree: {size} B in {word} us is "
-                           f"{size / (time * 1e3):.4g} GB/s (nccl-tests prints algbw = size / time)", self.loc(i, at(k)),
-                           hint="the row is mangled; rerun the test or drop the line")  # fmt: skip
+        if j is not None and columns[k] == "time":
+            self._check_algbw(i, size, word, tokens[j], moved, at(k))
         j = own.get("#wrong")
         if j is not None and tokens[j] != "N/A":
             if not _WRONG.fullmatch(tokens[j]):
@@ -852,6 +987,31 @@ class _Reader:
         wrong = tokens[j] if j is not None else None
         both = (bandwidths[0], bandwidths[1]) if None not in bandwidths else None
         return time, both, wrong
+
+    def _check_algbw(self, i: int, size: int, time: str, algbw: str, moved: int | None, col: int) -> None:
+        """A row's time against its algbw (see `_timed`): an error where they disagree."""
+        run = self.run
+        # Before nccl-tests ec1b5e2 (June 2020) all_gather and reduce_scatter printed algbw =
+        # busbw = count x type size x (nranks - 1) / time, `count` being each rank's part: the
+        # size less one rank's part (`moved`). The time is the op's all the same.
+        fits = {"size": _agree(size, time, algbw), "old": moved is not None and moved >= 0 and _agree(moved, time, algbw)}
+        if fits["size"] != fits["old"]:  # the row tells the formulas apart (small ones fit both)
+            formula = "size" if fits["size"] else "old"
+            if run.bw_formula not in (None, formula):
+                said = {"size": "size / time", "old": "(size - count x type size) / time"}
+                raise LogError(f"time {time} us and algbw {algbw} GB/s agree with algbw = {said[formula]}, where the rows above have "
+                               f"algbw = {said[run.bw_formula]}", self.loc(i, col),
+                               hint="the row is mangled, or the table mixes two runs' rows; rerun the test or drop the line")  # fmt: skip
+            run.bw_formula = formula
+            if formula == "old":
+                run.old_bw_line = run.old_bw_line or i + 1
+        if not (fits["size"] or fits["old"]):
+            t = float(time)
+            also = (f", or {moved} B (the size less one rank's part) as all_gather and reduce_scatter printed it before mid-2020"
+                    if moved is not None and moved > 0 else "")  # fmt: skip
+            raise LogError(f"time {time} us and algbw {algbw} GB/s disagree: {size} B in {time} us is "
+                           f"{size / (t * 1e3):.4g} GB/s (nccl-tests prints algbw = size / time{also})", self.loc(i, col),
+                           hint="the row is mangled; rerun the test or drop the line")  # fmt: skip
 
     def _bare_hint(self, hint: str) -> str:
         """What to do of a table that does not say its tool or GPU count: with the file's other
@@ -865,7 +1025,7 @@ class _Reader:
         """End `run` at line `i` (0-based), where its rows turn to another type or reduction,
         and go on with a run of the same GPUs and settings for the rows from there."""
         run.closed = True
-        new = replace(run, line=i + 1, points=[], dtype=None, redops=set(), roots=set(), bandwidths=[], block=None, unknown=None,
+        new = replace(run, line=i + 1, points=[], dtype=None, redops=set(), roots=set(), bandwidths=[], block=None, mapped=None,
                       closed=False, last=0, failure=None, sizes={}, wrong=0)  # fmt: skip
         self.runs.append(new)
         self.run = new
@@ -875,6 +1035,17 @@ class _Reader:
         new.origin = run.origin or run.line
         return new
 
+    def _partial(self, run: _Run, count: int, top: int, source: str) -> None:
+        """Check and tell the GPU count of a run whose rank list has ranks missing, as `source`
+        says it: the count given, NCCL's, the command's, or the highest rank listed + 1."""
+        if count < top:
+            raise LogError(f"rank {top - 1} is listed, and the run has {count} GPUs as {source}", self.loc(run.line - 1),
+                           hint=f"give the run's GPU count: TOOL:GPUS=FILE, e.g. all_reduce_perf:{top}={self.path}")  # fmt: skip
+        if self.notes is not None:
+            listed = ", ".join(map(str, sorted(run.ranks)[:8])) + (", ..." if len(run.ranks) > 8 else "")
+            self.notes.append(f"{self.path}:{run.line}: the rank list names only ranks {listed}: read as {count} GPUs, as {source}, "
+                              "the nodes not said")  # fmt: skip
+
     def _infer_tool(self, run: _Run, ranks: int, fits: list[str]) -> str | None:
         """The tool of a run that does not name it, where its columns (`fits`) fit one tool
         only and say enough (some results of at least `_MIN_ALGBW` GB/s); told in `notes`."""
@@ -883,8 +1054,9 @@ class _Reader:
         tool = fits[0]
         if self.notes is not None:
             said = _columns_said(run)
+            factor = 1.0 if run.bw_formula == "old" else bus_factor(TOOLS[tool], ranks)
             self.notes.append(f"{self.path}:{run.line}: the log does not name its tool; read as {tool} from its columns "
-                              f"({said + ', ' if said else ''}busbw = {bus_factor(TOOLS[tool], ranks):.4g} x algbw on {ranks} GPUs)")  # fmt: skip
+                              f"({said + ', ' if said else ''}busbw = {factor:.4g} x algbw on {ranks} GPUs)")  # fmt: skip
         return tool
 
     def _time(self, word: str, size: int, i: int, col: int) -> float:
@@ -916,10 +1088,13 @@ class _Reader:
             return SourceLoc(self.path, line, 1, self.lines[line - 1] if 0 < line <= len(self.lines) else "")
 
         end = run.last or run.line
-        if not run.points:
-            self._no_results(run)
-        elif run.unknown is not None and self.notes is not None:
-            self.notes.append(f"{self.path}:{run.unknown[0] + 1}: rows of type {run.unknown[2]} skipped: commdsl has no dtype for it")
+        why = self._no_results(run) if not run.points else None
+        if why is not None:
+            raise why
+        if run.mapped is not None and self.notes is not None:
+            line, name = run.mapped
+            self.notes.append(f"{self.path}:{line + 1}: rows of type {name} read as {run.dtype.value}, its element size (commdsl has "
+                              f"no {name}; an op's time is of its bytes and reduction)")  # fmt: skip
         if run.empty_rows and run.points and self.notes is not None:
             self.notes.append(f"{self.path}:{run.line}: {run.empty_rows} row(s) of size 0 skipped (they move no data)")
         if not run.closed:
@@ -929,7 +1104,7 @@ class _Reader:
                                hint="the run failed or the log is cut off")  # fmt: skip
             if run.header:
                 raise LogError(f"truncated: the run of line {run.line} ends at line {end} without nccl-tests' closing "
-                               "`# Avg bus bandwidth` summary", at(len(self.lines)),
+                               f"`# Avg bus bandwidth` summary{self._short_of(run)}", at(len(self.lines)),
                                hint="the run did not finish; rerun it, or cut the log after its last whole line and add the summary")  # fmt: skip
         given = self.given
         tool = run.tool
@@ -941,22 +1116,34 @@ class _Reader:
         said = run.nranks or None
         # (a header whose rank lines were cut out, given its GPU count, reads as a table without them)
         listed = bool(run.ranks) or (run.header and given.ranks is None and said is None)
+        # A rank list with ranks missing (a wrapper's own header, a log abridged by hand) does not
+        # say the GPU count: the count given overrides it, or NCCL's, or, without nccl-tests'
+        # header (which lists every rank), the highest rank listed + 1 (`_partial`).
+        top = max(run.ranks) + 1 if run.ranks else 0
+        partial = top > len(run.ranks) and (given.ranks is not None or said is not None or not run.header)
+        listed = listed and not partial
         if not listed and given.ranks is not None and said is not None and given.ranks != said:
             raise LogError(f"the run has {said} GPUs (NCCL's INFO lines: nranks {said}), not {given.ranks} as the command line says",
                            at(run.line))  # fmt: skip
         command = run.command_gpus or (None, 1)
-        ranks_known = len(run.ranks) if listed else given.ranks or said or command[0]
-        if not listed and given.ranks is None and ranks_known is not None and self.notes is not None:
+        ranks_known = len(run.ranks) if listed else given.ranks or said or command[0] or (top if partial else None)
+        if partial:
+            source = ("the command line gives" if given.ranks is not None else f"NCCL's INFO lines say (nranks {said})" if said
+                      else "the command that ran it says" if command[0] else "the highest rank listed + 1")  # fmt: skip
+            self._partial(run, ranks_known, top, source)
+        elif not listed and given.ranks is None and ranks_known is not None and self.notes is not None:
             source = f"NCCL's INFO lines say (nranks {said})" if said else "the command that ran it says"
             self.notes.append(f"{self.path}:{run.line}: a table without rank lines; read as {ranks_known} GPUs, as {source}")
         fits = _tools_fitting(run, ranks_known) if ranks_known else list(TOOLS)
         if tool is None and ranks_known:
             tool = self._infer_tool(run, ranks_known, fits)
         elif run.tool is None and tool in TOOLS and ranks_known and run.bandwidths and tool not in fits:
-            raise LogError(f"the run of line {run.line} has the columns of {_either(fits) or 'no nccl-tests tool'} "
-                           f"({_columns_said(run) or 'redop not printed'}, busbw / algbw {run.bandwidths[-1][1] / run.bandwidths[-1][0]:.4g} "
-                           f"on {ranks_known} GPUs), not {tool}'s ({bus_factor(TOOLS[tool], ranks_known):.4g}) as the command line says",
-                           at(run.line), hint=f"name the tool that wrote it, e.g. {fits[0] if fits else 'all_reduce_perf'}={self.path}")  # fmt: skip
+            # The first field that is not the named tool's decides, and the message names it.
+            fit = f"; its columns fit {_either(fits)}" if fits else f"; its columns fit no nccl-tests tool on {ranks_known} GPUs"
+            hint = (f"name the tool that wrote it, e.g. {fits[0]}={self.path}" if fits else
+                    "check the tool and the GPU count (TOOL:GPUS=FILE); a fork of nccl-tests may print its columns otherwise")  # fmt: skip
+            raise LogError(f"the run of line {run.line} is not {tool}'s, as the command line says: {_misfit(run, tool, ranks_known)}{fit}",
+                           at(run.line), hint=hint)  # fmt: skip
         if tool is None and not listed and ranks_known is None:
             raise LogError(f"a result table without nccl-tests' header (line {run.line}): the log does not say which tool wrote it "
                            "or how many GPUs ran it", at(run.line), hint=self._bare_hint(f"name both: TOOL:GPUS=FILE, e.g. all_reduce_perf:8={self.path}"))  # fmt: skip
@@ -975,8 +1162,12 @@ class _Reader:
                 raise LogError(f"a result table without nccl-tests' header (line {run.line}): the log does not say how many GPUs ran it",
                                at(run.line), hint=self._bare_hint(f"name the tool and the GPU count: {tool}:GPUS=FILE, e.g. {tool}:8={self.path}"))  # fmt: skip
             per_thread = command[1] if command[0] == ranks_known else 1  # `-g` of the command that ran these GPUs
-            return NcclTestsLog(path, tool, TOOLS[tool], ranks_known, per_thread, None, None, False, run.dtype, "", tuple(run.points),
-                                *run.lists_for(TOOLS[tool]), run.version, run.channels, run.line, run.collnet, self.path)  # fmt: skip
+            if partial and run.header and ranks_known % run.gpus == 0:
+                per_thread = run.gpus
+            names = {name for _, name, _ in run.ranks.values()}  # a partial list's GPUs
+            device = names.pop() if len(names) == 1 else ""
+            return NcclTestsLog(path, tool, TOOLS[tool], ranks_known, per_thread, None, None, run.graph, run.dtype, device,
+                                tuple(run.points), *run.lists_for(TOOLS[tool]), run.version, run.channels, run.line, run.collnet, self.path)  # fmt: skip
         ranks = run.ranks
         if not ranks:
             raise LogError("no `# Rank N ... on HOST device D` lines: cannot tell the GPUs", at(run.line),
@@ -984,7 +1175,8 @@ class _Reader:
         n = len(ranks)
         if max(ranks) != n - 1:
             missing = sorted(set(range(max(ranks) + 1)) - set(ranks))[:10]
-            raise LogError(f"ranks {missing} are missing from the rank list (ranks 0..{max(ranks)})", at(run.line))
+            raise LogError(f"ranks {missing} are missing from the rank list (ranks 0..{max(ranks)})", at(run.line),
+                           hint=f"if the log was abridged, give the run's GPU count: TOOL:GPUS=FILE, e.g. {tool}:{max(ranks) + 1}={self.path}")  # fmt: skip
         if given.ranks is not None and given.ranks != n:
             raise LogError(f"the run has {n} GPUs, not {given.ranks} as the command line says", at(run.line))
         if said is not None and said != n:
@@ -1056,27 +1248,57 @@ def parse_nccl_list(value: str, known: dict[str, T]) -> dict[OpKind, frozenset[T
 
 
 def _tools_fitting(run: _Run, ranks: int) -> list[str]:
-    """The tools whose output a run's columns fit: the `redop` word (a reduction or `none`),
-    the `root` (a rank or -1) and every busbw / algbw ratio (the tool's bus factor on
-    `ranks` GPUs, within the columns' rounding to 0.01)."""
-    fits = []
-    for tool in TOOLS:
-        if "" in run.redops and tool != "alltoall_perf":
-            continue  # a blank `redop`: old alltoall's
-        if run.redops - {""} and (run.redops != {"none"}) != (tool in _REDUCING):
-            continue
-        if run.titled and not {"redop", "root"} <= set(run.columns) and _OLD_TITLES[tool] != tuple(
-                t for t in ("redop", "root") if t in run.columns):  # fmt: skip
-            continue  # titles of before 2.13 (no `redop` or no `root`): each tool had its own
-        if run.roots and (max(run.roots) >= 0) != (tool in _ROOTED):
-            continue
-        if len(run.in_place_checked) == 1 and (True in run.in_place_checked) == (tool in _UNCHECKED_IN_PLACE):
-            continue
-        f = bus_factor(TOOLS[tool], ranks)
-        if any(abs(busbw - f * algbw) > _bus_slack(f, busbw) for algbw, busbw in run.bandwidths):
-            continue
-        fits.append(tool)
-    return fits
+    """The tools whose output a run's columns fit on `ranks` GPUs (`_misfit`)."""
+    return [tool for tool in TOOLS if _misfit(run, tool, ranks) is None]
+
+
+def _misfit(run: _Run, tool: str, ranks: int) -> str | None:
+    """Why a run's columns are not `tool`'s output on `ranks` GPUs, the first field that says
+    so, as a message quotes it; None where they fit it: the `redop` word (a reduction or
+    `none`; blank: old alltoall's), titles of before 2.13 (each tool had its own), the `root`
+    (a rank or -1), whether the in-place results were checked, the algbw of before mid-2020,
+    and every busbw / algbw ratio (the tool's bus factor, within the columns' rounding)."""
+    if "" in run.redops and tool != "alltoall_perf":
+        return "its redop is blank, as only alltoall_perf printed it (before nccl-tests 2.13)"
+    words = run.redops - {""}
+    if words and (words != {"none"}) != (tool in _REDUCING):
+        does = "reduces (it prints the reduction, e.g. sum)" if tool in _REDUCING else "does not reduce (it prints none)"
+        return f"its redop is {'/'.join(sorted(words))}, and {tool} {does}"
+    kept = tuple(t for t in ("redop", "root") if t in (run.columns or ()))
+    if run.titled and kept != ("redop", "root") and _OLD_TITLES[tool] != kept:
+        return (f"its column titles are nccl-tests' before 2.13 with {' and '.join(kept) or 'neither redop nor root'}, and "
+                f"{tool}'s had {' and '.join(_OLD_TITLES[tool]) or 'neither'}")  # fmt: skip
+    if run.roots and (max(run.roots) >= 0) != (tool in _ROOTED):
+        return f"its root is {max(run.roots)}, and {tool} " + ("names a root rank" if tool in _ROOTED else "has none (it prints -1)")
+    if len(run.in_place_checked) == 1 and (True in run.in_place_checked) == (tool in _UNCHECKED_IN_PLACE):
+        if True in run.in_place_checked:
+            return f"its in-place #wrong is a count (the results checked), and {tool} never checks them (it prints N/A)"
+        return f"its in-place #wrong is N/A where the out-of-place one is a count, and {tool} checks both"
+    old = run.bw_formula == "old"
+    if old and tool not in _OLD_ALGBW:
+        return (f"its algbw is (size - count x type size) / time (line {run.old_bw_line}), as only {' and '.join(_OLD_ALGBW)} "
+                "printed it (before mid-2020)")  # fmt: skip
+    f = 1.0 if old else bus_factor(TOOLS[tool], ranks)  # (busbw was algbw then)
+    for algbw, busbw in run.bandwidths:
+        if abs(busbw - f * algbw) > _bus_slack(f, busbw):
+            return f"busbw / algbw is {busbw / algbw:.4g} (busbw {busbw:g}, algbw {algbw:g}), and {tool}'s on {ranks} GPUs is {f:.4g}"
+    return None
+
+
+def _last_sizes(sweep: tuple[int, int, int, bool]) -> tuple[int, int] | None:
+    """The last two sizes a sweep times (0 before the first), as nccl-tests steps them
+    (src/common.cu: from minBytes while at most maxBytes, times the factor or plus the step);
+    None where it would not end."""
+    low, high, step, factor = sweep
+    if low > high or step < 1 or (factor and (step < 2 or low < 1)):
+        return None
+    if not factor:
+        k = (high - low) // step
+        return (low + (k - 1) * step if k else 0), low + k * step
+    before, size = 0, low
+    while size * step <= high:
+        before, size = size, size * step
+    return before, size
 
 
 def _bus_slack(factor: float, busbw: float) -> float:
@@ -1097,6 +1319,8 @@ def _columns_said(run: _Run) -> str:
         parts.append(f"redop {'/'.join(sorted(w or 'blank' for w in run.redops))}")
     if len(run.in_place_checked) == 1:
         parts.append("in-place results checked" if True in run.in_place_checked else "in-place #wrong N/A")
+    if run.bw_formula == "old":
+        parts.append("algbw = (size - count x type size) / time, as before mid-2020")
     return ", ".join(parts)
 
 

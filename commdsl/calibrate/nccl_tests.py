@@ -739,7 +739,7 @@ def from_nccl_tests(paths: list[str], out: str, base: str | None = None, algo: A
     if len(collnets) == 1 and None not in collnets:
         doc["nccl"]["collnet"] = collnets.pop()  # the cluster's SHARP switches as its runs had them
     doc["calibration"] = asdict(Calibration.now("commdsl calibrate --from-nccl-tests", ", ".join(Path(p).name for p in paths)))
-    header = (f"# Written by `commdsl calibrate --from-nccl-tests` from {len(logs)} nccl-tests log(s):\n"
+    header = (f"# Written by `commdsl calibrate --from-nccl-tests` from {len(paths)} nccl-tests log(s):\n"
               + "".join(f"#   {p}\n" for p in paths) + f"# base machine: {machine.name} ({machine.source})\n")  # fmt: skip
     text = header + yaml.safe_dump(doc, sort_keys=False)
     machine_out = load_machine_text(text, out)
