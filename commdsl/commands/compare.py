@@ -102,7 +102,7 @@ def run(args: argparse.Namespace) -> int:
 
         with Progress("commdsl compare") as progress:
             progress.phase(f"reading the profiler traces in {args.measured}")
-            job = read_job(args.measured, args.step)
+            job = read_job(args.measured, args.step, "a comparison")
             progress.phase("finding the schedule's ops in the traces")
             cmp, match = compare_trace(predicted, job, min_duration_us=args.min_duration)
         measured = match.measured

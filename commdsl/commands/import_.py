@@ -99,7 +99,7 @@ def _import_kineto(args: argparse.Namespace, name: str) -> int:
         raise UsageError(f"--tolerance must be a number of microseconds >= 0, got {args.tolerance}")
     with Progress("commdsl import kineto") as progress:
         progress.phase(f"reading the traces in {args.file}")
-        job = read_job(args.file, args.step)
+        job = read_job(args.file, args.step, "a replay")
         progress.phase("writing the schedule")
         notes: list[str] = []
         text = schedule_text(job, name, tolerance, notes)

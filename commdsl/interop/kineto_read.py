@@ -276,11 +276,16 @@ class KinetoJob:
     def require_every_rank(self, purpose: str) -> None:
         """Refuse a job some rank's trace is missing from: `purpose` ("a replay", "a
         comparison") would take that rank for one that did no work."""
-        missing = sorted(set(range(self.world_size)) - set(self.ranks))
-        if missing:
-            raise TraceError(f"{self.folder} holds the traces of ranks {sorted(self.ranks)} of a job of {self.world_size} ranks; "
-                             f"ranks {missing[:8]}{'...' if len(missing) > 8 else ''} are missing",
-                             hint=f"{purpose} needs every rank's trace of the same step (one file per rank in the folder)")  # fmt: skip
+        _require_ranks(self.folder, set(self.ranks), self.world_size, purpose)
+
+
+def _require_ranks(folder: str, present: set[int], world_size: int, purpose: str) -> None:
+    """Refuse a folder of the traces of some ranks of a job only (see `KinetoJob.require_every_rank`)."""
+    missing = sorted(set(range(world_size)) - present)
+    if missing:
+        raise TraceError(f"{folder} holds the traces of ranks {sorted(present)} of a job of {world_size} ranks; "
+                         f"ranks {missing[:8]}{'...' if len(missing) > 8 else ''} are missing",
+                         hint=f"{purpose} needs every rank's trace of the same step (one file per rank in the folder)")  # fmt: skip
 
 
 IMPORTED_HOST_GAP = "gap"
@@ -404,9 +409,11 @@ def is_trace_path(path: str | Path) -> bool:
     return head == b"\x1f\x8b" or b'"schemaVersion"' in start
 
 
-def read_job(path: str | Path, step: int | None = None) -> KinetoJob:
+def read_job(path: str | Path, step: int | None = None, purpose: str | None = None) -> KinetoJob:
     """Every rank's trace in `path` (a folder, or one file), cut to profiler step `step`
-    (its number in `ProfilerStep#N`); None: the last step of every rank's trace that holds work."""
+    (its number in `ProfilerStep#N`); None: the last step of every rank's trace that holds
+    work. With a `purpose` ("a replay"), a folder with ranks missing is refused before any
+    trace is cut to its step (`KinetoJob.require_every_rank`)."""
     files = trace_files(path)
     traces = [(f, load_trace(f)) for f in files]
     ranks: dict[int, tuple[Path, dict]] = {}
@@ -428,6 +435,8 @@ def read_job(path: str | Path, step: int | None = None) -> KinetoJob:
             raise TraceError(f"{f} and {ranks[rank][0]} are both rank {rank}'s trace", hint="one trace per rank in the folder")
         ranks[rank] = (f, data)
         world = max(world, _count(info.get("world_size", 1), "distributedInfo.world_size", f, 1))
+    if purpose is not None:
+        _require_ranks(str(path), set(ranks), max(world, max(ranks, default=0) + 1), purpose)
     steps = [set(_steps(data)) for _, data in ranks.values()]
     common = set.intersection(*steps) if steps else set()
     if step is not None and step not in common:
