@@ -132,10 +132,12 @@ def check_peer_copies(peer_copies: list[Op]) -> None:
 
 
 def _signature(op: Op) -> tuple:
-    return (op.kind, op.size_bytes, op.root, op.reduce_op, op.dtype)
+    # algo= and proto= too: NCCL's ranks must agree on them (a mismatch hangs or corrupts
+    # data), and a simulation would take one rank's choice for all.
+    return (op.kind, op.size_bytes, op.root, op.reduce_op, op.dtype, op.algo, op.proto)
 
 
-_SIGNATURE_FIELDS = ("kind", "size", "root", "reduce op", "dtype")
+_SIGNATURE_FIELDS = ("kind", "size", "root", "reduce op", "dtype", "algo", "proto")
 
 
 def _differences(a: Op, b: Op) -> str:
@@ -154,12 +156,13 @@ def _sig_text(op: Op) -> str:
         parts.append(f"root={op.root}")
     if op.reduce_op is not None:
         parts.append(f"op={op.reduce_op.value}")
+    parts += [f"{key}={value.value}" for key, value in (("algo", op.algo), ("proto", op.proto)) if value is not None]
     return " ".join(parts)
 
 
 def _same_sequence(ref: list[Op], seq: list[Op]) -> bool:
-    """Whether two ranks' collectives on a group agree (kind, size, root, op, dtype); ops
-    that share a spec (most do) agree without comparing fields."""
+    """Whether two ranks' collectives on a group agree (kind, size, root, op, dtype, algo,
+    proto); ops that share a spec (most do) agree without comparing fields."""
     if len(ref) != len(seq):
         return False
     for a, b in zip(ref, seq):
@@ -169,7 +172,8 @@ def _same_sequence(ref: list[Op], seq: list[Op]) -> bool:
 
 
 def check_collective_sequences(program: Program, per_group: dict[str, dict[int, list[Op]]]) -> None:
-    """Every member of a group issues the same collectives (kind, size, root, op) in order."""
+    """Every member of a group issues the same collectives (kind, size, root, op, dtype,
+    algo, proto) in order."""
     for group_id, by_rank in per_group.items():
         group = program.group(group_id)
         ref_rank = min(by_rank)

@@ -249,6 +249,11 @@ CASES = [
     Case("collective_op", prog("if rank < 2:", "    all_reduce g 4MiB op=max", "else:", "    all_reduce g 4MiB op=min"),
          "differs between ranks (reduce op): rank 0 issues `all_reduce g 4MiB fp32 op=max` but rank 2 issues", P + 4, 7,
          error=ValidationError, related_line=P + 2, rank=2),
+    Case("collective_algo", prog("if rank == 0:", "    all_reduce g 64MiB algo=ring", "else:", "    all_reduce g 64MiB algo=tree"),
+         "differs between ranks (algo): rank 0 issues `all_reduce g 64MiB fp32 op=sum algo=ring` but rank 1 issues", P + 4, 7,
+         error=ValidationError, related_line=P + 2, rank=1),
+    Case("collective_proto", prog("if rank == 0:", "    all_reduce g 64MiB proto=simple", "else:", "    all_reduce g 64MiB proto=ll"),
+         "differs between ranks (proto)", P + 4, 7, error=ValidationError, related_line=P + 2, rank=1),
     Case("collective_count", prog("if rank != 3:", "    all_reduce g 4MiB"),
          "rank 0 issues 1 collective(s) on group world but rank 3 issues 0", P + 2, 7, error=ValidationError),
     Case("barrier_count", prog("if rank != 3:", "    barrier"),  # a barrier has no name: not `barrier barrier`
