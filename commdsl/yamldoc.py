@@ -128,7 +128,9 @@ class YamlDocument:
             message += f" ({e.context} that starts at {start.line}:{start.column})"
             if start.line != self.loc_of_mark(e.problem_mark).line:
                 related = (("where it starts", start),)
-        return self.error(message, self.loc_of_mark(mark) if mark else None, related=related)
+        at = self.lines[mark.line][mark.column] if mark and mark.line < len(self.lines) and mark.column < len(self.lines[mark.line]) else ""
+        hint = "indent with spaces: YAML does not allow tabs there" if at == "\t" else _syntax_hint(e.problem or "")
+        return self.error(message, self.loc_of_mark(mark) if mark else None, related=related, hint=hint)
 
     # ---- positions ------------------------------------------------------------------
 
@@ -193,7 +195,9 @@ class YamlDocument:
             self._constructor.construct_object(node, deep=True)
         except yaml.constructor.ConstructorError as e:
             value = f" (the value {self.scalar_text(node)})" if isinstance(node, yaml.ScalarNode) else ""
-            raise self.error(f"invalid YAML value: {e.problem}{value}", self.loc(node)) from None
+            merge = node.tag == "tag:yaml.org,2002:merge"
+            raise self.error(f"invalid YAML value: {e.problem}{value}", self.loc(node),
+                             hint="merge keys (`<<: *anchor`) are not read: write the keys out" if merge else None) from None  # fmt: skip
         except (ValueError, TypeError, KeyError, IndexError, AttributeError, OverflowError) as e:
             # PyYAML's constructors index and convert the text without checking it first.
             # A date's own reason says which part is wrong; ints' and floats' only repeat Python.
@@ -208,3 +212,16 @@ def _tag_name(tag: str) -> str:
 
 def _char_text(code: int) -> str:
     return f"U+{code:04X}" if isinstance(code, int) else f"'{code}'"
+
+
+_SYNTAX_HINTS = (
+    ("mapping values are not allowed", "a value with ': ' in it needs quotes: `doc: \"MoE layer: 8 experts\"`"),
+    ("did not find expected key", "a line is indented more or less than the lines of its block (the first line sets it)"),
+    ("expected <block end>", "a line is indented more or less than the lines of its block (the first line sets it)"),
+)
+"""What to do about PyYAML's commonest problems, by the words of its message (it has no codes)."""
+
+
+def _syntax_hint(problem: str) -> str | None:
+    return next((hint for words, hint in _SYNTAX_HINTS if words in problem), None)
+

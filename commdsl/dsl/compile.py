@@ -34,6 +34,7 @@ class ProgramCompiler(StatementRules, OpRules, ExpressionRules):
         """Transform `tree` into closures; errors raised by rule methods come out as
         they are (Lark wraps them in `VisitError`). `param_values`: the params' values,
         which make the params no block parameter shadows constants (`constants`)."""
+        self.block_names = frozenset(str(node.children[0]) for node in tree.find_data("def_stmt"))
         if param_values:
             shadowed = {str(name) for node in tree.find_data("parameters") for name in node.children}
             self.constants = {name: value for name, value in param_values.items() if name not in shadowed}

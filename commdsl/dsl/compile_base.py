@@ -188,6 +188,9 @@ class RuleSet(Transformer):
         `rank_at()` with no coordinate), ("group", FAMILY, "rank" or "size") (a group's
         `.rank` or `.size`), and ("rank_at", AXIS) for each axis a `rank_at` call sets
         (`commdsl.dsl.fold` decides from these which mesh axis may be folded)."""
+        self.block_names: frozenset[str] = frozenset()
+        """The names of the program's `def` blocks (`ProgramCompiler.compile` fills it): a
+        call of one inside an expression is told so."""
         self.names: dict[str, str] = {}
         """Op names, each text once: the refs intern their texts here (`ref_text`), and
         the expansion goes on with this table (`InternTables.names`)."""

@@ -289,7 +289,7 @@ class ExpressionRules(RuleSet):
             raise ScheduleError(
                 f"unknown function '{name}' (functions: {', '.join(sorted(BUILTINS))}, rank_at)", loc,
                 hint=did_you_mean(name, [*BUILTINS, "rank_at"])
-                or "blocks defined with `def` are statements: call them on a line of their own",
+                or ("blocks defined with `def` are statements: call them on a line of their own" if name in self.block_names else None),
             )
         if keywords:
             raise ScheduleError(f"{name}() takes no keyword arguments", loc)

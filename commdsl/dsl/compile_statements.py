@@ -213,7 +213,7 @@ class StatementRules(RuleSet):
             bounds = [a(env) for a in positional]
             for b in bounds:
                 if not isinstance(b, int) or isinstance(b, bool):
-                    raise ctx.fail(f"range() takes integers, got {type_name(b)}", loc)
+                    raise ctx.fail(f"range() takes integers, got {type_name(b)} ({b!r})" if isinstance(b, float) else f"range() takes integers, got {type_name(b)}", loc)
             if len(bounds) == 3 and bounds[2] == 0:
                 raise ctx.fail("range() step must not be zero", loc)
             iterations = range(*bounds)

@@ -148,6 +148,11 @@ def load_schedule_text(
     if prog_node.style == ">":
         raise ScheduleError("`program: >` folds the program's lines together", doc.loc(prog_node),
                             hint="write `program: |` (a literal block) instead")  # fmt: skip
+    if prog_node.style != "|" and prog_node.end_mark.line > prog_node.start_mark.line:
+        # YAML joins a plain or quoted scalar's lines with spaces: the ops would run together.
+        what = "plain text" if not prog_node.style else "a quoted string"
+        raise ScheduleError(f"`program:` written as {what} over several lines: YAML joins its lines into one", doc.loc(prog_node),
+                            hint="write `program: |` and the ops on the following, indented lines")  # fmt: skip
     origin = doc.origin_of_scalar(prog_node)
     tree = parse_program(prog_node.value, origin, tuple(params))
     compiler = ProgramCompiler(origin, layout, tuple(params))
@@ -380,7 +385,9 @@ def _params(doc: _YamlFile, entry, overrides: dict[str, str]) -> dict[str, objec
 def _int_value(doc, node, env, what: str, minimum: int) -> int:
     v = _scalar_value(doc, node, env, what)
     if not isinstance(v, int) or isinstance(v, bool) or v < minimum:
-        raise ScheduleError(f"{what} must be an integer >= {minimum}, got {format_value(v)}", doc.loc(node))
+        shown = repr(v) if isinstance(v, float) else format_value(v)  # 2.0, not the 2 a number prints as
+        raise ScheduleError(f"{what} must be an integer >= {minimum}, got {shown}", doc.loc(node),
+                            hint=f"write {int(v)}" if isinstance(v, float) and v.is_integer() and v >= minimum else None)  # fmt: skip
     return v
 
 

@@ -190,6 +190,58 @@ def _unit_problem(line_text: str) -> tuple[int, str, str] | None:
     return None
 
 
+_PYTHON_ONLY = {
+    "while": "loop with `for NAME in range(N):`",
+    "break": "a loop runs every iteration: put the rest of its body under an `if`",
+    "continue": "a loop runs every iteration: put the rest of its body under an `if`",
+    "return": "a `def` block is a list of statements and returns nothing: compute values with expressions",
+    "import": "every op and function is built in (docs/language.md)",
+    "from": "every op and function is built in (docs/language.md)",
+    "try": None, "with": None, "class": None, "lambda": None, "global": None, "nonlocal": None, "del": None,
+    "raise": "check a condition with `assert CONDITION, \"message\"`", "yield": None, "async": None, "await": None,
+}  # fmt: skip
+"""Python statements a program may be written with, not part of the language: what to write instead."""
+
+_AUGMENTED_RE = re.compile(r"\s*([A-Za-z_]\w*(?:\[[^\]]*\])?)\s*(//|[-+*/%])=")
+_OP_WORD_RE = re.compile(r"\s*(?:[A-Za-z_]\w*\s*=\s*)?([a-z_]+)\b")
+_SIZED_OPS = frozenset({"all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "reduce", "gather", "scatter",
+                        "send", "recv", "isend", "irecv", "copy"})  # fmt: skip
+_PEER_WORD = {"send": "to", "isend": "to", "recv": "from", "irecv": "from"}
+
+
+def _statement_problem(line_text: str) -> tuple[int, str, str | None] | None:
+    """A statement written as Python would have it, or an op missing a part, on a line
+    that failed to parse: (column, message, hint)."""
+    code = line_text.split("#", 1)[0]
+    words = code.split()
+    if not words:
+        return None
+    column = len(code) - len(code.lstrip()) + 1
+    first = words[0].rstrip(":")
+    if first in _PYTHON_ONLY:
+        return column, f"`{first}` is Python, not part of the schedule language", _PYTHON_ONLY[first]
+    if first in ("elif", "else"):
+        return column, f"`{first}` with no `if` block above it at the same indentation", "an `if` block's `elif` and `else` line up with its `if`"
+    m = _AUGMENTED_RE.match(code)
+    if m:
+        value = code[m.end():].strip() or "..."
+        return (column, f"`{m.group(1)} {m.group(2)}= {value}`: the language has no augmented assignment",
+                f"write `{m.group(1)} = {m.group(1)} {m.group(2)} {value}`")  # fmt: skip
+    m = _OP_WORD_RE.match(code)
+    op = m.group(1) if m else None
+    if op in _SIZED_OPS:
+        rest = code[m.end():].split()
+        if rest and rest[0].startswith("=") and not rest[0].startswith("=="):
+            return m.start(1) + 1, f"`{op}` is an op of the language: it cannot name a value", "choose another name"
+        if len(rest) < 2 or "=" in rest[1]:
+            return (m.start(1) + 1, f"`{op}` needs a size after its name",
+                    f"write `{op} NAME SIZE ...`, e.g. `{op} x 4MiB" + (f" {_PEER_WORD[op]} 1`" if op in _PEER_WORD else "`"))  # fmt: skip
+        if op in _PEER_WORD and _PEER_WORD[op] not in rest:
+            return (m.start(1) + 1, f"`{op}` names its peer with `{_PEER_WORD[op]}`",
+                    f"write `{op} NAME SIZE {_PEER_WORD[op]} RANK`")  # fmt: skip
+    return None
+
+
 @functools.cache
 def _statement_keywords() -> tuple[str, ...]:
     """The keywords a statement can start with (the ops, `if`, `for`, `def`, ...), as the
@@ -260,6 +312,8 @@ def _raise_parse_error(err: LarkError, parser: Lark, origin: TextOrigin, text: s
         err_line = err.token.line
     if isinstance(err_line, int) and 0 < err_line <= len(lines):
         problem = _unit_problem(lines[err_line - 1])
+        if problem is None and defined is not None:
+            problem = _statement_problem(lines[err_line - 1])
         if problem is not None:
             column, message, hint = problem
             raise ScheduleError(message, origin.loc(err_line, column), hint=hint) from None
