@@ -53,7 +53,7 @@ def load(schedule: PathLike, params: Mapping[str, object] | None = None, /, *, m
     max_ops = DEFAULT_MAX_OPS if max_ops is None else whole_number("max_ops", max_ops)
     merged = {**(params or {}), **kw_params}
     overrides = {str(k): _param_text(v) for k, v in merged.items()}
-    return load_schedule(text, overrides, max_ops=max_ops, validate=validate)
+    return load_schedule(text, overrides, max_ops=max_ops, validate=validate, overrides_from="load")
 
 
 def load_machine(name: PathLike | None = None, *, nodes: int | None = None) -> Machine:

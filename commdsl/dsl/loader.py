@@ -85,8 +85,10 @@ def load_schedule(
     validate: bool = True,
     fold: bool = False,
     fold_unit: int = 1,
+    overrides_from: str = "-p",
 ) -> Program:
-    """Load a schedule by path or bundled name; `overrides` are `-p key=value` pairs.
+    """Load a schedule by path or bundled name; `overrides` are `-p key=value` pairs
+    (`overrides_from`: what messages call them, "-p" or a Python function's name).
     `fold`: where the replicas along a mesh axis verifiably run the same program, expand
     one of them and describe the others by `Program.fold` (`commdsl.dsl.fold`; only for
     consumers that understand a `Fold`: the checks and the simulator). `fold_unit`: the
@@ -102,7 +104,8 @@ def load_schedule(
     # messages do not depend on where commdsl lives.
     display = arg if is_file(arg) else f"schedules/{path.name}"
     text = read_text(path, display, ScheduleError, "schedule")
-    return load_schedule_text(text, display, overrides, max_ops=max_ops, validate=validate, fold=fold, fold_unit=fold_unit)
+    return load_schedule_text(text, display, overrides, max_ops=max_ops, validate=validate, fold=fold, fold_unit=fold_unit,
+                              overrides_from=overrides_from)  # fmt: skip
 
 
 def parse_overrides(items: list[str]) -> dict[str, str]:
@@ -129,15 +132,16 @@ def load_schedule_text(
     validate: bool = True,
     fold: bool = False,
     fold_unit: int = 1,
+    overrides_from: str = "-p",
 ) -> Program:
-    """Load a schedule from its text; `file` is the name used in messages; `fold` and
-    `fold_unit` as in `load_schedule`."""
+    """Load a schedule from its text; `file` is the name used in messages; `fold`,
+    `fold_unit` and `overrides_from` as in `load_schedule`."""
     if not isinstance(fold_unit, int) or fold_unit < 1:
         raise UsageError(f"fold_unit is the GPUs of a node, a whole number of at least 1, got {fold_unit!r}")
     doc, top = _schedule_top(text, file)
     name = _string(doc, top, "name", Path(file).stem)
     docstring = _string(doc, top, "doc", "")
-    params = _params(doc, top.get("params"), overrides or {})
+    params = _params(doc, top.get("params"), overrides or {}, overrides_from)
     env = dict(params)
     layout = _layout(doc, top, env)
 
@@ -259,7 +263,7 @@ def _expand_folded(layout: WorldLayout, rank_reads: set[tuple[str, ...]], expand
     fold = make_fold(layout, axis, unit)
     if fold.replicas < 2:
         return (f"not folded along {axis}: its {fold.block} replicas fill whole {unit}-rank nodes only all together "
-                f"(one replica is {fold.stride // fold.block} ranks)")  # fmt: skip
+                f"(one replica is {fold.stride // fold.block} rank{'s' if fold.stride // fold.block != 1 else ''})")  # fmt: skip
     checked = sorted({1, fold.replicas - 1})  # the next replica and the last one
     empty = StageTransfers((), ())
     per_rank: list[tuple] = [()] * layout.world_size
@@ -357,7 +361,12 @@ def _scalar_value(doc: _YamlFile, node: yaml.Node, env: dict, what: str) -> obje
     raise ScheduleError(f"{what} must be a number, a boolean or an expression such as 32MiB", doc.loc(node))
 
 
-def _params(doc: _YamlFile, entry, overrides: dict[str, str]) -> dict[str, object]:
+def _override_label(key: str, source: str) -> str:
+    """How a message names an override: `-p act` on the command line, `load(act=...)` in Python."""
+    return f"-p {key}" if source == "-p" else f"{source}({key}=...)"
+
+
+def _params(doc: _YamlFile, entry, overrides: dict[str, str], source: str = "-p") -> dict[str, object]:
     if entry is None:
         nodes: dict[str, tuple[yaml.Node, yaml.Node]] = {}
     else:
@@ -365,7 +374,7 @@ def _params(doc: _YamlFile, entry, overrides: dict[str, str]) -> dict[str, objec
     unknown = [k for k in overrides if k not in nodes]
     if unknown:
         raise UsageError(
-            f"-p {unknown[0]}=...: the schedule has no param '{unknown[0]}'"
+            f"{_override_label(unknown[0], source) + ('=...' if source == '-p' else '')}: the schedule has no param '{unknown[0]}'"
             + (f" (params: {', '.join(nodes)})" if nodes else " (it declares none)"),
             hint=did_you_mean(unknown[0], nodes),
         )
@@ -375,7 +384,7 @@ def _params(doc: _YamlFile, entry, overrides: dict[str, str]) -> dict[str, objec
             raise ScheduleError(f"'{key}' is reserved and cannot be a param", doc.loc(knode))
         if key in overrides:
             text = overrides[key]
-            origin = TextOrigin(f"-p {key}", (text,), 1, 0, block=False)
+            origin = TextOrigin(_override_label(key, source), (text,), 1, 0, block=False)
             env[key] = _eval_text(text, origin, env)
         else:
             env[key] = _scalar_value(doc, vnode, env, f"param '{key}'")
