@@ -13,10 +13,13 @@ from lark import v_args
 from commdsl.dsl.compile_base import OP_SHAPE, RuleSet, Stmt, loc_of
 from commdsl.dsl.estimate import AssignShape, BodyShape, CallShape, DefShape, ForShape, IfShape, check_loop, expression_names
 from commdsl.dsl.values import BUILTINS, ValueFault, truth, type_name
-from commdsl.errors import ScheduleError, did_you_mean
+from commdsl.errors import CommdslError, ScheduleError, did_you_mean
 
 MAX_CALL_DEPTH = 64
 """Deepest nesting of block calls (beyond it: a recursion)."""
+
+MAX_CALL_SITES_SHOWN = 3
+"""How many of the calls that led to an error inside a block its message shows."""
 
 _NO_BLOCK = object()
 """What a call has bound its arguments to before its first call: no block at all."""
@@ -123,6 +126,11 @@ class StatementRules(RuleSet):
             try:
                 for stmt in body:
                     stmt(ctx, local)
+            except CommdslError as err:
+                # An error inside a block names the calls that led to it (innermost first).
+                if err.loc is not None and len(err.related) < MAX_CALL_SITES_SHOWN:
+                    err.related = (*err.related, (f"in {name}(), called from here", loc))
+                raise
             finally:
                 ctx.call_depth -= 1
 
