@@ -195,9 +195,10 @@ def compare(predicted: SimResult | Timeline | PathLike, measured: Timeline | Pat
 def compare_named(predicted: Timeline, measured: Timeline, predicted_name: str, measured_name: str,
                   min_duration_us: float = 10.0) -> Comparison:  # fmt: skip
     """`compare` of two timelines that messages call by these names (their files)."""
-    from commdsl.comparison import compare_timelines
+    from commdsl.comparison import compare_timelines, unfolded
     from commdsl.errors import UsageError
 
+    predicted = unfolded(predicted)  # a folded program's representatives stand for every replica
     if predicted.world_size != measured.world_size:
         raise UsageError(f"the timelines have different world sizes: {predicted.world_size} ({predicted_name}) "
                          f"vs {measured.world_size} ({measured_name})")  # fmt: skip
@@ -205,8 +206,7 @@ def compare_named(predicted: Timeline, measured: Timeline, predicted_name: str, 
         raise UsageError(f"the timelines are of different schedules: '{predicted.schedule}' ({predicted_name}) "
                          f"vs '{measured.schedule}' ({measured_name})")  # fmt: skip
     # A run's timeline holds a span of every rank with ops: one missing would show as a
-    # rank that did no work. (A prediction may hold only some ranks: a folded program's
-    # representatives. A hung run's partial timeline may hold no span of a rank that
+    # rank that did no work. (A hung run's partial timeline may hold no span of a rank that
     # started no op: its ops are listed as unpaired.)
     if measured.source == "measured" and not measured.meta.get("partial"):
         lost = sorted({s.rank for s in predicted.spans} - {s.rank for s in measured.spans})

@@ -24,7 +24,7 @@ from __future__ import annotations
 import json
 import re
 import statistics
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TextIO
 
 from commdsl.breakdown import Breakdown, breakdown_of
@@ -32,7 +32,7 @@ from commdsl.errors import UsageError
 from commdsl.interop.kineto_read import IMPORTED_HOST_GAP, kernel_op_names
 from commdsl.ir import Dtype, OpKind
 from commdsl.machine.model import Machine
-from commdsl.timeline import FLOP_RATE_META, MEMORY_PEAK_META, REQUESTED_DURATION_ARG, Span, SpanRole, Timeline
+from commdsl.timeline import FLOP_RATE_META, FOLD_META, MEMORY_PEAK_META, REQUESTED_DURATION_ARG, Span, SpanRole, Timeline
 
 NON_BUSY_KINDS = frozenset({OpKind.WAIT.value, OpKind.WAIT_EVENT.value, OpKind.RECORD.value, OpKind.SYNCHRONIZE.value,
                             OpKind.ALLOC.value, OpKind.FREE.value})  # fmt: skip
@@ -374,11 +374,44 @@ def rank_breakdowns(timeline: Timeline) -> dict[int, RankBreakdown]:
     return {r: breakdown_of(spans, makespan) for r, spans in sorted(ops.items())}
 
 
+def unfolded(predicted: Timeline) -> Timeline:
+    """A predicted timeline of every rank: where the simulated program was folded
+    (`FOLD_META`), each rank outside the representative gets its representative's spans
+    (same times, its own rank and op ids: a replica runs its representative's ops in the
+    same order) and memory peak; else `predicted` itself."""
+    fold = predicted.meta.get(FOLD_META)
+    if not fold:
+        return predicted
+    shown = set(fold["ranks"])
+
+    def representative(rank: int) -> int:  # `commdsl.ir.Fold.representative`
+        return rank - rank // fold["stride"] % fold["replicas"] * fold["stride"]
+
+    by_rank: dict[int, list[Span]] = {}
+    for s in predicted.spans:
+        by_rank.setdefault(s.rank, []).append(s)
+    spans = list(predicted.spans)
+    peaks = dict(predicted.meta.get(MEMORY_PEAK_META, {}))
+    for rank in range(predicted.world_size):
+        if rank in shown:
+            continue
+        rep = representative(rank)
+        spans += [replace(s, rank=rank, op_id=f"{rank}:{s.op_id.split(':', 1)[1]}") for s in by_rank.get(rep, ())]
+        if str(rep) in peaks:
+            peaks[str(rank)] = peaks[str(rep)]
+    meta = {k: v for k, v in predicted.meta.items() if k != FOLD_META}  # unfolded now: once only
+    if peaks:
+        meta[MEMORY_PEAK_META] = peaks
+    tracks = {r: predicted.tracks[representative(r)] for r in range(predicted.world_size) if representative(r) in predicted.tracks}
+    return replace(predicted, spans=spans, meta=meta, tracks=tracks)
+
+
 def compare_timelines(predicted: Timeline, measured: Timeline, *, min_duration_us: float = 10.0,
                       measured_origin_us: float | None = None) -> Comparison:  # fmt: skip
-    """Pair the ops of two timelines by op id. Start times are taken from each timeline's
-    first start, or for the measured one from `measured_origin_us` where given (a
-    profiler trace's step start: its first paired op may start well after it)."""
+    """Pair the ops of two timelines by op id (a folded prediction: `unfolded` first).
+    Start times are taken from each timeline's first start, or for the measured one from
+    `measured_origin_us` where given (a profiler trace's step start: its first paired op
+    may start well after it)."""
     pred, meas = predicted.exec_spans(), measured.exec_spans()
     p0 = min((s.start_us for s in predicted.spans), default=0.0)
     m0 = min((s.start_us for s in measured.spans), default=0.0) if measured_origin_us is None else measured_origin_us

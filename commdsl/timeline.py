@@ -36,6 +36,11 @@ FLOP_RATE_META = "flop_block_tflops"
 (TFLOP/s) of the executor's FLOP block timed at start-up (what `peak_tflops` of a
 calibrated machine is)."""
 
+FOLD_META = "fold"
+"""Predicted timelines' meta key, where the program was folded (`commdsl.ir.Fold`): the
+folded axis, its replicas, the stride between them, the block and the representative's
+ranks, whose spans stand for every replica's (`commdsl compare` unfolds them)."""
+
 MEMORY_PEAK_META = "memory_peak_bytes"
 """Timelines' meta key: per rank, its peak of declared memory (`alloc`/`free`), in bytes:
 predicted by the simulator, measured by the executor (on a GPU,

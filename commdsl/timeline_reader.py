@@ -27,7 +27,7 @@ from commdsl.files import decode_error_loc, exists, open_input, read_bytes
 from commdsl.ir import Dtype, OpKind
 from commdsl.jsonstream import JsonStreamError, ObjectStream, Place
 from commdsl.limits import HORIZON_US, MAX_FLOPS, MAX_SIZE_BYTES, MAX_WORLD_SIZE
-from commdsl.timeline import FLOP_RATE_META, FORMAT_VERSION, MEMORY_PEAK_META, CounterSample, Flow, Span, SpanRole, Timeline
+from commdsl.timeline import FLOP_RATE_META, FOLD_META, FORMAT_VERSION, MEMORY_PEAK_META, CounterSample, Flow, Span, SpanRole, Timeline
 
 _HINT = "timelines come from `commdsl simulate --trace` or `commdsl run --out`"
 _KINDS = frozenset(k.value for k in OpKind)
@@ -291,6 +291,15 @@ def _meta(meta: dict, world: int) -> None:
             if dtype not in _DTYPES:
                 raise _Bad(f"otherData.commdsl.meta.{FLOP_RATE_META}.{rank} names {_shown(dtype)}, not a dtype ({', '.join(sorted(_DTYPES))})")
             _rate(tflops, f"{FLOP_RATE_META}.{rank}.{dtype}")
+    if FOLD_META in meta:
+        fold = _object(meta[FOLD_META], FOLD_META)
+        _text(fold.get("axis"), f"otherData.commdsl.meta.{FOLD_META}.axis")
+        for key in ("replicas", "stride", "block"):
+            if type(fold.get(key)) is not int or not 1 <= fold[key] <= world:
+                raise _Bad(f"otherData.commdsl.meta.{FOLD_META}.{key} is a whole number from 1 to {world}, got {_shown(fold.get(key))}")
+        ranks = fold.get("ranks")
+        if not isinstance(ranks, list) or not ranks or any(type(r) is not int or not 0 <= r < world for r in ranks):
+            raise _Bad(f"otherData.commdsl.meta.{FOLD_META}.ranks is a list of ranks below {world}, got {_shown(ranks)}")
     for rank, peak in _object(meta.get(MEMORY_PEAK_META, {}), MEMORY_PEAK_META).items():
         _rank_key(rank, f"otherData.commdsl.meta.{MEMORY_PEAK_META}", world)
         if type(peak) is not int or not 0 <= peak <= MAX_SIZE_BYTES:

@@ -311,3 +311,38 @@ def test_profiler_traces_missing_a_rank_are_refused(case_id, make, message, tmp_
     proc = _cli("compare", str(p), str(make(tmp_path)))
     assert proc.returncode == 2 and "Traceback" not in proc.stderr and message in " ".join(proc.stderr.split()), proc.stderr
     assert "trace error: " in proc.stderr
+
+
+def test_a_folded_prediction_is_compared_rank_by_rank(tmp_path: Path, capsys) -> None:
+    """`simulate` folds a data-parallel schedule's replicas by default, and its trace holds
+    the representative's ranks; `compare` stands them in for every replica, so it pairs
+    every rank's ops as against the same prediction unfolded (`--no-fold`)."""
+    from commdsl.cli import main
+
+    params = ["-p", "ranks=4", "-p", "steps=1", "-p", "layers=2", "-p", "bucket_layers=1", "-p", "layer_grad=64KiB"]
+    folded, whole = tmp_path / "folded.json", tmp_path / "whole.json"
+    for out, extra in ((folded, []), (whole, ["--no-fold"])):
+        assert main(["simulate", "ddp_overlap", *params, "--machine", "cpu-loopback", "--gantt", "never", "--trace", str(out), *extra]) == 0
+    meta = json.loads(folded.read_text())["otherData"]["commdsl"]["meta"]
+    assert meta["fold"]["ranks"] == [0] and meta["fold"]["replicas"] == 4
+    capsys.readouterr()
+    assert main(["compare", str(folded), str(whole), "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    ops = {op["op_id"] for op in data["ops"]}
+    assert {int(op_id.split(":")[0]) for op_id in ops} == {0, 1, 2, 3} and not data["only_measured"]
+    assert abs(data["makespan_error_pct"]) < 1e-9
+    assert all(op["predicted_duration_us"] == pytest.approx(op["measured_duration_us"]) for op in data["ops"])
+
+
+def test_a_malformed_fold_in_a_timeline_is_a_usage_error(tmp_path: Path, capsys) -> None:
+    from commdsl.cli import main
+
+    folded = tmp_path / "folded.json"
+    assert main(["simulate", "ddp_overlap", "-p", "ranks=2", "--machine", "cpu-loopback", "--gantt", "never", "--trace", str(folded)]) == 0
+    data = json.loads(folded.read_text())
+    data["otherData"]["commdsl"]["meta"]["fold"]["stride"] = 0
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(data))
+    capsys.readouterr()
+    assert main(["compare", str(bad), str(folded)]) == 2
+    assert "meta.fold.stride is a whole number from 1 to 2, got 0" in capsys.readouterr().err

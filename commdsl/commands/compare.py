@@ -11,7 +11,7 @@ from rich.table import Table
 
 from commdsl.api import compare_named
 from commdsl.cli import non_negative_number
-from commdsl.comparison import Comparison, combined_trace, compare_trace
+from commdsl.comparison import Comparison, combined_trace, compare_trace, unfolded
 from commdsl.dsl.values import format_bytes, format_us
 from commdsl.errors import UsageError, require_output_folder
 from commdsl.errors import escape_markup as escape
@@ -96,7 +96,7 @@ def print_memory_peaks(cmp: Comparison, console: Console) -> None:
 
 def run(args: argparse.Namespace) -> int:
     require_output_folder("--html", args.html)
-    predicted = Timeline.read(args.predicted)
+    predicted = unfolded(Timeline.read(args.predicted))
     if is_trace_path(args.measured):
         from commdsl.progress import Progress
 

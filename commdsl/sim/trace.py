@@ -23,9 +23,10 @@ from commdsl.ir import HOST_STREAM, CopyDir, Op, OpKind, Program, Protocol, Tran
 from commdsl.sim.entities import ALGOS, PROTOS, RawResult, op_index_typecode
 from commdsl.sim.memory import MEMORY_TRACK, memory_counters, memory_profile
 from commdsl.sim.collector import gc_paused
-from commdsl.timeline import (COMM_TRACK_PREFIX, MEMORY_PEAK_META, CounterSample, DecimalTexts, Flow, Span, SpanEncoder, SpanRole,
-                              Timeline, arrow_events, comm_span_args, counter_events, gloo_span_name, metadata_texts, nccl_kernel_name,
-                              op_span_args, ordered_tracks, other_data, sign_clear, track_piece, write_chrome_trace)  # fmt: skip
+from commdsl.timeline import (COMM_TRACK_PREFIX, FOLD_META, MEMORY_PEAK_META, CounterSample, DecimalTexts, Flow, Span, SpanEncoder,
+                              SpanRole, Timeline, arrow_events, comm_span_args, counter_events, gloo_span_name, metadata_texts,
+                              nccl_kernel_name, op_span_args, ordered_tracks, other_data, sign_clear, track_piece,
+                              write_chrome_trace)  # fmt: skip
 
 if TYPE_CHECKING:
     from commdsl.machine.model import Machine
@@ -580,6 +581,10 @@ def _meta(result: SimOutcome) -> dict:
     """The timeline's metadata: params, machine, network model, streams, sampling, and
     each rank's memory peak where the schedule declares memory."""
     meta = _base_meta(result.program, result.machine, result.network_meta, result.sampling)
+    fold = result.program.fold
+    if fold is not None:  # the representative's ranks stand for every replica: `compare` unfolds them
+        meta[FOLD_META] = {"axis": fold.axis, "replicas": fold.replicas, "stride": fold.stride, "block": fold.block,
+                           "ranks": list(fold.ranks)}  # fmt: skip
     peaks = memory_profile(result.raw)
     if peaks:
         meta[MEMORY_PEAK_META] = {str(m.rank): m.peak_bytes for m in peaks}
