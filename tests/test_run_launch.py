@@ -78,6 +78,9 @@ def test_run_without_n_starts_the_schedules_world_and_sleeping_durations_need_no
         ([str(DATA / "head_to_head.yaml"), "-n", "2"], 3, "deadlock: no op can progress and 2 of 2 ranks have ops left"),
         # Caught by the ranks: the launcher passes their exit code on, and nothing else.
         (["1f1b", "-n", "2", *SMALL, "--backend", "nccl"], 2, "--backend nccl needs a CUDA build of torch and a GPU"),
+        # --compare's machine cannot run the schedule (bf16 compute on cpu-loopback): before the run, not after it
+        (["tp_mlp", "-n", "2", "-p", "dp=1", "-p", "tp=2", "-p", "blocks=1", "-p", "tokens=64", "-p", "hidden=64", "--compare"], 1,
+         "machine error: machine cpu-loopback has no bf16 compute rate"),
     ],
 )
 def test_errors_are_one_message_and_the_right_exit_code(args, code, message, tmp_path):

@@ -136,11 +136,12 @@ def print_run_comparison(program: Program, config: RunConfig, measured: Timeline
     from commdsl.commands.compare import print_comparison
     from commdsl.comparison import compare_timelines, run_flop_rates
     from commdsl.dsl.values import format_us
-    from commdsl.machine import DEFAULT_MACHINE, resolve_machine
+    from commdsl.machine import resolve_machine
     from commdsl.progress import Progress
+    from commdsl.run.session import comparison_machine
     from commdsl.sim import simulate
 
-    machine_name = config.machine or ("cpu-loopback" if meta["backend"] == "gloo" else DEFAULT_MACHINE)
+    machine_name = comparison_machine(config, meta["backend"])
     machine = resolve_machine(machine_name)
     # A machine with random compute stalls is sampled as often as the run iterated: both
     # sides are then per-op medians over as many draws.
@@ -196,5 +197,8 @@ def main(argv: list[str] | None = None) -> int:
         print("interrupted", file=sys.stderr)
         return 130
     except (RuntimeError, OSError, ValueError) as e:  # torch.distributed set-up (store, rendezvous, NCCL)
-        print(f"run error: rank {os.environ.get('RANK', '0')}: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
+        # Another rank's failure often shows here as a closed connection: where rank 0
+        # ended the run (it says why), the launcher stops this rank before it prints.
+        if first or _let_rank_0_report():
+            print(f"run error: rank {os.environ.get('RANK', '0')}: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
         return 1

@@ -39,6 +39,24 @@ from commdsl.run.watchdog import Watchdog
 from commdsl.timeline import FLOP_RATE_META, MEMORY_PEAK_META, Timeline
 
 Comparer = Callable[[Program, RunConfig, Timeline, dict], None]
+
+
+def comparison_machine(config: RunConfig, backend: str) -> str:
+    """The machine `--compare` simulates on: `--machine`, else cpu-loopback on gloo and
+    the simulator's default on NCCL."""
+    from commdsl.machine import DEFAULT_MACHINE
+
+    return config.machine or ("cpu-loopback" if backend == "gloo" else DEFAULT_MACHINE)
+
+
+def check_comparable(program: Program, config: RunConfig, backend: str) -> None:
+    """--compare: simulate the program on the comparison's machine before any process
+    group exists, on every rank alike, so that a machine that cannot run it (no compute
+    rate for a dtype, too few devices) stops the run at once, not after it."""
+    from commdsl.machine import resolve_machine
+    from commdsl.sim import simulate
+
+    simulate(program, resolve_machine(comparison_machine(config, backend)), config.network)
 """What prints `--compare`'s comparison, given the program that ran, the run's settings,
 the measured timeline and its meta."""
 
@@ -54,6 +72,8 @@ def run(config: RunConfig, compare: Comparer | None = None) -> int:
     device = torch.device("cuda", env.local_rank) if backend == "nccl" else torch.device("cpu")
     if config.duration_mode is DurationMode.SLEEP and backend == "nccl":
         raise UsageError("--duration-mode sleep is for CPU runs; on GPUs compute runs calibrated matmuls")
+    if config.compare:
+        check_comparable(program, config, backend)
     skew = skew_from_environ()
     values = load_values(config.values_file) if config.values_file else None
     filled = config.check or values is not None or config.dump_values is not None
