@@ -180,6 +180,27 @@ def test_ranks_end_when_the_launcher_is_killed(tmp_path):
         run.kill()
 
 
+def test_ranks_still_setting_up_end_when_the_launcher_is_killed(tmp_path):
+    """Killed while its ranks import torch and set up (no watchdog yet, and the store it
+    hosted gone): each rank ends with its launcher (Linux's parent-death signal), where it
+    used to retry the store for minutes."""
+    run = Run(tmp_path)
+    try:
+        deadline = time.monotonic() + STARTUP_S
+        while len(run.rank_pids) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+            run.rank_pids = _children_by_rank(run.proc.pid)
+        assert sorted(run.rank_pids) == [0, 1], run.rank_pids
+        os.kill(run.proc.pid, signal.SIGKILL)
+        run.wait(10)
+        deadline = time.monotonic() + END_WITHIN_S
+        while run.alive_ranks() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert run.alive_ranks() == [], "ranks outlived the launcher killed during their set-up"
+    finally:
+        run.kill()
+
+
 def _folder(tmp: Path) -> str:
     return str(tmp)
 

@@ -25,12 +25,13 @@ import io
 import os
 import pickle
 import socket
+import time
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 
-from commdsl.errors import UsageError
+from commdsl.errors import CommdslError, UsageError
 from commdsl.ir import Program
 from commdsl.run.config import BackendChoice
 
@@ -108,8 +109,33 @@ def connect_store(env: DistEnv, timeout_s: float, *, host: bool) -> dist.Store:
     if not env.launched:
         return dist.HashStore()
     is_master = host and env.rank == 0 and not env.use_agent_store
+    if not is_master:
+        _wait_for_store(env, timeout_s)
     return dist.TCPStore(env.master_addr, env.master_port, env.world_size, is_master, timeout,
                          wait_for_workers=False)  # fmt: skip
+
+
+class RendezvousError(CommdslError):
+    """Nothing hosts the rendezvous store this rank was told to join (exit code 1)."""
+
+    kind = "run error"
+
+
+def _wait_for_store(env: DistEnv, timeout_s: float) -> None:
+    """Wait until something listens at MASTER_ADDR:MASTER_PORT (rank 0's store or torchrun's
+    agent), at most `timeout_s`: torch's own client retries past its timeout and prints C++
+    stacks, where a rank started without its rank 0 wants one clear message."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            with socket.create_connection((env.master_addr, env.master_port), timeout=min(5.0, timeout_s)):
+                return
+        except OSError:
+            if time.monotonic() >= deadline:
+                raise RendezvousError(f"rank {env.rank}: nothing listens at {env.master_addr}:{env.master_port} (MASTER_ADDR:MASTER_PORT) "
+                                      f"after {timeout_s:.0f} s: rank 0, or the launcher's agent, hosts the rendezvous there",
+                                      hint="start every rank (torchrun, srun, or `commdsl run -n N`), or check MASTER_ADDR and MASTER_PORT") from None  # fmt: skip
+            time.sleep(0.5)
 
 
 @dataclass

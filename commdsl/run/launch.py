@@ -26,6 +26,7 @@ where it is missing.
 from __future__ import annotations
 
 import argparse
+import ctypes
 import datetime
 import os
 import signal
@@ -100,6 +101,28 @@ def torch_required(command: str) -> Iterator[None]:
                          hint='pip install "commdsl[run]" (or install the torch build for your GPUs first)') from None  # fmt: skip
 
 
+LAUNCHER_PID_ENV = "COMMDSL_LAUNCHER_PID"
+"""Set in the ranks `launch` starts: the launcher's pid (`die_with_launcher`)."""
+
+_PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def die_with_launcher() -> None:
+    """In a rank `launch` started: end when the launcher ends, whatever kills it (SIGKILL
+    too: the ranks could not hear it, and a rank still setting up waits minutes for a store
+    that is gone). Linux's parent-death signal (SIGTERM), set as the rank starts; a
+    launcher gone before that ends the rank at once. Elsewhere, and outside `launch`: nothing."""
+    pid = os.environ.get(LAUNCHER_PID_ENV)
+    if not pid or not sys.platform.startswith("linux"):
+        return
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    except (OSError, AttributeError):
+        return
+    if str(os.getppid()) != pid:
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
 def launch(module: str, argv: list[str], nproc: int, command: str) -> int:
     """Run `python -m module argv` as `nproc` local ranks; returns the exit code: 0 when
     every rank succeeded, else that of the rank that failed first (128 + N for a rank
@@ -119,7 +142,8 @@ def launch(module: str, argv: list[str], nproc: int, command: str) -> int:
     # system picks (no race for a "free" port); every rank connects to it as a client.
     store = TCPStore("127.0.0.1", 0, nproc, True, datetime.timedelta(seconds=STORE_TIMEOUT_S), wait_for_workers=False)
     env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(store.port), WORLD_SIZE=str(nproc), LOCAL_WORLD_SIZE=str(nproc),
-               GROUP_RANK="0", TORCHELASTIC_USE_AGENT_STORE="True", TORCHELASTIC_RESTART_COUNT="0")  # fmt: skip
+               GROUP_RANK="0", TORCHELASTIC_USE_AGENT_STORE="True", TORCHELASTIC_RESTART_COUNT="0",
+               **{LAUNCHER_PID_ENV: str(os.getpid())})  # fmt: skip
     ranks = Ranks()
     with _signals_raise(signal.SIGTERM, signal.SIGHUP):
         try:
