@@ -194,8 +194,11 @@ def main(argv: list[str] | None = None) -> int:
             print(f"rank {os.environ.get('RANK')}: {err.format()}", file=sys.stderr, flush=True)
         return err.exit_code
     except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return 130
+        # Ctrl-C reaches every rank under torchrun: one line each, then out at once, before
+        # gloo's threads are torn down mid-operation (their destructors abort the process).
+        print(f"rank {os.environ.get('RANK', '0')}: interrupted", file=sys.stderr, flush=True)
+        sys.stdout.flush()
+        os._exit(130)
     except (RuntimeError, OSError, ValueError) as e:  # torch.distributed set-up (store, rendezvous, NCCL)
         # Another rank's failure often shows here as a closed connection: where rank 0
         # ended the run (it says why), the launcher stops this rank before it prints.
