@@ -170,14 +170,19 @@ def test_ranks_end_when_the_launcher_is_killed(tmp_path):
     run = Run(tmp_path)
     try:
         run.wait_running()
-        os.kill(run.proc.pid, signal.SIGKILL)
-        run.wait(10)
-        deadline = time.monotonic() + END_WITHIN_S
-        while run.alive_ranks() and time.monotonic() < deadline:
-            time.sleep(0.2)
+        _kill_launcher_and_wait_for_ranks(run)
         assert run.alive_ranks() == [], "ranks outlived the killed launcher"
     finally:
         run.kill()
+
+
+def _kill_launcher_and_wait_for_ranks(run: Run) -> None:
+    """SIGKILL the launcher, then give its ranks up to `END_WITHIN_S` to end."""
+    os.kill(run.proc.pid, signal.SIGKILL)
+    run.wait(10)
+    deadline = time.monotonic() + END_WITHIN_S
+    while run.alive_ranks() and time.monotonic() < deadline:
+        time.sleep(0.2)
 
 
 def test_ranks_still_setting_up_end_when_the_launcher_is_killed(tmp_path):
@@ -191,11 +196,7 @@ def test_ranks_still_setting_up_end_when_the_launcher_is_killed(tmp_path):
             time.sleep(0.05)
             run.rank_pids = _children_by_rank(run.proc.pid)
         assert sorted(run.rank_pids) == [0, 1], run.rank_pids
-        os.kill(run.proc.pid, signal.SIGKILL)
-        run.wait(10)
-        deadline = time.monotonic() + END_WITHIN_S
-        while run.alive_ranks() and time.monotonic() < deadline:
-            time.sleep(0.2)
+        _kill_launcher_and_wait_for_ranks(run)
         assert run.alive_ranks() == [], "ranks outlived the launcher killed during their set-up"
     finally:
         run.kill()
