@@ -216,7 +216,7 @@ def deadlock_error(engine: Engine) -> DeadlockError:
     if finished:
         lines.append(f"  finished: rank{'s' if len(finished) > 1 else ''} {_ranges(finished)}")
     first_rank, first_loc = primaries[0]
-    related = tuple((f"rank {r}", loc) for r, loc in primaries[1:_MAX_SNIPPETS])
+    related = tuple((f"(rank {r})", loc) for r, loc in primaries[1:_MAX_SNIPPETS])  # as the first location shows its rank
     return DeadlockError("\n".join(lines), first_loc, rank=first_rank, related=related, hint=hint)
 
 
