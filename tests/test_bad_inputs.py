@@ -449,6 +449,17 @@ def _run_case(case: Case) -> CommdslError:
     return info.value
 
 
+def test_a_world_made_of_a_param_given_on_the_command_line_names_it():
+    """`-p stages=2.5` makes `world: {pp: stages}` no integer: the message points at the
+    world, and the hint names the value given (the user typed it on the command line)."""
+    from commdsl.dsl import load_schedule
+
+    with pytest.raises(ScheduleError) as info:
+        load_schedule("1f1b", {"stages": "2.5"})
+    assert "mesh axis 'pp' must be an integer >= 1, got 2.5" in info.value.message
+    assert info.value.hint == "the params given: -p stages=2.5"
+
+
 def test_table_is_large_enough():
     assert len(CASES) >= 35
     assert len({c.id for c in CASES}) == len(CASES), "case ids must be unique"

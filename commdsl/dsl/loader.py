@@ -143,7 +143,13 @@ def load_schedule_text(
     docstring = _string(doc, top, "doc", "")
     params = _params(doc, top.get("params"), overrides or {}, overrides_from)
     env = dict(params)
-    layout = _layout(doc, top, env)
+    try:
+        layout = _layout(doc, top, env)
+    except ScheduleError as err:  # a world or mesh made of params: say which values were given
+        if overrides and err.hint is None:
+            given = ", ".join(f"-p {k}={v}" if overrides_from == "-p" else f"{k}={v}" for k, v in overrides.items())
+            err.hint = f"the params given: {given}"
+        raise
 
     prog_node = top["program"][1]
     if not isinstance(prog_node, yaml.ScalarNode) or prog_node.tag != _STR_TAG:
