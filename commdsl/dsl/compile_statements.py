@@ -221,7 +221,8 @@ class StatementRules(RuleSet):
             bounds = [a(env) for a in positional]
             for b in bounds:
                 if not isinstance(b, int) or isinstance(b, bool):
-                    raise ctx.fail(f"range() takes integers, got {type_name(b)} ({b!r})" if isinstance(b, float) else f"range() takes integers, got {type_name(b)}", loc)
+                    shown = f" ({b!r})" if isinstance(b, float) else ""  # 2.0, not the 2 a number prints as
+                    raise ctx.fail(f"range() takes integers, got {type_name(b)}{shown}", loc)
             if len(bounds) == 3 and bounds[2] == 0:
                 raise ctx.fail("range() step must not be zero", loc)
             iterations = range(*bounds)

@@ -132,9 +132,11 @@ def _wait_for_store(env: DistEnv, timeout_s: float) -> None:
                 return
         except OSError:
             if time.monotonic() >= deadline:
-                raise RendezvousError(f"rank {env.rank}: nothing listens at {env.master_addr}:{env.master_port} (MASTER_ADDR:MASTER_PORT) "
-                                      f"after {timeout_s:.0f} s: rank 0, or the launcher's agent, hosts the rendezvous there",
-                                      hint="start every rank (torchrun, srun, or `commdsl run -n N`), or check MASTER_ADDR and MASTER_PORT") from None  # fmt: skip
+                where = f"{env.master_addr}:{env.master_port} (MASTER_ADDR:MASTER_PORT)"
+                raise RendezvousError(f"rank {env.rank}: nothing listens at {where} after {timeout_s:.0f} s: rank 0, or the "
+                                      "launcher's agent, hosts the rendezvous there",
+                                      hint="start every rank (torchrun, srun, or `commdsl run -n N`), or check MASTER_ADDR "
+                                           "and MASTER_PORT") from None  # fmt: skip
             time.sleep(0.5)
 
 
