@@ -30,7 +30,7 @@ from typing import TextIO
 from commdsl.breakdown import Breakdown, breakdown_of
 from commdsl.errors import UsageError
 from commdsl.interop.kineto_read import IMPORTED_HOST_GAP, kernel_op_names
-from commdsl.ir import Dtype, OpKind
+from commdsl.ir import Dtype, Fold, OpKind
 from commdsl.machine.model import Machine
 from commdsl.timeline import FLOP_RATE_META, FOLD_META, MEMORY_PEAK_META, REQUESTED_DURATION_ARG, Span, SpanRole, Timeline
 
@@ -379,14 +379,11 @@ def unfolded(predicted: Timeline) -> Timeline:
     (`FOLD_META`), each rank outside the representative gets its representative's spans
     (same times, its own rank and op ids: a replica runs its representative's ops in the
     same order) and memory peak; else `predicted` itself."""
-    fold = predicted.meta.get(FOLD_META)
-    if not fold:
+    meta_fold = predicted.meta.get(FOLD_META)
+    if not meta_fold:
         return predicted
-    shown = set(fold["ranks"])
-
-    def representative(rank: int) -> int:  # `commdsl.ir.Fold.representative`
-        return rank - rank // fold["stride"] % fold["replicas"] * fold["stride"]
-
+    fold = Fold(meta_fold["axis"], meta_fold["replicas"], meta_fold["stride"], tuple(meta_fold["ranks"]), meta_fold["block"])
+    shown = set(fold.ranks)
     by_rank: dict[int, list[Span]] = {}
     for s in predicted.spans:
         by_rank.setdefault(s.rank, []).append(s)
@@ -395,14 +392,14 @@ def unfolded(predicted: Timeline) -> Timeline:
     for rank in range(predicted.world_size):
         if rank in shown:
             continue
-        rep = representative(rank)
+        rep = fold.representative(rank)
         spans += [replace(s, rank=rank, op_id=f"{rank}:{s.op_id.split(':', 1)[1]}") for s in by_rank.get(rep, ())]
         if str(rep) in peaks:
             peaks[str(rank)] = peaks[str(rep)]
     meta = {k: v for k, v in predicted.meta.items() if k != FOLD_META}  # unfolded now: once only
     if peaks:
         meta[MEMORY_PEAK_META] = peaks
-    tracks = {r: predicted.tracks[representative(r)] for r in range(predicted.world_size) if representative(r) in predicted.tracks}
+    tracks = {r: predicted.tracks[rep] for r in range(predicted.world_size) if (rep := fold.representative(r)) in predicted.tracks}
     return replace(predicted, spans=spans, meta=meta, tracks=tracks)
 
 

@@ -54,9 +54,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from commdsl.dsl import load_schedule_text
     from commdsl.interop.pipelining import read_csv, schedule_text
-    from commdsl.sim import check_deadlock
 
     check_output_format("-o", args.out, args.file, "a schedule (YAML)", (".csv", ".json"))
     if args.name is not None and not NAME.fullmatch(args.name):
@@ -70,15 +68,8 @@ def run(args: argparse.Namespace) -> int:
         progress.phase(f"reading {args.file}")
         schedule = read_csv(args.file)
         text = schedule_text(schedule, name)
-        shown = f"<{name} imported from {args.file}>"  # the text as generated; nothing is written on an error
-        try:
-            progress.phase(f"expanding {shown}")
-            program = load_schedule_text(text, shown)
-            progress.phase("checking that every rank finishes", unit="ops")
-            check_deadlock(program, progress.update)
-        except CommdslError as err:  # e.g. ranks that wait on each other: the file's order, as written
-            err.hint = (err.hint + "; " if err.hint else "") + f"the order comes from {args.file} as written; nothing was written"
-            raise
+        # e.g. ranks that wait on each other: the file's order, as written
+        _checked(text, name, args.file, f"the order comes from {args.file} as written", progress)
     if args.out:
         write_text(args.out, text, "-o")
         print(f"wrote {args.out}: {len(schedule.ranks)} ranks, {schedule.num_stages} stages, {schedule.microbatches} microbatches "
@@ -88,11 +79,27 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _import_kineto(args: argparse.Namespace, name: str) -> int:
+def _checked(text: str, name: str, source: str, origin: str, progress: Progress):
+    """The imported schedule, loaded, validated and checked to finish before anything is
+    written; an error points at the generated text and says where it came from (`origin`)."""
     from commdsl.dsl import load_schedule_text
+    from commdsl.sim import check_deadlock
+
+    shown = f"<{name} imported from {source}>"
+    try:
+        progress.phase(f"expanding {shown}")
+        program = load_schedule_text(text, shown)
+        progress.phase("checking that every rank finishes", unit="ops")
+        check_deadlock(program, progress.update)
+    except CommdslError as err:
+        err.hint = (err.hint + "; " if err.hint else "") + f"{origin}; nothing was written"
+        raise
+    return program
+
+
+def _import_kineto(args: argparse.Namespace, name: str) -> int:
     from commdsl.interop.kineto_import import DEFAULT_TOLERANCE_US, schedule_text
     from commdsl.interop.kineto_read import read_job
-    from commdsl.sim import check_deadlock
 
     tolerance = DEFAULT_TOLERANCE_US if args.tolerance is None else args.tolerance
     if not 0 <= tolerance < float("inf"):
@@ -103,14 +110,8 @@ def _import_kineto(args: argparse.Namespace, name: str) -> int:
         progress.phase("writing the schedule")
         notes: list[str] = []
         text = schedule_text(job, name, tolerance, notes)
-        progress.phase("checking the schedule loads and finishes", unit="ops")
-        shown = f"<{name} imported from {args.file}>"  # the text as generated; nothing is written on an error
-        try:
-            program = load_schedule_text(text, shown)
-            check_deadlock(program, progress.update)
-        except CommdslError as err:  # the traces hold what the language cannot replay as written
-            err.hint = (err.hint + "; " if err.hint else "") + f"the schedule comes from the traces in {args.file}; nothing was written"
-            raise
+        # the traces may hold what the language cannot replay as written
+        program = _checked(text, name, args.file, f"the schedule comes from the traces in {args.file}", progress)
     for note in notes[:MAX_NOTES]:
         print(f"note: {note}", file=sys.stderr)
     if len(notes) > MAX_NOTES:
